@@ -1,0 +1,63 @@
+"""Contracts shared by every plane: enums, requests, loop protocol, card and program types.
+
+Imports nothing else of omnistep and never imports torch (stdlib and numpy only).
+"""
+
+from omnistep.core.card import ComponentSpec, LoopSpec, ModelCard, ModelInstance
+from omnistep.core.contracts import (
+    Component,
+    Done,
+    Loop,
+    LoopResult,
+    LoopState,
+    ResourceRequest,
+    ShapeSignature,
+    StepResult,
+    StreamChunk,
+    WorkPlan,
+)
+from omnistep.core.enums import Capability, ExecutionProfile, LoopKind, Modality, WorkUnitKind
+from omnistep.core.errors import (
+    CardValidationError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    OmnistepError,
+    RequestAbortedError,
+    RequestFailedError,
+)
+from omnistep.core.program import KernelNode, LoopNode, Program, ProgramContext
+from omnistep.core.request import Request, SamplingParams
+
+__all__ = [
+    "Capability",
+    "CardValidationError",
+    "Component",
+    "ComponentSpec",
+    "Done",
+    "ExecutionProfile",
+    "InvalidRequestError",
+    "KernelNode",
+    "Loop",
+    "LoopKind",
+    "LoopNode",
+    "LoopResult",
+    "LoopSpec",
+    "LoopState",
+    "Modality",
+    "ModelCard",
+    "ModelInstance",
+    "ModelNotFoundError",
+    "OmnistepError",
+    "Program",
+    "ProgramContext",
+    "Request",
+    "RequestAbortedError",
+    "RequestFailedError",
+    "ResourceRequest",
+    "SamplingParams",
+    "ShapeSignature",
+    "StepResult",
+    "StreamChunk",
+    "WorkPlan",
+    "WorkUnitKind",
+]

@@ -1,0 +1,150 @@
+"""Model cards: the deployable unit as data (components, loops, program, capabilities).
+
+A family module builds a ``ModelCard`` with a factory; ``ModelInstance.load`` builds its components
+on a device. Stdlib only (components are built by the card's own factories).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from omnistep.core.contracts import Component, Loop
+from omnistep.core.enums import Capability, LoopKind, WorkUnitKind
+from omnistep.core.errors import CardValidationError
+from omnistep.core.program import Program
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One expert of a card.
+
+    Attributes:
+        name: the component's name in the card (``gpt``, ``vocoder``, ``voice``).
+        build: ``build(device) -> Component``; ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+        max_batch_size: most units of one ShapeSignature this component runs in one call.
+        description: one line for ``/v1/models`` and logs.
+    """
+
+    name: str
+    build: Callable[[str], Component]
+    max_batch_size: int = 8
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """A loop of a card.
+
+    Attributes:
+        loop_id: unique within the card.
+        kind: the loop's LoopKind.
+        unit_kinds: the WorkUnitKinds its plans use.
+        components: names of the components its plans run on.
+        build: ``build() -> Loop``.
+    """
+
+    loop_id: str
+    kind: LoopKind
+    unit_kinds: tuple[WorkUnitKind, ...]
+    components: tuple[str, ...]
+    build: Callable[[], Loop]
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """The deployable unit.
+
+    Attributes:
+        card_id: the model id clients use.
+        family: the registry family that built it (``piper``, ``chattts``, ``toy``).
+        components, loops, program: see ComponentSpec, LoopSpec, Program.
+        capabilities: what endpoints it serves.
+        sample_rate: native output sample rate in Hz.
+        aliases: other model ids that route here (e.g. ``tts-1``).
+        voices: voice names accepted in ``Request.voice`` (None stands for ``default_voice``).
+        default_voice: the voice used when a request names none.
+        parity: the parity claims its tests enforce (``C0``, ``C1``, ``C3``, ``stream``...).
+        description: one line for ``/v1/models``.
+    """
+
+    card_id: str
+    family: str
+    components: tuple[ComponentSpec, ...]
+    loops: tuple[LoopSpec, ...]
+    program: Program
+    capabilities: frozenset[Capability]
+    sample_rate: int
+    aliases: tuple[str, ...] = ()
+    voices: tuple[str, ...] = ()
+    default_voice: str | None = None
+    parity: frozenset[str] = field(default_factory=frozenset)
+    description: str = ""
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The card id followed by its aliases."""
+        return (self.card_id, *self.aliases)
+
+    def validate(self) -> ModelCard:
+        """Structural check (parity C0); returns self.
+
+        Raises:
+            CardValidationError: duplicate names, loops naming unknown components, program slots
+                that no node binds, a default voice outside ``voices``, a bad batch size.
+        """
+        comp_names = [c.name for c in self.components]
+        loop_ids = [lp.loop_id for lp in self.loops]
+        for kind, names in (("component", comp_names), ("loop", loop_ids)):
+            if len(set(names)) != len(names):
+                raise CardValidationError(f"card '{self.card_id}': duplicate {kind} names {names}")
+        for comp in self.components:
+            if comp.max_batch_size < 1:
+                raise CardValidationError(
+                    f"card '{self.card_id}': component '{comp.name}' max_batch_size must be >= 1"
+                )
+        for loop in self.loops:
+            unknown = [c for c in loop.components if c not in comp_names]
+            if unknown:
+                raise CardValidationError(
+                    f"card '{self.card_id}': loop '{loop.loop_id}' uses unknown components "
+                    f"{unknown}"
+                )
+        if self.default_voice is not None and self.default_voice not in self.voices:
+            raise CardValidationError(
+                f"card '{self.card_id}': default voice '{self.default_voice}' not in voices"
+            )
+        if self.sample_rate <= 0:
+            raise CardValidationError(f"card '{self.card_id}': sample_rate must be positive")
+        self.program.validate(set(loop_ids))
+        return self
+
+
+@dataclass
+class ModelInstance:
+    """A card with its components built on a device and its loops instantiated."""
+
+    card: ModelCard
+    components: dict[str, Component]
+    loops: dict[str, Loop]
+    device: str = "cpu"
+
+    @classmethod
+    def load(cls, card: ModelCard, device: str = "cpu") -> ModelInstance:
+        """Validate ``card`` and build every component on ``device`` and every loop.
+
+        Raises:
+            CardValidationError: see ``ModelCard.validate``.
+            Whatever a component's builder raises (missing files, bad config).
+        """
+        card.validate()
+        components = {spec.name: spec.build(device) for spec in card.components}
+        loops = {spec.loop_id: spec.build() for spec in card.loops}
+        return cls(card=card, components=components, loops=loops, device=device)
+
+    def max_batch_size(self, component: str) -> int:
+        """The component's max batch size from its spec."""
+        for spec in self.card.components:
+            if spec.name == component:
+                return spec.max_batch_size
+        raise KeyError(component)

@@ -1,0 +1,215 @@
+"""The driven-loop contract between loops, the scheduler and components.
+
+A ``Loop`` is a state machine the engine drives: ``init`` builds its ``LoopState``, ``next``
+describes the next step as a ``WorkPlan`` (or ``Done``), the scheduler batches plans of many
+requests that share a component and ``ShapeSignature`` into one ``Component.execute`` call, and
+``advance`` folds each output back as a ``StepResult``. All per-request mutable state lives in
+the loop state.
+
+Imports: stdlib, numpy and ``omnistep.core`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from omnistep.core.enums import ExecutionProfile, LoopKind, Modality, WorkUnitKind
+
+if TYPE_CHECKING:
+    from omnistep.core.card import ModelInstance
+    from omnistep.core.program import ProgramContext
+    from omnistep.core.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeSignature:
+    """The batching key of a WorkPlan: plans batch together only when kind, dims and tag match.
+
+    Attributes:
+        kind: the unit kind.
+        dims: shape bucket, e.g. ``(num_tokens,)`` or ``(chunk_frames, context_frames)``.
+        tag: extra discriminator; a card that must not batch units sets a unique tag per unit.
+    """
+
+    kind: WorkUnitKind
+    dims: tuple[int, ...] = ()
+    tag: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceRequest:
+    """What a unit needs beyond compute: used by admission.
+
+    Attributes:
+        kv_blocks: KV-cache blocks the unit needs allocated before it runs.
+        num_tokens: tokens the unit processes (prefill length, or 1 for a decode step).
+        est_seconds: the loop's estimate of the unit's compute time, in seconds.
+    """
+
+    kv_blocks: int = 0
+    num_tokens: int = 0
+    est_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class WorkPlan:
+    """One WorkUnit, described without running it.
+
+    Attributes:
+        kind: what kind of step this is; passed to ``Component.execute``.
+        component: name of the card component that executes it.
+        shape: the batching key.
+        payload: the component-specific input for this unit (one element of the batch).
+        resources: what admission must reserve.
+        label: a human-readable name for logs and traces, e.g. ``"piper.sentence3"``.
+    """
+
+    kind: WorkUnitKind
+    component: str
+    shape: ShapeSignature
+    payload: Any
+    resources: ResourceRequest = field(default_factory=ResourceRequest)
+    label: str = ""
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One unit's output, as returned by the component for that element of the batch.
+
+    Attributes:
+        output: the component's output for this unit.
+        batch_size: how many units ran in the same ``execute`` call.
+        seconds: wall time of the whole batch, in seconds.
+    """
+
+    output: Any
+    batch_size: int = 1
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Returned by ``Loop.next`` when the loop has no more steps."""
+
+    reason: str = "finished"
+
+
+@dataclass(slots=True)
+class StreamChunk:
+    """What a request streams out, in order.
+
+    Attributes:
+        modality: AUDIO or TEXT.
+        audio: mono float32 samples in [-1, 1], shape ``[num_samples]``; None for text.
+        text: a text delta; None for audio.
+        sample_rate: samples per second of ``audio`` (Hz); 0 for text.
+        seq: 0-based position in the request's stream, set by the engine when published.
+        request_id: set by the engine when published.
+    """
+
+    modality: Modality
+    audio: np.ndarray | None = None
+    text: str | None = None
+    sample_rate: int = 0
+    seq: int = -1
+    request_id: str = ""
+
+    @classmethod
+    def of_audio(cls, samples: np.ndarray, sample_rate: int) -> StreamChunk:
+        """An audio chunk; ``samples`` becomes a contiguous float32 ``[num_samples]`` array."""
+        arr = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1)
+        return cls(Modality.AUDIO, audio=arr, sample_rate=sample_rate)
+
+    @classmethod
+    def of_text(cls, text: str) -> StreamChunk:
+        """A text delta chunk."""
+        return cls(Modality.TEXT, text=text)
+
+
+@dataclass
+class LoopState:
+    """Base of every loop's per-request state; loops subclass it with typed fields.
+
+    Attributes:
+        request_id: the owning request.
+        loop_id: the loop's id in the card.
+        profile: SERVE, or ROLLOUT to record ``trajectory``.
+        step: number of units advanced so far.
+        outbox: chunks produced by the last ``advance``; the engine publishes and clears them.
+        trajectory: per-step records under ROLLOUT (tokens, log-probs, ...).
+    """
+
+    request_id: str
+    loop_id: str
+    profile: ExecutionProfile = ExecutionProfile.SERVE
+    step: int = 0
+    outbox: list[StreamChunk] = field(default_factory=list)
+    trajectory: list[Any] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LoopResult:
+    """What a finished loop binds to its program slot.
+
+    Attributes:
+        value: the loop's output (token ids, samples, ...).
+        metrics: numbers about the run (steps, samples, seconds).
+        trajectory: the ROLLOUT record, or None under SERVE.
+    """
+
+    value: Any
+    metrics: dict[str, float] = field(default_factory=dict)
+    trajectory: list[Any] | None = None
+
+
+@runtime_checkable
+class Component(Protocol):
+    """One expert of a card (a GPT, a vocoder, an ONNX voice): runs batches, touches no queue."""
+
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[Any]) -> list[Any]:
+        """Run one batch of units of the same kind and ShapeSignature.
+
+        Args:
+            kind: the unit kind of every payload.
+            payloads: one payload per unit; a batch of one takes the same path.
+
+        Returns:
+            One output per payload, in order.
+
+        Raises:
+            Any exception: the engine retries a failed batch unit by unit to find the failing
+            request, and fails that request only.
+        """
+        ...
+
+
+@runtime_checkable
+class Loop(Protocol):
+    """A driven state machine over one request's steps (see module docstring)."""
+
+    loop_id: str
+    kind: LoopKind
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> LoopState:
+        """Build the request's state from the request and the program's bound slots."""
+        ...
+
+    def next(self, state: LoopState) -> WorkPlan | Done:
+        """Describe the next unit, or Done. Must not mutate ``state``."""
+        ...
+
+    def advance(self, state: LoopState, result: StepResult) -> LoopState:
+        """Fold a unit's output into the state; may append StreamChunks to ``state.outbox``."""
+        ...
+
+    def finalize(self, state: LoopState) -> LoopResult:
+        """The loop's result, bound to its program slot."""
+        ...
+
+    def release(self, state: LoopState) -> None:
+        """Free what the state holds outside itself (KV blocks); called on finish and abort."""
+        ...

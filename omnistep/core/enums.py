@@ -1,0 +1,48 @@
+"""Enumerations of the runtime vocabulary. Stdlib only."""
+
+from enum import StrEnum
+
+
+class LoopKind(StrEnum):
+    """What shape of iteration a loop is."""
+
+    AR_DECODE = "ar_decode"
+    """Autoregressive decode: a prefill unit, then one token (or codebook frame) per step."""
+    DENOISE = "denoise"
+    """Diffusion / flow-matching: one ODE step per unit."""
+    AUDIO_DECODE = "audio_decode"
+    """Codes or text segments to waveform, one chunk per unit."""
+    ONESHOT = "oneshot"
+    """A single unit."""
+
+
+class WorkUnitKind(StrEnum):
+    """The kind of one step; a component's ``execute`` dispatches on it."""
+
+    PREFILL = "prefill"
+    AR_TOKEN = "ar_token"
+    DENOISE_STEP = "denoise_step"
+    AUDIO_CHUNK = "audio_chunk"
+    ONESHOT = "oneshot"
+
+
+class ExecutionProfile(StrEnum):
+    """SERVE runs for output; ROLLOUT also records each step's trajectory (tokens, log-probs)."""
+
+    SERVE = "serve"
+    ROLLOUT = "rollout"
+
+
+class Capability(StrEnum):
+    """What a card can serve; the server routes endpoints by it."""
+
+    TEXT_TO_SPEECH = "text_to_speech"
+    CHAT_TEXT = "chat_text"
+    CHAT_AUDIO = "chat_audio"
+
+
+class Modality(StrEnum):
+    """What a StreamChunk carries."""
+
+    AUDIO = "audio"
+    TEXT = "text"

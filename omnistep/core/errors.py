@@ -1,0 +1,40 @@
+"""Typed exceptions. The server maps them to OpenAI-style error JSON."""
+
+
+class OmnistepError(Exception):
+    """Base of every error omnistep raises on purpose."""
+
+
+class InvalidRequestError(OmnistepError, ValueError):
+    """The request is malformed or names something unsupported.
+
+    Attributes:
+        param: the offending request field, or None.
+        code: a short machine-readable code, or None.
+    """
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class ModelNotFoundError(InvalidRequestError):
+    """No served card answers to the requested model id."""
+
+    def __init__(self, model: str):
+        super().__init__(
+            f"The model '{model}' does not exist.", param="model", code="model_not_found"
+        )
+
+
+class CardValidationError(OmnistepError, ValueError):
+    """A ModelCard is inconsistent (loops naming unknown components, dangling slots)."""
+
+
+class RequestFailedError(OmnistepError, RuntimeError):
+    """A request failed inside the engine (a step raised); other requests are unaffected."""
+
+
+class RequestAbortedError(OmnistepError):
+    """The request was aborted (client gone, timeout, shutdown) before it finished."""

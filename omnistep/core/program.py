@@ -1,0 +1,103 @@
+"""A request's program: a DAG of kernel-free nodes and loop nodes connected by named slots.
+
+A node runs once every slot it ``needs`` is bound. A ``KernelNode`` runs inline (tokenize, hand-off,
+emit) and binds slots itself; a ``LoopNode`` drives one of the card's loops to completion and binds
+the ``LoopResult.value`` to its slot. Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from omnistep.core.contracts import StreamChunk
+from omnistep.core.enums import ExecutionProfile
+from omnistep.core.errors import CardValidationError
+
+if TYPE_CHECKING:
+    from omnistep.core.card import ModelInstance
+    from omnistep.core.request import Request
+
+
+@dataclass
+class ProgramContext:
+    """The per-request blackboard of a program run.
+
+    Attributes:
+        request: the request (its seed is always set by the time the program runs).
+        model: the loaded card instance.
+        profile: SERVE or ROLLOUT.
+        slots: values bound so far, by slot name.
+        outbox: chunks emitted by kernel nodes; the engine publishes them.
+        trajectories: ROLLOUT records of finished loops, by program node name.
+    """
+
+    request: Request
+    model: ModelInstance
+    profile: ExecutionProfile = ExecutionProfile.SERVE
+    slots: dict[str, Any] = field(default_factory=dict)
+    outbox: list[StreamChunk] = field(default_factory=list)
+    trajectories: dict[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KernelNode:
+    """A node that computes no model step: ``fn(ctx)`` reads ``needs`` and writes ``binds``.
+
+    ``fn`` may raise ``InvalidRequestError`` for input the card cannot serve; the first kernel
+    nodes run when the request is submitted, so such errors reach the caller before streaming.
+    """
+
+    name: str
+    fn: Callable[[ProgramContext], None]
+    needs: tuple[str, ...] = ()
+    binds: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoopNode:
+    """A node that drives the card's loop ``loop_id`` and binds its result to ``binds``."""
+
+    name: str
+    loop_id: str
+    needs: tuple[str, ...] = ()
+    binds: str | None = None
+
+
+Node = KernelNode | LoopNode
+
+
+@dataclass(frozen=True)
+class Program:
+    """The DAG of a card's requests. ``inputs`` are slots bound before any node runs."""
+
+    nodes: tuple[Node, ...]
+    inputs: tuple[str, ...] = ()
+
+    def validate(self, loop_ids: set[str]) -> None:
+        """Check structure: unique names, known loops, every needed slot bound by someone earlier.
+
+        Raises:
+            CardValidationError: naming the node and the problem.
+        """
+        bound = set(self.inputs)
+        names: set[str] = set()
+        for node in self.nodes:
+            if node.name in names:
+                raise CardValidationError(f"duplicate program node name '{node.name}'")
+            names.add(node.name)
+            missing = [s for s in node.needs if s not in bound]
+            if missing:
+                raise CardValidationError(
+                    f"node '{node.name}' needs slots {missing} that no earlier node binds"
+                )
+            if isinstance(node, LoopNode):
+                if node.loop_id not in loop_ids:
+                    raise CardValidationError(
+                        f"node '{node.name}' drives unknown loop '{node.loop_id}'"
+                    )
+                if node.binds:
+                    bound.add(node.binds)
+            else:
+                bound.update(node.binds)

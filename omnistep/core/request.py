@@ -1,0 +1,106 @@
+"""Requests and sampling parameters, as the engine sees them (the server builds them)."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from omnistep.core.enums import ExecutionProfile
+from omnistep.core.errors import InvalidRequestError
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Sampling settings of one request; cards without a sampler ignore them.
+
+    Attributes:
+        temperature: logits are divided by it; 0 means greedy.
+        top_p: nucleus mass kept, in (0, 1].
+        top_k: most-likely tokens kept; 0 disables.
+        repetition_penalty: >= 1; 1 disables.
+        max_new_tokens: upper bound on generated tokens (None: the card's default).
+        min_new_tokens: EOS is masked before this many tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int | None = None
+    min_new_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("temperature", math.isfinite(self.temperature) and self.temperature >= 0),
+            ("top_p", math.isfinite(self.top_p) and 0 < self.top_p <= 1),
+            ("top_k", self.top_k >= 0),
+            (
+                "repetition_penalty",
+                math.isfinite(self.repetition_penalty) and self.repetition_penalty >= 1,
+            ),
+            ("max_new_tokens", self.max_new_tokens is None or self.max_new_tokens >= 1),
+            ("min_new_tokens", self.min_new_tokens >= 0),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise InvalidRequestError(
+                    f"Invalid value for '{name}': {getattr(self, name)!r}",
+                    param=name,
+                    code="invalid_value",
+                )
+
+
+def new_request_id() -> str:
+    """A fresh unique request id, ``req-<32 hex>``."""
+    return f"req-{uuid.uuid4().hex}"
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request.
+
+    Attributes:
+        model: a served card id or alias.
+        text: the input text (TTS) or the rendered prompt.
+        voice: a voice name the card accepts; None for the card's default.
+        speed: playback speed factor in [0.25, 4.0]; cards map it to their own control.
+        seed: seeds the request's own random generator; None draws one (reported back).
+        sampling: sampling settings.
+        profile: SERVE, or ROLLOUT to record trajectories.
+        request_id: unique id; generated when not given.
+        arrival_time: ``time.monotonic()`` at creation, in seconds.
+    """
+
+    model: str
+    text: str = ""
+    voice: str | None = None
+    speed: float = 1.0
+    seed: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    profile: ExecutionProfile = ExecutionProfile.SERVE
+    request_id: str = field(default_factory=new_request_id)
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if not (
+            isinstance(self.speed, int | float)
+            and math.isfinite(self.speed)
+            and 0.25 <= self.speed <= 4.0
+        ):
+            raise InvalidRequestError(
+                f"'speed' must be between 0.25 and 4.0, got {self.speed!r}",
+                param="speed",
+                code="invalid_value",
+            )
+        if self.seed is not None and not (
+            isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED
+        ):
+            raise InvalidRequestError(
+                f"'seed' must be an integer in [0, 2**63-1], got {self.seed!r}",
+                param="seed",
+                code="invalid_value",
+            )

@@ -1,0 +1,16 @@
+"""The engine plane: AsyncEngine, Scheduler, executors. Imports ``omnistep.core`` only."""
+
+from omnistep.engine.config import EngineConfig
+from omnistep.engine.engine import AsyncEngine, RequestStream
+from omnistep.engine.executor import InProcessExecutor
+from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
+
+__all__ = [
+    "AsyncEngine",
+    "Batch",
+    "EngineConfig",
+    "InProcessExecutor",
+    "LiveLoop",
+    "RequestStream",
+    "Scheduler",
+]

@@ -1,0 +1,337 @@
+"""AsyncEngine: runs every request's program, with all loops' steps going through one scheduler.
+
+One engine step is: take the next batch from the scheduler, execute it in the executor, fold each
+output back into its loop, publish what the loop emitted, and queue the loop's next plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+from omnistep.core import (
+    Done,
+    InvalidRequestError,
+    KernelNode,
+    LoopNode,
+    ModelInstance,
+    ModelNotFoundError,
+    ProgramContext,
+    Request,
+    RequestAbortedError,
+    RequestFailedError,
+    StreamChunk,
+)
+from omnistep.core.request import MAX_SEED
+from omnistep.engine.config import EngineConfig
+from omnistep.engine.executor import InProcessExecutor, Outcome
+from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
+
+log = logging.getLogger("omnistep.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    error: BaseException | None = None
+
+
+class RequestStream:
+    """The async iterator of one request's StreamChunks, returned by ``AsyncEngine.add_request``.
+
+    Iteration ends normally when the request finishes; raises ``RequestFailedError`` if a step
+    failed, ``RequestAbortedError`` if it was aborted. ``cancel()`` aborts the request.
+    """
+
+    def __init__(self, request: Request, engine: AsyncEngine, ctx: ProgramContext):
+        self.request = request
+        self._engine = engine
+        self._ctx = ctx
+        self._queue: asyncio.Queue[StreamChunk | _End] = asyncio.Queue()
+        self.finished = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def seed(self) -> int:
+        """The request's seed (drawn by the engine when the request gave none)."""
+        assert self.request.seed is not None
+        return self.request.seed
+
+    @property
+    def trajectories(self) -> dict[str, list]:
+        """ROLLOUT records of the request's finished loops, by program node name."""
+        return self._ctx.trajectories
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamChunk:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, _End):
+            self.finished = True
+            if item.error is not None:
+                raise item.error
+            raise StopAsyncIteration
+        return item
+
+    def cancel(self) -> None:
+        """Abort the request if it is still running (e.g. the client went away)."""
+        if not self.finished:
+            self._engine.abort(self.request_id)
+
+    def _put(self, item: StreamChunk | _End) -> None:
+        self._queue.put_nowait(item)
+
+
+@dataclass(eq=False)
+class _RequestRun:
+    """Engine-side bookkeeping of one request."""
+
+    model: ModelInstance
+    ctx: ProgramContext
+    stream: RequestStream
+    started: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)
+    live: dict[str, LiveLoop] = field(default_factory=dict)
+    next_seq: int = 0
+    finished: bool = False
+
+
+class AsyncEngine:
+    """Serves requests for a set of loaded model instances.
+
+    Args:
+        models: loaded card instances; each answers to its card id and aliases.
+        config: engine settings.
+        executor: runs batches; defaults to ``InProcessExecutor``.
+
+    Raises:
+        ValueError: two models claim the same model id.
+    """
+
+    def __init__(
+        self,
+        models: Iterable[ModelInstance],
+        config: EngineConfig | None = None,
+        executor: InProcessExecutor | None = None,
+    ):
+        self.config = config or EngineConfig()
+        self.models: dict[str, ModelInstance] = {}
+        self._by_id: dict[str, ModelInstance] = {}
+        for model in models:
+            self.models[model.card.card_id] = model
+            for model_id in model.card.model_ids:
+                if model_id in self._by_id:
+                    raise ValueError(f"model id '{model_id}' is claimed by two cards")
+                self._by_id[model_id] = model
+        self._executor = executor or InProcessExecutor()
+        self._scheduler = Scheduler(self._max_batch_size)
+        self._runs: dict[str, _RequestRun] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.units_by_kind: Counter[str] = Counter()
+        self.batch_sizes: Counter[int] = Counter()
+
+    # ----------------------------------------------------------------- public API
+    def resolve(self, model_id: str) -> ModelInstance:
+        """The model instance serving ``model_id``. Raises ModelNotFoundError."""
+        try:
+            return self._by_id[model_id]
+        except KeyError:
+            raise ModelNotFoundError(model_id) from None
+
+    def add_request(self, request: Request) -> RequestStream:
+        """Validate and start ``request``; returns its stream. Must be called on the event loop.
+
+        Kernel nodes that are ready at submission (tokenize, voice lookup) run here, so bad input
+        raises here, before anything is streamed.
+
+        Raises:
+            ModelNotFoundError: unknown model id.
+            InvalidRequestError: duplicate request id, or input the card rejects.
+        """
+        model = self.resolve(request.model)
+        if request.request_id in self._runs:
+            raise InvalidRequestError(
+                f"duplicate request id '{request.request_id}'", param="request_id"
+            )
+        if request.seed is None:
+            request.seed = secrets.randbelow(MAX_SEED + 1)
+        ctx = ProgramContext(request=request, model=model, profile=request.profile)
+        ctx.slots.update({name: request for name in model.card.program.inputs})
+        run = _RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx))
+        self._runs[request.request_id] = run
+        try:
+            self._advance_program(run)
+        except Exception:
+            self._release(run)
+            raise
+        self._ensure_running()
+        return run.stream
+
+    async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
+        """Start ``request`` and yield its chunks; closing the iterator early aborts it."""
+        stream = self.add_request(request)
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            stream.cancel()
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request before its next step and free what it holds. False if not running."""
+        run = self._runs.get(request_id)
+        if run is None:
+            return False
+        self._end(run, RequestAbortedError(f"request {request_id} was aborted"))
+        return True
+
+    def stats(self) -> dict[str, int]:
+        """Live requests, live loops and queued units (for health checks and leak tests)."""
+        return {
+            "live_requests": len(self._runs),
+            "live_loops": sum(len(r.live) for r in self._runs.values()),
+            "queued_units": self._scheduler.num_queued,
+        }
+
+    async def shutdown(self) -> None:
+        """Abort every request, stop the step loop and the executor."""
+        for request_id in list(self._runs):
+            self.abort(request_id)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._executor.close()
+
+    # ----------------------------------------------------------------- step loop
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._step_loop())
+        self._wake.set()
+
+    async def _step_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            batch = self._scheduler.next_batch()
+            if batch is None:
+                await self._wake.wait()
+                continue
+            await self.step(batch)
+
+    async def step(self, batch: Batch) -> None:
+        """Execute one batch and fold its outputs back into the loops."""
+        model = self.models[batch.model_id]
+        outcomes = await self._executor.run(
+            model.components[batch.component], batch.kind, batch.payloads
+        )
+        self.units_by_kind[batch.kind.value] += len(batch.entries)
+        self.batch_sizes[len(batch.entries)] += 1
+        for live, outcome in zip(batch.entries, outcomes, strict=True):
+            self._fold(live, outcome)
+
+    def _fold(self, live: LiveLoop, outcome: Outcome) -> None:
+        live.in_flight = False
+        run = self._runs.get(live.request_id)
+        if run is None or run.finished:
+            live.loop.release(live.state)  # aborted while running: free it now
+            return
+        label = live.plan.label if live.plan else live.node.name
+        if isinstance(outcome, Exception):
+            self._fail(run, outcome, label)
+            return
+        try:
+            live.state = live.loop.advance(live.state, outcome)
+            self._publish(run, live.state.outbox)
+            self._schedule(run, live)
+        except Exception as exc:  # noqa: BLE001 - a loop bug fails its request only
+            self._fail(run, exc, label)
+
+    # ----------------------------------------------------------------- programs
+    def _advance_program(self, run: _RequestRun) -> None:
+        """Start every node whose needed slots are bound; finish the request when all are done."""
+        progressed = True
+        while progressed and not run.finished:
+            progressed = False
+            for node in run.model.card.program.nodes:
+                if node.name in run.started or any(s not in run.ctx.slots for s in node.needs):
+                    continue
+                run.started.add(node.name)
+                progressed = True
+                if isinstance(node, KernelNode):
+                    node.fn(run.ctx)
+                    self._publish(run, run.ctx.outbox)
+                    run.done.add(node.name)
+                else:
+                    self._start_loop(run, node)
+        if not run.finished and len(run.done) == len(run.model.card.program.nodes):
+            self._end(run, None)
+
+    def _start_loop(self, run: _RequestRun, node: LoopNode) -> None:
+        loop = run.model.loops[node.loop_id]
+        state = loop.init(run.ctx.request, run.model, run.ctx)
+        live = LiveLoop(run.ctx.request.request_id, run.model.card.card_id, node, loop, state)
+        run.live[node.name] = live
+        self._schedule(run, live)
+
+    def _schedule(self, run: _RequestRun, live: LiveLoop) -> None:
+        plan = live.loop.next(live.state)
+        if isinstance(plan, Done):
+            live.plan = None
+            result = live.loop.finalize(live.state)
+            live.loop.release(live.state)
+            del run.live[live.node.name]
+            if live.node.binds:
+                run.ctx.slots[live.node.binds] = result.value
+            if result.trajectory is not None:
+                run.ctx.trajectories[live.node.name] = result.trajectory
+            run.done.add(live.node.name)
+            self._advance_program(run)
+            return
+        live.plan = plan
+        self._scheduler.enqueue(live)
+        self._wake.set()
+
+    def _publish(self, run: _RequestRun, outbox: list[StreamChunk]) -> None:
+        for chunk in outbox:
+            chunk.seq = run.next_seq
+            chunk.request_id = run.ctx.request.request_id
+            run.next_seq += 1
+            run.stream._put(chunk)
+        outbox.clear()
+
+    # ----------------------------------------------------------------- endings
+    def _fail(self, run: _RequestRun, exc: Exception, where: str) -> None:
+        log.warning("request %s failed in %s: %r", run.ctx.request.request_id, where, exc)
+        error = RequestFailedError(f"{where}: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        self._end(run, error)
+
+    def _end(self, run: _RequestRun, error: BaseException | None) -> None:
+        """Finish a request: release its loops and close its stream (with ``error`` if given)."""
+        if run.finished:
+            return
+        self._release(run)
+        run.stream._put(_End(error))
+
+    def _release(self, run: _RequestRun) -> None:
+        run.finished = True
+        for live in run.live.values():
+            self._scheduler.remove(live)
+            if not live.in_flight:  # in-flight loops are released when their batch returns
+                live.loop.release(live.state)
+        run.live.clear()
+        self._runs.pop(run.ctx.request.request_id, None)
+
+    def _max_batch_size(self, model_id: str, component: str) -> int:
+        return min(self.config.max_batch_size, self.models[model_id].max_batch_size(component))

@@ -1,0 +1,58 @@
+"""Executors run batches off the event loop so the server stays responsive while models compute.
+
+The in-process executor runs every batch on one worker thread, in order. A batch that raises is
+retried unit by unit so that only the request whose unit fails gets the exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from omnistep.core import Component, StepResult, WorkUnitKind
+
+Outcome = StepResult | Exception
+
+
+def execute_isolated(
+    component: Component, kind: WorkUnitKind, payloads: Sequence[Any]
+) -> list[Outcome]:
+    """Run ``component.execute`` on a batch; on failure, rerun unit by unit to isolate faults.
+
+    Returns:
+        One ``StepResult`` or ``Exception`` per payload, in order.
+    """
+    start = time.perf_counter()
+    try:
+        outputs = component.execute(kind, payloads)
+        if len(outputs) != len(payloads):
+            raise RuntimeError(
+                f"component returned {len(outputs)} outputs for {len(payloads)} payloads"
+            )
+    except Exception as exc:  # noqa: BLE001 - isolated per unit below
+        if len(payloads) == 1:
+            return [exc]
+        return [execute_isolated(component, kind, [p])[0] for p in payloads]
+    seconds = time.perf_counter() - start
+    return [StepResult(out, batch_size=len(payloads), seconds=seconds) for out in outputs]
+
+
+class InProcessExecutor:
+    """Runs batches on a single worker thread of this process."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnistep-exec")
+
+    async def run(
+        self, component: Component, kind: WorkUnitKind, payloads: Sequence[Any]
+    ) -> list[Outcome]:
+        """Execute one batch in the worker thread; see ``execute_isolated``."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, execute_isolated, component, kind, payloads)
+
+    def close(self) -> None:
+        """Stop the worker thread after the running batch."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,39 @@
+"""The family registry: ``--model family[=path]`` -> ``build_card(path) -> ModelCard``.
+
+Families are looked up by name, never inferred from substrings of a model id. Family modules are
+imported lazily so that serving one family does not import another's dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from omnistep.core import InvalidRequestError, ModelCard
+
+FAMILIES: dict[str, str] = {
+    "toy": "omnistep.models.toy.card",
+    "piper": "omnistep.models.piper.card",
+}
+"""Family name -> module that defines ``build_card(path: str | None) -> ModelCard``."""
+
+
+def parse_model_spec(spec: str) -> tuple[str, str | None]:
+    """Split ``"family"`` or ``"family=/path/to/weights"`` into (family, path or None)."""
+    family, sep, path = spec.partition("=")
+    return family.strip(), (path.strip() or None) if sep else None
+
+
+def build_card(spec: str) -> ModelCard:
+    """Build and validate the card for ``spec`` (see ``parse_model_spec``).
+
+    Raises:
+        InvalidRequestError: unknown family (the message lists the known ones).
+        CardValidationError: the family built an inconsistent card.
+    """
+    family, path = parse_model_spec(spec)
+    if family not in FAMILIES:
+        raise InvalidRequestError(
+            f"unknown model family '{family}'; known: {', '.join(sorted(FAMILIES))}", param="model"
+        )
+    module = importlib.import_module(FAMILIES[family])
+    return module.build_card(path).validate()

@@ -1,0 +1,1 @@
+"""The toy family: tiny deterministic numpy cards for runtime tests."""

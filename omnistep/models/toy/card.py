@@ -1,0 +1,297 @@
+"""The ``toy`` card: a token loop feeding a chunk loop, numpy only, for runtime tests.
+
+``tokenize`` turns the text into byte ids; the ``tokens`` loop (AR_DECODE) samples one token per
+AR_TOKEN unit from the ``lm`` component, the ``audio`` loop (AUDIO_DECODE) turns every
+``chunk_tokens`` tokens into a sine segment with the ``vocoder`` component. Both components
+compute each row of a batch independently (table lookups, no reductions across rows), and each
+step's randomness is a pure function of (seed, step), so outputs do not depend on batching.
+
+Fault injection for tests: a request whose text contains ``<fail>`` raises inside the ``lm``
+component at step 3; text containing ``<fail-vocoder>`` raises inside the vocoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omnistep.core import (
+    Capability,
+    ComponentSpec,
+    Done,
+    ExecutionProfile,
+    InvalidRequestError,
+    KernelNode,
+    LoopKind,
+    LoopNode,
+    LoopResult,
+    LoopSpec,
+    LoopState,
+    ModelCard,
+    ModelInstance,
+    Program,
+    ProgramContext,
+    Request,
+    ResourceRequest,
+    ShapeSignature,
+    StepResult,
+    StreamChunk,
+    WorkPlan,
+    WorkUnitKind,
+)
+
+VOCAB = 64
+EOS = 0
+SAMPLE_RATE = 8000
+SAMPLES_PER_TOKEN = 80
+FAIL_STEP = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUnit:
+    """One AR_TOKEN unit: the previous token, the step's seed material and sampling settings."""
+
+    prev_token: int
+    seed: int
+    step: int
+    temperature: float
+    min_new_tokens: int
+    fail: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkUnit:
+    """One AUDIO_CHUNK unit: the chunk's token ids."""
+
+    tokens: tuple[int, ...]
+    fail: bool = False
+
+
+class ToyLM:
+    """A bigram "language model": logits are a fixed random table row ``[VOCAB]`` float64."""
+
+    def __init__(self, device: str = "cpu"):
+        self.table = np.random.default_rng(1234).normal(size=(VOCAB, VOCAB)) * 2.0
+
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[TokenUnit]) -> list[tuple[int, float]]:
+        """Sample one token per unit; returns (token id, log-prob) per unit."""
+        if kind is not WorkUnitKind.AR_TOKEN:
+            raise ValueError(f"toy lm cannot run {kind}")
+        if any(p.fail and p.step == FAIL_STEP for p in payloads):
+            raise RuntimeError("injected fault in toy lm")
+        logits = self.table[[p.prev_token for p in payloads]]  # [batch, VOCAB]
+        out = []
+        for row, unit in zip(logits, payloads, strict=True):
+            row = row.copy()
+            if unit.step < unit.min_new_tokens:
+                row[EOS] = -np.inf
+            out.append(_sample(row, unit))
+        return out
+
+
+def _sample(logits: np.ndarray, unit: TokenUnit) -> tuple[int, float]:
+    """Gumbel-max sampling, noise from ``default_rng([seed, step])``; greedy at temperature 0."""
+    logp = logits - np.logaddexp.reduce(logits)
+    if unit.temperature == 0:
+        token = int(np.argmax(logp))
+    else:
+        gumbel = np.random.default_rng([unit.seed, unit.step]).gumbel(size=logits.shape)
+        token = int(np.argmax(logp / unit.temperature + gumbel))
+    return token, float(logp[token])
+
+
+class ToyVocoder:
+    """Each token becomes ``SAMPLES_PER_TOKEN`` samples of a sine at ``200 + 20 * token`` Hz."""
+
+    def __init__(self, device: str = "cpu"):
+        self.t = np.arange(SAMPLES_PER_TOKEN) / SAMPLE_RATE
+
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[ChunkUnit]) -> list[np.ndarray]:
+        """Returns float32 ``[len(tokens) * SAMPLES_PER_TOKEN]`` per unit."""
+        if any(p.fail for p in payloads):
+            raise RuntimeError("injected fault in toy vocoder")
+        tokens = np.array([p.tokens for p in payloads])  # [batch, chunk]
+        freqs = 200.0 + 20.0 * tokens
+        wave = 0.3 * np.sin(2 * np.pi * freqs[..., None] * self.t)  # [batch, chunk, samples]
+        return [w.reshape(-1).astype(np.float32) for w in wave]
+
+
+@dataclass
+class TokenState(LoopState):
+    """State of the token loop."""
+
+    seed: int = 0
+    prev_token: int = 0
+    temperature: float = 1.0
+    min_new_tokens: int = 0
+    max_new_tokens: int = 0
+    fail: bool = False
+    tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+
+
+class TokenLoop:
+    """AR_DECODE loop over the toy lm; emits each token as a text delta."""
+
+    loop_id = "tokens"
+    kind = LoopKind.AR_DECODE
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> TokenState:
+        prompt = ctx.slots["prompt_ids"]
+        sp = req.sampling
+        return TokenState(
+            request_id=req.request_id,
+            loop_id=self.loop_id,
+            profile=req.profile,
+            seed=int(req.seed or 0),
+            prev_token=prompt[-1],
+            temperature=sp.temperature,
+            min_new_tokens=sp.min_new_tokens,
+            max_new_tokens=sp.max_new_tokens or 2 * len(prompt),
+            fail="<fail>" in req.text,
+        )
+
+    def next(self, state: TokenState) -> WorkPlan | Done:
+        if state.finished or len(state.tokens) >= state.max_new_tokens:
+            return Done()
+        unit = TokenUnit(
+            state.prev_token,
+            state.seed,
+            state.step,
+            state.temperature,
+            state.min_new_tokens,
+            state.fail,
+        )
+        return WorkPlan(
+            WorkUnitKind.AR_TOKEN,
+            "lm",
+            ShapeSignature(WorkUnitKind.AR_TOKEN, (1,)),
+            unit,
+            ResourceRequest(num_tokens=1),
+            f"toy.token{state.step}",
+        )
+
+    def advance(self, state: TokenState, result: StepResult) -> TokenState:
+        token, logprob = result.output
+        state.step += 1
+        if state.profile is ExecutionProfile.ROLLOUT:
+            state.trajectory.append((token, logprob))
+        if token == EOS:
+            state.finished = True
+            return state
+        state.tokens.append(token)
+        state.prev_token = token
+        state.outbox.append(StreamChunk.of_text(f"<{token}>"))
+        return state
+
+    def finalize(self, state: TokenState) -> LoopResult:
+        traj = state.trajectory if state.profile is ExecutionProfile.ROLLOUT else None
+        return LoopResult(list(state.tokens), {"tokens": float(len(state.tokens))}, traj)
+
+    def release(self, state: TokenState) -> None:
+        """Nothing outside the state to free."""
+
+
+@dataclass
+class ChunkState(LoopState):
+    """State of the chunk loop."""
+
+    chunks: list[tuple[int, ...]] = field(default_factory=list)
+    fail: bool = False
+    samples: list[np.ndarray] = field(default_factory=list)
+
+
+class ChunkLoop:
+    """AUDIO_DECODE loop: one AUDIO_CHUNK unit per ``chunk_tokens`` tokens; emits audio."""
+
+    loop_id = "audio"
+    kind = LoopKind.AUDIO_DECODE
+
+    def __init__(self, chunk_tokens: int = 4):
+        self.chunk_tokens = chunk_tokens
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> ChunkState:
+        tokens = ctx.slots["tokens"]
+        n = self.chunk_tokens
+        chunks = [tuple(tokens[i : i + n]) for i in range(0, len(tokens), n)]
+        return ChunkState(
+            request_id=req.request_id,
+            loop_id=self.loop_id,
+            profile=req.profile,
+            chunks=chunks,
+            fail="<fail-vocoder>" in req.text,
+        )
+
+    def next(self, state: ChunkState) -> WorkPlan | Done:
+        if state.step >= len(state.chunks):
+            return Done()
+        chunk = state.chunks[state.step]
+        return WorkPlan(
+            WorkUnitKind.AUDIO_CHUNK,
+            "vocoder",
+            ShapeSignature(WorkUnitKind.AUDIO_CHUNK, (len(chunk),)),
+            ChunkUnit(chunk, state.fail),
+            label=f"toy.chunk{state.step}",
+        )
+
+    def advance(self, state: ChunkState, result: StepResult) -> ChunkState:
+        state.step += 1
+        state.samples.append(result.output)
+        state.outbox.append(StreamChunk.of_audio(result.output, SAMPLE_RATE))
+        return state
+
+    def finalize(self, state: ChunkState) -> LoopResult:
+        samples = np.concatenate(state.samples) if state.samples else np.zeros(0, np.float32)
+        return LoopResult(samples, {"chunks": float(len(state.samples))})
+
+    def release(self, state: ChunkState) -> None:
+        """Nothing outside the state to free."""
+
+
+def _tokenize(ctx: ProgramContext) -> None:
+    text = ctx.request.text
+    if not text.strip():
+        raise InvalidRequestError("input must not be empty", param="input")
+    ctx.slots["prompt_ids"] = [1 + b % (VOCAB - 1) for b in text.encode()]
+
+
+def build_card(
+    path: str | None = None, *, chunk_tokens: int = 4, max_batch_size: int = 8
+) -> ModelCard:
+    """The toy card. ``path`` is ignored (the toy has no weights)."""
+    program = Program(
+        inputs=("request",),
+        nodes=(
+            KernelNode("tokenize", _tokenize, needs=("request",), binds=("prompt_ids",)),
+            LoopNode("decode", "tokens", needs=("prompt_ids",), binds="tokens"),
+            LoopNode("vocode", "audio", needs=("tokens",), binds="samples"),
+        ),
+    )
+    return ModelCard(
+        card_id="toy",
+        family="toy",
+        components=(
+            ComponentSpec("lm", ToyLM, max_batch_size=max_batch_size),
+            ComponentSpec("vocoder", ToyVocoder, max_batch_size=max_batch_size),
+        ),
+        loops=(
+            LoopSpec("tokens", LoopKind.AR_DECODE, (WorkUnitKind.AR_TOKEN,), ("lm",), TokenLoop),
+            LoopSpec(
+                "audio",
+                LoopKind.AUDIO_DECODE,
+                (WorkUnitKind.AUDIO_CHUNK,),
+                ("vocoder",),
+                lambda: ChunkLoop(chunk_tokens),
+            ),
+        ),
+        program=program,
+        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
+        sample_rate=SAMPLE_RATE,
+        aliases=("toy-tts",),
+        voices=("default",),
+        default_voice="default",
+        parity=frozenset({"C0", "C1", "C2", "C3", "stream"}),
+        description="Deterministic numpy toy: token loop feeding a chunk loop.",
+    )

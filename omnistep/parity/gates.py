@@ -1,0 +1,64 @@
+"""Run requests alone or interleaved through an engine and collect their streams."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from omnistep.core import Modality, Request, StreamChunk
+from omnistep.core.request import new_request_id
+from omnistep.engine import AsyncEngine
+
+
+@dataclass
+class Collected:
+    """A request's whole stream.
+
+    Attributes:
+        chunks: every StreamChunk in order.
+        audio: the concatenated audio, float32 ``[num_samples]``.
+        text: the concatenated text deltas.
+        sample_rate: Hz of ``audio`` (0 when there is none).
+        seed: the seed the request ran with.
+    """
+
+    chunks: list[StreamChunk]
+    audio: np.ndarray
+    text: str
+    sample_rate: int
+    seed: int
+
+
+async def collect(engine: AsyncEngine, request: Request) -> Collected:
+    """Run one request to completion and gather its stream (errors propagate)."""
+    stream = engine.add_request(request)
+    chunks = [chunk async for chunk in stream]
+    audio = [c.audio for c in chunks if c.modality is Modality.AUDIO and c.audio is not None]
+    rates = {c.sample_rate for c in chunks if c.modality is Modality.AUDIO}
+    if len(rates) > 1:
+        raise ValueError(f"request streamed audio at several sample rates: {rates}")
+    return Collected(
+        chunks=chunks,
+        audio=np.concatenate(audio) if audio else np.zeros(0, np.float32),
+        text="".join(c.text or "" for c in chunks if c.modality is Modality.TEXT),
+        sample_rate=rates.pop() if rates else 0,
+        seed=stream.seed,
+    )
+
+
+def _fresh(request: Request) -> Request:
+    """A copy with a new request id and arrival time (a Request can be submitted once)."""
+    return dataclasses.replace(request, request_id=new_request_id())
+
+
+async def run_alone(engine: AsyncEngine, requests: list[Request]) -> list[Collected]:
+    """Run each request by itself, one after another. Requests need explicit seeds."""
+    return [await collect(engine, _fresh(r)) for r in requests]
+
+
+async def run_interleaved(engine: AsyncEngine, requests: list[Request]) -> list[Collected]:
+    """Submit all requests at once and run them concurrently."""
+    return list(await asyncio.gather(*(collect(engine, _fresh(r)) for r in requests)))

@@ -1,0 +1,204 @@
+"""Engine tests on the toy card: interleave parity (C3), seed (C1), abort, fault isolation."""
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from omnistep.core import (
+    ExecutionProfile,
+    InvalidRequestError,
+    ModelInstance,
+    ModelNotFoundError,
+    Request,
+    RequestAbortedError,
+    RequestFailedError,
+    SamplingParams,
+    WorkUnitKind,
+)
+from omnistep.engine import AsyncEngine
+from omnistep.models.toy.card import ToyLM, build_card
+from omnistep.parity import collect, run_alone, run_interleaved
+
+
+@pytest.fixture
+async def engine():
+    eng = AsyncEngine([ModelInstance.load(build_card())])
+    yield eng
+    await eng.shutdown()
+
+
+def _requests(n: int) -> list[Request]:
+    return [
+        Request(
+            "toy",
+            text=f"request number {i} " * (i + 1),
+            seed=100 + i,
+            sampling=SamplingParams(temperature=0.8, max_new_tokens=10 + 3 * i),
+        )
+        for i in range(n)
+    ]
+
+
+async def test_interleaved_equals_alone(engine):
+    reqs = _requests(6)
+    alone = await run_alone(engine, reqs)
+    engine.batch_sizes.clear()
+    together = await run_interleaved(engine, reqs)
+    for a, b in zip(alone, together, strict=True):
+        assert a.text == b.text and a.text
+        assert np.array_equal(a.audio, b.audio) and a.audio.size > 0
+    assert max(engine.batch_sizes) > 1, "concurrent requests should batch"
+    texts = {a.text for a in alone}
+    assert len(texts) == len(reqs), "different seeds and prompts should differ"
+
+
+async def test_same_seed_same_output_and_seed_is_reported(engine):
+    first = await collect(engine, Request("toy", text="abc", seed=7))
+    second = await collect(engine, Request("toy", text="abc", seed=7))
+    other = await collect(engine, Request("toy", text="abc", seed=8))
+    assert first.text == second.text and np.array_equal(first.audio, second.audio)
+    assert first.text != other.text
+    drawn = await collect(engine, Request("toy", text="abc"))
+    again = await collect(engine, Request("toy", text="abc", seed=drawn.seed))
+    assert drawn.text == again.text
+
+
+async def test_stream_sequence_numbers_and_sample_rate(engine):
+    out = await collect(engine, Request("toy", text="hello", seed=1))
+    assert [c.seq for c in out.chunks] == list(range(len(out.chunks)))
+    assert out.sample_rate == 8000
+    assert out.audio.size == 80 * out.text.count("<")
+
+
+async def test_unknown_model_and_bad_input_raise_before_streaming(engine):
+    with pytest.raises(ModelNotFoundError):
+        engine.add_request(Request("nope", text="x"))
+    with pytest.raises(InvalidRequestError) as info:
+        engine.add_request(Request("toy", text="   "))
+    assert info.value.param == "input"
+    assert engine.stats()["live_requests"] == 0
+
+
+async def test_abort_mid_loop_releases_and_spares_others(engine):
+    reqs = _requests(3)
+    alone = await run_alone(engine, reqs)
+    victim = engine.add_request(
+        Request("toy", text="victim " * 5, seed=5, sampling=SamplingParams(max_new_tokens=400))
+    )
+    others = [
+        asyncio.create_task(collect(engine, r))
+        for r in [Request(r.model, r.text, seed=r.seed, sampling=r.sampling) for r in reqs]
+    ]
+    received = []
+    async for chunk in victim:
+        received.append(chunk)
+        if len(received) == 5:
+            assert engine.abort(victim.request_id)
+            break
+    with pytest.raises(RequestAbortedError):
+        await victim.__anext__()
+    results = await asyncio.gather(*others)
+    for a, b in zip(alone, results, strict=True):
+        assert a.text == b.text and np.array_equal(a.audio, b.audio)
+    assert engine.stats() == {"live_requests": 0, "live_loops": 0, "queued_units": 0}
+    assert not engine.abort(victim.request_id)
+
+
+async def test_closing_generate_early_aborts(engine):
+    gen = engine.generate(
+        Request("toy", text="long " * 20, seed=3, sampling=SamplingParams(max_new_tokens=300))
+    )
+    async for _ in gen:
+        break
+    await gen.aclose()
+    assert engine.stats()["live_requests"] == 0
+
+
+@pytest.mark.parametrize("marker", ["<fail>", "<fail-vocoder>"])
+async def test_fault_in_one_request_fails_only_it(engine, marker):
+    reqs = _requests(4)
+    alone = await run_alone(engine, reqs)
+    bad = Request(
+        "toy",
+        text=f"{marker} boom boom",
+        seed=9,
+        sampling=SamplingParams(min_new_tokens=8, max_new_tokens=20),
+    )
+    results = await asyncio.gather(
+        *(
+            collect(engine, r)
+            for r in [
+                bad,
+                *[Request(r.model, r.text, seed=r.seed, sampling=r.sampling) for r in reqs],
+            ]
+        ),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], RequestFailedError)
+    assert "injected fault" in str(results[0])
+    for a, b in zip(alone, results[1:], strict=True):
+        assert not isinstance(b, BaseException)
+        assert a.text == b.text and np.array_equal(a.audio, b.audio)
+    assert engine.stats()["live_requests"] == 0
+
+
+async def test_rollout_records_logprobs_that_recompute(engine):
+    """C2 on the toy: recomputing the recorded tokens' log-probs gives the recorded values."""
+    req = Request(
+        "toy",
+        text="roll",
+        seed=11,
+        profile=ExecutionProfile.ROLLOUT,
+        sampling=SamplingParams(max_new_tokens=10),
+    )
+    stream = engine.add_request(req)
+    text = "".join([c.text async for c in stream if c.text])
+    trajectory = stream.trajectories["decode"]
+    assert text == "".join(f"<{t}>" for t, _ in trajectory if t != 0)
+    table = ToyLM().table
+    prev = 1 + ord("l") % 63
+    for token, logprob in trajectory:
+        recomputed = table[prev] - np.logaddexp.reduce(table[prev])
+        assert abs(recomputed[token] - logprob) <= 1e-6
+        prev = token
+    serve = await collect(
+        engine, Request("toy", text="roll", seed=11, sampling=SamplingParams(max_new_tokens=10))
+    )
+    assert serve.text == text
+
+
+async def test_engine_stays_responsive_while_computing():
+    class SlowLM(ToyLM):
+        def execute(self, kind, payloads):
+            time.sleep(0.02)
+            return super().execute(kind, payloads)
+
+    card = build_card()
+    model = ModelInstance.load(card)
+    model.components["lm"] = SlowLM()
+    eng = AsyncEngine([model])
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    start = time.perf_counter()
+    await collect(
+        eng, Request("toy", text="slow", seed=1, sampling=SamplingParams(max_new_tokens=10))
+    )
+    elapsed = time.perf_counter() - start
+    task.cancel()
+    await eng.shutdown()
+    assert elapsed > 0.1
+    assert ticks >= elapsed / 0.005 * 0.3, "event loop was blocked by model compute"
+
+
+def test_toy_lm_rejects_wrong_kind():
+    with pytest.raises(ValueError):
+        ToyLM().execute(WorkUnitKind.AUDIO_CHUNK, [])

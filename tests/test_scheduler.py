@@ -1,0 +1,68 @@
+"""Scheduler unit tests with hand-built plans: grouping by shape, order, batch limits, removal."""
+
+from omnistep.core import ShapeSignature, WorkPlan, WorkUnitKind
+from omnistep.core.program import LoopNode
+from omnistep.engine import LiveLoop, Scheduler
+
+NODE = LoopNode("n", "l")
+
+
+def _live(req: str, dims=(1,), component="c", tag="", kind=WorkUnitKind.AR_TOKEN) -> LiveLoop:
+    live = LiveLoop(req, "m", NODE, loop=None, state=None)  # type: ignore[arg-type]
+    live.plan = WorkPlan(kind, component, ShapeSignature(kind, dims, tag), payload=req)
+    return live
+
+
+def _sched(limit=8) -> Scheduler:
+    return Scheduler(lambda model, component: limit)
+
+
+def test_groups_by_shape_and_component():
+    s = _sched()
+    lives = [_live("a"), _live("b", dims=(2,)), _live("c"), _live("d", component="v")]
+    for live in lives:
+        s.enqueue(live)
+    first = s.next_batch()
+    assert [e.request_id for e in first.entries] == ["a", "c"]
+    assert first.payloads == ["a", "c"]
+    assert all(e.in_flight and not e.queued for e in first.entries)
+    assert [e.request_id for e in s.next_batch().entries] == ["b"]
+    second = s.next_batch()
+    assert (second.component, [e.request_id for e in second.entries]) == ("v", ["d"])
+    assert s.next_batch() is None
+    assert s.num_queued == 0
+
+
+def test_tags_keep_units_apart():
+    s = _sched()
+    for name in "abc":
+        s.enqueue(_live(name, tag=name))
+    sizes = [len(s.next_batch().entries) for _ in range(3)]
+    assert sizes == [1, 1, 1]
+
+
+def test_batch_limit_and_fifo_within_group():
+    s = _sched(limit=3)
+    for i in range(7):
+        s.enqueue(_live(f"r{i}"))
+    batches = [[e.request_id for e in s.next_batch().entries] for _ in range(3)]
+    assert batches == [["r0", "r1", "r2"], ["r3", "r4", "r5"], ["r6"]]
+
+
+def test_oldest_ready_group_goes_first():
+    s = _sched()
+    s.enqueue(_live("x", dims=(5,)))
+    s.enqueue(_live("y", dims=(1,)))
+    s.enqueue(_live("z", dims=(5,)))
+    assert [e.request_id for e in s.next_batch().entries] == ["x", "z"]
+
+
+def test_remove_drops_queued_units():
+    s = _sched()
+    a, b = _live("a"), _live("b")
+    s.enqueue(a)
+    s.enqueue(b)
+    s.remove(a)
+    s.remove(a)  # idempotent
+    assert [e.request_id for e in s.next_batch().entries] == ["b"]
+    assert s.next_batch() is None
