@@ -69,6 +69,11 @@ class RequestStream:
         """ROLLOUT records of the request's finished loops, by program node name."""
         return self._ctx.trajectories
 
+    @property
+    def usage(self) -> dict[str, int]:
+        """Token counts reported by the card: ``input_tokens``, ``output_tokens``."""
+        return self._ctx.usage
+
     def __aiter__(self) -> RequestStream:
         return self
 

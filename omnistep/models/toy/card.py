@@ -74,6 +74,7 @@ class ToyLM:
 
     def __init__(self, device: str = "cpu"):
         self.table = np.random.default_rng(1234).normal(size=(VOCAB, VOCAB)) * 2.0
+        self.table[:, EOS] -= 3.0  # EOS is rare, so outputs run to a length tests can predict
 
     def execute(self, kind: WorkUnitKind, payloads: Sequence[TokenUnit]) -> list[tuple[int, float]]:
         """Sample one token per unit; returns (token id, log-prob) per unit."""
@@ -214,6 +215,7 @@ class ChunkLoop:
 
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> ChunkState:
         tokens = ctx.slots["tokens"]
+        ctx.usage["output_tokens"] = len(tokens)
         n = self.chunk_tokens
         chunks = [tuple(tokens[i : i + n]) for i in range(0, len(tokens), n)]
         return ChunkState(
@@ -255,6 +257,7 @@ def _tokenize(ctx: ProgramContext) -> None:
     if not text.strip():
         raise InvalidRequestError("input must not be empty", param="input")
     ctx.slots["prompt_ids"] = [1 + b % (VOCAB - 1) for b in text.encode()]
+    ctx.usage["input_tokens"] = len(ctx.slots["prompt_ids"])
 
 
 def build_card(

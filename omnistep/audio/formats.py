@@ -1,0 +1,21 @@
+"""Output formats of the audio plane: names, media types and the delivery sample rate.
+
+Imports nothing (stdlib only). The audio plane as a whole imports only numpy and the audio
+libraries soundfile, lameenc, av (PyAV) and soxr: never torch, never another omnistep plane.
+"""
+
+FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+"""Every `response_format` the speech endpoint accepts, as OpenAI names them."""
+
+MEDIA_TYPES: dict[str, str] = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",  # Ogg Opus
+    "aac": "audio/aac",  # ADTS stream
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",  # raw s16le mono, no header
+}
+"""The Content-Type of each format's body."""
+
+OUTPUT_SAMPLE_RATE: int = 24000
+"""Every format is delivered mono at this rate in Hz (OpenAI's rate; pcm is 24 kHz s16le mono)."""

@@ -1,0 +1,126 @@
+"""Command line: ``omnistep serve`` (the HTTP server) and ``omnistep say`` (text to a file).
+
+A product-plane module: imports engine, audio, core and the model registry (to build cards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from omnistep.audio import FORMATS, make_encoder
+from omnistep.core import ModelInstance, OmnistepError, Request
+from omnistep.engine import AsyncEngine, EngineConfig
+from omnistep.models.registry import FAMILIES, build_card
+
+log = logging.getLogger("omnistep")
+
+
+def load_engine(specs: list[str], device: str, max_batch_size: int) -> AsyncEngine:
+    """Build, validate and load each ``family[=path]`` card and wrap them in an engine."""
+    models = [ModelInstance.load(build_card(spec), device=device) for spec in specs]
+    return AsyncEngine(models, EngineConfig(max_batch_size=max_batch_size))
+
+
+def _usage_banner(host: str, port: int, engine: AsyncEngine) -> str:
+    model = next(iter(engine.models.values())).card.card_id
+    base = f"http://{host}:{port}"
+    return (
+        f"omnistep is serving {', '.join(engine.models)} on {base}\n"
+        f"  curl {base}/v1/audio/speech -H 'Content-Type: application/json' \\\n"
+        f'    -d \'{{"model": "{model}", "input": "Hello from omnistep.", '
+        f'"voice": "alloy"}}\' -o hello.mp3\n'
+        f"  models: {base}/v1/models   health: {base}/health   docs: {base}/docs"
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from omnistep.server import ServerConfig, build_app
+
+    config = ServerConfig(host=args.host, port=args.port)
+    engine = load_engine(args.model or ["piper"], args.device, args.max_batch_size)
+    print(_usage_banner(config.host, config.port, engine), flush=True)
+    uvicorn.run(build_app(engine), host=config.host, port=config.port, log_level=args.log_level)
+    return 0
+
+
+async def synthesize_to_bytes(engine: AsyncEngine, request: Request, fmt: str) -> bytes:
+    """Run ``request`` and encode all of its audio as one ``fmt`` file."""
+    model = engine.resolve(request.model)
+    encoder = make_encoder(fmt, model.card.sample_rate)
+    parts = []
+    try:
+        async for chunk in engine.generate(request):
+            if chunk.audio is not None:
+                parts.append(encoder.encode(chunk.audio))
+        parts.append(encoder.flush())
+    finally:
+        await engine.shutdown()
+    return encoder.with_lengths(b"".join(parts))
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    fmt = args.format or out.suffix.lstrip(".").lower() or "wav"
+    if fmt not in FORMATS:
+        raise OmnistepError(f"unknown format '{fmt}'; choose one of {', '.join(FORMATS)}")
+    spec = args.model or "piper"
+    engine = load_engine([spec], args.device, 1)
+    model_id = next(iter(engine.models))
+    request = Request(model_id, text=args.text, voice=args.voice, speed=args.speed, seed=args.seed)
+    data = asyncio.run(synthesize_to_bytes(engine, request, fmt))
+    out.write_bytes(data)
+    print(f"wrote {out} ({len(data)} bytes, {fmt}, seed {request.seed})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnistep", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    families = ", ".join(sorted(FAMILIES))
+
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--model",
+        action="append",
+        help=f"family[=weights dir], repeatable; families: {families} "
+        "(default: piper, the embedded voice)",
+    )
+    serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
+    serve.add_argument("--max-batch-size", type=int, default=64)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+
+    say = sub.add_parser("say", help="synthesize TEXT into a file")
+    say.add_argument("text")
+    say.add_argument("-o", "--output", required=True, help="output file; format from extension")
+    say.add_argument("--model", help=f"family[=weights dir] (default piper); families: {families}")
+    say.add_argument("--voice")
+    say.add_argument("--format", choices=FORMATS)
+    say.add_argument("--speed", type=float, default=1.0)
+    say.add_argument("--seed", type=int)
+    say.add_argument("--device", default="cpu")
+    say.set_defaults(func=cmd_say)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``omnistep`` command. Exit status 2 on bad input."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except OmnistepError as exc:
+        print(f"omnistep: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

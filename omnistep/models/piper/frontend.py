@@ -1,0 +1,149 @@
+"""Text -> sentences -> phoneme ids for a Piper voice, with piper-tts's own phonemizer.
+
+Piper (espeak-ng, bundled with the ``piper-tts`` wheel; no system espeak) already splits text into
+sentences: ``espeakbridge.get_phonemes`` returns one entry per clause with its terminator and an
+end-of-sentence flag, and ``EspeakPhonemizer.phonemize`` groups clauses into sentences (``,`` ``:``
+``;`` keep the sentence going; ``.`` ``?`` ``!`` and blank lines end it). This module keeps one
+``Sentence`` per piper sentence, so the card emits one AUDIO_CHUNK unit per sentence. The only
+extra split is for very long sentences (more than ``max_phonemes``), which are cut at a clause
+boundary, else a word boundary, so that one unit stays bounded in time and memory; no phoneme is
+dropped by the cut.
+
+Behaviour inherited from espeak (no words are dropped, but note): abbreviations such as ``Dr.``,
+``Mr.``, ``St.`` end a sentence (``"Dr. Smith"`` gives two sentences); digits, symbols and emoji
+are read out (``"$3.50"``, ``"😀"`` -> "grinning face"); text between ``[[ ]]`` is taken as raw
+phonemes. Phonemes missing from the voice's id map are skipped by ``phonemes_to_ids`` with a
+logged warning (none occur for the ``en-us`` voice on Latin, Cyrillic, Greek or Arabic text).
+
+Source: ``piper/voice.py`` (``PiperVoice.phonemize``, ``PiperVoice.phonemes_to_ids``),
+``piper/phonemize_espeak.py``, ``piper/phoneme_ids.py`` (BOS ``^``, then each phoneme followed by
+PAD ``_``, then EOS ``$``), ``piper/config.py`` of piper-tts 1.8.0.
+
+Imports: stdlib, piper-tts and ``omnistep.core``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from piper.config import PiperConfig
+from piper.voice import PiperVoice
+
+from omnistep.core.errors import InvalidRequestError
+
+PUNCTUATION = frozenset(" \t\n.,;:!?¡¿-–—…'\"()[]")
+"""Phonemes that carry no speech on their own: a sentence made only of these is dropped."""
+CLAUSE_ENDS = frozenset(",;:")
+"""Punctuation after which a long sentence is preferably cut."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sentence:
+    """One sentence of the input, ready for the voice model.
+
+    The sentence's original text is not recoverable: espeak reports phonemes per clause, not text
+    offsets. ``index`` and ``phonemes`` identify it in logs and labels.
+
+    Attributes:
+        index: 0-based position of the sentence in the input.
+        phonemes: the sentence's IPA phonemes as one string (with punctuation), e.g.
+            ``"həlˈoʊ wˈɜːld."``.
+        phoneme_ids: model input ids, ``^ _ p1 _ p2 _ ... $``: ``2 * len(phonemes) + 2`` ints for
+            single-id phonemes; the ``input`` row of the ONNX model.
+    """
+
+    index: int
+    phonemes: str
+    phoneme_ids: tuple[int, ...]
+
+
+class PiperFrontend:
+    """Phonemizes text for one Piper voice config (espeak voice, id map, vowel clusters).
+
+    Thread safety: piper serialises espeak calls behind its own module lock.
+
+    Args:
+        config: the voice's ``PiperConfig`` (``PiperConfig.from_dict(json)``).
+        max_phonemes: a sentence longer than this many phonemes is cut into several units (at
+            the last ``, ; :`` before the limit, else the last space, else at the limit).
+            400 phonemes is about 20 s of speech.
+
+    Raises:
+        ValueError: ``max_phonemes`` < 1.
+    """
+
+    def __init__(self, config: PiperConfig, max_phonemes: int = 400):
+        if max_phonemes < 1:
+            raise ValueError(f"max_phonemes must be >= 1, got {max_phonemes}")
+        self.config = config
+        self.max_phonemes = max_phonemes
+        # PiperVoice.phonemize / phonemes_to_ids only read ``config`` (and espeak state): the
+        # ONNX session is not needed for phonemization, so none is built here.
+        self._phonemizer = PiperVoice(session=None, config=config)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config_path(cls, config_path: str | Path, max_phonemes: int = 400) -> PiperFrontend:
+        """Build from a voice's ``*.onnx.json`` config file."""
+        with open(config_path, encoding="utf-8") as f:
+            return cls(PiperConfig.from_dict(json.load(f)), max_phonemes=max_phonemes)
+
+    def sentences(self, text: str) -> list[Sentence]:
+        """Split ``text`` into sentences of phoneme ids, in reading order.
+
+        Raises:
+            InvalidRequestError: (``param="input"``) nothing speakable: the text is empty after
+                phonemization, e.g. only whitespace or punctuation.
+        """
+        groups = [p for p in self._phonemizer.phonemize(text) if _is_speakable(p)]
+        pieces = [piece for p in groups for piece in split_long(p, self.max_phonemes)]
+        if not pieces:
+            raise InvalidRequestError(
+                "The input has nothing to speak (empty after phonemization).",
+                param="input",
+                code="empty_input",
+            )
+        return [
+            Sentence(i, "".join(p), tuple(self._phonemizer.phonemes_to_ids(p)))
+            for i, p in enumerate(pieces)
+        ]
+
+
+def _is_speakable(phonemes: list[str]) -> bool:
+    return any(p not in PUNCTUATION for p in phonemes)
+
+
+def split_long(phonemes: list[str], max_phonemes: int) -> list[list[str]]:
+    """Cut a phoneme list into pieces of at most ``max_phonemes``, keeping every phoneme.
+
+    Cuts after the last clause punctuation (``, ; :``) followed by a space within the limit, else
+    after the last space, else exactly at the limit. Spaces at a cut are dropped; nothing else is.
+    """
+    pieces: list[list[str]] = []
+    rest = phonemes
+    while len(rest) > max_phonemes:
+        cut = _cut_index(rest, max_phonemes)
+        pieces.append(_strip_spaces(rest[:cut]))
+        rest = _strip_spaces(rest[cut:])
+    if rest:
+        pieces.append(rest)
+    return [p for p in pieces if p]
+
+
+def _cut_index(phonemes: list[str], max_phonemes: int) -> int:
+    window = phonemes[: max_phonemes + 1]
+    spaces = [i for i in range(1, len(window)) if window[i] == " "]
+    clause = [i for i in spaces if window[i - 1] in CLAUSE_ENDS]
+    if clause:
+        return clause[-1]
+    return spaces[-1] if spaces else max_phonemes
+
+
+def _strip_spaces(phonemes: list[str]) -> list[str]:
+    start, end = 0, len(phonemes)
+    while start < end and phonemes[start] == " ":
+        start += 1
+    while end > start and phonemes[end - 1] == " ":
+        end -= 1
+    return phonemes[start:end]

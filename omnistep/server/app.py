@@ -1,0 +1,72 @@
+"""The FastAPI application: routes, error handlers and the engine's lifetime."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
+
+from omnistep import __version__
+from omnistep.engine import AsyncEngine
+from omnistep.server import speech
+from omnistep.server.errors import install_error_handlers
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Settings of the HTTP server.
+
+    Attributes:
+        host: interface to bind; loopback by default.
+        port: TCP port.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+
+
+def build_app(engine: AsyncEngine) -> FastAPI:
+    """The app serving ``engine``'s models; the engine is shut down with the app."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title="omnistep", version=__version__, lifespan=lifespan)
+    app.state.engine = engine
+    app.state.started = int(time.time())
+    install_error_handlers(app)
+    app.include_router(speech.router)
+
+    @app.get("/v1/models")
+    async def list_models(http: HttpRequest) -> dict:
+        """Every model id served (card ids and their aliases), OpenAI's list shape."""
+        created = http.app.state.started
+        data = [
+            {
+                "id": model_id,
+                "object": "model",
+                "created": created,
+                "owned_by": "omnistep",
+                "root": model.card.card_id,
+            }
+            for model in engine.models.values()
+            for model_id in model.card.model_ids
+        ]
+        return {"object": "list", "data": data}
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness and the engine's live counts (requests, loops, queued units)."""
+        return {"status": "ok", "models": list(engine.models), **engine.stats()}
+
+    return app

@@ -1,0 +1,67 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic), and their mapping to Requests."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from omnistep.audio import FORMATS
+from omnistep.core import Request, SamplingParams
+from omnistep.core.request import MAX_SEED
+
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+assert set(ResponseFormat.__args__) == set(FORMATS)  # type: ignore[attr-defined]
+
+
+class VoiceRef(BaseModel):
+    """A voice given as an object, as newer OpenAI clients may send: ``{"id": "alloy"}``."""
+
+    id: str = Field(min_length=1, max_length=200)
+
+
+class SpeechRequest(BaseModel):
+    """Body of ``POST /v1/audio/speech`` (OpenAI's fields plus omnistep's extras).
+
+    OpenAI fields: ``model``, ``input`` (1..4096 characters), ``voice``, ``instructions``,
+    ``response_format`` (default mp3), ``speed`` (0.25..4.0), ``stream_format`` (``audio`` or
+    ``sse``). Extras: ``stream`` (false collects the whole file before answering, as Kokoro-FastAPI
+    does), ``seed``, and sampling fields used by cards with a sampler and ignored by others.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=200)
+    input: str = Field(min_length=1, max_length=4096)
+    voice: Annotated[str, Field(min_length=1, max_length=200)] | VoiceRef | None = None
+    instructions: str | None = Field(default=None, max_length=4096)
+    response_format: ResponseFormat = "mp3"
+    speed: float = Field(default=1.0, ge=0.25, le=4.0, allow_inf_nan=False)
+    stream_format: Literal["audio", "sse"] = "audio"
+    stream: bool = True
+    seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
+    temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=0, le=10000)
+    repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
+
+    def voice_name(self) -> str | None:
+        """The voice as a plain name."""
+        return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
+
+    def to_request(self, model_id: str) -> Request:
+        """The engine request; sampling fields left unset keep ``SamplingParams`` defaults."""
+        sampling = {
+            k: getattr(self, k)
+            for k in ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+            if getattr(self, k) is not None
+        }
+        return Request(
+            model=model_id,
+            text=self.input,
+            voice=self.voice_name(),
+            speed=self.speed,
+            seed=self.seed,
+            sampling=SamplingParams(**sampling),
+        )

@@ -1,0 +1,108 @@
+"""``POST /v1/audio/speech``: text to speech, streamed as encoded bytes or as SSE events.
+
+Streamed and non-streamed responses consume the same engine stream through the same stateful
+encoder, so they carry the same samples; ``stream: false`` changes when the bytes are sent and,
+for wav and flac, writes the now-known lengths into the header (streamed headers say "unknown",
+which libsndfile cannot read for flac). All other formats are byte-identical.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi import Request as HttpRequest
+from fastapi.responses import Response, StreamingResponse
+
+from omnistep.audio import MEDIA_TYPES, StreamEncoder, make_encoder
+from omnistep.core import Capability, InvalidRequestError, Modality, OmnistepError
+from omnistep.engine import AsyncEngine, RequestStream
+from omnistep.server.errors import from_exception
+from omnistep.server.protocol import SpeechRequest
+
+router = APIRouter()
+
+
+async def encoded(stream: RequestStream, encoder: StreamEncoder) -> AsyncIterator[bytes]:
+    """The request's audio chunks through ``encoder``; empty pieces are skipped.
+
+    Closing this iterator early (client gone) aborts the request.
+    """
+    try:
+        async for chunk in stream:
+            if chunk.modality is Modality.AUDIO and chunk.audio is not None:
+                data = encoder.encode(chunk.audio)
+                if data:
+                    yield data
+        tail = encoder.flush()
+        if tail:
+            yield tail
+    finally:
+        stream.cancel()
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        if first:
+            yield first
+        async for piece in rest:
+            yield piece
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+def _sse_event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+async def _sse(pieces: AsyncIterator[bytes], stream: RequestStream) -> AsyncIterator[bytes]:
+    """``speech.audio.delta`` events with base64 audio, then ``speech.audio.done`` with usage."""
+    try:
+        async for piece in pieces:
+            audio = base64.b64encode(piece).decode()
+            yield _sse_event({"type": "speech.audio.delta", "audio": audio})
+    except OmnistepError as exc:
+        yield _sse_event({"type": "speech.audio.error", "error": {"message": str(exc)}})
+        return
+    usage = dict(stream.usage)
+    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+    yield _sse_event({"type": "speech.audio.done", "usage": usage})
+
+
+def _start(engine: AsyncEngine, body: SpeechRequest) -> tuple[RequestStream, StreamEncoder]:
+    model = engine.resolve(body.model)
+    if Capability.TEXT_TO_SPEECH not in model.card.capabilities:
+        raise InvalidRequestError(
+            f"model '{body.model}' does not do text to speech",
+            param="model",
+            code="unsupported_model",
+        )
+    stream = engine.add_request(body.to_request(body.model))
+    return stream, make_encoder(body.response_format, model.card.sample_rate)
+
+
+@router.post("/v1/audio/speech")
+async def create_speech(body: SpeechRequest, http: HttpRequest) -> Response:
+    """Synthesize ``body.input``; see ``SpeechRequest`` for the fields."""
+    engine: AsyncEngine = http.app.state.engine
+    stream, encoder = _start(engine, body)
+    headers = {"x-request-id": stream.request_id, "x-omnistep-seed": str(stream.seed)}
+    if body.stream_format == "sse":
+        return StreamingResponse(
+            _sse(encoded(stream, encoder), stream), headers=headers, media_type="text/event-stream"
+        )
+    pieces = encoded(stream, encoder)
+    try:
+        # Wait for the first audio (or an early failure) before committing to a 200.
+        first = await anext(pieces, b"")
+        if not body.stream:
+            data = encoder.with_lengths(first + b"".join([p async for p in pieces]))
+            return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
+    except OmnistepError as exc:
+        await pieces.aclose()  # type: ignore[attr-defined]
+        return from_exception(exc)
+    return StreamingResponse(
+        _prepend(first, pieces), headers=headers, media_type=MEDIA_TYPES[body.response_format]
+    )

@@ -1,0 +1,166 @@
+"""The embedded voice end to end: engine parity gates, the real server, the OpenAI client, ASR."""
+
+import base64
+import io
+import json
+
+import av
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+from openai import OpenAI
+
+from omnistep.core import InvalidRequestError, ModelInstance, Request
+from omnistep.engine import AsyncEngine
+from omnistep.models.piper.card import OPENAI_VOICES, build_card
+from omnistep.parity import collect, run_alone, run_interleaved
+from tests.serving import running_server
+
+PARAGRAPH = (
+    "The quick brown fox jumps over the lazy dog. "
+    "Our library opens at nine in the morning. "
+    "Please bring your own bag when you go shopping."
+)
+SENTENCES = [s.strip() + "." for s in PARAGRAPH.split(".") if s.strip()]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return ModelInstance.load(build_card())
+
+
+@pytest.fixture
+async def engine(model):
+    eng = AsyncEngine([model])
+    yield eng
+    await eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def base():
+    with running_server() as url:  # default: the embedded voice
+        yield url
+
+
+async def test_card_ids_and_voices(model):
+    card = model.card
+    assert card.model_ids == ("piper", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+    assert set(OPENAI_VOICES) <= set(card.voices) and card.default_voice == "joe"
+    assert card.sample_rate == 22050
+
+
+async def test_one_chunk_per_sentence_and_seeded(engine):
+    a = await collect(engine, Request("tts-1", text=PARAGRAPH, seed=5))
+    b = await collect(engine, Request("piper", text=PARAGRAPH, seed=5, voice="nova"))
+    c = await collect(engine, Request("piper", text=PARAGRAPH, seed=6))
+    assert len(a.chunks) == 3
+    assert np.array_equal(a.audio, b.audio), "same text and seed must give identical samples"
+    assert not np.array_equal(a.audio, c.audio)
+    assert 4.0 < a.audio.size / a.sample_rate < 12.0
+
+
+async def test_interleaved_equals_alone(engine):
+    reqs = [Request("piper", text=s * (i + 1), seed=i) for i, s in enumerate(SENTENCES)]
+    alone = await run_alone(engine, reqs)
+    together = await run_interleaved(engine, reqs)
+    for a, b in zip(alone, together, strict=True):
+        assert np.array_equal(a.audio, b.audio)
+
+
+async def test_speed_changes_duration(engine):
+    # speed maps to length_scale = 1 / speed; VITS rounds each phoneme's frames up (ceil) and
+    # many ids (the pads between phonemes) last under one frame, so durations scale a little
+    # less than 1 / speed (measured: 1.74x at speed 0.5, 0.63x at 2.0, 0.50x at 4.0).
+    normal = await collect(engine, Request("piper", text=PARAGRAPH, seed=1))
+    fast = await collect(engine, Request("piper", text=PARAGRAPH, seed=1, speed=2.0))
+    slow = await collect(engine, Request("piper", text=PARAGRAPH, seed=1, speed=0.5))
+    assert 0.5 <= fast.audio.size / normal.audio.size <= 0.65
+    assert 1.6 <= slow.audio.size / normal.audio.size <= 2.0
+
+
+async def test_unknown_voice_and_unspeakable_input(engine):
+    with pytest.raises(InvalidRequestError) as info:
+        engine.add_request(Request("piper", text="hi", voice="bob"))
+    assert info.value.param == "voice"
+    with pytest.raises(InvalidRequestError) as info:
+        engine.add_request(Request("piper", text="... ?"))
+    assert info.value.param == "input"
+
+
+def _decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
+    if fmt == "pcm":
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32768, 24000
+    if fmt == "wav":
+        return sf.read(io.BytesIO(data), dtype="float32")
+    with av.open(io.BytesIO(data)) as container:
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]
+        rate = container.streams.audio[0].rate
+    return np.concatenate(frames), rate
+
+
+@pytest.fixture(scope="module")
+def reference_seconds(base):
+    r = httpx.post(
+        base + "/v1/audio/speech",
+        timeout=60,
+        json={
+            "model": "tts-1",
+            "input": PARAGRAPH,
+            "response_format": "pcm",
+            "seed": 2,
+            "stream": False,
+        },
+    )
+    return len(r.content) / 2 / 24000
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_openai_client_every_format(base, fmt, reference_seconds):
+    client = OpenAI(base_url=base + "/v1", api_key="unused")
+    full = client.audio.speech.create(
+        model="tts-1", voice="alloy", input=PARAGRAPH, response_format=fmt, extra_body={"seed": 2}
+    )
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="alloy", input=PARAGRAPH, response_format=fmt, extra_body={"seed": 2}
+    ) as response:
+        streamed = b"".join(response.iter_bytes(4096))
+    assert streamed == full.content
+    samples, rate = _decode(full.content, fmt)
+    assert samples.size / rate == pytest.approx(reference_seconds, rel=0.05)
+    assert np.sqrt(np.mean(samples**2)) > 0.02
+
+
+def test_stream_equals_full_and_sse(base):
+    body = {"model": "tts-1", "input": PARAGRAPH, "response_format": "pcm", "seed": 9}
+    full = httpx.post(base + "/v1/audio/speech", json={**body, "stream": False}, timeout=60)
+    pieces = []
+    with httpx.stream("POST", base + "/v1/audio/speech", json=body, timeout=60) as r:
+        pieces = list(r.iter_raw())
+    assert b"".join(pieces) == full.content
+    sse = httpx.post(base + "/v1/audio/speech", json={**body, "stream_format": "sse"}, timeout=60)
+    events = [json.loads(x[6:]) for x in sse.text.splitlines() if x.startswith("data: ")]
+    types = [e["type"] for e in events]
+    assert types[-1] == "speech.audio.done" and len(types) >= 4  # a delta per sentence at least
+    assert set(types[:-1]) == {"speech.audio.delta"}
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert audio == full.content
+    assert events[-1]["usage"]["input_tokens"] > 50
+
+
+def test_intelligible_through_the_server(base, asr):
+    r = httpx.post(
+        base + "/v1/audio/speech",
+        timeout=60,
+        json={
+            "model": "tts-1",
+            "voice": "echo",
+            "input": PARAGRAPH,
+            "response_format": "wav",
+            "seed": 4,
+            "stream": False,
+        },
+    )
+    samples, rate = sf.read(io.BytesIO(r.content), dtype="float32")
+    hypothesis = asr.transcribe(samples, rate)
+    assert asr.wer(PARAGRAPH, hypothesis) <= 0.15, hypothesis
