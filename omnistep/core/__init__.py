@@ -10,6 +10,7 @@ from omnistep.core.contracts import (
     Loop,
     LoopResult,
     LoopState,
+    Pending,
     ResourceRequest,
     ShapeSignature,
     StepResult,
@@ -25,12 +26,13 @@ from omnistep.core.errors import (
     RequestAbortedError,
     RequestFailedError,
 )
-from omnistep.core.program import KernelNode, LoopNode, Program, ProgramContext
+from omnistep.core.program import Channel, KernelNode, LoopNode, Program, ProgramContext
 from omnistep.core.request import Request, SamplingParams
 
 __all__ = [
     "Capability",
     "CardValidationError",
+    "Channel",
     "Component",
     "ComponentSpec",
     "Done",
@@ -48,6 +50,7 @@ __all__ = [
     "ModelInstance",
     "ModelNotFoundError",
     "OmnistepError",
+    "Pending",
     "Program",
     "ProgramContext",
     "Request",

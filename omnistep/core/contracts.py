@@ -98,6 +98,17 @@ class Done:
     reason: str = "finished"
 
 
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Returned by ``Loop.next`` when the loop waits for input another loop of the same request
+    has not produced yet (e.g. a vocoder waiting for the next codec frames on a ``Channel``).
+
+    The engine parks the loop and asks again after any other loop of the request advances.
+    """
+
+    reason: str = "waiting for input"
+
+
 @dataclass(slots=True)
 class StreamChunk:
     """What a request streams out, in order.
@@ -198,8 +209,9 @@ class Loop(Protocol):
         """Build the request's state from the request and the program's bound slots."""
         ...
 
-    def next(self, state: LoopState) -> WorkPlan | Done:
-        """Describe the next unit, or Done. Must not mutate ``state``."""
+    def next(self, state: LoopState) -> WorkPlan | Done | Pending:
+        """Describe the next unit, Done, or Pending (waiting on a Channel). Must not mutate
+        ``state``."""
         ...
 
     def advance(self, state: LoopState, result: StepResult) -> LoopState:

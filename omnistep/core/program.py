@@ -20,6 +20,38 @@ if TYPE_CHECKING:
     from omnistep.core.request import Request
 
 
+class Channel:
+    """An append-only hand-off between two loops of one request (token -> vocoder, thinker ->
+    talker): the producer ``put``s items as it makes them and ``close``s at its end; consumers
+    read by index and return ``Pending`` from ``next`` until what they need has arrived.
+
+    Raises:
+        RuntimeError: ``put`` after ``close``.
+    """
+
+    __slots__ = ("_items", "closed")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self.closed = False
+
+    def put(self, item: Any) -> None:
+        """Append one item."""
+        if self.closed:
+            raise RuntimeError("put on a closed channel")
+        self._items.append(item)
+
+    def close(self) -> None:
+        """No more items will come (idempotent)."""
+        self.closed = True
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return self._items[index]
+
+
 @dataclass
 class ProgramContext:
     """The per-request blackboard of a program run.
@@ -59,12 +91,18 @@ class KernelNode:
 
 @dataclass(frozen=True)
 class LoopNode:
-    """A node that drives the card's loop ``loop_id`` and binds its result to ``binds``."""
+    """A node that drives the card's loop ``loop_id`` and binds its result to ``binds``.
+
+    ``streams`` names slots the engine binds to fresh ``Channel``s when the loop starts and
+    closes when it finishes: the loop puts items on them as it goes, and nodes that need them
+    start at once (stage overlap).
+    """
 
     name: str
     loop_id: str
     needs: tuple[str, ...] = ()
     binds: str | None = None
+    streams: tuple[str, ...] = ()
 
 
 Node = KernelNode | LoopNode
@@ -99,6 +137,7 @@ class Program:
                     raise CardValidationError(
                         f"node '{node.name}' drives unknown loop '{node.loop_id}'"
                     )
+                bound.update(node.streams)
                 if node.binds:
                     bound.add(node.binds)
             else:

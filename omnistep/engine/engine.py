@@ -15,12 +15,14 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 from omnistep.core import (
+    Channel,
     Done,
     InvalidRequestError,
     KernelNode,
     LoopNode,
     ModelInstance,
     ModelNotFoundError,
+    Pending,
     ProgramContext,
     Request,
     RequestAbortedError,
@@ -107,6 +109,7 @@ class _RequestRun:
     started: set[str] = field(default_factory=set)
     done: set[str] = field(default_factory=set)
     live: dict[str, LiveLoop] = field(default_factory=dict)
+    parked: list[LiveLoop] = field(default_factory=list)
     next_seq: int = 0
     finished: bool = False
 
@@ -259,6 +262,7 @@ class AsyncEngine:
             live.state = live.loop.advance(live.state, outcome)
             self._publish(run, live.state.outbox)
             self._schedule(run, live)
+            self._repoll(run)
         except Exception as exc:  # noqa: BLE001 - a loop bug fails its request only
             self._fail(run, exc, label)
 
@@ -281,31 +285,62 @@ class AsyncEngine:
                     self._start_loop(run, node)
         if not run.finished and len(run.done) == len(run.model.card.program.nodes):
             self._end(run, None)
+        self._check_progress(run)
 
     def _start_loop(self, run: _RequestRun, node: LoopNode) -> None:
         loop = run.model.loops[node.loop_id]
+        for slot in node.streams:
+            run.ctx.slots[slot] = Channel()
         state = loop.init(run.ctx.request, run.model, run.ctx)
         live = LiveLoop(run.ctx.request.request_id, run.model.card.card_id, node, loop, state)
         run.live[node.name] = live
         self._schedule(run, live)
 
     def _schedule(self, run: _RequestRun, live: LiveLoop) -> None:
+        """Ask the loop for its next plan: queue it, park the loop (Pending) or finish it."""
         plan = live.loop.next(live.state)
-        if isinstance(plan, Done):
-            live.plan = None
-            result = live.loop.finalize(live.state)
-            live.loop.release(live.state)
-            del run.live[live.node.name]
-            if live.node.binds:
-                run.ctx.slots[live.node.binds] = result.value
-            if result.trajectory is not None:
-                run.ctx.trajectories[live.node.name] = result.trajectory
-            run.done.add(live.node.name)
-            self._advance_program(run)
-            return
-        live.plan = plan
-        self._scheduler.enqueue(live)
-        self._wake.set()
+        live.plan = None
+        if isinstance(plan, Pending):
+            run.parked.append(live)
+        elif isinstance(plan, Done):
+            self._finish_loop(run, live)
+        else:
+            live.plan = plan
+            self._scheduler.enqueue(live)
+            self._wake.set()
+
+    def _finish_loop(self, run: _RequestRun, live: LiveLoop) -> None:
+        result = live.loop.finalize(live.state)
+        live.loop.release(live.state)
+        for slot in live.node.streams:
+            run.ctx.slots[slot].close()
+        del run.live[live.node.name]
+        if live.node.binds:
+            run.ctx.slots[live.node.binds] = result.value
+        if result.trajectory is not None:
+            run.ctx.trajectories[live.node.name] = result.trajectory
+        run.done.add(live.node.name)
+        self._repoll(run)
+        self._advance_program(run)
+
+    def _repoll(self, run: _RequestRun) -> None:
+        """Ask parked loops again (another loop of the request made progress); a request whose
+        live loops are all parked can never progress and fails."""
+        while run.parked and not run.finished:
+            parked, run.parked = run.parked, []
+            for live in parked:
+                self._schedule(run, live)
+            if len(run.parked) == len(parked):
+                break
+        self._check_progress(run)
+
+    @staticmethod
+    def _check_progress(run: _RequestRun) -> None:
+        """Raise if the request's loops are all parked: nothing could ever wake them."""
+        busy = any(live.queued or live.in_flight for live in run.live.values())
+        if run.parked and not busy and not run.finished:
+            names = ", ".join(live.node.name for live in run.parked)
+            raise RuntimeError(f"program deadlock: loops {names} wait for input that never comes")
 
     def _publish(self, run: _RequestRun, outbox: list[StreamChunk]) -> None:
         for chunk in outbox:
@@ -331,6 +366,7 @@ class AsyncEngine:
 
     def _release(self, run: _RequestRun) -> None:
         run.finished = True
+        run.parked.clear()
         for live in run.live.values():
             self._scheduler.remove(live)
             if not live.in_flight:  # in-flight loops are released when their batch returns

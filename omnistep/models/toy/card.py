@@ -1,8 +1,9 @@
 """The ``toy`` card: a token loop feeding a chunk loop, numpy only, for runtime tests.
 
 ``tokenize`` turns the text into byte ids; the ``tokens`` loop (AR_DECODE) samples one token per
-AR_TOKEN unit from the ``lm`` component, the ``audio`` loop (AUDIO_DECODE) turns every
-``chunk_tokens`` tokens into a sine segment with the ``vocoder`` component. Both components
+AR_TOKEN unit from the ``lm`` component and puts it on the ``token_stream`` Channel; the generic
+``audio`` loop (AUDIO_DECODE) starts at once and turns chunks of tokens into sine segments with
+the ``vocoder`` component while decoding goes on (stage overlap). Both components
 compute each row of a batch independently (table lookups, no reductions across rows), and each
 step's randomness is a pure function of (seed, step), so outputs do not depend on batching.
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from omnistep.core import (
     Capability,
+    Channel,
     ComponentSpec,
     Done,
     ExecutionProfile,
@@ -41,6 +43,7 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
+from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
 
 VOCAB = 64
 EOS = 0
@@ -58,14 +61,6 @@ class TokenUnit:
     step: int
     temperature: float
     min_new_tokens: int
-    fail: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkUnit:
-    """One AUDIO_CHUNK unit: the chunk's token ids."""
-
-    tokens: tuple[int, ...]
     fail: bool = False
 
 
@@ -109,11 +104,11 @@ class ToyVocoder:
     def __init__(self, device: str = "cpu"):
         self.t = np.arange(SAMPLES_PER_TOKEN) / SAMPLE_RATE
 
-    def execute(self, kind: WorkUnitKind, payloads: Sequence[ChunkUnit]) -> list[np.ndarray]:
-        """Returns float32 ``[len(tokens) * SAMPLES_PER_TOKEN]`` per unit."""
-        if any(p.fail for p in payloads):
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[AudioChunkInput]) -> list[np.ndarray]:
+        """Returns float32 ``[chunk * SAMPLES_PER_TOKEN]`` per unit (context frames unused)."""
+        if any(p.extras and p.extras.get("fail_vocoder") for p in payloads):
             raise RuntimeError("injected fault in toy vocoder")
-        tokens = np.array([p.tokens for p in payloads])  # [batch, chunk]
+        tokens = np.array([p.frames[p.left : p.left + p.chunk] for p in payloads])  # [batch, chunk]
         freqs = 200.0 + 20.0 * tokens
         wave = 0.3 * np.sin(2 * np.pi * freqs[..., None] * self.t)  # [batch, chunk, samples]
         return [w.reshape(-1).astype(np.float32) for w in wave]
@@ -131,6 +126,7 @@ class TokenState(LoopState):
     fail: bool = False
     tokens: list[int] = field(default_factory=list)
     finished: bool = False
+    channel: Channel = field(default_factory=Channel)
 
 
 class TokenLoop:
@@ -143,6 +139,7 @@ class TokenLoop:
         prompt = ctx.slots["prompt_ids"]
         sp = req.sampling
         return TokenState(
+            channel=ctx.slots["token_stream"],
             request_id=req.request_id,
             loop_id=self.loop_id,
             profile=req.profile,
@@ -183,6 +180,7 @@ class TokenLoop:
             state.finished = True
             return state
         state.tokens.append(token)
+        state.channel.put(token)
         state.prev_token = token
         state.outbox.append(StreamChunk.of_text(f"<{token}>"))
         return state
@@ -195,81 +193,48 @@ class TokenLoop:
         """Nothing outside the state to free."""
 
 
-@dataclass
-class ChunkState(LoopState):
-    """State of the chunk loop."""
-
-    chunks: list[tuple[int, ...]] = field(default_factory=list)
-    fail: bool = False
-    samples: list[np.ndarray] = field(default_factory=list)
-
-
-class ChunkLoop:
-    """AUDIO_DECODE loop: one AUDIO_CHUNK unit per ``chunk_tokens`` tokens; emits audio."""
-
-    loop_id = "audio"
-    kind = LoopKind.AUDIO_DECODE
-
-    def __init__(self, chunk_tokens: int = 4):
-        self.chunk_tokens = chunk_tokens
-
-    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> ChunkState:
-        tokens = ctx.slots["tokens"]
-        ctx.usage["output_tokens"] = len(tokens)
-        n = self.chunk_tokens
-        chunks = [tuple(tokens[i : i + n]) for i in range(0, len(tokens), n)]
-        return ChunkState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
-            chunks=chunks,
-            fail="<fail-vocoder>" in req.text,
-        )
-
-    def next(self, state: ChunkState) -> WorkPlan | Done:
-        if state.step >= len(state.chunks):
-            return Done()
-        chunk = state.chunks[state.step]
-        return WorkPlan(
-            WorkUnitKind.AUDIO_CHUNK,
-            "vocoder",
-            ShapeSignature(WorkUnitKind.AUDIO_CHUNK, (len(chunk),)),
-            ChunkUnit(chunk, state.fail),
-            label=f"toy.chunk{state.step}",
-        )
-
-    def advance(self, state: ChunkState, result: StepResult) -> ChunkState:
-        state.step += 1
-        state.samples.append(result.output)
-        state.outbox.append(StreamChunk.of_audio(result.output, SAMPLE_RATE))
-        return state
-
-    def finalize(self, state: ChunkState) -> LoopResult:
-        samples = np.concatenate(state.samples) if state.samples else np.zeros(0, np.float32)
-        return LoopResult(samples, {"chunks": float(len(state.samples))})
-
-    def release(self, state: ChunkState) -> None:
-        """Nothing outside the state to free."""
-
-
 def _tokenize(ctx: ProgramContext) -> None:
     text = ctx.request.text
     if not text.strip():
         raise InvalidRequestError("input must not be empty", param="input")
     ctx.slots["prompt_ids"] = [1 + b % (VOCAB - 1) for b in text.encode()]
+    ctx.slots["toy_flags"] = {"fail_vocoder": "<fail-vocoder>" in text}
     ctx.usage["input_tokens"] = len(ctx.slots["prompt_ids"])
 
 
+def _count(ctx: ProgramContext) -> None:
+    ctx.usage["output_tokens"] = len(ctx.slots["tokens"])
+
+
 def build_card(
-    path: str | None = None, *, chunk_tokens: int = 4, max_batch_size: int = 8
+    path: str | None = None,
+    *,
+    first_chunk: int = 2,
+    chunk_tokens: int = 4,
+    lookahead: int = 1,
+    max_batch_size: int = 8,
 ) -> ModelCard:
     """The toy card. ``path`` is ignored (the toy has no weights)."""
+    audio = AudioDecodeConfig(
+        loop_id="audio",
+        component="vocoder",
+        in_slot="token_stream",
+        sample_rate=SAMPLE_RATE,
+        first_chunk=first_chunk,
+        chunk=chunk_tokens,
+        left_context=1,
+        lookahead=lookahead,
+        extras_slot="toy_flags",
+    )
     program = Program(
         inputs=("request",),
         nodes=(
             KernelNode("tokenize", _tokenize, needs=("request",), binds=("prompt_ids",)),
-            LoopNode("decode", "tokens", needs=("prompt_ids",), binds="tokens"),
-            LoopNode("vocode", "audio", needs=("tokens",), binds="samples"),
+            LoopNode(
+                "decode", "tokens", needs=("prompt_ids",), binds="tokens", streams=("token_stream",)
+            ),
+            LoopNode("vocode", "audio", needs=("token_stream",), binds="samples"),
+            KernelNode("count", _count, needs=("tokens", "samples")),
         ),
     )
     return ModelCard(
@@ -286,7 +251,7 @@ def build_card(
                 LoopKind.AUDIO_DECODE,
                 (WorkUnitKind.AUDIO_CHUNK,),
                 ("vocoder",),
-                lambda: ChunkLoop(chunk_tokens),
+                lambda: AudioDecodeLoop(audio),
             ),
         ),
         program=program,
@@ -296,5 +261,5 @@ def build_card(
         voices=("default",),
         default_voice="default",
         parity=frozenset({"C0", "C1", "C2", "C3", "stream"}),
-        description="Deterministic numpy toy: token loop feeding a chunk loop.",
+        description="Deterministic numpy toy: a token loop streaming into a chunk loop.",
     )

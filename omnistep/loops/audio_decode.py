@@ -1,0 +1,204 @@
+"""A chunked vocoder loop fed by a Channel: one AUDIO_CHUNK WorkUnit per chunk of frames.
+
+The producer (an AR decode loop) puts one frame per step (a codec frame or a hidden state) on a
+``Channel``; this loop cuts the frames into chunks — ``first_chunk`` frames, then ``chunk`` frames
+each — and decodes every chunk with up to ``left_context`` frames before it and ``lookahead``
+frames after it, so a convolutional vocoder sees (part of) its receptive field across the join.
+The schedule depends only on the total number of frames, never on timing: a chunk is cut when
+its look-ahead has arrived or the channel is closed, so streamed and non-streamed requests decode
+the same chunks and give the same samples.
+
+Silence trimming touches only the edges: leading samples with ``|x| <= trim_threshold`` are
+dropped until the first louder sample; trailing quiet samples are held back until louder audio
+follows (then they are interior and emitted) or the stream ends (then they are dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omnistep.core import (
+    Channel,
+    Done,
+    LoopKind,
+    LoopResult,
+    LoopState,
+    ModelInstance,
+    Pending,
+    ProgramContext,
+    Request,
+    ShapeSignature,
+    StepResult,
+    StreamChunk,
+    WorkPlan,
+    WorkUnitKind,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunkInput:
+    """Payload of one AUDIO_CHUNK unit.
+
+    Attributes:
+        frames: the window's frames (channel items), ``left + chunk + right`` of them.
+        left: frames of left context before the chunk.
+        chunk: frames whose samples this unit outputs.
+        extras: per-request data the component needs (e.g. a speaker); None if unused.
+
+    The component returns float32 samples for the ``chunk`` frames only.
+    """
+
+    frames: tuple[Any, ...]
+    left: int
+    chunk: int
+    extras: Any = None
+
+    @property
+    def right(self) -> int:
+        """Frames of look-ahead after the chunk."""
+        return len(self.frames) - self.left - self.chunk
+
+
+@dataclass(frozen=True)
+class AudioDecodeConfig:
+    """Settings of an AudioDecodeLoop.
+
+    Attributes:
+        loop_id: the loop's id in the card.
+        component: the vocoder component's name.
+        in_slot: the program slot holding the input Channel.
+        sample_rate: Hz of the samples the component returns.
+        first_chunk: frames in the first chunk (small: it sets time to first audio).
+        chunk: frames in every later chunk.
+        left_context: frames of left context given to each chunk.
+        lookahead: frames of right context each chunk waits for.
+        trim_threshold: edge samples with ``|x| <=`` this are trimmed; None disables trimming.
+        extras_slot: a program slot whose value is passed to every unit as ``extras``.
+    """
+
+    loop_id: str
+    component: str
+    in_slot: str
+    sample_rate: int
+    first_chunk: int = 8
+    chunk: int = 32
+    left_context: int = 0
+    lookahead: int = 0
+    trim_threshold: float | None = None
+    extras_slot: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("first_chunk", "chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("left_context", "lookahead"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class AudioDecodeState(LoopState):
+    """Per-request state: the input channel and how far decoding has got."""
+
+    channel: Channel = field(default_factory=Channel)
+    decoded: int = 0
+    num_samples: int = 0
+    started: bool = False
+    held: list[np.ndarray] = field(default_factory=list)
+    extras: Any = None
+
+
+class AudioDecodeLoop:
+    """AUDIO_DECODE loop (see module docstring)."""
+
+    kind = LoopKind.AUDIO_DECODE
+
+    def __init__(self, config: AudioDecodeConfig):
+        self.config = config
+        self.loop_id = config.loop_id
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> AudioDecodeState:
+        return AudioDecodeState(
+            request_id=req.request_id,
+            loop_id=self.loop_id,
+            profile=req.profile,
+            channel=ctx.slots[self.config.in_slot],
+            extras=ctx.slots.get(self.config.extras_slot or ""),
+        )
+
+    def chunk_bounds(self, decoded: int, available: int, closed: bool) -> tuple[int, int] | None:
+        """(chunk end, window end) of the next chunk, or None when it must wait."""
+        cfg = self.config
+        size = cfg.first_chunk if decoded == 0 else cfg.chunk
+        end = decoded + size
+        if available >= end + cfg.lookahead:
+            return end, end + cfg.lookahead
+        if closed and available > decoded:
+            return min(end, available), available
+        return None
+
+    def next(self, state: AudioDecodeState) -> WorkPlan | Done | Pending:
+        channel = state.channel
+        bounds = self.chunk_bounds(state.decoded, len(channel), channel.closed)
+        if bounds is None:
+            return Done() if channel.closed else Pending()
+        end, window_end = bounds
+        start = max(0, state.decoded - self.config.left_context)
+        unit = AudioChunkInput(
+            tuple(channel[start:window_end]),
+            state.decoded - start,
+            end - state.decoded,
+            state.extras,
+        )
+        dims = (len(unit.frames), unit.left, unit.chunk)
+        return WorkPlan(
+            WorkUnitKind.AUDIO_CHUNK,
+            self.config.component,
+            ShapeSignature(WorkUnitKind.AUDIO_CHUNK, dims),
+            unit,
+            label=f"{self.loop_id}.chunk{state.step}",
+        )
+
+    def advance(self, state: AudioDecodeState, result: StepResult) -> AudioDecodeState:
+        state.decoded += self._planned_chunk(state)
+        state.step += 1
+        samples = np.asarray(result.output, dtype=np.float32).reshape(-1)
+        for piece in self._trim(state, samples):
+            state.num_samples += piece.size
+            state.outbox.append(StreamChunk.of_audio(piece, self.config.sample_rate))
+        return state
+
+    def _planned_chunk(self, state: AudioDecodeState) -> int:
+        """Frames the unit just run covered. The channel may have grown (or closed) since the
+        plan was made, but the schedule gives the same chunk end: a plan is only made once the
+        chunk's frames exist, and a closed channel does not grow."""
+        bounds = self.chunk_bounds(state.decoded, len(state.channel), True)
+        assert bounds is not None
+        return bounds[0] - state.decoded
+
+    def _trim(self, state: AudioDecodeState, samples: np.ndarray) -> list[np.ndarray]:
+        threshold = self.config.trim_threshold
+        if threshold is None:
+            return [samples] if samples.size else []
+        loud = np.flatnonzero(np.abs(samples) > threshold)
+        if loud.size == 0:
+            if state.started:
+                state.held.append(samples)
+            return []
+        first = 0 if state.started else int(loud[0])
+        last = int(loud[-1]) + 1
+        out = [*state.held, samples[first:last]] if state.started else [samples[first:last]]
+        state.started = True
+        state.held = [samples[last:]] if last < samples.size else []
+        return [p for p in out if p.size]
+
+    def finalize(self, state: AudioDecodeState) -> LoopResult:
+        return LoopResult(
+            state.num_samples, {"chunks": float(state.step), "samples": float(state.num_samples)}
+        )
+
+    def release(self, state: AudioDecodeState) -> None:
+        """Nothing outside the state to free."""

@@ -1,0 +1,161 @@
+"""Generic loops: the chunk schedule, edge-only trimming, stage overlap and deadlock detection."""
+
+import numpy as np
+import pytest
+
+from omnistep.audio import trim_silence
+from omnistep.core import (
+    Capability,
+    ComponentSpec,
+    LoopKind,
+    LoopNode,
+    LoopSpec,
+    Modality,
+    ModelCard,
+    ModelInstance,
+    Pending,
+    Program,
+    Request,
+    SamplingParams,
+    StepResult,
+    WorkUnitKind,
+)
+from omnistep.core.program import Channel
+from omnistep.engine import AsyncEngine
+from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
+from omnistep.loops.audio_decode import AudioDecodeState
+from omnistep.models.toy.card import ToyLM
+from omnistep.models.toy.card import build_card as build_toy
+from omnistep.parity import collect
+
+
+def _loop(**kw) -> AudioDecodeLoop:
+    cfg = dict(
+        loop_id="a",
+        component="v",
+        in_slot="s",
+        sample_rate=10,
+        first_chunk=2,
+        chunk=4,
+        left_context=3,
+        lookahead=2,
+    )
+    return AudioDecodeLoop(AudioDecodeConfig(**{**cfg, **kw}))
+
+
+def test_chunk_schedule_waits_for_lookahead_and_flushes_on_close():
+    loop = _loop()
+    assert loop.chunk_bounds(0, 3, closed=False) is None  # needs 2 + 2 frames
+    assert loop.chunk_bounds(0, 4, closed=False) == (2, 4)
+    assert loop.chunk_bounds(2, 7, closed=False) is None
+    assert loop.chunk_bounds(2, 8, closed=False) == (6, 8)
+    assert loop.chunk_bounds(6, 8, closed=True) == (8, 8)
+    assert loop.chunk_bounds(8, 8, closed=True) is None
+
+
+def test_plan_carries_left_context_and_lookahead():
+    loop = _loop()
+    channel = Channel()
+    for i in range(12):
+        channel.put(i)
+    state = AudioDecodeState(request_id="r", loop_id="a", channel=channel, decoded=6)
+    plan = loop.next(state)
+    assert plan.payload.frames == tuple(range(3, 12))
+    assert (plan.payload.left, plan.payload.chunk, plan.payload.right) == (3, 4, 2)
+    empty = AudioDecodeState(request_id="r", loop_id="a", channel=Channel())
+    assert isinstance(loop.next(empty), Pending)
+
+
+def test_trimming_drops_only_edges():
+    rng = np.random.default_rng(0)
+    pieces = [
+        np.zeros(5),
+        np.r_[np.zeros(3), rng.normal(size=4)],
+        np.zeros(6),
+        np.r_[rng.normal(size=3), np.zeros(2)],
+        np.zeros(4),
+    ]
+    loop = _loop(trim_threshold=1e-3)
+    state = AudioDecodeState(request_id="r", loop_id="a", channel=Channel())
+    out = [p for piece in pieces for p in loop._trim(state, piece.astype(np.float32))]
+    expected = trim_silence(np.concatenate(pieces).astype(np.float32), threshold=1e-3)
+    assert np.array_equal(np.concatenate(out), expected)
+    assert (np.concatenate(out) == 0).sum() == 6 + 0, "interior silence is kept"
+
+
+async def test_audio_starts_before_decoding_ends():
+    eng = AsyncEngine([ModelInstance.load(build_toy())])
+    out = await collect(
+        eng, Request("toy", text="overlap", seed=2, sampling=SamplingParams(max_new_tokens=40))
+    )
+    await eng.shutdown()
+    kinds = [c.modality for c in out.chunks]
+    first_audio = kinds.index(Modality.AUDIO)
+    last_text = len(kinds) - 1 - kinds[::-1].index(Modality.TEXT)
+    assert first_audio < last_text, "the vocoder loop must run while tokens are decoded"
+
+
+@pytest.mark.parametrize(("first", "chunk", "lookahead"), [(1, 3, 0), (2, 5, 2), (7, 7, 4)])
+async def test_chunk_schedule_does_not_change_the_audio(first, chunk, lookahead):
+    """The toy vocoder is frame-local, so any schedule must give the same samples."""
+    reqs = [Request("toy", text="same audio", seed=4, sampling=SamplingParams(max_new_tokens=30))]
+    base = ModelInstance.load(build_toy())
+    other = ModelInstance.load(
+        build_toy(first_chunk=first, chunk_tokens=chunk, lookahead=lookahead)
+    )
+    outs = []
+    for model in (base, other):
+        eng = AsyncEngine([model])
+        outs.append(
+            await collect(
+                eng,
+                reqs[0].__class__(
+                    **{f: getattr(reqs[0], f) for f in ("model", "text", "seed", "sampling")}
+                ),
+            )
+        )
+        await eng.shutdown()
+    assert np.array_equal(outs[0].audio, outs[1].audio)
+
+
+class _Stuck:
+    loop_id = "stuck"
+    kind = LoopKind.AUDIO_DECODE
+
+    def init(self, req, model, ctx):
+        from omnistep.core import LoopState
+
+        return LoopState(request_id=req.request_id, loop_id=self.loop_id)
+
+    def next(self, state):
+        return Pending()
+
+    def advance(self, state, result: StepResult):
+        return state
+
+    def finalize(self, state):
+        raise AssertionError("never finishes")
+
+    def release(self, state):
+        pass
+
+
+async def test_a_loop_waiting_forever_fails_its_request():
+    card = ModelCard(
+        card_id="stuck",
+        family="test",
+        components=(ComponentSpec("lm", ToyLM),),
+        loops=(
+            LoopSpec("stuck", LoopKind.AUDIO_DECODE, (WorkUnitKind.AUDIO_CHUNK,), ("lm",), _Stuck),
+        ),
+        program=Program(
+            nodes=(LoopNode("wait", "stuck", needs=("request",)),), inputs=("request",)
+        ),
+        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
+        sample_rate=8000,
+    )
+    eng = AsyncEngine([ModelInstance.load(card)])
+    with pytest.raises(RuntimeError, match="deadlock"):
+        eng.add_request(Request("stuck", text="x"))
+    assert eng.stats()["live_requests"] == 0
+    await eng.shutdown()
