@@ -16,8 +16,8 @@ phonemes. Phonemes missing from the voice's id map are skipped by ``phonemes_to_
 logged warning (none occur for the ``en-us`` voice on Latin, Cyrillic, Greek or Arabic text).
 
 Source: ``piper/voice.py`` (``PiperVoice.phonemize``, ``PiperVoice.phonemes_to_ids``),
-``piper/phonemize_espeak.py``, ``piper/phoneme_ids.py`` (BOS ``^``, then each phoneme followed by
-PAD ``_``, then EOS ``$``), ``piper/config.py`` of piper-tts 1.8.0.
+``piper/phonemize_espeak.py``, ``piper/phoneme_ids.py`` (BOS ``^`` and PAD ``_``, then each
+phoneme followed by PAD, then EOS ``$``), ``piper/config.py`` of piper-tts 1.8.0.
 
 Imports: stdlib, piper-tts and ``omnistep.core``.
 """
@@ -50,7 +50,7 @@ class Sentence:
         index: 0-based position of the sentence in the input.
         phonemes: the sentence's IPA phonemes as one string (with punctuation), e.g.
             ``"həlˈoʊ wˈɜːld."``.
-        phoneme_ids: model input ids, ``^ _ p1 _ p2 _ ... $``: ``2 * len(phonemes) + 2`` ints for
+        phoneme_ids: model input ids, ``^ _ p1 _ p2 _ ... $``: ``2 * len(phonemes) + 3`` ints for
             single-id phonemes; the ``input`` row of the ONNX model.
     """
 
