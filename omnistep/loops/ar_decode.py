@@ -1,0 +1,238 @@
+"""A generic autoregressive decode loop: a PREFILL unit, then one AR_TOKEN unit per step.
+
+The loop owns no tensors: it describes steps, and the component (which owns the weights, the paged
+KV cache and the sampler) runs them batched across requests. Each step produces a frame of
+``num_vq`` token ids (1 for an ordinary LM, 4 for ChatTTS's codebooks), their log-probs and
+optionally the step's hidden state, which the loop puts on a stream Channel for the next stage.
+
+Preemption by recompute: when the component's KV pool runs out it frees a sequence and answers
+its step with ``preempted=True``; the loop then asks for a new PREFILL over the prompt plus the
+frames generated so far, and decoding resumes where it stopped (the step's random draw was not
+taken, so the request's generator is where it was).
+
+Under the ROLLOUT profile every step's tokens and log-probs are recorded in the trajectory.
+Imports: ``omnistep.core`` and ``omnistep.sampling`` (for the per-request generator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from omnistep.core import (
+    Channel,
+    Done,
+    ExecutionProfile,
+    LoopKind,
+    LoopResult,
+    LoopState,
+    ModelInstance,
+    ProgramContext,
+    Request,
+    ResourceRequest,
+    ShapeSignature,
+    StepResult,
+    WorkPlan,
+    WorkUnitKind,
+)
+from omnistep.sampling import make_generator
+
+Frame = tuple[int, ...]
+
+
+class SequenceOwner(Protocol):
+    """A component that keeps per-sequence state (KV blocks) and frees it on request."""
+
+    def free_sequence(self, seq_id: str) -> None:
+        """Free everything held for ``seq_id`` (idempotent)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ARPrefillInput:
+    """PREFILL payload: run the prompt (plus already generated frames, after a preemption),
+    then sample the next frame.
+
+    Attributes:
+        seq_id: the KV sequence id (unique per request and loop).
+        prompt: the component-specific prompt (token ids, embeddings spec...).
+        generated: frames generated before a preemption, replayed after the prompt.
+        history: the last ``penalty_window`` generated frames (repetition penalty).
+        sampling: the component's per-request sampling settings.
+        generator: the request's random generator (a ``torch.Generator``).
+    """
+
+    seq_id: str
+    prompt: Any
+    generated: tuple[Frame, ...]
+    history: tuple[Frame, ...]
+    sampling: Any
+    generator: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ARStepInput:
+    """AR_TOKEN payload: feed the last frame, sample the next.
+
+    Attributes:
+        seq_id: the KV sequence id.
+        last: the previous frame, ``num_vq`` ids.
+        num_generated: frames generated so far (``last`` included).
+        history: the last ``penalty_window`` generated frames.
+        sampling, generator: as in ARPrefillInput.
+    """
+
+    seq_id: str
+    last: Frame
+    num_generated: int
+    history: tuple[Frame, ...]
+    sampling: Any
+    generator: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ARStepOutput:
+    """What the component returns for a PREFILL or AR_TOKEN unit.
+
+    Attributes:
+        tokens: the sampled frame, ``num_vq`` ids.
+        logprobs: log-probs of those ids under the processed distribution.
+        hidden: the step's hidden state (e.g. a ``[hidden]`` tensor) when the card streams it.
+        preempted: the KV pool ran out; nothing was sampled and the sequence was freed.
+    """
+
+    tokens: Frame = ()
+    logprobs: tuple[float, ...] = ()
+    hidden: Any = None
+    preempted: bool = False
+
+
+@dataclass(frozen=True)
+class ARDecodeConfig:
+    """Settings of an ARDecodeLoop.
+
+    Attributes:
+        loop_id: the loop's id in the card.
+        component: the component that runs PREFILL and AR_TOKEN units.
+        prompt_slot: the program slot holding the prompt (so chained AR loops don't collide).
+        make_sampling: ``make_sampling(request) -> sampling settings`` for the component.
+        max_new_tokens: default cap on generated frames (a request's own cap wins if lower).
+        eos_token_id: a frame containing it ends generation and is not output.
+        stream_slot: a stream slot (see ``LoopNode.streams``) that receives each frame's
+            ``hidden`` (``stream_hidden``) or its tokens; None streams nothing.
+        stream_hidden: put hidden states rather than token frames on the stream.
+        penalty_window: generated frames passed as ``history``.
+        seed_offset: added to the request seed, so chained AR loops draw different numbers.
+    """
+
+    loop_id: str
+    component: str
+    prompt_slot: str
+    make_sampling: Callable[[Request], Any]
+    max_new_tokens: int = 2048
+    eos_token_id: int | None = None
+    stream_slot: str | None = None
+    stream_hidden: bool = False
+    penalty_window: int = 16
+    seed_offset: int = 0
+
+
+@dataclass
+class ARDecodeState(LoopState):
+    """Per-request decode state."""
+
+    seq_id: str = ""
+    prompt: Any = None
+    sampling: Any = None
+    generator: Any = None
+    owner: SequenceOwner | None = None
+    frames: list[Frame] = field(default_factory=list)
+    max_new_tokens: int = 0
+    needs_prefill: bool = True
+    finished: bool = False
+    num_preemptions: int = 0
+    stream: Channel | None = None
+
+
+class ARDecodeLoop:
+    """AR_DECODE loop (see module docstring)."""
+
+    kind = LoopKind.AR_DECODE
+
+    def __init__(self, config: ARDecodeConfig):
+        self.config = config
+        self.loop_id = config.loop_id
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> ARDecodeState:
+        cfg = self.config
+        cap = req.sampling.max_new_tokens or cfg.max_new_tokens
+        seed = (int(req.seed or 0) + cfg.seed_offset) % 2**63
+        return ARDecodeState(
+            request_id=req.request_id,
+            loop_id=self.loop_id,
+            profile=req.profile,
+            seq_id=f"{req.request_id}/{self.loop_id}",
+            prompt=ctx.slots[cfg.prompt_slot],
+            sampling=cfg.make_sampling(req),
+            generator=make_generator(seed, model.device),
+            owner=model.components[cfg.component],  # type: ignore[arg-type]
+            max_new_tokens=min(cap, cfg.max_new_tokens),
+            stream=ctx.slots[cfg.stream_slot] if cfg.stream_slot else None,
+        )
+
+    def next(self, state: ARDecodeState) -> WorkPlan | Done:
+        if state.finished or len(state.frames) >= state.max_new_tokens:
+            return Done()
+        history = tuple(state.frames[-self.config.penalty_window :])
+        if state.needs_prefill:
+            unit: Any = ARPrefillInput(
+                state.seq_id,
+                state.prompt,
+                tuple(state.frames),
+                history,
+                state.sampling,
+                state.generator,
+            )
+            kind, label = WorkUnitKind.PREFILL, f"{self.loop_id}.prefill"
+            resources = ResourceRequest(num_tokens=len(state.frames) + 1)
+        else:
+            unit = ARStepInput(
+                state.seq_id,
+                state.frames[-1],
+                len(state.frames),
+                history,
+                state.sampling,
+                state.generator,
+            )
+            kind, label = WorkUnitKind.AR_TOKEN, f"{self.loop_id}.step{state.step}"
+            resources = ResourceRequest(num_tokens=1)
+        return WorkPlan(kind, self.config.component, ShapeSignature(kind), unit, resources, label)
+
+    def advance(self, state: ARDecodeState, result: StepResult) -> ARDecodeState:
+        out: ARStepOutput = result.output
+        if out.preempted:
+            state.needs_prefill = True
+            state.num_preemptions += 1
+            return state
+        state.needs_prefill = False
+        state.step += 1
+        if state.profile is ExecutionProfile.ROLLOUT:
+            state.trajectory.append((out.tokens, out.logprobs))
+        if self.config.eos_token_id is not None and self.config.eos_token_id in out.tokens:
+            state.finished = True
+            return state
+        state.frames.append(tuple(out.tokens))
+        if state.stream is not None:
+            state.stream.put(out.hidden if self.config.stream_hidden else tuple(out.tokens))
+        return state
+
+    def finalize(self, state: ARDecodeState) -> LoopResult:
+        trajectory = state.trajectory if state.profile is ExecutionProfile.ROLLOUT else None
+        metrics = {"tokens": float(len(state.frames)), "preemptions": float(state.num_preemptions)}
+        return LoopResult(list(state.frames), metrics, trajectory)
+
+    def release(self, state: ARDecodeState) -> None:
+        """Free the sequence's KV blocks in the component."""
+        if state.owner is not None:
+            state.owner.free_sequence(state.seq_id)

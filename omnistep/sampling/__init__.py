@@ -1,0 +1,37 @@
+"""Sampling: logits processors and a multi-codebook sampler as pure functions over batched tensors.
+
+``sample`` takes logits ``[batch, num_vq, vocab]`` (``num_vq = 1`` for an ordinary LM), one
+``SamplingRow`` of settings per request, each request's token history and its own
+``torch.Generator``, and returns the tokens and their log-probabilities in one vectorised pass.
+No global RNG is touched, so a request's tokens do not depend on its batch neighbours.
+``recompute_logprobs`` scores given tokens with the same processing (the rollout parity gate).
+The processing order follows upstream ChatTTS: temperature, repetition penalty, top-p, top-k,
+EOS mask, softmax.
+
+Imports: torch and ``omnistep.core`` only.
+"""
+
+from omnistep.sampling.params import SamplingRow
+from omnistep.sampling.processors import (
+    BatchParams,
+    apply_repetition_penalty,
+    apply_top_p_top_k,
+    build_params,
+    penalty_counts,
+    processed_logprobs,
+)
+from omnistep.sampling.sampler import SampleOutput, make_generator, recompute_logprobs, sample
+
+__all__ = [
+    "BatchParams",
+    "SampleOutput",
+    "SamplingRow",
+    "apply_repetition_penalty",
+    "apply_top_p_top_k",
+    "build_params",
+    "make_generator",
+    "penalty_counts",
+    "processed_logprobs",
+    "recompute_logprobs",
+    "sample",
+]

@@ -1,0 +1,113 @@
+"""The sampler: one vectorised draw for a batch of rows, each with its own generator.
+
+Random draws use the inverse CDF: each row draws ``num_vq`` uniforms from its own generator
+(``torch.rand(num_vq, generator=g)``, a tiny per-row loop), then every row and codebook picks at
+once the first token whose cumulative probability exceeds ``u * total`` (``searchsorted``). A
+row's random stream therefore advances by exactly ``num_vq`` numbers per step whatever its vocab
+or settings (greedy rows with a generator draw too, and ignore the draw), and its token depends
+only on its own logits, settings, history and generator, never on its batch neighbours.
+
+Imports: torch and ``omnistep.core`` only (through ``omnistep.sampling``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from omnistep.sampling.params import SamplingRow
+from omnistep.sampling.processors import processed_logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class SampleOutput:
+    """What one sampling step returns.
+
+    Attributes:
+        tokens: ``[B, num_vq]`` long: the chosen token of each row and codebook.
+        logprobs: ``[B, num_vq]`` float32: their log-probabilities under the processed
+            distribution (after temperature, penalty, top-p/top-k and the EOS mask).
+    """
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """A fresh generator on ``device`` seeded with ``seed``: one per request, never shared."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _uniforms(
+    rows: Sequence[SamplingRow],
+    generators: Sequence[torch.Generator | None],
+    num_vq: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """``[B, num_vq, 1]`` uniforms in [0, 1), each row from its own generator (0 without one)."""
+    draws = []
+    for index, (row, gen) in enumerate(zip(rows, generators, strict=True)):
+        if gen is None:
+            if not row.is_greedy():
+                raise ValueError(f"'generators'[{index}] is None for a row that samples")
+            draws.append(torch.zeros(num_vq, device=device))
+        else:
+            draws.append(torch.rand(num_vq, generator=gen, device=device))
+    return torch.stack(draws).unsqueeze(-1)
+
+
+def _inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Draw ``[B, num_vq, 1]`` tokens from ``probs [B, num_vq, V]`` given uniforms in [0, 1).
+
+    The index is capped at the last token of positive probability: rounding can make
+    ``u * total`` reach the total, and the cap keeps zero-probability tokens (a masked EOS at
+    the end of the vocab) unreachable.
+    """
+    cdf = probs.cumsum(dim=-1)  # [B, num_vq, V]
+    target = uniforms * cdf[..., -1:]
+    index = torch.searchsorted(cdf, target, right=True)
+    position = torch.arange(probs.shape[-1], device=probs.device)
+    last = torch.where(probs > 0, position, 0).amax(dim=-1, keepdim=True)
+    return torch.minimum(index, last)
+
+
+def sample(
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    history: Sequence[torch.Tensor],
+    num_generated: Sequence[int],
+    generators: Sequence[torch.Generator | None],
+) -> SampleOutput:
+    """Sample one token per row and codebook.
+
+    Args:
+        logits: ``[B, num_vq, V]`` float32 (``num_vq = 1`` for an ordinary LM).
+        rows: each row's settings.
+        history: each row's generated tokens so far, ``[num_vq, T_i]`` long, any length.
+        num_generated: tokens each row has generated so far (drives the EOS mask).
+        generators: each row's generator, on the logits' device; None only for greedy rows.
+    """
+    logprobs, processed, greedy = processed_logprobs(logits, rows, history, num_generated)
+    if len(generators) != logits.shape[0]:
+        raise ValueError(f"'generators' has {len(generators)} entries for {logits.shape[0]} rows")
+    uniforms = _uniforms(rows, generators, logits.shape[1], logits.device)
+    drawn = _inverse_cdf(logprobs.exp(), uniforms)  # [B, num_vq, 1]
+    tokens = torch.where(greedy, processed.argmax(dim=-1, keepdim=True), drawn)
+    return SampleOutput(tokens=tokens.squeeze(-1), logprobs=logprobs.gather(-1, tokens).squeeze(-1))
+
+
+def recompute_logprobs(
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    history: Sequence[torch.Tensor],
+    num_generated: Sequence[int],
+    tokens: torch.Tensor,
+) -> torch.Tensor:
+    """Log-probabilities ``[B, num_vq]`` of given ``tokens [B, num_vq]`` under the same processing.
+
+    Used by the rollout parity gate: recomputed log-probs must equal the recorded ones.
+    """
+    logprobs, _, _ = processed_logprobs(logits, rows, history, num_generated)
+    return logprobs.gather(-1, tokens.to(logits.device).long().unsqueeze(-1)).squeeze(-1)
