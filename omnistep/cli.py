@@ -19,9 +19,15 @@ from omnistep.models.registry import FAMILIES, build_card
 log = logging.getLogger("omnistep")
 
 
-def load_engine(specs: list[str], device: str, max_batch_size: int) -> AsyncEngine:
-    """Build, validate and load each ``family[=path]`` card and wrap them in an engine."""
-    models = [ModelInstance.load(build_card(spec), device=device) for spec in specs]
+def load_engine(
+    specs: list[str], device: str, max_batch_size: int, **options: object
+) -> AsyncEngine:
+    """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
+
+    ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families that take
+    them.
+    """
+    models = [ModelInstance.load(build_card(spec, **options), device=device) for spec in specs]
     return AsyncEngine(models, EngineConfig(max_batch_size=max_batch_size))
 
 
@@ -43,7 +49,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from omnistep.server import ServerConfig, build_app
 
     config = ServerConfig(host=args.host, port=args.port)
-    engine = load_engine(args.model or ["piper"], args.device, args.max_batch_size)
+    engine = load_engine(
+        args.model or ["piper"],
+        args.device,
+        args.max_batch_size,
+        kv_cache_gb=args.kv_cache_gb,
+        batch_invariant=args.batch_invariant or None,
+    )
     print(_usage_banner(config.host, config.port, engine), flush=True)
     uvicorn.run(build_app(engine), host=config.host, port=config.port, log_level=args.log_level)
     return 0
@@ -95,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     serve.add_argument("--max-batch-size", type=int, default=64)
+    serve.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        help="memory for each AR model's paged KV cache, GiB (chattts: 2)",
+    )
+    serve.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="bit-identical outputs whatever the batch (slower; AR models)",
+    )
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)
 

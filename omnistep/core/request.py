@@ -15,43 +15,48 @@ MAX_SEED = 2**63 - 1
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Sampling settings of one request; cards without a sampler ignore them.
+    """Sampling settings of one request; None means "the card's default" (ChatTTS's defaults
+    differ from an LLM's). Cards without a sampler ignore them.
 
     Attributes:
         temperature: logits are divided by it; 0 means greedy.
         top_p: nucleus mass kept, in (0, 1].
         top_k: most-likely tokens kept; 0 disables.
         repetition_penalty: >= 1; 1 disables.
-        max_new_tokens: upper bound on generated tokens (None: the card's default).
+        max_new_tokens: upper bound on generated tokens.
         min_new_tokens: EOS is masked before this many tokens.
+
+    Raises:
+        InvalidRequestError: a value out of range (``param`` names the field).
     """
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    repetition_penalty: float = 1.0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
     max_new_tokens: int | None = None
-    min_new_tokens: int = 0
+    min_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        checks = [
-            ("temperature", math.isfinite(self.temperature) and self.temperature >= 0),
-            ("top_p", math.isfinite(self.top_p) and 0 < self.top_p <= 1),
-            ("top_k", self.top_k >= 0),
-            (
-                "repetition_penalty",
-                math.isfinite(self.repetition_penalty) and self.repetition_penalty >= 1,
-            ),
-            ("max_new_tokens", self.max_new_tokens is None or self.max_new_tokens >= 1),
-            ("min_new_tokens", self.min_new_tokens >= 0),
-        ]
-        for name, ok in checks:
-            if not ok:
+        checks = {
+            "temperature": lambda v: math.isfinite(v) and v >= 0,
+            "top_p": lambda v: math.isfinite(v) and 0 < v <= 1,
+            "top_k": lambda v: v >= 0,
+            "repetition_penalty": lambda v: math.isfinite(v) and v >= 1,
+            "max_new_tokens": lambda v: v >= 1,
+            "min_new_tokens": lambda v: v >= 0,
+        }
+        for name, ok in checks.items():
+            value = getattr(self, name)
+            if value is not None and not ok(value):
                 raise InvalidRequestError(
-                    f"Invalid value for '{name}': {getattr(self, name)!r}",
-                    param=name,
-                    code="invalid_value",
+                    f"Invalid value for '{name}': {value!r}", param=name, code="invalid_value"
                 )
+
+    def or_default(self, name: str, default: float | int) -> float | int:
+        """The field's value, or ``default`` when the request left it unset."""
+        value = getattr(self, name)
+        return default if value is None else value
 
 
 def new_request_id() -> str:

@@ -7,12 +7,14 @@ imported lazily so that serving one family does not import another's dependencie
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from omnistep.core import InvalidRequestError, ModelCard
 
 FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",
     "piper": "omnistep.models.piper.card",
+    "chattts": "omnistep.models.chattts.card",
 }
 """Family name -> module that defines ``build_card(path: str | None) -> ModelCard``."""
 
@@ -23,8 +25,11 @@ def parse_model_spec(spec: str) -> tuple[str, str | None]:
     return family.strip(), (path.strip() or None) if sep else None
 
 
-def build_card(spec: str) -> ModelCard:
+def build_card(spec: str, **options: object) -> ModelCard:
     """Build and validate the card for ``spec`` (see ``parse_model_spec``).
+
+    ``options`` (e.g. ``kv_cache_gb``, ``batch_invariant``) go to families whose ``build_card``
+    takes them by name (or accepts ``**overrides``); other families ignore them.
 
     Raises:
         InvalidRequestError: unknown family (the message lists the known ones).
@@ -36,4 +41,7 @@ def build_card(spec: str) -> ModelCard:
             f"unknown model family '{family}'; known: {', '.join(sorted(FAMILIES))}", param="model"
         )
     module = importlib.import_module(FAMILIES[family])
-    return module.build_card(path).validate()
+    params = inspect.signature(module.build_card).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    accepted = {k: v for k, v in options.items() if v is not None and (takes_any or k in params)}
+    return module.build_card(path, **accepted).validate()

@@ -145,8 +145,8 @@ class TokenLoop:
             profile=req.profile,
             seed=int(req.seed or 0),
             prev_token=prompt[-1],
-            temperature=sp.temperature,
-            min_new_tokens=sp.min_new_tokens,
+            temperature=sp.or_default("temperature", 1.0),
+            min_new_tokens=sp.or_default("min_new_tokens", 0),
             max_new_tokens=sp.max_new_tokens or 2 * len(prompt),
             fail="<fail>" in req.text,
         )
