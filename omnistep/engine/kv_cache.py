@@ -1,0 +1,194 @@
+"""Paged KV-cache bookkeeping: block-pool sizing and per-sequence block tables.
+
+Pure Python (stdlib only, no torch): the engine plane imports ``omnistep.core`` and nothing else.
+The scheduler admits decode work by free blocks and frees a sequence's blocks when it finishes or
+is aborted; the component that runs the model turns the block tables into device tensors
+(``omnistep.layers.paged_attention.AttentionMetadata``). A block holds ``block_size`` consecutive
+token positions of one sequence, for every layer, K and V.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from omnistep.core.errors import OmnistepError
+
+_BYTES_PER_GIB = 1 << 30
+
+
+class KVCacheFullError(OmnistepError):
+    """Not enough free KV blocks to grow a sequence's block table.
+
+    Attributes:
+        seq_id: the sequence that asked for blocks.
+        num_required: blocks the request needed beyond those the sequence already held.
+        num_free: free blocks in the pool when it asked.
+    """
+
+    def __init__(self, seq_id: Hashable, num_required: int, num_free: int):
+        super().__init__(
+            f"KV cache full: sequence {seq_id!r} needs {num_required} more blocks, {num_free} free"
+        )
+        self.seq_id = seq_id
+        self.num_required = num_required
+        self.num_free = num_free
+
+
+def _check_positive(name: str, value: int | float) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheConfig:
+    """Size of one component's paged KV cache.
+
+    Attributes:
+        num_blocks: blocks in the pool (each holds K and V of ``block_size`` tokens, all layers).
+        block_size: token positions per block.
+    """
+
+    num_blocks: int
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        _check_positive("num_blocks", self.num_blocks)
+        _check_positive("block_size", self.block_size)
+
+    @classmethod
+    def from_memory(
+        cls,
+        memory_gb: float,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype_bytes: int,
+        block_size: int = 16,
+    ) -> KVCacheConfig:
+        """Size the pool to fit ``memory_gb`` GiB (2**30 bytes) of K and V.
+
+        One block costs ``2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes``
+        bytes (the 2 is K and V); the pool gets as many whole blocks as fit.
+
+        Raises:
+            ValueError: a non-positive argument (named in the message), or a budget below one block.
+        """
+        sizes = {
+            "memory_gb": memory_gb,
+            "num_layers": num_layers,
+            "num_kv_heads": num_kv_heads,
+            "head_dim": head_dim,
+            "dtype_bytes": dtype_bytes,
+            "block_size": block_size,
+        }
+        for name, value in sizes.items():
+            _check_positive(name, value)
+        bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * dtype_bytes
+        num_blocks = int(memory_gb * _BYTES_PER_GIB) // bytes_per_block
+        if num_blocks < 1:
+            raise ValueError(f"memory_gb={memory_gb} holds no block of {bytes_per_block} bytes")
+        return cls(num_blocks=num_blocks, block_size=block_size)
+
+
+class BlockManager:
+    """A free list of KV blocks and one block table per sequence.
+
+    A block table lists a sequence's block ids in token order: token ``t`` lives in block
+    ``block_table[t // block_size]`` at offset ``t % block_size``. Tables only grow until the
+    sequence is freed. Every operation is O(1) or O(blocks it moves).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int):
+        _check_positive("num_blocks", num_blocks)
+        _check_positive("block_size", block_size)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # A stack: popping from the end hands out block 0, 1, 2, ... on a fresh pool.
+        self._free_block_ids: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._block_tables: dict[Hashable, list[int]] = {}
+
+    @classmethod
+    def from_config(cls, config: KVCacheConfig) -> BlockManager:
+        return cls(config.num_blocks, config.block_size)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_block_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free_block_ids)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._block_tables)
+
+    def __contains__(self, seq_id: Hashable) -> bool:
+        return seq_id in self._block_tables
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` token positions."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        return -(-num_tokens // self.block_size)
+
+    def _num_missing(self, seq_id: Hashable, num_tokens: int) -> int:
+        held = len(self._block_tables.get(seq_id, ()))
+        return max(0, self.blocks_needed(num_tokens) - held)
+
+    def can_allocate(self, seq_id: Hashable, num_tokens: int) -> bool:
+        """Whether the sequence's table can grow to hold ``num_tokens`` tokens in total."""
+        return self._num_missing(seq_id, num_tokens) <= len(self._free_block_ids)
+
+    def allocate(self, seq_id: Hashable, num_tokens: int) -> list[int]:
+        """Grow the sequence's table to cover ``num_tokens`` tokens in total; return the table.
+
+        A new ``seq_id`` starts an empty table. Asking for fewer tokens than the table already
+        covers changes nothing.
+
+        Raises:
+            KVCacheFullError: too few free blocks; nothing is allocated then.
+        """
+        num_missing = self._num_missing(seq_id, num_tokens)
+        if num_missing > len(self._free_block_ids):
+            raise KVCacheFullError(seq_id, num_missing, len(self._free_block_ids))
+        block_table = self._block_tables.setdefault(seq_id, [])
+        if num_missing:
+            block_table.extend(self._free_block_ids[-num_missing:][::-1])
+            del self._free_block_ids[-num_missing:]
+        return list(block_table)
+
+    def block_table(self, seq_id: Hashable) -> list[int]:
+        """A copy of the sequence's block table.
+
+        Raises:
+            KeyError: the sequence holds no table (never allocated, or freed).
+        """
+        try:
+            return list(self._block_tables[seq_id])
+        except KeyError:
+            raise KeyError(f"no block table for sequence {seq_id!r}") from None
+
+    def free(self, seq_id: Hashable) -> int:
+        """Return the sequence's blocks to the pool; a no-op for an unknown sequence.
+
+        Returns:
+            The number of blocks freed.
+        """
+        block_table = self._block_tables.pop(seq_id, None)
+        if not block_table:
+            return 0
+        # Reversed, so the next allocation reuses this sequence's first block first.
+        self._free_block_ids.extend(reversed(block_table))
+        return len(block_table)
+
+    def usage(self) -> dict[str, int | float]:
+        """Pool occupancy for metrics."""
+        used = self.num_used_blocks
+        return {
+            "num_used_blocks": used,
+            "num_free_blocks": self.num_free_blocks,
+            "num_blocks": self.num_blocks,
+            "usage": used / self.num_blocks,
+        }

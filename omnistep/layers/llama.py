@@ -1,0 +1,313 @@
+"""A Llama decoder stack over a paged KV cache, for continuous-batching AR decode.
+
+Imports torch and ``omnistep.layers`` only. Architecture and parameter names follow transformers'
+``LlamaModel`` (models/llama/modeling_llama.py): pre-norm decoder layers (RMSNorm -> attention with
+rope -> residual; RMSNorm -> SwiGLU MLP -> residual) and a final RMSNorm, so a transformers state
+dict loads key for key (``load_hf_state_dict``). There is no token embedding: callers feed
+``inputs_embeds`` (ChatTTS sums its own text/code embeddings). Inputs are varlen: the new tokens of
+B sequences flattened into N rows, described by an ``AttentionMetadata``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omnistep.layers.batch_invariant import RowChunking, RowFn, RowGroup, map_row_groups
+from omnistep.layers.norm import RMSNorm
+from omnistep.layers.paged_attention import (
+    AttentionMetadata,
+    PagedKVCache,
+    paged_attention,
+    write_kv,
+)
+from omnistep.layers.rope import RotaryEmbedding, apply_rope
+
+_IGNORED_HF_PREFIXES = ("embed_tokens.", "rotary_emb.")
+
+
+@dataclass(frozen=True)
+class LlamaConfigLite:
+    """The fields of a transformers ``LlamaConfig`` this stack needs.
+
+    Attributes:
+        hidden_size: model width.
+        num_attention_heads: query heads.
+        num_hidden_layers: decoder layers.
+        intermediate_size: MLP width.
+        num_key_value_heads: KV heads (grouped-query attention); None means one per query head.
+        head_dim: per-head width; None means ``hidden_size // num_attention_heads``.
+        rms_norm_eps: RMSNorm epsilon.
+        rope_theta: rope base.
+        max_position_embeddings: positions the rope table covers.
+        hidden_act: MLP activation; only "silu".
+        attention_bias: biases on the q/k/v/o projections.
+        mlp_bias: biases on the gate/up/down projections.
+    """
+
+    hidden_size: int
+    num_attention_heads: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.head_dim is None and self.num_attention_heads > 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        self._validate()
+
+    def _validate(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                raise ValueError(f"{field.name} must be > 0, got {value}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rope, got {self.head_dim}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act must be 'silu', got {self.hidden_act!r}")
+
+    @classmethod
+    def from_hf(cls, config: Any) -> LlamaConfigLite:
+        """From a transformers ``LlamaConfig`` (``rope_parameters`` in v5, ``rope_theta`` before).
+
+        Raises:
+            ValueError: a rope scaling type other than the default.
+        """
+        # v5 keeps theta and type in rope_parameters; v4 has rope_theta and rope_scaling.
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+        rope = rope or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_type must be 'default', got {rope_type!r}")
+        return cls(
+            hidden_size=config.hidden_size,
+            num_attention_heads=config.num_attention_heads,
+            num_hidden_layers=config.num_hidden_layers,
+            intermediate_size=config.intermediate_size,
+            num_key_value_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None),
+            rms_norm_eps=config.rms_norm_eps,
+            rope_theta=rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)),
+            max_position_embeddings=config.max_position_embeddings,
+            hidden_act=config.hidden_act,
+            attention_bias=config.attention_bias,
+            mlp_bias=config.mlp_bias,
+        )
+
+
+RowPlan = list[RowGroup] | None
+
+
+def _rows(fn: RowFn, x: torch.Tensor, row_plan: RowPlan) -> torch.Tensor:
+    """``fn(x)``; on fixed-size row chunks when ``row_plan`` is set (batch-invariant mode)."""
+    return fn(x) if row_plan is None else map_row_groups(fn, x, row_plan)
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention with rope and grouped-query heads over the paged cache of one layer."""
+
+    def __init__(self, config: LlamaConfigLite, layer_idx: int, **factory: Any):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scaling = config.head_dim**-0.5
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=bias, **factory)
+        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, **factory)
+        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, **factory)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias, **factory)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: PagedKVCache,
+        meta: AttentionMetadata,
+        row_plan: RowPlan = None,
+    ) -> torch.Tensor:
+        """``x`` ``[N, hidden]``, ``cos``/``sin`` ``[N, head_dim]`` -> ``[N, hidden]``.
+
+        Writes the new tokens' rotated keys and values into ``cache`` layer ``layer_idx``.
+        """
+        num_tokens = x.shape[0]
+        q = _rows(self.q_proj, x, row_plan).view(num_tokens, self.num_heads, self.head_dim)
+        k = _rows(self.k_proj, x, row_plan).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = _rows(self.v_proj, x, row_plan).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, k, cos, sin)
+        write_kv(cache, self.layer_idx, k, v, meta)
+        out = paged_attention(q, cache, self.layer_idx, meta, self.scaling)  # [N, H, D]
+        return _rows(self.o_proj, out.reshape(num_tokens, -1), row_plan)
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+
+    def __init__(self, config: LlamaConfigLite, **factory: Any):
+        super().__init__()
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias, **factory)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias, **factory)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``h = x + attn(norm(x))``; ``out = h + mlp(norm(h))``."""
+
+    def __init__(self, config: LlamaConfigLite, layer_idx: int, **factory: Any):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, **factory)
+        self.mlp = LlamaMLP(config, **factory)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: PagedKVCache,
+        meta: AttentionMetadata,
+        row_plan: RowPlan = None,
+    ) -> torch.Tensor:
+        """``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``row_plan`` set = batch-invariant."""
+        attn_in = _rows(self.input_layernorm, hidden, row_plan)
+        hidden = hidden + self.self_attn(attn_in, cos, sin, cache, meta, row_plan)
+        return hidden + _rows(self._norm_mlp, hidden, row_plan)
+
+    def _norm_mlp(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    """Decoder layers and final norm of a Llama, over a paged KV cache.
+
+    ``state_dict()`` keys equal transformers ``LlamaModel``'s minus ``embed_tokens.weight``:
+    ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
+    ``layers.{i}.{input,post_attention}_layernorm.weight``, ``norm.weight``.
+
+    Args:
+        config: a ``LlamaConfigLite`` (see ``LlamaConfigLite.from_hf`` for a ``LlamaConfig``).
+        device, dtype: where and in what dtype to create the parameters.
+        row_chunking: rows per dense-kernel call in batch-invariant mode.
+    """
+
+    def __init__(
+        self,
+        config: LlamaConfigLite,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        row_chunking: RowChunking | None = None,
+    ):
+        super().__init__()
+        self.config = config
+        self.row_chunking = row_chunking or RowChunking()
+        factory = {"device": device, "dtype": dtype}
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, **factory) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.max_position_embeddings, device=device
+        )
+
+    def make_cache(
+        self,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> PagedKVCache:
+        """An empty paged cache shaped for this model (default: the parameters' dtype/device)."""
+        weight = self.norm.weight
+        return PagedKVCache(
+            num_layers=self.config.num_hidden_layers,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=self.config.num_key_value_heads,
+            head_dim=self.config.head_dim,
+            dtype=dtype or weight.dtype,
+            device=device or weight.device,
+        )
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        cache: PagedKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run the new tokens of a varlen batch; write their K/V into ``cache``.
+
+        Args:
+            inputs_embeds: ``[N, hidden]``, rows grouped by sequence as ``meta`` says.
+            positions: LongTensor ``[N]`` on the model's device; sequence ``i``'s rows are
+                positions ``context_lens[i] - query_lens[i] ...``, as ``meta`` was built.
+            meta: with ``batch_invariant`` set, every sequence's rows are bit-identical whatever
+                else is in the batch.
+
+        Returns:
+            Hidden states after the final norm, ``[N, hidden]``.
+        """
+        self._check_inputs(inputs_embeds, meta)
+        row_plan = None
+        if meta.batch_invariant:
+            row_plan = self.row_chunking.plan(meta.query_lens_host, inputs_embeds.device)
+        cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
+        hidden = inputs_embeds
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, cache, meta, row_plan)
+        return _rows(self.norm, hidden, row_plan)
+
+    def _check_inputs(self, inputs_embeds: torch.Tensor, meta: AttentionMetadata) -> None:
+        if inputs_embeds.shape[0] != meta.num_tokens:
+            raise ValueError(
+                f"inputs_embeds has {inputs_embeds.shape[0]} rows, meta has {meta.num_tokens}"
+            )
+        if meta.max_context_len > self.rotary_emb.max_positions:
+            raise ValueError(
+                f"context of {meta.max_context_len} tokens exceeds max_position_embeddings="
+                f"{self.rotary_emb.max_positions}"
+            )
+
+    def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor], prefix: str = "") -> None:
+        """Load a transformers ``LlamaModel`` state dict, strictly, ignoring its embedding.
+
+        Keys are taken from those starting with ``prefix`` (e.g. ``"model."`` for a
+        ``LlamaForCausalLM``), with the prefix stripped; ``embed_tokens.*`` (and any
+        ``rotary_emb.*`` buffer) is dropped; every other key must match.
+
+        Raises:
+            RuntimeError: missing or unexpected keys, or shape mismatches (from ``nn.Module``).
+        """
+        selected = {
+            key[len(prefix) :]: value for key, value in state_dict.items() if key.startswith(prefix)
+        }
+        kept = {k: v for k, v in selected.items() if not k.startswith(_IGNORED_HF_PREFIXES)}
+        self.load_state_dict(kept, strict=True)

@@ -1,0 +1,114 @@
+"""Rotary position embeddings, Llama's default rope ("rotate_half" convention). Imports torch only.
+
+Formulas follow transformers' models/llama/modeling_llama.py: ``inv_freq = 1 / theta **
+(arange(0, head_dim, 2) / head_dim)`` (``compute_default_rope_parameters``), ``freqs = position *
+inv_freq`` and ``emb = cat(freqs, freqs)`` (``LlamaRotaryEmbedding.forward``), ``x * cos +
+rotate_half(x) * sin`` (``apply_rotary_pos_emb``). Angles are computed in float32 and the cos/sin
+are cast to the activation dtype, as there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+
+@functools.lru_cache(maxsize=32)
+def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """Inverse frequencies ``[head_dim // 2]`` float32, memoised per (head_dim, theta, device).
+
+    Computed on the CPU (as transformers does at init) and copied to ``device``; the returned
+    tensor is shared, so callers must not modify it in place.
+    """
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even number, got {head_dim}")
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    return (1.0 / (theta**exponents)).to(device)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of each position's rotation angles.
+
+    Args:
+        positions: LongTensor ``[N]`` of absolute token positions.
+
+    Returns:
+        ``(cos, sin)``, each ``[N, head_dim]`` in ``dtype``; both halves of the last dimension
+        repeat the same ``head_dim // 2`` angles.
+    """
+    device = torch.device(device)
+    inv_freq = rope_inv_freq(head_dim, float(theta), device)
+    freqs = positions.to(device)[:, None].float() * inv_freq  # [N, head_dim // 2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [N, head_dim]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` over the halves of the last dimension."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries ``[N, H, D]`` and keys ``[N, Hkv, D]`` by per-token cos/sin ``[N, D]``."""
+    cos = cos.unsqueeze(1)  # [N, 1, D]: broadcast over heads
+    sin = sin.unsqueeze(1)
+    q_rotated = (q * cos) + (rotate_half(q) * sin)
+    k_rotated = (k * cos) + (rotate_half(k) * sin)
+    return q_rotated, k_rotated
+
+
+class RotaryEmbedding(nn.Module):
+    """A precomputed cos/sin table for positions ``[0, max_positions)``, looked up by position.
+
+    The table is a non-persistent float32 buffer (absent from ``state_dict``); it follows the
+    module's device. Looking rows up, rather than computing angles per batch, makes a token's
+    cos/sin independent of the other tokens in the batch.
+
+    Args:
+        head_dim: rotated dimension per head (even).
+        theta: rope base.
+        max_positions: table length; positions must be below it.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        max_positions: int,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        if max_positions <= 0:
+            raise ValueError(f"max_positions must be > 0, got {max_positions}")
+        self.head_dim = head_dim
+        self.theta = float(theta)
+        positions = torch.arange(max_positions)
+        cos, sin = rope_cos_sin(positions, head_dim, self.theta, torch.float32, "cpu")
+        self.register_buffer("cos_cached", cos.to(device), persistent=False)
+        self.register_buffer("sin_cached", sin.to(device), persistent=False)
+
+    @property
+    def max_positions(self) -> int:
+        return self.cos_cached.shape[0]
+
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[N, head_dim]`` in ``dtype`` for LongTensor ``positions`` ``[N]``."""
+        cos = self.cos_cached.index_select(0, positions)
+        sin = self.sin_cached.index_select(0, positions)
+        return cos.to(dtype), sin.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, theta={self.theta}, max_positions={self.max_positions}"

@@ -1,0 +1,147 @@
+"""CPU tests of the paged KV-cache bookkeeping (omnistep.engine.kv_cache): no torch."""
+
+import random
+
+import pytest
+
+from omnistep.core.errors import OmnistepError
+from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, KVCacheFullError
+
+
+def test_blocks_needed_rounds_up():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    assert [manager.blocks_needed(n) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+    with pytest.raises(ValueError, match="num_tokens"):
+        manager.blocks_needed(-1)
+
+
+def test_allocation_grows_across_block_boundaries():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    assert manager.allocate("a", 3) == [0]
+    assert manager.allocate("a", 4) == [0]  # still fits the first block
+    assert manager.allocate("a", 5) == [0, 1]  # token 4 starts block 2
+    assert manager.allocate("b", 1) == [2]
+    assert manager.allocate("a", 9) == [0, 1, 3]  # tables interleave: non-contiguous ids
+    assert manager.allocate("a", 2) == [0, 1, 3]  # never shrinks
+    assert manager.block_table("a") == [0, 1, 3]
+    assert (manager.num_used_blocks, manager.num_free_blocks, manager.num_sequences) == (4, 4, 2)
+
+
+def test_block_table_is_a_copy_and_unknown_sequence_raises():
+    manager = BlockManager(num_blocks=4, block_size=2)
+    manager.allocate(7, 3).append(99)
+    manager.block_table(7).append(99)
+    assert manager.block_table(7) == [0, 1]
+    with pytest.raises(KeyError, match="8"):
+        manager.block_table(8)
+    assert manager.allocate(8, 0) == [] and 8 in manager
+
+
+def test_full_pool_raises_and_allocates_nothing():
+    manager = BlockManager(num_blocks=4, block_size=4)
+    manager.allocate("a", 8)
+    manager.allocate("b", 4)
+    assert manager.can_allocate("b", 8) and not manager.can_allocate("b", 9)
+    assert not manager.can_allocate("c", 5)
+    with pytest.raises(KVCacheFullError) as info:
+        manager.allocate("b", 12)  # needs 2 more, 1 free
+    assert isinstance(info.value, OmnistepError)
+    assert (info.value.num_required, info.value.num_free) == (2, 1)
+    with pytest.raises(KVCacheFullError):
+        manager.allocate("c", 5)
+    assert manager.block_table("b") == [2]
+    assert "c" not in manager
+    assert manager.num_free_blocks == 1 and manager.num_sequences == 2
+
+
+def test_free_returns_blocks_and_is_idempotent():
+    manager = BlockManager(num_blocks=6, block_size=2)
+    manager.allocate("a", 5)
+    manager.allocate("b", 2)
+    assert manager.free("a") == 3
+    assert manager.free("a") == 0
+    assert manager.free("never") == 0
+    assert manager.num_free_blocks == 5 and manager.num_sequences == 1
+    assert sorted(manager.allocate("c", 10)) == [0, 1, 2, 4, 5]
+    assert manager.num_free_blocks == 0
+
+
+def test_usage_reports_counts_and_fraction():
+    manager = BlockManager(num_blocks=10, block_size=16)
+    manager.allocate("a", 40)
+    assert manager.usage() == {
+        "num_used_blocks": 3,
+        "num_free_blocks": 7,
+        "num_blocks": 10,
+        "usage": 0.3,
+    }
+
+
+def test_random_alloc_free_cycles_leak_nothing():
+    rng = random.Random(1234)
+    manager = BlockManager(num_blocks=64, block_size=4)
+    num_tokens: dict[int, int] = {}
+    for step in range(3000):
+        seq_id = rng.randrange(12)
+        if rng.random() < 0.25:
+            manager.free(seq_id)
+            num_tokens.pop(seq_id, None)
+            continue
+        target = num_tokens.get(seq_id, 0) + rng.randint(0, 9)
+        if manager.can_allocate(seq_id, target):
+            assert len(manager.allocate(seq_id, target)) == manager.blocks_needed(target)
+            num_tokens[seq_id] = target
+        else:
+            before = manager.usage()
+            with pytest.raises(KVCacheFullError):
+                manager.allocate(seq_id, target)
+            assert manager.usage() == before
+        tables = [manager.block_table(s) for s in num_tokens]
+        held = [b for table in tables for b in table]
+        assert len(held) == len(set(held)) == manager.num_used_blocks, step
+    for seq_id in list(num_tokens):
+        manager.free(seq_id)
+    assert manager.num_free_blocks == 64 and manager.num_sequences == 0
+    assert sorted(manager.allocate("all", 64 * 4)) == list(range(64))
+
+
+def test_config_validates_fields():
+    assert KVCacheConfig(num_blocks=5).block_size == 16
+    with pytest.raises(ValueError, match="num_blocks"):
+        KVCacheConfig(num_blocks=0)
+    with pytest.raises(ValueError, match="block_size"):
+        KVCacheConfig(num_blocks=4, block_size=0)
+    with pytest.raises(ValueError, match="num_blocks"):
+        BlockManager(num_blocks=-1, block_size=4)
+
+
+def test_from_memory_arithmetic():
+    # ChatTTS GPT in fp16: 2 (K,V) * 20 layers * 16 tokens * 12 heads * 64 dims * 2 bytes.
+    bytes_per_block = 2 * 20 * 16 * 12 * 64 * 2
+    assert bytes_per_block == 983_040
+    config = KVCacheConfig.from_memory(
+        memory_gb=1, num_layers=20, num_kv_heads=12, head_dim=64, dtype_bytes=2
+    )
+    assert config == KVCacheConfig(num_blocks=(1 << 30) // bytes_per_block, block_size=16)
+    assert config.num_blocks == 1092
+    half = KVCacheConfig.from_memory(0.5, 20, 12, 64, 4, block_size=32)
+    assert half.num_blocks == (1 << 29) // (4 * bytes_per_block) == 136
+    manager = BlockManager.from_config(half)
+    assert (manager.num_blocks, manager.block_size) == (136, 32)
+
+
+@pytest.mark.parametrize(
+    "field", ["memory_gb", "num_layers", "num_kv_heads", "head_dim", "dtype_bytes", "block_size"]
+)
+def test_from_memory_rejects_non_positive(field):
+    kwargs = dict(
+        memory_gb=1.0, num_layers=2, num_kv_heads=2, head_dim=8, dtype_bytes=2, block_size=16
+    )
+    kwargs[field] = 0
+    with pytest.raises(ValueError, match=field):
+        KVCacheConfig.from_memory(**kwargs)
+
+
+def test_from_memory_too_small_for_one_block():
+    with pytest.raises(ValueError, match="memory_gb"):
+        KVCacheConfig.from_memory(1e-9, num_layers=20, num_kv_heads=12, head_dim=64, dtype_bytes=2)
