@@ -14,8 +14,14 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(BIN)/pip install -q -e '.[voice]'
 
+# Reference implementations for parity tests, without their dependencies: chattts and vocos
+# would pull torchaudio (no build for our torch); the tests stub the parts they do not use.
+REFERENCE_PKGS := chattts==0.2.5 vocos==0.1.0 vector-quantize-pytorch==1.32.0 \
+	torch-einops-utils==0.2.0
+
 install-test: $(BIN)/python
-	$(BIN)/pip install -q -e '.[voice,test,dev]'
+	$(BIN)/pip install -q -e '.[voice,chattts,test,dev]'
+	$(BIN)/pip install -q --no-deps $(REFERENCE_PKGS)
 
 run: install
 	$(BIN)/omnistep serve --host $(HOST) --port $(PORT)

@@ -1,0 +1,1 @@
+"""ChatTTS family: GPT (Llama) multi-codebook decoder, Decoder + Vocos vocoder, official assets."""

@@ -1,0 +1,300 @@
+"""The ``chattts`` card: GPT decode (AR_DECODE) streaming hidden states into the vocoder
+(AUDIO_DECODE), both batched across requests.
+
+Program: ``frontend`` (voice -> speaker vector, text -> code prompt) -> ``decode`` (an
+ARDecodeLoop on the ``gpt`` component: a PREFILL unit, then one AR_TOKEN unit per frame of 4
+codes; each frame's hidden state goes on the ``hidden_stream`` Channel) and, at the same time,
+``vocode`` (an AudioDecodeLoop on the ``vocoder`` component: Decoder + Vocos on chunks of hidden
+states with left context and look-ahead) -> ``usage``.
+
+Voices: a ChatTTS speaker string (the official compressed format), ``seed:N`` (a random speaker
+drawn from seed N), an OpenAI voice name (a fixed speaker: ``seed:1000+i`` for the i-th name), or
+nothing (a speaker drawn from the request's seed, as upstream draws one at random). Random
+speakers need the checkpoint's speaker statistics; without them only speaker strings are
+accepted and a request without a voice uses upstream's ``[empty_spk]`` prompt.
+
+Sampling defaults are upstream ``infer_code``'s: temperature 0.3, top_p 0.7, top_k 20,
+repetition penalty 1.05 over 16 frames, max 2048 new frames; ``speed`` picks ``[speed_N]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from omnistep.core import (
+    Capability,
+    ComponentSpec,
+    InvalidRequestError,
+    KernelNode,
+    LoopKind,
+    LoopNode,
+    LoopSpec,
+    ModelCard,
+    Program,
+    ProgramContext,
+    Request,
+    WorkUnitKind,
+)
+from omnistep.engine.kv_cache import KVCacheConfig
+from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
+from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
+from omnistep.models.chattts.gpt import ChatTTSGPT, ChatTTSPromptInput, GPTConfig
+from omnistep.models.chattts.loader import ChatTTSFiles
+from omnistep.models.chattts.prompt import ChatTTSTokenizer
+from omnistep.models.chattts.speaker import (
+    decode_speaker,
+    normalize_speaker,
+    random_speaker,
+)
+from omnistep.models.chattts.vocoder import ChatTTSVocoder, load_vocoder
+from omnistep.sampling import SamplingRow
+
+CARD_ID = "chattts"
+SAMPLE_RATE = 24000
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
+SPEAKER_SEED_BASE = 1000
+
+
+@dataclass(frozen=True)
+class ChatTTSOptions:
+    """Serving options of the card.
+
+    Attributes:
+        kv_cache_gb: memory for the GPT's paged KV cache, in GiB.
+        block_size: tokens per KV block.
+        max_batch_size: most units per forward, for each component.
+        batch_invariant: bit-identical outputs whatever the batch (slower).
+        max_new_tokens: cap on generated frames (upstream: 2048).
+        first_chunk, chunk: vocoder chunk sizes in frames (tokens); 1 token = 512 samples.
+        left_context, lookahead: vocoder context in frames on each side of a chunk.
+        trim_threshold: edge samples with ``|x| <=`` this are trimmed.
+        dtype: backbone and KV cache dtype.
+    """
+
+    kv_cache_gb: float = 2.0
+    block_size: int = 16
+    max_batch_size: int = 32
+    batch_invariant: bool = False
+    max_new_tokens: int = 2048
+    first_chunk: int = 12
+    chunk: int = 48
+    left_context: int = 52
+    lookahead: int = 12
+    trim_threshold: float = 1e-4
+    dtype: torch.dtype = torch.float32
+
+
+def make_sampling(eos_token_id: int):
+    """``Request -> SamplingRow`` with upstream ``infer_code`` defaults for unset fields."""
+
+    def build(req: Request) -> SamplingRow:
+        sp = req.sampling
+        return SamplingRow(
+            temperature=float(sp.or_default("temperature", 0.3)),
+            top_p=float(sp.or_default("top_p", 0.7)),
+            top_k=int(sp.or_default("top_k", 20)),
+            repetition_penalty=float(sp.or_default("repetition_penalty", 1.05)),
+            penalty_window=16,
+            min_new_tokens=int(sp.or_default("min_new_tokens", 0)),
+            eos_token_id=eos_token_id,
+            min_keep=3,
+        )
+
+    return build
+
+
+class VocoderComponent:
+    """Runs AUDIO_CHUNK units: ``AudioChunkInput.frames`` are ``[hidden]`` tensors; returns the
+    chunk's float32 samples (``chunk * 512`` at 24 kHz).
+
+    Same-shaped windows run as one batch; a batched row differs from the row alone by ~1e-6
+    (the Vocos input convolution picks its CPU kernel by shape), so ``batch_invariant`` runs
+    rows one at a time.
+    """
+
+    def __init__(self, vocoder: ChatTTSVocoder, batch_invariant: bool = False):
+        self.vocoder = vocoder
+        self.batch_invariant = batch_invariant
+
+    @torch.inference_mode()
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[AudioChunkInput]) -> list:
+        if kind is not WorkUnitKind.AUDIO_CHUNK:
+            raise ValueError(f"ChatTTS vocoder cannot run {kind}")
+        if self.batch_invariant and len(payloads) > 1:
+            return [self.execute(kind, [p])[0] for p in payloads]
+        first = payloads[0]
+        device = next(self.vocoder.parameters()).device
+        hidden = torch.stack([torch.stack(list(p.frames)) for p in payloads]).to(device)
+        audio = self.vocoder.decode_chunk(hidden, first.left, first.chunk)  # [B, samples]
+        return [np.ascontiguousarray(row.float().cpu().numpy()) for row in audio]
+
+
+class _Frontend:
+    """The ``frontend`` kernel node: speaker and code prompt."""
+
+    def __init__(self, tokenizer: ChatTTSTokenizer, spk_stat: torch.Tensor | None, hidden: int):
+        self.tokenizer = tokenizer
+        self.spk_stat = spk_stat
+        self.hidden = hidden
+
+    def speaker(self, voice: str | None, seed: int) -> torch.Tensor | None:
+        if voice is not None and voice in OPENAI_VOICES:
+            voice = f"seed:{SPEAKER_SEED_BASE + OPENAI_VOICES.index(voice)}"
+        if voice is not None and not voice.startswith("seed:"):
+            return decode_speaker(voice, self.hidden)
+        if self.spk_stat is None:
+            if voice is None:
+                return None
+            raise InvalidRequestError(
+                "this ChatTTS checkpoint has no speaker statistics (asset/spk_stat.pt), so "
+                "voices must be speaker strings",
+                param="voice",
+                code="invalid_voice",
+            )
+        if voice is None:
+            return random_speaker(self.spk_stat, seed)
+        try:
+            return random_speaker(self.spk_stat, int(voice.removeprefix("seed:")))
+        except ValueError:
+            raise InvalidRequestError(
+                f"invalid voice seed '{voice}'", param="voice", code="invalid_voice"
+            ) from None
+
+    def __call__(self, ctx: ProgramContext) -> None:
+        req = ctx.request
+        spk = self.speaker(req.voice, int(req.seed or 0))
+        prompt = self.tokenizer.code_prompt(req.text, req.speed, with_speaker=spk is not None)
+        ctx.slots["prompt"] = ChatTTSPromptInput(
+            prompt.input_ids, prompt.spk_positions, None if spk is None else normalize_speaker(spk)
+        )
+        ctx.usage["input_tokens"] = len(prompt.input_ids)
+
+
+def _usage(ctx: ProgramContext) -> None:
+    ctx.usage["output_tokens"] = len(ctx.slots["codes"])
+
+
+def build_card(
+    path: str | None = None, options: ChatTTSOptions | None = None, **overrides
+) -> ModelCard:
+    """The ChatTTS card on the official checkpoint folder ``path``.
+
+    Raises:
+        InvalidRequestError: no path given.
+        FileNotFoundError: the folder or one of its files is missing (named).
+    """
+    if path is None:
+        raise InvalidRequestError(
+            "the chattts family needs weights: --model chattts=/path/to/dir", param="model"
+        )
+    opts = options or ChatTTSOptions(**overrides)
+    files = ChatTTSFiles.locate(path)
+    embed = files.tensors("asset/Embed.safetensors")
+    config = GPTConfig.from_json(
+        files.asset / "gpt" / "config.json",
+        num_vq=sum(1 for k in embed if k.startswith("emb_code.") and k.endswith(".weight")),
+        num_audio_tokens=int(embed["emb_code.0.weight"].shape[0]),
+        num_text_tokens=int(embed["emb_text.weight"].shape[0]),
+    )
+    tokenizer = ChatTTSTokenizer(files.asset / "tokenizer")
+    frontend = _Frontend(tokenizer, files.spk_stat(), config.hidden_size)
+
+    def build_gpt(device: str) -> ChatTTSGPT:
+        head_dim = config.hidden_size // config.num_attention_heads
+        kv = KVCacheConfig.from_memory(
+            opts.kv_cache_gb,
+            config.num_hidden_layers,
+            config.num_key_value_heads,
+            head_dim,
+            torch.finfo(opts.dtype).bits // 8,
+            opts.block_size,
+        )
+        gpt = ChatTTSGPT(config, kv, device, opts.dtype, opts.batch_invariant)
+        gpt.load_weights(files.tensors("asset/gpt/model.safetensors"), embed)
+        return gpt
+
+    def build_vocoder(device: str) -> VocoderComponent:
+        return VocoderComponent(
+            load_vocoder(files.asset, device, torch.float32), opts.batch_invariant
+        )
+
+    decode = ARDecodeConfig(
+        loop_id="decode",
+        component="gpt",
+        prompt_slot="prompt",
+        make_sampling=make_sampling(config.eos_token_id),
+        max_new_tokens=opts.max_new_tokens,
+        eos_token_id=config.eos_token_id,
+        stream_slot="hidden_stream",
+        stream_hidden=True,
+    )
+    vocode = AudioDecodeConfig(
+        loop_id="vocode",
+        component="vocoder",
+        in_slot="hidden_stream",
+        sample_rate=SAMPLE_RATE,
+        first_chunk=opts.first_chunk,
+        chunk=opts.chunk,
+        left_context=opts.left_context,
+        lookahead=opts.lookahead,
+        trim_threshold=opts.trim_threshold,
+    )
+    program = Program(
+        inputs=("request",),
+        nodes=(
+            KernelNode("frontend", frontend, needs=("request",), binds=("prompt",)),
+            LoopNode(
+                "decode", "decode", needs=("prompt",), binds="codes", streams=("hidden_stream",)
+            ),
+            LoopNode("vocode", "vocode", needs=("hidden_stream",), binds="samples"),
+            KernelNode("usage", _usage, needs=("codes", "samples")),
+        ),
+    )
+    return ModelCard(
+        card_id=CARD_ID,
+        family="chattts",
+        components=(
+            ComponentSpec("gpt", build_gpt, opts.max_batch_size, "ChatTTS GPT (Llama) + heads"),
+            ComponentSpec("vocoder", build_vocoder, opts.max_batch_size, "Decoder + Vocos"),
+        ),
+        loops=(
+            LoopSpec(
+                "decode",
+                LoopKind.AR_DECODE,
+                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
+                ("gpt",),
+                lambda: ARDecodeLoop(decode),
+            ),
+            LoopSpec(
+                "vocode",
+                LoopKind.AUDIO_DECODE,
+                (WorkUnitKind.AUDIO_CHUNK,),
+                ("vocoder",),
+                lambda: AudioDecodeLoop(vocode),
+            ),
+        ),
+        program=program,
+        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
+        sample_rate=SAMPLE_RATE,
+        voices=OPENAI_VOICES,
+        parity=frozenset({"C0", "C1", "C2", "C3", "stream", "reference"}),
+        description="ChatTTS: GPT multi-codebook decode + Decoder/Vocos vocoder, 24 kHz.",
+    )

@@ -1,0 +1,69 @@
+"""Locate and read a ChatTTS checkpoint folder in the official repository layout.
+
+Layout (2noise/ChatTTS): ``asset/gpt/config.json`` + ``asset/gpt/model.safetensors`` (the Llama
+backbone), ``asset/Embed.safetensors`` (``emb_text``, ``emb_code.{j}``, weight-normed
+``head_text`` / ``head_code.{j}``), ``asset/Decoder.safetensors``, ``asset/DVAE.safetensors``,
+``asset/Vocos.safetensors``, ``asset/tokenizer/`` (BERT tokenizer files). Optional:
+``asset/spk_stat.pt`` (``[2 * hidden]`` std then mean) for random speakers; upstream 0.2.5 keeps
+these statistics in its package config instead, so a folder without it serves only explicit
+speaker strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REQUIRED = (
+    "asset/gpt/config.json",
+    "asset/gpt/model.safetensors",
+    "asset/Embed.safetensors",
+    "asset/Decoder.safetensors",
+    "asset/DVAE.safetensors",
+    "asset/Vocos.safetensors",
+    "asset/tokenizer",
+)
+
+
+@dataclass(frozen=True)
+class ChatTTSFiles:
+    """Paths of a checked checkpoint folder."""
+
+    root: Path
+
+    @classmethod
+    def locate(cls, root: str | Path) -> ChatTTSFiles:
+        """Check that every required file exists.
+
+        Raises:
+            FileNotFoundError: naming the first missing file (or the folder itself).
+        """
+        path = Path(root).expanduser()
+        if not path.is_dir():
+            raise FileNotFoundError(f"ChatTTS checkpoint folder not found: {path}")
+        for rel in REQUIRED:
+            if not (path / rel).exists():
+                raise FileNotFoundError(
+                    f"ChatTTS checkpoint {path} is missing {rel} (expected the official layout: "
+                    f"{', '.join(REQUIRED)})"
+                )
+        return cls(path)
+
+    @property
+    def asset(self) -> Path:
+        return self.root / "asset"
+
+    def tensors(self, rel: str) -> dict[str, torch.Tensor]:
+        """All tensors of a safetensors file under the folder (on CPU)."""
+        from safetensors.torch import load_file
+
+        return load_file(str(self.root / rel), device="cpu")
+
+    def spk_stat(self) -> torch.Tensor | None:
+        """``asset/spk_stat.pt`` as float32 ``[2 * hidden]``, or None when absent."""
+        path = self.asset / "spk_stat.pt"
+        if not path.exists():
+            return None
+        return torch.load(path, map_location="cpu", weights_only=True).float().reshape(-1)

@@ -1,0 +1,271 @@
+"""The ChatTTS card on a tiny checkpoint in the official layout (random weights): reference
+parity with the upstream ``chattts`` package, parity gates C1/C2/C3, streaming and KV hygiene."""
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pybase16384 as b14
+import pytest
+import torch
+
+from omnistep.core import (
+    ExecutionProfile,
+    InvalidRequestError,
+    ModelInstance,
+    ProgramContext,
+    Request,
+    SamplingParams,
+)
+from omnistep.engine import AsyncEngine
+from omnistep.models.chattts.card import ChatTTSOptions, build_card
+from omnistep.models.chattts.speaker import decode_speaker, encode_speaker
+from omnistep.parity import collect, run_alone, run_interleaved
+from omnistep.sampling import recompute_logprobs
+from tests.chattts_ref import reference
+from tests.chattts_ref.assets import read_info, write_tiny_chattts
+
+TEXT = "hello world this is a test"
+TEXTS = ["hello world", "this is a longer test of the voice", "good morning", "a b c d e f"]
+GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0, max_new_tokens=32)
+FULL_CONTEXT = {"left_context": 64, "lookahead": 64, "trim_threshold": None}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = write_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
+    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
+    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
+    return root
+
+
+@pytest.fixture(scope="module")
+def speaker(root) -> str:
+    return reference.upstream_random_speaker(root, 3)
+
+
+def _model(root, **options) -> ModelInstance:
+    opts = ChatTTSOptions(**{"kv_cache_gb": 0.02, **options})
+    return ModelInstance.load(build_card(str(root), opts))
+
+
+@pytest.fixture(scope="module")
+def model(root):
+    return _model(root)
+
+
+@pytest.fixture
+async def engine(model):
+    eng = AsyncEngine([model])
+    yield eng
+    await eng.shutdown()
+    assert model.components["gpt"].blocks.num_used_blocks == 0
+
+
+def _prompt(model, text, voice, seed=0):
+    ctx = ProgramContext(Request("chattts", text=text, voice=voice, seed=seed), model)
+    model.card.program.nodes[0].fn(ctx)
+    return ctx.slots["prompt"]
+
+
+def test_prompt_ids_and_prefill_logits_match_upstream(model, root, speaker):
+    prompt = _prompt(model, TEXT, speaker)
+    upstream = reference.upstream_prompt_inputs(root, TEXT, speaker)
+    assert list(prompt.input_ids) == upstream.input_ids[0, :, 0].tolist()
+    ours = model.components["gpt"].teacher_forced_logits(prompt)[0]
+    theirs = reference.upstream_prefill_logits(root, TEXT, speaker)
+    assert ours.shape == theirs.shape == (4, 626)
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+async def test_greedy_codes_and_waveform_match_upstream(root, speaker):
+    """32 greedy decode steps: identical codes; the audio of our streamed, chunked decode with
+    full receptive-field context equals upstream's whole-utterance Decoder+Vocos within 1e-4."""
+    up = reference.upstream_greedy_codes(root, TEXT, speaker, steps=32)
+    model = _model(root, first_chunk=5, chunk=9, **FULL_CONTEXT)
+    eng = AsyncEngine([model])
+    req = Request(
+        "chattts",
+        text=TEXT,
+        voice=speaker,
+        seed=1,
+        sampling=GREEDY,
+        profile=ExecutionProfile.ROLLOUT,
+    )
+    stream = eng.add_request(req)
+    out = [c async for c in stream]
+    await eng.shutdown()
+    codes = [list(t) for t, _ in stream.trajectories["decode"]]
+    assert len(codes) >= len(up.codes) > 8
+    assert codes[: len(up.codes)] == up.codes.tolist()
+    audio = np.concatenate([c.audio for c in out])
+    wav = reference.upstream_decode_wav(root, up.hiddens)
+    n = min(audio.size, wav.size)
+    assert n >= 512 * len(up.codes) - 256
+    assert np.abs(audio[:n] - wav[:n]).max() <= 1e-4
+
+
+async def test_same_seed_same_codes_and_samples(engine, speaker):  # C1
+    req = Request("chattts", text=TEXT, seed=7, sampling=SamplingParams(max_new_tokens=40))
+    a, b = await run_alone(engine, [req, req])
+    assert a.audio.size > 0 and np.array_equal(a.audio, b.audio)
+    other = await collect(engine, dataclasses.replace(req, seed=8))
+    assert not np.array_equal(a.audio[: other.audio.size], other.audio[: a.audio.size])
+
+
+def _requests(voice=None):
+    return [
+        Request(
+            "chattts",
+            text=t,
+            voice=voice,
+            seed=10 + i,
+            profile=ExecutionProfile.ROLLOUT,
+            sampling=SamplingParams(max_new_tokens=20 + 6 * i),
+        )
+        for i, t in enumerate(TEXTS)
+    ]
+
+
+async def _codes(engine, reqs, together):
+    streams = []
+
+    async def one(r):
+        r = dataclasses.replace(r, request_id=f"{r.request_id}-{together}-{len(streams)}")
+        stream = engine.add_request(r)
+        streams.append(stream)
+        chunks = [c async for c in stream]
+        return [t for t, _ in stream.trajectories["decode"]], np.concatenate(
+            [c.audio for c in chunks]
+        )
+
+    if together:
+        return await asyncio.gather(*(one(r) for r in reqs))
+    return [await one(r) for r in reqs]
+
+
+async def test_interleaved_equals_alone(engine):  # C3 (default batched kernels)
+    reqs = _requests()
+    alone = await _codes(engine, reqs, together=False)
+    engine.batch_sizes.clear()
+    together = await _codes(engine, reqs, together=True)
+    assert max(engine.batch_sizes) >= 3, "the requests should have decoded in one batch"
+    for (codes_a, audio_a), (codes_b, audio_b) in zip(alone, together, strict=True):
+        assert codes_a == codes_b
+        assert np.abs(audio_a - audio_b).max() <= 1e-5
+
+
+async def test_batch_invariant_mode_is_bit_identical(root):
+    eng = AsyncEngine([_model(root, batch_invariant=True)])
+    reqs = _requests()
+    alone = await run_alone(eng, reqs)
+    together = await run_interleaved(eng, reqs)
+    await eng.shutdown()
+    for a, b in zip(alone, together, strict=True):
+        assert np.array_equal(a.audio, b.audio)
+
+
+async def test_rollout_logprobs_recompute(engine, model):  # C2
+    req = Request(
+        "chattts",
+        text=TEXT,
+        seed=5,
+        profile=ExecutionProfile.ROLLOUT,
+        sampling=SamplingParams(max_new_tokens=24),
+    )
+    stream = engine.add_request(req)
+    [c async for c in stream]
+    trajectory = stream.trajectories["decode"]
+    frames = [t for t, _ in trajectory]
+    recorded = torch.tensor([lp for _, lp in trajectory])
+    prompt = _prompt(model, TEXT, None, seed=5)
+    gpt = model.components["gpt"]
+    row = model.loops["decode"].config.make_sampling(req)
+    history = [
+        torch.tensor(frames[max(0, i - 16) : i], dtype=torch.long).reshape(-1, 4).T
+        for i in range(len(frames))
+    ]
+
+    def recompute(logits):
+        return recompute_logprobs(
+            logits, [row] * len(frames), history, list(range(len(frames))), torch.tensor(frames)
+        )
+
+    replayed = gpt.teacher_forced_logits(prompt, frames[:-1], incremental=True)  # [n, 4, V]
+    assert (recompute(replayed) - recorded).abs().max().item() <= 1e-6
+    one_pass = gpt.teacher_forced_logits(prompt, frames[:-1])
+    assert (recompute(one_pass) - recorded).abs().max().item() <= 1e-4
+
+
+async def test_chunked_decode_equals_whole_with_full_context(root):
+    req = Request("chattts", text=TEXT, seed=3, sampling=SamplingParams(max_new_tokens=40))
+    outs = []
+    for opts in (
+        {"first_chunk": 3, "chunk": 7, **FULL_CONTEXT},
+        {"first_chunk": 10_000, **FULL_CONTEXT},
+    ):
+        eng = AsyncEngine([_model(root, **opts)])
+        outs.append(await collect(eng, req))
+        await eng.shutdown()
+    chunked, whole = outs
+    assert len(chunked.chunks) > 3 and len(whole.chunks) == 1
+    assert chunked.audio.size == whole.audio.size
+    assert np.abs(chunked.audio - whole.audio).max() <= 1e-5
+
+
+async def test_aborted_requests_free_every_kv_block(engine, model):
+    gpt = model.components["gpt"]
+    streams = [
+        engine.add_request(
+            Request(
+                "chattts", text=f"{TEXT} {i}", seed=i, sampling=SamplingParams(max_new_tokens=200)
+            )
+        )
+        for i in range(50)
+    ]
+    for i, stream in enumerate(streams):
+        for _ in range(i % 3):
+            await asyncio.sleep(0.01)
+        stream.cancel()
+    await asyncio.sleep(0.2)
+    assert engine.stats()["live_requests"] == 0
+    assert gpt.blocks.num_used_blocks == 0 and not gpt.lengths
+
+
+async def test_kv_pool_exhaustion_preempts_and_recomputes(root):
+    block_bytes = 2 * 2 * 16 * 4 * 16 * 4  # K+V, 2 layers, 16 tokens, 4 heads x 16 dims, fp32
+    model = _model(root, kv_cache_gb=7 * block_bytes / 2**30)  # one request fits, four do not
+    gpt = model.components["gpt"]
+    assert gpt.blocks.num_blocks == 7
+    eng = AsyncEngine([model])
+    reqs = [dataclasses.replace(r, sampling=GREEDY) for r in _requests()]
+    alone = await _codes(eng, reqs, together=False)
+    together = await _codes(eng, reqs, together=True)
+    await eng.shutdown()
+    assert gpt.num_preemptions > 0
+    for (codes_a, _), (codes_b, _) in zip(alone, together, strict=True):
+        assert codes_a == codes_b
+    assert gpt.blocks.num_used_blocks == 0
+
+
+def test_speaker_strings_match_upstream(root, speaker):
+    ours = decode_speaker(speaker, 64)
+    theirs = torch.as_tensor(reference.decode_speaker(speaker)).float()
+    assert torch.equal(ours, theirs)
+    assert decode_speaker(encode_speaker(ours), 64).equal(ours)
+    with pytest.raises(InvalidRequestError) as info:
+        decode_speaker("not a speaker", 64)
+    assert info.value.param == "voice"
+
+
+def test_missing_file_is_named(root, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(root, broken)
+    (broken / "asset" / "Vocos.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="asset/Vocos.safetensors"):
+        build_card(str(broken))
+    with pytest.raises(FileNotFoundError, match="not found"):
+        build_card(str(tmp_path / "nope"))
