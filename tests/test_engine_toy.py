@@ -202,3 +202,61 @@ async def test_engine_stays_responsive_while_computing():
 def test_toy_lm_rejects_wrong_kind():
     with pytest.raises(ValueError):
         ToyLM().execute(WorkUnitKind.AUDIO_CHUNK, [])
+
+
+async def test_components_overlap_but_each_respects_its_concurrency():
+    """Two workers: the lm and the vocoder run side by side, but a component with
+    max_concurrency 1 never runs two batches at once; outputs stay equal to alone."""
+    import dataclasses
+    import threading
+
+    active: dict[str, int] = {"lm": 0, "vocoder": 0}
+    peak = dict(active)
+    overlaps = [0]
+    lock = threading.Lock()
+
+    def tracked(name, component):
+        execute = component.execute
+
+        def run(kind, payloads):
+            with lock:
+                active[name] += 1
+                peak[name] = max(peak[name], active[name])
+                overlaps[0] += sum(active.values()) > active[name]
+            time.sleep(0.003)
+            try:
+                return execute(kind, payloads)
+            finally:
+                with lock:
+                    active[name] -= 1
+
+        component.execute = run
+        return component
+
+    card = build_card(max_batch_size=1)  # batches of one: many batches to overlap
+    model = ModelInstance.load(card)
+    for name in active:
+        tracked(name, model.components[name])
+    eng = AsyncEngine([model])
+    reqs = _requests(4)
+    alone = await run_alone(eng, reqs)
+    together = await run_interleaved(eng, reqs)
+    await eng.shutdown()
+    assert peak == {"lm": 1, "vocoder": 1}
+    assert overlaps[0] > 0, "lm and vocoder batches should have run side by side"
+    for a, b in zip(alone, together, strict=True):
+        assert np.array_equal(a.audio, b.audio)
+
+    card2 = build_card(max_batch_size=1)
+    lm_spec = dataclasses.replace(card2.components[0], max_concurrency=2)
+    card2 = dataclasses.replace(card2, components=(lm_spec, card2.components[1]))
+    model2 = ModelInstance.load(card2)
+    peak.update(lm=0, vocoder=0)
+    for name in active:
+        tracked(name, model2.components[name])
+    eng2 = AsyncEngine([model2])
+    again = await run_interleaved(eng2, reqs)
+    await eng2.shutdown()
+    assert peak["lm"] == 2, "a thread-safe component may run two batches at once"
+    for a, b in zip(alone, again, strict=True):
+        assert np.array_equal(a.audio, b.audio)

@@ -24,12 +24,17 @@ class ComponentSpec:
         build: ``build(device) -> Component``; ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         max_batch_size: most units of one ShapeSignature this component runs in one call.
         description: one line for ``/v1/models`` and logs.
+        max_concurrency: batches of this component that may run at once, on different executor
+            workers; more than 1 only for components whose ``execute`` is thread-safe and keeps
+            no state between calls that another call could change (an ONNX session does; a KV
+            cache does not).
     """
 
     name: str
     build: Callable[[str], Component]
     max_batch_size: int = 8
     description: str = ""
+    max_concurrency: int = 1
 
 
 @dataclass(frozen=True)
@@ -99,10 +104,11 @@ class ModelCard:
             if len(set(names)) != len(names):
                 raise CardValidationError(f"card '{self.card_id}': duplicate {kind} names {names}")
         for comp in self.components:
-            if comp.max_batch_size < 1:
-                raise CardValidationError(
-                    f"card '{self.card_id}': component '{comp.name}' max_batch_size must be >= 1"
-                )
+            for field_name in ("max_batch_size", "max_concurrency"):
+                if getattr(comp, field_name) < 1:
+                    raise CardValidationError(
+                        f"card '{self.card_id}': component '{comp.name}' {field_name} must be >= 1"
+                    )
         for loop in self.loops:
             unknown = [c for c in loop.components if c not in comp_names]
             if unknown:
@@ -142,9 +148,13 @@ class ModelInstance:
         loops = {spec.loop_id: spec.build() for spec in card.loops}
         return cls(card=card, components=components, loops=loops, device=device)
 
-    def max_batch_size(self, component: str) -> int:
-        """The component's max batch size from its spec."""
+    def spec(self, component: str) -> ComponentSpec:
+        """The component's spec. Raises KeyError for an unknown name."""
         for spec in self.card.components:
             if spec.name == component:
-                return spec.max_batch_size
+                return spec
         raise KeyError(component)
+
+    def max_batch_size(self, component: str) -> int:
+        """The component's max batch size from its spec."""
+        return self.spec(component).max_batch_size

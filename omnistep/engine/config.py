@@ -12,10 +12,15 @@ class EngineConfig:
     Attributes:
         max_batch_size: upper bound on units per ``execute`` call, for every component
             (a component's own ``ComponentSpec.max_batch_size`` may be lower).
+        num_workers: batches that may run at once (executor threads). Batches of different
+            components overlap (a GPT step beside a vocoder chunk); a component runs at most
+            ``ComponentSpec.max_concurrency`` batches at once.
     """
 
     max_batch_size: int = 64
+    num_workers: int = 2
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        for name in ("max_batch_size", "num_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

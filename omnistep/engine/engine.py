@@ -141,7 +141,8 @@ class AsyncEngine:
                 if model_id in self._by_id:
                     raise ValueError(f"model id '{model_id}' is claimed by two cards")
                 self._by_id[model_id] = model
-        self._executor = executor or InProcessExecutor()
+        self._executor = executor or InProcessExecutor(self.config.num_workers)
+        self._busy: Counter[tuple[str, str]] = Counter()
         self._scheduler = Scheduler(self._max_batch_size)
         self._runs: dict[str, _RequestRun] = {}
         self._wake = asyncio.Event()
@@ -229,20 +230,44 @@ class AsyncEngine:
         self._wake.set()
 
     async def _step_loop(self) -> None:
-        while True:
-            self._wake.clear()
-            batch = self._scheduler.next_batch()
-            if batch is None:
-                await self._wake.wait()
-                continue
-            await self.step(batch)
+        """Keep up to ``num_workers`` batches running; fold each as it finishes."""
+        running: set[asyncio.Task] = set()
+        try:
+            while True:
+                self._wake.clear()
+                while len(running) < self.config.num_workers:
+                    batch = self._scheduler.next_batch(self._can_run)
+                    if batch is None:
+                        break
+                    self._busy[(batch.model_id, batch.component)] += 1
+                    running.add(asyncio.create_task(self.step(batch)))
+                waiter = asyncio.ensure_future(self._wake.wait())
+                done, _ = await asyncio.wait(
+                    {*running, waiter}, return_when=asyncio.FIRST_COMPLETED
+                )
+                waiter.cancel()
+                running -= done
+                for task in done - {waiter}:
+                    if not task.cancelled() and task.exception() is not None:
+                        log.error("engine step failed", exc_info=task.exception())
+        finally:
+            for task in running:
+                task.cancel()
+
+    def _can_run(self, model_id: str, component: str) -> bool:
+        spec = self.models[model_id].spec(component)
+        return self._busy[(model_id, component)] < spec.max_concurrency
 
     async def step(self, batch: Batch) -> None:
         """Execute one batch and fold its outputs back into the loops."""
         model = self.models[batch.model_id]
-        outcomes = await self._executor.run(
-            model.components[batch.component], batch.kind, batch.payloads
-        )
+        try:
+            outcomes = await self._executor.run(
+                model.components[batch.component], batch.kind, batch.payloads
+            )
+        finally:
+            self._busy[(batch.model_id, batch.component)] -= 1
+            self._wake.set()
         self.units_by_kind[batch.kind.value] += len(batch.entries)
         self.batch_sizes[len(batch.entries)] += 1
         for live, outcome in zip(batch.entries, outcomes, strict=True):

@@ -1,6 +1,7 @@
 """Executors run batches off the event loop so the server stays responsive while models compute.
 
-The in-process executor runs every batch on one worker thread, in order. A batch that raises is
+The in-process executor runs batches on a small pool of worker threads (the engine decides
+which batches may overlap). A batch that raises is
 retried unit by unit so that only the request whose unit fails gets the exception.
 """
 
@@ -41,10 +42,10 @@ def execute_isolated(
 
 
 class InProcessExecutor:
-    """Runs batches on a single worker thread of this process."""
+    """Runs batches on ``num_workers`` worker threads of this process."""
 
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnistep-exec")
+    def __init__(self, num_workers: int = 1) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="omnistep-exec")
 
     async def run(
         self, component: Component, kind: WorkUnitKind, payloads: Sequence[Any]

@@ -101,13 +101,24 @@ class Scheduler:
         live.queued = False
         self.num_queued -= 1
 
-    def next_batch(self) -> Batch | None:
-        """The next batch to run, or None when nothing is ready. Marks its entries in flight."""
-        while self._heap:
-            _, head = heapq.heappop(self._heap)
-            if head.queued:
-                return self._take_group(head)
-        return None
+    def next_batch(self, can_run: Callable[[str, str], bool] | None = None) -> Batch | None:
+        """The next batch to run, or None when nothing runnable is ready. Marks its entries in
+        flight. ``can_run(model_id, component)`` False skips groups of a busy component (their
+        plans keep their place)."""
+        skipped: list[tuple[int, LiveLoop]] = []
+        batch = None
+        while self._heap and batch is None:
+            item = heapq.heappop(self._heap)
+            head = item[1]
+            if not head.queued:
+                continue
+            if can_run is not None and not can_run(head.model_id, head.group_key[1]):
+                skipped.append(item)
+                continue
+            batch = self._take_group(head)
+        for item in skipped:
+            heapq.heappush(self._heap, item)
+        return batch
 
     def _take_group(self, head: LiveLoop) -> Batch:
         key = head.group_key

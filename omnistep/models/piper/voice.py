@@ -421,6 +421,9 @@ def _load_session(
     durations = expose_durations(model)
     options = ort.SessionOptions()
     options.use_deterministic_compute = True
+    # Idle workers must not spin: the engine may run two sessions' calls at once on few cores
+    # (measured here: spinning off cut CPU per audio second from 0.185 to 0.148).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
     session = ort.InferenceSession(
