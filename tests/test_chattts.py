@@ -269,3 +269,37 @@ def test_missing_file_is_named(root, tmp_path):
         build_card(str(broken))
     with pytest.raises(FileNotFoundError, match="not found"):
         build_card(str(tmp_path / "nope"))
+
+
+def test_server_streams_chattts_and_takes_sampling_fields(root, speaker):
+    import httpx
+
+    from tests.serving import running_server
+
+    with running_server("--model", f"chattts={root}", "--kv-cache-gb", "0.02") as base:
+        body = {
+            "model": "chattts",
+            "input": TEXT,
+            "voice": speaker,
+            "seed": 4,
+            "response_format": "pcm",
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 30,
+            "repetition_penalty": 1.1,
+            "max_new_tokens": 30,
+        }
+        url = base + "/v1/audio/speech"
+        full = httpx.post(url, json={**body, "stream": False}, timeout=120)
+        assert full.status_code == 200, full.text
+        with httpx.stream("POST", url, json=body, timeout=120) as r:
+            pieces = list(r.iter_raw())
+        assert len(pieces) > 1 and b"".join(pieces) == full.content
+        assert 0 < len(full.content) <= 2 * 30 * 512  # 24 kHz s16le, at most 30 tokens
+        hotter = httpx.post(url, json={**body, "temperature": 1.5, "stream": False}, timeout=120)
+        assert hotter.status_code == 200 and hotter.content != full.content
+        bad = httpx.post(url, json={**body, "voice": "not-a-speaker"}, timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice"
+        bad = httpx.post(url, json={**body, "top_p": 0}, timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_p"
+        assert httpx.get(base + "/health").json()["live_requests"] == 0
