@@ -303,3 +303,39 @@ def test_server_streams_chattts_and_takes_sampling_fields(root, speaker):
         bad = httpx.post(url, json={**body, "top_p": 0}, timeout=30)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_p"
         assert httpx.get(base + "/health").json()["live_requests"] == 0
+
+
+def test_refine_text_logits_match_upstream(model, root):
+    gpt = model.components["gpt"]
+    tok = model.card.program.nodes[0].fn.tokenizer
+    from omnistep.models.chattts.gpt import ChatTTSPromptInput
+
+    ids = tok.refine_prompt(TEXT)
+    ours = gpt.teacher_forced_logits(ChatTTSPromptInput(tuple(ids), text_mode=True))[0, 0]
+    chat = reference.load_upstream_chat(root)
+    decorated = chat.speaker.decorate_text_prompts([TEXT], "")
+    input_ids, _, text_mask = chat.tokenizer.encode(decorated, 4)
+    assert input_ids[0, :, 0].tolist() == ids
+    with torch.no_grad():
+        emb = chat.embed(input_ids, text_mask)
+        hidden = chat.gpt.gpt(inputs_embeds=emb).last_hidden_state[0, -1]
+        theirs = chat.gpt.head_text(hidden)
+    assert ours.shape == theirs.shape
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+async def test_refine_stage_runs_before_the_code_stage(root):
+    eng = AsyncEngine([_model(root, refine_text=True)])
+    req = Request(
+        "chattts",
+        text=TEXT,
+        seed=2,
+        profile=ExecutionProfile.ROLLOUT,
+        sampling=SamplingParams(max_new_tokens=20),
+    )
+    stream = eng.add_request(req)
+    chunks = [c async for c in stream]
+    await eng.shutdown()
+    refined = stream.trajectories["refine"]
+    assert refined and all(len(tokens) == 1 for tokens, _ in refined)
+    assert stream.trajectories["decode"] and sum(c.audio.size for c in chunks) > 0

@@ -124,6 +124,8 @@ class ARDecodeConfig:
         stream_hidden: put hidden states rather than token frames on the stream.
         penalty_window: generated frames passed as ``history``.
         seed_offset: added to the request seed, so chained AR loops draw different numbers.
+        shape_tag: ShapeSignature tag of the loop's units, so loops on one component that must
+            not share a forward (e.g. text vs code steps) batch apart.
     """
 
     loop_id: str
@@ -136,6 +138,7 @@ class ARDecodeConfig:
     stream_hidden: bool = False
     penalty_window: int = 16
     seed_offset: int = 0
+    shape_tag: str = ""
 
 
 @dataclass
@@ -207,7 +210,8 @@ class ARDecodeLoop:
             )
             kind, label = WorkUnitKind.AR_TOKEN, f"{self.loop_id}.step{state.step}"
             resources = ResourceRequest(num_tokens=1)
-        return WorkPlan(kind, self.config.component, ShapeSignature(kind), unit, resources, label)
+        shape = ShapeSignature(kind, tag=self.config.shape_tag)
+        return WorkPlan(kind, self.config.component, shape, unit, resources, label)
 
     def advance(self, state: ARDecodeState, result: StepResult) -> ARDecodeState:
         out: ARStepOutput = result.output

@@ -85,7 +85,9 @@ class ChatTTSOptions:
         max_new_tokens: cap on generated frames (upstream: 2048).
         first_chunk, chunk: vocoder chunk sizes in frames (tokens); 1 token = 512 samples.
         left_context, lookahead: vocoder context in frames on each side of a chunk.
-        trim_threshold: edge samples with ``|x| <=`` this are trimmed.
+        trim_threshold: edge samples with ``|x| <=`` this are trimmed; None keeps every sample.
+        refine_text: run upstream's refine-text stage (adds prosody tokens such as
+            ``[uv_break]``) before the code stage; off by default.
         dtype: backbone and KV cache dtype.
     """
 
@@ -98,8 +100,20 @@ class ChatTTSOptions:
     chunk: int = 48
     left_context: int = 52
     lookahead: int = 12
-    trim_threshold: float = 1e-4
+    trim_threshold: float | None = 1e-4
+    refine_text: bool = False
     dtype: torch.dtype = torch.float32
+
+
+REFINE_SAMPLING = {"temperature": 0.7, "top_p": 0.7, "top_k": 20, "repetition_penalty": 1.0}
+"""Upstream ``RefineTextParams`` defaults; the request's sampling fields apply to the code stage."""
+REFINE_MAX_NEW_TOKENS = 384
+
+
+def make_refine_sampling(eos_token_id: int):
+    """``Request -> SamplingRow`` for the refine-text stage (fixed upstream defaults)."""
+    row = SamplingRow(**REFINE_SAMPLING, penalty_window=16, eos_token_id=eos_token_id, min_keep=3)
+    return lambda req: row
 
 
 def make_sampling(eos_token_id: int):
@@ -181,11 +195,22 @@ class _Frontend:
     def __call__(self, ctx: ProgramContext) -> None:
         req = ctx.request
         spk = self.speaker(req.voice, int(req.seed or 0))
-        prompt = self.tokenizer.code_prompt(req.text, req.speed, with_speaker=spk is not None)
+        text = req.text
+        if "refined" in ctx.slots:
+            text = self.tokenizer.refined_text([frame[0] for frame in ctx.slots["refined"]])
+        prompt = self.tokenizer.code_prompt(text, req.speed, with_speaker=spk is not None)
         ctx.slots["prompt"] = ChatTTSPromptInput(
             prompt.input_ids, prompt.spk_positions, None if spk is None else normalize_speaker(spk)
         )
         ctx.usage["input_tokens"] = len(prompt.input_ids)
+
+
+def _refine_frontend(tokenizer: ChatTTSTokenizer):
+    def refine_fn(ctx: ProgramContext) -> None:
+        ids = tokenizer.refine_prompt(ctx.request.text)
+        ctx.slots["refine_prompt"] = ChatTTSPromptInput(tuple(ids), text_mode=True)
+
+    return refine_fn
 
 
 def _usage(ctx: ProgramContext) -> None:
@@ -257,10 +282,35 @@ def build_card(
         lookahead=opts.lookahead,
         trim_threshold=opts.trim_threshold,
     )
+    refine = ARDecodeConfig(
+        loop_id="refine",
+        component="gpt",
+        prompt_slot="refine_prompt",
+        make_sampling=make_refine_sampling(tokenizer.refine_eos_id),
+        max_new_tokens=REFINE_MAX_NEW_TOKENS,
+        eos_token_id=tokenizer.refine_eos_id,
+        seed_offset=1,
+        shape_tag="text",
+    )
+    refine_nodes = (
+        (
+            KernelNode(
+                "refine_frontend",
+                _refine_frontend(tokenizer),
+                needs=("request",),
+                binds=("refine_prompt",),
+            ),
+            LoopNode("refine", "refine", needs=("refine_prompt",), binds="refined"),
+        )
+        if opts.refine_text
+        else ()
+    )
+    frontend_needs = ("request", "refined") if opts.refine_text else ("request",)
     program = Program(
         inputs=("request",),
         nodes=(
-            KernelNode("frontend", frontend, needs=("request",), binds=("prompt",)),
+            *refine_nodes,
+            KernelNode("frontend", frontend, needs=frontend_needs, binds=("prompt",)),
             LoopNode(
                 "decode", "decode", needs=("prompt",), binds="codes", streams=("hidden_stream",)
             ),
@@ -282,6 +332,13 @@ def build_card(
                 (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
                 ("gpt",),
                 lambda: ARDecodeLoop(decode),
+            ),
+            LoopSpec(
+                "refine",
+                LoopKind.AR_DECODE,
+                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
+                ("gpt",),
+                lambda: ARDecodeLoop(refine),
             ),
             LoopSpec(
                 "vocode",

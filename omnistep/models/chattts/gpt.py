@@ -85,11 +85,16 @@ class GPTConfig:
 @dataclass(frozen=True, slots=True)
 class ChatTTSPromptInput:
     """The prompt of one request: text ids, the ``[spk_emb]`` positions and the speaker vector
-    (``[hidden]`` float32, already L2-normalised; None when the prompt has no speaker)."""
+    (``[hidden]`` float32, already L2-normalised; None when the prompt has no speaker).
+
+    ``text_mode`` runs the refine-text stage: frames are single text ids, embedded with
+    ``emb_text`` and scored by ``head_text`` (upstream ``generate(infer_text=True)``).
+    """
 
     input_ids: tuple[int, ...]
-    spk_positions: tuple[int, ...]
-    speaker: torch.Tensor | None
+    spk_positions: tuple[int, ...] = ()
+    speaker: torch.Tensor | None = None
+    text_mode: bool = False
 
 
 def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -132,6 +137,9 @@ class ChatTTSGPT:
         self.head_code = torch.zeros(
             config.num_vq, config.num_audio_tokens, h, device=self.device, dtype=dtype
         )
+        # [1, num_text_tokens, hidden]: the refine stage's head, shaped like one codebook
+        self.head_text = torch.zeros(1, config.num_text_tokens, h, device=self.device, dtype=dtype)
+        self.text_mode: dict[str, bool] = {}
         head_dim = h // config.num_attention_heads
         self.cache = PagedKVCache(
             config.num_hidden_layers,
@@ -171,12 +179,18 @@ class ChatTTSGPT:
                 embed_state[f"{prefix}.original1"].float(),
             )
             self.head_code[j].copy_(w.to(self.dtype))
+        prefix = "head_text.parametrizations.weight"
+        w = fold_weight_norm(
+            embed_state[f"{prefix}.original0"].float(), embed_state[f"{prefix}.original1"].float()
+        )
+        self.head_text[0].copy_(w.to(self.dtype))
 
     # ---------------------------------------------------------------- Component API
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks (idempotent)."""
         self.blocks.free(seq_id)
         self.lengths.pop(seq_id, None)
+        self.text_mode.pop(seq_id, None)
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: Sequence) -> list[ARStepOutput]:
@@ -221,13 +235,15 @@ class ChatTTSGPT:
             for frame in frames if incremental else []:
                 self.lengths[seq_id] += 1
                 self.blocks.allocate(seq_id, self.lengths[seq_id])
-                embeds = self._code_embeds(torch.tensor([frame], device=self.device))
+                embeds = self._frame_embeds(
+                    torch.tensor([frame], device=self.device), prompt.text_mode
+                )
                 position = torch.tensor([self.lengths[seq_id] - 1], device=self.device)
                 rows.append(self._forward(embeds, position, [seq_id], [1]))
         finally:
             self.free_sequence(seq_id)
         # heads per forward, as generation applies them (the GEMM shape changes the last bits)
-        return torch.cat([self._logits(r) for r in rows]).float()
+        return torch.cat([self._logits(r, prompt.text_mode) for r in rows]).float()
 
     # ---------------------------------------------------------------- prefill / decode
     def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
@@ -245,6 +261,7 @@ class ChatTTSGPT:
                 continue
             self.blocks.allocate(unit.seq_id, num_tokens)
             self.lengths[unit.seq_id] = num_tokens
+            self.text_mode[unit.seq_id] = unit.prompt.text_mode
             run.append(i)
         if run:
             embeds = torch.cat([self._prompt_embeds(units[i]) for i in run])
@@ -263,7 +280,8 @@ class ChatTTSGPT:
         results: list[ARStepOutput] = [ARStepOutput(preempted=True)] * len(units)
         if keep:
             last = torch.tensor([units[i].last for i in keep], device=self.device)
-            embeds = self._code_embeds(last)  # [B, hidden]
+            # one mode per batch: the loops' ShapeSignatures keep text and code units apart
+            embeds = self._frame_embeds(last, self.text_mode[units[keep[0]].seq_id])  # [B, hidden]
             positions = torch.tensor(
                 [self.lengths[units[i].seq_id] - 1 for i in keep], device=self.device
             )
@@ -311,19 +329,21 @@ class ChatTTSGPT:
         )
         return self.llama(embeds.to(self.dtype), positions, self.cache, meta)
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Code logits ``[B, num_vq, num_audio_tokens]`` from hidden states ``[B, hidden]``."""
+    def _logits(self, hidden: torch.Tensor, text_mode: bool = False) -> torch.Tensor:
+        """Logits from hidden states ``[B, hidden]``: code ``[B, num_vq, num_audio_tokens]``,
+        or text ``[B, 1, num_text_tokens]``."""
+        weight = self.head_text if text_mode else self.head_code
 
         def heads(h: torch.Tensor) -> torch.Tensor:
-            return torch.einsum("bh,jvh->bjv", h, self.head_code)
+            return torch.einsum("bh,jvh->bjv", h, weight)
 
         h = hidden.to(self.dtype)
         return map_row_chunks(heads, h) if self.batch_invariant else heads(h)
 
     def _sample(self, hidden: torch.Tensor, units: Sequence) -> list[ARStepOutput]:
         """Sample every row of ``hidden`` ``[B, hidden]`` with its unit's settings."""
-        logits = self._logits(hidden)
-        history = [self._history(u.history) for u in units]
+        logits = self._logits(hidden, self.text_mode[units[0].seq_id])
+        history = [self._history(u.history, logits.shape[1]) for u in units]
         num_generated = [
             len(u.generated) if isinstance(u, ARPrefillInput) else u.num_generated for u in units
         ]
@@ -336,11 +356,15 @@ class ChatTTSGPT:
             for b, (t, lp) in enumerate(zip(tokens, logprobs, strict=True))
         ]
 
-    def _history(self, frames: tuple[tuple[int, ...], ...]) -> torch.Tensor:
-        """``[num_vq, T]`` long tensor of recent frames."""
+    def _history(self, frames: tuple[tuple[int, ...], ...], width: int) -> torch.Tensor:
+        """``[width, T]`` long tensor of recent frames (width: ids per frame)."""
         if not frames:
-            return torch.zeros(self.config.num_vq, 0, dtype=torch.long, device=self.device)
+            return torch.zeros(width, 0, dtype=torch.long, device=self.device)
         return torch.tensor(frames, dtype=torch.long, device=self.device).T
+
+    def _frame_embeds(self, frames: torch.Tensor, text_mode: bool) -> torch.Tensor:
+        """Embeddings ``[T, hidden]`` of generated frames ``[T, width]``."""
+        return self.emb_text(frames[:, 0]) if text_mode else self._code_embeds(frames)
 
     def _code_embeds(self, frames: torch.Tensor) -> torch.Tensor:
         """``sum_j emb_code[j](frames[:, j])``: frames ``[T, num_vq]`` -> ``[T, hidden]``."""
@@ -354,5 +378,5 @@ class ChatTTSGPT:
             emb[list(prompt.spk_positions)] = prompt.speaker.to(self.device, emb.dtype)
         if unit.generated:
             frames = torch.tensor(unit.generated, device=self.device)
-            emb = torch.cat([emb, self._code_embeds(frames)])
+            emb = torch.cat([emb, self._frame_embeds(frames, prompt.text_mode)])
         return emb

@@ -50,7 +50,16 @@ class ChatTTSTokenizer:
         ValueError: the tokenizer lacks a special token ChatTTS needs.
     """
 
-    SPECIAL = ("[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]", "[Sbreak]", "[Pbreak]")
+    SPECIAL = (
+        "[Stts]",
+        "[Ptts]",
+        "[spk_emb]",
+        "[empty_spk]",
+        "[Sbreak]",
+        "[Pbreak]",
+        "[Ebreak]",
+        "[break_0]",
+    )
 
     def __init__(self, tokenizer_dir: str | Path):
         from transformers import BertTokenizerFast
@@ -65,6 +74,8 @@ class ChatTTSTokenizer:
         if unknown:
             raise ValueError(f"tokenizer in {path} lacks special tokens {unknown}")
         self.spk_emb_id = ids["[spk_emb]"]
+        self.refine_eos_id = ids["[Ebreak]"]
+        self.break_0_id = ids["[break_0]"]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no [CLS]/[SEP])."""
@@ -88,9 +99,19 @@ class ChatTTSTokenizer:
         return CodePrompt(tuple(ids), tuple(i for i, t in enumerate(ids) if t == self.spk_emb_id))
 
     def refine_prompt(self, text: str) -> list[int]:
-        """Ids of the refine-text prompt ``[Sbreak]{text}[Pbreak]``."""
-        return self.encode(f"[Sbreak]{text}[Pbreak]")
+        """Ids of the refine-text prompt ``[Sbreak]{text}[Pbreak]``.
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of ``ids`` (refine-text output)."""
-        return self._tok.decode(ids, skip_special_tokens=False)
+        Raises:
+            InvalidRequestError: (param ``input``) empty text.
+        """
+        if not text.strip():
+            raise InvalidRequestError(
+                "input must contain text to speak", param="input", code="empty_input"
+            )
+        return self.encode(f"[Sbreak]{text.strip()}[Pbreak]")
+
+    def refined_text(self, ids: list[int]) -> str:
+        """The text of a refine-stage output: ids from ``[break_0]`` on (the ``[break_N]`` /
+        ``[laugh_N]`` / ``[oral_N]`` / ``[speed_N]`` controls) are dropped, as upstream ``_infer``
+        does, and the rest decoded (``[uv_break]``, ``[laugh]`` stay as text)."""
+        return self._tok.decode([i for i in ids if i < self.break_0_id], skip_special_tokens=False)
