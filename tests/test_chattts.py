@@ -99,6 +99,14 @@ async def test_greedy_codes_and_waveform_match_upstream(root, speaker):
     codes = [list(t) for t, _ in stream.trajectories["decode"]]
     assert len(codes) >= len(up.codes) > 8
     assert codes[: len(up.codes)] == up.codes.tolist()
+    # the logits of every decode step, replayed through our decode path, equal upstream's
+    prompt = _prompt(model, TEXT, speaker)
+    steps = up.logits.shape[0]
+    ours = model.components["gpt"].teacher_forced_logits(
+        prompt, [tuple(c) for c in up.codes.tolist()][: steps - 1], incremental=True
+    )
+    assert ours.shape == up.logits.shape
+    assert (ours - up.logits).abs().max().item() <= 1e-4
     audio = np.concatenate([c.audio for c in out])
     wav = reference.upstream_decode_wav(root, up.hiddens)
     n = min(audio.size, wav.size)
