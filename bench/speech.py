@@ -70,9 +70,7 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -81,6 +79,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from omnistep.server.launcher import launch_server
 
 PARAGRAPH = (
     "The old lighthouse keeper climbed the narrow stairs every evening, checking the lamp and "
@@ -126,46 +126,11 @@ def process_cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running_server(timeout: float = 180.0) -> Iterator[tuple[str, int]]:
     """Run ``omnistep serve`` on a free loopback port; yields (base URL, pid); stops it after."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "omnistep.cli", "serve", "--port", str(port)]
-    cmd += ["--log-level", "warning"]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{proc.stdout.read()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("server did not become healthy")
-            time.sleep(0.2)
-        yield base, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with launch_server(timeout=timeout) as server:
+        yield server.url, server.pid
 
 
 # --------------------------------------------------------------------------- omnistep (HTTP)

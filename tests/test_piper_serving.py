@@ -11,9 +11,9 @@ import pytest
 import soundfile as sf
 from openai import OpenAI
 
-from omnistep.core import InvalidRequestError, ModelInstance, Request
+from omnistep.core import OPENAI_VOICES, InvalidRequestError, ModelInstance, Request
 from omnistep.engine import AsyncEngine
-from omnistep.models.piper.card import OPENAI_VOICES, build_card
+from omnistep.models.piper.card import build_card
 from omnistep.parity import collect, run_alone, run_interleaved
 from tests.serving import running_server
 
@@ -85,6 +85,9 @@ async def test_unknown_voice_and_unspeakable_input(engine):
     assert info.value.param == "voice"
     with pytest.raises(InvalidRequestError) as info:
         engine.add_request(Request("piper", text="... ?"))
+    assert info.value.param == "input"
+    with pytest.raises(InvalidRequestError) as info:  # espeak refuses NUL
+        engine.add_request(Request("piper", text="a\x00b"))
     assert info.value.param == "input"
 
 

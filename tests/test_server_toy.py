@@ -108,6 +108,10 @@ def test_same_seed_same_bytes_and_seed_header(base):
         ({"seed": "abc"}, 400, "seed"),
         ({"stream_format": "chunks"}, 400, "stream_format"),
         ({"input": "   "}, 400, "input"),
+        ({"input": "a\u0000b"}, 400, "input"),
+        ({"input": "bell \u0007 escape \u001b"}, 400, "input"),
+        ({"voice": 5}, 400, "voice"),
+        ({"voice": {"name": "alloy"}}, 400, "voice"),
     ],
 )
 def test_bad_requests_get_openai_errors(base, body, status, param):
@@ -117,6 +121,21 @@ def test_bad_requests_get_openai_errors(base, body, status, param):
     assert error["param"] == param
     assert error["message"] and error["type"] == "invalid_request_error"
     assert httpx.get(base + "/health").json()["status"] == "ok"
+
+
+def test_errors_keep_the_connection_usable(base):
+    with httpx.Client(base_url=base, timeout=60) as client:
+        bad = client.post(
+            SPEECH,
+            content=b'{"model": "toy", "input": ',
+            headers={"content-type": "application/json"},
+        )
+        assert bad.status_code == 400 and bad.json()["error"]["param"] is None
+        assert "not valid JSON" in bad.json()["error"]["message"]
+        voice = client.post(SPEECH, json={"model": "toy", "input": "hi", "voice": {"id": ""}})
+        assert "constrained" not in voice.json()["error"]["message"]
+        ok = client.post(SPEECH, json={"model": "toy", "input": "hi", "seed": 1})
+        assert ok.status_code == 200
 
 
 def test_missing_field_and_non_json_body(base):

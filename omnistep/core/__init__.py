@@ -17,7 +17,15 @@ from omnistep.core.contracts import (
     StreamChunk,
     WorkPlan,
 )
-from omnistep.core.enums import Capability, ExecutionProfile, LoopKind, Modality, WorkUnitKind
+from omnistep.core.enums import (
+    OPENAI_TTS_MODELS,
+    OPENAI_VOICES,
+    Capability,
+    ExecutionProfile,
+    LoopKind,
+    Modality,
+    WorkUnitKind,
+)
 from omnistep.core.errors import (
     CardValidationError,
     InvalidRequestError,
@@ -30,6 +38,8 @@ from omnistep.core.program import Channel, KernelNode, LoopNode, Program, Progra
 from omnistep.core.request import Request, SamplingParams
 
 __all__ = [
+    "OPENAI_TTS_MODELS",
+    "OPENAI_VOICES",
     "Capability",
     "CardValidationError",
     "Channel",

@@ -46,3 +46,24 @@ class Modality(StrEnum):
 
     AUDIO = "audio"
     TEXT = "text"
+
+
+OPENAI_VOICES: tuple[str, ...] = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
+"""The voice names of OpenAI's speech API; cards accept them so OpenAI clients work unchanged."""
+
+OPENAI_TTS_MODELS: tuple[str, ...] = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+"""OpenAI's speech model ids, which the default voice answers to as aliases."""

@@ -39,14 +39,38 @@ def from_exception(exc: Exception) -> JSONResponse:
     return error_response(500, "internal server error", type_="server_error")
 
 
+_FIELD_NAMES = frozenset(
+    {
+        "model",
+        "input",
+        "voice",
+        "id",
+        "instructions",
+        "response_format",
+        "speed",
+        "stream_format",
+        "stream",
+        "seed",
+        "temperature",
+        "top_p",
+        "top_k",
+        "repetition_penalty",
+        "max_new_tokens",
+    }
+)
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request body", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
-    where = ".".join(loc) or "body"
+    if first.get("type") == "json_invalid":
+        return f"The request body is not valid JSON: {first.get('msg', 'decode error')}", None
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    param = str(loc[0]) if loc else None
+    # keep field names and list indices; drop pydantic's union-member labels ("constrained-str")
+    where = ".".join(str(p) for p in loc if isinstance(p, int) or p in _FIELD_NAMES) or "body"
     return f"Invalid value for '{where}': {first.get('msg', 'invalid')}", param
 
 
@@ -69,6 +93,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
         return from_exception(exc)
 
-    @app.exception_handler(Exception)
-    async def _any(_: Request, exc: Exception) -> JSONResponse:
-        return from_exception(exc)
+    @app.middleware("http")
+    async def _unhandled(request: Request, call_next):  # noqa: ANN001, ANN202
+        # An exception handler for Exception answers but lets the error reach the ASGI server,
+        # which then drops the keep-alive connection; answering here keeps it open.
+        try:
+            return await call_next(request)
+        except Exception as exc:  # noqa: BLE001 - every error becomes OpenAI's error JSON
+            return from_exception(exc)

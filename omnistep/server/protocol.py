@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from omnistep.audio import FORMATS
 from omnistep.core import Request, SamplingParams
@@ -12,6 +12,10 @@ from omnistep.core.request import MAX_SEED
 
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 assert set(ResponseFormat.__args__) == set(FORMATS)  # type: ignore[attr-defined]
+
+
+_CONTROL = frozenset(chr(c) for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+"""C0 controls and DEL, but tab, newline and carriage return (NUL would crash the phonemizer)."""
 
 
 class VoiceRef(BaseModel):
@@ -45,6 +49,14 @@ class SpeechRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0, le=10000)
     repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
     max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
+
+    @field_validator("input")
+    @classmethod
+    def _no_control_characters(cls, value: str) -> str:
+        bad = sorted({f"U+{ord(c):04X}" for c in value if c in _CONTROL})
+        if bad:
+            raise ValueError(f"input contains control characters {', '.join(bad[:5])}")
+        return value
 
     def voice_name(self) -> str | None:
         """The voice as a plain name."""

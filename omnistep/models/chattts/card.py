@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from omnistep.core import (
+    OPENAI_VOICES,
     Capability,
     ComponentSpec,
     InvalidRequestError,
@@ -55,21 +56,6 @@ from omnistep.sampling import SamplingRow
 
 CARD_ID = "chattts"
 SAMPLE_RATE = 24000
-OPENAI_VOICES = (
-    "alloy",
-    "ash",
-    "ballad",
-    "coral",
-    "echo",
-    "fable",
-    "onyx",
-    "nova",
-    "sage",
-    "shimmer",
-    "verse",
-    "marin",
-    "cedar",
-)
 SPEAKER_SEED_BASE = 1000
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnistep.core import (
+    OPENAI_TTS_MODELS,
+    OPENAI_VOICES,
     Capability,
     ComponentSpec,
     Done,
@@ -51,22 +53,6 @@ from omnistep.models.piper.frontend import PiperFrontend, Sentence
 from omnistep.models.piper.voice import PiperUnit, PiperVoiceComponent, default_voice_paths
 
 CARD_ID = "piper"
-OPENAI_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-OPENAI_VOICES = (
-    "alloy",
-    "ash",
-    "ballad",
-    "coral",
-    "echo",
-    "fable",
-    "onyx",
-    "nova",
-    "sage",
-    "shimmer",
-    "verse",
-    "marin",
-    "cedar",
-)
 SPEAKER = "joe"
 
 
@@ -216,7 +202,7 @@ def build_card(path: str | None = None, *, batched: bool = False) -> ModelCard:
         program=program,
         capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
         sample_rate=frontend.config.sample_rate,
-        aliases=OPENAI_ALIASES,
+        aliases=OPENAI_TTS_MODELS,
         voices=voices,
         default_voice=SPEAKER,
         parity=frozenset({"C0", "C1", "C3", "stream"}),

@@ -96,7 +96,13 @@ class PiperFrontend:
             InvalidRequestError: (``param="input"``) nothing speakable: the text is empty after
                 phonemization, e.g. only whitespace or punctuation.
         """
-        groups = [p for p in self._phonemizer.phonemize(text) if _is_speakable(p)]
+        try:
+            phonemized = self._phonemizer.phonemize(text)
+        except ValueError as exc:  # espeak rejects e.g. embedded NUL characters
+            raise InvalidRequestError(
+                f"The input cannot be phonemized: {exc}", param="input", code="invalid_input"
+            ) from None
+        groups = [p for p in phonemized if _is_speakable(p)]
         pieces = [piece for p in groups for piece in split_long(p, self.max_phonemes)]
         if not pieces:
             raise InvalidRequestError(
