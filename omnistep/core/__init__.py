@@ -35,13 +35,14 @@ from omnistep.core.errors import (
     RequestFailedError,
 )
 from omnistep.core.program import Channel, KernelNode, LoopNode, Program, ProgramContext
-from omnistep.core.request import Request, SamplingParams
+from omnistep.core.request import ChatMessage, Request, SamplingParams
 
 __all__ = [
     "OPENAI_TTS_MODELS",
     "OPENAI_VOICES",
     "Capability",
     "CardValidationError",
+    "ChatMessage",
     "Channel",
     "Component",
     "ComponentSpec",

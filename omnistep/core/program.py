@@ -96,6 +96,9 @@ class LoopNode:
     ``streams`` names slots the engine binds to fresh ``Channel``s when the loop starts and
     closes when it finishes: the loop puts items on them as it goes, and nodes that need them
     start at once (stage overlap).
+
+    ``when(request)`` False skips the node: its slot binds to None and its streams to closed,
+    empty Channels (e.g. a talker and vocoder when a chat asks for text only).
     """
 
     name: str
@@ -103,6 +106,7 @@ class LoopNode:
     needs: tuple[str, ...] = ()
     binds: str | None = None
     streams: tuple[str, ...] = ()
+    when: Callable[[Request], bool] | None = None
 
 
 Node = KernelNode | LoopNode

@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from omnistep.core.enums import ExecutionProfile
+from omnistep.core.enums import ExecutionProfile, Modality
 from omnistep.core.errors import InvalidRequestError
 
 MAX_SEED = 2**63 - 1
@@ -64,6 +64,14 @@ def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex}"
 
 
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One chat message: ``role`` (system, user, assistant) and its text ``content``."""
+
+    role: str
+    content: str
+
+
 @dataclass(slots=True)
 class Request:
     """One generation request.
@@ -76,6 +84,9 @@ class Request:
         seed: seeds the request's own random generator; None draws one (reported back).
         sampling: sampling settings.
         profile: SERVE, or ROLLOUT to record trajectories.
+        messages: the conversation, for chat cards (they render it with their template).
+        output_modalities: what the caller wants streamed: AUDIO for speech, TEXT and/or AUDIO
+            for chat; program nodes that produce only unwanted outputs are skipped.
         request_id: unique id; generated when not given.
         arrival_time: ``time.monotonic()`` at creation, in seconds.
     """
@@ -87,6 +98,8 @@ class Request:
     seed: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     profile: ExecutionProfile = ExecutionProfile.SERVE
+    messages: tuple[ChatMessage, ...] = ()
+    output_modalities: frozenset[Modality] = frozenset({Modality.AUDIO})
     request_id: str = field(default_factory=new_request_id)
     arrival_time: float = field(default_factory=time.monotonic)
 

@@ -313,9 +313,16 @@ class AsyncEngine:
         self._check_progress(run)
 
     def _start_loop(self, run: _RequestRun, node: LoopNode) -> None:
-        loop = run.model.loops[node.loop_id]
         for slot in node.streams:
             run.ctx.slots[slot] = Channel()
+        if node.when is not None and not node.when(run.ctx.request):
+            for slot in node.streams:
+                run.ctx.slots[slot].close()
+            if node.binds:
+                run.ctx.slots[node.binds] = None
+            run.done.add(node.name)
+            return
+        loop = run.model.loops[node.loop_id]
         state = loop.init(run.ctx.request, run.model, run.ctx)
         live = LiveLoop(run.ctx.request.request_id, run.model.card.card_id, node, loop, state)
         run.live[node.name] = live

@@ -12,7 +12,7 @@ from fastapi import Request as HttpRequest
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
-from omnistep.server import speech
+from omnistep.server import chat, speech
 from omnistep.server.errors import install_error_handlers
 
 
@@ -46,6 +46,7 @@ def build_app(engine: AsyncEngine) -> FastAPI:
     app.state.started = int(time.time())
     install_error_handlers(app)
     app.include_router(speech.router)
+    app.include_router(chat.router)
 
     @app.get("/v1/models")
     async def list_models(http: HttpRequest) -> dict:

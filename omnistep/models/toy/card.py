@@ -31,6 +31,7 @@ from omnistep.core import (
     LoopResult,
     LoopSpec,
     LoopState,
+    Modality,
     ModelCard,
     ModelInstance,
     Program,
@@ -194,7 +195,8 @@ class TokenLoop:
 
 
 def _tokenize(ctx: ProgramContext) -> None:
-    text = ctx.request.text
+    req = ctx.request
+    text = "\n".join(f"{m.role}: {m.content}" for m in req.messages) if req.messages else req.text
     if not text.strip():
         raise InvalidRequestError("input must not be empty", param="input")
     ctx.slots["prompt_ids"] = [1 + b % (VOCAB - 1) for b in text.encode()]
@@ -233,7 +235,13 @@ def build_card(
             LoopNode(
                 "decode", "tokens", needs=("prompt_ids",), binds="tokens", streams=("token_stream",)
             ),
-            LoopNode("vocode", "audio", needs=("token_stream",), binds="samples"),
+            LoopNode(
+                "vocode",
+                "audio",
+                needs=("token_stream",),
+                binds="samples",
+                when=lambda req: Modality.AUDIO in req.output_modalities,
+            ),
             KernelNode("count", _count, needs=("tokens", "samples")),
         ),
     )
@@ -255,7 +263,9 @@ def build_card(
             ),
         ),
         program=program,
-        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
+        capabilities=frozenset(
+            {Capability.TEXT_TO_SPEECH, Capability.CHAT_TEXT, Capability.CHAT_AUDIO}
+        ),
         sample_rate=SAMPLE_RATE,
         aliases=("toy-tts",),
         voices=("default",),

@@ -1,0 +1,283 @@
+"""``POST /v1/chat/completions``: chat with text and, optionally, audio output.
+
+Request: OpenAI's ``messages``, ``modalities`` (``["text"]`` or ``["text", "audio"]``), ``audio``
+(``{voice, format}``; wav, mp3, flac, opus, pcm16), ``stream``, sampling fields, ``seed``.
+Non-streamed: ``choices[0].message.content`` and ``message.audio`` = ``{id, data (base64),
+transcript, expires_at}``. Streamed: ``chat.completion.chunk`` events whose ``delta`` carries the
+text in ``content`` and the audio in ``audio`` = ``{id, data, transcript}``, then a chunk with the
+``finish_reason``, a chunk with ``usage``, then ``[DONE]``. Audio deltas are pieces of one
+stream of the chosen format (one stateful encoder), so their concatenation is one valid file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from fastapi import APIRouter
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from omnistep.audio import StreamEncoder, make_encoder
+from omnistep.core import (
+    Capability,
+    ChatMessage,
+    InvalidRequestError,
+    Modality,
+    OmnistepError,
+    Request,
+    SamplingParams,
+    StreamChunk,
+)
+from omnistep.core.request import MAX_SEED
+from omnistep.engine import AsyncEngine, RequestStream
+from omnistep.server.errors import from_exception
+
+router = APIRouter()
+
+AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "pcm16": "pcm"}
+AUDIO_TTL_SECONDS = 3600
+
+
+class TextPart(BaseModel):
+    """A text content part: ``{"type": "text", "text": ...}``."""
+
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """One message; ``content`` is a string or a list of text parts (other parts are not
+    supported yet and rejected)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class AudioOutput(BaseModel):
+    """``audio``: the voice and the format of the spoken reply."""
+
+    voice: str = Field(min_length=1, max_length=200)
+    format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """Body of ``POST /v1/chat/completions`` (the fields omnistep uses; others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1, max_length=200)
+    messages: list[Message] = Field(min_length=1, max_length=256)
+    modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"])
+    audio: AudioOutput | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    max_tokens: int | None = Field(default=None, ge=1, le=32768)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
+    seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
+    n: int = Field(default=1, ge=1, le=1)
+
+    @property
+    def wants_audio(self) -> bool:
+        return "audio" in self.modalities
+
+    def to_request(self) -> Request:
+        """The engine request; raises InvalidRequestError for an inconsistent body."""
+        if self.wants_audio and self.audio is None:
+            raise InvalidRequestError(
+                "'audio' ({voice, format}) is required when modalities include 'audio'",
+                param="audio",
+                code="missing_audio",
+            )
+        if not any(m.text().strip() for m in self.messages):
+            raise InvalidRequestError("messages have no text", param="messages")
+        outputs = {Modality.TEXT} | ({Modality.AUDIO} if self.wants_audio else set())
+        sampling = SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_new_tokens=self.max_completion_tokens or self.max_tokens,
+        )
+        return Request(
+            model=self.model,
+            messages=tuple(ChatMessage(m.role, m.text()) for m in self.messages),
+            voice=self.audio.voice if self.audio else None,
+            seed=self.seed,
+            sampling=sampling,
+            output_modalities=frozenset(outputs),
+        )
+
+
+class _Reply:
+    """Builds the OpenAI response objects of one completion."""
+
+    def __init__(
+        self, body: ChatCompletionRequest, stream: RequestStream, encoder: StreamEncoder | None
+    ):
+        self.body = body
+        self.stream = stream
+        self.encoder = encoder
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.audio_id = f"audio_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def usage(self) -> dict[str, int]:
+        prompt, completion = self.stream.usage["input_tokens"], self.stream.usage["output_tokens"]
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def finish_reason(self) -> str:
+        cap = self.stream.request.sampling.max_new_tokens
+        return "length" if cap is not None and self.stream.usage["output_tokens"] >= cap else "stop"
+
+    def encode(self, chunk: StreamChunk) -> bytes:
+        assert self.encoder is not None and chunk.audio is not None
+        return self.encoder.encode(chunk.audio)
+
+    def chunk(self, delta: dict, finish_reason: str | None = None) -> bytes:
+        payload = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.body.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+        return _sse(payload)
+
+    def audio_delta(self, data: bytes, transcript: str) -> dict:
+        return {
+            "audio": {
+                "id": self.audio_id,
+                "data": base64.b64encode(data).decode(),
+                "transcript": transcript,
+            }
+        }
+
+
+def _sse(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+async def _collect(reply: _Reply) -> dict:
+    text, audio = [], []
+    async for chunk in reply.stream:
+        if chunk.modality is Modality.TEXT and chunk.text:
+            text.append(chunk.text)
+        elif reply.encoder is not None and chunk.audio is not None:
+            audio.append(reply.encode(chunk))
+    content = "".join(text)
+    message: dict = {"role": "assistant", "content": content}
+    if reply.encoder is not None:
+        data = reply.encoder.with_lengths(b"".join(audio) + reply.encoder.flush())
+        message["audio"] = {
+            "id": reply.audio_id,
+            "data": base64.b64encode(data).decode(),
+            "transcript": content,
+            "expires_at": reply.created + AUDIO_TTL_SECONDS,
+        }
+    return {
+        "id": reply.id,
+        "object": "chat.completion",
+        "created": reply.created,
+        "model": reply.body.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason()}],
+        "usage": reply.usage(),
+    }
+
+
+async def _events(reply: _Reply) -> AsyncIterator[bytes]:
+    try:
+        yield reply.chunk({"role": "assistant", "content": ""})
+        async for chunk in reply.stream:
+            if chunk.modality is Modality.TEXT and chunk.text:
+                yield reply.chunk({"content": chunk.text})
+                if reply.encoder is not None:  # the transcript grows with the text
+                    yield reply.chunk(reply.audio_delta(b"", chunk.text))
+            elif reply.encoder is not None and chunk.audio is not None:
+                data = reply.encode(chunk)
+                if data:
+                    yield reply.chunk(reply.audio_delta(data, ""))
+        if reply.encoder is not None:
+            tail = reply.encoder.flush()
+            if tail:
+                yield reply.chunk(reply.audio_delta(tail, ""))
+        yield reply.chunk({}, reply.finish_reason())
+        final = {
+            "id": reply.id,
+            "object": "chat.completion.chunk",
+            "created": reply.created,
+            "model": reply.body.model,
+            "choices": [],
+            "usage": reply.usage(),
+        }
+        yield _sse(final)
+    except OmnistepError as exc:
+        yield _sse(
+            {
+                "error": {
+                    "message": str(exc),
+                    "type": "server_error",
+                    "param": None,
+                    "code": "generation_failed",
+                }
+            }
+        )
+    finally:
+        reply.stream.cancel()
+    yield b"data: [DONE]\n\n"
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, http: HttpRequest) -> Response:
+    """Chat completion with text and optional audio output (see module docstring)."""
+    engine: AsyncEngine = http.app.state.engine
+    model = engine.resolve(body.model)
+    needed = Capability.CHAT_AUDIO if body.wants_audio else Capability.CHAT_TEXT
+    if needed not in model.card.capabilities:
+        raise InvalidRequestError(
+            f"model '{body.model}' does not support {needed.value}",
+            param="modalities" if body.wants_audio else "model",
+            code="unsupported_model",
+        )
+    stream = engine.add_request(body.to_request())
+    encoder = (
+        make_encoder(AUDIO_FORMATS[body.audio.format], model.card.sample_rate)
+        if body.wants_audio and body.audio
+        else None
+    )
+    reply = _Reply(body, stream, encoder)
+    if body.stream:
+        return StreamingResponse(
+            _events(reply),
+            media_type="text/event-stream",
+            headers={"x-omnistep-seed": str(stream.seed)},
+        )
+    try:
+        result = await _collect(reply)
+    except OmnistepError as exc:
+        return from_exception(exc)
+    finally:
+        stream.cancel()
+    return JSONResponse(result, headers={"x-omnistep-seed": str(stream.seed)})
