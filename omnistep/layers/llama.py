@@ -49,6 +49,8 @@ class LlamaConfigLite:
         hidden_act: MLP activation; only "silu".
         attention_bias: biases on the q/k/v/o projections.
         mlp_bias: biases on the gate/up/down projections.
+        qkv_bias: biases on the q/k/v projections only, none on o (Qwen2's attention); implied
+            for q/k/v when ``attention_bias`` is set.
     """
 
     hidden_size: int
@@ -63,6 +65,7 @@ class LlamaConfigLite:
     hidden_act: str = "silu"
     attention_bias: bool = False
     mlp_bias: bool = False
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -134,11 +137,11 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.scaling = config.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        bias = config.attention_bias
+        bias = config.attention_bias or config.qkv_bias
         self.q_proj = nn.Linear(config.hidden_size, q_size, bias=bias, **factory)
         self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, **factory)
         self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, **factory)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bias, **factory)
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias, **factory)
 
     def forward(
         self,

@@ -1,0 +1,593 @@
+"""The Qwen2.5-Omni thinker as a component: the Qwen2.5 text LM on a paged KV cache, batched across
+requests, for text input; plus ``PagedQwenLM``, the prefill/decode machinery it shares with the
+talker (``omnistep.models.qwen2_5_omni.talker``).
+
+Mirrors transformers' ``Qwen2_5OmniThinkerForConditionalGeneration`` (models/qwen2_5_omni/
+modeling_qwen2_5_omni.py): ``model.language_model`` is a Qwen2 decoder (``Qwen2_5OmniDecoderLayer``:
+q/k/v projections with bias, o_proj without, SwiGLU MLP, RMSNorm), ``lm_head`` maps the final
+normed hidden state to the text vocab. The audio tower and vision encoder weights are loaded and
+kept (``QwenThinker.encoder_weights``) but not run yet: prompts are token ids only.
+
+Rope: the thinker uses M-RoPE (``Qwen2_5OmniRotaryEmbedding``): three position ids per token
+(temporal, height, width); the rotary frequencies are split by ``mrope_section`` and each split
+takes its angles from one of the three. For text-only input ``get_rope_index`` gives all three the
+same ids ``0..L-1`` (and a zero ``rope_deltas``, so decode positions continue ``L, L+1, ...``), so
+every split reads the same angles and M-RoPE is exactly Llama's 1-D rope over ``head_dim``:
+``LlamaModel``'s ``RotaryEmbedding`` serves unchanged (checked against transformers in
+tests/test_qwen_lm.py).
+
+What the talker needs (``Qwen2_5OmniForConditionalGeneration.generate``): for every thinker token,
+its input embedding plus the thinker's last hidden state (after the final norm) at that position,
+``embed_tokens(id) + hidden_states[-1]``, in the model dtype. ``ARStepOutput.hidden`` carries
+exactly those rows, float32 on the CPU, ``[n, hidden_size]``, for the tokens a unit fed that no
+earlier output covered:
+
+- PREFILL of a fresh sequence: ``n = L``, one row per prompt token (the talker's prompt part).
+- AR_TOKEN feeding generated token ``g_j``: ``n = 1``, the row of ``g_j`` (``thinker_reply_part``
+  row ``j``); so the step that samples ``g_{j+1}`` streams ``g_j``'s row.
+- PREFILL replaying frames after a preemption: ``n = 1``, the row of the last replayed frame (the
+  rows before it were streamed before the preemption).
+
+The token the thinker samples last (its EOS, or the one cut by ``max_new_tokens``) is never fed,
+so it has no row: the talker reads the text-EOS embedding there instead (see the talker module).
+For audio/image/video prompts (later), transformers zeroes the embedding part at placeholder
+positions before the sum.
+
+KV admission as in ``omnistep.models.chattts.gpt``: blocks are allocated as sequences grow; a
+prefill that does not fit answers ``preempted``; a decode batch that does not fit preempts its
+youngest sequences (freed; their loops recompute by a new prefill).
+
+Imports torch, ``omnistep.core``, ``omnistep.engine.kv_cache`` (block bookkeeping), ``layers``,
+``loops`` and ``sampling``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from omnistep.core import WorkUnitKind
+from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, KVCacheFullError
+from omnistep.layers import AttentionMetadata, LlamaModel
+from omnistep.layers.batch_invariant import map_row_chunks
+from omnistep.layers.llama import LlamaConfigLite
+from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput, ARStepOutput
+from omnistep.sampling import SamplingRow, sample
+
+ENCODER_PREFIXES = ("audio_tower.", "visual.")
+"""Thinker weights kept for the (later) audio and vision inputs, by official key prefix."""
+
+
+# ---------------------------------------------------------------- config helpers
+def sub_config(raw: Mapping[str, Any], *path: str) -> Mapping[str, Any]:
+    """Descend into ``raw`` along ``path`` as far as the keys exist (so a full ``config.json``,
+    its ``thinker_config`` or its ``text_config`` all reach the same dict)."""
+    for key in path:
+        if key in raw:
+            raw = raw[key]
+    return raw
+
+
+def rope_fields(raw: Mapping[str, Any], default_theta: float) -> tuple[float, tuple[int, ...]]:
+    """``(rope_theta, mrope_section)`` of a Qwen2.5-Omni text/talker config dict.
+
+    Reads transformers v5's ``rope_parameters`` or the official files' ``rope_theta`` +
+    ``rope_scaling`` (``{"mrope_section": [16, 24, 24], "rope_type": "default", ...}``).
+
+    Raises:
+        ValueError: a rope type other than the default (or "mrope"), or sliding-window
+            attention (``use_sliding_window``), which this stack does not implement.
+    """
+    if raw.get("use_sliding_window", False):
+        raise ValueError("use_sliding_window=True is not supported")
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "mrope"):
+        raise ValueError(f"rope_type must be 'default', got {rope_type!r}")
+    theta = rope.get("rope_theta", raw.get("rope_theta", default_theta))
+    section = tuple(rope.get("mrope_section", (16, 24, 24)))
+    return float(theta), section
+
+
+def check_mrope(section: tuple[int, ...], head_dim: int) -> None:
+    """M-RoPE splits the ``head_dim // 2`` frequencies into ``mrope_section``.
+
+    Raises:
+        ValueError: the sections do not add up to ``head_dim // 2``.
+    """
+    if len(section) != 3 or sum(section) * 2 != head_dim:
+        raise ValueError(f"mrope_section={section} must be 3 parts summing to head_dim/2")
+
+
+@dataclass(frozen=True)
+class ThinkerConfig:
+    """The thinker's text model, from ``config.json``'s ``thinker_config.text_config``.
+
+    Defaults are transformers' ``Qwen2_5OmniTextConfig`` (= Qwen2.5-Omni-7B).
+
+    Attributes:
+        vocab_size: text vocab (rows of ``embed_tokens`` and ``lm_head``).
+        hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+            num_key_value_heads, rms_norm_eps, max_position_embeddings: as in the config.
+        head_dim: per-head width; None = ``hidden_size // num_attention_heads``.
+        rope_theta: rope base.
+        mrope_section: M-RoPE split of the ``head_dim // 2`` frequencies (t, h, w).
+        tie_word_embeddings: ``lm_head`` shares ``embed_tokens``' weight when the checkpoint has
+            no ``lm_head.weight``.
+    """
+
+    vocab_size: int = 152064
+    hidden_size: int = 3584
+    intermediate_size: int = 18944
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 28
+    num_key_value_heads: int = 4
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    mrope_section: tuple[int, ...] = (16, 24, 24)
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        check_mrope(self.mrope_section, self.head_dim)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ThinkerConfig:
+        """From a full ``config.json`` dict, its ``thinker_config``, or a ``text_config``.
+
+        Raises:
+            ValueError: unsupported rope or sliding-window settings (``rope_fields``).
+        """
+        text = sub_config(raw, "thinker_config", "text_config")
+        theta, section = rope_fields(text, 1_000_000.0)
+        names = (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "max_position_embeddings",
+            "tie_word_embeddings",
+        )
+        fields = {name: text[name] for name in names if text.get(name) is not None}
+        return cls(**fields, rope_theta=theta, mrope_section=section)
+
+    def llama(self) -> LlamaConfigLite:
+        """The decoder stack: Qwen2 attention (q/k/v bias, no o bias), no MLP bias."""
+        return LlamaConfigLite(
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_hidden_layers=self.num_hidden_layers,
+            intermediate_size=self.intermediate_size,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            rope_theta=self.rope_theta,
+            max_position_embeddings=self.max_position_embeddings,
+            qkv_bias=True,
+        )
+
+
+# ---------------------------------------------------------------- shared paged LM machinery
+class PagedQwenLM:
+    """Prefill/decode of a Qwen2 decoder over ``inputs_embeds`` on a paged KV cache, batched
+    across requests; the thinker and the talker subclass it.
+
+    One ``execute`` call runs a batch of PREFILL units (varlen, flattened) or AR_TOKEN units (one
+    token each) as a single forward, then samples every sequence's last row with its own
+    settings and generator (``num_vq = 1``: frames are 1-tuples). Subclasses say what the input
+    rows are (``_prefill_inputs``, ``_step_inputs``), how they enter the stack
+    (``_lm_inputs``), the head (``_head``) and what each output streams (``_stream``).
+
+    Args:
+        llama: the decoder stack's sizes.
+        kv: KV pool size.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        dtype: compute dtype of weights and cache.
+        batch_invariant: a sequence's results do not depend on its batch (fixed-shape row
+            chunks, per-sequence attention); slower, bit-exact C3.
+    """
+
+    def __init__(
+        self,
+        llama: LlamaConfigLite,
+        kv: KVCacheConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        batch_invariant: bool = False,
+    ):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.batch_invariant = batch_invariant
+        self.llama = LlamaModel(llama, device=self.device, dtype=dtype).eval()
+        self.cache = self.llama.make_cache(kv.num_blocks, kv.block_size)
+        self.blocks = BlockManager.from_config(kv)
+        self.lengths: dict[str, int] = {}
+        self.num_preemptions = 0
+        self._teacher_ids = itertools.count()
+
+    # ------------------------------------------------------------ subclass hooks
+    def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
+        """Input rows ``[prompt rows + len(unit.generated), in_dim]`` (compute dtype, on the
+        device); raises ValueError for a malformed prompt."""
+        raise NotImplementedError
+
+    def _step_inputs(self, units: Sequence[Any]) -> torch.Tensor:
+        """Input rows ``[B, in_dim]`` of one decode step per unit (its ``last`` frame)."""
+        raise NotImplementedError
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, 1, vocab]`` (compute dtype) of final hidden states ``[B, hidden]``."""
+        raise NotImplementedError
+
+    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
+        """``inputs_embeds`` ``[N, hidden]`` of the stack from input rows ``[N, in_dim]``."""
+        return rows
+
+    def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+        """What outputs stream, ``[n, ...]``, from input rows ``[n, in_dim]`` and their final
+        hidden states ``[n, hidden]``; None streams nothing."""
+        return None
+
+    def _sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, 1, V]`` float32 as the sampler sees them (e.g. suppressed ids)."""
+        return logits
+
+    # ------------------------------------------------------------ Component API
+    def free_sequence(self, seq_id: str) -> None:
+        """Free the sequence's KV blocks (idempotent)."""
+        self.blocks.free(seq_id)
+        self.lengths.pop(seq_id, None)
+
+    @torch.inference_mode()
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[Any]) -> list[ARStepOutput]:
+        """Run a batch of PREFILL or AR_TOKEN units; one ``ARStepOutput`` per payload, in order.
+
+        Raises:
+            ValueError: another kind, or a malformed payload.
+            KVCacheFullError: a prefill longer than the whole pool.
+        """
+        if kind is WorkUnitKind.PREFILL:
+            return self._prefill(payloads)
+        if kind is WorkUnitKind.AR_TOKEN:
+            return self._decode(payloads)
+        raise ValueError(f"{type(self).__name__} cannot run {kind}")
+
+    # ------------------------------------------------------------ prefill / decode
+    def _admit_prefill(self, unit: ARPrefillInput, num_tokens: int) -> bool:
+        """(Re)start the sequence with blocks for its ``num_tokens`` prefill rows; False if they
+        are not free."""
+        self.free_sequence(unit.seq_id)
+        num_blocks = self.blocks.blocks_needed(num_tokens)
+        if num_blocks > self.blocks.num_blocks:
+            raise KVCacheFullError(unit.seq_id, num_blocks, self.blocks.num_blocks)
+        if not self.blocks.can_allocate(unit.seq_id, num_tokens):
+            return False
+        self.blocks.allocate(unit.seq_id, num_tokens)
+        self.lengths[unit.seq_id] = num_tokens
+        return True
+
+    def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
+        results = [ARStepOutput(preempted=True)] * len(units)
+        inputs = [self._prefill_inputs(unit) for unit in units]  # validates before admitting
+        run = [i for i, unit in enumerate(units) if self._admit_prefill(unit, len(inputs[i]))]
+        if not run:
+            return results
+        run_units = [units[i] for i in run]
+        lens = [inputs[i].shape[0] for i in run]
+        rows = torch.cat([inputs[i] for i in run])
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], lens)
+        ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
+        # a fresh prefill streams every prompt row; a replay only its last (newest) row
+        streams = self._streams(rows, hidden, lens, [not u.generated for u in run_units])
+        outputs = self._sample(hidden[ends], run_units, streams)
+        for i, out in zip(run, outputs, strict=True):
+            results[i] = out
+        return results
+
+    def _streams(
+        self, rows: torch.Tensor, hidden: torch.Tensor, lens: list[int], whole: list[bool]
+    ) -> list[Any]:
+        """Each sequence's ``ARStepOutput.hidden``: ``_stream`` of all its ``lens[i]`` rows
+        when ``whole[i]``, else of its last row; one ``_stream`` call for the batch."""
+        starts = [0, *itertools.accumulate(lens)]
+        picked = [
+            range(start, end) if full else range(end - 1, end)
+            for start, end, full in zip(starts[:-1], starts[1:], whole, strict=True)
+        ]
+        index = torch.tensor([r for rng in picked for r in rng], device=self.device)
+        stream = self._stream(rows[index], hidden[index])
+        if stream is None:
+            return [None] * len(lens)
+        return list(stream.split([len(rng) for rng in picked]))
+
+    def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
+        keep = self._admit_decode(units)
+        results = [ARStepOutput(preempted=True)] * len(units)
+        if not keep:
+            return results
+        run_units = [units[i] for i in keep]
+        rows = self._step_inputs(run_units)  # [B, in_dim]
+        positions = torch.tensor(
+            [self.lengths[u.seq_id] - 1 for u in run_units], device=self.device
+        )
+        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], [1] * len(keep))
+        streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
+        for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
+            results[i] = out
+        return results
+
+    def _admit_decode(self, units: Sequence[Any]) -> list[int]:
+        """Grow every sequence by one token; if the pool runs out, preempt the youngest ones
+        (the batch is oldest first) until the rest fit. Returns the indices that run."""
+        for unit in units:
+            if unit.seq_id not in self.lengths:
+                raise ValueError(f"AR_TOKEN for sequence {unit.seq_id!r} without a prefill")
+        keep = list(range(len(units)))
+        while keep:
+            missing = sum(
+                self.blocks.blocks_needed(self.lengths[units[i].seq_id] + 1)
+                - len(self.blocks.block_table(units[i].seq_id))
+                for i in keep
+            )
+            if missing <= self.blocks.num_free_blocks:
+                break
+            self.free_sequence(units[keep.pop()].seq_id)
+            self.num_preemptions += 1
+        for i in keep:
+            seq_id = units[i].seq_id
+            self.lengths[seq_id] += 1
+            self.blocks.allocate(seq_id, self.lengths[seq_id])
+        return keep
+
+    def _forward(
+        self,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        seq_ids: list[str],
+        query_lens: list[int],
+    ) -> torch.Tensor:
+        """Final normed hidden states ``[N, hidden]`` of input rows ``[N, in_dim]``."""
+        meta = AttentionMetadata.build(
+            query_lens,
+            [self.lengths[s] for s in seq_ids],
+            [self.blocks.block_table(s) for s in seq_ids],
+            self.blocks.block_size,
+            self.device,
+            batch_invariant=self.batch_invariant,
+        )
+        return self.llama(self._lm_inputs(rows, query_lens), positions, self.cache, meta)
+
+    def _linear_rows(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``F.linear`` over rows ``[B, in]``, in fixed 16-row chunks in batch-invariant mode."""
+
+        def fn(rows: torch.Tensor) -> torch.Tensor:
+            return F.linear(rows, weight, bias)
+
+        return map_row_chunks(fn, x) if self.batch_invariant else fn(x)
+
+    def _sample(
+        self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
+    ) -> list[ARStepOutput]:
+        """Sample each row of ``hidden`` ``[B, hidden]`` with its unit's settings."""
+        logits = self._sampling_logits(self._head(hidden).float())  # [B, 1, V]
+        history = [self._history(u.history) for u in units]
+        num_generated = [
+            len(u.generated) if isinstance(u, ARPrefillInput) else u.num_generated for u in units
+        ]
+        rows: list[SamplingRow] = [u.sampling for u in units]
+        out = sample(logits, rows, history, num_generated, [u.generator for u in units])
+        tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
+        return [
+            ARStepOutput(tuple(t), tuple(lp), stream)
+            for t, lp, stream in zip(tokens, logprobs, streams, strict=True)
+        ]
+
+    def _history(self, frames: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+        """``[1, T]`` long tensor of recent frames."""
+        if not frames:
+            return torch.zeros(1, 0, dtype=torch.long, device=self.device)
+        return torch.tensor(frames, dtype=torch.long, device=self.device).T
+
+    def _frame_ids(self, frames: Sequence[tuple[int, ...]], vocab_size: int) -> torch.Tensor:
+        """LongTensor ``[T]`` of 1-tuple frames, on the device.
+
+        Raises:
+            ValueError: a frame is not one id in ``[0, vocab_size)``.
+        """
+        ids = []
+        for frame in frames:
+            if len(frame) != 1 or not 0 <= frame[0] < vocab_size:
+                raise ValueError(f"frame {frame!r} must be one id in [0, {vocab_size})")
+            ids.append(frame[0])
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    def _teacher_forced(self, first: ARPrefillInput, steps: Sequence[Any]) -> torch.Tensor:
+        """Raw logits ``[len(first.generated) + len(steps) + 1, 1, V]`` float32 of a prefill
+        followed by decode steps, on a temporary sequence (freed after)."""
+        inputs = self._prefill_inputs(first)
+        num_tokens = inputs.shape[0]
+        num_prompt = num_tokens - len(first.generated)
+        seq_id = first.seq_id
+        try:
+            self.blocks.allocate(seq_id, num_tokens)
+            self.lengths[seq_id] = num_tokens
+            positions = torch.arange(num_tokens, device=self.device)
+            hidden = self._forward(inputs, positions, [seq_id], [num_tokens])
+            rows = [hidden[num_prompt - 1 :]]
+            for unit in steps:
+                self.lengths[seq_id] += 1
+                self.blocks.allocate(seq_id, self.lengths[seq_id])
+                position = torch.tensor([self.lengths[seq_id] - 1], device=self.device)
+                rows.append(self._forward(self._step_inputs([unit]), position, [seq_id], [1]))
+        finally:
+            self.free_sequence(seq_id)
+        # the head per forward, as generation applies it (the GEMM shape changes the last bits)
+        return torch.cat([self._head(r) for r in rows]).float()
+
+    def _teacher_seq_id(self) -> str:
+        return f"teacher-forced/{type(self).__name__}/{next(self._teacher_ids)}"
+
+
+# ---------------------------------------------------------------- the thinker
+def official_thinker_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Thinker tensors under the official checkpoint's names (``thinker.`` prefix removed):
+    ``model.*`` (text model), ``lm_head.weight``, ``audio_tower.*``, ``visual.*``.
+
+    Also accepts transformers v5's in-memory names (``model.language_model.*``,
+    ``model.audio_tower.*``, ``model.visual.*``; the reverse of its checkpoint conversion
+    mapping for ``Qwen2_5OmniThinkerForConditionalGeneration``) and a leading ``thinker.``.
+    """
+    out = {}
+    for key, value in state.items():
+        key = key.removeprefix("thinker.")
+        if key.startswith("model.language_model."):
+            key = "model." + key.removeprefix("model.language_model.")
+        elif key.startswith(tuple(f"model.{p}" for p in ENCODER_PREFIXES)):
+            key = key.removeprefix("model.")
+        out[key] = value
+    return out
+
+
+class QwenThinker(PagedQwenLM):
+    """The thinker component (see module docstring).
+
+    PREFILL payloads are ``ARPrefillInput`` whose ``prompt`` is the prompt's token ids
+    (``Sequence[int]``, e.g. the chat template's ids); AR_TOKEN payloads are ``ARStepInput``.
+    Frames are 1-tuples of text ids; ``hidden`` is the talker conditioning described above.
+
+    Attributes:
+        embed_weight: ``[vocab, hidden]`` token embedding (``model.embed_tokens.weight``).
+        lm_head: ``[vocab, hidden]`` output projection (``lm_head.weight``).
+        encoder_weights: audio tower / vision encoder tensors by official name (unused yet).
+    """
+
+    def __init__(
+        self,
+        config: ThinkerConfig,
+        kv: KVCacheConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        batch_invariant: bool = False,
+    ):
+        super().__init__(config.llama(), kv, device, dtype, batch_invariant)
+        self.config = config
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_weight = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.lm_head = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.encoder_weights: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load thinker tensors (official names, see ``official_thinker_keys``).
+
+        Raises:
+            ValueError: tensors that belong to no part of the thinker, or no ``lm_head.weight``
+                while the embeddings are not tied.
+            KeyError / RuntimeError: a missing or mis-shaped text-model tensor.
+        """
+        state = official_thinker_keys(state)
+        model = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        encoders = {k: v for k, v in state.items() if k.startswith(ENCODER_PREFIXES)}
+        unknown = set(state) - {f"model.{k}" for k in model} - set(encoders) - {"lm_head.weight"}
+        if unknown:
+            raise ValueError(f"unexpected thinker tensors: {sorted(unknown)[:5]}")
+        self.embed_weight.copy_(model["embed_tokens.weight"])
+        head = state.get("lm_head.weight")
+        if head is None and not self.config.tie_word_embeddings:
+            raise ValueError("no lm_head.weight and tie_word_embeddings is False")
+        self.lm_head.copy_(model["embed_tokens.weight"] if head is None else head)
+        self.llama.load_hf_state_dict(model)
+        self.encoder_weights = {
+            k: v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device)
+            for k, v in encoders.items()
+        }
+
+    @torch.inference_mode()
+    def embed(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Input embeddings ``[n, hidden]`` float32 (CPU) of text ids (e.g. the talker's
+        text-EOS/pad/speaker ids, which the talker adds in the thinker's space)."""
+        ids = self._frame_ids([(int(t),) for t in token_ids], self.config.vocab_size)
+        return self.embed_weight[ids].float().cpu()
+
+    @torch.inference_mode()
+    def teacher_forced_logits(
+        self,
+        prompt_ids: Sequence[int],
+        generated: Sequence[int | tuple[int]] = (),
+        incremental: bool = False,
+    ) -> torch.Tensor:
+        """Text logits ``[len(generated) + 1, 1, vocab]`` (float32) of the prompt followed by
+        ``generated``: row ``i`` is the distribution token ``i`` was drawn from (row 0: after
+        the prompt). Used by parity tests and the rollout gate C2.
+
+        Args:
+            generated: generated ids (ints or 1-tuples).
+            incremental: feed them one decode step at a time, the path generation takes (bit-
+                identical logits when the request ran alone or in ``batch_invariant`` mode);
+                False runs one forward over prompt and tokens (other GEMM shapes: ~1e-6).
+
+        Raises:
+            KVCacheFullError: the sequence does not fit the KV pool.
+            ValueError: an id outside the vocab.
+        """
+        frames = tuple((f,) if isinstance(f, int) else tuple(f) for f in generated)
+        seq_id = self._teacher_seq_id()
+        head = () if incremental else frames
+        first = ARPrefillInput(seq_id, tuple(prompt_ids), head, (), None, None)
+        steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
+        return self._teacher_forced(first, steps if incremental else [])
+
+    # ------------------------------------------------------------ hooks
+    def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
+        if len(unit.prompt) == 0:
+            raise ValueError(f"empty thinker prompt for sequence {unit.seq_id!r}")
+        frames = [(int(t),) for t in unit.prompt] + [tuple(f) for f in unit.generated]
+        return self.embed_weight[self._frame_ids(frames, self.config.vocab_size)]
+
+    def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
+        ids = self._frame_ids([tuple(u.last) for u in units], self.config.vocab_size)
+        return self.embed_weight[ids]
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._linear_rows(hidden.to(self.dtype), self.lm_head).unsqueeze(1)
+
+    def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """``embed + last hidden`` per fed token, ``[n, hidden]`` float32 on the CPU (summed in
+        the compute dtype, as transformers' ``generate`` does)."""
+        return (hidden + rows).float().cpu()
+
+
+def load_thinker(
+    state: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any],
+    kv: KVCacheConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    batch_invariant: bool = False,
+) -> QwenThinker:
+    """Build a ``QwenThinker`` and load it.
+
+    Args:
+        state: thinker tensors, keys with the ``thinker.`` prefix removed (official layout:
+            ``model.*``, ``lm_head.weight``, ``audio_tower.*``, ``visual.*``; transformers v5
+            names are accepted too).
+        config: the official ``config.json`` dict (or its ``thinker_config`` / ``text_config``).
+        kv: KV pool size.
+    """
+    thinker = QwenThinker(ThinkerConfig.from_dict(config), kv, device, dtype, batch_invariant)
+    thinker.load_weights(state)
+    return thinker
