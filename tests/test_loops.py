@@ -159,3 +159,78 @@ async def test_a_loop_waiting_forever_fails_its_request():
         eng.add_request(Request("stuck", text="x"))
     assert eng.stats()["live_requests"] == 0
     await eng.shutdown()
+
+
+class _ScriptedLM:
+    """Answers PREFILL/AR_TOKEN units with a fixed token script; hidden = the step index."""
+
+    def __init__(self, script):
+        self.script = script
+        self.freed = []
+
+    def execute(self, kind, payloads):
+        from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
+
+        outs = []
+        for p in payloads:
+            step = len(p.generated) if isinstance(p, ARPrefillInput) else p.num_generated
+            outs.append(ARStepOutput((self.script[step],), (0.0,), hidden=step))
+        return outs
+
+    def free_sequence(self, seq_id):
+        self.freed.append(seq_id)
+
+
+@pytest.mark.parametrize("stream_on_eos", [False, True])
+async def test_ar_loop_detokenizes_streams_and_stops_on_any_eos(stream_on_eos):
+    from omnistep.core import KernelNode
+    from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
+
+    script = [ord(c) for c in "héllo wörld"] + [1, 99]  # 1 and 2 are both EOS
+    lm = _ScriptedLM(script)
+    cfg = ARDecodeConfig(
+        loop_id="lm",
+        component="lm",
+        prompt_slot="prompt",
+        make_sampling=lambda req: None,
+        eos_token_ids=(2, 1),
+        stream_slot="rows",
+        stream_hidden=True,
+        stream_on_eos=stream_on_eos,
+        detokenize=lambda ids: "".join(map(chr, ids)),
+    )
+    seen = {}
+
+    def keep(ctx):
+        seen["rows"] = list(ctx.slots["rows"])
+
+    card = ModelCard(
+        card_id="scripted",
+        family="test",
+        components=(ComponentSpec("lm", lambda device: lm),),
+        loops=(
+            LoopSpec(
+                "lm",
+                LoopKind.AR_DECODE,
+                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
+                ("lm",),
+                lambda: ARDecodeLoop(cfg),
+            ),
+        ),
+        program=Program(
+            inputs=("request", "prompt"),
+            nodes=(
+                LoopNode("decode", "lm", needs=("prompt",), binds="tokens", streams=("rows",)),
+                KernelNode("keep", keep, needs=("tokens",)),
+            ),
+        ),
+        capabilities=frozenset({Capability.CHAT_TEXT}),
+        sample_rate=8000,
+    )
+    eng = AsyncEngine([ModelInstance.load(card)])
+    out = await collect(eng, Request("scripted", text="x", seed=1))
+    await eng.shutdown()
+    assert out.text == "héllo wörld"
+    n = len("héllo wörld")
+    assert seen["rows"] == list(range(n + 1 if stream_on_eos else n))
+    assert lm.freed, "the loop frees its sequence"

@@ -33,6 +33,7 @@ from omnistep.core import (
     ResourceRequest,
     ShapeSignature,
     StepResult,
+    StreamChunk,
     WorkPlan,
     WorkUnitKind,
 )
@@ -118,7 +119,7 @@ class ARDecodeConfig:
         prompt_slot: the program slot holding the prompt (so chained AR loops don't collide).
         make_sampling: ``make_sampling(request) -> sampling settings`` for the component.
         max_new_tokens: default cap on generated frames (a request's own cap wins if lower).
-        eos_token_id: a frame containing it ends generation and is not output.
+        eos_token_ids: a frame containing any of them ends generation and is not output.
         stream_slot: a stream slot (see ``LoopNode.streams``) that receives each frame's
             ``hidden`` (``stream_hidden``) or its tokens; None streams nothing.
         stream_hidden: put hidden states rather than token frames on the stream.
@@ -126,6 +127,11 @@ class ARDecodeConfig:
         seed_offset: added to the request seed, so chained AR loops draw different numbers.
         shape_tag: ShapeSignature tag of the loop's units, so loops on one component that must
             not share a forward (e.g. text vs code steps) batch apart.
+        stream_on_eos: also stream the EOS step's ``hidden`` (when a row belongs to the step's
+            input token, as the Qwen thinker's talker conditioning does; ChatTTS's belongs to
+            the sampled frame, which EOS drops).
+        detokenize: ``detokenize(token_ids) -> text``; when set, the loop emits the growing
+            text as TEXT deltas (held back while it ends in an incomplete character).
     """
 
     loop_id: str
@@ -133,12 +139,14 @@ class ARDecodeConfig:
     prompt_slot: str
     make_sampling: Callable[[Request], Any]
     max_new_tokens: int = 2048
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
     stream_slot: str | None = None
     stream_hidden: bool = False
     penalty_window: int = 16
     seed_offset: int = 0
     shape_tag: str = ""
+    stream_on_eos: bool = False
+    detokenize: Callable[[list[int]], str] | None = None
 
 
 @dataclass
@@ -156,6 +164,7 @@ class ARDecodeState(LoopState):
     finished: bool = False
     num_preemptions: int = 0
     stream: Channel | None = None
+    text_emitted: int = 0
 
 
 class ARDecodeLoop:
@@ -223,13 +232,25 @@ class ARDecodeLoop:
         state.step += 1
         if state.profile is ExecutionProfile.ROLLOUT:
             state.trajectory.append((out.tokens, out.logprobs))
-        if self.config.eos_token_id is not None and self.config.eos_token_id in out.tokens:
+        if any(t in self.config.eos_token_ids for t in out.tokens):
             state.finished = True
+            if self.config.stream_on_eos and state.stream is not None:
+                state.stream.put(out.hidden)
             return state
         state.frames.append(tuple(out.tokens))
         if state.stream is not None:
             state.stream.put(out.hidden if self.config.stream_hidden else tuple(out.tokens))
+        if self.config.detokenize is not None:
+            self._emit_text(state)
         return state
+
+    def _emit_text(self, state: ARDecodeState) -> None:
+        """Emit the text decoded so far beyond what was emitted (whole characters only)."""
+        text = self.config.detokenize([frame[0] for frame in state.frames])
+        if text.endswith("\ufffd") or len(text) <= state.text_emitted:
+            return
+        state.outbox.append(StreamChunk.of_text(text[state.text_emitted :]))
+        state.text_emitted = len(text)
 
     def finalize(self, state: ARDecodeState) -> LoopResult:
         trajectory = state.trajectory if state.profile is ExecutionProfile.ROLLOUT else None

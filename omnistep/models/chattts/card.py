@@ -257,7 +257,7 @@ def build_card(
         prompt_slot="prompt",
         make_sampling=make_sampling(config.eos_token_id),
         max_new_tokens=opts.max_new_tokens,
-        eos_token_id=config.eos_token_id,
+        eos_token_ids=(config.eos_token_id,),
         stream_slot="hidden_stream",
         stream_hidden=True,
     )
@@ -278,7 +278,7 @@ def build_card(
         prompt_slot="refine_prompt",
         make_sampling=make_refine_sampling(tokenizer.refine_eos_id),
         max_new_tokens=REFINE_MAX_NEW_TOKENS,
-        eos_token_id=tokenizer.refine_eos_id,
+        eos_token_ids=(tokenizer.refine_eos_id,),
         seed_offset=1,
         shape_tag="text",
     )
