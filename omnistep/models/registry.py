@@ -15,6 +15,7 @@ FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",
     "piper": "omnistep.models.piper.card",
     "chattts": "omnistep.models.chattts.card",
+    "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",
 }
 """Family name -> module that defines ``build_card(path: str | None) -> ModelCard``."""
 

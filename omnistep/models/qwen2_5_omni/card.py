@@ -1,0 +1,345 @@
+"""The ``qwen2_5_omni`` card: thinker -> talker streaming cascade (token2wav to follow).
+
+Program: ``frontend`` (chat template -> prompt ids, voice -> speaker) -> ``think`` (an
+ARDecodeLoop on the ``thinker``: text deltas are streamed as decoded, and every step's talker
+conditioning row goes on the ``thinker_rows`` Channel) and, at the same time, ``talk`` (the
+``TalkerLoop`` on the ``talker``: it starts as soon as the thinker has streamed its prompt rows
+and first reply row, and each later step waits only for the next row, so speech codes are
+produced while the thinker is still writing) -> ``usage``. ``talk`` runs only when audio output
+is asked for; its codec ids stream on ``codec_stream``.
+
+Voices: the checkpoint's speakers (``spk_dict.pt``: Chelsie, Ethan); OpenAI voice names are
+accepted and map to the first speaker (Chelsie). Thinker sampling defaults come from
+``generation_config.json`` (greedy when it does not sample); the talker's are transformers'
+``generate`` defaults (temperature 0.9, top_k 40, top_p 0.8, repetition penalty 1.05).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omnistep.core import (
+    OPENAI_VOICES,
+    Capability,
+    Channel,
+    ComponentSpec,
+    Done,
+    InvalidRequestError,
+    KernelNode,
+    LoopKind,
+    LoopNode,
+    LoopSpec,
+    Modality,
+    ModelCard,
+    ModelInstance,
+    Pending,
+    Program,
+    ProgramContext,
+    Request,
+    WorkPlan,
+    WorkUnitKind,
+)
+from omnistep.engine.kv_cache import KVCacheConfig
+from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
+from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
+from omnistep.models.qwen2_5_omni.talker import (
+    TALKER_GENERATE_DEFAULTS,
+    TalkerPrompt,
+    TalkerStepInput,
+    condition_for_step,
+    load_talker,
+)
+from omnistep.models.qwen2_5_omni.thinker import load_thinker
+from omnistep.sampling import SamplingRow
+
+CARD_ID = "qwen2.5-omni"
+
+
+@dataclass(frozen=True)
+class QwenOmniOptions:
+    """Serving options.
+
+    Attributes:
+        kv_cache_gb: memory for each LM's paged KV cache (thinker and talker), GiB.
+        max_batch_size: most units per forward.
+        batch_invariant: bit-identical outputs whatever the batch (slower).
+        thinker_max_new_tokens, talker_max_new_tokens: caps (transformers' generate: 4096).
+        talker_sampling: fixed talker sampling settings (None: transformers' defaults; tests
+            use greedy).
+        dtype: compute dtype.
+    """
+
+    kv_cache_gb: float = 2.0
+    max_batch_size: int = 32
+    batch_invariant: bool = False
+    thinker_max_new_tokens: int = 1024
+    talker_max_new_tokens: int = 4096
+    talker_sampling: SamplingRow | None = None
+    dtype: torch.dtype = torch.float32
+
+
+def thinker_sampling(generation: dict[str, Any]):
+    """``Request -> SamplingRow`` for the thinker: request fields, else generation_config's."""
+    greedy = not generation.get("do_sample", False)
+
+    def build(req: Request) -> SamplingRow:
+        sp = req.sampling
+        return SamplingRow(
+            temperature=float(
+                sp.or_default("temperature", 0.0 if greedy else generation.get("temperature", 1.0))
+            ),
+            top_p=float(sp.or_default("top_p", generation.get("top_p", 1.0))),
+            top_k=int(sp.or_default("top_k", generation.get("top_k", 0) or 0)),
+            repetition_penalty=float(
+                sp.or_default("repetition_penalty", generation.get("repetition_penalty", 1.0))
+            ),
+            min_keep=1,
+        )
+
+    return build
+
+
+def talker_sampling(req: Request) -> SamplingRow:
+    """transformers' talker ``generate`` defaults (the request's fields drive the thinker)."""
+    d = TALKER_GENERATE_DEFAULTS
+    return SamplingRow(
+        temperature=d.temperature,
+        top_p=d.top_p,
+        top_k=d.top_k,
+        repetition_penalty=d.repetition_penalty,
+        min_keep=1,
+    )
+
+
+@dataclass
+class TalkerState(ARDecodeState):
+    """The talker's decode state plus its view of the thinker's rows."""
+
+    rows: Channel = field(default_factory=Channel)
+    speaker_bos_id: int | None = None
+
+
+class TalkerLoop(ARDecodeLoop):
+    """AR decode of codec ids conditioned on the thinker's streamed rows.
+
+    ``thinker_rows`` holds the prompt rows ``[L, E]`` first, then one reply row per thinker
+    step (``r_0, r_1, ...``, the EOS step's included). The PREFILL waits for ``r_0``; decode
+    step ``t`` waits for ``r_t`` until the thinker is done (then TEXT_EOS, then TEXT_PAD).
+    """
+
+    def __init__(self, config: ARDecodeConfig, rows_slot: str = "thinker_rows"):
+        super().__init__(config)
+        self.rows_slot = rows_slot
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> TalkerState:
+        base = super().init(req, model, ctx)
+        fields_ = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        return TalkerState(
+            **fields_,
+            rows=ctx.slots[self.rows_slot],
+            speaker_bos_id=ctx.slots["speaker"]["bos_token"],
+        )
+
+    def next(self, state: TalkerState) -> WorkPlan | Done | Pending:
+        rows = state.rows
+        if len(rows) < 2:  # prompt rows and r_0
+            return Done() if rows.closed else Pending()
+        plan = super().next(state)
+        if isinstance(plan, Done):
+            return plan
+        replies = rows[1:]
+        if isinstance(plan.payload, ARPrefillInput):
+            replay = []
+            for t in range(1, len(state.frames) + 1):
+                cond = condition_for_step(t, replies, rows.closed)
+                if cond is None:
+                    return Pending()
+                replay.append(cond)
+            prompt = TalkerPrompt(rows[0], replies[0], state.speaker_bos_id, tuple(replay))
+            plan.payload = dataclasses.replace(plan.payload, prompt=prompt)
+            return plan
+        cond = condition_for_step(len(state.frames), replies, rows.closed)
+        if cond is None:
+            return Pending()
+        plan.payload = TalkerStepInput.from_step(plan.payload, cond)
+        return plan
+
+
+class _Frontend:
+    """Chat template -> prompt ids; voice -> speaker entry of ``spk_dict.pt``."""
+
+    def __init__(self, tokenizer, speakers: dict[str, dict[str, Any]]):
+        self.tokenizer = tokenizer
+        self.speakers = speakers
+        self.default_speaker = next(iter(speakers))
+
+    def __call__(self, ctx: ProgramContext) -> None:
+        req = ctx.request
+        if not req.messages:
+            raise InvalidRequestError("messages are required", param="messages")
+        voice = req.voice or self.default_speaker
+        if voice in OPENAI_VOICES:
+            voice = self.default_speaker
+        if voice not in self.speakers:
+            raise InvalidRequestError(
+                f"unknown voice '{voice}'; choose one of {', '.join(self.speakers)} (or an "
+                "OpenAI voice name)",
+                param="voice",
+                code="unknown_voice",
+            )
+        messages = [{"role": m.role, "content": m.content} for m in req.messages]
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        ctx.slots["thinker_prompt"] = tuple(int(i) for i in ids)
+        ctx.slots["speaker"] = self.speakers[voice]
+        ctx.usage["input_tokens"] = len(ids)
+
+
+def _usage(ctx: ProgramContext) -> None:
+    ctx.usage["output_tokens"] = len(ctx.slots["text_ids"])
+
+
+def build_card(
+    path: str | None = None, options: QwenOmniOptions | None = None, **overrides: Any
+) -> ModelCard:
+    """The Qwen2.5-Omni card on an official checkpoint folder ``path``.
+
+    Raises:
+        InvalidRequestError: no path given.
+        FileNotFoundError: the folder or one of its files is missing (named).
+    """
+    if path is None:
+        raise InvalidRequestError(
+            "the qwen2_5_omni family needs weights: --model qwen2_5_omni=/path/to/dir",
+            param="model",
+        )
+    opts = options or QwenOmniOptions(**overrides)
+    files = QwenOmniFiles.locate(path)
+    config = files.config()
+    speakers = files.speakers()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(files.root), local_files_only=True)
+    thinker_state = files.tensors("thinker.")
+    talker_cfg = config["talker_config"]
+    text = config["thinker_config"].get("text_config", config["thinker_config"])
+    eos_ids = tuple(
+        sorted(
+            {
+                tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            }
+        )
+    )
+
+    def kv_for(cfg: dict[str, Any]) -> KVCacheConfig:
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        return KVCacheConfig.from_memory(
+            opts.kv_cache_gb,
+            cfg["num_hidden_layers"],
+            cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+            head_dim,
+            torch.finfo(opts.dtype).bits // 8,
+        )
+
+    def build_thinker(device: str):
+        return load_thinker(
+            thinker_state, config, kv_for(text), device, opts.dtype, opts.batch_invariant
+        )
+
+    def build_talker(device: str):
+        embed = thinker_state.get("model.embed_tokens.weight")
+        bos_ids = [int(s["bos_token"]) for s in speakers.values()]
+        return load_talker(
+            files.tensors("talker."),
+            config,
+            kv_for(talker_cfg),
+            embed,
+            device,
+            opts.dtype,
+            bos_ids,
+            opts.batch_invariant,
+        )
+
+    think = ARDecodeConfig(
+        loop_id="think",
+        component="thinker",
+        prompt_slot="thinker_prompt",
+        make_sampling=thinker_sampling(files.generation_config()),
+        max_new_tokens=opts.thinker_max_new_tokens,
+        eos_token_ids=eos_ids,
+        stream_slot="thinker_rows",
+        stream_hidden=True,
+        stream_on_eos=True,
+        detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+    )
+    talk = ARDecodeConfig(
+        loop_id="talk",
+        component="talker",
+        prompt_slot="thinker_prompt",
+        make_sampling=(
+            talker_sampling if opts.talker_sampling is None else lambda req: opts.talker_sampling
+        ),
+        max_new_tokens=opts.talker_max_new_tokens,
+        eos_token_ids=(
+            int(talker_cfg["tts_codec_end_token_id"]),
+            int(talker_cfg["tts_codec_pad_token_id"]),
+        ),
+        stream_slot="codec_stream",
+        seed_offset=1,
+    )
+    wants_audio = lambda req: Modality.AUDIO in req.output_modalities  # noqa: E731
+    program = Program(
+        inputs=("request",),
+        nodes=(
+            KernelNode(
+                "frontend",
+                _Frontend(tokenizer, speakers),
+                needs=("request",),
+                binds=("thinker_prompt", "speaker"),
+            ),
+            LoopNode(
+                "think",
+                "think",
+                needs=("thinker_prompt",),
+                binds="text_ids",
+                streams=("thinker_rows",),
+            ),
+            LoopNode(
+                "talk",
+                "talk",
+                needs=("thinker_rows", "speaker"),
+                binds="codes",
+                streams=("codec_stream",),
+                when=wants_audio,
+            ),
+            KernelNode("usage", _usage, needs=("text_ids", "codes")),
+        ),
+    )
+    lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
+    return ModelCard(
+        card_id=CARD_ID,
+        family="qwen2_5_omni",
+        components=(
+            ComponentSpec("thinker", build_thinker, opts.max_batch_size, "Qwen2.5 thinker LM"),
+            ComponentSpec("talker", build_talker, opts.max_batch_size, "codec talker LM"),
+        ),
+        loops=(
+            LoopSpec(
+                "think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: ARDecodeLoop(think)
+            ),
+            LoopSpec("talk", LoopKind.AR_DECODE, lm_units, ("talker",), lambda: TalkerLoop(talk)),
+        ),
+        program=program,
+        capabilities=frozenset({Capability.CHAT_TEXT}),
+        sample_rate=24000,
+        voices=tuple(speakers),
+        default_voice=next(iter(speakers)),
+        parity=frozenset({"C0", "C1", "C3", "reference"}),
+        description="Qwen2.5-Omni: thinker -> talker cascade (token2wav pending).",
+    )

@@ -1,0 +1,127 @@
+"""The Qwen2.5-Omni card on a tiny official-layout checkpoint: the thinker's text and the
+streamed thinker -> talker cascade against transformers on the same weights."""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from omnistep.core import (
+    ChatMessage,
+    ExecutionProfile,
+    Modality,
+    ModelInstance,
+    Request,
+    SamplingParams,
+)
+from omnistep.engine import AsyncEngine
+from omnistep.models.qwen2_5_omni.card import QwenOmniOptions, build_card
+from omnistep.sampling import SamplingRow
+from tests.qwen_omni_ref import reference
+from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+
+MESSAGES = [{"role": "user", "content": "hello there, how are you today?"}]
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return write_tiny_qwen_omni(tmp_path_factory.mktemp("qwen") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def model(root):
+    opts = QwenOmniOptions(
+        kv_cache_gb=0.02,
+        talker_max_new_tokens=16,
+        talker_sampling=SamplingRow(temperature=0.0, min_keep=1),
+    )
+    return ModelInstance.load(build_card(str(root), opts))
+
+
+def _request(audio: bool, seed: int = 0, text: str = MESSAGES[0]["content"]) -> Request:
+    outputs = {Modality.TEXT, Modality.AUDIO} if audio else {Modality.TEXT}
+    return Request(
+        "qwen2.5-omni",
+        messages=(ChatMessage("user", text),),
+        seed=seed,
+        sampling=GREEDY,
+        profile=ExecutionProfile.ROLLOUT,
+        output_modalities=frozenset(outputs),
+        voice="Chelsie",
+    )
+
+
+async def _run(model, reqs):
+    eng = AsyncEngine([model])
+    streams = [eng.add_request(r) for r in reqs]
+
+    async def drain(stream):
+        return "".join([c.text async for c in stream if c.text])
+
+    texts = await asyncio.gather(*(drain(s) for s in streams))
+    await eng.shutdown()
+    return streams, texts
+
+
+async def test_thinker_text_matches_transformers(model, root):
+    ref = reference.thinker_greedy(root, MESSAGES, steps=12)
+    (stream,), (text,) = await _run(model, [_request(audio=False)])
+    tokens = [t[0] for t, _ in stream.trajectories["think"]]
+    assert tokens == ref.token_ids.tolist()[: len(tokens)] and len(tokens) >= 2
+    tok = model.card.program.nodes[0].fn.tokenizer
+    assert text == tok.decode(tokens, skip_special_tokens=True)
+    assert "talk" not in stream.trajectories, "text-only chat must not run the talker"
+    assert model.components["thinker"].blocks.num_used_blocks == 0
+
+
+async def test_talker_codes_match_transformers_through_the_stream(model, root):
+    ref_thinker = reference.thinker_greedy(root, MESSAGES, steps=12)
+    ref = reference.talker_greedy(root, ref_thinker, "Chelsie", steps=16)
+    (stream,), _ = await _run(model, [_request(audio=True)])
+    codes = [t[0] for t, _ in stream.trajectories["talk"]]
+    expected = ref.codes.tolist()
+    assert codes[: len(expected)] == expected[: len(codes)] and len(codes) >= 4
+    assert model.components["talker"].blocks.num_used_blocks == 0
+
+
+async def test_talker_starts_before_the_thinker_finishes(model):
+    calls = []
+    for name in ("thinker", "talker"):
+        component = model.components[name]
+        original = component.execute
+
+        def wrapped(kind, payloads, _name=name, _original=original):
+            calls.append(_name)
+            return _original(kind, payloads)
+
+        component.execute = wrapped
+    try:
+        await _run(model, [_request(audio=True)])
+    finally:
+        for name in ("thinker", "talker"):
+            del model.components[name].execute
+    first_talker = calls.index("talker")
+    assert "thinker" in calls[first_talker + 1 :], "the talker must overlap the thinker"
+
+
+async def test_cascade_interleaved_equals_alone(model):
+    reqs = [
+        _request(audio=True, seed=s, text=t)
+        for s, t in [(1, "hello there"), (2, "what is the weather like in paris today"), (3, "hi")]
+    ]
+    alone = [(await _run(model, [r]))[0][0] for r in reqs]
+    together, _ = await _run(model, reqs)
+    for a, b in zip(alone, together, strict=True):
+        for loop in ("think", "talk"):
+            assert [t for t, _ in a.trajectories[loop]] == [t for t, _ in b.trajectories[loop]]
+
+
+def test_missing_weights_are_named(root, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(root, broken)
+    (broken / "spk_dict.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="spk_dict.pt"):
+        build_card(str(broken))
