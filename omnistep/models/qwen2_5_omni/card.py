@@ -1,12 +1,18 @@
-"""The ``qwen2_5_omni`` card: thinker -> talker streaming cascade (token2wav to follow).
+"""The ``qwen2_5_omni`` card: thinker -> talker -> token2wav (DiT ODE + BigVGAN).
 
 Program: ``frontend`` (chat template -> prompt ids, voice -> speaker) -> ``think`` (an
 ARDecodeLoop on the ``thinker``: text deltas are streamed as decoded, and every step's talker
 conditioning row goes on the ``thinker_rows`` Channel) and, at the same time, ``talk`` (the
 ``TalkerLoop`` on the ``talker``: it starts as soon as the thinker has streamed its prompt rows
 and first reply row, and each later step waits only for the next row, so speech codes are
-produced while the thinker is still writing) -> ``usage``. ``talk`` runs only when audio output
-is asked for; its codec ids stream on ``codec_stream``.
+produced while the thinker is still writing) -> ``denoise`` (a DenoiseLoop on the ``dit``:
+once the talker is done, every ODE step of the flow-matching solver is one DENOISE_STEP unit,
+batched with other requests' steps; the initial noise comes from the request's seed, as
+upstream's ``torch.manual_seed`` draw) -> ``vocode`` (an AudioDecodeLoop on ``bigvgan``: mel
+chunks with the vocoder's full receptive field on each side, streamed) -> ``usage``. The audio
+stages run only when audio output is asked for. The DiT runs whole-utterance (its block
+attention, iterated over the ODE, spreads every code over every frame, so chunked DiT output
+would not equal the whole decode); streaming starts at the vocoder.
 
 Voices: the checkpoint's speakers (``spk_dict.pt``: Chelsie, Ethan); OpenAI voice names are
 accepted and map to the first speaker (Chelsie). Thinker sampling defaults come from
@@ -44,7 +50,9 @@ from omnistep.core import (
     WorkUnitKind,
 )
 from omnistep.engine.kv_cache import KVCacheConfig
+from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
+from omnistep.loops.denoise import DenoiseConfig, DenoiseInput, DenoiseLoop, DenoiseOutput
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
 from omnistep.models.qwen2_5_omni.talker import (
     TALKER_GENERATE_DEFAULTS,
@@ -54,6 +62,7 @@ from omnistep.models.qwen2_5_omni.talker import (
     load_talker,
 )
 from omnistep.models.qwen2_5_omni.thinker import load_thinker
+from omnistep.models.qwen2_5_omni.token2wav import BigVGAN, DiT, load_token2wav
 from omnistep.sampling import SamplingRow
 
 CARD_ID = "qwen2.5-omni"
@@ -68,6 +77,9 @@ class QwenOmniOptions:
         max_batch_size: most units per forward.
         batch_invariant: bit-identical outputs whatever the batch (slower).
         thinker_max_new_tokens, talker_max_new_tokens: caps (transformers' generate: 4096).
+        first_chunk, chunk: BigVGAN chunk sizes in mel frames (240 samples each).
+        vocoder_context: mel frames of context on each side of a BigVGAN chunk (its receptive
+            field is 34 frames each side for the official geometry).
         talker_sampling: fixed talker sampling settings (None: transformers' defaults; tests
             use greedy).
         dtype: compute dtype.
@@ -79,6 +91,9 @@ class QwenOmniOptions:
     thinker_max_new_tokens: int = 1024
     talker_max_new_tokens: int = 4096
     talker_sampling: SamplingRow | None = None
+    first_chunk: int = 20
+    chunk: int = 100
+    vocoder_context: int = 34
     dtype: torch.dtype = torch.float32
 
 
@@ -200,6 +215,73 @@ class _Frontend:
         ctx.usage["input_tokens"] = len(ids)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Token2WavStart:
+    """First DENOISE_STEP payload: codec ids ``[T]``, the voice's ``cond`` ``[1, enc_emb_dim]``
+    and ``ref_mel`` ``[1, L, mel_dim]``, and the request seed (the initial noise's)."""
+
+    codes: tuple[int, ...]
+    cond: torch.Tensor
+    ref_mel: torch.Tensor
+    seed: int
+
+
+class DiTComponent:
+    """Runs DENOISE_STEP units: a start builds the ODE state (speaker features, seeded noise),
+    then every unit is one solver step, all units of a call in the same DiT forwards."""
+
+    def __init__(self, dit: DiT):
+        self.dit = dit
+
+    @torch.inference_mode()
+    def execute(self, kind: WorkUnitKind, payloads: list[DenoiseInput]) -> list[DenoiseOutput]:
+        if kind is not WorkUnitKind.DENOISE_STEP:
+            raise ValueError(f"the DiT cannot run {kind}")
+        states = [p.state if p.state is not None else self._start(p.start) for p in payloads]
+        outputs = []
+        for new in self.dit.ode_step(states):
+            result = DiT.finalize(new)[0].T.contiguous() if new.done else None  # [frames, mel]
+            outputs.append(DenoiseOutput(new, new.done, result))
+        return outputs
+
+    def _start(self, start: Token2WavStart):
+        device = next(self.dit.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(start.seed)
+        codes = torch.tensor([start.codes], device=device)
+        return self.dit.initial_state(
+            codes, start.cond.to(device), start.ref_mel.to(device), generator=generator
+        )
+
+
+class BigVGANComponent:
+    """Runs AUDIO_CHUNK units over mel frames (``[mel_dim]`` each): ``240 * chunk`` samples."""
+
+    def __init__(self, bigvgan: BigVGAN):
+        self.bigvgan = bigvgan
+
+    @torch.inference_mode()
+    def execute(self, kind: WorkUnitKind, payloads: list[AudioChunkInput]) -> list:
+        if kind is not WorkUnitKind.AUDIO_CHUNK:
+            raise ValueError(f"BigVGAN cannot run {kind}")
+        first = payloads[0]
+        mel = torch.stack([torch.stack(list(p.frames)) for p in payloads]).transpose(1, 2)
+        audio = self.bigvgan.decode_chunk(mel, first.left, first.chunk)  # [B, samples]
+        return [row.float().cpu().numpy() for row in audio]
+
+
+def _token2wav_start(req: Request, ctx: ProgramContext, items: list[Any]) -> Any:
+    codes = tuple(int(frame[0]) for frame in items)
+    if not codes:
+        return None
+    speaker = ctx.slots["speaker"]
+    return Token2WavStart(
+        codes,
+        torch.as_tensor(speaker["cond"]).float(),
+        torch.as_tensor(speaker["ref_mel"]).float(),
+        int(req.seed or 0),
+    )
+
+
 def _usage(ctx: ProgramContext) -> None:
     ctx.usage["output_tokens"] = len(ctx.slots["text_ids"])
 
@@ -252,6 +334,27 @@ def build_card(
             thinker_state, config, kv_for(text), device, opts.dtype, opts.batch_invariant
         )
 
+    token2wav: dict[str, Any] = {}
+
+    def load_t2w(device: str):
+        if device not in token2wav:
+            token2wav[device] = load_token2wav(files.tensors("token2wav."), config, device)
+        return token2wav[device]
+
+    def build_dit(device: str) -> DiTComponent:
+        return DiTComponent(load_t2w(device).code2wav_dit_model)
+
+    def build_bigvgan(device: str) -> BigVGANComponent:
+        return BigVGANComponent(load_t2w(device).code2wav_bigvgan_model)
+
+    repeats = int(config["token2wav_config"]["dit_config"].get("repeats", 2))
+
+    def frames_of(item: Any) -> int:
+        """Mel frames of a start (``repeats`` per code) or of an ODE state."""
+        if isinstance(item, Token2WavStart):
+            return len(item.codes) * repeats
+        return item.num_frames
+
     def build_talker(device: str):
         embed = thinker_state.get("model.embed_tokens.weight")
         bos_ids = [int(s["bos_token"]) for s in speakers.values()]
@@ -293,6 +396,24 @@ def build_card(
         stream_slot="codec_stream",
         seed_offset=1,
     )
+    denoise = DenoiseConfig(
+        loop_id="denoise",
+        component="dit",
+        in_slot="codec_stream",
+        stream_slot="mel_stream",
+        make_start=_token2wav_start,
+        frames_of=frames_of,
+    )
+    vocode = AudioDecodeConfig(
+        loop_id="vocode",
+        component="bigvgan",
+        in_slot="mel_stream",
+        sample_rate=24000,
+        first_chunk=opts.first_chunk,
+        chunk=opts.chunk,
+        left_context=opts.vocoder_context,
+        lookahead=opts.vocoder_context,
+    )
     wants_audio = lambda req: Modality.AUDIO in req.output_modalities  # noqa: E731
     program = Program(
         inputs=("request",),
@@ -318,7 +439,16 @@ def build_card(
                 streams=("codec_stream",),
                 when=wants_audio,
             ),
-            KernelNode("usage", _usage, needs=("text_ids", "codes")),
+            LoopNode(
+                "denoise",
+                "denoise",
+                needs=("codec_stream", "speaker"),
+                binds="mel_frames",
+                streams=("mel_stream",),
+                when=wants_audio,
+            ),
+            LoopNode("vocode", "vocode", needs=("mel_stream",), binds="samples", when=wants_audio),
+            KernelNode("usage", _usage, needs=("text_ids", "codes", "samples")),
         ),
     )
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
@@ -328,18 +458,34 @@ def build_card(
         components=(
             ComponentSpec("thinker", build_thinker, opts.max_batch_size, "Qwen2.5 thinker LM"),
             ComponentSpec("talker", build_talker, opts.max_batch_size, "codec talker LM"),
+            ComponentSpec("dit", build_dit, opts.max_batch_size, "token2wav DiT (flow matching)"),
+            ComponentSpec("bigvgan", build_bigvgan, opts.max_batch_size, "token2wav BigVGAN"),
         ),
         loops=(
             LoopSpec(
                 "think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: ARDecodeLoop(think)
             ),
             LoopSpec("talk", LoopKind.AR_DECODE, lm_units, ("talker",), lambda: TalkerLoop(talk)),
+            LoopSpec(
+                "denoise",
+                LoopKind.DENOISE,
+                (WorkUnitKind.DENOISE_STEP,),
+                ("dit",),
+                lambda: DenoiseLoop(denoise),
+            ),
+            LoopSpec(
+                "vocode",
+                LoopKind.AUDIO_DECODE,
+                (WorkUnitKind.AUDIO_CHUNK,),
+                ("bigvgan",),
+                lambda: AudioDecodeLoop(vocode),
+            ),
         ),
         program=program,
-        capabilities=frozenset({Capability.CHAT_TEXT}),
+        capabilities=frozenset({Capability.CHAT_TEXT, Capability.CHAT_AUDIO}),
         sample_rate=24000,
         voices=tuple(speakers),
         default_voice=next(iter(speakers)),
         parity=frozenset({"C0", "C1", "C3", "reference"}),
-        description="Qwen2.5-Omni: thinker -> talker cascade (token2wav pending).",
+        description="Qwen2.5-Omni: thinker -> talker -> token2wav (DiT + BigVGAN), 24 kHz.",
     )
