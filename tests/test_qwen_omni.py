@@ -148,3 +148,42 @@ async def test_cascade_audio_matches_transformers_token2wav(model, root):
     assert out.audio.size == wave.size == 480 * len(audio_codes)
     assert len(out.chunks) > 1, "BigVGAN output streams in chunks"
     assert np.abs(out.audio - wave).max() <= 1e-4
+
+
+def test_chat_completions_with_audio_through_the_server(root):
+    import base64
+    import io
+
+    import soundfile as sf
+    from openai import OpenAI
+
+    from tests.serving import running_server
+
+    with running_server("--model", f"qwen2_5_omni={root}", "--kv-cache-gb", "0.02") as base:
+        client = OpenAI(base_url=base + "/v1", api_key="unused")
+        kwargs = dict(
+            model="qwen2.5-omni",
+            messages=MESSAGES,
+            modalities=["text", "audio"],
+            audio={"voice": "Ethan", "format": "wav"},
+            seed=3,
+            max_tokens=8,
+            temperature=0,
+        )
+        full = client.chat.completions.create(**kwargs)
+        message = full.choices[0].message
+        assert message.content and message.audio.transcript == message.content
+        wave, rate = sf.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
+        assert rate == 24000 and wave.size > 0 and wave.size % 480 == 0
+        events = list(client.chat.completions.create(stream=True, **kwargs))
+        text = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+        pieces = [getattr(e.choices[0].delta, "audio", None) for e in events if e.choices]
+        data = b"".join(base64.b64decode(p.data) for p in pieces if p and p.data)
+        streamed, _ = sf.read(io.BytesIO(data), dtype="float32")
+        assert text == message.content
+        assert streamed.size == wave.size and abs(streamed - wave).max() == 0
+        text_only = client.chat.completions.create(
+            model="qwen2.5-omni", messages=MESSAGES, seed=3, max_tokens=8, temperature=0
+        )
+        assert text_only.choices[0].message.content == message.content
+        assert text_only.choices[0].message.audio is None
