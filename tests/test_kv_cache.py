@@ -145,3 +145,23 @@ def test_from_memory_rejects_non_positive(field):
 def test_from_memory_too_small_for_one_block():
     with pytest.raises(ValueError, match="memory_gb"):
         KVCacheConfig.from_memory(1e-9, num_layers=20, num_kv_heads=12, head_dim=64, dtype_bytes=2)
+
+
+def test_sequence_table_admits_grows_and_preempts_the_youngest():
+    from omnistep.engine.kv_cache import BlockManager, KVCacheFullError, SequenceTable
+
+    table = SequenceTable(BlockManager(num_blocks=4, block_size=4))
+    assert table.admit_prefill("old", 4) and table.admit_prefill("young", 4)
+    assert not table.admit_prefill("late", 12)  # only 2 blocks free now
+    with pytest.raises(KVCacheFullError):
+        table.admit_prefill("huge", 17)
+    assert table.grow(["old", "young"]) == [0, 1]  # 5 tokens each: 2 blocks each, pool full
+    assert table.lengths == {"old": 5, "young": 5}
+    for _ in range(3):
+        table.grow(["old", "young"])
+    assert table.grow(["old", "young"]) == [0]  # 9 tokens need a 3rd block: young preempted
+    assert table.num_preemptions == 1 and "young" not in table.lengths
+    table.free("old")
+    assert table.blocks.num_used_blocks == 0
+    with pytest.raises(ValueError):
+        table.grow(["never"])

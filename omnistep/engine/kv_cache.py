@@ -192,3 +192,69 @@ class BlockManager:
             "num_blocks": self.num_blocks,
             "usage": used / self.num_blocks,
         }
+
+
+class SequenceTable:
+    """Token counts of a component's sequences on top of a BlockManager: admission of
+    prefills by free blocks and growth of decode batches with preemption of the youngest.
+
+    Shared by every AR component (ChatTTS GPT, Qwen thinker and talker), which keep the KV
+    tensors themselves. Pure Python.
+
+    Attributes:
+        blocks: the block manager.
+        lengths: tokens in the cache per sequence id.
+        num_preemptions: sequences freed to make room for older ones.
+    """
+
+    def __init__(self, blocks: BlockManager):
+        self.blocks = blocks
+        self.lengths: dict[Hashable, int] = {}
+        self.num_preemptions = 0
+
+    def free(self, seq_id: Hashable) -> None:
+        """Free the sequence's blocks and forget it (idempotent)."""
+        self.blocks.free(seq_id)
+        self.lengths.pop(seq_id, None)
+
+    def admit_prefill(self, seq_id: Hashable, num_tokens: int) -> bool:
+        """(Re)start ``seq_id`` with blocks for ``num_tokens``; False when they are not free now.
+
+        Raises:
+            KVCacheFullError: the sequence needs more blocks than the whole pool.
+        """
+        self.free(seq_id)
+        needed = self.blocks.blocks_needed(num_tokens)
+        if needed > self.blocks.num_blocks:
+            raise KVCacheFullError(seq_id, needed, self.blocks.num_blocks)
+        if not self.blocks.can_allocate(seq_id, num_tokens):
+            return False
+        self.blocks.allocate(seq_id, num_tokens)
+        self.lengths[seq_id] = num_tokens
+        return True
+
+    def grow(self, seq_ids: list[Hashable]) -> list[int]:
+        """Grow every sequence by one token; when the pool runs out, preempt (free) the
+        youngest (``seq_ids`` is oldest first) until the rest fit. Returns the kept indices.
+
+        Raises:
+            ValueError: a sequence that was never admitted.
+        """
+        unknown = [s for s in seq_ids if s not in self.lengths]
+        if unknown:
+            raise ValueError(f"decode step for sequence {unknown[0]!r} without a prefill")
+        keep = list(range(len(seq_ids)))
+        while keep:
+            missing = sum(
+                self.blocks.blocks_needed(self.lengths[seq_ids[i]] + 1)
+                - len(self.blocks.block_table(seq_ids[i]))
+                for i in keep
+            )
+            if missing <= self.blocks.num_free_blocks:
+                break
+            self.free(seq_ids[keep.pop()])
+            self.num_preemptions += 1
+        for i in keep:
+            self.lengths[seq_ids[i]] += 1
+            self.blocks.allocate(seq_ids[i], self.lengths[seq_ids[i]])
+        return keep

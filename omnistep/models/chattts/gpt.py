@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from omnistep.core import WorkUnitKind
-from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, KVCacheFullError
+from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, SequenceTable
 from omnistep.layers import AttentionMetadata, LlamaModel, PagedKVCache
 from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.llama import LlamaConfigLite
@@ -150,9 +150,9 @@ class ChatTTSGPT:
             dtype,
             self.device,
         )
-        self.blocks = BlockManager(kv.num_blocks, kv.block_size)
-        self.lengths: dict[str, int] = {}
-        self.num_preemptions = 0
+        self.table = SequenceTable(BlockManager(kv.num_blocks, kv.block_size))
+        self.blocks = self.table.blocks
+        self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
 
     # ---------------------------------------------------------------- weights
     def load_weights(
@@ -188,8 +188,7 @@ class ChatTTSGPT:
     # ---------------------------------------------------------------- Component API
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks (idempotent)."""
-        self.blocks.free(seq_id)
-        self.lengths.pop(seq_id, None)
+        self.table.free(seq_id)
         self.text_mode.pop(seq_id, None)
 
     @torch.inference_mode()
@@ -251,16 +250,9 @@ class ChatTTSGPT:
         run: list[int] = []
         for i, unit in enumerate(units):
             num_tokens = len(unit.prompt.input_ids) + len(unit.generated)
-            self.free_sequence(unit.seq_id)
-            if self.blocks.blocks_needed(num_tokens) > self.blocks.num_blocks:
-                raise KVCacheFullError(
-                    unit.seq_id, self.blocks.blocks_needed(num_tokens), self.blocks.num_blocks
-                )
-            if not self.blocks.can_allocate(unit.seq_id, num_tokens):
+            if not self.table.admit_prefill(unit.seq_id, num_tokens):
                 results[i] = ARStepOutput(preempted=True)
                 continue
-            self.blocks.allocate(unit.seq_id, num_tokens)
-            self.lengths[unit.seq_id] = num_tokens
             self.text_mode[unit.seq_id] = unit.prompt.text_mode
             run.append(i)
         if run:
@@ -293,24 +285,14 @@ class ChatTTSGPT:
         return results
 
     def _admit_decode(self, units: Sequence[ARStepInput]) -> list[int]:
-        """Grow every sequence by one token; if the pool runs out, preempt the youngest ones
-        (the batch is oldest first) until the rest fit. Returns the indices that run."""
-        keep = list(range(len(units)))
-        while keep:
-            missing = sum(
-                self.blocks.blocks_needed(self.lengths[units[i].seq_id] + 1)
-                - len(self.blocks.block_table(units[i].seq_id))
-                for i in keep
-            )
-            if missing <= self.blocks.num_free_blocks:
-                break
-            self.free_sequence(units[keep.pop()].seq_id)
-            self.num_preemptions += 1
-        for i in keep:
-            seq = units[i].seq_id
-            self.lengths[seq] += 1
-            self.blocks.allocate(seq, self.lengths[seq])
-        return keep
+        """Grow every sequence by one token, preempting the youngest if the pool runs out
+        (``SequenceTable.grow``). Returns the indices that run."""
+        return self.table.grow([u.seq_id for u in units])
+
+    @property
+    def num_preemptions(self) -> int:
+        """Sequences freed so far to make room for older ones."""
+        return self.table.num_preemptions
 
     def _forward(
         self,

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from omnistep.core import WorkUnitKind
-from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, KVCacheFullError
+from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, SequenceTable
 from omnistep.layers import AttentionMetadata, LlamaModel
 from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.llama import LlamaConfigLite
@@ -212,9 +212,9 @@ class PagedQwenLM:
         self.batch_invariant = batch_invariant
         self.llama = LlamaModel(llama, device=self.device, dtype=dtype).eval()
         self.cache = self.llama.make_cache(kv.num_blocks, kv.block_size)
-        self.blocks = BlockManager.from_config(kv)
-        self.lengths: dict[str, int] = {}
-        self.num_preemptions = 0
+        self.table = SequenceTable(BlockManager.from_config(kv))
+        self.blocks = self.table.blocks
+        self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
         self._teacher_ids = itertools.count()
 
     # ------------------------------------------------------------ subclass hooks
@@ -247,8 +247,7 @@ class PagedQwenLM:
     # ------------------------------------------------------------ Component API
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks (idempotent)."""
-        self.blocks.free(seq_id)
-        self.lengths.pop(seq_id, None)
+        self.table.free(seq_id)
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: Sequence[Any]) -> list[ARStepOutput]:
@@ -267,16 +266,8 @@ class PagedQwenLM:
     # ------------------------------------------------------------ prefill / decode
     def _admit_prefill(self, unit: ARPrefillInput, num_tokens: int) -> bool:
         """(Re)start the sequence with blocks for its ``num_tokens`` prefill rows; False if they
-        are not free."""
-        self.free_sequence(unit.seq_id)
-        num_blocks = self.blocks.blocks_needed(num_tokens)
-        if num_blocks > self.blocks.num_blocks:
-            raise KVCacheFullError(unit.seq_id, num_blocks, self.blocks.num_blocks)
-        if not self.blocks.can_allocate(unit.seq_id, num_tokens):
-            return False
-        self.blocks.allocate(unit.seq_id, num_tokens)
-        self.lengths[unit.seq_id] = num_tokens
-        return True
+        are not free (``SequenceTable.admit_prefill``)."""
+        return self.table.admit_prefill(unit.seq_id, num_tokens)
 
     def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
         results = [ARStepOutput(preempted=True)] * len(units)
@@ -330,27 +321,14 @@ class PagedQwenLM:
         return results
 
     def _admit_decode(self, units: Sequence[Any]) -> list[int]:
-        """Grow every sequence by one token; if the pool runs out, preempt the youngest ones
-        (the batch is oldest first) until the rest fit. Returns the indices that run."""
-        for unit in units:
-            if unit.seq_id not in self.lengths:
-                raise ValueError(f"AR_TOKEN for sequence {unit.seq_id!r} without a prefill")
-        keep = list(range(len(units)))
-        while keep:
-            missing = sum(
-                self.blocks.blocks_needed(self.lengths[units[i].seq_id] + 1)
-                - len(self.blocks.block_table(units[i].seq_id))
-                for i in keep
-            )
-            if missing <= self.blocks.num_free_blocks:
-                break
-            self.free_sequence(units[keep.pop()].seq_id)
-            self.num_preemptions += 1
-        for i in keep:
-            seq_id = units[i].seq_id
-            self.lengths[seq_id] += 1
-            self.blocks.allocate(seq_id, self.lengths[seq_id])
-        return keep
+        """Grow every sequence by one token, preempting the youngest if the pool runs out
+        (``SequenceTable.grow``). Returns the indices that run."""
+        return self.table.grow([u.seq_id for u in units])
+
+    @property
+    def num_preemptions(self) -> int:
+        """Sequences freed so far to make room for older ones."""
+        return self.table.num_preemptions
 
     def _forward(
         self,
