@@ -187,3 +187,13 @@ def test_chat_completions_with_audio_through_the_server(root):
         )
         assert text_only.choices[0].message.content == message.content
         assert text_only.choices[0].message.audio is None
+
+
+async def test_chat_token_cap_limits_text_not_speech(model):
+    """max_tokens caps the thinker (the text the caller counts), not the talker's codes."""
+    req = dataclasses.replace(
+        _request(audio=True, seed=2), sampling=SamplingParams(temperature=0.0, max_new_tokens=3)
+    )
+    (stream,), _ = await _run(model, [req])
+    assert len(stream.trajectories["think"]) <= 3
+    assert len(stream.trajectories["talk"]) > 3

@@ -132,6 +132,8 @@ class ARDecodeConfig:
             the sampled frame, which EOS drops).
         detokenize: ``detokenize(token_ids) -> text``; when set, the loop emits the growing
             text as TEXT deltas (held back while it ends in an incomplete character).
+        honor_request_cap: the request's ``max_new_tokens`` caps this loop too (False for a
+            stage the caller does not count, e.g. a talker behind a chat's ``max_tokens``).
     """
 
     loop_id: str
@@ -147,6 +149,7 @@ class ARDecodeConfig:
     shape_tag: str = ""
     stream_on_eos: bool = False
     detokenize: Callable[[list[int]], str] | None = None
+    honor_request_cap: bool = True
 
 
 @dataclass
@@ -178,7 +181,7 @@ class ARDecodeLoop:
 
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> ARDecodeState:
         cfg = self.config
-        cap = req.sampling.max_new_tokens or cfg.max_new_tokens
+        cap = (req.sampling.max_new_tokens if cfg.honor_request_cap else None) or cfg.max_new_tokens
         seed = (int(req.seed or 0) + cfg.seed_offset) % 2**63
         return ARDecodeState(
             request_id=req.request_id,

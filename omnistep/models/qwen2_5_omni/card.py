@@ -92,7 +92,7 @@ class QwenOmniOptions:
     talker_max_new_tokens: int = 4096
     talker_sampling: SamplingRow | None = None
     first_chunk: int = 20
-    chunk: int = 100
+    chunk: int = 300
     vocoder_context: int = 34
     dtype: torch.dtype = torch.float32
 
@@ -116,6 +116,15 @@ def thinker_sampling(generation: dict[str, Any]):
         )
 
     return build
+
+
+def thinker_eos_ids(generation: dict[str, Any], tokenizer) -> tuple[int, ...]:
+    """The thinker's end tokens: ``generation_config.json``'s ``eos_token_id`` (an id or a
+    list), as transformers' generate stops; ``<|im_end|>`` when the file does not say."""
+    eos = generation.get("eos_token_id")
+    if eos is None:
+        return (int(tokenizer.convert_tokens_to_ids("<|im_end|>")),)
+    return tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
 
 
 def talker_sampling(req: Request) -> SamplingRow:
@@ -310,14 +319,7 @@ def build_card(
     thinker_state = files.tensors("thinker.")
     talker_cfg = config["talker_config"]
     text = config["thinker_config"].get("text_config", config["thinker_config"])
-    eos_ids = tuple(
-        sorted(
-            {
-                tokenizer.convert_tokens_to_ids("<|im_end|>"),
-                tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-            }
-        )
-    )
+    eos_ids = thinker_eos_ids(files.generation_config(), tokenizer)
 
     def kv_for(cfg: dict[str, Any]) -> KVCacheConfig:
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -395,6 +397,7 @@ def build_card(
         ),
         stream_slot="codec_stream",
         seed_offset=1,
+        honor_request_cap=False,
     )
     denoise = DenoiseConfig(
         loop_id="denoise",
