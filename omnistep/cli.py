@@ -57,7 +57,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         batch_invariant=args.batch_invariant or None,
     )
     print(_usage_banner(config.host, config.port, engine), flush=True)
-    uvicorn.run(build_app(engine), host=config.host, port=config.port, log_level=args.log_level)
+    uvicorn.run(
+        build_app(engine, config), host=config.host, port=config.port, log_level=args.log_level
+    )
     return 0
 
 

@@ -138,6 +138,24 @@ def test_errors_keep_the_connection_usable(base):
         assert ok.status_code == 200
 
 
+def test_bodies_over_one_megabyte_get_413(base):
+    big = {"model": "toy", "input": "hi", "padding": "x" * (1 << 20)}
+    r = httpx.post(base + SPEECH, json=big, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunks():  # no Content-Length: counted while read
+        yield b'{"model": "toy", "input": "hi", "padding": "'
+        for _ in range(20):
+            yield b"x" * 65536
+        yield b'"}'
+
+    r = httpx.post(
+        base + SPEECH, content=chunks(), timeout=30, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 413
+    assert _post(base, response_format="wav").status_code == 200
+
+
 def test_missing_field_and_non_json_body(base):
     r = httpx.post(base + SPEECH, json={"model": "toy"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"

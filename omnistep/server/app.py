@@ -14,6 +14,7 @@ from omnistep import __version__
 from omnistep.engine import AsyncEngine
 from omnistep.server import chat, speech
 from omnistep.server.errors import install_error_handlers
+from omnistep.server.limits import BodySizeLimit
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,18 +24,21 @@ class ServerConfig:
     Attributes:
         host: interface to bind; loopback by default.
         port: TCP port.
+        max_body_bytes: larger request bodies get 413 (OpenAI inputs are at most 4096 chars).
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
+    max_body_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
 
 
-def build_app(engine: AsyncEngine) -> FastAPI:
+def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAPI:
     """The app serving ``engine``'s models; the engine is shut down with the app."""
+    config = config or ServerConfig()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -45,6 +49,7 @@ def build_app(engine: AsyncEngine) -> FastAPI:
     app.state.engine = engine
     app.state.started = int(time.time())
     install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.include_router(speech.router)
     app.include_router(chat.router)
 
