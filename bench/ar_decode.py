@@ -3,57 +3,66 @@
 What it measures
 ----------------
 Both sides run the same FULL-SIZE ChatTTS checkpoint (official sizes, seeded random weights,
-~1.2 GB, written once by ``tests.chattts_ref.assets.write_full_size_chattts`` into ``--root`` plus
-``asset/spk_stat.pt`` as the tests' fixture writes it), in this process, with the same torch
-intra-op thread count (``--threads``, default 2, set with ``torch.set_num_threads``; the thread
-count seen inside omnistep's executor thread is recorded too). Every request decodes exactly
-``--tokens`` frames (N): omnistep with ``SamplingParams(max_new_tokens=N, min_new_tokens=N)``,
-upstream with ``max_new_token=N, min_new_token=N``; both mask EOS before ``min_new_tokens``
-(checked at start on the real sampler, and afterwards on every request's frame count).
+~1.2 GB, written once by ``tests.chattts_ref.assets.write_full_size_chattts`` into ``--root``,
+plus ``asset/spk_stat.pt`` as the tests' fixture writes it), in this process, one side at a time,
+with the same torch intra-op thread count (``--threads``, default 2, set once with
+``torch.set_num_threads``; the count seen inside omnistep's executor threads is recorded).
+Every request decodes exactly ``--tokens`` frames (N): omnistep with
+``SamplingParams(max_new_tokens=N, min_new_tokens=N)``, upstream with ``max_new_token=N,
+min_new_token=N``. Both mask EOS while fewer than ``min_new_tokens`` frames exist (checked at
+start on omnistep's real sampling row, and on every request's frame count afterwards).
 
 * **omnistep, in-process.** ``AsyncEngine([ModelInstance.load(build_card(root,
-  ChatTTSOptions(...)))])``. For each concurrency level C (``--concurrency``, default 1,4,16)
-  a burst submits C requests at once (different short English texts, different seeds, the
-  default voice: a speaker drawn from the seed) and streams them to the end. Per burst:
-  aggregate decode tokens/s (C * N frames / wall time from the first submit to the last
-  chunk; model load and a warm-up burst excluded), and per request the time to first audio
-  (TTFA: from its ``add_request`` to its first non-empty audio ``StreamChunk``) and total time.
-  C=1 runs ``--repeats`` times (median). The components' ``execute`` calls are timed (kind,
-  batch size, seconds) to split the wall time into GPT decode, prefill, vocoder and the rest.
-  Then the lowest and highest level again with ``batch_invariant=True`` (its cost), and TTFA at
-  C=1 for ``lookahead`` in 8, 16, 32 (other vocoder settings default; ``--repeats`` runs each,
-  N = first_chunk + lookahead + 4, which does not change when the first chunk is cut).
+  ChatTTSOptions(...)))])`` with the default ``EngineConfig`` (recorded). A burst of C submits
+  C requests at once (different short English texts and seeds, the default voice: a speaker
+  drawn from the seed) and streams them to the end. Per burst: aggregate decode tokens/s
+  (C * N frames / wall time from the first submit to the last chunk; model load and warm-up
+  excluded), per request the time to first audio (TTFA: from its ``add_request`` to its first
+  non-empty audio ``StreamChunk``) and total time, the process CPU seconds, and each
+  component's ``execute`` calls (kind, batch, seconds; GPT and vocoder may overlap on the
+  engine's worker threads, so busy time is reported per component and as a union).
+* **upstream ``chattts`` 0.2.5**, loaded on the same folder with the test shims
+  (``tests.chattts_ref.reference.load_upstream_chat``), one random speaker string for all calls,
+  ``Chat.infer(texts, skip_refine_text=True, split_text=False, params_infer_code=
+  InferCodeParams(spk_emb=spk, max_new_token=N, min_new_token=N, show_tqdm=False))``: the code
+  GPT, then Decoder+Vocos on its hidden states, like omnistep's card (whose refine-text stage
+  is off by default; ``split_text`` would call the DVAE encoder, which the shims stub out).
+  Single request: tokens/s = N / wall, end to end (omnistep's numbers include its vocoder too);
+  the GPT alone (``Chat._infer_code``) once for reference. Lock-step batch: a list of 8 texts in
+  one call, 8 N / wall. Streaming: ``stream=True`` with upstream's stream defaults
+  (``stream_batch`` 24, ``pass_first_n_batches`` 2; N >= 73 so it cannot end first): seconds
+  from the call to the first yielded wav chunk.
 
-* **upstream ``chattts`` 0.2.5** loaded on the same folder with the test shims
-  (``tests.chattts_ref.reference.load_upstream_chat``), one random speaker string for all calls:
-  ``Chat.infer(text, skip_refine_text=True, split_text=False, params_infer_code=
-  InferCodeParams(spk_emb=spk, max_new_token=N, min_new_token=N, show_tqdm=False))``, i.e. the
-  code GPT and the Decoder+Vocos on the hidden states (refinement is a separate text-LM pass
-  that omnistep's card does not have, and ``split_text`` would call the DVAE encoder, which
-  the shims stub): (1) one text, ``--repeats`` times at the start and once at the end (drift
-  check); tokens/s = N / wall (end to end, like omnistep's, which includes its vocoder); the
-  GPT alone (``Chat._infer_code``) is timed too; (2) its lock-step batch of 8 (a list of 8
-  texts in one call); tokens/s = 8 N / wall; (3) ``stream=True`` with the stream defaults
-  (``stream_batch`` 24, ``pass_first_n_batches`` 2, with N >= 73 so it cannot end first):
-  seconds from the call to the first yielded wav chunk.
+* **GEMM floor.** Once per round, the GPT backbone's 140 weight GEMMs (every ``nn.Linear`` of the
+  20 layers) alone, on 1, 8 and C_max input rows: milliseconds per decode step that no runtime
+  using these fp32 kernels can beat, hence a ceiling on tokens/s at a given batch.
+
+Order: the machine is shared, so the comparisons run in ``--rounds`` rounds (default 2), each
+``upstream single, ours C=lowest, upstream stream TTFA, ours C=<other levels>, upstream batch of
+8`` (levels that no target uses, e.g. C=4, only in the first round); "paired" ratios compare
+numbers of the same round. Then ``batch_invariant=True`` at the lowest and highest level, and
+TTFA at C=1 for ``lookahead`` in 8, 16, 32 (other settings default; N = first_chunk + lookahead
++ 4 frames, which does not change when the first chunk is cut), each ``--rounds`` times; a last
+upstream single run closes (a drift check, not part of the medians).
 
 Targets
 -------
 (a) omnistep tok/s at C=1 >= 1.0x upstream single; (b) omnistep aggregate tok/s at C=16 >= 10x
 upstream single and >= 2.5x upstream's lock-step batch of 8; (c) omnistep TTFA at C=1 <= 0.25x
-upstream's streamed time to first audio. Upstream numbers are medians over their runs. If the
-levels do not include 1 or 16, the lowest and highest level stand in.
+upstream's streamed time to first audio. Headline ratios are medians over the rounds of each
+side; the paired (same-round) ratios are printed beside them. If the levels do not include 1
+or 16, the lowest and highest level stand in.
 
 How to run
 ----------
 ::
 
-    .venv/bin/python bench/ar_decode.py                      # C = 1,4,16, N = 128
+    .venv/bin/python bench/ar_decode.py                      # C = 1,4,16, N = 128, 2 rounds
     .venv/bin/python bench/ar_decode.py --concurrency 1,4,16 --tokens 96 --root /tmp/ckpt
 
 It prints a table and the ratios and writes everything to ``bench/results/ar_decode.json``
-(``--out``). Wall-clock numbers depend on other load: ``os.getloadavg()`` is stored with each
-measurement.
+(``--out``). Wall-clock numbers depend on other load on the machine: ``os.getloadavg()`` and
+the process CPU time are stored with each measurement.
 """
 
 from __future__ import annotations
@@ -85,6 +94,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = Path("/tmp/omnistep-chattts-full")
 DEFAULT_OUT = REPO / "bench" / "results" / "ar_decode.json"
 UPSTREAM_STREAM_MIN_TOKENS = 3 * 24 + 1  # pass_first_n_batches=2 -> first yield at 72 frames
+UPSTREAM_BATCH = 8
 EOS = 625
 
 TEXTS = (
@@ -175,476 +185,528 @@ def check_min_new_tokens() -> dict[str, Any]:
 
 
 class ExecTimer:
-    """Wraps a component's ``execute`` (instance attribute) to log kind, batch and seconds."""
+    """Wraps a component's ``execute`` (an instance attribute, so nested calls such as the
+    batch-invariant vocoder's per-row calls are logged too) to log kind, batch and interval."""
 
     def __init__(self, name: str, component: Any):
         self.name = name
-        self.log: list[tuple[str, int, float]] = []
+        self.log: list[tuple[str, int, float, float, int]] = []
         self.threads: set[int] = set()
+        self.depth = 0
         inner = component.execute
 
         def execute(kind: WorkUnitKind, payloads: Any) -> Any:
             self.threads.add(torch.get_num_threads())
+            self.depth += 1
             start = time.perf_counter()
-            out = inner(kind, payloads)
-            self.log.append((kind.value, len(payloads), time.perf_counter() - start))
-            return out
+            try:
+                return inner(kind, payloads)
+            finally:
+                self.depth -= 1
+                end = time.perf_counter()
+                self.log.append((kind.value, len(payloads), start, end, self.depth))
 
         component.execute = execute
 
+    def outer(self) -> list[tuple[str, int, float, float]]:
+        """Top-level calls only: ``(kind, batch, start, end)``."""
+        return [(k, b, s, e) for k, b, s, e, d in self.log if d == 0]
+
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for kind in sorted({k for k, _, _ in self.log}):
-            rows = [(b, s) for k, b, s in self.log if k == kind]
+        calls = self.outer()
+        for kind in sorted({k for k, _, _, _ in calls}):
+            rows = [(b, e - s) for k, b, s, e in calls if k == kind]
+            seconds = sum(t for _, t in rows)
             out[kind] = {
                 "calls": len(rows),
                 "units": sum(b for b, _ in rows),
-                "seconds": round(sum(s for _, s in rows), 3),
-                "ms_per_call": round(1000 * sum(s for _, s in rows) / len(rows), 2),
+                "seconds": round(seconds, 3),
+                "ms_per_call": round(1000 * seconds / len(rows), 2),
                 "max_batch": max(b for b, _ in rows),
             }
         return out
 
 
-def load_ours(root: Path, **options: Any) -> tuple[ModelInstance, float, dict[str, ExecTimer]]:
-    start = time.perf_counter()
-    model = ModelInstance.load(build_card(str(root), ChatTTSOptions(**options)))
-    seconds = time.perf_counter() - start
-    timers = {name: ExecTimer(name, comp) for name, comp in model.components.items()}
-    return model, seconds, timers
+def _union_seconds(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
 
 
-async def _burst(engine: AsyncEngine, c: int, tokens: int, seed0: int) -> dict[str, Any]:
-    reqs = [
-        Request(
-            "chattts",
-            text=TEXTS[(seed0 + i) % len(TEXTS)],
-            seed=seed0 + i,
-            sampling=SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens),
-        )
-        for i in range(c)
-    ]
-    start = time.perf_counter()
-    submitted, streams = [], []
-    for r in reqs:
-        submitted.append(time.perf_counter())
-        streams.append(engine.add_request(r))
+class Ours:
+    """One loaded omnistep model with its engine (all bursts run on one event loop)."""
 
-    async def consume(i: int) -> dict[str, Any]:
-        first = None
-        samples = 0
-        async for chunk in streams[i]:
-            if chunk.audio is not None and chunk.audio.size:
-                if first is None:
-                    first = time.perf_counter()
-                samples += chunk.audio.size
-        end = time.perf_counter()
+    def __init__(self, root: Path, options: dict[str, Any]):
+        self.options = options
+        start = time.perf_counter()
+        self.model = ModelInstance.load(build_card(str(root), ChatTTSOptions(**options)))
+        self.load_s = time.perf_counter() - start
+        self.timers = {n: ExecTimer(n, c) for n, c in self.model.components.items()}
+        self.engine = AsyncEngine([self.model])
+        self.seed = 0
+        print(f"omnistep {options or 'defaults'}: loaded in {self.load_s:.1f}s", flush=True)
+
+    def gemm_floor(self, rows: int, reps: int = 3) -> dict[str, Any]:
+        """Milliseconds per decode step of the GPT backbone's weight GEMMs alone (every
+        ``nn.Linear`` of the Llama stack, ``rows`` input rows, cold weights as in decoding):
+        a floor for one AR_TOKEN step of ``rows`` sequences, on either side."""
+        llama = self.model.components["gpt"].llama
+        linears = [m for m in llama.modules() if isinstance(m, torch.nn.Linear)]
+        xs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+        with torch.inference_mode():
+            for m in linears:
+                torch.nn.functional.linear(xs[m.in_features], m.weight)
+            start = time.perf_counter()
+            for _ in range(reps):
+                for m in linears:
+                    torch.nn.functional.linear(xs[m.in_features], m.weight)
+        ms = 1000 * (time.perf_counter() - start) / reps
+        return {"rows": rows, "ms_per_step": ms, "gemms": len(linears), "loadavg": load_avg()}
+
+    def info(self) -> dict[str, Any]:
         return {
-            "ttfa_s": None if first is None else first - submitted[i],
-            "total_s": end - submitted[i],
-            "frames": int(streams[i].usage.get("output_tokens", -1)),
-            "samples": samples,
+            "options": self.options,
+            "load_s": round(self.load_s, 2),
+            "engine_config": dataclasses.asdict(self.engine.config),
+            "executor_torch_threads": sorted(
+                set().union(*(t.threads for t in self.timers.values()))
+            ),
         }
 
-    per = await asyncio.gather(*(consume(i) for i in range(c)))
-    wall = time.perf_counter() - start
-    frames = sum(p["frames"] for p in per)
-    ttfa = [p["ttfa_s"] for p in per if p["ttfa_s"] is not None]
-    return {
-        "concurrency": c,
-        "tokens": tokens,
-        "wall_s": wall,
-        "frames": frames,
-        "all_exact": all(p["frames"] == tokens for p in per),
-        "tok_s": frames / wall,
-        "ttfa_p50_s": _med(ttfa),
-        "ttfa_max_s": max(ttfa, default=float("nan")),
-        "total_p50_s": _med([p["total_s"] for p in per]),
-        "total_max_s": max(p["total_s"] for p in per),
-        "requests": per,
-        "loadavg": load_avg(),
-    }
-
-
-async def run_ours(
-    model: ModelInstance,
-    timers: dict[str, ExecTimer],
-    plan: list[tuple[int, int, int]],
-    warmup_tokens: int,
-) -> list[dict[str, Any]]:
-    """Warm up, then one burst per ``(C, N, repeats)`` entry of ``plan``."""
-    engine = AsyncEngine([model])
-    try:
-        await _burst(engine, 2, warmup_tokens, 10_000)
-        results = []
-        seed = 0
-        for c, tokens, repeats in plan:
-            for _ in range(repeats):
-                for t in timers.values():
-                    t.log.clear()
-                res = await _burst(engine, c, tokens, seed)
-                seed += c
-                res["exec"] = {n: t.summary() for n, t in timers.items()}
-                compute = sum(s for t in timers.values() for _, _, s in t.log)
-                res["exec_seconds"] = round(compute, 3)
-                res["other_seconds"] = round(res["wall_s"] - compute, 3)
-                results.append(res)
-                print(
-                    f"  ours C={c:<3} N={tokens:<4} wall {res['wall_s']:6.2f}s "
-                    f"{res['tok_s']:7.1f} tok/s  TTFA p50 {res['ttfa_p50_s']:.3f}s  "
-                    f"load {res['loadavg'][0]}",
-                    flush=True,
-                )
-        return results
-    finally:
-        await engine.shutdown()
-
-
-def ours_config(
-    root: Path, options: dict[str, Any], plan: list[tuple[int, int, int]], warmup: int
-) -> dict[str, Any]:
-    model, load_s, timers = load_ours(root, **options)
-    print(f"omnistep {options or 'defaults'}: loaded in {load_s:.1f}s", flush=True)
-    try:
-        bursts = asyncio.run(run_ours(model, timers, plan, warmup))
-        threads = sorted(set().union(*(t.threads for t in timers.values())))
-    finally:
-        del model, timers
+    async def close(self) -> None:
+        await self.engine.shutdown()
+        # The engine's step loop leaves its pending ``Event.wait`` waiter behind after
+        # shutdown; cancel it here rather than let it be garbage-collected while pending.
+        leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in leftovers:
+            task.cancel()
+        await asyncio.gather(*leftovers, return_exceptions=True)
+        del self.engine, self.model, self.timers
         gc.collect()
-    return {"options": options, "load_s": round(load_s, 2), "bursts": bursts, "threads": threads}
 
+    async def burst(
+        self, c: int, tokens: int, tag: str = "", quiet: bool = False
+    ) -> dict[str, Any]:
+        for t in self.timers.values():
+            t.log.clear()
+        cpu0 = time.process_time()
+        res = await self._burst(c, tokens)
+        res["cpu_s"] = time.process_time() - cpu0
+        res["cpu_ms_per_token"] = 1000 * res["cpu_s"] / max(res["frames"], 1)
+        res["tag"] = tag
+        res["exec"] = {n: t.summary() for n, t in self.timers.items()}
+        calls = {n: [(s, e) for _, _, s, e in t.outer()] for n, t in self.timers.items()}
+        busy = _union_seconds([iv for ivs in calls.values() for iv in ivs])
+        res["busy_s"] = {n: round(_union_seconds(ivs), 3) for n, ivs in calls.items()}
+        res["busy_s"]["any"] = round(busy, 3)
+        res["idle_s"] = round(res["wall_s"] - busy, 3)  # no component running
+        res["overlap_s"] = round(sum(res["busy_s"][n] for n in calls) - busy, 3)
+        if not quiet:
+            gpt = res["exec"].get("gpt", {}).get("ar_token", {})
+            print(
+                f"  ours {tag:<18} C={c:<3} N={tokens:<4} wall {res['wall_s']:6.2f}s "
+                f"{res['tok_s']:6.1f} tok/s  TTFA p50 {res['ttfa_p50_s']:6.3f}s  "
+                f"GPT step {gpt.get('ms_per_call', float('nan')):6.1f} ms  "
+                f"cpu {res['cpu_ms_per_token']:5.0f} ms/tok  load {res['loadavg'][0]}",
+                flush=True,
+            )
+        return res
 
-def _by_c(cfg: dict[str, Any], c: int) -> list[dict[str, Any]]:
-    return [b for b in cfg["bursts"] if b["concurrency"] == c]
+    async def _burst(self, c: int, tokens: int) -> dict[str, Any]:
+        seed0, self.seed = self.seed, self.seed + c
+        reqs = [
+            Request(
+                "chattts",
+                text=TEXTS[(seed0 + i) % len(TEXTS)],
+                seed=seed0 + i,
+                sampling=SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens),
+            )
+            for i in range(c)
+        ]
+        start = time.perf_counter()
+        submitted, streams = [], []
+        for r in reqs:
+            submitted.append(time.perf_counter())
+            streams.append(self.engine.add_request(r))
+
+        async def consume(i: int) -> dict[str, Any]:
+            first, samples = None, 0
+            async for chunk in streams[i]:
+                if chunk.audio is not None and chunk.audio.size:
+                    first = first or time.perf_counter()
+                    samples += chunk.audio.size
+            return {
+                "ttfa_s": None if first is None else first - submitted[i],
+                "total_s": time.perf_counter() - submitted[i],
+                "frames": int(streams[i].usage.get("output_tokens", -1)),
+                "samples": samples,
+            }
+
+        per = await asyncio.gather(*(consume(i) for i in range(c)))
+        wall = time.perf_counter() - start
+        frames = sum(p["frames"] for p in per)
+        ttfa = [p["ttfa_s"] for p in per if p["ttfa_s"] is not None]
+        return {
+            "concurrency": c,
+            "tokens": tokens,
+            "wall_s": wall,
+            "frames": frames,
+            "all_exact": all(p["frames"] == tokens for p in per),
+            "tok_s": frames / wall,
+            "ttfa_p50_s": _med(ttfa),
+            "ttfa_max_s": max(ttfa, default=float("nan")),
+            "total_p50_s": _med([p["total_s"] for p in per]),
+            "total_max_s": max(p["total_s"] for p in per),
+            "requests": per,
+            "loadavg": load_avg(),
+        }
 
 
 # ----------------------------------------------------------------------------- upstream
 
 
-def run_upstream(root: Path, tokens: int, repeats: int) -> dict[str, Any]:
-    _import_test_helpers()
-    from tests.chattts_ref.reference import load_upstream_chat
+class Upstream:
+    """Upstream ``ChatTTS.Chat`` on the same checkpoint (see module docstring)."""
 
-    logging.getLogger("tests.chattts_ref.upstream").setLevel(logging.ERROR)
-    start = time.perf_counter()
-    chat = load_upstream_chat(root, cached=False)
-    load_s = time.perf_counter() - start
-    print(f"upstream chattts: loaded in {load_s:.1f}s", flush=True)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        spk = chat.sample_random_speaker()
+    def __init__(self, root: Path, tokens: int):
+        _import_test_helpers()
+        from tests.chattts_ref.reference import load_upstream_chat
 
-    def params(n: int) -> Any:
-        return chat.InferCodeParams(spk_emb=spk, max_new_token=n, min_new_token=n, show_tqdm=False)
+        logging.getLogger("tests.chattts_ref.upstream").setLevel(logging.ERROR)
+        start = time.perf_counter()
+        self.chat = load_upstream_chat(root, cached=False)
+        self.load_s = time.perf_counter() - start
+        self.tokens = tokens
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.spk = self.chat.sample_random_speaker()
+        print(f"upstream chattts: loaded in {self.load_s:.1f}s", flush=True)
 
-    def infer(text: Any, n: int, stream: bool = False) -> Any:
-        return chat.infer(
+    def params(self, n: int) -> Any:
+        return self.chat.InferCodeParams(
+            spk_emb=self.spk, max_new_token=n, min_new_token=n, show_tqdm=False
+        )
+
+    def infer(self, text: Any, n: int, stream: bool = False) -> Any:
+        return self.chat.infer(
             text,
             stream=stream,
             skip_refine_text=True,
             split_text=False,
-            params_infer_code=params(n),
+            params_infer_code=self.params(n),
         )
 
-    def single(tag: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        wavs = infer(TEXTS[0], tokens)
+    def warmup(self) -> None:
+        self.infer(TEXTS[0], 8)  # numba normaliser JIT, first kernels
+        self.infer(list(TEXTS[:UPSTREAM_BATCH]), 8)
+
+    def _timed(self, name: str, fn: Any, frames: int) -> dict[str, Any]:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        extra = fn()
         wall = time.perf_counter() - t0
         res = {
-            "tag": tag,
             "wall_s": wall,
-            "tok_s": tokens / wall,
-            "samples": int(sum(w.size for w in wavs)),
+            "tok_s": frames / wall,
+            "frames": frames,
+            "cpu_s": time.process_time() - cpu0,
             "loadavg": load_avg(),
+            **extra,
         }
+        res["cpu_ms_per_token"] = 1000 * res["cpu_s"] / frames
         print(
-            f"  upstream single ({tag}) N={tokens} wall {wall:6.2f}s {res['tok_s']:7.1f} tok/s "
-            f"load {res['loadavg'][0]}",
+            f"  upstream {name:<24} N={self.tokens:<4} wall {wall:6.2f}s {res['tok_s']:6.1f} "
+            f"tok/s  cpu {res['cpu_ms_per_token']:5.0f} ms/tok  load {res['loadavg'][0]}",
             flush=True,
         )
         return res
 
-    out: dict[str, Any] = {"load_s": round(load_s, 2), "speaker": "torch seed 0"}
-    infer(TEXTS[0], 8)  # warm-up (numba normaliser JIT, first kernels)
-    infer(list(TEXTS[:8]), 8)
-    out["single"] = [single("start") for _ in range(repeats)]
+    def single(self) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            wavs = self.infer(TEXTS[0], self.tokens)
+            return {"samples": int(sum(w.size for w in wavs))}
 
-    gpt = []
-    for _ in range(repeats):
+        return self._timed("single (infer)", run, self.tokens)
+
+    def gpt_only(self) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            chat = self.chat
+            with torch.no_grad():
+                gen = chat._infer_code(
+                    [TEXTS[0]], False, chat.device, True, self.params(self.tokens)
+                )
+                out = next(gen)
+            if out.ids[0].shape[0] != self.tokens:
+                raise RuntimeError(f"upstream decoded {out.ids[0].shape[0]} frames")
+            return {}
+
+        return self._timed("single (_infer_code)", run, self.tokens)
+
+    def batch(self) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            wavs = self.infer(list(TEXTS[:UPSTREAM_BATCH]), self.tokens)
+            return {"outputs": len(wavs)}
+
+        return self._timed(f"lock-step batch {UPSTREAM_BATCH}", run, UPSTREAM_BATCH * self.tokens)
+
+    def stream_ttfa(self) -> dict[str, Any]:
+        n = max(self.tokens, UPSTREAM_STREAM_MIN_TOKENS)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            res = next(chat._infer_code([TEXTS[0]], False, chat.device, True, params(tokens)))
-        wall = time.perf_counter() - t0
-        assert res.ids[0].shape[0] == tokens, res.ids[0].shape
-        gpt.append({"wall_s": wall, "tok_s": tokens / wall, "loadavg": load_avg()})
-    out["gpt_only_single"] = gpt
-    print(f"  upstream GPT only: {_med([g['tok_s'] for g in gpt]):.1f} tok/s", flush=True)
-
-    t0 = time.perf_counter()
-    wavs = infer(list(TEXTS[:8]), tokens)
-    wall = time.perf_counter() - t0
-    out["batch8"] = {
-        "wall_s": wall,
-        "tok_s": 8 * tokens / wall,
-        "outputs": len(wavs),
-        "loadavg": load_avg(),
-    }
-    print(
-        f"  upstream lock-step batch 8: wall {wall:6.2f}s {8 * tokens / wall:7.1f} tok/s",
-        flush=True,
-    )
-
-    n_stream = max(tokens, UPSTREAM_STREAM_MIN_TOKENS)
-    stream = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        gen = infer(TEXTS[0], n_stream, stream=True)
+        gen = self.infer(TEXTS[0], n, stream=True)
         first = next(gen)
         ttfa = time.perf_counter() - t0
         gen.close()
-        stream.append({"ttfa_s": ttfa, "first_samples": int(first.size), "loadavg": load_avg()})
-        print(f"  upstream stream TTFA {ttfa:.3f}s", flush=True)
-    out["stream"] = {"tokens": n_stream, "runs": stream}
-    out["_chat"] = chat
-    out["_single"] = single
+        res = {"ttfa_s": ttfa, "tokens": n, "first_samples": int(first.size), "loadavg": load_avg()}
+        print(f"  upstream stream=True             TTFA {ttfa:6.3f}s  load {res['loadavg'][0]}")
+        return res
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+async def run_all(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+    n, lo, hi = args.tokens, levels[0], levels[-1]
+    defaults = ChatTTSOptions()
+    warm = defaults.first_chunk + defaults.lookahead + defaults.chunk
+    up = Upstream(args.root, n)
+    up.warmup()
+    ours = Ours(args.root, {})
+    await ours.burst(2, warm, quiet=True)  # warm-up
+    out: dict[str, Any] = {"upstream": {"load_s": round(up.load_s, 2)}, "rounds": []}
+    out["upstream"]["gpt_only"] = up.gpt_only()
+    for r in range(args.rounds):
+        print(f"round {r + 1}/{args.rounds}", flush=True)
+        rnd: dict[str, Any] = {"ours": {}}
+        rnd["upstream_single"] = up.single()
+        rnd["ours"][str(lo)] = await ours.burst(lo, n, f"round {r + 1}")
+        rnd["upstream_stream"] = up.stream_ttfa()
+        for c in levels[1:]:
+            if c == hi or r == 0:  # levels that no target uses: first round only
+                rnd["ours"][str(c)] = await ours.burst(c, n, f"round {r + 1}")
+        rnd["upstream_batch"] = up.batch()
+        rnd["gemm_floor"] = {str(m): ours.gemm_floor(m) for m in sorted({1, UPSTREAM_BATCH, hi})}
+        print(
+            "  GPT weight-GEMM floor per step: "
+            + ", ".join(
+                f"{m} rows {g['ms_per_step']:.0f} ms" for m, g in rnd["gemm_floor"].items()
+            ),
+            flush=True,
+        )
+        out["rounds"].append(rnd)
+    out["omnistep_default"] = ours.info()
+    await ours.close()
+
+    bi = Ours(args.root, {"batch_invariant": True})
+    await bi.burst(2, warm, quiet=True)
+    out["batch_invariant"] = {
+        **bi.info(),
+        "bursts": {str(c): await bi.burst(c, n, "batch_invariant") for c in sorted({lo, hi})},
+    }
+    await bi.close()
+
+    out["lookahead"] = {}
+    for la in (8, 16, 32):
+        tok = defaults.first_chunk + la + 4
+        m = Ours(args.root, {"lookahead": la})
+        await m.burst(1, tok, quiet=True)
+        runs = [await m.burst(1, tok, f"lookahead={la}") for _ in range(args.rounds)]
+        out["lookahead"][str(la)] = {**m.info(), "bursts": runs}
+        await m.close()
+
+    out["upstream"]["single_end"] = up.single()
+    del up
+    gc.collect()
     return out
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def ratio_line(name: str, value: float, op: str, target: float) -> dict[str, Any]:
+def ratio_line(name: str, value: float, op: str, target: float, paired: list[float]) -> dict:
     ok = value >= target if op == ">=" else value <= target
-    print(f"  {name:<58} {value:7.3f}  (target {op} {target})  {'MET' if ok else 'MISSED'}")
-    return {"name": name, "value": round(value, 4), "op": op, "target": target, "met": ok}
+    pair = ", ".join(f"{p:.2f}" for p in paired)
+    print(
+        f"  {name:<52} {value:7.3f}  (target {op} {target:<4}) {'MET   ' if ok else 'MISSED'}"
+        f"  paired by round: {pair}"
+    )
+    return {
+        "name": name,
+        "value": round(value, 4),
+        "op": op,
+        "target": target,
+        "met": ok,
+        "paired": [round(p, 4) for p in paired],
+    }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2, help="runs of C=1 and upstream single")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = ap.parse_args()
-    levels = sorted({int(x) for x in args.concurrency.split(",") if x.strip()})
-    lo, hi, n = levels[0], levels[-1], args.tokens
-    torch.set_num_threads(args.threads)
-    t_start = time.perf_counter()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {load_avg()}")
+def _row(side: str, config: str, c: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    nan = float("nan")
 
-    ckpt = ensure_checkpoint(args.root)
-    ckpt["bytes"] = checkpoint_bytes(args.root)
-    print(f"checkpoint {args.root}: {ckpt}", flush=True)
-    eos_check = check_min_new_tokens()
-    print(f"min_new_tokens masks EOS: {eos_check}", flush=True)
+    def med(key: str) -> float:
+        return _med([r[key] for r in runs if r.get(key) is not None])
 
+    return {
+        "side": side,
+        "config": config,
+        "C": c,
+        "N": runs[0].get("tokens", runs[0].get("frames", 0) // max(c, 1)),
+        "runs": len(runs),
+        "wall_s": med("wall_s") if "wall_s" in runs[0] else nan,
+        "tok_s": med("tok_s") if "tok_s" in runs[0] else nan,
+        "ttfa_p50_s": med("ttfa_p50_s") if "ttfa_p50_s" in runs[0] else med("ttfa_s"),
+        "cpu_ms_per_token": med("cpu_ms_per_token") if "cpu_ms_per_token" in runs[0] else nan,
+        "load1": max(r["loadavg"][0] for r in runs),
+        "exact_frames": all(r.get("all_exact", True) for r in runs),
+    }
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "-" if x != x else format(x, spec)
+
+
+def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
+    n, lo, hi = args.tokens, levels[0], levels[-1]
+    rounds = res["rounds"]
+    up = res["upstream"]
+    ours_by_c = {c: [r["ours"][str(c)] for r in rounds if str(c) in r["ours"]] for c in levels}
+    up_single = [r["upstream_single"] for r in rounds]
+    up_batch = [r["upstream_batch"] for r in rounds]
+    up_stream = [r["upstream_stream"] for r in rounds]
+
+    rows = [_row("omnistep", "default", c, ours_by_c[c]) for c in levels]
+    rows += [
+        _row("omnistep", "batch_invariant", int(c), [b])
+        for c, b in res["batch_invariant"]["bursts"].items()
+    ]
+    rows += [
+        _row("omnistep", f"lookahead={la}", 1, v["bursts"]) for la, v in res["lookahead"].items()
+    ]
+    for i, s in enumerate([*up_single, up["single_end"]]):
+        s["tokens"] = n
+        tag = "end: drift check" if i == len(up_single) else f"round {i + 1}"
+        rows.append(_row("upstream", f"single ({tag})", 1, [s]))
+    up["gpt_only"]["tokens"] = n
+    rows.append(_row("upstream", "_infer_code only", 1, [up["gpt_only"]]))
+    for b in up_batch:
+        b["tokens"] = n
+    rows.append(_row("upstream", f"infer batch {UPSTREAM_BATCH}", UPSTREAM_BATCH, up_batch))
+    rows.append(_row("upstream", "infer stream=True", 1, up_stream))
+
+    print()
     defaults = ChatTTSOptions()
     vocoder = {k: getattr(defaults, k) for k in ("first_chunk", "chunk", "left_context")}
     vocoder["lookahead"] = defaults.lookahead
-
-    up = run_upstream(args.root, n, args.repeats)
-
-    warm = defaults.first_chunk + defaults.lookahead + defaults.chunk
-    plan = [(c, n, args.repeats if c == 1 else 1) for c in levels]
-    ours = ours_config(args.root, {}, plan, warm)
-    bi_plan = [(c, n, 1) for c in sorted({lo, hi})]
-    ours_bi = ours_config(args.root, {"batch_invariant": True}, bi_plan, warm)
-    lookahead = {}
-    for la in (8, 16, 32):
-        tok = defaults.first_chunk + la + 4
-        cfg = ours_config(args.root, {"lookahead": la}, [(1, tok, args.repeats)], tok)
-        lookahead[la] = cfg
-
-    up["single"].append(up.pop("_single")("end"))
-    del up["_chat"]
-    gc.collect()
-
-    # ---------------------------------------------------------------- table
-    up_single = _med([r["tok_s"] for r in up["single"]])
-    up_gpt = _med([r["tok_s"] for r in up["gpt_only_single"]])
-    up_b8 = up["batch8"]["tok_s"]
-    up_ttfa = _med([r["ttfa_s"] for r in up["stream"]["runs"]])
-    rows = []
-
-    def add(side: str, cfg: str, c: int, bursts: list[dict[str, Any]]) -> None:
-        rows.append(
-            {
-                "side": side,
-                "config": cfg,
-                "C": c,
-                "N": bursts[0]["tokens"],
-                "runs": len(bursts),
-                "wall_s": _med([b["wall_s"] for b in bursts]),
-                "tok_s": _med([b["tok_s"] for b in bursts]),
-                "ttfa_p50_s": _med([b["ttfa_p50_s"] for b in bursts]),
-                "ttfa_max_s": max(b["ttfa_max_s"] for b in bursts),
-                "total_p50_s": _med([b["total_p50_s"] for b in bursts]),
-                "load1": bursts[-1]["loadavg"][0],
-                "exact_frames": all(b["all_exact"] for b in bursts),
-            }
-        )
-
-    for c in levels:
-        add("omnistep", "default", c, _by_c(ours, c))
-    for c in sorted({lo, hi}):
-        add("omnistep", "batch_invariant", c, _by_c(ours_bi, c))
-    for la, cfg in lookahead.items():
-        add("omnistep", f"lookahead={la}", 1, cfg["bursts"])
-    nan = float("nan")
-    for r in up["single"]:
-        rows.append(
-            {
-                "side": "upstream",
-                "config": f"infer single ({r['tag']})",
-                "C": 1,
-                "N": n,
-                "runs": 1,
-                "wall_s": r["wall_s"],
-                "tok_s": r["tok_s"],
-                "ttfa_p50_s": nan,
-                "ttfa_max_s": nan,
-                "total_p50_s": r["wall_s"],
-                "load1": r["loadavg"][0],
-                "exact_frames": True,
-            }
-        )
-    rows.append(
-        {
-            "side": "upstream",
-            "config": "_infer_code only",
-            "C": 1,
-            "N": n,
-            "runs": len(up["gpt_only_single"]),
-            "wall_s": _med([r["wall_s"] for r in up["gpt_only_single"]]),
-            "tok_s": up_gpt,
-            "ttfa_p50_s": nan,
-            "ttfa_max_s": nan,
-            "total_p50_s": nan,
-            "load1": up["gpt_only_single"][-1]["loadavg"][0],
-            "exact_frames": True,
-        }
+    print(
+        f"vocoder defaults (ChatTTSOptions): {vocoder}; torch.set_num_threads({args.threads}); "
+        f"engine {res['omnistep_default']['engine_config']}"
     )
-    rows.append(
-        {
-            "side": "upstream",
-            "config": "infer lock-step batch",
-            "C": 8,
-            "N": n,
-            "runs": 1,
-            "wall_s": up["batch8"]["wall_s"],
-            "tok_s": up_b8,
-            "ttfa_p50_s": nan,
-            "ttfa_max_s": nan,
-            "total_p50_s": up["batch8"]["wall_s"],
-            "load1": up["batch8"]["loadavg"][0],
-            "exact_frames": True,
-        }
-    )
-    rows.append(
-        {
-            "side": "upstream",
-            "config": "infer stream=True",
-            "C": 1,
-            "N": up["stream"]["tokens"],
-            "runs": len(up["stream"]["runs"]),
-            "wall_s": nan,
-            "tok_s": nan,
-            "ttfa_p50_s": up_ttfa,
-            "ttfa_max_s": max(r["ttfa_s"] for r in up["stream"]["runs"]),
-            "total_p50_s": nan,
-            "load1": up["stream"]["runs"][-1]["loadavg"][0],
-            "exact_frames": True,
-        }
-    )
-
-    print()
-    print(f"vocoder defaults (ChatTTSOptions): {vocoder}; torch threads {args.threads}")
     head = (
-        f"{'side':<9} {'config':<24} {'C':>3} {'N':>4} {'runs':>4} {'wall s':>7} "
-        f"{'tok/s':>7} {'TTFA p50':>9} {'TTFA max':>9} {'total p50':>9} {'load1':>6}"
+        f"{'side':<9} {'config':<26} {'C':>3} {'N':>4} {'runs':>4} {'wall s':>7} {'tok/s':>7} "
+        f"{'TTFA p50':>9} {'cpu ms/tok':>10} {'load1 max':>9}"
     )
     print(head)
     print("-" * len(head))
-
-    def fmt(x: float, spec: str) -> str:
-        return "-" if x != x else format(x, spec)
-
     for r in rows:
         print(
-            f"{r['side']:<9} {r['config']:<24} {r['C']:>3} {r['N']:>4} {r['runs']:>4} "
-            f"{fmt(r['wall_s'], '7.2f')} {fmt(r['tok_s'], '7.1f')} "
-            f"{fmt(r['ttfa_p50_s'], '9.3f')} {fmt(r['ttfa_max_s'], '9.3f')} "
-            f"{fmt(r['total_p50_s'], '9.2f')} {r['load1']:>6}"
+            f"{r['side']:<9} {r['config']:<26} {r['C']:>3} {r['N']:>4} {r['runs']:>4} "
+            f"{_fmt(r['wall_s'], '7.2f')} {_fmt(r['tok_s'], '7.1f')} "
+            f"{_fmt(r['ttfa_p50_s'], '9.3f')} {_fmt(r['cpu_ms_per_token'], '10.0f')} "
+            f"{r['load1']:>9}"
         )
 
-    ours_lo = _med([b["tok_s"] for b in _by_c(ours, lo)])
-    ours_hi = _med([b["tok_s"] for b in _by_c(ours, hi)])
-    ours_ttfa = _med([b["ttfa_p50_s"] for b in _by_c(ours, lo)])
+    single = _med([s["tok_s"] for s in up_single])
+    batch = _med([b["tok_s"] for b in up_batch])
+    ttfa = _med([s["ttfa_s"] for s in up_stream])
+    ours_lo = _med([b["tok_s"] for b in ours_by_c[lo]])
+    ours_hi = _med([b["tok_s"] for b in ours_by_c[hi]])
+    ours_ttfa = _med([b["ttfa_p50_s"] for b in ours_by_c[lo]])
+
+    def paired(fn: Any) -> list[float]:
+        return [fn(r) for r in rounds]
+
     print()
-    print("targets:")
-    ratios = [
-        ratio_line(f"(a) ours C={lo} tok/s / upstream single", ours_lo / up_single, ">=", 1.0),
-        ratio_line(f"(b) ours C={hi} tok/s / upstream single", ours_hi / up_single, ">=", 10.0),
+    print("targets (headline = medians over the rounds; paired = same round):")
+    targets = [
         ratio_line(
-            f"(b) ours C={hi} tok/s / upstream lock-step batch 8", ours_hi / up_b8, ">=", 2.5
+            f"(a) ours C={lo} tok/s / upstream single",
+            ours_lo / single,
+            ">=",
+            1.0,
+            paired(lambda r: r["ours"][str(lo)]["tok_s"] / r["upstream_single"]["tok_s"]),
         ),
-        ratio_line(f"(c) ours TTFA C={lo} / upstream stream TTFA", ours_ttfa / up_ttfa, "<=", 0.25),
+        ratio_line(
+            f"(b) ours C={hi} tok/s / upstream single",
+            ours_hi / single,
+            ">=",
+            10.0,
+            paired(lambda r: r["ours"][str(hi)]["tok_s"] / r["upstream_single"]["tok_s"]),
+        ),
+        ratio_line(
+            f"(b) ours C={hi} tok/s / upstream batch {UPSTREAM_BATCH}",
+            ours_hi / batch,
+            ">=",
+            2.5,
+            paired(lambda r: r["ours"][str(hi)]["tok_s"] / r["upstream_batch"]["tok_s"]),
+        ),
+        ratio_line(
+            f"(c) ours TTFA C={lo} / upstream stream TTFA",
+            ours_ttfa / ttfa,
+            "<=",
+            0.25,
+            paired(lambda r: r["ours"][str(lo)]["ttfa_p50_s"] / r["upstream_stream"]["ttfa_s"]),
+        ),
     ]
     bi_cost = {}
-    for c in sorted({lo, hi}):
-        base = _med([b["tok_s"] for b in _by_c(ours, c)])
-        bi = _med([b["tok_s"] for b in _by_c(ours_bi, c)])
-        bi_cost[c] = {"default_tok_s": base, "batch_invariant_tok_s": bi, "slowdown": base / bi}
+    for c, b in res["batch_invariant"]["bursts"].items():
+        base = _med([x["tok_s"] for x in ours_by_c[int(c)]])
+        base_cpu = _med([x["cpu_ms_per_token"] for x in ours_by_c[int(c)]])
+        bi_cost[c] = {
+            "default_tok_s": base,
+            "batch_invariant_tok_s": b["tok_s"],
+            "slowdown": base / b["tok_s"],
+            "cpu_ms_per_token_default": base_cpu,
+            "cpu_ms_per_token_batch_invariant": b["cpu_ms_per_token"],
+        }
         print(
-            f"  batch_invariant at C={c}: {bi:.1f} vs {base:.1f} tok/s -> {base / bi:.2f}x slower"
+            f"  batch_invariant cost at C={c}: {b['tok_s']:.1f} vs {base:.1f} tok/s "
+            f"({base / b['tok_s']:.2f}x slower; cpu {b['cpu_ms_per_token']:.0f} vs "
+            f"{base_cpu:.0f} ms/token)"
         )
+    gpt_ours = _gpt_tok_s(ours_by_c[lo])
     print(
-        f"  GPT only at C={lo}: ours {_gpt_tok_s(_by_c(ours, lo)):.1f} tok/s, upstream {up_gpt:.1f}"
+        f"  GPT alone at C={lo}: ours {gpt_ours:.1f} tok/s (its execute calls), "
+        f"upstream _infer_code {up['gpt_only']['tok_s']:.1f} tok/s"
     )
-    elapsed = time.perf_counter() - t_start
-    print(f"load average now {load_avg()}; bench took {elapsed:.0f}s")
-
-    result = {
-        "machine": {
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "cpus": os.cpu_count(),
-            "torch_threads": args.threads,
-            "omnistep_executor_threads": {
-                "default": ours["threads"],
-                "batch_invariant": ours_bi["threads"],
-            },
-        },
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "checkpoint": {"root": str(args.root), **ckpt},
-        "min_new_tokens_check": eos_check,
-        "vocoder_defaults": vocoder,
-        "omnistep": {
-            "default": ours,
-            "batch_invariant": ours_bi,
-            "lookahead": {str(k): v for k, v in lookahead.items()},
-        },
-        "upstream": up,
-        "table": rows,
-        "targets": ratios,
-        "batch_invariant_cost": {str(k): v for k, v in bi_cost.items()},
-        "seconds": round(elapsed, 1),
-        "loadavg_end": load_avg(),
+    floors = {
+        m: _med([r["gemm_floor"][m]["ms_per_step"] for r in rounds])
+        for m in rounds[0]["gemm_floor"]
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_jsonable(result), indent=1))
-    print(f"wrote {args.out}")
+    ceiling = {m: int(m) * 1000 / ms for m, ms in floors.items()}
+    print(
+        "  GPT weight-GEMM floor per step (ms): "
+        + ", ".join(f"{m} rows {ms:.0f}" for m, ms in floors.items())
+        + f"; GEMM-only ceiling at C={hi}: {ceiling[str(hi)]:.0f} tok/s = "
+        f"{ceiling[str(hi)] / single:.1f}x upstream single, "
+        f"{ceiling[str(hi)] / batch:.1f}x upstream batch {UPSTREAM_BATCH}"
+    )
+    return {
+        "gemm_floor_ms_per_step": floors,
+        "gemm_only_ceiling_tok_s": ceiling,
+        "vocoder_defaults": vocoder,
+        "table": rows,
+        "targets": targets,
+        "batch_invariant_cost": bi_cost,
+        "gpt_only_tok_s": {"omnistep": gpt_ours, "upstream": up["gpt_only"]["tok_s"]},
+    }
 
 
 def _gpt_tok_s(bursts: list[dict[str, Any]]) -> float:
-    """Frames per second of GPT compute alone (prefill + decode calls) over the bursts."""
+    """Frames per second of GPT compute alone (its prefill and decode calls) over the bursts."""
     frames = sum(b["frames"] for b in bursts)
-    seconds = sum(
-        v["seconds"] for b in bursts for k, v in b["exec"]["gpt"].items() if k != "audio_chunk"
-    )
+    seconds = sum(v["seconds"] for b in bursts for v in b["exec"]["gpt"].values())
     return frames / seconds if seconds else float("nan")
 
 
@@ -655,9 +717,52 @@ def _jsonable(x: Any) -> Any:
         return [_jsonable(v) for v in x]
     if isinstance(x, float) and x != x:
         return None
-    if dataclasses.is_dataclass(x):
-        return _jsonable(dataclasses.asdict(x))
     return x
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--concurrency", default="1,4,16", help="omnistep burst sizes")
+    ap.add_argument("--tokens", type=int, default=128, help="frames per request (N)")
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="checkpoint folder (cache)")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both sides")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the paired comparisons")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args()
+    levels = sorted({int(x) for x in args.concurrency.split(",") if x.strip()})
+    torch.set_num_threads(args.threads)
+    t_start = time.perf_counter()
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {load_avg()}")
+
+    ckpt = ensure_checkpoint(args.root)
+    ckpt["bytes"] = checkpoint_bytes(args.root)
+    print(f"checkpoint {args.root}: {ckpt}", flush=True)
+    eos_check = check_min_new_tokens()
+    print(f"min_new_tokens masks EOS: {eos_check}", flush=True)
+
+    res = asyncio.run(run_all(args, levels))
+    summary = report(args, levels, res)
+    elapsed = time.perf_counter() - t_start
+    print(f"load average now {load_avg()}; bench took {elapsed:.0f}s")
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+            "torch_threads": args.threads,
+        },
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "checkpoint": {"root": str(args.root), **ckpt},
+        "min_new_tokens_check": eos_check,
+        **summary,
+        "raw": res,
+        "seconds": round(elapsed, 1),
+        "loadavg_end": load_avg(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(_jsonable(result), indent=1))
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

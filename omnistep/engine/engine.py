@@ -232,6 +232,7 @@ class AsyncEngine:
     async def _step_loop(self) -> None:
         """Keep up to ``num_workers`` batches running; fold each as it finishes."""
         running: set[asyncio.Task] = set()
+        waiter: asyncio.Future | None = None
         try:
             while True:
                 self._wake.clear()
@@ -250,8 +251,8 @@ class AsyncEngine:
                 for task in done - {waiter}:
                     if not task.cancelled() and task.exception() is not None:
                         log.error("engine step failed", exc_info=task.exception())
-        finally:
-            for task in running:
+        finally:  # shutdown cancels this task: leave no pending waiter or step behind
+            for task in [*running, *([waiter] if waiter is not None else [])]:
                 task.cancel()
 
     def _can_run(self, model_id: str, component: str) -> bool:
