@@ -233,6 +233,11 @@ class SequenceTable:
         self.lengths[seq_id] = num_tokens
         return True
 
+    def context(self, seq_ids: list[Hashable]) -> tuple[list[int], list[list[int]]]:
+        """(tokens in the cache, block table) of each sequence, the attention metadata's
+        host-side inputs."""
+        return [self.lengths[s] for s in seq_ids], [self.blocks.block_table(s) for s in seq_ids]
+
     def grow(self, seq_ids: list[Hashable]) -> list[int]:
         """Grow every sequence by one token; when the pool runs out, preempt (free) the
         youngest (``seq_ids`` is oldest first) until the rest fit. Returns the kept indices.

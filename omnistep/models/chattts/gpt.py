@@ -301,10 +301,11 @@ class ChatTTSGPT:
         seq_ids: list[str],
         query_lens: list[int],
     ) -> torch.Tensor:
+        context_lens, block_tables = self.table.context(seq_ids)
         meta = AttentionMetadata.build(
             query_lens,
-            [self.lengths[s] for s in seq_ids],
-            [self.blocks.block_table(s) for s in seq_ids],
+            context_lens,
+            block_tables,
             self.blocks.block_size,
             self.device,
             batch_invariant=self.batch_invariant,

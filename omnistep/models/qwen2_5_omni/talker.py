@@ -63,6 +63,7 @@ from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 from omnistep.models.qwen2_5_omni.thinker import (
     PagedQwenLM,
     check_mrope,
+    qwen2_stack,
     rope_fields,
     sub_config,
 )
@@ -169,18 +170,8 @@ class TalkerConfig:
         )
 
     def llama(self) -> LlamaConfigLite:
-        return LlamaConfigLite(
-            hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads,
-            num_hidden_layers=self.num_hidden_layers,
-            intermediate_size=self.intermediate_size,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            max_position_embeddings=self.max_position_embeddings,
-            qkv_bias=True,
-        )
+        """The decoder stack: Qwen2 attention, as the thinker's."""
+        return qwen2_stack(self)
 
 
 # ---------------------------------------------------------------- payloads

@@ -104,6 +104,24 @@ def check_mrope(section: tuple[int, ...], head_dim: int) -> None:
         raise ValueError(f"mrope_section={section} must be 3 parts summing to head_dim/2")
 
 
+def qwen2_stack(cfg: Any) -> LlamaConfigLite:
+    """A Qwen2 decoder stack (q/k/v bias, no o or MLP bias) from a config with the Llama size
+    fields (hidden_size, heads, layers, intermediate_size, kv heads, head_dim, eps, rope_theta,
+    max_position_embeddings): shared by the thinker and the talker."""
+    return LlamaConfigLite(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_hidden_layers=cfg.num_hidden_layers,
+        intermediate_size=cfg.intermediate_size,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta,
+        max_position_embeddings=cfg.max_position_embeddings,
+        qkv_bias=True,
+    )
+
+
 @dataclass(frozen=True)
 class ThinkerConfig:
     """The thinker's text model, from ``config.json``'s ``thinker_config.text_config``.
@@ -165,18 +183,7 @@ class ThinkerConfig:
 
     def llama(self) -> LlamaConfigLite:
         """The decoder stack: Qwen2 attention (q/k/v bias, no o bias), no MLP bias."""
-        return LlamaConfigLite(
-            hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads,
-            num_hidden_layers=self.num_hidden_layers,
-            intermediate_size=self.intermediate_size,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            max_position_embeddings=self.max_position_embeddings,
-            qkv_bias=True,
-        )
+        return qwen2_stack(self)
 
 
 # ---------------------------------------------------------------- shared paged LM machinery
@@ -338,10 +345,11 @@ class PagedQwenLM:
         query_lens: list[int],
     ) -> torch.Tensor:
         """Final normed hidden states ``[N, hidden]`` of input rows ``[N, in_dim]``."""
+        context_lens, block_tables = self.table.context(seq_ids)
         meta = AttentionMetadata.build(
             query_lens,
-            [self.lengths[s] for s in seq_ids],
-            [self.blocks.block_table(s) for s in seq_ids],
+            context_lens,
+            block_tables,
             self.blocks.block_size,
             self.device,
             batch_invariant=self.batch_invariant,
