@@ -97,8 +97,9 @@ async def test_abort_mid_loop_releases_and_spares_others(engine):
         if len(received) == 5:
             assert engine.abort(victim.request_id)
             break
-    with pytest.raises(RequestAbortedError):
-        await victim.__anext__()
+    with pytest.raises(RequestAbortedError):  # chunks already published may come first
+        async for _ in victim:
+            pass
     results = await asyncio.gather(*others)
     for a, b in zip(alone, results, strict=True):
         assert a.text == b.text and np.array_equal(a.audio, b.audio)
