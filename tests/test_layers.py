@@ -490,3 +490,12 @@ def test_print_decode_attention_timing():
             padded = _time_decode_attention(batch, lens, padded=True)
             exact = _time_decode_attention(batch, lens, padded=False)
             print(f"{batch:5d}  {label:10s}  {padded:9.3f}  {exact:10.3f}")
+
+
+@pytest.mark.parametrize("run_fn", [_run_batched, _run_staggered])
+def test_llama_batch_invariant_with_chunked_gemms(models, inputs, run_fn, monkeypatch):
+    """The fallback when a CPU's packed GEMMs are not batch-invariant: fixed-size row chunks."""
+    model = models[1]
+    print(f"\nGEMMs batch-invariant unchunked: {model.gemms_batch_invariant(torch.zeros(1, 1))}")
+    monkeypatch.setattr(LlamaModel, "gemms_batch_invariant", lambda self, x: False)
+    assert _alone_vs_batched(model, inputs, run_fn, True, None) == [True, True, True]

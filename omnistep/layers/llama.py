@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistep.layers.batch_invariant import RowChunking, RowFn, RowGroup, map_row_groups
+from omnistep.layers.linear import PackedLinear, linears_batch_invariant
 from omnistep.layers.norm import RMSNorm
 from omnistep.layers.paged_attention import (
     AttentionMetadata,
@@ -126,6 +127,21 @@ def _rows(fn: RowFn, x: torch.Tensor, row_plan: RowPlan) -> torch.Tensor:
     return fn(x) if row_plan is None else map_row_groups(fn, x, row_plan)
 
 
+@dataclass(frozen=True)
+class RowPlans:
+    """Row chunking of batch-invariant mode, for the norms and for the GEMMs.
+
+    ``gemm`` is None when every linear layer's kernel is batch-invariant by itself (see
+    ``PackedLinear.batch_invariant``): then GEMMs run on all rows at once.
+    """
+
+    norm: RowPlan = None
+    gemm: RowPlan = None
+
+
+NO_ROW_PLANS = RowPlans()
+
+
 class LlamaAttention(nn.Module):
     """Self-attention with rope and grouped-query heads over the paged cache of one layer."""
 
@@ -138,10 +154,12 @@ class LlamaAttention(nn.Module):
         self.scaling = config.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = config.attention_bias or config.qkv_bias
-        self.q_proj = nn.Linear(config.hidden_size, q_size, bias=bias, **factory)
-        self.k_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, **factory)
-        self.v_proj = nn.Linear(config.hidden_size, kv_size, bias=bias, **factory)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=config.attention_bias, **factory)
+        self.q_proj = PackedLinear(config.hidden_size, q_size, bias=bias, **factory)
+        self.k_proj = PackedLinear(config.hidden_size, kv_size, bias=bias, **factory)
+        self.v_proj = PackedLinear(config.hidden_size, kv_size, bias=bias, **factory)
+        self.o_proj = PackedLinear(
+            q_size, config.hidden_size, bias=config.attention_bias, **factory
+        )
 
     def forward(
         self,
@@ -150,13 +168,14 @@ class LlamaAttention(nn.Module):
         sin: torch.Tensor,
         cache: PagedKVCache,
         meta: AttentionMetadata,
-        row_plan: RowPlan = None,
+        plans: RowPlans = NO_ROW_PLANS,
     ) -> torch.Tensor:
         """``x`` ``[N, hidden]``, ``cos``/``sin`` ``[N, head_dim]`` -> ``[N, hidden]``.
 
         Writes the new tokens' rotated keys and values into ``cache`` layer ``layer_idx``.
         """
         num_tokens = x.shape[0]
+        row_plan = plans.gemm
         q = _rows(self.q_proj, x, row_plan).view(num_tokens, self.num_heads, self.head_dim)
         k = _rows(self.k_proj, x, row_plan).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = _rows(self.v_proj, x, row_plan).view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -172,12 +191,19 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfigLite, **factory: Any):
         super().__init__()
         hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(hidden, inner, bias=bias, **factory)
-        self.up_proj = nn.Linear(hidden, inner, bias=bias, **factory)
-        self.down_proj = nn.Linear(inner, hidden, bias=bias, **factory)
+        self.gate_proj = PackedLinear(hidden, inner, bias=bias, **factory)
+        self.up_proj = PackedLinear(hidden, inner, bias=bias, **factory)
+        self.down_proj = PackedLinear(inner, hidden, bias=bias, **factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, plans: RowPlans = NO_ROW_PLANS) -> torch.Tensor:
+        """``x`` ``[N, hidden]`` -> ``[N, hidden]``; ``plans`` set = batch-invariant.
+
+        SiLU runs on the norm plan's chunks: its vectorized and scalar-tail paths may round
+        differently, and where a tail falls depends on the call's size (products are exact).
+        """
+        gate = _rows(self.gate_proj, x, plans.gemm)
+        up = _rows(self.up_proj, x, plans.gemm)
+        return _rows(self.down_proj, _rows(F.silu, gate, plans.norm) * up, plans.gemm)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -197,15 +223,13 @@ class LlamaDecoderLayer(nn.Module):
         sin: torch.Tensor,
         cache: PagedKVCache,
         meta: AttentionMetadata,
-        row_plan: RowPlan = None,
+        plans: RowPlans = NO_ROW_PLANS,
     ) -> torch.Tensor:
-        """``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``row_plan`` set = batch-invariant."""
-        attn_in = _rows(self.input_layernorm, hidden, row_plan)
-        hidden = hidden + self.self_attn(attn_in, cos, sin, cache, meta, row_plan)
-        return hidden + _rows(self._norm_mlp, hidden, row_plan)
-
-    def _norm_mlp(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.post_attention_layernorm(hidden))
+        """``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``plans`` set = batch-invariant."""
+        attn_in = _rows(self.input_layernorm, hidden, plans.norm)
+        hidden = hidden + self.self_attn(attn_in, cos, sin, cache, meta, plans)
+        mlp_in = _rows(self.post_attention_layernorm, hidden, plans.norm)
+        return hidden + self.mlp(mlp_in, plans)
 
 
 class LlamaModel(nn.Module):
@@ -279,14 +303,23 @@ class LlamaModel(nn.Module):
             Hidden states after the final norm, ``[N, hidden]``.
         """
         self._check_inputs(inputs_embeds, meta)
-        row_plan = None
+        plans = NO_ROW_PLANS
         if meta.batch_invariant:
             row_plan = self.row_chunking.plan(meta.query_lens_host, inputs_embeds.device)
+            gemm_plan = None if self.gemms_batch_invariant(inputs_embeds) else row_plan
+            plans = RowPlans(norm=row_plan, gemm=gemm_plan)
         cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, cache, meta, row_plan)
-        return _rows(self.norm, hidden, row_plan)
+            hidden = layer(hidden, cos, sin, cache, meta, plans)
+        return _rows(self.norm, hidden, plans.norm)
+
+    def gemms_batch_invariant(self, x: torch.Tensor) -> bool:
+        """Whether every linear layer gives a row the same result whatever rows share its call,
+        for inputs like ``x`` (CPU float32 with oneDNN: probed once per weight version)."""
+        if x.device.type != "cpu" or x.dtype != torch.float32:
+            return False
+        return linears_batch_invariant(self.layers)
 
     def _check_inputs(self, inputs_embeds: torch.Tensor, meta: AttentionMetadata) -> None:
         if inputs_embeds.shape[0] != meta.num_tokens:

@@ -67,6 +67,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from omnistep.layers.linear import PackedLinear
+
 DECODER_FILE = "Decoder.safetensors"
 VOCOS_FILE = "Vocos.safetensors"
 FRAMES_PER_TOKEN = 2
@@ -199,9 +201,9 @@ class ConvNeXtBlock(nn.Module):
             groups=dim,
         )
         self.norm = nn.LayerNorm(dim, eps=1e-6)
-        self.pwconv1 = nn.Linear(dim, intermediate_dim)
+        self.pwconv1 = PackedLinear(dim, intermediate_dim)
         self.act = nn.GELU()
-        self.pwconv2 = nn.Linear(intermediate_dim, dim)
+        self.pwconv2 = PackedLinear(intermediate_dim, dim)
         scale = nn.Parameter(torch.full((dim,), layer_scale_init))
         self.register_parameter(layer_scale_name, scale)
         self.layer_scale_name = layer_scale_name
@@ -344,7 +346,7 @@ class ISTFTHead(nn.Module):
 
     def __init__(self, config: VocosConfig):
         super().__init__()
-        self.out = nn.Linear(config.dim, config.n_fft + 2)
+        self.out = PackedLinear(config.dim, config.n_fft + 2)
         self.istft = ISTFT(config)
 
     def spectrum(self, x: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistep.layers.linear import PackedLinear
+
 SAMPLE_RATE = 24000
 """Hz of the official BigVGAN output (no config field carries it; 240 samples per 10 ms frame)."""
 DEFAULT_ROPE_THETA = 10000.0
@@ -438,7 +440,7 @@ class DiTInputEmbedding(nn.Module):
 
     def __init__(self, config: DiTConfig):
         super().__init__()
-        self.proj = nn.Linear(config.mel_dim + config.cond_features, config.hidden_size)
+        self.proj = PackedLinear(config.mel_dim + config.cond_features, config.hidden_size)
         self.spk_encoder = SpeakerEncoder(config)
 
     def forward(self, x: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -468,7 +470,11 @@ class DiTTimestepEmbedding(nn.Module):
         super().__init__()
         self.freq_embed_dim = freq_embed_dim
         self.time_mlp = nn.ModuleList(
-            [nn.Linear(freq_embed_dim, hidden_size), nn.SiLU(), nn.Linear(hidden_size, hidden_size)]
+            [
+                PackedLinear(freq_embed_dim, hidden_size),
+                nn.SiLU(),
+                PackedLinear(hidden_size, hidden_size),
+            ]
         )
 
     def _sinusoids(self, t: torch.Tensor, scale: int = 1000) -> torch.Tensor:
@@ -538,10 +544,10 @@ class DiTAttention(nn.Module):
         self.heads = config.num_attention_heads
         self.head_dim = config.head_dim
         inner = config.head_dim * config.num_attention_heads
-        self.to_q = nn.Linear(config.hidden_size, inner)
-        self.to_k = nn.Linear(config.hidden_size, inner)
-        self.to_v = nn.Linear(config.hidden_size, inner)
-        self.to_out = nn.ModuleList([nn.Linear(inner, config.hidden_size)])  # [1] was Dropout
+        self.to_q = PackedLinear(config.hidden_size, inner)
+        self.to_k = PackedLinear(config.hidden_size, inner)
+        self.to_v = PackedLinear(config.hidden_size, inner)
+        self.to_out = nn.ModuleList([PackedLinear(inner, config.hidden_size)])  # [1] was Dropout
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor
@@ -563,7 +569,7 @@ class AdaLayerNormZero(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         self.silu = nn.SiLU()
-        self.linear = nn.Linear(dim, dim * 6)
+        self.linear = PackedLinear(dim, dim * 6)
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -579,7 +585,7 @@ class AdaLayerNormZeroFinal(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         self.silu = nn.SiLU()
-        self.linear = nn.Linear(dim, dim * 2)
+        self.linear = PackedLinear(dim, dim * 2)
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
@@ -595,10 +601,10 @@ class DiTMLP(nn.Module):
         inner = int(dim * mult)
         self.ff = nn.ModuleList(
             [
-                nn.Linear(dim, inner),
+                PackedLinear(dim, inner),
                 nn.GELU(approximate="tanh"),
                 nn.Identity(),
-                nn.Linear(inner, dim),
+                PackedLinear(inner, dim),
             ]
         )
 
@@ -720,7 +726,7 @@ class DiT(nn.Module):
             for i in range(c.num_hidden_layers)
         )
         self.norm_out = AdaLayerNormZeroFinal(c.hidden_size)
-        self.proj_out = nn.Linear(c.hidden_size, c.mel_dim)
+        self.proj_out = PackedLinear(c.hidden_size, c.mel_dim)
 
     @property
     def dtype(self) -> torch.dtype:

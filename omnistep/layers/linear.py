@@ -1,0 +1,151 @@
+"""``PackedLinear``: an ``nn.Linear`` whose CPU inference runs on a oneDNN pre-packed weight.
+
+Imports torch only. On CPU, ``F.linear`` hands each call to a GEMM that re-reads the weight in
+its stored ``[out, in]`` layout. oneDNN can reorder the weight once into the blocked layout its
+kernels read (``torch.ops.mkldnn._reorder_linear_weight``, the call PyTorch's Inductor makes when
+it freezes a CPU graph) and then run ``torch.ops.mkldnn._linear_pointwise`` on plain dense inputs.
+Measured on this project's 2-core AVX2 machine, the 7 GEMMs of one ChatTTS layer (hidden 768,
+MLP 3072) take 3.4 ms instead of 4.2 ms for 1 input row and 6.6 ms instead of 11 ms for 16 rows.
+
+The packed kernels were also found batch-invariant on that machine: with the weight packed for
+64 rows, every row's result was bit-identical for every row count from 1 to 600, in every row
+position (``F.linear`` gives a row one result at M = 1, another at M = 2..3, a third at M >= 4).
+That is a property of the kernels oneDNN picks for a CPU and thread count, not a promise, so each
+layer checks it on a probe when it packs (``batch_invariant``) and callers that need invariance
+(``LlamaModel`` in batch-invariant mode) fall back to fixed-size row chunks when it fails.
+
+The packed copy is made lazily on the first CPU float32 call made without autograd, and again
+whenever the weight or bias changes in place (``load_state_dict`` included: tensors carry a
+version counter). It is an extra copy of the weight: weights take twice the memory on CPU.
+Every other case (CUDA, other dtypes, autograd, oneDNN missing) is plain ``F.linear``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: Rows the weight is packed for; oneDNN picks its blocking from it (any row count still runs).
+PACK_ROWS = 64
+#: Row counts of the batch-invariance probe: a row's result must be the same in all of them.
+_PROBE_ROWS = (1, 2, 5, 17, 40)
+#: Guards lazy packing when two executor threads call one layer (a module-level lock keeps the
+#: module picklable and deep-copyable).
+_PACK_LOCK = threading.Lock()
+
+
+def _mkldnn_linear_available() -> bool:
+    ops = getattr(torch.ops, "mkldnn", None)
+    return (
+        torch.backends.mkldnn.is_available()
+        and ops is not None
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    )
+
+
+_AVAILABLE = _mkldnn_linear_available()
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` (same parameters, same ``state_dict``) with pre-packed CPU inference.
+
+    Input ``[..., in_features]`` float32 on CPU -> ``[..., out_features]`` float32, equal to
+    ``F.linear`` within float32 rounding (about 1e-6 relative). Other devices, dtypes, and calls
+    that build an autograd graph run ``F.linear`` unchanged.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._packed: torch.Tensor | None = None
+        self._packed_key: tuple[int, ...] | None = None
+        self._invariant: bool | None = None
+        self._pack_failed = False
+
+    def __getstate__(self) -> dict:
+        """Pickle and deepcopy without the packed copy (an opaque mkldnn tensor); it is made
+        again on the next call."""
+        state = dict(super().__getstate__())
+        state.update(_packed=None, _packed_key=None, _invariant=None)
+        return state
+
+    def _packable(self, x: torch.Tensor) -> bool:
+        w = self.weight
+        return (
+            _AVAILABLE
+            and not self._pack_failed
+            and x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and w.dtype == torch.float32
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
+        )
+
+    def _version_key(self) -> tuple[int, ...]:
+        w, b = self.weight, self.bias
+        key = (id(w), w.data_ptr(), w._version)
+        return key if b is None else (*key, id(b), b.data_ptr(), b._version)
+
+    def packed_weight(self) -> torch.Tensor | None:
+        """The oneDNN-packed weight (an mkldnn tensor), made or refreshed if stale; None when
+        packing is not possible here."""
+        key = self._version_key()
+        if self._packed is not None and self._packed_key == key:
+            return self._packed
+        with _PACK_LOCK:
+            if self._packed is None or self._packed_key != key:
+                try:
+                    w = self.weight.detach().contiguous()
+                    self._packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
+                except RuntimeError:  # a CPU without the kernels this dtype needs
+                    self._pack_failed = True
+                    self._packed = None
+                    return None
+                self._packed_key = key
+                self._invariant = None
+        return self._packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[..., in_features]`` -> ``[..., out_features]``."""
+        if self._packable(x):
+            packed = self.packed_weight()
+            if packed is not None:
+                bias = None if self.bias is None else self.bias.detach()
+                return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    @torch.inference_mode()
+    def batch_invariant(self) -> bool:
+        """Whether a CPU float32 row's output here does not depend on the other rows of its call.
+
+        Checked once per packed weight on random rows: each row computed inside calls of
+        ``_PROBE_ROWS`` rows, at the first and last positions, must agree bit for bit with the
+        same row in the largest call. False when the packed path is not used here (then
+        ``F.linear`` serves, which is not invariant).
+        """
+        w = self.weight
+        if not (_AVAILABLE and w.device.type == "cpu" and w.dtype == torch.float32):
+            return False
+        if self.packed_weight() is None:
+            return False
+        if self._invariant is None:
+            generator = torch.Generator().manual_seed(0)
+            probe = torch.randn(max(_PROBE_ROWS), self.in_features, generator=generator)
+            full = self.forward(probe)
+            ok = True
+            for rows in _PROBE_ROWS:
+                for start in (0, max(_PROBE_ROWS) - rows):
+                    part = self.forward(probe[start : start + rows])
+                    ok = ok and torch.equal(part, full[start : start + rows])
+            self._invariant = ok
+        return self._invariant
+
+
+def linears_batch_invariant(module: nn.Module) -> bool:
+    """True when ``module`` has ``PackedLinear`` layers and every one is batch-invariant here
+    (see ``PackedLinear.batch_invariant``); False if any is not, or if it has plain
+    ``nn.Linear`` layers."""
+    layers = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    return bool(layers) and all(isinstance(m, PackedLinear) and m.batch_invariant() for m in layers)

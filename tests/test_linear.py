@@ -1,0 +1,90 @@
+"""``PackedLinear``: oneDNN pre-packed CPU inference that stays an ``nn.Linear``."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omnistep.layers.linear import PackedLinear, linears_batch_invariant
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+
+def _layer(in_features=96, out_features=160, bias=True, seed=0) -> PackedLinear:
+    torch.manual_seed(seed)
+    return PackedLinear(in_features, out_features, bias=bias).eval()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 96), (7, 96), (64, 96), (3, 5, 96)])
+def test_packed_matches_f_linear(bias, shape):
+    layer = _layer(bias=bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        out = layer(x)
+    ref = F.linear(x, layer.weight.detach(), None if layer.bias is None else layer.bias.detach())
+    assert out.shape == (*shape[:-1], 160)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_repacks_when_weights_change_in_place():
+    layer = _layer()
+    x = torch.randn(4, 96)
+    with torch.inference_mode():
+        before = layer(x)
+    other = _layer(seed=1)
+    layer.load_state_dict(other.state_dict())
+    with torch.no_grad():
+        after = layer(x)
+        ref = F.linear(x, other.weight, other.bias)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, ref, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        layer.bias.add_(1.0)  # an in-place change of the bias alone
+        torch.testing.assert_close(layer(x), ref + 1.0, rtol=1e-5, atol=1e-5)
+
+
+def test_autograd_calls_fall_back_to_f_linear_with_gradients():
+    layer = _layer()
+    x = torch.randn(5, 96, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+    torch.testing.assert_close(x.grad, layer.weight.detach().sum(0).expand(5, -1))
+
+
+def test_state_dict_and_deepcopy_are_those_of_nn_linear():
+    layer = _layer()
+    with torch.inference_mode():
+        layer(torch.randn(2, 96))  # packed once
+    plain = nn.Linear(96, 160)
+    assert layer.state_dict().keys() == plain.state_dict().keys()
+    clone = copy.deepcopy(layer)
+    x = torch.randn(3, 96)
+    with torch.inference_mode():
+        assert torch.equal(clone(x), layer(x))
+
+
+def test_batch_invariance_probe_is_truthful():
+    """When the probe says invariant, rows agree bit for bit in calls it did not probe."""
+    layer = _layer(in_features=256, out_features=512)
+    invariant = layer.batch_invariant()
+    print(f"\npacked linear batch-invariant on this CPU: {invariant}")
+    if not invariant:
+        assert not linears_batch_invariant(nn.Sequential(layer))
+        return
+    x = torch.randn(100, 256)
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(100)])
+        for rows in (3, 33, 64, 100):
+            assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+    assert linears_batch_invariant(nn.Sequential(layer, nn.ReLU(), _layer(512, 8)))
+    assert not linears_batch_invariant(nn.Sequential(layer, nn.Linear(512, 8)))
+    assert not linears_batch_invariant(nn.ReLU())
