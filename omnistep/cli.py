@@ -1,4 +1,5 @@
-"""Command line: ``omnistep serve`` (the HTTP server) and ``omnistep say`` (text to a file).
+"""Command line: ``omnistep serve`` (the HTTP server), ``omnistep say`` (text to a file) and
+``omnistep bench`` (load-test a running server).
 
 A product-plane module: imports engine, audio, core and the model registry (to build cards).
 """
@@ -93,6 +94,67 @@ def cmd_say(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark, print the table, write the JSON and the plot.
+
+    Exit status 1 when any measured request failed, 0 otherwise.
+    """
+    try:
+        from omnistep.bench import client, report
+    except ImportError as exc:
+        raise OmnistepError(
+            f"omnistep bench needs the bench extras ({exc}): pip install 'omnistep[bench]'"
+        ) from None
+    if not args.url.startswith(("http://", "https://")):
+        raise OmnistepError(f"--url must start with http:// or https://, got {args.url!r}")
+    try:
+        levels = client.parse_levels(args.concurrency)
+    except ValueError as exc:
+        raise OmnistepError(f"--concurrency: {exc}") from None
+    if args.requests < 1 or args.warmup < 0 or args.timeout <= 0:
+        raise OmnistepError("--requests must be >= 1, --warmup >= 0 and --timeout > 0")
+    try:
+        texts = client.read_texts(args.text_file) if args.text_file else client.DEFAULT_TEXTS
+    except (OSError, ValueError) as exc:
+        raise OmnistepError(f"--text-file: {exc}") from None
+    out = Path(args.out)
+    plot = Path(args.plot) if args.plot else out.with_suffix(".png")
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one progress line per request is enough
+
+    print(
+        f"benchmarking {args.url} model {args.model}: concurrency {levels}, "
+        f"{args.requests} requests per level, {len(texts)} texts",
+        file=sys.stderr,
+        flush=True,
+    )
+    result = client.run_bench(
+        args.url,
+        args.model,
+        levels,
+        args.requests,
+        texts=texts,
+        voice=args.voice,
+        response_format=args.format,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        warmup=args.warmup,
+        progress=progress,
+    )
+    print(report.format_table(result))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(client.dumps(result))
+    print(f"wrote {out}")
+    try:
+        print(f"wrote {report.write_plot(result, plot)}")
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    return 1 if any(level["errors"] for level in result["levels"]) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnistep", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +194,38 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument("--seed", type=int)
     say.add_argument("--device", default="cpu")
     say.set_defaults(func=cmd_say)
+
+    bench = sub.add_parser(
+        "bench",
+        help="load-test a running server: TTFA, e2e, RTF, underruns, throughput per concurrency",
+    )
+    bench.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    bench.add_argument("--model", default="tts-1", help="the request's model field")
+    bench.add_argument(
+        "--concurrency",
+        default="1,4,8,16",
+        help="comma-separated levels: requests kept in flight (default 1,4,8,16)",
+    )
+    bench.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
+    bench.add_argument(
+        "--text-file", help="texts to speak, one per line (default: built-in sentences)"
+    )
+    bench.add_argument("--voice", help="the request's voice field (default: the server's)")
+    bench.add_argument("--format", default="pcm", choices=["pcm"], help="response_format")
+    bench.add_argument(
+        "--seed", type=int, help="request k of each level gets seed SEED+k (default: none sent)"
+    )
+    bench.add_argument(
+        "--out", default="bench-results.json", help="JSON results (default bench-results.json)"
+    )
+    bench.add_argument("--plot", help="PNG plot (default: the --out path with .png)")
+    bench.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to connect and per body read"
+    )
+    bench.add_argument(
+        "--warmup", type=int, default=1, help="unmeasured requests first (default 1)"
+    )
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 
