@@ -103,7 +103,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from omnistep.bench import client, report
     except ImportError as exc:
         raise OmnistepError(
-            f"omnistep bench needs the bench extras ({exc}): pip install 'omnistep[bench]'"
+            f"omnistep bench could not import its client ({exc}): reinstall omnistep"
         ) from None
     if not args.url.startswith(("http://", "https://")):
         raise OmnistepError(f"--url must start with http:// or https://, got {args.url!r}")
