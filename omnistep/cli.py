@@ -9,35 +9,72 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omnistep.audio import FORMATS, make_encoder
 from omnistep.core import ModelInstance, OmnistepError, Request
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.models.registry import FAMILIES, build_card
 
+if TYPE_CHECKING:
+    from omnistep.server import ServerConfig
+
 log = logging.getLogger("omnistep")
+
+API_KEY_ENV = "OMNISTEP_API_KEY"
+"""Environment variable read for the API key when ``--api-key`` is not given."""
 
 
 def load_engine(
-    specs: list[str], device: str, max_batch_size: int, **options: object
+    specs: list[str],
+    device: str,
+    max_batch_size: int,
+    max_queued: int | None = None,
+    **options: object,
 ) -> AsyncEngine:
     """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
 
-    ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families that take
-    them.
+    ``max_queued`` bounds the unfinished requests (more get HTTP 429; None: the engine's
+    default). ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families
+    that take them.
     """
     models = [ModelInstance.load(build_card(spec, **options), device=device) for spec in specs]
-    return AsyncEngine(models, EngineConfig(max_batch_size=max_batch_size))
+    limits = {"max_queued": max_queued} if max_queued is not None else {}
+    return AsyncEngine(models, EngineConfig(max_batch_size=max_batch_size, **limits))
 
 
-def _usage_banner(host: str, port: int, engine: AsyncEngine) -> str:
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The ServerConfig of ``omnistep serve ARGS``.
+
+    The API key is ``--api-key``, else ``$OMNISTEP_API_KEY`` (an empty variable means no key).
+
+    Raises:
+        OmnistepError: the key is empty, or not printable ASCII without spaces.
+    """
+    from omnistep.server import ServerConfig
+
+    key = args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)
+    try:
+        return ServerConfig(
+            host=args.host,
+            port=args.port,
+            api_key=key.strip() if key is not None else None,
+            cors_origins=tuple(args.cors_origin or ()),
+        )
+    except ValueError as exc:
+        raise OmnistepError(f"bad server settings: {exc}") from None
+
+
+def _usage_banner(host: str, port: int, engine: AsyncEngine, api_key: bool = False) -> str:
     model = next(iter(engine.models.values())).card.card_id
     base = f"http://{host}:{port}"
+    auth = f'-H "Authorization: Bearer ${API_KEY_ENV}" ' if api_key else ""
     return (
         f"omnistep is serving {', '.join(engine.models)} on {base}\n"
-        f"  curl {base}/v1/audio/speech -H 'Content-Type: application/json' \\\n"
+        f"  curl {base}/v1/audio/speech {auth}-H 'Content-Type: application/json' \\\n"
         f'    -d \'{{"model": "{model}", "input": "Hello from omnistep.", '
         f'"voice": "alloy"}}\' -o hello.mp3\n'
         f"  models: {base}/v1/models   health: {base}/health   docs: {base}/docs"
@@ -47,17 +84,18 @@ def _usage_banner(host: str, port: int, engine: AsyncEngine) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from omnistep.server import ServerConfig, build_app
+    from omnistep.server import build_app
 
-    config = ServerConfig(host=args.host, port=args.port)
+    config = server_config(args)
     engine = load_engine(
         args.model or ["piper"],
         args.device,
         args.max_batch_size,
+        max_queued=args.max_queued,
         kv_cache_gb=args.kv_cache_gb,
         batch_invariant=args.batch_invariant or None,
     )
-    print(_usage_banner(config.host, config.port, engine), flush=True)
+    print(_usage_banner(config.host, config.port, engine, config.api_key is not None), flush=True)
     uvicorn.run(
         build_app(engine, config), host=config.host, port=config.port, log_level=args.log_level
     )
@@ -155,6 +193,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if any(level["errors"] for level in result["levels"]) else 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnistep", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -170,7 +215,25 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: piper, the embedded voice)",
     )
     serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
-    serve.add_argument("--max-batch-size", type=int, default=64)
+    serve.add_argument("--max-batch-size", type=_positive_int, default=64)
+    serve.add_argument(
+        "--max-queued",
+        type=_positive_int,
+        default=EngineConfig().max_queued,
+        help="unfinished requests the engine admits; more get HTTP 429 with Retry-After "
+        f"(default {EngineConfig().max_queued})",
+    )
+    serve.add_argument(
+        "--api-key",
+        help=f"require 'Authorization: Bearer KEY' on every route but /health and the docs "
+        f"(default: ${API_KEY_ENV}; unset: no key)",
+    )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="allow browser requests from ORIGIN (repeatable; '*' for any); default: CORS off",
+    )
     serve.add_argument(
         "--kv-cache-gb",
         type=float,

@@ -28,6 +28,7 @@ from omnistep.core.enums import (
 )
 from omnistep.core.errors import (
     CardValidationError,
+    EngineOverloadedError,
     InvalidRequestError,
     ModelNotFoundError,
     OmnistepError,
@@ -47,6 +48,7 @@ __all__ = [
     "Component",
     "ComponentSpec",
     "Done",
+    "EngineOverloadedError",
     "ExecutionProfile",
     "InvalidRequestError",
     "KernelNode",

@@ -36,5 +36,17 @@ class RequestFailedError(OmnistepError, RuntimeError):
     """A request failed inside the engine (a step raised); other requests are unaffected."""
 
 
+class EngineOverloadedError(OmnistepError):
+    """The engine already runs its limit of unfinished requests; the client should retry later.
+
+    Attributes:
+        retry_after: seconds a client should wait before retrying (for ``Retry-After``).
+    """
+
+    def __init__(self, message: str, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class RequestAbortedError(OmnistepError):
     """The request was aborted (client gone, timeout, shutdown) before it finished."""

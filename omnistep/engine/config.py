@@ -15,12 +15,18 @@ class EngineConfig:
         num_workers: batches that may run at once (executor threads). Batches of different
             components overlap (a GPT step beside a vocoder chunk); a component runs at most
             ``ComponentSpec.max_concurrency`` batches at once.
+        max_queued: requests admitted but not finished (running or waiting for a step); one
+            more is refused with ``EngineOverloadedError`` (HTTP 429) instead of queueing
+            without bound.
+        retry_after: seconds an overloaded engine tells clients to wait (``Retry-After``).
     """
 
     max_batch_size: int = 64
     num_workers: int = 2
+    max_queued: int = 256
+    retry_after: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "num_workers"):
+        for name in ("max_batch_size", "num_workers", "max_queued", "retry_after"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from omnistep.core import (
     Channel,
     Done,
+    EngineOverloadedError,
     InvalidRequestError,
     KernelNode,
     LoopNode,
@@ -166,9 +167,16 @@ class AsyncEngine:
 
         Raises:
             ModelNotFoundError: unknown model id.
+            EngineOverloadedError: ``config.max_queued`` requests are already unfinished.
             InvalidRequestError: duplicate request id, or input the card rejects.
         """
         model = self.resolve(request.model)
+        if len(self._runs) >= self.config.max_queued:
+            raise EngineOverloadedError(
+                f"The server is busy ({self.config.max_queued} requests in progress); "
+                "retry shortly.",
+                retry_after=self.config.retry_after,
+            )
         if request.request_id in self._runs:
             raise InvalidRequestError(
                 f"duplicate request id '{request.request_id}'", param="request_id"

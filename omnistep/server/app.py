@@ -5,14 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
+from fastapi.middleware.cors import CORSMiddleware
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
 from omnistep.server import chat, speech
+from omnistep.server.auth import ApiKeyAuth
 from omnistep.server.errors import install_error_handlers
 from omnistep.server.limits import BodySizeLimit
 
@@ -25,15 +27,26 @@ class ServerConfig:
         host: interface to bind; loopback by default.
         port: TCP port.
         max_body_bytes: larger request bodies get 413 (OpenAI inputs are at most 4096 chars).
+        api_key: when set, every route but health and the docs needs
+            ``Authorization: Bearer <api_key>`` (401 otherwise); None serves without a key.
+            Left out of ``repr`` so that it is never logged.
+        cors_origins: browser origins allowed by CORS (``"*"`` for any); empty turns CORS off.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1 << 20
+    api_key: str | None = field(default=None, repr=False)
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        key = self.api_key
+        if key is not None and not (key and key.isascii() and key.isprintable() and " " not in key):
+            raise ValueError("api_key must be non-empty printable ASCII without spaces")
+        if isinstance(self.cors_origins, str):
+            raise TypeError("cors_origins must be a tuple of origins, not a string")
 
 
 def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAPI:
@@ -48,8 +61,21 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
     app = FastAPI(title="omnistep", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.started = int(time.time())
+    # Each add_middleware wraps what is already there, so requests pass, outermost first:
+    # CORS (answers preflights, and adds its headers to every answer, errors included), the API
+    # key (before any body is read), the body size limit (413), the error middleware, the routes.
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    if config.api_key is not None:
+        app.add_middleware(ApiKeyAuth, api_key=config.api_key)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "x-omnistep-seed", "Retry-After"],
+        )
     app.include_router(speech.router)
     app.include_router(chat.router)
 

@@ -21,7 +21,7 @@ from typing import Literal
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import ConfigDict, Field, StrictInt
 
 from omnistep.audio import StreamEncoder, make_encoder
 from omnistep.core import (
@@ -37,6 +37,7 @@ from omnistep.core import (
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.server.errors import from_exception
+from omnistep.server.protocol import OpenAIBody
 
 router = APIRouter()
 
@@ -44,14 +45,14 @@ AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "pc
 AUDIO_TTL_SECONDS = 3600
 
 
-class TextPart(BaseModel):
+class TextPart(OpenAIBody):
     """A text content part: ``{"type": "text", "text": ...}``."""
 
     type: Literal["text"]
     text: str
 
 
-class Message(BaseModel):
+class Message(OpenAIBody):
     """One message; ``content`` is a string or a list of text parts (other parts are not
     supported yet and rejected)."""
 
@@ -61,6 +62,7 @@ class Message(BaseModel):
     content: str | list[TextPart] | None = None
 
     def text(self) -> str:
+        """The message's text: the string, or its text parts joined."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -68,18 +70,20 @@ class Message(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class AudioOutput(BaseModel):
+class AudioOutput(OpenAIBody):
     """``audio``: the voice and the format of the spoken reply."""
 
     voice: str = Field(min_length=1, max_length=200)
     format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(OpenAIBody):
+    """``stream_options``: accepted for compatibility (the usage chunk is always sent)."""
+
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(OpenAIBody):
     """Body of ``POST /v1/chat/completions`` (the fields omnistep uses; others are ignored)."""
 
     model_config = ConfigDict(extra="ignore")

@@ -14,23 +14,54 @@ ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 assert set(ResponseFormat.__args__) == set(FORMATS)  # type: ignore[attr-defined]
 
 
-_CONTROL = frozenset(chr(c) for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
-"""C0 controls and DEL, but tab, newline and carriage return (NUL would crash the phonemizer)."""
+_CONTROL = frozenset(
+    chr(c) for c in [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0)]
+)
+"""C0 controls, DEL and C1 controls, but tab, newline and carriage return (NUL would crash the
+phonemizer)."""
 
 
-class VoiceRef(BaseModel):
+def _valid_unicode(value: str) -> bool:
+    """False if ``value`` holds a lone surrogate (JSON allows ``"\\ud800"``; UTF-8 does not)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class OpenAIBody(BaseModel):
+    """Base of request bodies and their parts: every string must be valid Unicode.
+
+    pydantic lets a lone surrogate through in some unions (``str | list[...]``), and it would
+    fail later when encoded as UTF-8 (a tokenizer, an error message): it is rejected here.
+    """
+
+    @field_validator("*")
+    @classmethod
+    def _no_lone_surrogates(cls, value: object) -> object:
+        if isinstance(value, str) and not _valid_unicode(value):
+            raise ValueError("string contains a lone surrogate (invalid Unicode)")
+        return value
+
+
+class VoiceRef(OpenAIBody):
     """A voice given as an object, as newer OpenAI clients may send: ``{"id": "alloy"}``."""
 
     id: str = Field(min_length=1, max_length=200)
 
 
-class SpeechRequest(BaseModel):
+class SpeechRequest(OpenAIBody):
     """Body of ``POST /v1/audio/speech`` (OpenAI's fields plus omnistep's extras).
 
     OpenAI fields: ``model``, ``input`` (1..4096 characters), ``voice``, ``instructions``,
     ``response_format`` (default mp3), ``speed`` (0.25..4.0), ``stream_format`` (``audio`` or
-    ``sse``). Extras: ``stream`` (false collects the whole file before answering, as Kokoro-FastAPI
-    does), ``seed``, and sampling fields used by cards with a sampler and ignored by others.
+    ``sse``). ``input`` must hold something speakable (a letter or a digit) and no control
+    characters but tab, newline and carriage return. Unknown fields are ignored. Extras:
+    ``stream`` (false collects the whole file before answering, as Kokoro-FastAPI does),
+    ``seed``, and sampling fields used by cards with a sampler and ignored by others.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -52,10 +83,12 @@ class SpeechRequest(BaseModel):
 
     @field_validator("input")
     @classmethod
-    def _no_control_characters(cls, value: str) -> str:
+    def _speakable_text(cls, value: str) -> str:
         bad = sorted({f"U+{ord(c):04X}" for c in value if c in _CONTROL})
         if bad:
             raise ValueError(f"input contains control characters {', '.join(bad[:5])}")
+        if not any(c.isalnum() for c in value):
+            raise ValueError("input has nothing to speak (it needs at least one letter or digit)")
         return value
 
     def voice_name(self) -> str | None:

@@ -8,11 +8,16 @@ compute each row of a batch independently (table lookups, no reductions across r
 step's randomness is a pure function of (seed, step), so outputs do not depend on batching.
 
 Fault injection for tests: a request whose text contains ``<fail>`` raises inside the ``lm``
-component at step 3; text containing ``<fail-vocoder>`` raises inside the vocoder.
+component at step 3; text containing ``<fail-vocoder>`` raises inside the vocoder. Text
+containing ``<slow>`` makes each ``lm`` batch holding one of its steps sleep ``SLOW_STEP_SECONDS``
+(to keep requests in flight, e.g. for admission tests).
+
+Voices: ``default`` only (None means it); any other name is rejected with ``unknown_voice``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +56,8 @@ EOS = 0
 SAMPLE_RATE = 8000
 SAMPLES_PER_TOKEN = 80
 FAIL_STEP = 3
+SLOW_STEP_SECONDS = 0.02
+VOICES = ("default",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +70,7 @@ class TokenUnit:
     temperature: float
     min_new_tokens: int
     fail: bool = False
+    slow: bool = False
 
 
 class ToyLM:
@@ -78,6 +86,8 @@ class ToyLM:
             raise ValueError(f"toy lm cannot run {kind}")
         if any(p.fail and p.step == FAIL_STEP for p in payloads):
             raise RuntimeError("injected fault in toy lm")
+        if any(p.slow for p in payloads):
+            time.sleep(SLOW_STEP_SECONDS)
         logits = self.table[[p.prev_token for p in payloads]]  # [batch, VOCAB]
         out = []
         for row, unit in zip(logits, payloads, strict=True):
@@ -125,6 +135,7 @@ class TokenState(LoopState):
     min_new_tokens: int = 0
     max_new_tokens: int = 0
     fail: bool = False
+    slow: bool = False
     tokens: list[int] = field(default_factory=list)
     finished: bool = False
     channel: Channel = field(default_factory=Channel)
@@ -150,6 +161,7 @@ class TokenLoop:
             min_new_tokens=sp.or_default("min_new_tokens", 0),
             max_new_tokens=sp.max_new_tokens or 2 * len(prompt),
             fail="<fail>" in req.text,
+            slow="<slow>" in req.text,
         )
 
     def next(self, state: TokenState) -> WorkPlan | Done:
@@ -162,6 +174,7 @@ class TokenLoop:
             state.temperature,
             state.min_new_tokens,
             state.fail,
+            state.slow,
         )
         return WorkPlan(
             WorkUnitKind.AR_TOKEN,
@@ -199,6 +212,12 @@ def _tokenize(ctx: ProgramContext) -> None:
     text = "\n".join(f"{m.role}: {m.content}" for m in req.messages) if req.messages else req.text
     if not text.strip():
         raise InvalidRequestError("input must not be empty", param="input")
+    if req.voice is not None and req.voice not in VOICES:
+        raise InvalidRequestError(
+            f"unknown voice '{req.voice}' for model 'toy'; choose one of {', '.join(VOICES)}",
+            param="voice",
+            code="unknown_voice",
+        )
     ctx.slots["prompt_ids"] = [1 + b % (VOCAB - 1) for b in text.encode()]
     ctx.slots["toy_flags"] = {"fail_vocoder": "<fail-vocoder>" in text}
     ctx.usage["input_tokens"] = len(ctx.slots["prompt_ids"])
@@ -268,7 +287,7 @@ def build_card(
         ),
         sample_rate=SAMPLE_RATE,
         aliases=("toy-tts",),
-        voices=("default",),
+        voices=VOICES,
         default_voice="default",
         parity=frozenset({"C0", "C1", "C2", "C3", "stream"}),
         description="Deterministic numpy toy: a token loop streaming into a chunk loop.",
