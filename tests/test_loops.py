@@ -45,12 +45,25 @@ def _loop(**kw) -> AudioDecodeLoop:
 
 def test_chunk_schedule_waits_for_lookahead_and_flushes_on_close():
     loop = _loop()
-    assert loop.chunk_bounds(0, 3, closed=False) is None  # needs 2 + 2 frames
-    assert loop.chunk_bounds(0, 4, closed=False) == (2, 4)
-    assert loop.chunk_bounds(2, 7, closed=False) is None
-    assert loop.chunk_bounds(2, 8, closed=False) == (6, 8)
-    assert loop.chunk_bounds(6, 8, closed=True) == (8, 8)
-    assert loop.chunk_bounds(8, 8, closed=True) is None
+    assert loop.chunk_bounds(0, 0, 3, closed=False) is None  # needs 2 + 2 frames
+    assert loop.chunk_bounds(0, 0, 4, closed=False) == (2, 4)
+    assert loop.chunk_bounds(1, 2, 7, closed=False) is None
+    assert loop.chunk_bounds(1, 2, 8, closed=False) == (6, 8)
+    assert loop.chunk_bounds(2, 6, 8, closed=True) == (8, 8)
+    assert loop.chunk_bounds(3, 8, 8, closed=True) is None
+
+
+def test_chunks_grow_geometrically_up_to_the_cap():
+    loop = _loop(chunk=4, chunk_growth=2.0, max_chunk=20)
+    assert [loop.config.chunk_size(i) for i in range(6)] == [2, 4, 8, 16, 20, 20]
+    assert [_loop().config.chunk_size(i) for i in range(4)] == [2, 4, 4, 4]
+    # chunk 2 (8 frames) starts at frame 6 and waits for 2 frames of look-ahead
+    assert loop.chunk_bounds(2, 6, 15, closed=False) is None
+    assert loop.chunk_bounds(2, 6, 16, closed=False) == (14, 16)
+    with pytest.raises(ValueError, match="chunk_growth"):
+        _loop(chunk_growth=0.5)
+    with pytest.raises(ValueError, match="max_chunk"):
+        _loop(max_chunk=3)
 
 
 def test_plan_carries_left_context_and_lookahead():
@@ -58,7 +71,7 @@ def test_plan_carries_left_context_and_lookahead():
     channel = Channel()
     for i in range(12):
         channel.put(i)
-    state = AudioDecodeState(request_id="r", loop_id="a", channel=channel, decoded=6)
+    state = AudioDecodeState(request_id="r", loop_id="a", channel=channel, decoded=6, step=2)
     plan = loop.next(state)
     assert plan.payload.frames == tuple(range(3, 12))
     assert (plan.payload.left, plan.payload.chunk, plan.payload.right) == (3, 4, 2)

@@ -1,10 +1,14 @@
 """A chunked vocoder loop fed by a Channel: one AUDIO_CHUNK WorkUnit per chunk of frames.
 
 The producer (an AR decode loop) puts one frame per step (a codec frame or a hidden state) on a
-``Channel``; this loop cuts the frames into chunks — ``first_chunk`` frames, then ``chunk`` frames
-each — and decodes every chunk with up to ``left_context`` frames before it and ``lookahead``
-frames after it, so a convolutional vocoder sees (part of) its receptive field across the join.
-The schedule depends only on the total number of frames, never on timing: a chunk is cut when
+``Channel``; this loop cuts the frames into chunks (``first_chunk`` frames, then ``chunk`` frames,
+growing by ``chunk_growth`` per chunk up to ``max_chunk``) and decodes every chunk with up to
+``left_context`` frames before it and ``lookahead`` frames after it, so a convolutional vocoder
+sees (part of) its receptive field across the join.
+Growing chunks serve both ends: the first ones are small so audio starts early, later ones are
+large so the context recomputed per chunk (``left_context + lookahead``) costs less per frame,
+while the audio already sent covers the longer wait. The schedule depends only on the total
+number of frames, never on timing: a chunk is cut when
 its look-ahead has arrived or the channel is closed, so streamed and non-streamed requests decode
 the same chunks and give the same samples.
 
@@ -72,7 +76,9 @@ class AudioDecodeConfig:
         in_slot: the program slot holding the input Channel.
         sample_rate: Hz of the samples the component returns.
         first_chunk: frames in the first chunk (small: it sets time to first audio).
-        chunk: frames in every later chunk.
+        chunk: frames in the second chunk.
+        chunk_growth: each later chunk is this many times the one before (1.0: all ``chunk``).
+        max_chunk: cap on chunk sizes; None means ``chunk`` (no growth).
         left_context: frames of left context given to each chunk.
         lookahead: frames of right context each chunk waits for.
         trim_threshold: edge samples with ``|x| <=`` this are trimmed; None disables trimming.
@@ -85,6 +91,8 @@ class AudioDecodeConfig:
     sample_rate: int
     first_chunk: int = 8
     chunk: int = 32
+    chunk_growth: float = 1.0
+    max_chunk: int | None = None
     left_context: int = 0
     lookahead: int = 0
     trim_threshold: float | None = None
@@ -97,6 +105,18 @@ class AudioDecodeConfig:
         for name in ("left_context", "lookahead"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.chunk_growth >= 1.0:
+            raise ValueError(f"chunk_growth must be >= 1.0, got {self.chunk_growth}")
+        if self.max_chunk is not None and self.max_chunk < self.chunk:
+            raise ValueError(f"max_chunk ({self.max_chunk}) must be >= chunk ({self.chunk})")
+
+    def chunk_size(self, index: int) -> int:
+        """Frames in chunk ``index`` (0-based): ``first_chunk``, then ``chunk`` growing by
+        ``chunk_growth`` per chunk, capped at ``max_chunk``."""
+        if index == 0:
+            return self.first_chunk
+        cap = self.chunk if self.max_chunk is None else self.max_chunk
+        return min(cap, int(self.chunk * self.chunk_growth ** min(index - 1, 64)))
 
 
 @dataclass
@@ -129,11 +149,13 @@ class AudioDecodeLoop:
             extras=ctx.slots.get(self.config.extras_slot or ""),
         )
 
-    def chunk_bounds(self, decoded: int, available: int, closed: bool) -> tuple[int, int] | None:
-        """(chunk end, window end) of the next chunk, or None when it must wait."""
+    def chunk_bounds(
+        self, index: int, decoded: int, available: int, closed: bool
+    ) -> tuple[int, int] | None:
+        """(chunk end, window end) of chunk ``index`` starting at frame ``decoded``, or None
+        when it must wait."""
         cfg = self.config
-        size = cfg.first_chunk if decoded == 0 else cfg.chunk
-        end = decoded + size
+        end = decoded + cfg.chunk_size(index)
         if available >= end + cfg.lookahead:
             return end, end + cfg.lookahead
         if closed and available > decoded:
@@ -142,7 +164,7 @@ class AudioDecodeLoop:
 
     def next(self, state: AudioDecodeState) -> WorkPlan | Done | Pending:
         channel = state.channel
-        bounds = self.chunk_bounds(state.decoded, len(channel), channel.closed)
+        bounds = self.chunk_bounds(state.step, state.decoded, len(channel), channel.closed)
         if bounds is None:
             return Done() if channel.closed else Pending()
         end, window_end = bounds
@@ -175,7 +197,7 @@ class AudioDecodeLoop:
         """Frames the unit just run covered. The channel may have grown (or closed) since the
         plan was made, but the schedule gives the same chunk end: a plan is only made once the
         chunk's frames exist, and a closed channel does not grow."""
-        bounds = self.chunk_bounds(state.decoded, len(state.channel), True)
+        bounds = self.chunk_bounds(state.step, state.decoded, len(state.channel), True)
         assert bounds is not None
         return bounds[0] - state.decoded
 
