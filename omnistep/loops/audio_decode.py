@@ -5,12 +5,13 @@ The producer (an AR decode loop) puts one frame per step (a codec frame or a hid
 growing by ``chunk_growth`` per chunk up to ``max_chunk``) and decodes every chunk with up to
 ``left_context`` frames before it and ``lookahead`` frames after it, so a convolutional vocoder
 sees (part of) its receptive field across the join.
+
 Growing chunks serve both ends: the first ones are small so audio starts early, later ones are
 large so the context recomputed per chunk (``left_context + lookahead``) costs less per frame,
 while the audio already sent covers the longer wait. The schedule depends only on the total
-number of frames, never on timing: a chunk is cut when
-its look-ahead has arrived or the channel is closed, so streamed and non-streamed requests decode
-the same chunks and give the same samples.
+number of frames, never on timing: a chunk is cut when its look-ahead has arrived or the channel
+is closed, so streamed and non-streamed requests decode the same chunks and give the same
+samples.
 
 Silence trimming touches only the edges: leading samples with ``|x| <= trim_threshold`` are
 dropped until the first louder sample; trailing quiet samples are held back until louder audio
