@@ -1,0 +1,88 @@
+"""Playback deadlines and admission for deadline-aware (EDF) scheduling. Pure; no asyncio.
+
+A streaming client starts playing at its first audio chunk and then plays in real time, so a
+request that has sent ``a`` seconds of audio, the first of it at ``t0``, runs dry at
+``t0 + a``: that is the deadline of every unit the request runs next (its AR tokens feed its
+next chunk as much as the vocoder does). A request with no audio yet has the deadline
+``arrival + first_audio_s``: a new request is urgent at once, while a stream with seconds of
+audio buffered can wait, which puts first chunks of new requests ahead of chunks for streams
+with plenty of buffer. Text-only requests never send audio and keep their arrival deadline, so
+among themselves they run first come, first served.
+
+Admission (``may_admit``): a new request costs every admitted stream the time of its first
+chunk. It is admitted at once while every started stream has at least ``guard_s`` of audio
+buffered (or none has started), and otherwise waits, for at most ``max_wait_s``, until they do:
+under overload the newcomer waits in the queue instead of making admitted streams underrun.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass
+class PlaybackClock:
+    """Where one request's stream stands, on the engine's monotonic clock (seconds).
+
+    Attributes:
+        arrival: when the request was added.
+        first_audio_s: how soon after arrival its first audio is due.
+        first_audio_at: when its first audio chunk was published; None before.
+        audio_sent_s: seconds of audio published so far.
+    """
+
+    arrival: float
+    first_audio_s: float
+    first_audio_at: float | None = None
+    audio_sent_s: float = 0.0
+
+    def on_audio(self, now: float, seconds: float) -> None:
+        """Record ``seconds`` (>= 0) of audio published at ``now``."""
+        if seconds <= 0.0:
+            return
+        if self.first_audio_at is None:
+            self.first_audio_at = now
+        self.audio_sent_s += seconds
+
+    @property
+    def started(self) -> bool:
+        """Whether audio has been published (the client is playing)."""
+        return self.first_audio_at is not None
+
+    def deadline(self) -> float:
+        """When the client runs out of audio (before the first chunk: when it is due)."""
+        if self.first_audio_at is None:
+            return self.arrival + self.first_audio_s
+        return self.first_audio_at + self.audio_sent_s
+
+    def buffered(self, now: float) -> float:
+        """Seconds of audio the client still holds at ``now`` (negative: it ran dry that long
+        ago); 0.0 before the first chunk."""
+        if self.first_audio_at is None:
+            return 0.0
+        return self.deadline() - now
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """When a waiting request may start (see module docstring).
+
+    Attributes:
+        guard_s: buffered audio every started stream must hold for a newcomer to start.
+        max_wait_s: the longest a request waits for admission; then it starts regardless.
+    """
+
+    guard_s: float = 0.5
+    max_wait_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.guard_s < 0 or self.max_wait_s < 0:
+            raise ValueError(f"guard_s and max_wait_s must be >= 0, got {self}")
+
+    def may_admit(self, now: float, waiting_since: float, streams: Iterable[PlaybackClock]) -> bool:
+        """Whether a request waiting since ``waiting_since`` may start, given the clocks of the
+        admitted unfinished requests."""
+        if now - waiting_since >= self.max_wait_s:
+            return True
+        return all(c.buffered(now) >= self.guard_s for c in streams if c.started)
