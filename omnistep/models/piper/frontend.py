@@ -1,25 +1,31 @@
 """Text -> sentences -> phoneme ids for a Piper voice, with piper-tts's own phonemizer.
 
-Piper (espeak-ng, bundled with the ``piper-tts`` wheel; no system espeak) already splits text into
-sentences: ``espeakbridge.get_phonemes`` returns one entry per clause with its terminator and an
-end-of-sentence flag, and ``EspeakPhonemizer.phonemize`` groups clauses into sentences (``,`` ``:``
-``;`` keep the sentence going; ``.`` ``?`` ``!`` and blank lines end it). This module keeps one
-``Sentence`` per piper sentence, so the card emits one AUDIO_CHUNK unit per sentence. The only
-extra split is for very long sentences (more than ``max_phonemes``), which are cut at a clause
-boundary, else a word boundary, so that one unit stays bounded in time and memory; no phoneme is
-dropped by the cut.
+The text first goes through the model-independent front-end ``omnistep.text``: ``normalize``
+spells out numbers, dates, times, money, percentages, units and abbreviations (``"Dr. Smith
+paid $12.50"`` -> ``"Doctor Smith paid twelve dollars and fifty cents"``), and ``split_text``
+cuts the result into sentences, and sentences longer than ``max_chars`` at a clause (else word)
+boundary, without dropping or repeating a word.
 
-Behaviour inherited from espeak (no words are dropped, but note): abbreviations such as ``Dr.``,
-``Mr.``, ``St.`` end a sentence (``"Dr. Smith"`` gives two sentences); digits, symbols and emoji
-are read out (``"$3.50"``, ``"😀"`` -> "grinning face"); text between ``[[ ]]`` is taken as raw
-phonemes. Phonemes missing from the voice's id map are skipped by ``phonemes_to_ids`` with a
+Each piece is then phonemized by piper (espeak-ng, bundled with the ``piper-tts`` wheel; no
+system espeak): ``espeakbridge.get_phonemes`` returns one entry per clause with its terminator
+and an end-of-sentence flag, and ``EspeakPhonemizer.phonemize`` groups clauses into sentences
+(``,`` ``:`` ``;`` keep the sentence going; ``.`` ``?`` ``!`` and blank lines end it), so espeak
+may still cut a piece where it sees a sentence end (``"U.S. Army"``). This module keeps one
+``Sentence`` per piper sentence, so the card emits one AUDIO_CHUNK unit per sentence. A sentence
+still longer than ``max_phonemes`` (a single very long word) is cut at a clause boundary, else a
+word boundary, else at the limit, so that one unit stays bounded in time and memory; no phoneme
+is dropped by the cut.
+
+Behaviour inherited from espeak (no words are dropped, but note): symbols and emoji that the
+normaliser leaves are read out (``"😀"`` -> "grinning face"); text between ``[[ ]]`` is taken as
+raw phonemes. Phonemes missing from the voice's id map are skipped by ``phonemes_to_ids`` with a
 logged warning (none occur for the ``en-us`` voice on Latin, Cyrillic, Greek or Arabic text).
 
 Source: ``piper/voice.py`` (``PiperVoice.phonemize``, ``PiperVoice.phonemes_to_ids``),
 ``piper/phonemize_espeak.py``, ``piper/phoneme_ids.py`` (BOS ``^`` and PAD ``_``, then each
 phoneme followed by PAD, then EOS ``$``), ``piper/config.py`` of piper-tts 1.8.0.
 
-Imports: stdlib, piper-tts and ``omnistep.core``.
+Imports: stdlib, piper-tts, ``omnistep.core`` and ``omnistep.text``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from piper.config import PiperConfig
 from piper.voice import PiperVoice
 
 from omnistep.core.errors import InvalidRequestError
+from omnistep.text import normalize, split_text
 
 PUNCTUATION = frozenset(" \t\n.,;:!?¡¿-–—…'\"()[]")
 """Phonemes that carry no speech on their own: a sentence made only of these is dropped."""
@@ -69,25 +76,50 @@ class PiperFrontend:
         max_phonemes: a sentence longer than this many phonemes is cut into several units (at
             the last ``, ; :`` before the limit, else the last space, else at the limit).
             400 phonemes is about 20 s of speech.
+        max_chars: the normalised text is cut into pieces of at most this many characters
+            before phonemization (``omnistep.text.split_text``); 300 characters give about
+            300-350 phonemes, so ``max_phonemes`` only cuts what has no space to cut at.
+        normalize_text: spell out numbers, dates, money and abbreviations first (default);
+            False phonemizes the text as given (espeak then reads digits itself).
 
     Raises:
-        ValueError: ``max_phonemes`` < 1.
+        ValueError: ``max_phonemes`` or ``max_chars`` < 1.
     """
 
-    def __init__(self, config: PiperConfig, max_phonemes: int = 400):
+    def __init__(
+        self,
+        config: PiperConfig,
+        max_phonemes: int = 400,
+        max_chars: int = 300,
+        normalize_text: bool = True,
+    ):
         if max_phonemes < 1:
             raise ValueError(f"max_phonemes must be >= 1, got {max_phonemes}")
+        if max_chars < 1:
+            raise ValueError(f"max_chars must be >= 1, got {max_chars}")
         self.config = config
         self.max_phonemes = max_phonemes
+        self.max_chars = max_chars
+        self.normalize_text = normalize_text
         # PiperVoice.phonemize / phonemes_to_ids only read ``config`` (and espeak state): the
         # ONNX session is not needed for phonemization, so none is built here.
         self._phonemizer = PiperVoice(session=None, config=config)  # type: ignore[arg-type]
 
     @classmethod
-    def from_config_path(cls, config_path: str | Path, max_phonemes: int = 400) -> PiperFrontend:
-        """Build from a voice's ``*.onnx.json`` config file."""
+    def from_config_path(cls, config_path: str | Path, **kwargs) -> PiperFrontend:
+        """Build from a voice's ``*.onnx.json`` config file; ``kwargs`` go to the constructor."""
         with open(config_path, encoding="utf-8") as f:
-            return cls(PiperConfig.from_dict(json.load(f)), max_phonemes=max_phonemes)
+            return cls(PiperConfig.from_dict(json.load(f)), **kwargs)
+
+    def texts(self, text: str) -> list[str]:
+        """The pieces of text that are phonemized, in order: normalised, then split.
+
+        Example: ``texts("Dr. Smith paid $12.50. Then he left.")`` is ``["Doctor Smith paid
+        twelve dollars and fifty cents.", "Then he left."]``.
+        """
+        if self.normalize_text:
+            text = normalize(text)
+        return split_text(text, self.max_chars)
 
     def sentences(self, text: str) -> list[Sentence]:
         """Split ``text`` into sentences of phoneme ids, in reading order.
@@ -96,13 +128,15 @@ class PiperFrontend:
             InvalidRequestError: (``param="input"``) nothing speakable: the text is empty after
                 phonemization, e.g. only whitespace or punctuation.
         """
-        try:
-            phonemized = self._phonemizer.phonemize(text)
-        except ValueError as exc:  # espeak rejects e.g. embedded NUL characters
-            raise InvalidRequestError(
-                f"The input cannot be phonemized: {exc}", param="input", code="invalid_input"
-            ) from None
-        groups = [p for p in phonemized if _is_speakable(p)]
+        groups: list[list[str]] = []
+        for piece in self.texts(text):
+            try:
+                phonemized = self._phonemizer.phonemize(piece)
+            except ValueError as exc:  # espeak rejects e.g. embedded NUL characters
+                raise InvalidRequestError(
+                    f"The input cannot be phonemized: {exc}", param="input", code="invalid_input"
+                ) from None
+            groups += [_strip_spaces(p) for p in phonemized if _is_speakable(p)]
         pieces = [piece for p in groups for piece in split_long(p, self.max_phonemes)]
         if not pieces:
             raise InvalidRequestError(

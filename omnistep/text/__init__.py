@@ -1,0 +1,19 @@
+"""Model-independent text front-end for speech: normalisation to words, then splitting.
+
+``prepare(text)`` is what a card runs on a request's input: ``normalize`` (numbers, dates,
+times, money, abbreviations to words) then ``split_text`` (sentences; long sentences cut at
+clauses, else between words). Imports stdlib and ``num2words`` only (no torch, no phonemizer).
+
+>>> prepare("Dr. Smith paid $12.50. He left at 3 pm.")
+['Doctor Smith paid twelve dollars and fifty cents.', 'He left at three p m.']
+"""
+
+from omnistep.text.normalize import normalize
+from omnistep.text.split import split_clauses, split_sentences, split_text
+
+__all__ = ["normalize", "prepare", "split_clauses", "split_sentences", "split_text"]
+
+
+def prepare(text: str, max_chars: int = 300) -> list[str]:
+    """``split_text(normalize(text), max_chars)``: the pieces a card synthesises in order."""
+    return split_text(normalize(text), max_chars)
