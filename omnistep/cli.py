@@ -94,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queued=args.max_queued,
         kv_cache_gb=args.kv_cache_gb,
         batch_invariant=args.batch_invariant or None,
+        first_chunk_chars=args.first_chunk_chars,
     )
     print(_usage_banner(config.host, config.port, engine, config.api_key is not None), flush=True)
     uvicorn.run(
@@ -233,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ORIGIN",
         help="allow browser requests from ORIGIN (repeatable; '*' for any); default: CORS off",
+    )
+    serve.add_argument(
+        "--first-chunk-chars",
+        type=int,
+        help="piper: cut the first sentence at a clause within this many characters, so audio "
+        "starts sooner (default 80; 0 keeps it whole)",
     )
     serve.add_argument(
         "--kv-cache-gb",

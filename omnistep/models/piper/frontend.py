@@ -38,7 +38,7 @@ from piper.config import PiperConfig
 from piper.voice import PiperVoice
 
 from omnistep.core.errors import InvalidRequestError
-from omnistep.text import normalize, split_text
+from omnistep.text import normalize, split_clauses, split_text
 
 PUNCTUATION = frozenset(" \t\n.,;:!?¡¿-–—…'\"()[]")
 """Phonemes that carry no speech on their own: a sentence made only of these is dropped."""
@@ -81,9 +81,12 @@ class PiperFrontend:
             300-350 phonemes, so ``max_phonemes`` only cuts what has no space to cut at.
         normalize_text: spell out numbers, dates, money and abbreviations first (default);
             False phonemizes the text as given (espeak then reads digits itself).
+        first_chunk_chars: a first piece longer than this is cut once, at its last clause
+            boundary (else space) within the limit, so the first unit, which sets the time to
+            first audio, is a clause rather than a whole sentence; None keeps it whole.
 
     Raises:
-        ValueError: ``max_phonemes`` or ``max_chars`` < 1.
+        ValueError: ``max_phonemes``, ``max_chars`` or ``first_chunk_chars`` < 1.
     """
 
     def __init__(
@@ -92,11 +95,15 @@ class PiperFrontend:
         max_phonemes: int = 400,
         max_chars: int = 300,
         normalize_text: bool = True,
+        first_chunk_chars: int | None = None,
     ):
         if max_phonemes < 1:
             raise ValueError(f"max_phonemes must be >= 1, got {max_phonemes}")
         if max_chars < 1:
             raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+        if first_chunk_chars is not None and first_chunk_chars < 1:
+            raise ValueError(f"first_chunk_chars must be >= 1, got {first_chunk_chars}")
+        self.first_chunk_chars = first_chunk_chars
         self.config = config
         self.max_phonemes = max_phonemes
         self.max_chars = max_chars
@@ -119,7 +126,12 @@ class PiperFrontend:
         """
         if self.normalize_text:
             text = normalize(text)
-        return split_text(text, self.max_chars)
+        pieces = split_text(text, self.max_chars)
+        limit = self.first_chunk_chars
+        if pieces and limit is not None and len(pieces[0]) > limit:
+            head, *rest = split_clauses(pieces[0], limit)
+            pieces[:1] = [head, " ".join(rest)] if rest else [head]
+        return pieces
 
     def sentences(self, text: str) -> list[Sentence]:
         """Split ``text`` into sentences of phoneme ids, in reading order.
