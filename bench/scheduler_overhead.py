@@ -1,7 +1,7 @@
 """Scheduler and engine overhead per WorkUnit, on a null model that does no work.
 
-    PYTHONPATH=. .venv/bin/python bench/scheduler_overhead.py                 # L = 10,100,1000
-    PYTHONPATH=. .venv/bin/python bench/scheduler_overhead.py --loops 1000 --profile
+    .venv/bin/python bench/scheduler_overhead.py                 # L = 10,100,1000
+    .venv/bin/python bench/scheduler_overhead.py --loops 1000 --profile
 
 The ``null`` card (``omnistep.models.toy.null``) runs one loop per request; each step is one
 AR_TOKEN WorkUnit of one shared ShapeSignature, and its component returns at once. For every
@@ -24,9 +24,10 @@ Reported per configuration (best and median of ``--repeat`` runs):
   wait for it), stream consumers, request start and finish.
 
 Each L runs with the engine's default ``max_batch_size`` and with ``max_batch_size = 1`` (every
-unit its own batch: the worst case). ``--profile`` adds a cProfile pass of the largest L at the
-default batch size and prints the top functions by own time. Target: <= 20 us per unit at
-L = 1000 with the default configuration. Results: ``bench/results/scheduler_overhead.json``.
+unit its own batch: the worst case), or with the sizes ``--batch-sizes`` lists. ``--profile``
+adds a cProfile pass of the largest L at the default batch size and prints the top functions by
+own time. Target: <= 20 us per unit at L = 1000 with the default configuration. Results:
+``bench/results/scheduler_overhead.json``.
 """
 
 from __future__ import annotations
