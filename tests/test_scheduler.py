@@ -66,3 +66,37 @@ def test_remove_drops_queued_units():
     s.remove(a)  # idempotent
     assert [e.request_id for e in s.next_batch().entries] == ["b"]
     assert s.next_batch() is None
+
+
+def test_requeued_units_do_not_jump_an_older_group():
+    """Units taken in a batch and queued again are younger than a group that waited meanwhile."""
+    s = _sched(limit=2)
+    a, b, c = _live("a"), _live("b"), _live("c", dims=(2,))
+    for live in (a, b, c):
+        s.enqueue(live)
+    for live in s.next_batch().entries:  # a, b run and come back with their next plans
+        live.in_flight = False
+        s.enqueue(live)
+    assert [e.request_id for e in s.next_batch().entries] == ["c"]
+    assert [e.request_id for e in s.next_batch().entries] == ["a", "b"]
+
+
+def test_removing_a_group_head_keeps_the_order_of_the_rest():
+    s = _sched()
+    x1, y, x2 = _live("x1", dims=(5,)), _live("y"), _live("x2", dims=(5,))
+    for live in (x1, y, x2):
+        s.enqueue(live)
+    s.remove(x1)  # group (5,) now starts at x2, which became ready after y
+    assert [e.request_id for e in s.next_batch().entries] == ["y"]
+    assert [e.request_id for e in s.next_batch().entries] == ["x2"]
+    assert s.next_batch() is None and s.num_queued == 0
+
+
+def test_busy_component_is_skipped_and_keeps_its_place():
+    s = _sched()
+    for live in (_live("a"), _live("b", component="v"), _live("c")):
+        s.enqueue(live)
+    batch = s.next_batch(lambda model, component: component != "c")
+    assert (batch.component, [e.request_id for e in batch.entries]) == ("v", ["b"])
+    assert s.next_batch(lambda model, component: False) is None
+    assert [e.request_id for e in s.next_batch().entries] == ["a", "c"]

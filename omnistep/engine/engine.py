@@ -148,6 +148,8 @@ class AsyncEngine:
         self._runs: dict[str, _RequestRun] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._steps: set[asyncio.Task] = set()  # running ``step`` tasks
+        self._num_running = 0  # batches dispatched whose executor call has not returned
         self.units_by_kind: Counter[str] = Counter()
         self.batch_sizes: Counter[int] = Counter()
 
@@ -238,30 +240,29 @@ class AsyncEngine:
         self._wake.set()
 
     async def _step_loop(self) -> None:
-        """Keep up to ``num_workers`` batches running; fold each as it finishes."""
-        running: set[asyncio.Task] = set()
-        waiter: asyncio.Future | None = None
+        """Keep up to ``num_workers`` batches running, each in a ``step`` task that folds its
+        own batch; sleep until ``_wake`` says a worker freed up or a plan was queued."""
         try:
             while True:
                 self._wake.clear()
-                while len(running) < self.config.num_workers:
+                while self._num_running < self.config.num_workers:
                     batch = self._scheduler.next_batch(self._can_run)
                     if batch is None:
                         break
                     self._busy[(batch.model_id, batch.component)] += 1
-                    running.add(asyncio.create_task(self.step(batch)))
-                waiter = asyncio.ensure_future(self._wake.wait())
-                done, _ = await asyncio.wait(
-                    {*running, waiter}, return_when=asyncio.FIRST_COMPLETED
-                )
-                waiter.cancel()
-                running -= done
-                for task in done - {waiter}:
-                    if not task.cancelled() and task.exception() is not None:
-                        log.error("engine step failed", exc_info=task.exception())
-        finally:  # shutdown cancels this task: leave no pending waiter or step behind
-            for task in [*running, *([waiter] if waiter is not None else [])]:
+                    self._num_running += 1
+                    task = asyncio.create_task(self.step(batch))
+                    self._steps.add(task)
+                    task.add_done_callback(self._step_done)
+                await self._wake.wait()
+        finally:  # shutdown cancels this task: leave no step behind
+            for task in list(self._steps):
                 task.cancel()
+
+    def _step_done(self, task: asyncio.Task) -> None:
+        self._steps.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine step failed", exc_info=task.exception())
 
     def _can_run(self, model_id: str, component: str) -> bool:
         spec = self.models[model_id].spec(component)
@@ -276,6 +277,7 @@ class AsyncEngine:
             )
         finally:
             self._busy[(batch.model_id, batch.component)] -= 1
+            self._num_running -= 1
             self._wake.set()
         self.units_by_kind[batch.kind.value] += len(batch.entries)
         self.batch_sizes[len(batch.entries)] += 1
@@ -288,17 +290,19 @@ class AsyncEngine:
         if run is None or run.finished:
             live.loop.release(live.state)  # aborted while running: free it now
             return
-        label = live.plan.label if live.plan else live.node.name
+        plan = live.plan  # names the unit in errors; ``_schedule`` replaces ``live.plan``
         if isinstance(outcome, Exception):
-            self._fail(run, outcome, label)
+            self._fail(run, outcome, plan.label if plan else live.node.name)
             return
         try:
-            live.state = live.loop.advance(live.state, outcome)
-            self._publish(run, live.state.outbox)
+            live.state = state = live.loop.advance(live.state, outcome)
+            if state.outbox:
+                self._publish(run, state.outbox)
             self._schedule(run, live)
-            self._repoll(run)
+            if run.parked:
+                self._repoll(run)
         except Exception as exc:  # noqa: BLE001 - a loop bug fails its request only
-            self._fail(run, exc, label)
+            self._fail(run, exc, plan.label if plan else live.node.name)
 
     # ----------------------------------------------------------------- programs
     def _advance_program(self, run: _RequestRun) -> None:
@@ -378,8 +382,9 @@ class AsyncEngine:
     @staticmethod
     def _check_progress(run: _RequestRun) -> None:
         """Raise if the request's loops are all parked: nothing could ever wake them."""
-        busy = any(live.queued or live.in_flight for live in run.live.values())
-        if run.parked and not busy and not run.finished:
+        if not run.parked or run.finished:
+            return
+        if not any(live.queued or live.in_flight for live in run.live.values()):
             names = ", ".join(live.node.name for live in run.parked)
             raise RuntimeError(f"program deadlock: loops {names} wait for input that never comes")
 
