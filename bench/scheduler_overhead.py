@@ -115,7 +115,9 @@ async def run_once(
         AssertionError: a request did not run exactly ``steps`` units, or units went missing.
     """
     model = ModelInstance.load(build_null_card(emit_every=emit_every))
-    engine = AsyncEngine([model], EngineConfig(max_batch_size=max_batch_size))
+    engine = AsyncEngine(
+        [model], EngineConfig(max_batch_size=max_batch_size, max_queued=max(num_loops, 1))
+    )
     timers = _instrument(engine, model) if instrument else None
     sampling = SamplingParams(max_new_tokens=steps)
     requests = [Request("null", seed=i, sampling=sampling) for i in range(num_loops)]

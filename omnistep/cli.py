@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from omnistep.audio import FORMATS, make_encoder
 from omnistep.core import ModelInstance, OmnistepError, Request
 from omnistep.engine import AsyncEngine, EngineConfig
+from omnistep.engine.config import SCHEDULING_POLICIES
 from omnistep.models.registry import FAMILIES, build_card
 
 if TYPE_CHECKING:
@@ -33,17 +34,20 @@ def load_engine(
     device: str,
     max_batch_size: int,
     max_queued: int | None = None,
+    scheduling: str | None = None,
     **options: object,
 ) -> AsyncEngine:
     """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
 
     ``max_queued`` bounds the unfinished requests (more get HTTP 429; None: the engine's
-    default). ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families
+    default); ``scheduling`` is ``"edf"`` or ``"fcfs"`` (None: the engine's default, EDF).
+    ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families
     that take them.
     """
     models = [ModelInstance.load(build_card(spec, **options), device=device) for spec in specs]
-    limits = {"max_queued": max_queued} if max_queued is not None else {}
-    return AsyncEngine(models, EngineConfig(max_batch_size=max_batch_size, **limits))
+    settings = {"max_queued": max_queued, "scheduling": scheduling}
+    settings = {k: v for k, v in settings.items() if v is not None}
+    return AsyncEngine(models, EngineConfig(max_batch_size=max_batch_size, **settings))
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -92,6 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.device,
         args.max_batch_size,
         max_queued=args.max_queued,
+        scheduling=args.scheduling,
         kv_cache_gb=args.kv_cache_gb,
         batch_invariant=args.batch_invariant or None,
         first_chunk_chars=args.first_chunk_chars,
@@ -217,6 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     serve.add_argument("--max-batch-size", type=_positive_int, default=64)
+    serve.add_argument(
+        "--scheduling",
+        choices=SCHEDULING_POLICIES,
+        default=EngineConfig().scheduling,
+        help="edf: earliest playback deadline first, new requests' first audio ahead of "
+        "buffered streams, admission held while streams run low; fcfs: in arrival order "
+        "(default edf)",
+    )
     serve.add_argument(
         "--max-queued",
         type=_positive_int,

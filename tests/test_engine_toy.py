@@ -17,7 +17,7 @@ from omnistep.core import (
     SamplingParams,
     WorkUnitKind,
 )
-from omnistep.engine import AsyncEngine
+from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.models.toy.card import ToyLM, build_card
 from omnistep.parity import collect, run_alone, run_interleaved
 
@@ -103,7 +103,12 @@ async def test_abort_mid_loop_releases_and_spares_others(engine):
     results = await asyncio.gather(*others)
     for a, b in zip(alone, results, strict=True):
         assert a.text == b.text and np.array_equal(a.audio, b.audio)
-    assert engine.stats() == {"live_requests": 0, "live_loops": 0, "queued_units": 0}
+    assert engine.stats() == {
+        "live_requests": 0,
+        "live_loops": 0,
+        "queued_units": 0,
+        "waiting_requests": 0,
+    }
     assert not engine.abort(victim.request_id)
 
 
@@ -261,3 +266,67 @@ async def test_components_overlap_but_each_respects_its_concurrency():
     assert peak["lm"] == 2, "a thread-safe component may run two batches at once"
     for a, b in zip(alone, again, strict=True):
         assert np.array_equal(a.audio, b.audio)
+
+
+# ---------------------------------------------------------------- deadline-aware scheduling
+
+
+async def _first_audio(stream) -> None:
+    async for chunk in stream:
+        if chunk.audio is not None and chunk.audio.size:
+            return
+
+
+async def test_edf_ranks_a_new_request_ahead_of_a_stream_with_audio_buffered():
+    engine = AsyncEngine([ModelInstance.load(build_card())], EngineConfig(admission_guard_s=None))
+    try:
+        long = Request("toy", text="a long story " * 8, seed=1)
+        stream = engine.add_request(long)
+        run_long = engine._runs[long.request_id]
+        async for _ in stream:  # the toy card makes audio much faster than real time
+            if run_long.clock.buffered(time.monotonic()) > 0.6:
+                break
+        assert run_long.clock.started and run_long.clock.buffered(time.monotonic()) > 0.5
+        new = Request("toy", text="hello", seed=2)
+        new_stream = engine.add_request(new)
+        run_new = engine._runs[new.request_id]
+        assert engine._priority(run_new) < engine._priority(run_long)
+        together = [c async for c in new_stream]
+        rest = [c async for c in stream]
+        assert together and rest
+    finally:
+        await engine.shutdown()
+    fcfs = AsyncEngine([ModelInstance.load(build_card())], EngineConfig(scheduling="fcfs"))
+    try:
+        run = fcfs.add_request(Request("toy", text="x", seed=3))
+        assert fcfs._priority(fcfs._runs[run.request_id]) is None
+        assert fcfs.stats()["waiting_requests"] == 0
+        [c async for c in run]
+    finally:
+        await fcfs.shutdown()
+
+
+async def test_admission_holds_a_newcomer_while_a_stream_is_short_of_audio():
+    """With a guard no stream can meet, a newcomer waits ``admission_max_wait_s``, then runs;
+    its output is the same as alone."""
+    reqs = [Request("toy", text="<slow> first " * 3, seed=5), Request("toy", text="second", seed=6)]
+    alone = AsyncEngine([ModelInstance.load(build_card())])
+    try:
+        expected = await run_alone(alone, reqs)
+    finally:
+        await alone.shutdown()
+    config = EngineConfig(admission_guard_s=1e6, admission_max_wait_s=0.3)
+    engine = AsyncEngine([ModelInstance.load(build_card())], config)
+    try:
+        first = engine.add_request(reqs[0])
+        await _first_audio(first)
+        added = time.monotonic()
+        second = engine.add_request(reqs[1])
+        assert engine.stats()["waiting_requests"] == 1
+        got = np.concatenate([c.audio async for c in second if c.audio is not None])
+        assert time.monotonic() - added >= 0.3
+        assert engine.stats()["waiting_requests"] == 0
+        [c async for c in first]
+    finally:
+        await engine.shutdown()
+    assert np.array_equal(got, expected[1].audio)

@@ -265,7 +265,12 @@ async def test_engine_refuses_requests_over_max_queued():
         for stream in (second, third):
             async for _ in stream:
                 pass
-        assert engine.stats() == {"live_requests": 0, "live_loops": 0, "queued_units": 0}
+        assert engine.stats() == {
+            "live_requests": 0,
+            "live_loops": 0,
+            "queued_units": 0,
+            "waiting_requests": 0,
+        }
     finally:
         await engine.shutdown()
 

@@ -100,3 +100,42 @@ def test_busy_component_is_skipped_and_keeps_its_place():
     assert (batch.component, [e.request_id for e in batch.entries]) == ("v", ["b"])
     assert s.next_batch(lambda model, component: False) is None
     assert [e.request_id for e in s.next_batch().entries] == ["a", "c"]
+
+
+# ---------------------------------------------------------------- priorities (EDF)
+
+
+def test_most_urgent_group_goes_first_and_urgent_plans_lead_their_batch():
+    s = _sched(limit=2)
+    s.enqueue(_live("late", dims=(5,)), priority=9.0)
+    s.enqueue(_live("soon", dims=(1,)), priority=2.0)
+    s.enqueue(_live("mid", dims=(5,)), priority=4.0)
+    s.enqueue(_live("urgent", dims=(5,)), priority=1.0)
+    s.enqueue(_live("tie", dims=(5,)), priority=4.0)  # same deadline as "mid", ready later
+    assert [e.request_id for e in s.next_batch().entries] == ["urgent", "mid"]
+    assert [e.request_id for e in s.next_batch().entries] == ["soon"]
+    assert [e.request_id for e in s.next_batch().entries] == ["tie", "late"]
+    assert s.next_batch() is None and s.num_queued == 0
+
+
+def test_removing_the_most_urgent_plan_reorders_groups():
+    s = _sched()
+    a = _live("a", dims=(1,))
+    s.enqueue(a, priority=1.0)
+    s.enqueue(_live("b", dims=(1,)), priority=5.0)
+    s.enqueue(_live("c", dims=(2,)), priority=3.0)
+    s.remove(a)
+    assert [e.request_id for e in s.next_batch().entries] == ["c"]
+    assert [e.request_id for e in s.next_batch().entries] == ["b"]
+
+
+def test_a_requeued_plan_gets_its_new_priority():
+    s = _sched(limit=1)
+    x, y = _live("x"), _live("y")
+    s.enqueue(x, priority=1.0)
+    s.enqueue(y, priority=2.0)
+    assert s.next_batch().entries == [x]
+    x.in_flight = False
+    s.enqueue(x, priority=3.0)  # a stream that now has audio buffered
+    assert s.next_batch().entries == [y]
+    assert s.next_batch().entries == [x]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SCHEDULING_POLICIES = ("edf", "fcfs")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -19,14 +21,35 @@ class EngineConfig:
             more is refused with ``EngineOverloadedError`` (HTTP 429) instead of queueing
             without bound.
         retry_after: seconds an overloaded engine tells clients to wait (``Retry-After``).
+        scheduling: ``"edf"``: units run earliest playback deadline first (a new request's
+            first audio is due ``first_audio_s`` after it arrives; a stream's next audio when
+            its client runs dry); ``"fcfs"``: in the order they became ready (round-robin).
+            See ``engine/deadlines.py``.
+        first_audio_s: seconds after arrival a request's first audio is due (EDF).
+        admission_guard_s: under EDF, a new request waits (at most ``admission_max_wait_s``)
+            while a started stream holds less than this much buffered audio; None admits
+            every request at once.
+        admission_max_wait_s: the longest a request waits for admission, seconds.
     """
 
     max_batch_size: int = 64
     num_workers: int = 2
     max_queued: int = 256
     retry_after: int = 1
+    scheduling: str = "edf"
+    first_audio_s: float = 0.5
+    admission_guard_s: float | None = 0.5
+    admission_max_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.scheduling not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling must be one of {SCHEDULING_POLICIES}, got {self.scheduling!r}"
+            )
+        if self.first_audio_s < 0 or self.admission_max_wait_s < 0:
+            raise ValueError("first_audio_s and admission_max_wait_s must be >= 0")
+        if self.admission_guard_s is not None and self.admission_guard_s < 0:
+            raise ValueError(f"admission_guard_s must be >= 0, got {self.admission_guard_s}")
         for name in ("max_batch_size", "num_workers", "max_queued", "retry_after"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -10,8 +10,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from omnistep.core import (
@@ -32,8 +33,12 @@ from omnistep.core import (
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
+from omnistep.engine.deadlines import AdmissionPolicy, PlaybackClock
 from omnistep.engine.executor import InProcessExecutor, Outcome
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
+
+ADMISSION_POLL_S = 0.05
+"""Seconds between admission checks while requests wait and no step wakes the loop."""
 
 log = logging.getLogger("omnistep.engine")
 
@@ -111,6 +116,9 @@ class _RequestRun:
     done: set[str] = field(default_factory=set)
     live: dict[str, LiveLoop] = field(default_factory=dict)
     parked: list[LiveLoop] = field(default_factory=list)
+    clock: PlaybackClock | None = None
+    held: list[LiveLoop] | None = None  # plans of a request waiting for admission
+    waiting_since: float = 0.0
     next_seq: int = 0
     finished: bool = False
 
@@ -146,6 +154,13 @@ class AsyncEngine:
         self._busy: Counter[tuple[str, str]] = Counter()
         self._scheduler = Scheduler(self._max_batch_size)
         self._runs: dict[str, _RequestRun] = {}
+        self._waiting: deque[_RequestRun] = deque()  # added, not yet admitted (EDF admission)
+        self._edf = self.config.scheduling == "edf"
+        self._admission = (
+            AdmissionPolicy(self.config.admission_guard_s, self.config.admission_max_wait_s)
+            if self._edf and self.config.admission_guard_s is not None
+            else None
+        )
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._steps: set[asyncio.Task] = set()  # running ``step`` tasks
@@ -188,6 +203,13 @@ class AsyncEngine:
         ctx = ProgramContext(request=request, model=model, profile=request.profile)
         ctx.slots.update({name: request for name in model.card.program.inputs})
         run = _RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx))
+        now = time.monotonic()
+        run.clock = PlaybackClock(now, self.config.first_audio_s)
+        if self._admission is not None and (
+            self._waiting or not self._admission.may_admit(now, now, self._clocks())
+        ):
+            run.held, run.waiting_since = [], now
+            self._waiting.append(run)
         self._runs[request.request_id] = run
         try:
             self._advance_program(run)
@@ -215,9 +237,11 @@ class AsyncEngine:
         return True
 
     def stats(self) -> dict[str, int]:
-        """Live requests, live loops and queued units (for health checks and leak tests)."""
+        """Live requests, live loops and queued units (for health checks and leak tests);
+        ``waiting_requests`` of the live ones wait for admission."""
         return {
             "live_requests": len(self._runs),
+            "waiting_requests": sum(1 for r in self._waiting if not r.finished),
             "live_loops": sum(len(r.live) for r in self._runs.values()),
             "queued_units": self._scheduler.num_queued,
         }
@@ -245,6 +269,8 @@ class AsyncEngine:
         try:
             while True:
                 self._wake.clear()
+                if self._waiting:
+                    self._admit_waiting()
                 while self._num_running < self.config.num_workers:
                     batch = self._scheduler.next_batch(self._can_run)
                     if batch is None:
@@ -254,10 +280,39 @@ class AsyncEngine:
                     task = asyncio.create_task(self.step(batch))
                     self._steps.add(task)
                     task.add_done_callback(self._step_done)
-                await self._wake.wait()
+                if self._waiting:  # admission also changes with time: look again soon
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), ADMISSION_POLL_S)
+                else:
+                    await self._wake.wait()
         finally:  # shutdown cancels this task: leave no step behind
             for task in list(self._steps):
                 task.cancel()
+
+    def _clocks(self) -> Iterator[PlaybackClock]:
+        """Clocks of the admitted, unfinished requests."""
+        return (r.clock for r in self._runs.values() if r.held is None and r.clock is not None)
+
+    def _admit_waiting(self) -> None:
+        """Admit waiting requests, oldest first, while the admission policy allows; their held
+        plans join the queue. A request still waiting is looked at again at the next step."""
+        assert self._admission is not None
+        now = time.monotonic()
+        while self._waiting:
+            run = self._waiting[0]
+            if not run.finished:
+                if not self._admission.may_admit(now, run.waiting_since, self._clocks()):
+                    return
+                held, run.held = run.held or [], None
+                for live in held:
+                    if live.plan is not None:
+                        self._scheduler.enqueue(live, self._priority(run))
+            self._waiting.popleft()
+
+    def _priority(self, run: _RequestRun) -> float | None:
+        """The scheduler priority of the request's next unit: its playback deadline under EDF,
+        None (ready order) under FCFS."""
+        return run.clock.deadline() if self._edf and run.clock is not None else None
 
     def _step_done(self, task: asyncio.Task) -> None:
         self._steps.discard(task)
@@ -351,7 +406,10 @@ class AsyncEngine:
             self._finish_loop(run, live)
         else:
             live.plan = plan
-            self._scheduler.enqueue(live)
+            if run.held is not None:  # waiting for admission
+                run.held.append(live)
+                return
+            self._scheduler.enqueue(live, self._priority(run))
             self._wake.set()
 
     def _finish_loop(self, run: _RequestRun, live: LiveLoop) -> None:
@@ -382,14 +440,17 @@ class AsyncEngine:
     @staticmethod
     def _check_progress(run: _RequestRun) -> None:
         """Raise if the request's loops are all parked: nothing could ever wake them."""
-        if not run.parked or run.finished:
+        if not run.parked or run.finished or run.held is not None:
             return
         if not any(live.queued or live.in_flight for live in run.live.values()):
             names = ", ".join(live.node.name for live in run.parked)
             raise RuntimeError(f"program deadlock: loops {names} wait for input that never comes")
 
     def _publish(self, run: _RequestRun, outbox: list[StreamChunk]) -> None:
+        clock = run.clock
         for chunk in outbox:
+            if chunk.audio is not None and clock is not None and chunk.sample_rate:
+                clock.on_audio(time.monotonic(), len(chunk.audio) / chunk.sample_rate)
             chunk.seq = run.next_seq
             chunk.request_id = run.ctx.request.request_id
             run.next_seq += 1

@@ -1,21 +1,30 @@
 """The step scheduler: pure bookkeeping over ready WorkPlans, no tensors, no asyncio.
 
-Every live loop that is not running has exactly one ready ``WorkPlan``. Plans are grouped by
-(model, component, ShapeSignature); ``next_batch`` picks the group whose oldest plan became ready
-first and takes up to the component's max batch size of that group's plans, oldest first. Ordering
-by the time a plan became ready interleaves requests round-robin, so a new request's first unit
-waits for at most one unit of every other live request.
+Every live loop that is not running has exactly one ready ``WorkPlan``, queued with a priority
+(smaller runs first). Plans are grouped by (model, component, ShapeSignature); ``next_batch``
+picks the group holding the most urgent plan and takes up to the component's max batch size of
+that group's plans, most urgent first. Ties, and plans queued without a priority, go by the
+order in which they became ready (``ready_seq``).
 
-Costs: ``enqueue`` and ``remove`` are O(1) plus an O(log g) heap push when a group appears
-(g = groups with ready plans); ``next_batch`` is O(log g) per group it looks at plus O(1) per
-unit it takes. A group whose component is busy is skipped as a whole, never plan by plan.
+Two policies come from the priority the engine passes:
+
+* first come, first served (no priority): the plan that became ready first runs first, which
+  interleaves requests round-robin, so a new request's first unit waits for at most one unit of
+  every other live request;
+* earliest deadline first (the priority is a playback deadline, see ``engine/deadlines.py``):
+  the request whose client runs out of audio soonest runs first, so a new request's first chunk
+  goes ahead of streams with audio to spare.
+
+Costs: ``enqueue`` is O(log k) (k = plans in the group) plus an O(log g) heap push when the
+group's head changes (g = groups with ready plans); ``remove`` is O(1) (entries are dropped
+lazily); ``next_batch`` is O(log g) per group it looks at plus O(log k) per unit it takes. A
+group whose component is busy is skipped as a whole, never plan by plan.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,6 +46,7 @@ class LiveLoop:
         state: the request's loop state.
         plan: the ready plan while queued or running; None otherwise.
         ready_seq: global order in which ``plan`` became ready.
+        priority: the queued plan's priority (smaller runs first).
         queued: waiting in a group; ``in_flight``: part of a batch being executed.
     """
 
@@ -47,6 +57,7 @@ class LiveLoop:
     state: LoopState
     plan: WorkPlan | None = None
     ready_seq: int = 0
+    priority: float = 0.0
     queued: bool = False
     in_flight: bool = False
 
@@ -71,22 +82,39 @@ class Batch:
         return [e.plan.payload for e in self.entries if e.plan is not None]
 
 
-class _Group:
-    """The queued plans of one group key, oldest first, and the group's place in the heap.
+Key = tuple[float, int]  # (priority, ready_seq): the order in which plans run
 
-    ``heap_seq`` is the ready_seq under which the group's one valid heap entry sits (-1: none,
-    the group is gone); heap entries with another seq are stale and dropped when popped. It is
-    at most the ready_seq of the group's oldest plan (removing the oldest plan leaves the entry
-    early; ``next_batch`` moves it back when it pops it).
+
+class _Group:
+    """The queued plans of one group key, as a heap by ``Key``, and the group's place in the
+    scheduler's heap.
+
+    ``plans`` may hold stale entries (plans removed since: their loop is no longer queued under
+    that ready_seq), dropped when they reach the top; ``size`` counts the valid ones.
+    ``heap_key`` is the key under which the group's one valid entry sits in the scheduler's
+    heap (None: the group is gone); entries with another key are stale. It is at most the key
+    of the group's most urgent valid plan (removing that plan leaves the entry early;
+    ``next_batch`` moves it back when it pops it).
     """
 
-    __slots__ = ("key", "model_id", "component", "plans", "heap_seq")
+    __slots__ = ("key", "model_id", "component", "plans", "size", "heap_key")
 
-    def __init__(self, key: GroupKey, heap_seq: int):
+    def __init__(self, key: GroupKey):
         self.key = key
         self.model_id, self.component = key[0], key[1]
-        self.plans: OrderedDict[int, LiveLoop] = OrderedDict()  # ready_seq -> live, in order
-        self.heap_seq = heap_seq
+        self.plans: list[tuple[float, int, LiveLoop]] = []
+        self.size = 0
+        self.heap_key: Key | None = None
+
+    def head(self) -> Key | None:
+        """Key of the most urgent valid plan (dropping stale entries on top); None if none."""
+        plans = self.plans
+        while plans:
+            priority, seq, live = plans[0]
+            if live.queued and live.ready_seq == seq:
+                return (priority, seq)
+            heapq.heappop(plans)
+        return None
 
 
 class Scheduler:
@@ -99,34 +127,39 @@ class Scheduler:
     def __init__(self, max_batch_size: Callable[[str, str], int]):
         self._max_batch_size = max_batch_size
         self._seq = itertools.count()
-        self._heap: list[tuple[int, _Group]] = []  # (ready_seq of the group's head, group)
+        self._heap: list[tuple[float, int, _Group]] = []  # (key of the group's head, group)
         self._groups: dict[GroupKey, _Group] = {}
         self.num_queued = 0
 
-    def enqueue(self, live: LiveLoop) -> None:
-        """Queue a live loop whose ``plan`` is set. Raises ValueError if it has no plan."""
+    def enqueue(self, live: LiveLoop, priority: float | None = None) -> None:
+        """Queue a live loop whose ``plan`` is set, with ``priority`` (smaller runs first; None:
+        its ready order, first come first served). Raises ValueError if it has no plan."""
         plan = live.plan
         if plan is None:
             raise ValueError("enqueue needs a live loop with a plan")
         seq = live.ready_seq = next(self._seq)
+        prio = live.priority = float(seq) if priority is None else priority
         live.queued = True
         key = (live.model_id, plan.component, plan.shape)
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = _Group(key, seq)
-            heapq.heappush(self._heap, (seq, group))
-        group.plans[seq] = live
+            group = self._groups[key] = _Group(key)
+        heapq.heappush(group.plans, (prio, seq, live))
+        group.size += 1
+        if group.heap_key is None or (prio, seq) < group.heap_key:
+            group.heap_key = (prio, seq)
+            heapq.heappush(self._heap, (prio, seq, group))
         self.num_queued += 1
 
     def remove(self, live: LiveLoop) -> None:
         """Take a queued live loop out (abort); no-op if not queued."""
         if not live.queued:
             return
-        group = self._groups[live.group_key]
-        del group.plans[live.ready_seq]
-        if not group.plans:
-            self._drop(group)
         live.queued = False
+        group = self._groups[live.group_key]
+        group.size -= 1
+        if not group.size:
+            self._drop(group)
         self.num_queued -= 1
 
     def next_batch(self, can_run: Callable[[str, str], bool] | None = None) -> Batch | None:
@@ -134,17 +167,18 @@ class Scheduler:
         flight. ``can_run(model_id, component)`` False skips groups of a busy component (their
         plans keep their place)."""
         heap = self._heap
-        skipped: list[tuple[int, _Group]] = []
+        skipped: list[tuple[float, int, _Group]] = []
         batch = None
         while heap and batch is None:
             item = heapq.heappop(heap)
-            seq, group = item
-            if group.heap_seq != seq:
+            priority, seq, group = item
+            if group.heap_key != (priority, seq):
                 continue  # stale: the group emptied, or was moved back already
-            head = next(iter(group.plans))
-            if head != seq:  # the oldest plan was removed: move the group back to its new head
-                group.heap_seq = head
-                heapq.heappush(heap, (head, group))
+            head = group.head()
+            assert head is not None  # a group with a heap key has valid plans
+            if head != (priority, seq):  # its most urgent plan was removed: move the group back
+                group.heap_key = head
+                heapq.heappush(heap, (*head, group))
                 continue
             if can_run is not None and not can_run(group.model_id, group.component):
                 skipped.append(item)
@@ -155,18 +189,22 @@ class Scheduler:
         return batch
 
     def _take(self, group: _Group) -> Batch:
-        """Take up to the max batch size of ``group``'s plans, oldest first."""
+        """Take up to the max batch size of ``group``'s plans, most urgent first."""
         plans = group.plans
-        count = min(self._max_batch_size(group.model_id, group.component), len(plans))
-        entries = [plans.popitem(last=False)[1] for _ in range(count)]
-        for live in entries:
-            live.queued = False
-            live.in_flight = True
+        count = min(self._max_batch_size(group.model_id, group.component), group.size)
+        entries: list[LiveLoop] = []
+        while len(entries) < count:
+            _, seq, live = heapq.heappop(plans)
+            if live.queued and live.ready_seq == seq:
+                live.queued = False
+                live.in_flight = True
+                entries.append(live)
+        group.size -= count
         self.num_queued -= count
-        if plans:
-            head = next(iter(plans))
-            group.heap_seq = head
-            heapq.heappush(self._heap, (head, group))
+        head = group.head() if group.size else None
+        if head is not None:
+            group.heap_key = head
+            heapq.heappush(self._heap, (*head, group))
         else:
             self._drop(group)
         plan = entries[0].plan
@@ -176,4 +214,4 @@ class Scheduler:
     def _drop(self, group: _Group) -> None:
         """Forget an empty group; its heap entry goes stale."""
         del self._groups[group.key]
-        group.heap_seq = -1
+        group.heap_key = None
