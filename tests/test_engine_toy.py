@@ -103,7 +103,7 @@ async def test_abort_mid_loop_releases_and_spares_others(engine):
     results = await asyncio.gather(*others)
     for a, b in zip(alone, results, strict=True):
         assert a.text == b.text and np.array_equal(a.audio, b.audio)
-    assert engine.stats() == {"live_requests": 0, "live_loops": 0, "queued_units": 0}
+    assert set(engine.stats().values()) == {0}  # idle: nothing held
     assert not engine.abort(victim.request_id)
 
 

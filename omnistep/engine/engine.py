@@ -28,11 +28,13 @@ from omnistep.core import (
     Request,
     RequestAbortedError,
     RequestFailedError,
+    RequestTimeoutError,
     StreamChunk,
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.executor import InProcessExecutor, Outcome
+from omnistep.engine.kv_cache import SequenceTable
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 
 log = logging.getLogger("omnistep.engine")
@@ -113,6 +115,7 @@ class _RequestRun:
     parked: list[LiveLoop] = field(default_factory=list)
     next_seq: int = 0
     finished: bool = False
+    timer: asyncio.TimerHandle | None = None  # aborts the request at ``config.request_timeout``
 
 
 class AsyncEngine:
@@ -192,6 +195,9 @@ class AsyncEngine:
         except Exception:
             self._release(run)
             raise
+        timeout = self.config.request_timeout
+        if timeout is not None and not run.finished:
+            run.timer = asyncio.get_running_loop().call_later(timeout, self._expire, run)
         self._ensure_running()
         return run.stream
 
@@ -213,12 +219,25 @@ class AsyncEngine:
         return True
 
     def stats(self) -> dict[str, int]:
-        """Live requests, live loops and queued units (for health checks and leak tests)."""
+        """What the engine holds now, for health checks and leak tests: unfinished requests,
+        their live loops, units queued in the scheduler, batches being executed, and KV cache
+        blocks in use (summed over the components that keep a paged ``SequenceTable``).
+        All are 0 when the engine is idle."""
         return {
             "live_requests": len(self._runs),
             "live_loops": sum(len(r.live) for r in self._runs.values()),
             "queued_units": self._scheduler.num_queued,
+            "running_batches": sum(self._busy.values()),
+            "kv_blocks_used": self._kv_blocks_used(),
         }
+
+    def _kv_blocks_used(self) -> int:
+        tables = (
+            getattr(component, "table", None)
+            for model in self.models.values()
+            for component in model.components.values()
+        )
+        return sum(t.blocks.num_used_blocks for t in tables if isinstance(t, SequenceTable))
 
     async def shutdown(self) -> None:
         """Abort every request, stop the step loop and the executor."""
@@ -392,6 +411,15 @@ class AsyncEngine:
         outbox.clear()
 
     # ----------------------------------------------------------------- endings
+    def _expire(self, run: _RequestRun) -> None:
+        """``config.request_timeout`` passed: abort the request if it is still running."""
+        timeout = self.config.request_timeout
+        if run.finished or timeout is None:
+            return
+        log.warning("request %s timed out after %g s", run.ctx.request.request_id, timeout)
+        message = f"The request did not finish within the server's {timeout:g} s limit."
+        self._end(run, RequestTimeoutError(message, timeout))
+
     def _fail(self, run: _RequestRun, exc: Exception, where: str) -> None:
         log.warning("request %s failed in %s: %r", run.ctx.request.request_id, where, exc)
         error = RequestFailedError(f"{where}: {type(exc).__name__}: {exc}")
@@ -407,6 +435,8 @@ class AsyncEngine:
 
     def _release(self, run: _RequestRun) -> None:
         run.finished = True
+        if run.timer is not None:
+            run.timer.cancel()
         run.parked.clear()
         for live in run.live.values():
             self._scheduler.remove(live)
