@@ -35,19 +35,24 @@ def load_engine(
     max_batch_size: int,
     max_queued: int | None = None,
     scheduling: str | None = None,
+    request_timeout: float | None = None,
     **options: object,
 ) -> AsyncEngine:
     """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
 
     ``max_queued`` bounds the unfinished requests (more get HTTP 429; None: the engine's
-    default); ``scheduling`` is ``"edf"`` or ``"fcfs"`` (None: the engine's default, EDF).
-    ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families
-    that take them.
+    default); ``scheduling`` is ``"edf"`` or ``"fcfs"`` (None: the engine's default, EDF);
+    ``request_timeout`` aborts requests running longer (seconds; None: no limit).
+    ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families that
+    take them.
     """
     models = [ModelInstance.load(build_card(spec, **options), device=device) for spec in specs]
     settings = {"max_queued": max_queued, "scheduling": scheduling}
     settings = {k: v for k, v in settings.items() if v is not None}
-    return AsyncEngine(models, EngineConfig(max_batch_size=max_batch_size, **settings))
+    config = EngineConfig(
+        max_batch_size=max_batch_size, request_timeout=request_timeout, **settings
+    )
+    return AsyncEngine(models, config)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -67,6 +72,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             port=args.port,
             api_key=key.strip() if key is not None else None,
             cors_origins=tuple(args.cors_origin or ()),
+            shutdown_grace=args.shutdown_grace,
         )
     except ValueError as exc:
         raise OmnistepError(f"bad server settings: {exc}") from None
@@ -86,9 +92,9 @@ def _usage_banner(host: str, port: int, engine: AsyncEngine, api_key: bool = Fal
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    """Serve until SIGTERM/SIGINT; a SIGTERM drains in-flight requests, then exits 0."""
     from omnistep.server import build_app
+    from omnistep.server.lifecycle import serve
 
     config = server_config(args)
     engine = load_engine(
@@ -97,13 +103,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.max_batch_size,
         max_queued=args.max_queued,
         scheduling=args.scheduling,
+        request_timeout=args.request_timeout,
         kv_cache_gb=args.kv_cache_gb,
         batch_invariant=args.batch_invariant or None,
         first_chunk_chars=args.first_chunk_chars,
     )
     print(_usage_banner(config.host, config.port, engine, config.api_key is not None), flush=True)
-    uvicorn.run(
-        build_app(engine, config), host=config.host, port=config.port, log_level=args.log_level
+    app = build_app(engine, config)
+    serve(
+        app,
+        app.state.drain,
+        shutdown_grace=config.shutdown_grace,
+        host=config.host,
+        port=config.port,
+        log_level=args.log_level,
     )
     return 0
 
@@ -206,6 +219,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str, allow_zero: bool = False) -> float:
+    value = float(text)
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not low_ok or value == float("inf"):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise argparse.ArgumentTypeError(f"must be finite seconds {bound}, got {text}")
+    return value
+
+
+def _seconds_or_zero(text: str) -> float:
+    return _seconds(text, allow_zero=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnistep", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -236,6 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=EngineConfig().max_queued,
         help="unfinished requests the engine admits; more get HTTP 429 with Retry-After "
         f"(default {EngineConfig().max_queued})",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="abort requests still running after SECONDS: 504 (or an error event / a cut "
+        "stream once audio has been sent); default: no limit",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=_seconds_or_zero,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, refuse new requests (503) and give in-flight ones SECONDS to finish "
+        "before exiting (default 30)",
     )
     serve.add_argument(
         "--api-key",

@@ -39,5 +39,11 @@ def test_admission_waits_while_a_started_stream_is_short_of_audio():
     assert policy.may_admit(0.5, 0.5, [rich, poor])  # poor holds 0.6 s
     assert not policy.may_admit(0.7, 0.5, [rich, poor])  # poor holds 0.4 s
     assert policy.may_admit(2.5, 0.5, [rich, poor])  # waited max_wait_s
+    # where the card sets max_starting, a burst starts that many at a time
+    starting = [rich, unstarted, PlaybackClock(0.0, 0.5)]
+    assert policy.may_admit(0.2, 0.2, starting)
+    assert policy.may_admit(0.2, 0.2, starting, max_starting=3)
+    assert not policy.may_admit(0.2, 0.2, starting, max_starting=2)
+    assert policy.may_admit(2.2, 0.2, starting, max_starting=2)
     with pytest.raises(ValueError):
         AdmissionPolicy(guard_s=-1.0)

@@ -265,12 +265,7 @@ async def test_engine_refuses_requests_over_max_queued():
         for stream in (second, third):
             async for _ in stream:
                 pass
-        assert engine.stats() == {
-            "live_requests": 0,
-            "live_loops": 0,
-            "queued_units": 0,
-            "waiting_requests": 0,
-        }
+        assert set(engine.stats().values()) == {0}  # idle: nothing held
     finally:
         await engine.shutdown()
 

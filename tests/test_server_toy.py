@@ -1,5 +1,6 @@
 """The real server on the toy card: formats, streaming modes, errors, models, disconnects."""
 
+import asyncio
 import base64
 import io
 import json
@@ -8,6 +9,7 @@ import time
 import av
 import httpx
 import numpy as np
+import openai
 import pytest
 import soundfile as sf
 
@@ -188,3 +190,131 @@ def test_client_disconnect_aborts_the_request(base):
             break
         time.sleep(0.05)
     assert health["live_requests"] == 0 and health["live_loops"] == 0
+
+
+# ------------------------------------------------------------------ fault isolation
+
+FAULT_TEXT = "{marker} this one breaks somewhere along the way"
+
+
+async def _outcome(client: httpx.AsyncClient, mode: str, text: str, seed: int) -> dict:
+    """Run one request in ``mode``; returns its status, body (or the bytes received before
+    the connection broke) and the transport error, if any."""
+    speech = {"model": "toy", "input": text, "seed": seed, "max_new_tokens": 40}
+    chat = {
+        "model": "toy",
+        "messages": [{"role": "user", "content": text}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "default", "format": "pcm16"},
+        "max_tokens": 40,
+        "seed": seed,
+    }
+    path, body = {
+        "raw": (SPEECH, {**speech, "response_format": "pcm"}),
+        "sse": (SPEECH, {**speech, "response_format": "mp3", "stream_format": "sse"}),
+        "whole": (SPEECH, {**speech, "response_format": "wav", "stream": False}),
+        "chat_stream": ("/v1/chat/completions", {**chat, "stream": True}),
+        "chat": ("/v1/chat/completions", chat),
+    }[mode]
+    data, error = b"", None
+    async with client.stream("POST", path, json=body) as r:
+        try:
+            async for piece in r.aiter_raw():
+                data += piece
+        except httpx.RemoteProtocolError as exc:
+            error = exc
+    return {
+        "status": r.status_code,
+        "type": r.headers["content-type"],
+        "data": data,
+        "error": error,
+    }
+
+
+def _events(data: bytes) -> list:
+    lines = [line[6:] for line in data.decode().splitlines() if line.startswith("data: ")]
+    return [line if line == "[DONE]" else json.loads(line) for line in lines]
+
+
+def _generation_failed(error: dict) -> None:
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "server_error" and error["code"] == "generation_failed"
+    assert "injected fault" in error["message"]
+
+
+def _check_failed(mode: str, marker: str, out: dict) -> None:
+    """What a client sees when its request fails inside the engine (the README's contract)."""
+    if mode == "raw" and out["status"] == 200:
+        # the 200 was sent with the first audio: the failure cuts the body short
+        assert marker != "<fail-vocoder>"  # that one fails before any audio exists
+        assert out["data"] and isinstance(out["error"], httpx.RemoteProtocolError)
+    elif mode in ("raw", "whole", "chat"):  # failed before the first byte
+        assert marker != "<fail-late>" or mode != "raw", "late faults come after audio"
+        assert out["status"] == 500 and out["type"] == "application/json"
+        _generation_failed(json.loads(out["data"])["error"])
+    elif mode == "sse":
+        events = _events(out["data"])
+        assert out["status"] == 200 and out["error"] is None
+        assert events[-1]["type"] == "speech.audio.error"
+        assert {e["type"] for e in events[:-1]} <= {"speech.audio.delta"}
+        if marker == "<fail-late>":
+            assert len(events) > 1, "a late fault comes after some audio"
+        _generation_failed(events[-1]["error"])
+    else:  # chat_stream
+        events = _events(out["data"])
+        assert out["status"] == 200 and events[-1] == "[DONE]"
+        _generation_failed(events[-2]["error"])
+
+
+MODES = ["raw", "sse", "whole", "chat_stream", "chat"]
+
+
+async def test_a_fault_fails_its_request_only_in_every_response_mode(base):
+    """Every fault marker in every response mode, all at once beside good requests: each
+    failing request gets its documented error; the others give what they give alone."""
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        good = [(mode, f"good request {i} in {mode}", 50 + i) for i, mode in enumerate(MODES)]
+        alone = [await _outcome(client, *spec) for spec in good]
+        bad = [(m, marker) for marker in ("<fail>", "<fail-late>", "<fail-vocoder>") for m in MODES]
+        results = await asyncio.gather(
+            *(_outcome(client, *spec) for spec in good),
+            *(_outcome(client, m, FAULT_TEXT.format(marker=k), 7) for m, k in bad),
+        )
+        for (mode, *_), before, during in zip(good, alone, results, strict=False):
+            assert before["status"] == during["status"] == 200 and before["error"] is None
+            if mode.startswith("chat"):  # ids and timestamps differ; the content may not
+                assert _chat_content(during["data"]) == _chat_content(before["data"])
+            else:
+                assert during["data"] == before["data"]
+        for (mode, marker), out in zip(bad, results[len(good) :], strict=True):
+            _check_failed(mode, marker, out)
+        health = httpx.get(base + "/health").json()
+        for _ in range(100):
+            if health["live_requests"] == 0 and health["running_batches"] == 0:
+                break
+            await asyncio.sleep(0.05)
+            health = httpx.get(base + "/health").json()
+        assert health["status"] == "ok" and health["live_requests"] == health["live_loops"] == 0
+
+
+def _chat_content(data: bytes) -> tuple[str, str]:
+    if not data.startswith(b"data: "):
+        message = json.loads(data)["choices"][0]["message"]
+        return message["content"], message["audio"]["data"]
+    deltas = [e["choices"][0]["delta"] for e in _events(data)[:-1] if e["choices"]]
+    text = "".join(d.get("content") or "" for d in deltas)
+    return text, "".join(d.get("audio", {}).get("data", "") for d in deltas)
+
+
+def test_openai_client_raises_on_a_failed_chat_stream(base):
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="toy",
+        messages=[{"role": "user", "content": "<fail-late> go on for a while"}],
+        max_tokens=40,
+        seed=7,
+        stream=True,
+    )
+    with pytest.raises(openai.APIError, match="injected fault"):
+        for _ in stream:
+            pass

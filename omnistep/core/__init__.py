@@ -34,6 +34,7 @@ from omnistep.core.errors import (
     OmnistepError,
     RequestAbortedError,
     RequestFailedError,
+    RequestTimeoutError,
 )
 from omnistep.core.program import Channel, KernelNode, LoopNode, Program, ProgramContext
 from omnistep.core.request import ChatMessage, Request, SamplingParams
@@ -69,6 +70,7 @@ __all__ = [
     "Request",
     "RequestAbortedError",
     "RequestFailedError",
+    "RequestTimeoutError",
     "ResourceRequest",
     "SamplingParams",
     "ShapeSignature",

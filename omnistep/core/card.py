@@ -71,6 +71,11 @@ class ModelCard:
         default_voice: the voice used when a request names none.
         parity: the parity claims its tests enforce (``C0``, ``C1``, ``C3``, ``stream``...).
         description: one line for ``/v1/models``.
+        max_starting: under deadline-aware admission, requests of this card that may wait for
+            their first audio at once; newcomers beyond it queue until one starts playing.
+            Set by cards whose units gain nothing from batching (a burst then starts a few
+            at a time, each group once the previous has audio to spare); None (batched AR
+            models, where starting together is cheaper) admits a burst at once.
     """
 
     card_id: str
@@ -85,6 +90,7 @@ class ModelCard:
     default_voice: str | None = None
     parity: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
+    max_starting: int | None = None
 
     @property
     def model_ids(self) -> tuple[str, ...]:

@@ -50,3 +50,15 @@ class EngineOverloadedError(OmnistepError):
 
 class RequestAbortedError(OmnistepError):
     """The request was aborted (client gone, timeout, shutdown) before it finished."""
+
+
+class RequestTimeoutError(RequestAbortedError):
+    """The request ran longer than the engine's ``request_timeout`` and was aborted.
+
+    Attributes:
+        timeout: the limit, in seconds.
+    """
+
+    def __init__(self, message: str, timeout: float):
+        super().__init__(message)
+        self.timeout = timeout

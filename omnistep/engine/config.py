@@ -26,10 +26,14 @@ class EngineConfig:
             its client runs dry); ``"fcfs"``: in the order they became ready (round-robin).
             See ``engine/deadlines.py``.
         first_audio_s: seconds after arrival a request's first audio is due (EDF).
-        admission_guard_s: under EDF, a new request waits (at most ``admission_max_wait_s``)
-            while a started stream holds less than this much buffered audio; None admits
-            every request at once.
+        admission_guard_s: under EDF, a new audio request waits (at most
+            ``admission_max_wait_s``) while a started stream holds less than this much
+            buffered audio, or while its card's ``max_starting`` admitted requests have no
+            audio yet; None admits every request at once.
         admission_max_wait_s: the longest a request waits for admission, seconds.
+        request_timeout: seconds a request may run, from admission to its last chunk; a request
+            still unfinished then is aborted with ``RequestTimeoutError`` (HTTP 504) and its
+            loops are freed. None: no limit.
     """
 
     max_batch_size: int = 64
@@ -39,7 +43,8 @@ class EngineConfig:
     scheduling: str = "edf"
     first_audio_s: float = 0.5
     admission_guard_s: float | None = 0.5
-    admission_max_wait_s: float = 10.0
+    admission_max_wait_s: float = 30.0
+    request_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.scheduling not in SCHEDULING_POLICIES:
@@ -50,6 +55,14 @@ class EngineConfig:
             raise ValueError("first_audio_s and admission_max_wait_s must be >= 0")
         if self.admission_guard_s is not None and self.admission_guard_s < 0:
             raise ValueError(f"admission_guard_s must be >= 0, got {self.admission_guard_s}")
-        for name in ("max_batch_size", "num_workers", "max_queued", "retry_after"):
+        for name in (
+            "max_batch_size",
+            "num_workers",
+            "max_queued",
+            "retry_after",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        timeout = self.request_timeout
+        if timeout is not None and not 0 < timeout < float("inf"):
+            raise ValueError(f"request_timeout must be a positive number of seconds, got {timeout}")

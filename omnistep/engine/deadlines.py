@@ -10,9 +10,13 @@ with plenty of buffer. Text-only requests never send audio and keep their arriva
 among themselves they run first come, first served.
 
 Admission (``may_admit``): a new request costs every admitted stream the time of its first
-chunk. It is admitted at once while every started stream has at least ``guard_s`` of audio
-buffered (or none has started), and otherwise waits, for at most ``max_wait_s``, until they do:
-under overload the newcomer waits in the queue instead of making admitted streams underrun.
+chunk, and once playing it needs audio as fast as the others. It is admitted while every started
+stream has at least ``guard_s`` of audio buffered and, where its card sets ``max_starting``,
+fewer than that many admitted requests still wait for their first audio; otherwise it waits,
+for at most ``max_wait_s``. Requests that do not ask for audio neither wait nor hold others. A
+burst is thus started a few at a time, each group once the previous one has audio to spare,
+and when streams run low (more streams than the machine can feed in real time) newcomers wait
+in the queue until streams finish, instead of making the admitted streams underrun.
 """
 
 from __future__ import annotations
@@ -74,15 +78,29 @@ class AdmissionPolicy:
     """
 
     guard_s: float = 0.5
-    max_wait_s: float = 10.0
+    max_wait_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.guard_s < 0 or self.max_wait_s < 0:
             raise ValueError(f"guard_s and max_wait_s must be >= 0, got {self}")
 
-    def may_admit(self, now: float, waiting_since: float, streams: Iterable[PlaybackClock]) -> bool:
+    def may_admit(
+        self,
+        now: float,
+        waiting_since: float,
+        streams: Iterable[PlaybackClock],
+        max_starting: int | None = None,
+    ) -> bool:
         """Whether a request waiting since ``waiting_since`` may start, given the clocks of the
-        admitted unfinished requests."""
+        admitted unfinished audio requests and its card's ``max_starting`` (None: no limit)."""
         if now - waiting_since >= self.max_wait_s:
             return True
-        return all(c.buffered(now) >= self.guard_s for c in streams if c.started)
+        starting = 0
+        for clock in streams:
+            if not clock.started:
+                starting += 1
+                if max_starting is not None and starting >= max_starting:
+                    return False
+            elif clock.buffered(now) < self.guard_s:
+                return False
+        return True

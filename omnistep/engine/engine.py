@@ -12,7 +12,7 @@ import logging
 import secrets
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 from omnistep.core import (
@@ -22,6 +22,7 @@ from omnistep.core import (
     InvalidRequestError,
     KernelNode,
     LoopNode,
+    Modality,
     ModelInstance,
     ModelNotFoundError,
     Pending,
@@ -29,12 +30,14 @@ from omnistep.core import (
     Request,
     RequestAbortedError,
     RequestFailedError,
+    RequestTimeoutError,
     StreamChunk,
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import AdmissionPolicy, PlaybackClock
 from omnistep.engine.executor import InProcessExecutor, Outcome
+from omnistep.engine.kv_cache import SequenceTable
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 
 ADMISSION_POLL_S = 0.05
@@ -118,9 +121,10 @@ class _RequestRun:
     parked: list[LiveLoop] = field(default_factory=list)
     clock: PlaybackClock | None = None
     held: list[LiveLoop] | None = None  # plans of a request waiting for admission
-    waiting_since: float = 0.0
+    waiting_since: float = 0.0  # when it was added (admission's max wait counts from here)
     next_seq: int = 0
     finished: bool = False
+    timer: asyncio.TimerHandle | None = None  # aborts the request at ``config.request_timeout``
 
 
 class AsyncEngine:
@@ -205,10 +209,13 @@ class AsyncEngine:
         run = _RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx))
         now = time.monotonic()
         run.clock = PlaybackClock(now, self.config.first_audio_s)
-        if self._admission is not None and (
-            self._waiting or not self._admission.may_admit(now, now, self._clocks())
+        run.waiting_since = now
+        if (
+            self._admission is not None
+            and Modality.AUDIO in request.output_modalities
+            and (self._waiting or not self._may_admit(run, now))
         ):
-            run.held, run.waiting_since = [], now
+            run.held = []
             self._waiting.append(run)
         self._runs[request.request_id] = run
         try:
@@ -216,6 +223,9 @@ class AsyncEngine:
         except Exception:
             self._release(run)
             raise
+        timeout = self.config.request_timeout
+        if timeout is not None and not run.finished:
+            run.timer = asyncio.get_running_loop().call_later(timeout, self._expire, run)
         self._ensure_running()
         return run.stream
 
@@ -237,14 +247,26 @@ class AsyncEngine:
         return True
 
     def stats(self) -> dict[str, int]:
-        """Live requests, live loops and queued units (for health checks and leak tests);
-        ``waiting_requests`` of the live ones wait for admission."""
+        """What the engine holds now, for health checks and leak tests: unfinished requests
+        (``waiting_requests`` of them wait for admission), their live loops, units queued in
+        the scheduler, batches being executed, and KV cache blocks in use (summed over the
+        components that keep a paged ``SequenceTable``). All are 0 when the engine is idle."""
         return {
             "live_requests": len(self._runs),
             "waiting_requests": sum(1 for r in self._waiting if not r.finished),
             "live_loops": sum(len(r.live) for r in self._runs.values()),
             "queued_units": self._scheduler.num_queued,
+            "running_batches": sum(self._busy.values()),
+            "kv_blocks_used": self._kv_blocks_used(),
         }
+
+    def _kv_blocks_used(self) -> int:
+        tables = (
+            getattr(component, "table", None)
+            for model in self.models.values()
+            for component in model.components.values()
+        )
+        return sum(t.blocks.num_used_blocks for t in tables if isinstance(t, SequenceTable))
 
     async def shutdown(self) -> None:
         """Abort every request, stop the step loop and the executor."""
@@ -289,9 +311,18 @@ class AsyncEngine:
             for task in list(self._steps):
                 task.cancel()
 
-    def _clocks(self) -> Iterator[PlaybackClock]:
-        """Clocks of the admitted, unfinished requests."""
-        return (r.clock for r in self._runs.values() if r.held is None and r.clock is not None)
+    def _may_admit(self, run: _RequestRun, now: float) -> bool:
+        """The admission policy's answer for ``run`` given the admitted audio requests."""
+        assert self._admission is not None
+        clocks = (
+            r.clock
+            for r in self._runs.values()
+            if r.held is None
+            and r.clock is not None
+            and Modality.AUDIO in r.ctx.request.output_modalities
+        )
+        limit = run.model.card.max_starting
+        return self._admission.may_admit(now, run.waiting_since, clocks, limit)
 
     def _admit_waiting(self) -> None:
         """Admit waiting requests, oldest first, while the admission policy allows; their held
@@ -301,7 +332,7 @@ class AsyncEngine:
         while self._waiting:
             run = self._waiting[0]
             if not run.finished:
-                if not self._admission.may_admit(now, run.waiting_since, self._clocks()):
+                if not self._may_admit(run, now):
                     return
                 held, run.held = run.held or [], None
                 for live in held:
@@ -458,6 +489,15 @@ class AsyncEngine:
         outbox.clear()
 
     # ----------------------------------------------------------------- endings
+    def _expire(self, run: _RequestRun) -> None:
+        """``config.request_timeout`` passed: abort the request if it is still running."""
+        timeout = self.config.request_timeout
+        if run.finished or timeout is None:
+            return
+        log.warning("request %s timed out after %g s", run.ctx.request.request_id, timeout)
+        message = f"The request did not finish within the server's {timeout:g} s limit."
+        self._end(run, RequestTimeoutError(message, timeout))
+
     def _fail(self, run: _RequestRun, exc: Exception, where: str) -> None:
         log.warning("request %s failed in %s: %r", run.ctx.request.request_id, where, exc)
         error = RequestFailedError(f"{where}: {type(exc).__name__}: {exc}")
@@ -473,6 +513,8 @@ class AsyncEngine:
 
     def _release(self, run: _RequestRun) -> None:
         run.finished = True
+        if run.timer is not None:
+            run.timer.cancel()
         run.parked.clear()
         for live in run.live.values():
             self._scheduler.remove(live)

@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
 from omnistep.server import chat, speech
 from omnistep.server.auth import ApiKeyAuth
 from omnistep.server.errors import install_error_handlers
+from omnistep.server.lifecycle import Drain, DrainGate
 from omnistep.server.limits import BodySizeLimit
 
 
@@ -31,6 +33,8 @@ class ServerConfig:
             ``Authorization: Bearer <api_key>`` (401 otherwise); None serves without a key.
             Left out of ``repr`` so that it is never logged.
         cors_origins: browser origins allowed by CORS (``"*"`` for any); empty turns CORS off.
+        shutdown_grace: seconds in-flight requests get to finish after SIGTERM before they are
+            cancelled (new requests are refused meanwhile).
     """
 
     host: str = "127.0.0.1"
@@ -38,6 +42,7 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20
     api_key: str | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
+    shutdown_grace: float = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -47,11 +52,18 @@ class ServerConfig:
             raise ValueError("api_key must be non-empty printable ASCII without spaces")
         if isinstance(self.cors_origins, str):
             raise TypeError("cors_origins must be a tuple of origins, not a string")
+        if not 0 <= self.shutdown_grace < float("inf"):
+            raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
 
 
 def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAPI:
-    """The app serving ``engine``'s models; the engine is shut down with the app."""
+    """The app serving ``engine``'s models; the engine is shut down with the app.
+
+    ``app.state.drain`` (a ``Drain``) refuses new API requests with 503 once started; the
+    server started by ``lifecycle.serve`` starts it on SIGTERM.
+    """
     config = config or ServerConfig()
+    drain = Drain()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -60,12 +72,15 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
 
     app = FastAPI(title="omnistep", version=__version__, lifespan=lifespan)
     app.state.engine = engine
+    app.state.drain = drain
     app.state.started = int(time.time())
     # Each add_middleware wraps what is already there, so requests pass, outermost first:
     # CORS (answers preflights, and adds its headers to every answer, errors included), the API
-    # key (before any body is read), the body size limit (413), the error middleware, the routes.
+    # key (before any body is read), the drain gate (503 while shutting down), the body size
+    # limit (413), the error middleware, the routes.
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(DrainGate, drain=drain)
     if config.api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=config.api_key)
     if config.cors_origins:
@@ -97,8 +112,11 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
         return {"object": "list", "data": data}
 
     @app.get("/health")
-    async def health() -> dict:
-        """Liveness and the engine's live counts (requests, loops, queued units)."""
-        return {"status": "ok", "models": list(engine.models), **engine.stats()}
+    async def health() -> JSONResponse:
+        """Status (``ok``, or ``draining`` with a 503 while shutting down), the models and the
+        engine's live counts (``AsyncEngine.stats``)."""
+        status = "draining" if drain.draining else "ok"
+        body = {"status": status, "models": list(engine.models), **engine.stats()}
+        return JSONResponse(body, status_code=503 if drain.draining else 200)
 
     return app

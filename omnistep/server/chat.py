@@ -36,7 +36,8 @@ from omnistep.core import (
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, RequestStream
-from omnistep.server.errors import from_exception
+from omnistep.server.disconnect import abort_on_disconnect
+from omnistep.server.errors import api_error, from_exception
 from omnistep.server.protocol import OpenAIBody
 
 router = APIRouter()
@@ -212,6 +213,8 @@ async def _collect(reply: _Reply) -> dict:
 
 
 async def _events(reply: _Reply) -> AsyncIterator[bytes]:
+    """The streamed reply's SSE events; a failure sends ``{"error": {...}}`` (OpenAI's error
+    object, which the ``openai`` client raises as ``APIError``), then ``[DONE]``."""
     try:
         yield reply.chunk({"role": "assistant", "content": ""})
         async for chunk in reply.stream:
@@ -237,17 +240,8 @@ async def _events(reply: _Reply) -> AsyncIterator[bytes]:
             "usage": reply.usage(),
         }
         yield _sse(final)
-    except OmnistepError as exc:
-        yield _sse(
-            {
-                "error": {
-                    "message": str(exc),
-                    "type": "server_error",
-                    "param": None,
-                    "code": "generation_failed",
-                }
-            }
-        )
+    except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
+        yield _sse({"error": api_error(exc).to_dict()})
     finally:
         reply.stream.cancel()
     yield b"data: [DONE]\n\n"
@@ -279,7 +273,8 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HttpRequest)
             headers={"x-omnistep-seed": str(stream.seed)},
         )
     try:
-        result = await _collect(reply)
+        async with abort_on_disconnect(http, stream):
+            result = await _collect(reply)
     except OmnistepError as exc:
         return from_exception(exc)
     finally:

@@ -3,21 +3,45 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnistep.core import (
     EngineOverloadedError,
     InvalidRequestError,
     ModelNotFoundError,
     OmnistepError,
+    RequestAbortedError,
     RequestFailedError,
+    RequestTimeoutError,
 )
 
 log = logging.getLogger("omnistep.server")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiError:
+    """An error as the API reports it: HTTP status, OpenAI's error object, extra headers."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] | None = None
+
+    def to_dict(self) -> dict:
+        """OpenAI's error object: ``{"message", "type", "param", "code"}``."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
+    def response(self) -> JSONResponse:
+        """The error as a JSON response: ``{"error": {...}}`` with its status."""
+        return JSONResponse({"error": self.to_dict()}, self.status, headers=self.headers)
 
 
 def error_response(
@@ -29,32 +53,36 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """A JSONResponse with OpenAI's error shape."""
-    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return ApiError(status, message, type_, param, code, headers).response()
 
 
-def from_exception(exc: Exception) -> JSONResponse:
-    """Map an omnistep exception to its HTTP error.
+def api_error(exc: BaseException) -> ApiError:
+    """Map an exception to its API error; unexpected ones are logged with their traceback.
 
-    400/404 for bad input, 429 with ``Retry-After`` when the engine is full (OpenAI's
-    request-rate error: type ``requests``, code ``rate_limit_exceeded``), 500 for failures.
+    400/404 for bad input; 429 with ``Retry-After`` when the engine is full (OpenAI's
+    request-rate error: type ``requests``, code ``rate_limit_exceeded``); 504 (type
+    ``timeout_error``, code ``request_timeout``) past the server's request timeout; 503 (code
+    ``request_aborted``) for a request aborted by the server (shutdown); 500 for failures.
     """
     if isinstance(exc, EngineOverloadedError):
-        return error_response(
-            429,
-            str(exc),
-            type_="requests",
-            code="rate_limit_exceeded",
-            headers={"Retry-After": str(exc.retry_after)},
-        )
-    if isinstance(exc, ModelNotFoundError):
-        return error_response(404, str(exc), param=exc.param, code=exc.code)
-    if isinstance(exc, InvalidRequestError):
-        return error_response(400, str(exc), param=exc.param, code=exc.code)
+        headers = {"Retry-After": str(exc.retry_after)}
+        return ApiError(429, str(exc), "requests", code="rate_limit_exceeded", headers=headers)
+    if isinstance(exc, InvalidRequestError):  # ModelNotFoundError included
+        status = 404 if isinstance(exc, ModelNotFoundError) else 400
+        return ApiError(status, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, RequestTimeoutError):
+        return ApiError(504, str(exc), "timeout_error", code="request_timeout")
+    if isinstance(exc, RequestAbortedError):
+        return ApiError(503, str(exc), "server_error", code="request_aborted")
     if isinstance(exc, RequestFailedError):
-        return error_response(500, str(exc), type_="server_error", code="generation_failed")
-    log.exception("unhandled error", exc_info=exc)
-    return error_response(500, "internal server error", type_="server_error")
+        return ApiError(500, str(exc), "server_error", code="generation_failed")
+    log.error("unhandled error", exc_info=exc)
+    return ApiError(500, "internal server error", "server_error")
+
+
+def from_exception(exc: BaseException) -> JSONResponse:
+    """The JSON error response of ``exc`` (see ``api_error``)."""
+    return api_error(exc).response()
 
 
 _FIELD_NAMES = frozenset(
@@ -138,11 +166,37 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _omnistep(_: Request, exc: OmnistepError) -> JSONResponse:
         return from_exception(exc)
 
-    @app.middleware("http")
-    async def _unhandled(request: Request, call_next):  # noqa: ANN001, ANN202
-        # An exception handler for Exception answers but lets the error reach the ASGI server,
-        # which then drops the keep-alive connection; answering here keeps it open.
+    app.add_middleware(UnhandledErrors)
+
+
+class UnhandledErrors:
+    """Pure ASGI middleware: an unexpected exception becomes a 500 with OpenAI's error JSON.
+
+    An exception handler for ``Exception`` would answer but let the error reach the ASGI
+    server, which then drops the keep-alive connection; answering here keeps it open. Once a
+    response has started the exception propagates, so that the server closes the connection
+    without ending the body: the client sees a truncated stream, not a complete short one.
+    (Starlette's ``BaseHTTPMiddleware`` ends the body cleanly there, and it delays noticing
+    client disconnects; hence a pure ASGI middleware.)
+    """
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            return await call_next(request)
+            await self.app(scope, receive, tracking_send)
         except Exception as exc:  # noqa: BLE001 - every error becomes OpenAI's error JSON
-            return from_exception(exc)
+            if started:
+                raise
+            await from_exception(exc)(scope, receive, send)

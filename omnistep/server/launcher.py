@@ -9,17 +9,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 
 @dataclass(frozen=True, slots=True)
 class LaunchedServer:
-    """A running server: its base URL (``http://127.0.0.1:PORT``) and process id."""
+    """A running server: its base URL (``http://127.0.0.1:PORT``), process id and process
+    (e.g. to signal it and wait for its exit status)."""
 
     url: str
     pid: int
+    process: subprocess.Popen | None = field(default=None, repr=False, compare=False)
 
 
 def free_port() -> int:
@@ -68,7 +70,7 @@ def launch_server(*args: str, timeout: float = 180.0) -> Iterator[LaunchedServer
             if time.monotonic() > deadline:
                 raise TimeoutError(f"server did not become healthy in {timeout} s")
             time.sleep(0.2)
-        yield LaunchedServer(url, proc.pid)
+        yield LaunchedServer(url, proc.pid, proc)
     finally:
         proc.terminate()
         try:

@@ -19,7 +19,8 @@ from fastapi.responses import Response, StreamingResponse
 from omnistep.audio import MEDIA_TYPES, StreamEncoder, make_encoder
 from omnistep.core import Capability, InvalidRequestError, Modality, OmnistepError
 from omnistep.engine import AsyncEngine, RequestStream
-from omnistep.server.errors import from_exception
+from omnistep.server.disconnect import abort_on_disconnect
+from omnistep.server.errors import api_error, from_exception
 from omnistep.server.protocol import SpeechRequest
 
 router = APIRouter()
@@ -43,14 +44,23 @@ async def encoded(stream: RequestStream, encoder: StreamEncoder) -> AsyncIterato
         stream.cancel()
 
 
-async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _audio_body(
+    first: bytes, pieces: AsyncIterator[bytes], stream: RequestStream
+) -> AsyncIterator[bytes]:
+    """The raw audio body: ``first``, then the rest of ``pieces``.
+
+    The 200 is sent before the rest exists, so a failure (or timeout) later cannot become an
+    error status: the exception propagates and the ASGI server closes the connection without
+    the final chunk, so the client sees a truncated body (httpx: ``RemoteProtocolError``).
+    """
     try:
         if first:
             yield first
-        async for piece in rest:
+        async for piece in pieces:
             yield piece
     finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+        stream.cancel()
+        await pieces.aclose()  # type: ignore[attr-defined]
 
 
 def _sse_event(payload: dict) -> bytes:
@@ -58,17 +68,23 @@ def _sse_event(payload: dict) -> bytes:
 
 
 async def _sse(pieces: AsyncIterator[bytes], stream: RequestStream) -> AsyncIterator[bytes]:
-    """``speech.audio.delta`` events with base64 audio, then ``speech.audio.done`` with usage."""
+    """``speech.audio.delta`` events with base64 audio, then ``speech.audio.done`` with usage.
+
+    A failure ends the events with ``speech.audio.error``, whose ``error`` is OpenAI's error
+    object (``message``, ``type``, ``param``, ``code``; e.g. ``generation_failed``,
+    ``request_timeout``).
+    """
     try:
         async for piece in pieces:
             audio = base64.b64encode(piece).decode()
             yield _sse_event({"type": "speech.audio.delta", "audio": audio})
-    except OmnistepError as exc:
-        yield _sse_event({"type": "speech.audio.error", "error": {"message": str(exc)}})
-        return
-    usage = dict(stream.usage)
-    usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-    yield _sse_event({"type": "speech.audio.done", "usage": usage})
+        usage = dict(stream.usage)
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        yield _sse_event({"type": "speech.audio.done", "usage": usage})
+    except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
+        yield _sse_event({"type": "speech.audio.error", "error": api_error(exc).to_dict()})
+    finally:
+        stream.cancel()
 
 
 def _start(engine: AsyncEngine, body: SpeechRequest) -> tuple[RequestStream, StreamEncoder]:
@@ -85,7 +101,12 @@ def _start(engine: AsyncEngine, body: SpeechRequest) -> tuple[RequestStream, Str
 
 @router.post("/v1/audio/speech")
 async def create_speech(body: SpeechRequest, http: HttpRequest) -> Response:
-    """Synthesize ``body.input``; see ``SpeechRequest`` for the fields."""
+    """Synthesize ``body.input``; see ``SpeechRequest`` for the fields.
+
+    Errors before the first audio byte are OpenAI error JSON (500 failed, 504 timed out);
+    afterwards an SSE stream ends with ``speech.audio.error`` and a raw audio stream is cut
+    short (see ``_audio_body``). A client that disconnects aborts the request.
+    """
     engine: AsyncEngine = http.app.state.engine
     stream, encoder = _start(engine, body)
     headers = {"x-request-id": stream.request_id, "x-omnistep-seed": str(stream.seed)}
@@ -95,14 +116,17 @@ async def create_speech(body: SpeechRequest, http: HttpRequest) -> Response:
         )
     pieces = encoded(stream, encoder)
     try:
-        # Wait for the first audio (or an early failure) before committing to a 200.
-        first = await anext(pieces, b"")
-        if not body.stream:
-            data = encoder.with_lengths(first + b"".join([p async for p in pieces]))
-            return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
+        async with abort_on_disconnect(http, stream):
+            # Wait for the first audio (or an early failure) before committing to a 200.
+            first = await anext(pieces, b"")
+            if not body.stream:
+                data = encoder.with_lengths(first + b"".join([p async for p in pieces]))
+                return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
     except OmnistepError as exc:
         await pieces.aclose()  # type: ignore[attr-defined]
         return from_exception(exc)
     return StreamingResponse(
-        _prepend(first, pieces), headers=headers, media_type=MEDIA_TYPES[body.response_format]
+        _audio_body(first, pieces, stream),
+        headers=headers,
+        media_type=MEDIA_TYPES[body.response_format],
     )

@@ -7,10 +7,11 @@ the ``vocoder`` component while decoding goes on (stage overlap). Both component
 compute each row of a batch independently (table lookups, no reductions across rows), and each
 step's randomness is a pure function of (seed, step), so outputs do not depend on batching.
 
-Fault injection for tests: a request whose text contains ``<fail>`` raises inside the ``lm``
-component at step 3; text containing ``<fail-vocoder>`` raises inside the vocoder. Text
-containing ``<slow>`` makes each ``lm`` batch holding one of its steps sleep ``SLOW_STEP_SECONDS``
-(to keep requests in flight, e.g. for admission tests).
+Fault injection for tests (markers in the speech input or in a chat message): ``<fail>``
+raises inside the ``lm`` component at step 3; ``<fail-late>`` raises there at step 20, after
+the first audio chunks (a failure in the middle of a stream); ``<fail-vocoder>`` raises inside
+the vocoder. ``<slow>`` makes each ``lm`` batch holding one of the request's steps sleep
+``SLOW_STEP_SECONDS`` (to keep requests in flight, e.g. for admission tests).
 
 Voices: ``default`` only (None means it); any other name is rejected with ``unknown_voice``.
 """
@@ -56,20 +57,22 @@ EOS = 0
 SAMPLE_RATE = 8000
 SAMPLES_PER_TOKEN = 80
 FAIL_STEP = 3
+LATE_FAIL_STEP = 20
 SLOW_STEP_SECONDS = 0.02
 VOICES = ("default",)
 
 
 @dataclass(frozen=True, slots=True)
 class TokenUnit:
-    """One AR_TOKEN unit: the previous token, the step's seed material and sampling settings."""
+    """One AR_TOKEN unit: the previous token, the step's seed material and sampling settings;
+    ``fail_step``: the step at which the lm raises (fault injection), or None."""
 
     prev_token: int
     seed: int
     step: int
     temperature: float
     min_new_tokens: int
-    fail: bool = False
+    fail_step: int | None = None
     slow: bool = False
 
 
@@ -84,7 +87,7 @@ class ToyLM:
         """Sample one token per unit; returns (token id, log-prob) per unit."""
         if kind is not WorkUnitKind.AR_TOKEN:
             raise ValueError(f"toy lm cannot run {kind}")
-        if any(p.fail and p.step == FAIL_STEP for p in payloads):
+        if any(p.step == p.fail_step for p in payloads):
             raise RuntimeError("injected fault in toy lm")
         if any(p.slow for p in payloads):
             time.sleep(SLOW_STEP_SECONDS)
@@ -134,7 +137,7 @@ class TokenState(LoopState):
     temperature: float = 1.0
     min_new_tokens: int = 0
     max_new_tokens: int = 0
-    fail: bool = False
+    fail_step: int | None = None
     slow: bool = False
     tokens: list[int] = field(default_factory=list)
     finished: bool = False
@@ -160,8 +163,8 @@ class TokenLoop:
             temperature=sp.or_default("temperature", 1.0),
             min_new_tokens=sp.or_default("min_new_tokens", 0),
             max_new_tokens=sp.max_new_tokens or 2 * len(prompt),
-            fail="<fail>" in req.text,
-            slow="<slow>" in req.text,
+            fail_step=_fail_step(_prompt_text(req)),
+            slow="<slow>" in _prompt_text(req),
         )
 
     def next(self, state: TokenState) -> WorkPlan | Done:
@@ -173,7 +176,7 @@ class TokenLoop:
             state.step,
             state.temperature,
             state.min_new_tokens,
-            state.fail,
+            state.fail_step,
             state.slow,
         )
         return WorkPlan(
@@ -207,9 +210,24 @@ class TokenLoop:
         """Nothing outside the state to free."""
 
 
+def _prompt_text(req: Request) -> str:
+    """The text the toy reads: the speech input, or the chat messages as ``role: content``
+    lines (so the fault markers work in chat requests too)."""
+    if req.messages:
+        return "\n".join(f"{m.role}: {m.content}" for m in req.messages)
+    return req.text
+
+
+def _fail_step(text: str) -> int | None:
+    """The lm step at which a request with a fault marker in ``text`` fails, or None."""
+    if "<fail>" in text:
+        return FAIL_STEP
+    return LATE_FAIL_STEP if "<fail-late>" in text else None
+
+
 def _tokenize(ctx: ProgramContext) -> None:
     req = ctx.request
-    text = "\n".join(f"{m.role}: {m.content}" for m in req.messages) if req.messages else req.text
+    text = _prompt_text(req)
     if not text.strip():
         raise InvalidRequestError("input must not be empty", param="input")
     if req.voice is not None and req.voice not in VOICES:
