@@ -2,7 +2,7 @@
 
 import pytest
 
-from omnistep.engine.deadlines import AdmissionPolicy, PlaybackClock
+from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock
 
 
 def test_clock_deadline_before_and_after_first_audio():
@@ -47,3 +47,38 @@ def test_admission_waits_while_a_started_stream_is_short_of_audio():
     assert policy.may_admit(2.2, 0.2, starting, max_starting=2)
     with pytest.raises(ValueError):
         AdmissionPolicy(guard_s=-1.0)
+
+
+def test_capacity_meter_measures_audio_per_busy_second():
+    meter = CapacityMeter(half_life_s=1e9, min_busy_s=0.5)
+    assert meter.rate() is None
+    meter.batch_started(0.0)
+    meter.batch_started(0.1)  # overlapping batches: busy time counts once
+    meter.batch_finished(0.5)
+    meter.on_audio(0.5, 4.0)
+    meter.batch_finished(1.0)
+    meter.on_audio(1.0, 6.0)
+    meter.on_audio(5.0, 0.0)  # idle time is not busy time
+    assert meter.rate() == pytest.approx(10.0)
+
+
+def test_capacity_meter_forgets_old_figures():
+    meter = CapacityMeter(half_life_s=1.0, min_busy_s=0.1)
+    meter.batch_started(0.0)
+    meter.on_audio(1.0, 10.0)  # 10 audio-s/s
+    meter.batch_finished(1.0)
+    meter.batch_started(11.0)
+    meter.on_audio(12.0, 2.0)  # now 2 audio-s/s
+    meter.batch_finished(12.0)
+    assert 1.9 < meter.rate() < 3.0  # the old 10 audio-s/s has faded
+
+
+def test_admission_by_measured_rate():
+    policy = AdmissionPolicy(guard_s=0.0, utilization=1.0)
+    playing = [PlaybackClock(0.0, 1.0) for _ in range(3)]
+    for clock in playing:
+        clock.on_audio(0.1, 10.0)
+    assert policy.may_admit(1.0, 1.0, playing, rate=4.0)  # a 4th stream fits
+    assert not policy.may_admit(1.0, 1.0, playing, rate=3.5)
+    assert policy.may_admit(1.0, 1.0, [], rate=0.1)  # a lone request always starts
+    assert policy.may_admit(1.0, 1.0, playing, rate=None)

@@ -41,7 +41,7 @@ class EngineConfig:
     max_queued: int = 256
     retry_after: int = 1
     scheduling: str = "edf"
-    first_audio_s: float = 0.5
+    first_audio_s: float = 1.0
     admission_guard_s: float | None = 0.5
     admission_max_wait_s: float = 30.0
     request_timeout: float | None = None

@@ -13,7 +13,13 @@ Admission (``may_admit``): a new request costs every admitted stream the time of
 chunk, and once playing it needs audio as fast as the others. It is admitted while every started
 stream has at least ``guard_s`` of audio buffered and, where its card sets ``max_starting``,
 fewer than that many admitted requests still wait for their first audio; otherwise it waits,
-for at most ``max_wait_s``. Requests that do not ask for audio neither wait nor hold others. A
+for at most ``max_wait_s``. Requests that do not ask for audio neither wait nor hold others.
+Above all, each admitted audio request needs audio as fast as it plays, so for such cards
+(units that gain nothing from batching, whose capacity is a number of streams) and a measured
+production rate (``CapacityMeter``: audio seconds per busy second) a newcomer waits while the
+admitted audio requests already number ``utilization * rate`` or more (a lone request is always
+admitted). Batched models make audio faster per stream the more streams share a batch, so the
+engine passes no rate for them. A
 burst is thus started a few at a time, each group once the previous one has audio to spare,
 and when streams run low (more streams than the machine can feed in real time) newcomers wait
 in the queue until streams finish, instead of making the admitted streams underrun.
@@ -75,14 +81,17 @@ class AdmissionPolicy:
     Attributes:
         guard_s: buffered audio every started stream must hold for a newcomer to start.
         max_wait_s: the longest a request waits for admission; then it starts regardless.
+        utilization: the share of the measured production rate that admitted streams may
+            claim (1.0: all of it).
     """
 
     guard_s: float = 0.5
     max_wait_s: float = 30.0
+    utilization: float = 0.85
 
     def __post_init__(self) -> None:
-        if self.guard_s < 0 or self.max_wait_s < 0:
-            raise ValueError(f"guard_s and max_wait_s must be >= 0, got {self}")
+        if self.guard_s < 0 or self.max_wait_s < 0 or not 0 < self.utilization <= 1:
+            raise ValueError(f"need guard_s, max_wait_s >= 0 and 0 < utilization <= 1: {self}")
 
     def may_admit(
         self,
@@ -90,11 +99,16 @@ class AdmissionPolicy:
         waiting_since: float,
         streams: Iterable[PlaybackClock],
         max_starting: int | None = None,
+        rate: float | None = None,
     ) -> bool:
         """Whether a request waiting since ``waiting_since`` may start, given the clocks of the
-        admitted unfinished audio requests and its card's ``max_starting`` (None: no limit)."""
+        admitted unfinished audio requests, its card's ``max_starting`` (None: no limit) and the
+        measured production ``rate`` (audio seconds per busy second; None: not known yet)."""
         if now - waiting_since >= self.max_wait_s:
             return True
+        streams = list(streams)
+        if rate is not None and streams and len(streams) + 1 > self.utilization * rate:
+            return False
         starting = 0
         for clock in streams:
             if not clock.started:
@@ -104,3 +118,53 @@ class AdmissionPolicy:
             elif clock.buffered(now) < self.guard_s:
                 return False
         return True
+
+
+@dataclass
+class CapacityMeter:
+    """How many seconds of audio the engine makes per second in which it is computing.
+
+    Audio seconds published and busy wall seconds (at least one batch running) are summed with
+    exponential decay (``half_life_s``), so the rate follows the recent mix of requests. With
+    one stream at a time fewer workers are busy, so the rate then understates capacity: the
+    admission rule built on it errs on the safe side.
+
+    Attributes:
+        half_life_s: seconds after which old figures count half.
+        min_busy_s: busy seconds needed before ``rate`` gives a number.
+    """
+
+    half_life_s: float = 10.0
+    min_busy_s: float = 0.5
+    audio_s: float = 0.0
+    busy_s: float = 0.0
+    running: int = 0
+    last: float | None = None
+
+    def _decay(self, now: float) -> None:
+        if self.last is not None and now > self.last:
+            factor = 0.5 ** ((now - self.last) / self.half_life_s)
+            self.audio_s *= factor
+            self.busy_s *= factor
+            if self.running:  # busy since ``last``: its seconds decay as they accrue
+                self.busy_s += (now - self.last) * (1.0 + factor) / 2.0
+        self.last = now
+
+    def batch_started(self, now: float) -> None:
+        """A batch began executing at ``now``."""
+        self._decay(now)
+        self.running += 1
+
+    def batch_finished(self, now: float) -> None:
+        """A batch finished at ``now``."""
+        self._decay(now)
+        self.running = max(0, self.running - 1)
+
+    def on_audio(self, now: float, seconds: float) -> None:
+        """``seconds`` of audio were published at ``now``."""
+        self._decay(now)
+        self.audio_s += seconds
+
+    def rate(self) -> float | None:
+        """Audio seconds per busy second, or None before ``min_busy_s`` of work was seen."""
+        return self.audio_s / self.busy_s if self.busy_s >= self.min_busy_s else None

@@ -35,7 +35,7 @@ from omnistep.core import (
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
-from omnistep.engine.deadlines import AdmissionPolicy, PlaybackClock
+from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock
 from omnistep.engine.executor import InProcessExecutor, Outcome
 from omnistep.engine.kv_cache import SequenceTable
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
@@ -160,6 +160,7 @@ class AsyncEngine:
         self._runs: dict[str, _RequestRun] = {}
         self._waiting: deque[_RequestRun] = deque()  # added, not yet admitted (EDF admission)
         self._edf = self.config.scheduling == "edf"
+        self._capacity = CapacityMeter()
         self._admission = (
             AdmissionPolicy(self.config.admission_guard_s, self.config.admission_max_wait_s)
             if self._edf and self.config.admission_guard_s is not None
@@ -299,6 +300,7 @@ class AsyncEngine:
                         break
                     self._busy[(batch.model_id, batch.component)] += 1
                     self._num_running += 1
+                    self._capacity.batch_started(time.monotonic())
                     task = asyncio.create_task(self.step(batch))
                     self._steps.add(task)
                     task.add_done_callback(self._step_done)
@@ -322,7 +324,8 @@ class AsyncEngine:
             and Modality.AUDIO in r.ctx.request.output_modalities
         )
         limit = run.model.card.max_starting
-        return self._admission.may_admit(now, run.waiting_since, clocks, limit)
+        rate = self._capacity.rate() if limit is not None else None
+        return self._admission.may_admit(now, run.waiting_since, clocks, limit, rate)
 
     def _admit_waiting(self) -> None:
         """Admit waiting requests, oldest first, while the admission policy allows; their held
@@ -364,6 +367,7 @@ class AsyncEngine:
         finally:
             self._busy[(batch.model_id, batch.component)] -= 1
             self._num_running -= 1
+            self._capacity.batch_finished(time.monotonic())
             self._wake.set()
         self.units_by_kind[batch.kind.value] += len(batch.entries)
         self.batch_sizes[len(batch.entries)] += 1
@@ -481,7 +485,9 @@ class AsyncEngine:
         clock = run.clock
         for chunk in outbox:
             if chunk.audio is not None and clock is not None and chunk.sample_rate:
-                clock.on_audio(time.monotonic(), len(chunk.audio) / chunk.sample_rate)
+                now, seconds = time.monotonic(), len(chunk.audio) / chunk.sample_rate
+                clock.on_audio(now, seconds)
+                self._capacity.on_audio(now, seconds)
             chunk.seq = run.next_seq
             chunk.request_id = run.ctx.request.request_id
             run.next_seq += 1
