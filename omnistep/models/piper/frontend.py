@@ -81,9 +81,11 @@ class PiperFrontend:
             300-350 phonemes, so ``max_phonemes`` only cuts what has no space to cut at.
         normalize_text: spell out numbers, dates, money and abbreviations first (default);
             False phonemizes the text as given (espeak then reads digits itself).
-        first_chunk_chars: a first piece longer than this is cut once, at its last clause
-            boundary (else space) within the limit, so the first unit, which sets the time to
-            first audio, is a clause rather than a whole sentence; None keeps it whole.
+        first_chunk_chars: a first sentence longer than this is cut into pieces of at most
+            this many characters, at clause boundaries (else spaces), so the first unit, which
+            sets the time to first audio, is a clause rather than a whole sentence, and the
+            next unit is short too: it must be ready before the first clause has played.
+            None keeps the sentence whole.
 
     Raises:
         ValueError: ``max_phonemes``, ``max_chars`` or ``first_chunk_chars`` < 1.
@@ -129,8 +131,7 @@ class PiperFrontend:
         pieces = split_text(text, self.max_chars)
         limit = self.first_chunk_chars
         if pieces and limit is not None and len(pieces[0]) > limit:
-            head, *rest = split_clauses(pieces[0], limit)
-            pieces[:1] = [head, " ".join(rest)] if rest else [head]
+            pieces[:1] = split_clauses(pieces[0], limit)
         return pieces
 
     def sentences(self, text: str) -> list[Sentence]:
