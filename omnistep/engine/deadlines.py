@@ -87,7 +87,7 @@ class AdmissionPolicy:
 
     guard_s: float = 0.5
     max_wait_s: float = 30.0
-    utilization: float = 0.85
+    utilization: float = 0.8
 
     def __post_init__(self) -> None:
         if self.guard_s < 0 or self.max_wait_s < 0 or not 0 < self.utilization <= 1:
