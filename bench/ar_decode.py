@@ -597,7 +597,10 @@ def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> 
 
     print()
     defaults = ChatTTSOptions()
-    vocoder = {k: getattr(defaults, k) for k in ("first_chunk", "chunk", "left_context")}
+    vocoder = {
+        k: getattr(defaults, k)
+        for k in ("first_chunk", "chunk", "chunk_growth", "max_chunk", "left_context")
+    }
     vocoder["lookahead"] = defaults.lookahead
     print(
         f"vocoder defaults (ChatTTSOptions): {vocoder}; torch.set_num_threads({args.threads}); "
