@@ -54,11 +54,12 @@ How to run
     .venv/bin/python bench/speech.py --concurrency 1,4,8 --requests-per-level 16
     .venv/bin/python bench/speech.py --url http://127.0.0.1:8000   # an already running server
 
-``--requests-per-level N`` sends ceil(N / C) bursts of C per level (default: 3 bursts, one per
-round). It prints a table and the ratios and writes everything (per-request numbers, load
-averages, versions) to ``bench/results/speech.json`` (``--out`` to change; ``bench/results/`` is
-git-ignored). Numbers depend on the machine and on whatever else runs on it: the 1-, 5- and
-15-minute load averages (``os.getloadavg``) are printed and stored with each burst and piper run.
+``--rounds R`` sends R bursts of C per level (default 3, one per round); ``--requests-per-level N``
+sends ceil(N / C) instead. It prints a table and the ratios and writes everything (per-request
+numbers, load averages, versions) to ``bench/results/speech.json`` (``--out`` to change;
+``bench/results/`` is git-ignored). Numbers depend on the machine and on whatever else runs on
+it: the 1-, 5- and 15-minute load averages (``os.getloadavg``) are printed and stored with each
+burst and piper run.
 """
 
 from __future__ import annotations
@@ -339,7 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--requests-per-level",
         type=int,
-        help="requests per level, sent as ceil(N / C) bursts of C (default: 3 bursts per level)",
+        help="requests per level, sent as ceil(N / C) bursts of C (default: --rounds bursts)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="bursts per level without --requests-per-level"
     )
     parser.add_argument("--url", help="benchmark this running server instead of starting one")
     parser.add_argument(
@@ -347,12 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
     args = parser.parse_args(argv)
-    if args.baseline_reps < 1 or (args.requests_per_level or 1) < 1:
-        parser.error("--baseline-reps and --requests-per-level must be >= 1")
+    if min(args.baseline_reps, args.rounds, args.requests_per_level or 1) < 1:
+        parser.error("--baseline-reps, --rounds and --requests-per-level must be >= 1")
 
     levels: list[int] = args.concurrency
     n = args.requests_per_level
-    bursts_for = {c: (max(1, math.ceil(n / c)) if n else 3) for c in levels}
+    bursts_for = {c: (max(1, math.ceil(n / c)) if n else args.rounds) for c in levels}
     num_rounds = max(bursts_for.values())
     load_start = load_avg()
     print(f"cpus {os.cpu_count()}, load average at start {load_start}", flush=True)
