@@ -73,6 +73,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             api_key=key.strip() if key is not None else None,
             cors_origins=tuple(args.cors_origin or ()),
             shutdown_grace=args.shutdown_grace,
+            voices_db=args.voices_db,
         )
     except ValueError as exc:
         raise OmnistepError(f"bad server settings: {exc}") from None
@@ -288,6 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="ORIGIN",
         help="allow browser requests from ORIGIN (repeatable; '*' for any); default: CORS off",
+    )
+    serve.add_argument(
+        "--voices-db",
+        metavar="PATH",
+        help="SQLite file of saved voices (/v1/audio/voices), created on the first save "
+        "(default: $XDG_DATA_HOME/omnistep/voices.db, else ~/.local/share/omnistep/voices.db)",
     )
     serve.add_argument(
         "--first-chunk-chars",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from omnistep.core.contracts import Component, Loop
 from omnistep.core.enums import Capability, LoopKind, WorkUnitKind
-from omnistep.core.errors import CardValidationError
+from omnistep.core.errors import CardValidationError, InvalidRequestError
 from omnistep.core.program import Program
 
 
@@ -76,6 +76,10 @@ class ModelCard:
             Set by cards whose units gain nothing from batching (a burst then starts a few
             at a time, each group once the previous has audio to spare); None (batched AR
             models, where starting together is cheaper) admits a burst at once.
+        voice_validator: ``voice_validator(voice)`` raises InvalidRequestError (param
+            ``voice``) for a voice the card would reject, without running a request; None
+            accepts exactly ``voices``. Set by cards that accept more than their named voices
+            (ChatTTS speaker strings and ``seed:N``). See ``validate_voice``.
     """
 
     card_id: str
@@ -91,11 +95,31 @@ class ModelCard:
     parity: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
     max_starting: int | None = None
+    voice_validator: Callable[[str], object] | None = field(default=None, compare=False, repr=False)
 
     @property
     def model_ids(self) -> tuple[str, ...]:
         """The card id followed by its aliases."""
         return (self.card_id, *self.aliases)
+
+    def validate_voice(self, voice: str) -> None:
+        """Check that a request may name ``voice``, without running one (used to vet saved
+        voices).
+
+        Raises:
+            InvalidRequestError: (param ``voice``) the card would reject ``voice``; code
+                ``unknown_voice`` for a name outside ``voices`` when the card has no
+                ``voice_validator``, else the validator's.
+        """
+        if self.voice_validator is not None:
+            self.voice_validator(voice)
+        elif voice not in self.voices:
+            choices = ", ".join(self.voices) or "none"
+            raise InvalidRequestError(
+                f"unknown voice '{voice}' for model '{self.card_id}'; choose one of {choices}",
+                param="voice",
+                code="unknown_voice",
+            )
 
     def validate(self) -> ModelCard:
         """Structural check (parity C0); returns self.

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
-from omnistep.server import chat, speech
+from omnistep.server import chat, speech, voices
 from omnistep.server.auth import ApiKeyAuth
 from omnistep.server.errors import install_error_handlers
 from omnistep.server.lifecycle import Drain, DrainGate
@@ -35,6 +35,8 @@ class ServerConfig:
         cors_origins: browser origins allowed by CORS (``"*"`` for any); empty turns CORS off.
         shutdown_grace: seconds in-flight requests get to finish after SIGTERM before they are
             cancelled (new requests are refused meanwhile).
+        voices_db: the SQLite file of saved voices (``/v1/audio/voices``), created on the first
+            save; None: ``voices.default_voices_db()`` (per user).
     """
 
     host: str = "127.0.0.1"
@@ -43,6 +45,7 @@ class ServerConfig:
     api_key: str | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
     shutdown_grace: float = 30.0
+    voices_db: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -87,12 +90,13 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(config.cors_origins),
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["*"],
             expose_headers=["x-request-id", "x-omnistep-seed", "Retry-After"],
         )
     app.include_router(speech.router)
     app.include_router(chat.router)
+    voices.install(app, config.voices_db)
 
     @app.get("/v1/models")
     async def list_models(http: HttpRequest) -> dict:

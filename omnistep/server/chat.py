@@ -39,6 +39,7 @@ from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.server.disconnect import abort_on_disconnect
 from omnistep.server.errors import api_error, from_exception
 from omnistep.server.protocol import OpenAIBody
+from omnistep.server.voices import resolve_voice
 
 router = APIRouter()
 
@@ -259,7 +260,7 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HttpRequest)
             param="modalities" if body.wants_audio else "model",
             code="unsupported_model",
         )
-    stream = engine.add_request(body.to_request())
+    stream = engine.add_request(await resolve_voice(http.app, model.card, body.to_request()))
     encoder = (
         make_encoder(AUDIO_FORMATS[body.audio.format], model.card.sample_rate)
         if body.wants_audio and body.audio

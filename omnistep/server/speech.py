@@ -22,6 +22,7 @@ from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.server.disconnect import abort_on_disconnect
 from omnistep.server.errors import api_error, from_exception
 from omnistep.server.protocol import SpeechRequest
+from omnistep.server.voices import resolve_voice
 
 router = APIRouter()
 
@@ -87,7 +88,8 @@ async def _sse(pieces: AsyncIterator[bytes], stream: RequestStream) -> AsyncIter
         stream.cancel()
 
 
-def _start(engine: AsyncEngine, body: SpeechRequest) -> tuple[RequestStream, StreamEncoder]:
+async def _start(http: HttpRequest, body: SpeechRequest) -> tuple[RequestStream, StreamEncoder]:
+    engine: AsyncEngine = http.app.state.engine
     model = engine.resolve(body.model)
     if Capability.TEXT_TO_SPEECH not in model.card.capabilities:
         raise InvalidRequestError(
@@ -95,7 +97,8 @@ def _start(engine: AsyncEngine, body: SpeechRequest) -> tuple[RequestStream, Str
             param="model",
             code="unsupported_model",
         )
-    stream = engine.add_request(body.to_request(body.model))
+    request = await resolve_voice(http.app, model.card, body.to_request(body.model))
+    stream = engine.add_request(request)
     return stream, make_encoder(body.response_format, model.card.sample_rate)
 
 
@@ -107,8 +110,7 @@ async def create_speech(body: SpeechRequest, http: HttpRequest) -> Response:
     afterwards an SSE stream ends with ``speech.audio.error`` and a raw audio stream is cut
     short (see ``_audio_body``). A client that disconnects aborts the request.
     """
-    engine: AsyncEngine = http.app.state.engine
-    stream, encoder = _start(engine, body)
+    stream, encoder = await _start(http, body)
     headers = {"x-request-id": stream.request_id, "x-omnistep-seed": str(stream.seed)}
     if body.stream_format == "sse":
         return StreamingResponse(

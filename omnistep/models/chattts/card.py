@@ -188,6 +188,11 @@ class _Frontend:
                 f"invalid voice seed '{voice}'", param="voice", code="invalid_voice"
             ) from None
 
+    def check_voice(self, voice: str) -> None:
+        """Raise InvalidRequestError (param ``voice``) if a request could not use ``voice``:
+        the card's ``voice_validator`` (decodes the speaker string, or draws ``seed:N``)."""
+        self.speaker(voice, 0)
+
     def __call__(self, ctx: ProgramContext) -> None:
         req = ctx.request
         spk = self.speaker(req.voice, int(req.seed or 0))
@@ -350,6 +355,7 @@ def build_card(
         capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
         sample_rate=SAMPLE_RATE,
         voices=OPENAI_VOICES,
+        voice_validator=frontend.check_voice,
         parity=frozenset({"C0", "C1", "C2", "C3", "stream", "reference"}),
         description="ChatTTS: GPT multi-codebook decode + Decoder/Vocos vocoder, 24 kHz.",
     )

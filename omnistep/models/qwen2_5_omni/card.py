@@ -201,11 +201,14 @@ class _Frontend:
         self.speakers = speakers
         self.default_speaker = next(iter(speakers))
 
-    def __call__(self, ctx: ProgramContext) -> None:
-        req = ctx.request
-        if not req.messages:
-            raise InvalidRequestError("messages are required", param="messages")
-        voice = req.voice or self.default_speaker
+    def speaker_name(self, voice: str | None) -> str:
+        """The speaker of ``voice`` (None and OpenAI voice names: the first speaker); also the
+        card's ``voice_validator``.
+
+        Raises:
+            InvalidRequestError: (code ``unknown_voice``) not a speaker of the checkpoint.
+        """
+        voice = voice or self.default_speaker
         if voice in OPENAI_VOICES:
             voice = self.default_speaker
         if voice not in self.speakers:
@@ -215,6 +218,13 @@ class _Frontend:
                 param="voice",
                 code="unknown_voice",
             )
+        return voice
+
+    def __call__(self, ctx: ProgramContext) -> None:
+        req = ctx.request
+        if not req.messages:
+            raise InvalidRequestError("messages are required", param="messages")
+        voice = self.speaker_name(req.voice)
         messages = [{"role": m.role, "content": m.content} for m in req.messages]
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=True
@@ -418,12 +428,13 @@ def build_card(
         lookahead=opts.vocoder_context,
     )
     wants_audio = lambda req: Modality.AUDIO in req.output_modalities  # noqa: E731
+    frontend = _Frontend(tokenizer, speakers)
     program = Program(
         inputs=("request",),
         nodes=(
             KernelNode(
                 "frontend",
-                _Frontend(tokenizer, speakers),
+                frontend,
                 needs=("request",),
                 binds=("thinker_prompt", "speaker"),
             ),
@@ -489,6 +500,7 @@ def build_card(
         sample_rate=24000,
         voices=tuple(speakers),
         default_voice=next(iter(speakers)),
+        voice_validator=frontend.speaker_name,
         parity=frozenset({"C0", "C1", "C3", "reference"}),
         description="Qwen2.5-Omni: thinker -> talker -> token2wav (DiT + BigVGAN), 24 kHz.",
     )

@@ -1,0 +1,351 @@
+"""Named voices per model, saved in SQLite: ``/v1/audio/voices`` and the lookup of a saved name.
+
+A saved voice is a name for a voice spec that a card accepts today (a ChatTTS speaker string or
+``seed:N``, a speaker name of a multi-speaker card), vetted with ``ModelCard.validate_voice``
+when it is saved. Requests (``voice`` of ``/v1/audio/speech``, ``audio.voice`` of
+``/v1/chat/completions``) may name it; ``resolve_voice`` swaps the name for its spec before the
+request reaches the engine, so the engine and the cards never see saved names.
+
+Routes: ``GET /v1/audio/voices[?model=M]`` (built-in voices of each served card, marked
+``"builtin": true``, then saved ones), ``POST /v1/audio/voices`` with ``{"name", "model",
+"voice"}`` (201), ``DELETE /v1/audio/voices/{name}[?model=M]``. Names are 1-64 characters of
+``[A-Za-z0-9_.-]``, unique per model, and must not shadow a voice the card accepts by itself
+(409). Voices are stored under the card id (an alias such as ``tts-1`` names its card), in the
+SQLite file ``--voices-db`` (default ``default_voices_db()``), created on the first save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI
+from fastapi import Request as HttpRequest
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import ConfigDict
+
+from omnistep.core import InvalidRequestError, ModelCard, Request
+from omnistep.engine import AsyncEngine
+from omnistep.server.errors import error_response
+from omnistep.server.protocol import OpenAIBody
+
+log = logging.getLogger("omnistep.server")
+
+router = APIRouter()
+
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""What a saved voice's name must match as a whole."""
+MAX_SPEC_CHARS = 16384
+"""Longest voice spec saved (a ChatTTS speaker string of a 768-wide model is ~900 chars)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS voices (
+    model TEXT NOT NULL,
+    name TEXT NOT NULL,
+    voice TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (model, name)
+)
+"""
+
+
+def default_voices_db() -> Path:
+    """The per-user voices file: ``$XDG_DATA_HOME/omnistep/voices.db``, or
+    ``~/.local/share/omnistep/voices.db`` when ``XDG_DATA_HOME`` is unset or not absolute
+    (as the XDG base directory spec asks)."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".local" / "share"
+    return root / "omnistep" / "voices.db"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SavedVoice:
+    """A saved voice: ``name`` stands for ``voice`` (the spec) on the card ``model``."""
+
+    model: str
+    name: str
+    voice: str
+    created_at: int
+
+    def to_dict(self) -> dict:
+        """The API object: ``{"object", "name", "model", "builtin": false, "voice",
+        "created_at"}``."""
+        return {
+            "object": "audio.voice",
+            "name": self.name,
+            "model": self.model,
+            "builtin": False,
+            "voice": self.voice,
+            "created_at": self.created_at,
+        }
+
+
+class VoiceExistsError(Exception):
+    """``VoiceStore.add``: the model already has a voice of that name."""
+
+
+class VoiceStore:
+    """Saved voices in one SQLite file; safe to share between threads (each call opens its own
+    connection, so concurrent writers, even other processes, queue on SQLite's file lock).
+
+    The file and its folder are created on the first ``add``; until then reads find nothing and
+    create nothing. Names and specs only ever travel as SQL parameters.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], timeout: float = 10.0):
+        self.path = Path(path)
+        self.timeout = timeout
+        self._mkdir_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _connect(self, create: bool) -> Iterator[sqlite3.Connection | None]:
+        """A connection in a transaction (committed on success), or None when the file does
+        not exist and ``create`` is false."""
+        if not create and not self.path.exists():
+            yield None
+            return
+        if create:
+            with self._mkdir_lock:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=self.timeout)
+        try:
+            with conn:
+                conn.execute(_SCHEMA)
+                yield conn
+        finally:
+            conn.close()
+
+    def add(self, model: str, name: str, voice: str) -> SavedVoice:
+        """Save ``name`` for ``voice`` on ``model``. Raises VoiceExistsError if taken."""
+        saved = SavedVoice(model, name, voice, int(time.time()))
+        with self._connect(create=True) as conn:
+            assert conn is not None
+            try:
+                conn.execute(
+                    "INSERT INTO voices (model, name, voice, created_at) VALUES (?, ?, ?, ?)",
+                    (saved.model, saved.name, saved.voice, saved.created_at),
+                )
+            except sqlite3.IntegrityError:
+                raise VoiceExistsError(f"{model}/{name}") from None
+        return saved
+
+    def get(self, model: str, name: str) -> SavedVoice | None:
+        """The voice ``name`` of ``model``, or None."""
+        found = self._select("WHERE model = ? AND name = ?", (model, name))
+        return found[0] if found else None
+
+    def find(self, name: str) -> list[SavedVoice]:
+        """Every saved voice called ``name``, whatever its model, by model."""
+        return self._select("WHERE name = ? ORDER BY model", (name,))
+
+    def list(self, model: str | None = None) -> list[SavedVoice]:
+        """Saved voices of ``model`` (all models when None), by model then name."""
+        if model is None:
+            return self._select("ORDER BY model, name", ())
+        return self._select("WHERE model = ? ORDER BY name", (model,))
+
+    def delete(self, model: str, name: str) -> bool:
+        """Forget ``name`` of ``model``; False if there was no such voice."""
+        with self._connect(create=False) as conn:
+            if conn is None:
+                return False
+            cur = conn.execute("DELETE FROM voices WHERE model = ? AND name = ?", (model, name))
+            return cur.rowcount > 0
+
+    def _select(self, where: str, params: tuple) -> list[SavedVoice]:
+        sql = f"SELECT model, name, voice, created_at FROM voices {where}"  # where: constants
+        with self._connect(create=False) as conn:
+            if conn is None:
+                return []
+            return [SavedVoice(*row) for row in conn.execute(sql, params)]
+
+
+def _store(app: FastAPI) -> VoiceStore | None:
+    return getattr(app.state, "voices", None)
+
+
+def install(app: FastAPI, path: str | os.PathLike[str] | None = None) -> VoiceStore:
+    """Serve ``/v1/audio/voices`` on ``app`` with voices saved in ``path`` (None:
+    ``default_voices_db()``); the store is ``app.state.voices``."""
+    store = VoiceStore(path if path is not None else default_voices_db())
+    app.state.voices = store
+    app.include_router(router)
+    log.info("saved voices: %s", store.path)
+    return store
+
+
+async def resolve_voice(app: FastAPI, card: ModelCard, request: Request) -> Request:
+    """``request`` with a saved voice's name replaced by its spec; unchanged when its voice is
+    None, a built-in name, or not a saved name (the card then judges it).
+
+    Raises:
+        InvalidRequestError: (400, code ``unknown_voice``) the name is saved for other models
+            only.
+    """
+    voice = request.voice
+    store = _store(app)
+    if store is None or voice is None or voice in card.voices or not NAME_RE.fullmatch(voice):
+        return request
+    found = await run_in_threadpool(store.find, voice)
+    for saved in found:
+        if saved.model == card.card_id:
+            return dataclasses.replace(request, voice=saved.voice)
+    if found:
+        models = ", ".join(s.model for s in found)
+        raise InvalidRequestError(
+            f"unknown voice '{voice}' for model '{card.card_id}' (it is saved for {models}); "
+            f"see GET /v1/audio/voices?model={card.card_id}",
+            param="voice",
+            code="unknown_voice",
+        )
+    return request
+
+
+def _shadows(card: ModelCard, name: str) -> bool:
+    """True if the card accepts ``name`` as a voice by itself (a built-in name, or any other
+    spec its validator takes), so that saving it would change what the name means."""
+    if name in card.voices:
+        return True
+    try:
+        card.validate_voice(name)
+    except InvalidRequestError:
+        return False
+    return True
+
+
+def _builtin(card: ModelCard) -> list[dict]:
+    return [
+        {"object": "audio.voice", "name": name, "model": card.card_id, "builtin": True}
+        for name in card.voices
+    ]
+
+
+def _engine(http: HttpRequest) -> AsyncEngine:
+    return http.app.state.engine
+
+
+def _require_store(http: HttpRequest) -> VoiceStore:
+    store = _store(http.app)
+    if store is None:  # a router included without ``install``
+        raise RuntimeError("voices router served without a VoiceStore (use voices.install)")
+    return store
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidRequestError:
+    return InvalidRequestError(message, param=param, code=code)
+
+
+def _check_name(name: str | None) -> str:
+    if name is None:
+        raise _bad("'name' is required", "name", "missing_required_parameter")
+    if not NAME_RE.fullmatch(name):
+        raise _bad(
+            f"invalid voice name {name[:80]!r}: use 1-64 characters of A-Z, a-z, 0-9, '_', "
+            "'.', '-'",
+            "name",
+            "invalid_name",
+        )
+    return name
+
+
+class VoiceCreate(OpenAIBody):
+    """Body of ``POST /v1/audio/voices``: ``name`` for ``voice`` on ``model``.
+
+    ``voice`` is what ``model`` accepts as a request's voice (checked by the card).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str | None = None
+    model: str | None = None
+    voice: str | None = None
+
+
+@router.get("/v1/audio/voices")
+def list_voices(http: HttpRequest, model: str | None = None) -> dict:
+    """Voices of ``model`` (every served model when omitted): built-in ones, then saved ones
+    by name. Saved voices of models not served now are left out."""
+    engine = _engine(http)
+    cards = [engine.resolve(model).card] if model else [m.card for m in engine.models.values()]
+    store = _require_store(http)
+    data = []
+    for card in cards:
+        data += _builtin(card)
+        data += [v.to_dict() for v in store.list(card.card_id)]
+    return {"object": "list", "data": data}
+
+
+@router.post("/v1/audio/voices", status_code=201)
+def create_voice(body: VoiceCreate, http: HttpRequest) -> JSONResponse:
+    """Save ``body.name`` for ``body.voice`` on ``body.model``: 201 with the voice object;
+    400 bad name or voice, 404 unknown model, 409 a built-in name or a name already saved."""
+    name = _check_name(body.name)
+    if not body.model:
+        raise _bad("'model' is required", "model", "missing_required_parameter")
+    card = _engine(http).resolve(body.model).card
+    if not body.voice:
+        raise _bad("'voice' is required", "voice", "missing_required_parameter")
+    if len(body.voice) > MAX_SPEC_CHARS:
+        raise _bad(f"'voice' is longer than {MAX_SPEC_CHARS} characters", "voice")
+    if _shadows(card, name):
+        return error_response(
+            409,
+            f"'{name}' is a built-in voice of model '{card.card_id}'; choose another name",
+            param="name",
+            code="builtin_voice",
+        )
+    card.validate_voice(body.voice)
+    try:
+        saved = _require_store(http).add(card.card_id, name, body.voice)
+    except VoiceExistsError:
+        return error_response(
+            409,
+            f"model '{card.card_id}' already has a voice named '{name}'; delete it first",
+            param="name",
+            code="voice_exists",
+        )
+    return JSONResponse(saved.to_dict(), status_code=201)
+
+
+@router.delete("/v1/audio/voices/{name}")
+def delete_voice(name: str, http: HttpRequest, model: str | None = None) -> JSONResponse:
+    """Forget the saved voice ``name`` of ``model``; ``model`` may be omitted when one served
+    model has a voice of that name. 404 no such voice, 409 a built-in voice, 400 ambiguous."""
+    store = _require_store(http)
+    engine = _engine(http)
+    if model:
+        card = engine.resolve(model).card
+        candidates = [card.card_id]
+        if name in card.voices:
+            return error_response(
+                409,
+                f"'{name}' is a built-in voice of model '{card.card_id}'; it cannot be deleted",
+                param="name",
+                code="builtin_voice",
+            )
+    else:
+        served = {m.card.card_id for m in engine.models.values()}
+        candidates = [v.model for v in store.find(name) if v.model in served]
+        if len(candidates) > 1:
+            raise _bad(
+                f"several models have a voice named '{name}' ({', '.join(candidates)}); "
+                "say which with ?model=",
+                "model",
+                "ambiguous_voice",
+            )
+    if not NAME_RE.fullmatch(name) or not candidates or not store.delete(candidates[0], name):
+        where = f" for model '{candidates[0]}'" if model else ""
+        return error_response(
+            404, f"no saved voice named {name[:80]!r}{where}", param="name", code="voice_not_found"
+        )
+    body = {"object": "audio.voice.deleted", "name": name, "model": candidates[0], "deleted": True}
+    return JSONResponse(body)
