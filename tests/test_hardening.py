@@ -82,6 +82,7 @@ BAD_REQUESTS = [
     ("input number", "POST", SPEECH, speech(input=42), JSON, 400, "input"),
     ("input list", "POST", SPEECH, speech(input=["hello"]), JSON, 400, "input"),
     ("voice number", "POST", SPEECH, speech(voice=5), JSON, 400, "voice"),
+    ("voice too long", "POST", SPEECH, speech(voice="v" * 4097), JSON, 400, "voice"),
     ("missing input", "POST", SPEECH, speech(input=None), JSON, 400, "input"),
     ("missing model", "POST", SPEECH, speech(model=None), JSON, 400, "model"),
     ("not JSON", "POST", SPEECH, b"model=toy&input=hi", JSON, 400, None),

@@ -38,7 +38,7 @@ from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.server.disconnect import abort_on_disconnect
 from omnistep.server.errors import api_error, from_exception
-from omnistep.server.protocol import OpenAIBody
+from omnistep.server.protocol import MAX_VOICE_CHARS, OpenAIBody
 from omnistep.server.voices import resolve_voice
 
 router = APIRouter()
@@ -75,7 +75,7 @@ class Message(OpenAIBody):
 class AudioOutput(OpenAIBody):
     """``audio``: the voice and the format of the spoken reply."""
 
-    voice: str = Field(min_length=1, max_length=200)
+    voice: str = Field(min_length=1, max_length=MAX_VOICE_CHARS)
     format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
 
 

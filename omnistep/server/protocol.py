@@ -47,10 +47,15 @@ class OpenAIBody(BaseModel):
         return value
 
 
+MAX_VOICE_CHARS = 4096
+"""Longest ``voice``: a full-size ChatTTS speaker string (768 floats, compressed) is ~850
+characters."""
+
+
 class VoiceRef(OpenAIBody):
     """A voice given as an object, as newer OpenAI clients may send: ``{"id": "alloy"}``."""
 
-    id: str = Field(min_length=1, max_length=200)
+    id: str = Field(min_length=1, max_length=MAX_VOICE_CHARS)
 
 
 class SpeechRequest(OpenAIBody):
@@ -68,7 +73,7 @@ class SpeechRequest(OpenAIBody):
 
     model: str = Field(min_length=1, max_length=200)
     input: str = Field(min_length=1, max_length=4096)
-    voice: Annotated[str, Field(min_length=1, max_length=200)] | VoiceRef | None = None
+    voice: Annotated[str, Field(min_length=1, max_length=MAX_VOICE_CHARS)] | VoiceRef | None = None
     instructions: str | None = Field(default=None, max_length=4096)
     response_format: ResponseFormat = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0, allow_inf_nan=False)
