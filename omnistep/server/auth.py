@@ -12,8 +12,11 @@ import secrets
 from omnistep.server.errors import error_response
 from omnistep.server.limits import ASGIApp, Scope
 
-OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
-"""Paths served without a key: liveness probes and the OpenAPI page (which holds no secrets)."""
+OPEN_PATHS = frozenset(
+    {"/", "/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
+)
+"""Paths served without a key: liveness probes, the OpenAPI page and the playground (``/``),
+which hold no secrets."""
 
 
 class ApiKeyAuth:
