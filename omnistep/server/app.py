@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
-from omnistep.server import chat, speech
+from omnistep.server import chat, speech, speech_stream
 from omnistep.server.auth import ApiKeyAuth
 from omnistep.server.errors import install_error_handlers
 from omnistep.server.lifecycle import Drain, DrainGate
@@ -93,6 +93,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
         )
     app.include_router(speech.router)
     app.include_router(chat.router)
+    app.include_router(speech_stream.router)
 
     @app.get("/v1/models")
     async def list_models(http: HttpRequest) -> dict:
