@@ -10,12 +10,14 @@ import argparse
 import asyncio
 import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omnistep.audio import FORMATS, make_encoder
 from omnistep.core import ModelInstance, OmnistepError, Request
+from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.config import SCHEDULING_POLICIES
 from omnistep.models.registry import FAMILIES, build_card
@@ -138,17 +140,61 @@ async def synthesize_to_bytes(engine: AsyncEngine, request: Request, fmt: str) -
 
 
 def cmd_say(args: argparse.Namespace) -> int:
+    """Synthesize TEXT, or the whole ``--file``, into one audio file."""
     out = Path(args.output)
     fmt = args.format or out.suffix.lstrip(".").lower() or "wav"
     if fmt not in FORMATS:
         raise OmnistepError(f"unknown format '{fmt}'; choose one of {', '.join(FORMATS)}")
+    if (args.text is None) == (args.file is None):
+        raise OmnistepError("give either TEXT or --file FILE")
     spec = args.model or "piper"
+    if args.file is not None:
+        return _say_file(args, out, fmt, spec)
     engine = load_engine([spec], args.device, 1)
     model_id = next(iter(engine.models))
     request = Request(model_id, text=args.text, voice=args.voice, speed=args.speed, seed=args.seed)
     data = asyncio.run(synthesize_to_bytes(engine, request, fmt))
     out.write_bytes(data)
     print(f"wrote {out} ({len(data)} bytes, {fmt}, seed {request.seed})")
+    return 0
+
+
+def _say_file(args: argparse.Namespace, out: Path, fmt: str, spec: str) -> int:
+    """``say --file``: every sentence of the file, in order, into one ``fmt`` file."""
+    from omnistep import longform
+
+    pieces = longform.text_pieces(longform.read_text(args.file))
+    if not pieces:
+        raise OmnistepError(f"{args.file} has nothing to speak (no letter or digit)")
+    if not out.parent.is_dir():
+        raise OmnistepError(f"cannot write {out}: no such directory {out.parent}")
+    seed = args.seed if args.seed is not None else secrets.randbelow(MAX_SEED + 1)
+    Request("check", speed=args.speed, seed=seed)  # bad speed or seed: fail before loading
+    engine = load_engine([spec], args.device, longform.WINDOW)
+    model_id = next(iter(engine.models))
+    progress = longform.ProgressBar(len(pieces), enabled=False if args.no_progress else None)
+    try:
+        samples = asyncio.run(
+            longform.synthesize_file(
+                engine,
+                model_id,
+                pieces,
+                out,
+                fmt,
+                voice=args.voice,
+                speed=args.speed,
+                seed=seed,
+                progress=progress,
+            )
+        )
+    except KeyboardInterrupt:
+        print("omnistep: interrupted; nothing written", file=sys.stderr)
+        return 130
+    size = out.stat().st_size
+    print(
+        f"wrote {out} ({size} bytes, {fmt}, {len(pieces)} sentences, "
+        f"{longform.seconds(samples)} of audio, seed {seed})"
+    )
     return 0
 
 
@@ -315,15 +361,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)
 
-    say = sub.add_parser("say", help="synthesize TEXT into a file")
-    say.add_argument("text")
+    say = sub.add_parser("say", help="synthesize TEXT, or a text file, into one audio file")
+    say.add_argument("text", nargs="?", help="the text (or use --file)")
+    say.add_argument(
+        "--file",
+        metavar="FILE",
+        help="speak this UTF-8 text file ('-': stdin) sentence by sentence into one file",
+    )
     say.add_argument("-o", "--output", required=True, help="output file; format from extension")
     say.add_argument("--model", help=f"family[=weights dir] (default piper); families: {families}")
     say.add_argument("--voice")
     say.add_argument("--format", choices=FORMATS)
     say.add_argument("--speed", type=float, default=1.0)
-    say.add_argument("--seed", type=int)
+    say.add_argument("--seed", type=int, help="with --file, sentence k gets SEED+k")
     say.add_argument("--device", default="cpu")
+    say.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="--file: no progress bar (it is shown only when stderr is a terminal)",
+    )
     say.set_defaults(func=cmd_say)
 
     bench = sub.add_parser(

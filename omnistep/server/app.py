@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
-from omnistep.server import chat, playground, speech, voices
+from omnistep.server import chat, playground, speech, speech_stream, voices
 from omnistep.server.auth import ApiKeyAuth
 from omnistep.server.errors import install_error_handlers
 from omnistep.server.lifecycle import Drain, DrainGate
@@ -98,6 +98,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
     app.include_router(chat.router)
     app.include_router(playground.router)
     voices.install(app, config.voices_db)
+    app.include_router(speech_stream.router)
 
     @app.get("/v1/models")
     async def list_models(http: HttpRequest) -> dict:

@@ -3,11 +3,18 @@
 When a key is configured, every request but those to ``OPEN_PATHS`` (health and the API docs)
 needs ``Authorization: Bearer KEY``; the comparison takes constant time. Nothing of the body is
 read before the key is checked.
+
+WebSockets need the key too, in the same header or, since browsers cannot set headers on a
+WebSocket, as the query parameter ``?api_key=KEY``. Without it the socket is accepted, gets an
+``{"type": "error", "error": {...}}`` event and is closed with 1008 (policy violation), so that
+the client sees why; nothing it sends is read.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
+from urllib.parse import parse_qs
 
 from omnistep.server.errors import error_response
 from omnistep.server.limits import ASGIApp, Scope
@@ -20,7 +27,8 @@ which hold no secrets."""
 
 
 class ApiKeyAuth:
-    """Reject HTTP requests without ``Authorization: Bearer <api_key>`` with a 401."""
+    """Reject HTTP requests without ``Authorization: Bearer <api_key>`` with a 401, and
+    WebSockets without it (or ``?api_key=``) with close code 1008."""
 
     def __init__(self, app: ASGIApp, api_key: str):
         if not api_key:
@@ -29,10 +37,13 @@ class ApiKeyAuth:
         self._expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive, send) -> None:  # noqa: ANN001
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers") or []).get(b"authorization")
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send, header)
+            return
         if header is None:
             message = (
                 "You didn't provide an API key. Send it in the Authorization header "
@@ -47,6 +58,31 @@ class ApiKeyAuth:
             401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
         )
         await response(scope, receive, send)
+
+    async def _websocket(self, scope: Scope, receive, send, header: bytes | None) -> None:  # noqa: ANN001
+        """Pass a WebSocket with the key (header or ``?api_key=``); else accept it, send an
+        error event and close it with 1008."""
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        keys = [k.encode("latin-1", "replace") for k in query.get("api_key", [])]
+        if (header is not None and self._matches(header)) or any(
+            secrets.compare_digest(k, self._expected) for k in keys
+        ):
+            await self.app(scope, receive, send)
+            return
+        if header is None and not keys:
+            message = (
+                "You didn't provide an API key. Send 'Authorization: Bearer YOUR_KEY' or add "
+                "?api_key=YOUR_KEY to the URL."
+            )
+        else:
+            message = "Incorrect API key provided."
+        error = {"message": message, "type": "invalid_request_error", "param": None}
+        event = json.dumps({"type": "error", "error": {**error, "code": "invalid_api_key"}})
+        if (await receive())["type"] != "websocket.connect":
+            return
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send", "text": event})
+        await send({"type": "websocket.close", "code": 1008, "reason": "invalid_api_key"})
 
     def _matches(self, header: bytes) -> bool:
         scheme, _, token = header.strip().partition(b" ")

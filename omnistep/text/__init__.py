@@ -2,7 +2,8 @@
 
 ``prepare(text)`` is what a card runs on a request's input: ``normalize`` (numbers, dates,
 times, money, abbreviations to words) then ``split_text`` (sentences; long sentences cut at
-clauses, else between words). Imports stdlib and ``num2words`` only (no torch, no phonemizer).
+clauses, else between words); ``SentenceBuffer`` does the splitting for text that arrives in
+pieces. Imports stdlib and ``num2words`` only (no torch, no phonemizer).
 
 >>> prepare("Dr. Smith paid $12.50. He left at 3 pm.")
 ['Doctor Smith paid twelve dollars and fifty cents.', 'He left at three p m.']
@@ -10,8 +11,16 @@ clauses, else between words). Imports stdlib and ``num2words`` only (no torch, n
 
 from omnistep.text.normalize import normalize
 from omnistep.text.split import split_clauses, split_sentences, split_text
+from omnistep.text.stream import SentenceBuffer
 
-__all__ = ["normalize", "prepare", "split_clauses", "split_sentences", "split_text"]
+__all__ = [
+    "SentenceBuffer",
+    "normalize",
+    "prepare",
+    "split_clauses",
+    "split_sentences",
+    "split_text",
+]
 
 
 def prepare(text: str, max_chars: int = 300) -> list[str]:
