@@ -1,8 +1,8 @@
 """Optional API key check as a pure ASGI middleware: 401 with OpenAI's error JSON.
 
-When a key is configured, every request but those to ``OPEN_PATHS`` (health and the API docs)
-needs ``Authorization: Bearer KEY``; the comparison takes constant time. Nothing of the body is
-read before the key is checked.
+When a key is configured, every request but those to ``OPEN_PATHS`` (health, Prometheus
+metrics and the API docs) needs ``Authorization: Bearer KEY``; the comparison takes constant
+time. Nothing of the body is read before the key is checked.
 """
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ import secrets
 from omnistep.server.errors import error_response
 from omnistep.server.limits import ASGIApp, Scope
 
-OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
-"""Paths served without a key: liveness probes and the OpenAPI page (which holds no secrets)."""
+OPEN_PATHS = frozenset(
+    {"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
+)
+"""Paths served without a key: liveness probes, Prometheus metrics (as vLLM serves them: counts
+and timings only, no request content) and the OpenAPI page (which holds no secrets)."""
 
 
 class ApiKeyAuth:
