@@ -15,6 +15,7 @@ from omnistep.core import (
     RequestAbortedError,
     RequestFailedError,
     RequestTimeoutError,
+    SamplingParams,
 )
 from omnistep.engine import AsyncEngine
 from omnistep.engine.kv_cache import BlockManager, SequenceTable
@@ -83,6 +84,12 @@ def base():
         yield url
 
 
+@pytest.fixture
+def client(base):
+    with httpx.Client(base_url=base, timeout=60) as client:
+        yield client
+
+
 def scrape(client: httpx.Client) -> Samples:
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -109,8 +116,7 @@ def chat(content: str, **extra) -> dict:
     }
 
 
-def test_metrics_count_requests_by_status_and_return_to_idle(base):
-    client = httpx.Client(base_url=base, timeout=60)
+def test_metrics_count_requests_by_status_and_return_to_idle(base, client):
     before = scrape(client)
     assert requests_by_status(before) == dict.fromkeys(STATUSES, 0)
     assert histogram_count(before, "omnistep_time_to_first_audio_seconds", model="toy") == 0
@@ -178,7 +184,6 @@ def test_metrics_count_requests_by_status_and_return_to_idle(base):
         assert units == batch_sum > 0
         assert histogram_count(after, "omnistep_batch_size", model="toy", component=component) > 0
     assert not any(k[0].startswith("omnistep_kv_blocks") for k in after)  # toy has no KV cache
-    client.close()
 
 
 # ------------------------------------------------------------------ in process
@@ -207,20 +212,69 @@ def test_request_status_of_each_ending():
 async def test_kv_gauges_of_components_with_a_paged_table():
     model = ModelInstance.load(build_card())
     table = SequenceTable(BlockManager(num_blocks=8, block_size=4))
-    model.components["lm"].table = table  # as an AR component keeps its paged cache
+    model.components["vocoder"].table = table  # as an AR component keeps its paged cache
     engine = AsyncEngine([model])
     registry = metrics_registry(engine)
     try:
         assert table.admit_prefill("seq", 10)
         samples = parse(generate_latest(registry).decode())
-        labels = {"model": "toy", "component": "lm"}
+        labels = {"model": "toy", "component": "vocoder"}
         assert value(samples, "omnistep_kv_blocks_used", **labels) == 3
         assert value(samples, "omnistep_kv_blocks_free", **labels) == 5
-        assert value(samples, "omnistep_kv_blocks_used", model="toy", component="vocoder") is None
+        assert value(samples, "omnistep_kv_blocks_used", model="toy", component="lm") is None
         table.free("seq")
         samples = parse(generate_latest(registry).decode())
         assert value(samples, "omnistep_kv_blocks_used", **labels) == 0
         assert value(samples, "omnistep_kv_blocks_free", **labels) == 8
+    finally:
+        await engine.shutdown()
+
+
+async def test_kv_gauges_follow_a_chattts_request(tmp_path):
+    """The tiny ChatTTS checkpoint (random weights): its GPT's blocks are in use while a
+    request decodes, and all free once it is aborted."""
+    pytest.importorskip("torch")
+    import numpy as np
+    import pybase16384 as b14
+    import torch
+
+    from omnistep.models.chattts.card import ChatTTSOptions
+    from omnistep.models.chattts.card import build_card as build_chattts
+    from tests.chattts_ref.assets import read_info, write_tiny_chattts
+
+    root = write_tiny_chattts(tmp_path / "ckpt")
+    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
+    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
+    model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
+    total = model.components["gpt"].table.blocks.num_blocks
+    engine = AsyncEngine([model])
+    registry = metrics_registry(engine)
+    labels = {"model": "chattts", "component": "gpt"}
+    try:
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=1000)  # still decoding below
+        stream = engine.add_request(
+            Request("chattts", text="hello world", seed=1, sampling=sampling)
+        )
+        async for chunk in stream:
+            if chunk.audio is not None:
+                samples = parse(generate_latest(registry).decode())
+                used = value(samples, "omnistep_kv_blocks_used", **labels)
+                assert (
+                    used > 0 and used + value(samples, "omnistep_kv_blocks_free", **labels) == total
+                )
+                break
+        stream.cancel()
+        for _ in range(200):  # an in-flight step frees its loop when it returns
+            if not any(engine.stats().values()):
+                break
+            await asyncio.sleep(0.01)
+        samples = parse(generate_latest(registry).decode())
+        assert value(samples, "omnistep_kv_blocks_used", **labels) == 0
+        assert value(samples, "omnistep_kv_blocks_free", **labels) == total
+        assert value(samples, "omnistep_requests_total", model="chattts", status="aborted") == 1
+        assert (
+            histogram_count(samples, "omnistep_time_to_first_audio_seconds", model="chattts") == 1
+        )
     finally:
         await engine.shutdown()
 
