@@ -38,6 +38,7 @@ from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock
 from omnistep.engine.executor import InProcessExecutor, Outcome
 from omnistep.engine.kv_cache import SequenceTable
+from omnistep.engine.metrics import EngineMetrics, Occupancy
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 
 ADMISSION_POLL_S = 0.05
@@ -172,6 +173,7 @@ class AsyncEngine:
         self._num_running = 0  # batches dispatched whose executor call has not returned
         self.units_by_kind: Counter[str] = Counter()
         self.batch_sizes: Counter[int] = Counter()
+        self.metrics = EngineMetrics(self.models)  # counts for /metrics (omnistep.server.metrics)
 
     # ----------------------------------------------------------------- public API
     def resolve(self, model_id: str) -> ModelInstance:
@@ -194,6 +196,7 @@ class AsyncEngine:
         """
         model = self.resolve(request.model)
         if len(self._runs) >= self.config.max_queued:
+            self.metrics.rejected(model.card.card_id)
             raise EngineOverloadedError(
                 f"The server is busy ({self.config.max_queued} requests in progress); "
                 "retry shortly.",
@@ -268,6 +271,30 @@ class AsyncEngine:
             for component in model.components.values()
         )
         return sum(t.blocks.num_used_blocks for t in tables if isinstance(t, SequenceTable))
+
+    def occupancy(self) -> Occupancy:
+        """``stats()`` broken down by model, component and loop kind, plus free KV blocks, for
+        the Prometheus gauges; every label that can occur is listed, with 0 when idle."""
+        live = dict.fromkeys(self.models, 0)
+        waiting = dict.fromkeys(self.models, 0)
+        loops = {(m, spec.kind.value): 0 for m, i in self.models.items() for spec in i.card.loops}
+        for run in self._runs.values():
+            card_id = run.model.card.card_id
+            live[card_id] += 1
+            if run.held is not None:
+                waiting[card_id] += 1
+            for live_loop in run.live.values():
+                key = (card_id, live_loop.loop.kind.value)
+                loops[key] = loops.get(key, 0) + 1
+        running, kv = {}, {}
+        for model_id, model in self.models.items():
+            for name, component in model.components.items():
+                running[(model_id, name)] = self._busy[(model_id, name)]
+                table = getattr(component, "table", None)
+                if isinstance(table, SequenceTable):
+                    blocks = table.blocks
+                    kv[(model_id, name)] = (blocks.num_used_blocks, blocks.num_free_blocks)
+        return Occupancy(live, waiting, self._scheduler.num_queued, running, loops, kv)
 
     async def shutdown(self) -> None:
         """Abort every request, stop the step loop and the executor."""
@@ -369,8 +396,10 @@ class AsyncEngine:
             self._num_running -= 1
             self._capacity.batch_finished(time.monotonic())
             self._wake.set()
-        self.units_by_kind[batch.kind.value] += len(batch.entries)
-        self.batch_sizes[len(batch.entries)] += 1
+        size = len(batch.entries)
+        self.units_by_kind[batch.kind.value] += size
+        self.batch_sizes[size] += 1
+        self.metrics.batches[(batch.model_id, batch.component, batch.kind, size)] += 1
         for live, outcome in zip(batch.entries, outcomes, strict=True):
             self._fold(live, outcome)
 
@@ -486,6 +515,8 @@ class AsyncEngine:
         for chunk in outbox:
             if chunk.audio is not None and clock is not None and chunk.sample_rate:
                 now, seconds = time.monotonic(), len(chunk.audio) / chunk.sample_rate
+                if clock.first_audio_at is None and seconds > 0.0:
+                    self.metrics.first_audio(run.model.card.card_id, now - clock.arrival)
                 clock.on_audio(now, seconds)
                 self._capacity.on_audio(now, seconds)
             chunk.seq = run.next_seq
@@ -515,6 +546,10 @@ class AsyncEngine:
         if run.finished:
             return
         self._release(run)
+        clock = run.clock
+        assert clock is not None  # set by add_request
+        wall_s = time.monotonic() - clock.arrival
+        self.metrics.request_ended(run.model.card.card_id, error, wall_s, clock.audio_sent_s)
         run.stream._put(_End(error))
 
     def _release(self, run: _RequestRun) -> None:

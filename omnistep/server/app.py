@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
-from omnistep.server import chat, playground, speech, speech_stream, voices
+from omnistep.server import chat, metrics, playground, speech, speech_stream, voices
 from omnistep.server.auth import ApiKeyAuth
 from omnistep.server.errors import install_error_handlers
 from omnistep.server.lifecycle import Drain, DrainGate
@@ -29,7 +29,7 @@ class ServerConfig:
         host: interface to bind; loopback by default.
         port: TCP port.
         max_body_bytes: larger request bodies get 413 (OpenAI inputs are at most 4096 chars).
-        api_key: when set, every route but health and the docs needs
+        api_key: when set, every route but health, metrics and the docs needs
             ``Authorization: Bearer <api_key>`` (401 otherwise); None serves without a key.
             Left out of ``repr`` so that it is never logged.
         cors_origins: browser origins allowed by CORS (``"*"`` for any); empty turns CORS off.
@@ -77,6 +77,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
     app.state.engine = engine
     app.state.drain = drain
     app.state.started = int(time.time())
+    app.state.metrics = metrics.metrics_registry(engine)  # this app's own registry
     # Each add_middleware wraps what is already there, so requests pass, outermost first:
     # CORS (answers preflights, and adds its headers to every answer, errors included), the API
     # key (before any body is read), the drain gate (503 while shutting down), the body size
@@ -99,6 +100,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
     app.include_router(playground.router)
     voices.install(app, config.voices_db)
     app.include_router(speech_stream.router)
+    app.include_router(metrics.router)
 
     @app.get("/v1/models")
     async def list_models(http: HttpRequest) -> dict:

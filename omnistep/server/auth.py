@@ -1,8 +1,8 @@
 """Optional API key check as a pure ASGI middleware: 401 with OpenAI's error JSON.
 
-When a key is configured, every request but those to ``OPEN_PATHS`` (health and the API docs)
-needs ``Authorization: Bearer KEY``; the comparison takes constant time. Nothing of the body is
-read before the key is checked.
+When a key is configured, every request but those to ``OPEN_PATHS`` (health, Prometheus
+metrics, the API docs and the playground page) needs ``Authorization: Bearer KEY``; the
+comparison takes constant time. Nothing of the body is read before the key is checked.
 
 WebSockets need the key too, in the same header or, since browsers cannot set headers on a
 WebSocket, as the query parameter ``?api_key=KEY``. Without it the socket is accepted, gets an
@@ -20,10 +20,11 @@ from omnistep.server.errors import error_response
 from omnistep.server.limits import ASGIApp, Scope
 
 OPEN_PATHS = frozenset(
-    {"/", "/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
+    {"/", "/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}
 )
-"""Paths served without a key: liveness probes, the OpenAPI page and the playground (``/``),
-which hold no secrets."""
+"""Paths served without a key: liveness probes, Prometheus metrics (as vLLM serves them: counts
+and timings only, no request content), the OpenAPI page and the playground (``/``), which hold
+no secrets."""
 
 
 class ApiKeyAuth:
