@@ -3,6 +3,7 @@ deploy file and the ``serve --executor ray --deploy`` wiring. Runs a local 2-CPU
 
 import asyncio
 import json
+import threading
 import time
 
 import numpy as np
@@ -163,3 +164,22 @@ def test_deploy_file_errors_and_cli_flags(tmp_path):
     )
     assert (args.executor, args.deploy, args.ray_address) == ("ray", str(bad), None)
     assert build_parser().parse_args(["serve"]).executor == "inprocess"
+
+
+async def test_payload_that_does_not_pickle_fails_its_units_clearly(ray_cluster):
+    from functools import partial
+
+    from omnistep.core import WorkUnitKind
+    from omnistep.engine.ray_executor import ComponentDeployment, RayExecutor
+    from omnistep.models.registry import build_component
+
+    factory = partial(build_component, "toy", "lm", "cpu", {})
+    executor = RayExecutor([ComponentDeployment("toy", "lm", factory, ComponentPlacement(0))])
+    try:
+        outcomes = await executor.run(
+            None, WorkUnitKind.AR_TOKEN, [threading.Lock()] * 2, model_id="toy", name="lm"
+        )
+    finally:
+        executor.close()
+    assert len(outcomes) == 2
+    assert all(isinstance(o, TypeError) and "payloads pickle" in str(o) for o in outcomes)
