@@ -38,6 +38,9 @@ def load_engine(
     max_queued: int | None = None,
     scheduling: str | None = None,
     request_timeout: float | None = None,
+    executor: str = "inprocess",
+    deploy: str | None = None,
+    ray_address: str | None = None,
     **options: object,
 ) -> AsyncEngine:
     """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
@@ -47,14 +50,87 @@ def load_engine(
     ``request_timeout`` aborts requests running longer (seconds; None: no limit).
     ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families that
     take them.
+
+    ``executor``: ``"inprocess"`` (worker threads) or ``"ray"``: every component runs in Ray
+    actors placed as the ``deploy`` file says (see ``omnistep.engine.ray_executor``), on the
+    Ray cluster at ``ray_address`` (None: a running local cluster, else a new one). The driver
+    still builds the cards' components too: loops read their settings (piper's sample rate).
+
+    Raises:
+        OmnistepError: ``deploy`` without the ray executor, a bad deploy file, ray missing.
     """
+    if executor not in EXECUTORS:
+        raise OmnistepError(f"unknown executor '{executor}'; choose one of {', '.join(EXECUTORS)}")
+    if deploy is not None and executor != "ray":
+        raise OmnistepError("--deploy needs --executor ray")
     models = [ModelInstance.load(build_card(spec, **options), device=device) for spec in specs]
-    settings = {"max_queued": max_queued, "scheduling": scheduling}
+    settings: dict[str, object] = {"max_queued": max_queued, "scheduling": scheduling}
+    runner = None
+    if executor == "ray":
+        runner = ray_executor(specs, models, device, deploy, ray_address, options)
+        slots = sum(
+            runner.capacity(m.card.card_id, c.name, c.max_concurrency)
+            for m in models
+            for c in m.card.components
+        )
+        settings["num_workers"] = max(slots, EngineConfig().num_workers)
     settings = {k: v for k, v in settings.items() if v is not None}
     config = EngineConfig(
         max_batch_size=max_batch_size, request_timeout=request_timeout, **settings
     )
-    return AsyncEngine(models, config)
+    return AsyncEngine(models, config, executor=runner)
+
+
+EXECUTORS = ("inprocess", "ray")
+"""Values of ``--executor``."""
+
+
+def ray_executor(
+    specs: list[str],
+    models: list[ModelInstance],
+    device: str,
+    deploy: str | None,
+    ray_address: str | None,
+    options: dict[str, object],
+):
+    """A RayExecutor placing every component of ``models`` (built from ``specs``) as the
+    ``deploy`` file says; each actor rebuilds its card from the spec string.
+
+    Raises:
+        OmnistepError: bad deploy file, ray missing, actors that cannot be placed.
+    """
+    from functools import partial
+
+    from omnistep.engine.ray_executor import (
+        ComponentDeployment,
+        RayExecutor,
+        load_deploy,
+        parse_deploy,
+    )
+    from omnistep.models.registry import build_component
+
+    cards = {m.card.card_id: (m.card.family, [c.name for c in m.card.components]) for m in models}
+    placements = parse_deploy(load_deploy(deploy) if deploy else None, cards)
+    card_options = {k: v for k, v in options.items() if v is not None}
+    deployments = [
+        ComponentDeployment(
+            model.card.card_id,
+            comp.name,
+            partial(
+                build_component,
+                spec,
+                comp.name,
+                placements[(model.card.card_id, comp.name)].device or device,
+                card_options,
+            ),
+            placements[(model.card.card_id, comp.name)],
+            max_concurrency=comp.max_concurrency,
+        )
+        for spec, model in zip(specs, models, strict=True)
+        for comp in model.card.components
+    ]
+    init = {"address": ray_address} if ray_address else {}
+    return RayExecutor(deployments, init_options=init)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -110,6 +186,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         kv_cache_gb=args.kv_cache_gb,
         batch_invariant=args.batch_invariant or None,
         first_chunk_chars=args.first_chunk_chars,
+        executor=args.executor,
+        deploy=args.deploy,
+        ray_address=args.ray_address,
     )
     print(_usage_banner(config.host, config.port, engine, config.api_key is not None), flush=True)
     app = build_app(engine, config)
@@ -357,6 +436,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-invariant",
         action="store_true",
         help="bit-identical outputs whatever the batch (slower; AR models)",
+    )
+    serve.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="inprocess",
+        help="inprocess: worker threads (default); ray: each component of each card in Ray "
+        "actors (cards toy and piper today)",
+    )
+    serve.add_argument(
+        "--deploy",
+        metavar="FILE",
+        help="with --executor ray: YAML placing components (num_cpus, num_gpus, resources, "
+        "replicas, device per component); default 1 replica, 1 CPU each",
+    )
+    serve.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --executor ray: the Ray cluster to join (default: a running local cluster, "
+        "else a new one)",
     )
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)

@@ -2,13 +2,14 @@
 
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.engine import AsyncEngine, RequestStream
-from omnistep.engine.executor import InProcessExecutor
+from omnistep.engine.executor import Executor, InProcessExecutor
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 
 __all__ = [
     "AsyncEngine",
     "Batch",
     "EngineConfig",
+    "Executor",
     "InProcessExecutor",
     "LiveLoop",
     "RequestStream",

@@ -36,7 +36,7 @@ from omnistep.core import (
 from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock
-from omnistep.engine.executor import InProcessExecutor, Outcome
+from omnistep.engine.executor import Executor, InProcessExecutor, Outcome
 from omnistep.engine.kv_cache import SequenceTable
 from omnistep.engine.metrics import EngineMetrics, Occupancy
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
@@ -134,7 +134,8 @@ class AsyncEngine:
     Args:
         models: loaded card instances; each answers to its card id and aliases.
         config: engine settings.
-        executor: runs batches; defaults to ``InProcessExecutor``.
+        executor: runs batches; defaults to ``InProcessExecutor``. A ``RayExecutor`` runs
+            them in Ray actors, addressed by model id and component name.
 
     Raises:
         ValueError: two models claim the same model id.
@@ -144,7 +145,7 @@ class AsyncEngine:
         self,
         models: Iterable[ModelInstance],
         config: EngineConfig | None = None,
-        executor: InProcessExecutor | None = None,
+        executor: Executor | None = None,
     ):
         self.config = config or EngineConfig()
         self.models: dict[str, ModelInstance] = {}
@@ -382,14 +383,19 @@ class AsyncEngine:
 
     def _can_run(self, model_id: str, component: str) -> bool:
         spec = self.models[model_id].spec(component)
-        return self._busy[(model_id, component)] < spec.max_concurrency
+        limit = self._executor.capacity(model_id, component, spec.max_concurrency)
+        return self._busy[(model_id, component)] < limit
 
     async def step(self, batch: Batch) -> None:
         """Execute one batch and fold its outputs back into the loops."""
         model = self.models[batch.model_id]
         try:
             outcomes = await self._executor.run(
-                model.components[batch.component], batch.kind, batch.payloads
+                model.components[batch.component],
+                batch.kind,
+                batch.payloads,
+                model_id=batch.model_id,
+                name=batch.component,
             )
         finally:
             self._busy[(batch.model_id, batch.component)] -= 1

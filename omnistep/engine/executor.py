@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from omnistep.core import Component, StepResult, WorkUnitKind
 
@@ -41,6 +41,32 @@ def execute_isolated(
     return [StepResult(out, batch_size=len(payloads), seconds=seconds) for out in outputs]
 
 
+class Executor(Protocol):
+    """What the engine needs of an executor (``InProcessExecutor``, ``RayExecutor``)."""
+
+    async def run(
+        self,
+        component: Component,
+        kind: WorkUnitKind,
+        payloads: Sequence[Any],
+        *,
+        model_id: str = "",
+        name: str = "",
+    ) -> list[Outcome]:
+        """Execute one batch of ``component`` (``name`` of card ``model_id``); one outcome per
+        payload, in order; a failing unit fails alone (see ``execute_isolated``)."""
+        ...
+
+    def capacity(self, model_id: str, name: str, per_instance: int) -> int:
+        """Batches of component ``name`` that may run at once, given ``per_instance``, the
+        component spec's ``max_concurrency`` (more than it when the executor has replicas)."""
+        ...
+
+    def close(self) -> None:
+        """Release the executor's workers."""
+        ...
+
+
 class InProcessExecutor:
     """Runs batches on ``num_workers`` worker threads of this process."""
 
@@ -48,11 +74,22 @@ class InProcessExecutor:
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="omnistep-exec")
 
     async def run(
-        self, component: Component, kind: WorkUnitKind, payloads: Sequence[Any]
+        self,
+        component: Component,
+        kind: WorkUnitKind,
+        payloads: Sequence[Any],
+        *,
+        model_id: str = "",
+        name: str = "",
     ) -> list[Outcome]:
-        """Execute one batch in the worker thread; see ``execute_isolated``."""
+        """Execute one batch in a worker thread; see ``execute_isolated``. ``model_id`` and
+        ``name`` (which component of which card) are not needed here: ``component`` is local."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, execute_isolated, component, kind, payloads)
+
+    def capacity(self, model_id: str, name: str, per_instance: int) -> int:
+        """One instance of each component: ``per_instance`` batches at once."""
+        return per_instance
 
     def close(self) -> None:
         """Stop the worker thread after the running batch."""

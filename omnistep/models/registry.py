@@ -46,3 +46,22 @@ def build_card(spec: str, **options: object) -> ModelCard:
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     accepted = {k: v for k, v in options.items() if v is not None and (takes_any or k in params)}
     return module.build_card(path, **accepted).validate()
+
+
+def build_component(spec: str, name: str, device: str, options: dict[str, object] | None = None):
+    """Build component ``name`` of the card of ``spec`` (with card ``options``) on ``device``.
+
+    A module-level function, so that ``functools.partial(build_component, ...)`` pickles by
+    reference: the Ray executor sends it to an actor, which rebuilds the card there (a card's
+    ``ComponentSpec.build`` closure may not pickle) and builds only this one component.
+
+    Raises:
+        KeyError: the card has no component ``name`` (the message lists its components).
+        Whatever ``build_card`` or the component's builder raises.
+    """
+    card = build_card(spec, **(options or {}))
+    for component in card.components:
+        if component.name == name:
+            return component.build(device)
+    known = ", ".join(c.name for c in card.components)
+    raise KeyError(f"card '{card.card_id}' has no component '{name}'; it has: {known}")
