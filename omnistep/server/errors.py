@@ -125,9 +125,11 @@ def _is_json(content_type: str | None) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-def _validation_message(
+def validation_message(
     exc: RequestValidationError, content_type: str | None = None
 ) -> tuple[str, str | None]:
+    """An OpenAI-style message and ``param`` for a validation error (the first error found;
+    a specific message for a non-JSON content type, an empty or non-object body)."""
     errors = exc.errors()
     if not errors:
         return "invalid request body", None
@@ -152,7 +154,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc, request.headers.get("content-type"))
+        message, param = validation_message(exc, request.headers.get("content-type"))
         return error_response(400, message, param=param, code="invalid_value")
 
     @app.exception_handler(HTTPException)

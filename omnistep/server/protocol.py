@@ -52,6 +52,12 @@ MAX_VOICE_CHARS = 4096
 characters."""
 
 
+def control_characters(text: str) -> list[str]:
+    """The disallowed control characters in ``text`` (C0 and C1 but tab, newline and carriage
+    return), as sorted ``U+XXXX`` names; empty when there are none."""
+    return sorted({f"U+{ord(c):04X}" for c in text if c in _CONTROL})
+
+
 class VoiceRef(OpenAIBody):
     """A voice given as an object, as newer OpenAI clients may send: ``{"id": "alloy"}``."""
 
@@ -89,7 +95,7 @@ class SpeechRequest(OpenAIBody):
     @field_validator("input")
     @classmethod
     def _speakable_text(cls, value: str) -> str:
-        bad = sorted({f"U+{ord(c):04X}" for c in value if c in _CONTROL})
+        bad = control_characters(value)
         if bad:
             raise ValueError(f"input contains control characters {', '.join(bad[:5])}")
         if not any(c.isalnum() for c in value):

@@ -53,8 +53,8 @@ from omnistep.audio import OUTPUT_SAMPLE_RATE, make_encoder
 from omnistep.core import Capability, Modality, OmnistepError
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, RequestStream
-from omnistep.server.errors import ApiError, _validation_message, api_error
-from omnistep.server.protocol import _CONTROL, SpeechRequest
+from omnistep.server.errors import ApiError, api_error, validation_message
+from omnistep.server.protocol import SpeechRequest, control_characters
 from omnistep.text import SentenceBuffer
 
 log = logging.getLogger("omnistep.server")
@@ -133,7 +133,7 @@ def parse_config(engine: AsyncEngine, message: dict) -> SpeechRequest:
     try:
         config = SpeechRequest.model_validate({"response_format": "pcm", **fields, "input": "x"})
     except ValidationError as exc:
-        text, param = _validation_message(RequestValidationError(exc.errors()), "application/json")
+        text, param = validation_message(RequestValidationError(exc.errors()), "application/json")
         raise _bad(CLOSE_POLICY_VIOLATION, text, param, "invalid_value") from None
     if config.response_format != "pcm":
         raise _bad(
@@ -303,7 +303,7 @@ class SpeechSession:
                 code="invalid_value",
             )
             return
-        bad = sorted({f"U+{ord(c):04X}" for c in text if c in _CONTROL})
+        bad = control_characters(text)
         if bad:
             await self._warn(
                 f"'text' contains control characters {', '.join(bad[:5])}; it was dropped.",
