@@ -75,7 +75,8 @@ def format_progress(done: int, total: int, elapsed: float, width: int = 30) -> s
     minutes, seconds = divmod(int(elapsed), 60)
     hours, minutes = divmod(minutes, 60)
     clock = f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes:02d}:{seconds:02d}"
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} sentences {clock}"
+    noun = "sentence" if total == 1 else "sentences"
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {noun} {clock}"
 
 
 class ProgressBar:

@@ -83,6 +83,8 @@ BAD_REQUESTS = [
     ("input list", "POST", SPEECH, speech(input=["hello"]), JSON, 400, "input"),
     ("voice number", "POST", SPEECH, speech(voice=5), JSON, 400, "voice"),
     ("voice too long", "POST", SPEECH, speech(voice="v" * 4097), JSON, 400, "voice"),
+    ("speed a boolean", "POST", SPEECH, speech(speed=True), JSON, 400, "speed"),
+    ("stream a string", "POST", SPEECH, speech(stream="no"), JSON, 400, "stream"),
     ("missing input", "POST", SPEECH, speech(input=None), JSON, 400, "input"),
     ("missing model", "POST", SPEECH, speech(model=None), JSON, 400, "model"),
     ("not JSON", "POST", SPEECH, b"model=toy&input=hi", JSON, 400, None),

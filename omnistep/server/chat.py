@@ -94,7 +94,7 @@ class ChatCompletionRequest(OpenAIBody):
     messages: list[Message] = Field(min_length=1, max_length=256)
     modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["text"])
     audio: AudioOutput | None = None
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)

@@ -82,9 +82,9 @@ class SpeechRequest(OpenAIBody):
     voice: Annotated[str, Field(min_length=1, max_length=MAX_VOICE_CHARS)] | VoiceRef | None = None
     instructions: str | None = Field(default=None, max_length=4096)
     response_format: ResponseFormat = "mp3"
-    speed: float = Field(default=1.0, ge=0.25, le=4.0, allow_inf_nan=False)
+    speed: float = Field(default=1.0, ge=0.25, le=4.0, allow_inf_nan=False, strict=True)
     stream_format: Literal["audio", "sse"] = "audio"
-    stream: bool = True
+    stream: bool = Field(default=True, strict=True)
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
