@@ -12,7 +12,7 @@ import logging
 import secrets
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from omnistep.core import (
@@ -258,20 +258,23 @@ class AsyncEngine:
         components that keep a paged ``SequenceTable``). All are 0 when the engine is idle."""
         return {
             "live_requests": len(self._runs),
-            "waiting_requests": sum(1 for r in self._waiting if not r.finished),
+            "waiting_requests": sum(1 for r in self._runs.values() if r.held is not None),
             "live_loops": sum(len(r.live) for r in self._runs.values()),
             "queued_units": self._scheduler.num_queued,
             "running_batches": sum(self._busy.values()),
             "kv_blocks_used": self._kv_blocks_used(),
         }
 
+    def _kv_tables(self) -> Iterator[tuple[tuple[str, str], SequenceTable]]:
+        """((model id, component name), table) of every component keeping a paged KV cache."""
+        for model_id, model in self.models.items():
+            for name, component in model.components.items():
+                table = getattr(component, "table", None)
+                if isinstance(table, SequenceTable):
+                    yield (model_id, name), table
+
     def _kv_blocks_used(self) -> int:
-        tables = (
-            getattr(component, "table", None)
-            for model in self.models.values()
-            for component in model.components.values()
-        )
-        return sum(t.blocks.num_used_blocks for t in tables if isinstance(t, SequenceTable))
+        return sum(table.blocks.num_used_blocks for _, table in self._kv_tables())
 
     def occupancy(self) -> Occupancy:
         """``stats()`` broken down by model, component and loop kind, plus free KV blocks, for
@@ -287,14 +290,15 @@ class AsyncEngine:
             for live_loop in run.live.values():
                 key = (card_id, live_loop.loop.kind.value)
                 loops[key] = loops.get(key, 0) + 1
-        running, kv = {}, {}
-        for model_id, model in self.models.items():
-            for name, component in model.components.items():
-                running[(model_id, name)] = self._busy[(model_id, name)]
-                table = getattr(component, "table", None)
-                if isinstance(table, SequenceTable):
-                    blocks = table.blocks
-                    kv[(model_id, name)] = (blocks.num_used_blocks, blocks.num_free_blocks)
+        running = {
+            (model_id, name): self._busy[(model_id, name)]
+            for model_id, model in self.models.items()
+            for name in model.components
+        }
+        kv = {
+            key: (table.blocks.num_used_blocks, table.blocks.num_free_blocks)
+            for key, table in self._kv_tables()
+        }
         return Occupancy(live, waiting, self._scheduler.num_queued, running, loops, kv)
 
     async def shutdown(self) -> None:

@@ -46,7 +46,6 @@ class LiveLoop:
         state: the request's loop state.
         plan: the ready plan while queued or running; None otherwise.
         ready_seq: global order in which ``plan`` became ready.
-        priority: the queued plan's priority (smaller runs first).
         queued: waiting in a group; ``in_flight``: part of a batch being executed.
     """
 
@@ -57,7 +56,6 @@ class LiveLoop:
     state: LoopState
     plan: WorkPlan | None = None
     ready_seq: int = 0
-    priority: float = 0.0
     queued: bool = False
     in_flight: bool = False
 
@@ -138,7 +136,7 @@ class Scheduler:
         if plan is None:
             raise ValueError("enqueue needs a live loop with a plan")
         seq = live.ready_seq = next(self._seq)
-        prio = live.priority = float(seq) if priority is None else priority
+        prio = float(seq) if priority is None else priority
         live.queued = True
         key = (live.model_id, plan.component, plan.shape)
         group = self._groups.get(key)
