@@ -5,7 +5,7 @@ import random
 import pytest
 
 from omnistep.core.errors import OmnistepError
-from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, KVCacheFullError
+from omnistep.engine.kv_cache import BlockManager, FreeRuns, KVCacheConfig, KVCacheFullError
 
 
 def test_blocks_needed_rounds_up():
@@ -20,11 +20,13 @@ def test_allocation_grows_across_block_boundaries():
     assert manager.allocate("a", 3) == [0]
     assert manager.allocate("a", 4) == [0]  # still fits the first block
     assert manager.allocate("a", 5) == [0, 1]  # token 4 starts block 2
-    assert manager.allocate("b", 1) == [2]
-    assert manager.allocate("a", 9) == [0, 1, 3]  # tables interleave: non-contiguous ids
-    assert manager.allocate("a", 2) == [0, 1, 3]  # never shrinks
-    assert manager.block_table("a") == [0, 1, 3]
-    assert (manager.num_used_blocks, manager.num_free_blocks, manager.num_sequences) == (4, 4, 2)
+    assert manager.allocate("b", 1) == [5]  # half-way along the free run 2..7
+    assert manager.allocate("a", 9) == [0, 1, 2]  # "a" keeps growing into its own run
+    assert manager.allocate("a", 2) == [0, 1, 2]  # never shrinks
+    assert manager.block_table("a") == [0, 1, 2]
+    assert manager.allocate("a", 17) == [0, 1, 2, 3, 4]
+    assert manager.allocate("a", 21) == [0, 1, 2, 3, 4, 7]  # 5 is b's: a new extent in 6..7
+    assert (manager.num_used_blocks, manager.num_free_blocks, manager.num_sequences) == (7, 1, 2)
 
 
 def test_block_table_is_a_copy_and_unknown_sequence_raises():
@@ -49,7 +51,7 @@ def test_full_pool_raises_and_allocates_nothing():
     assert (info.value.num_required, info.value.num_free) == (2, 1)
     with pytest.raises(KVCacheFullError):
         manager.allocate("c", 5)
-    assert manager.block_table("b") == [2]
+    assert manager.block_table("b") == [3]  # half-way along the free run 2..3
     assert "c" not in manager
     assert manager.num_free_blocks == 1 and manager.num_sequences == 2
 
@@ -62,7 +64,7 @@ def test_free_returns_blocks_and_is_idempotent():
     assert manager.free("a") == 0
     assert manager.free("never") == 0
     assert manager.num_free_blocks == 5 and manager.num_sequences == 1
-    assert sorted(manager.allocate("c", 10)) == [0, 1, 2, 4, 5]
+    assert manager.allocate("c", 10) == [0, 1, 2, 3, 5]  # b holds block 4
     assert manager.num_free_blocks == 0
 
 
@@ -103,6 +105,61 @@ def test_random_alloc_free_cycles_leak_nothing():
         manager.free(seq_id)
     assert manager.num_free_blocks == 64 and manager.num_sequences == 0
     assert sorted(manager.allocate("all", 64 * 4)) == list(range(64))
+
+
+def test_tables_growing_in_lock_step_stay_consecutive():
+    """16 sequences admitted together and grown one token per step each keep one run of
+    consecutive blocks (what lets attention read them without a gather)."""
+    manager = BlockManager(num_blocks=1024, block_size=4)  # room: about 3x what they use
+    lengths = {s: 5 + s for s in range(16)}
+    for s, n in lengths.items():
+        manager.allocate(s, n)
+    for _ in range(40):
+        for s in lengths:
+            lengths[s] += 1
+            manager.allocate(s, lengths[s])
+    for s in lengths:
+        table = manager.block_table(s)
+        assert table == list(range(table[0], table[0] + len(table))), (s, table)
+    held = [b for s in lengths for b in manager.block_table(s)]
+    assert len(held) == len(set(held)) == manager.num_used_blocks
+
+
+def test_a_table_that_meets_its_neighbour_continues_in_another_run():
+    manager = BlockManager(num_blocks=8, block_size=2)
+    assert manager.allocate("a", 2) == [0]
+    assert manager.allocate("b", 2) == [4]
+    assert manager.allocate("a", 8) == [0, 1, 2, 3]
+    assert manager.allocate("a", 10) == [0, 1, 2, 3, 6]  # 4 is b's; largest free run is 5..7
+    manager.free("b")
+    # free runs 4..5 and 7: half-way along 4..5, then 6 is a's: the largest run left, 4
+    assert manager.allocate("c", 6) == [5, 4, 7]
+    assert manager.num_free_blocks == 0
+
+
+def test_free_runs_agree_with_a_set_of_free_blocks():
+    rng = random.Random(5)
+    runs, model = FreeRuns(50), set(range(50))
+    for _ in range(2000):
+        block_id = rng.randrange(50)
+        if block_id in model:
+            runs.take(block_id)
+            model.remove(block_id)
+        else:
+            with pytest.raises(KeyError):
+                runs.take(block_id)
+            runs.give([block_id])
+            model.add(block_id)
+        assert len(runs) == len(model)
+        assert all((b in runs) == (b in model) for b in range(-1, 51))
+        if model:
+            ordered = sorted(model)
+            lengths, start = {}, ordered[0]
+            for prev, b in zip(ordered, [*ordered[1:], None], strict=True):
+                if b != prev + 1:
+                    lengths[start], start = prev + 1 - start, b
+            best = max(lengths.values())
+            assert runs.largest() == (min(s for s, n in lengths.items() if n == best), best)
 
 
 def test_config_validates_fields():

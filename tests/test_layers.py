@@ -195,6 +195,35 @@ def test_decode_paths_agree_and_invariant_path_is_bit_identical():
         assert torch.equal(alone[0], exact[i])
 
 
+@pytest.mark.parametrize("query_len", [1, 5])
+def test_consecutive_block_tables_read_the_pool_as_a_view_with_identical_results(
+    query_len, monkeypatch
+):
+    """A table of consecutive blocks is read as a slice of the pool (no gather); the result
+    equals the gather path's bit for bit and the dense reference within float rounding."""
+    gen = torch.Generator().manual_seed(7)
+    num_heads, num_kv_heads, head_dim, block_size, context_len = 4, 2, 8, 4, 14
+    k = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
+    v = torch.randn(context_len, num_kv_heads, head_dim, generator=gen)
+    q = torch.randn(query_len, num_heads, head_dim, generator=gen)
+    outs, calls = [], []
+    original = torch.Tensor.index_select
+
+    def counting_index_select(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "index_select", counting_index_select)
+    for table in ([3, 4, 5, 6], [9, 2, 7, 0]):  # consecutive, scattered
+        cache = PagedKVCache(1, 12, block_size, num_kv_heads, head_dim)
+        write_kv(cache, 0, k, v, AttentionMetadata.build([context_len], [context_len], [table], 4))
+        calls.clear()
+        outs.append(_run_attention(cache, [table], q, (query_len,), (context_len,), True))
+        assert bool(calls) == (table[1] != table[0] + 1), table
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], _dense_attention(q, k, v, 8**-0.5), atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------- Llama vs transformers
 
 

@@ -9,7 +9,8 @@ token positions of one sequence, for every layer, K and V.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import bisect
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from omnistep.core.errors import OmnistepError
@@ -91,12 +92,84 @@ class KVCacheConfig:
         return cls(num_blocks=num_blocks, block_size=block_size)
 
 
+class FreeRuns:
+    """The free blocks of a pool as sorted runs of consecutive ids ``[start, end)``.
+
+    Membership, taking and freeing a block cost O(log R + R) for R runs (a list insert), finding
+    the largest run O(R); R stays near the number of live sequences, not the pool size.
+    """
+
+    def __init__(self, num_blocks: int):
+        self._starts: list[int] = [0] if num_blocks else []
+        self._ends: dict[int, int] = {0: num_blocks} if num_blocks else {}
+        self._count = num_blocks
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _run_of(self, block_id: int) -> int | None:
+        """Index in ``_starts`` of the run holding ``block_id``, None if it is not free."""
+        i = bisect.bisect_right(self._starts, block_id) - 1
+        if i >= 0 and block_id < self._ends[self._starts[i]]:
+            return i
+        return None
+
+    def __contains__(self, block_id: int) -> bool:
+        return self._run_of(block_id) is not None
+
+    def take(self, block_id: int) -> None:
+        """Mark a free block used. Raises ``KeyError`` if it is not free."""
+        i = self._run_of(block_id)
+        if i is None:
+            raise KeyError(block_id)
+        start = self._starts[i]
+        end = self._ends.pop(start)
+        del self._starts[i]
+        if block_id + 1 < end:
+            self._starts.insert(i, block_id + 1)
+            self._ends[block_id + 1] = end
+        if start < block_id:
+            self._starts.insert(i, start)
+            self._ends[start] = block_id
+        self._count -= 1
+
+    def give(self, block_ids: Iterable[int]) -> None:
+        """Mark used blocks free, merging runs that touch."""
+        for block_id in block_ids:
+            i = bisect.bisect_right(self._starts, block_id)
+            start, end = block_id, block_id + 1
+            if i > 0 and self._ends[self._starts[i - 1]] == block_id:  # extends the run before
+                i -= 1
+                start = self._starts[i]
+                del self._starts[i]
+            if i < len(self._starts) and self._starts[i] == end:  # joins the run after
+                end = self._ends.pop(self._starts[i])
+                del self._starts[i]
+            self._starts.insert(i, start)
+            self._ends[start] = end
+            self._count += 1
+
+    def largest(self) -> tuple[int, int]:
+        """``(start, length)`` of the longest run (the first of equals). Pool must not be full."""
+        start = max(self._starts, key=lambda s: (self._ends[s] - s, -s))
+        return start, self._ends[start] - start
+
+
 class BlockManager:
     """A free list of KV blocks and one block table per sequence.
 
     A block table lists a sequence's block ids in token order: token ``t`` lives in block
     ``block_table[t // block_size]`` at offset ``t % block_size``. Tables only grow until the
-    sequence is freed. Every operation is O(1) or O(blocks it moves).
+    sequence is freed. Every operation is O(1) or O(blocks it moves) (amortised).
+
+    Placement keeps each table consecutive where it can, so attention reads a sequence as one
+    slice of the pool instead of gathering its blocks (``omnistep.layers.paged_attention``): a
+    table grows into the block after its last one when that block is free; otherwise (a new
+    table, or the next block is taken) it starts a new extent in the largest run of free blocks,
+    at the run's start when the run begins the pool, else half-way along it, leaving the first
+    half for the table that ends just before the run. Sequences that grow in lock-step thus
+    spread over the pool instead of interleaving block by block. Free blocks are kept as runs
+    (``FreeRuns``), so placement costs O(runs), about the number of live sequences.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -104,8 +177,7 @@ class BlockManager:
         _check_positive("block_size", block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # A stack: popping from the end hands out block 0, 1, 2, ... on a fresh pool.
-        self._free_block_ids: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._free = FreeRuns(num_blocks)
         self._block_tables: dict[Hashable, list[int]] = {}
 
     @classmethod
@@ -114,11 +186,11 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_block_ids)
+        return len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_block_ids)
+        return self.num_blocks - len(self._free)
 
     @property
     def num_sequences(self) -> int:
@@ -139,7 +211,7 @@ class BlockManager:
 
     def can_allocate(self, seq_id: Hashable, num_tokens: int) -> bool:
         """Whether the sequence's table can grow to hold ``num_tokens`` tokens in total."""
-        return self._num_missing(seq_id, num_tokens) <= len(self._free_block_ids)
+        return self._num_missing(seq_id, num_tokens) <= len(self._free)
 
     def allocate(self, seq_id: Hashable, num_tokens: int) -> list[int]:
         """Grow the sequence's table to cover ``num_tokens`` tokens in total; return the table.
@@ -151,13 +223,22 @@ class BlockManager:
             KVCacheFullError: too few free blocks; nothing is allocated then.
         """
         num_missing = self._num_missing(seq_id, num_tokens)
-        if num_missing > len(self._free_block_ids):
-            raise KVCacheFullError(seq_id, num_missing, len(self._free_block_ids))
+        if num_missing > len(self._free):
+            raise KVCacheFullError(seq_id, num_missing, len(self._free))
         block_table = self._block_tables.setdefault(seq_id, [])
-        if num_missing:
-            block_table.extend(self._free_block_ids[-num_missing:][::-1])
-            del self._free_block_ids[-num_missing:]
+        for _ in range(num_missing):
+            block_id = block_table[-1] + 1 if block_table else -1
+            if block_id not in self._free:
+                block_id = self._extent_start()
+            self._free.take(block_id)
+            block_table.append(block_id)
         return list(block_table)
+
+    def _extent_start(self) -> int:
+        """Where a new extent starts: in the largest run of free blocks (the first of equals),
+        at its start if it begins the pool, else half-way along it. The pool is not full."""
+        best_start, best_len = self._free.largest()
+        return best_start if best_start == 0 else best_start + best_len // 2
 
     def block_table(self, seq_id: Hashable) -> list[int]:
         """A copy of the sequence's block table.
@@ -179,8 +260,7 @@ class BlockManager:
         block_table = self._block_tables.pop(seq_id, None)
         if not block_table:
             return 0
-        # Reversed, so the next allocation reuses this sequence's first block first.
-        self._free_block_ids.extend(reversed(block_table))
+        self._free.give(block_table)
         return len(block_table)
 
     def usage(self) -> dict[str, int | float]:
