@@ -37,7 +37,7 @@ from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock
 from omnistep.engine.executor import Executor, InProcessExecutor, Outcome
-from omnistep.engine.kv_cache import SequenceTable
+from omnistep.engine.kv_cache import kv_usage
 from omnistep.engine.metrics import EngineMetrics, Occupancy
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 
@@ -157,6 +157,7 @@ class AsyncEngine:
                     raise ValueError(f"model id '{model_id}' is claimed by two cards")
                 self._by_id[model_id] = model
         self._executor = executor or InProcessExecutor(self.config.num_workers)
+        self._executor.attach(self.models.values())
         self._busy: Counter[tuple[str, str]] = Counter()
         self._scheduler = Scheduler(self._max_batch_size)
         self._runs: dict[str, _RequestRun] = {}
@@ -255,7 +256,8 @@ class AsyncEngine:
         """What the engine holds now, for health checks and leak tests: unfinished requests
         (``waiting_requests`` of them wait for admission), their live loops, units queued in
         the scheduler, batches being executed, and KV cache blocks in use (summed over the
-        components that keep a paged ``SequenceTable``). All are 0 when the engine is idle."""
+        components that keep a paged KV cache; see ``kv_cache.kv_usage``). All are 0 when the
+        engine is idle."""
         return {
             "live_requests": len(self._runs),
             "waiting_requests": sum(1 for r in self._runs.values() if r.held is not None),
@@ -265,16 +267,17 @@ class AsyncEngine:
             "kv_blocks_used": self._kv_blocks_used(),
         }
 
-    def _kv_tables(self) -> Iterator[tuple[tuple[str, str], SequenceTable]]:
-        """((model id, component name), table) of every component keeping a paged KV cache."""
+    def _kv_usage(self) -> Iterator[tuple[tuple[str, str], tuple[int, int]]]:
+        """((model id, component name), (used, free) blocks) of every component keeping a
+        paged KV cache (in the actors, for components the executor placed elsewhere)."""
         for model_id, model in self.models.items():
             for name, component in model.components.items():
-                table = getattr(component, "table", None)
-                if isinstance(table, SequenceTable):
-                    yield (model_id, name), table
+                usage = kv_usage(component)
+                if usage is not None:
+                    yield (model_id, name), usage
 
     def _kv_blocks_used(self) -> int:
-        return sum(table.blocks.num_used_blocks for _, table in self._kv_tables())
+        return sum(used for _, (used, _free) in self._kv_usage())
 
     def occupancy(self) -> Occupancy:
         """``stats()`` broken down by model, component and loop kind, plus free KV blocks, for
@@ -295,10 +298,7 @@ class AsyncEngine:
             for model_id, model in self.models.items()
             for name in model.components
         }
-        kv = {
-            key: (table.blocks.num_used_blocks, table.blocks.num_free_blocks)
-            for key, table in self._kv_tables()
-        }
+        kv = dict(self._kv_usage())
         return Occupancy(live, waiting, self._scheduler.num_queued, running, loops, kv)
 
     async def shutdown(self) -> None:
