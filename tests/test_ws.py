@@ -4,6 +4,7 @@ The server is the real one (``omnistep serve`` in a subprocess, uvicorn with the
 package); the client is ``websockets``' synchronous client.
 """
 
+import dataclasses
 import doctest
 import importlib
 import json
@@ -21,7 +22,7 @@ from websockets.sync.client import connect
 from omnistep.core import ModelInstance
 from omnistep.engine import AsyncEngine
 from omnistep.models.toy.card import build_card
-from omnistep.server import build_app
+from omnistep.server import ServerConfig, build_app
 from omnistep.server.speech_stream import PATH, WINDOW, segment_seed
 from omnistep.text import SentenceBuffer, split_text
 from tests.serving import running_server
@@ -242,15 +243,55 @@ def test_bad_config_gets_an_error_then_a_close(base, message, code, param, error
     assert httpx.get(base + "/health").json()["status"] == "ok"
 
 
-def test_unknown_voice_ends_the_session_at_the_first_sentence(base):
+def test_unknown_voice_ends_the_session_at_config(base):
     with _open(base) as ws:
         _config(ws, voice="nobody")
-        _send(ws, "input.text", text="Hello there.")
-        _send(ws, "input.done")
         frames, code = _closed(ws)
-    assert code == 1008
-    assert frames[-1]["type"] == "error" and frames[-1]["error"]["code"] == "unknown_voice"
+    assert code == 1008 and len(frames) == 1
+    error = frames[0]["error"]
+    assert (error["param"], error["code"]) == ("voice", "unknown_voice")
+    r = httpx.post(
+        base + "/v1/audio/speech", json={"model": "toy", "input": "Hi.", "voice": "nobody"}
+    )
+    assert r.status_code == 400 and r.json()["error"] == error  # the speech route's error
     assert _wait_idle(base)["live_requests"] == 0
+
+
+def test_saved_voice_speaks_as_in_the_speech_route(tmp_path):
+    """A voice saved through POST /v1/audio/voices is resolved at session.config: the session
+    speaks with it what /v1/audio/speech speaks, and a voice saved for another model only is
+    refused with the speech route's error."""
+    toy2 = dataclasses.replace(build_card(), card_id="toy2", aliases=())
+    engine = AsyncEngine([ModelInstance.load(build_card()), ModelInstance.load(toy2)])
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    text = "Hello there my good friend."
+    with TestClient(app) as client:
+        saved = {"name": "narrator", "model": "toy", "voice": "default"}
+        assert client.post("/v1/audio/voices", json=saved).status_code == 201
+        body = {"model": "toy", "input": text, "seed": 11, "response_format": "pcm"}
+        speech = client.post("/v1/audio/speech", json={**body, "voice": "narrator"})
+        assert speech.status_code == 200 and len(speech.content) > 0
+        with client.websocket_connect(PATH) as ws:
+            ws.send_json(
+                {"type": "session.config", "model": "toy", "seed": 11, "voice": "narrator"}
+            )
+            ws.send_json({"type": "input.text", "text": text})
+            ws.send_json({"type": "input.done"})
+            audio = b""
+            while True:
+                message = ws.receive()
+                if message.get("bytes") is not None:
+                    audio += message["bytes"]
+                elif json.loads(message["text"])["type"] == "audio.done":
+                    break
+        assert audio == speech.content
+        other = client.post("/v1/audio/speech", json={**body, "model": "toy2", "voice": "narrator"})
+        assert other.status_code == 400
+        with client.websocket_connect(PATH) as ws:
+            ws.send_json({"type": "session.config", "model": "toy2", "voice": "narrator"})
+            assert ws.receive_json() == {"type": "error", "error": other.json()["error"]}
+            assert ws.receive()["code"] == 1008
+    assert "saved for toy" in other.json()["error"]["message"]
 
 
 def test_bad_pieces_get_an_error_event_and_the_session_goes_on(base):

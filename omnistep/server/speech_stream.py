@@ -4,7 +4,8 @@ Protocol (JSON text frames from the client; JSON text events and binary audio fr
 
 client                                          server
 ``{"type": "session.config", "model", ...}``    (first; the fields of ``/v1/audio/speech`` but
-                                                ``input``; ``response_format`` ``pcm`` only)
+                                                ``input``; ``response_format`` ``pcm`` only;
+                                                ``voice`` may be a saved voice's name)
 ``{"type": "input.text", "text": "..."}``       ``{"type": "audio.start", "sample_rate": 24000,
   (any number, any pieces)                        "format": "pcm_s16le", "seed": S}``, then
                                                 binary frames of 16-bit LE mono PCM at 24 kHz
@@ -25,8 +26,9 @@ disconnect aborts the segments in flight.
 Errors are ``{"type": "error", "error": {"message", "type", "param", "code"}}`` (OpenAI's error
 object). Those that end the session are followed by a close: 1003 for frames that are not JSON
 objects (binary, malformed), 1008 for a bad or missing ``session.config``, a missing or wrong
-API key (checked by ``ApiKeyAuth``), a browser ``Origin`` that CORS does not allow or input the
-model rejects (e.g. an unknown voice, reported at the first sentence), 1011 when synthesis fails
+API key (checked by ``ApiKeyAuth``), a browser ``Origin`` that CORS does not allow, a voice the
+model does not know (at ``session.config``, with the error ``/v1/audio/speech`` gives) or other
+input the model rejects (at the sentence that has it), 1011 when synthesis fails
 or times out, 1013 when the server is full or shutting down. A bad ``input.text`` (not a
 string, over 4096 characters, control characters) or an unknown event type only gets an error
 event; the session goes on.
@@ -43,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from pydantic import ValidationError
@@ -55,6 +57,7 @@ from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.server.errors import ApiError, api_error, validation_message
 from omnistep.server.protocol import SpeechRequest, control_characters
+from omnistep.server.voices import resolve_voice
 from omnistep.text import SentenceBuffer
 
 log = logging.getLogger("omnistep.server")
@@ -154,6 +157,30 @@ def parse_config(engine: AsyncEngine, message: dict) -> SpeechRequest:
             error_code="unsupported_model",
         )
     return config
+
+
+async def resolve_config_voice(
+    app: FastAPI, engine: AsyncEngine, config: SpeechRequest
+) -> SpeechRequest:
+    """``config`` with its voice resolved as ``/v1/audio/speech`` resolves it (a saved voice's
+    name becomes its spec, see ``voices.resolve_voice``) and checked by the model's card, so
+    every segment of the session speaks with it.
+
+    Raises:
+        SessionEnd: (close 1008) the voice is unknown to the model, or saved for other models
+            only; the error event is the one ``/v1/audio/speech`` answers for that voice.
+    """
+    if config.voice is None:
+        return config
+    card = engine.resolve(config.model).card
+    try:
+        request = await resolve_voice(app, card, config.to_request(config.model))
+        if request.voice is not None:
+            card.validate_voice(request.voice)
+    except OmnistepError as exc:
+        error = api_error(exc)
+        raise SessionEnd(close_code(error), error) from None
+    return config.model_copy(update={"voice": request.voice})
 
 
 def allowed_origin(ws: WebSocket) -> bool:
@@ -461,6 +488,7 @@ async def speech_stream(ws: WebSocket) -> None:
                 error_code="origin_not_allowed",
             )
         config = parse_config(engine, await receive_message(ws))
+        config = await resolve_config_voice(ws.app, engine, config)
         await SpeechSession(ws, engine, config).run()
     except SessionEnd as end:
         event = error_event(end.error) if end.error is not None else None
