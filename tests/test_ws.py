@@ -20,10 +20,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from omnistep.core import ModelInstance
-from omnistep.engine import AsyncEngine
+from omnistep.engine import AsyncEngine, PlaybackClock
 from omnistep.models.toy.card import build_card
 from omnistep.server import ServerConfig, build_app
-from omnistep.server.speech_stream import PATH, WINDOW, segment_seed
+from omnistep.server.protocol import SpeechRequest
+from omnistep.server.speech_stream import PATH, WINDOW, SpeechSession, segment_seed
 from omnistep.text import SentenceBuffer, split_text
 from tests.serving import running_server
 
@@ -377,6 +378,54 @@ def test_draining_server_refuses_new_sessions():
                 "code": 1013,
                 "reason": "server_shutting_down",
             }
+
+
+LONG_SENTENCE = "Hello there my good friend, here is a much longer first sentence to speak."
+
+
+def test_later_sentences_follow_the_sessions_playback_clock():
+    """The second sentence, submitted once the first has audio, continues the session's clock:
+    its deadline is when the audio made so far runs out, not a new request's."""
+    engine = AsyncEngine([ModelInstance.load(build_card())])
+    submitted = []  # (stream, clock passed, deadline, audio on the clock, new request's deadline)
+    add_request = engine.add_request
+
+    def spy(request, clock=None):
+        stream = add_request(request, clock=clock)
+        run = engine._runs[request.request_id]
+        fresh = run.waiting_since + engine.config.first_audio_s
+        submitted.append((stream, clock, engine._priority(run), stream.clock.audio_sent_s, fresh))
+        return stream
+
+    engine.add_request = spy
+    with TestClient(build_app(engine)) as client, client.websocket_connect(PATH) as ws:
+        ws.send_json({"type": "session.config", "model": "toy", "seed": 11, "max_new_tokens": 400})
+        # about 4 s of audio: the session still plays it when the second sentence comes
+        ws.send_json({"type": "input.text", "text": f"{LONG_SENTENCE} And"})
+        while ws.receive().get("bytes") is None:  # audio.start, then the first audio
+            pass
+        ws.send_json({"type": "input.text", "text": " a second one."})
+        ws.send_json({"type": "input.done"})
+        while "audio.done" not in (ws.receive().get("text") or ""):
+            pass
+    (first, none, first_deadline, _, fresh0), (second, clock, deadline, sent, fresh) = submitted
+    assert none is None and first_deadline == fresh0  # the first sentence: a new request
+    assert clock is first.clock and second.clock is first.clock
+    assert sent > 0 and deadline == clock.first_audio_at + sent and deadline != fresh
+
+
+def test_a_session_whose_audio_ran_out_starts_a_new_clock():
+    engine = AsyncEngine([ModelInstance.load(build_card())])
+    session = SpeechSession(None, engine, SpeechRequest(model="toy", input="x"))
+    now = time.monotonic()
+    playing = PlaybackClock(now - 1.0, 1.0, first_audio_at=now - 0.5, audio_sent_s=5.0)
+    ran_out = PlaybackClock(now - 9.0, 1.0, first_audio_at=now - 8.0, audio_sent_s=5.0)
+    session.clock = playing
+    assert session._clock() is playing
+    session.clock = ran_out
+    assert session._clock() is None  # the client waited for text: a fresh first-audio deadline
+    session.in_flight.append(None)
+    assert session._clock() is ran_out  # the engine is behind: the session is late
 
 
 # ------------------------------------------------------------------ API key and origin

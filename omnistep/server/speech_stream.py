@@ -18,7 +18,11 @@ Text is buffered by ``SentenceBuffer``: a sentence is sent to the engine as soon
 starts (or at ``input.done``), so speech begins at the first sentence boundary. Each sentence is
 its own engine request (a *segment*) with seed ``(S + k) mod 2**63`` for the k-th segment of the
 session (S: the config's seed, or drawn); its audio is byte for byte what ``POST
-/v1/audio/speech`` with ``response_format: "pcm"`` returns for that sentence and seed. Up to
+/v1/audio/speech`` with ``response_format: "pcm"`` returns for that sentence and seed. Segments
+share the session's playback clock (``AsyncEngine.add_request``'s ``clock``): under EDF a later
+sentence's deadline is when the audio already made for the session runs out, not a new
+request's first-audio deadline, and it skips admission once the session plays; a session whose
+audio ran out with nothing in flight starts a new clock. Up to
 ``WINDOW`` segments synthesise at once; audio is sent in input order. After ``audio.done`` more
 text may follow (a new turn: ``audio.start`` ... ``audio.done`` again). ``session.close`` or a
 disconnect aborts the segments in flight.
@@ -41,6 +45,7 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -54,7 +59,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 from omnistep.audio import OUTPUT_SAMPLE_RATE, make_encoder
 from omnistep.core import Capability, Modality, OmnistepError
 from omnistep.core.request import MAX_SEED
-from omnistep.engine import AsyncEngine, RequestStream
+from omnistep.engine import AsyncEngine, PlaybackClock, RequestStream
 from omnistep.server.errors import ApiError, api_error, validation_message
 from omnistep.server.protocol import SpeechRequest, control_characters
 from omnistep.server.voices import resolve_voice
@@ -265,6 +270,7 @@ class SpeechSession:
         self.items: asyncio.Queue[_Segment | _TurnEnd] = asyncio.Queue()
         self.unsubmitted: deque[_Segment] = deque()
         self.in_flight: deque[_Segment] = deque()
+        self.clock: PlaybackClock | None = None  # the playback clock segments share
         self._send_lock = asyncio.Lock()  # reader (warnings) and writer both send
 
     async def run(self) -> None:
@@ -390,11 +396,22 @@ class SpeechSession:
                 update={"input": segment.text, "seed": segment_seed(self.seed, segment.index)}
             )
             try:
-                segment.stream = self.engine.add_request(body.to_request(body.model))
+                request = body.to_request(body.model)
+                segment.stream = self.engine.add_request(request, clock=self._clock())
             except OmnistepError as exc:
                 error = api_error(exc)
                 raise SessionEnd(close_code(error), error) from None
+            self.clock = segment.stream.clock
             self.in_flight.append(segment)
+
+    def _clock(self) -> PlaybackClock | None:
+        """The clock the next segment continues: the session's, so its deadline is when the
+        audio already made for the session runs out; None (a new clock, as for a new request)
+        when nothing is in flight and that audio has run out (the client waited for text)."""
+        clock = self.clock
+        if clock is not None and not self.in_flight and clock.deadline() <= time.monotonic():
+            return None
+        return clock
 
     async def _warn(self, message: str, param: str | None, code: str) -> None:
         await self._send_json(error_event(ApiError(400, message, param=param, code=code)))
