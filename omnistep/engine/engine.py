@@ -225,7 +225,8 @@ class AsyncEngine:
         ctx.slots.update({name: request for name in model.card.program.inputs})
         now = time.monotonic()
         continues = clock is not None and clock.started
-        clock = clock or PlaybackClock(now, self.config.first_audio_s)
+        if clock is None:
+            clock = PlaybackClock(now, self.config.first_audio_s)
         run = _RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx, clock))
         run.clock = clock
         run.waiting_since = now
