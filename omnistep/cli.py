@@ -54,7 +54,8 @@ def load_engine(
     ``executor``: ``"inprocess"`` (worker threads) or ``"ray"``: every component runs in Ray
     actors placed as the ``deploy`` file says (see ``omnistep.engine.ray_executor``), on the
     Ray cluster at ``ray_address`` (None: a running local cluster, else a new one). The driver
-    still builds the cards' components too: loops read their settings (piper's sample rate).
+    still builds the cards' components too: loops read their settings (piper's sample rate)
+    through the ``RemoteComponent`` stand-ins the engine puts in ``model.components``.
 
     Raises:
         OmnistepError: ``deploy`` without the ray executor, a bad deploy file, ray missing.
@@ -442,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=EXECUTORS,
         default="inprocess",
         help="inprocess: worker threads (default); ray: each component of each card in Ray "
-        "actors (cards toy and piper today)",
+        "actors (every family; outputs identical to inprocess)",
     )
     serve.add_argument(
         "--deploy",

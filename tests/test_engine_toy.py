@@ -346,3 +346,38 @@ async def test_a_card_with_max_starting_starts_a_burst_a_few_at_a_time():
     for chunks, alone in zip(got, expected, strict=True):
         audio = np.concatenate([c.audio for c in chunks if c.audio is not None])
         assert np.array_equal(audio, alone.audio)
+
+
+async def test_a_request_given_a_streams_clock_continues_that_stream():
+    """``add_request(clock=...)``: the request's deadline is when the stream's audio runs out
+    (not a new request's first-audio deadline), its audio counts on the stream's clock, and it
+    is admitted at once while a newcomer waits; time to first audio stays per request."""
+    config = EngineConfig(admission_guard_s=1e6, admission_max_wait_s=0.3)
+    engine = AsyncEngine([ModelInstance.load(build_card())], config)
+    try:
+        first = engine.add_request(
+            Request(
+                "toy", text="a long story " * 4, seed=1, sampling=SamplingParams(max_new_tokens=80)
+            )
+        )
+        chunks = [c async for c in first]
+        clock = first.clock
+        made = sum(c.audio.size / c.sample_rate for c in chunks if c.audio is not None)
+        assert clock.started and clock.audio_sent_s == pytest.approx(made) and made > 0.5
+        nxt = Request("toy", text="the next sentence", seed=2)
+        second = engine.add_request(nxt, clock=clock)
+        run = engine._runs[nxt.request_id]
+        assert second.clock is clock and run.clock is clock
+        assert engine._priority(run) == clock.first_audio_at + made
+        assert engine._priority(run) != run.waiting_since + config.first_audio_s
+        assert engine.stats()["waiting_requests"] == 0  # continues a playing stream
+        newcomer = engine.add_request(Request("toy", text="hello", seed=3))
+        assert newcomer.clock is not clock
+        assert engine.stats()["waiting_requests"] == 1
+        more = [c async for c in second]
+        [c async for c in newcomer]
+    finally:
+        await engine.shutdown()
+    added = sum(c.audio.size / c.sample_rate for c in more if c.audio is not None)
+    assert added > 0 and clock.audio_sent_s == pytest.approx(made + added)
+    assert engine.metrics.ttfa["toy"].count == 3

@@ -1,5 +1,7 @@
-"""The Ray executor: same outputs as in process (toy, piper), replicas, fault isolation, the
-deploy file and the ``serve --executor ray --deploy`` wiring. Runs a local 2-CPU Ray."""
+"""The Ray executor: same outputs as in process (toy, piper, and the AR cards chattts and
+qwen2_5_omni on tiny checkpoints), replicas with sticky sequence routing, KV blocks freed in the
+actors on abort, fault isolation, the deploy file and the ``serve --executor ray --deploy``
+wiring. Runs one local 2-CPU Ray for the module."""
 
 import asyncio
 import json
@@ -183,3 +185,207 @@ async def test_payload_that_does_not_pickle_fails_its_units_clearly(ray_cluster)
         executor.close()
     assert len(outcomes) == 2
     assert all(isinstance(o, TypeError) and "payloads pickle" in str(o) for o in outcomes)
+
+
+# ------------------------------------------------------------------ AR cards
+
+
+def _deploy(tmp_path, family: str, components: dict[str, str]) -> str:
+    """A deploy file giving each component a fraction of the 2-CPU test cluster."""
+    lines = ["models:", f"  {family}:", "    components:"]
+    lines += [f"      {name}: {{{spec}}}" for name, spec in components.items()]
+    path = tmp_path / f"{family}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def chattts_root(tmp_path_factory):
+    import pybase16384 as b14
+    import torch
+
+    from tests.chattts_ref.assets import read_info, write_tiny_chattts
+
+    root = write_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
+    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
+    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
+    return root
+
+
+CHATTTS_OPTIONS = {"kv_cache_gb": 0.02, "batch_invariant": True}
+"""``batch_invariant``: replicas split batches, so outputs must not depend on the batch."""
+
+
+async def _in_process(spec: str, reqs: list[Request], **options):
+    """The in-process outputs, and the engine's models, at one torch thread: an actor with
+    ``num_cpus`` < 2 computes with one (Ray sets ``OMP_NUM_THREADS``), and CPU kernels round
+    differently with other thread counts (~1e-7 in the vocoder), executor aside."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    local = load_engine([spec], "cpu", 8, **options)
+    try:
+        return await run_interleaved(local, reqs), local.models
+    finally:
+        torch.set_num_threads(threads)
+        await local.shutdown()
+
+
+async def _until_kv_used(engine, model_id: str, name: str, timeout: float = 60.0) -> int:
+    """Wait until the actors report KV blocks in use; returns ``stats()``'s count then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        used = engine.stats()["kv_blocks_used"]
+        if used > 0:
+            return used
+    raise AssertionError(f"{model_id}/{name} never reported KV blocks in use")
+
+
+async def _until_idle(engine, timeout: float = 60.0) -> None:
+    """Wait until no batch runs (an aborted request's last batch frees it when it returns)."""
+    deadline = time.monotonic() + timeout
+    while engine.stats()["running_batches"] or engine.stats()["live_requests"]:
+        assert time.monotonic() < deadline, engine.stats()
+        await asyncio.sleep(0.02)
+
+
+async def test_chattts_on_ray_equals_in_process_with_sticky_replicas(
+    ray_cluster, chattts_root, tmp_path
+):
+    """Two concurrent sampled requests: byte-identical audio to in process (so the generators
+    advanced in the actors were copied back), each sequence on its own GPT replica; an aborted
+    request leaves no KV block in use in either actor."""
+    spec = f"chattts={chattts_root}"
+    reqs = [
+        Request(
+            "chattts", text=text, seed=seed, sampling=SamplingParams(max_new_tokens=n, top_k=50)
+        )
+        for text, seed, n in (("hello world", 5, 30), ("a longer sentence to speak", 6, 36))
+    ]
+    expected, models = await _in_process(spec, reqs, **CHATTTS_OPTIONS)
+    blocks = models["chattts"].components["gpt"].blocks.num_blocks  # per replica
+    deploy = _deploy(
+        tmp_path,
+        "chattts",
+        {"gpt": "num_cpus: 0.5, replicas: 2", "vocoder": "num_cpus: 0.5"},
+    )
+    start = time.perf_counter()
+    engine = load_engine([spec], "cpu", 8, executor="ray", deploy=deploy, **CHATTTS_OPTIONS)
+    print(f"chattts actors up in {time.perf_counter() - start:.1f} s")
+    executor = engine._executor
+    try:
+        got = await run_interleaved(engine, reqs)
+        batches = executor.replica_batches("chattts", "gpt")
+        assert executor.replica_sequences("chattts", "gpt") == [0, 0]
+        assert await executor.refresh_kv_blocks("chattts", "gpt") == (0, 2 * blocks)
+        # abort mid-decode: the loop's owner (a RemoteComponent) frees it in its actor
+        long = Request("chattts", text="hello", seed=9, sampling=SamplingParams(max_new_tokens=900))
+        stream = engine.add_request(long)
+        used = await _until_kv_used(engine, "chattts", "gpt")
+        stream.cancel()
+        await _until_idle(engine)
+        assert used > 0
+        assert await executor.refresh_kv_blocks("chattts", "gpt") == (0, 2 * blocks)
+        assert engine.stats()["kv_blocks_used"] == 0
+        assert engine.occupancy().kv_blocks[("chattts", "gpt")] == (0, 2 * blocks)
+    finally:
+        await engine.shutdown()
+    assert len(batches) == 2 and min(batches) > 0, batches
+    for a, b in zip(expected, got, strict=True):
+        assert a.audio.size > 512 * 8
+        assert a.audio.tobytes() == b.audio.tobytes()
+
+
+async def test_qwen_omni_on_ray_equals_in_process(ray_cluster, tmp_path_factory, tmp_path):
+    """The thinker -> talker -> DiT -> BigVGAN cascade, each stage in its own actor: two
+    concurrent sampled chats give the same text and byte-identical audio as in process (the
+    thinker's streamed rows reach the talker through the driver); no KV block stays in use."""
+    from omnistep.core import ChatMessage, Modality
+    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+
+    root = write_tiny_qwen_omni(tmp_path_factory.mktemp("qwen") / "ckpt")
+    spec = f"qwen2_5_omni={root}"
+    options = {"kv_cache_gb": 0.02, "batch_invariant": True, "talker_max_new_tokens": 16}
+    reqs = [
+        Request(
+            "qwen2.5-omni",
+            messages=(ChatMessage("user", text),),
+            seed=seed,
+            sampling=SamplingParams(temperature=0.8, top_k=20, max_new_tokens=8),
+            output_modalities=frozenset({Modality.TEXT, Modality.AUDIO}),
+            voice="Chelsie",
+        )
+        for text, seed in (("hello there, how are you?", 21), ("say something short", 22))
+    ]
+    expected, _ = await _in_process(spec, reqs, **options)
+    deploy = _deploy(
+        tmp_path,
+        "qwen2_5_omni",
+        {name: "num_cpus: 0.25" for name in ("thinker", "talker", "dit", "bigvgan")},
+    )
+    start = time.perf_counter()
+    engine = load_engine([spec], "cpu", 8, executor="ray", deploy=deploy, **options)
+    print(f"qwen actors up in {time.perf_counter() - start:.1f} s")
+    try:
+        got = await run_interleaved(engine, reqs)
+        kv = {
+            name: await engine._executor.refresh_kv_blocks("qwen2.5-omni", name)
+            for name in ("thinker", "talker", "dit")
+        }
+        stats = engine.stats()
+    finally:
+        await engine.shutdown()
+    assert kv["thinker"][0] == kv["talker"][0] == 0 and kv["thinker"][1] > 0
+    assert kv["dit"] is None  # no paged cache
+    assert stats["kv_blocks_used"] == 0
+    for a, b in zip(expected, got, strict=True):
+        assert a.text == b.text and a.text
+        assert a.audio.size > 0 and a.audio.tobytes() == b.audio.tobytes()
+
+
+# ------------------------------------------------------------------ transport (no Ray session)
+
+
+def test_pickled_views_carry_their_own_elements_only():
+    import pickle
+
+    import torch
+
+    from omnistep.engine.ray_executor import dumps
+
+    batch = torch.randn(32, 64)  # [batch, hidden], as a GPT step's hidden states
+    rows = [batch[b] for b in range(32)]
+    blob = dumps(rows)
+    assert len(blob) < len(pickle.dumps(rows)) / 8  # each row no longer sends all 32
+    back = pickle.loads(blob)
+    assert all(torch.equal(a, b) for a, b in zip(rows, back, strict=True))
+    assert back[3].untyped_storage().nbytes() == 64 * 4
+
+
+def test_generator_state_comes_back_into_the_drivers_generator():
+    """What the executor does around an actor: the actor samples with an unpickled copy of
+    the payload's generator and returns its state; the driver's generator then continues as
+    if it had drawn the numbers itself."""
+    import pickle
+
+    import torch
+
+    from omnistep.engine.ray_executor import dumps, stateful_fields
+    from omnistep.loops.ar_decode import ARStepInput
+
+    def payload(seed):
+        return ARStepInput("r/decode", (1,), 1, (), None, torch.Generator().manual_seed(seed))
+
+    in_process, driver = payload(7), payload(7)
+    torch.rand(4, generator=in_process.generator)
+    in_actor = pickle.loads(dumps(driver))
+    torch.rand(4, generator=in_actor.generator)
+    states = [(n, g.get_state()) for n, g in stateful_fields(in_actor)]
+    assert [n for n, _ in states] == ["generator"]
+    for name, state in states:
+        getattr(driver, name).set_state(state)
+    a, b = torch.rand(3, generator=in_process.generator), torch.rand(3, generator=driver.generator)
+    assert torch.equal(a, b)
+    assert stateful_fields(object()) == [] and stateful_fields(ARStepInput) == []

@@ -4,6 +4,7 @@ The server is the real one (``omnistep serve`` in a subprocess, uvicorn with the
 package); the client is ``websockets``' synchronous client.
 """
 
+import dataclasses
 import doctest
 import importlib
 import json
@@ -19,10 +20,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from omnistep.core import ModelInstance
-from omnistep.engine import AsyncEngine
+from omnistep.engine import AsyncEngine, PlaybackClock
 from omnistep.models.toy.card import build_card
-from omnistep.server import build_app
-from omnistep.server.speech_stream import PATH, WINDOW, segment_seed
+from omnistep.server import ServerConfig, build_app
+from omnistep.server.protocol import SpeechRequest
+from omnistep.server.speech_stream import PATH, WINDOW, SpeechSession, segment_seed
 from omnistep.text import SentenceBuffer, split_text
 from tests.serving import running_server
 
@@ -242,15 +244,55 @@ def test_bad_config_gets_an_error_then_a_close(base, message, code, param, error
     assert httpx.get(base + "/health").json()["status"] == "ok"
 
 
-def test_unknown_voice_ends_the_session_at_the_first_sentence(base):
+def test_unknown_voice_ends_the_session_at_config(base):
     with _open(base) as ws:
         _config(ws, voice="nobody")
-        _send(ws, "input.text", text="Hello there.")
-        _send(ws, "input.done")
         frames, code = _closed(ws)
-    assert code == 1008
-    assert frames[-1]["type"] == "error" and frames[-1]["error"]["code"] == "unknown_voice"
+    assert code == 1008 and len(frames) == 1
+    error = frames[0]["error"]
+    assert (error["param"], error["code"]) == ("voice", "unknown_voice")
+    r = httpx.post(
+        base + "/v1/audio/speech", json={"model": "toy", "input": "Hi.", "voice": "nobody"}
+    )
+    assert r.status_code == 400 and r.json()["error"] == error  # the speech route's error
     assert _wait_idle(base)["live_requests"] == 0
+
+
+def test_saved_voice_speaks_as_in_the_speech_route(tmp_path):
+    """A voice saved through POST /v1/audio/voices is resolved at session.config: the session
+    speaks with it what /v1/audio/speech speaks, and a voice saved for another model only is
+    refused with the speech route's error."""
+    toy2 = dataclasses.replace(build_card(), card_id="toy2", aliases=())
+    engine = AsyncEngine([ModelInstance.load(build_card()), ModelInstance.load(toy2)])
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    text = "Hello there my good friend."
+    with TestClient(app) as client:
+        saved = {"name": "narrator", "model": "toy", "voice": "default"}
+        assert client.post("/v1/audio/voices", json=saved).status_code == 201
+        body = {"model": "toy", "input": text, "seed": 11, "response_format": "pcm"}
+        speech = client.post("/v1/audio/speech", json={**body, "voice": "narrator"})
+        assert speech.status_code == 200 and len(speech.content) > 0
+        with client.websocket_connect(PATH) as ws:
+            ws.send_json(
+                {"type": "session.config", "model": "toy", "seed": 11, "voice": "narrator"}
+            )
+            ws.send_json({"type": "input.text", "text": text})
+            ws.send_json({"type": "input.done"})
+            audio = b""
+            while True:
+                message = ws.receive()
+                if message.get("bytes") is not None:
+                    audio += message["bytes"]
+                elif json.loads(message["text"])["type"] == "audio.done":
+                    break
+        assert audio == speech.content
+        other = client.post("/v1/audio/speech", json={**body, "model": "toy2", "voice": "narrator"})
+        assert other.status_code == 400
+        with client.websocket_connect(PATH) as ws:
+            ws.send_json({"type": "session.config", "model": "toy2", "voice": "narrator"})
+            assert ws.receive_json() == {"type": "error", "error": other.json()["error"]}
+            assert ws.receive()["code"] == 1008
+    assert "saved for toy" in other.json()["error"]["message"]
 
 
 def test_bad_pieces_get_an_error_event_and_the_session_goes_on(base):
@@ -336,6 +378,54 @@ def test_draining_server_refuses_new_sessions():
                 "code": 1013,
                 "reason": "server_shutting_down",
             }
+
+
+LONG_SENTENCE = "Hello there my good friend, here is a much longer first sentence to speak."
+
+
+def test_later_sentences_follow_the_sessions_playback_clock():
+    """The second sentence, submitted once the first has audio, continues the session's clock:
+    its deadline is when the audio made so far runs out, not a new request's."""
+    engine = AsyncEngine([ModelInstance.load(build_card())])
+    submitted = []  # (stream, clock passed, deadline, audio on the clock, new request's deadline)
+    add_request = engine.add_request
+
+    def spy(request, clock=None):
+        stream = add_request(request, clock=clock)
+        run = engine._runs[request.request_id]
+        fresh = run.waiting_since + engine.config.first_audio_s
+        submitted.append((stream, clock, engine._priority(run), stream.clock.audio_sent_s, fresh))
+        return stream
+
+    engine.add_request = spy
+    with TestClient(build_app(engine)) as client, client.websocket_connect(PATH) as ws:
+        ws.send_json({"type": "session.config", "model": "toy", "seed": 11, "max_new_tokens": 400})
+        # about 4 s of audio: the session still plays it when the second sentence comes
+        ws.send_json({"type": "input.text", "text": f"{LONG_SENTENCE} And"})
+        while ws.receive().get("bytes") is None:  # audio.start, then the first audio
+            pass
+        ws.send_json({"type": "input.text", "text": " a second one."})
+        ws.send_json({"type": "input.done"})
+        while "audio.done" not in (ws.receive().get("text") or ""):
+            pass
+    (first, none, first_deadline, _, fresh0), (second, clock, deadline, sent, fresh) = submitted
+    assert none is None and first_deadline == fresh0  # the first sentence: a new request
+    assert clock is first.clock and second.clock is first.clock
+    assert sent > 0 and deadline == clock.first_audio_at + sent and deadline != fresh
+
+
+def test_a_session_whose_audio_ran_out_starts_a_new_clock():
+    engine = AsyncEngine([ModelInstance.load(build_card())])
+    session = SpeechSession(None, engine, SpeechRequest(model="toy", input="x"))
+    now = time.monotonic()
+    playing = PlaybackClock(now - 1.0, 1.0, first_audio_at=now - 0.5, audio_sent_s=5.0)
+    ran_out = PlaybackClock(now - 9.0, 1.0, first_audio_at=now - 8.0, audio_sent_s=5.0)
+    session.clock = playing
+    assert session._clock() is playing
+    session.clock = ran_out
+    assert session._clock() is None  # the client waited for text: a fresh first-audio deadline
+    session.in_flight.append(None)
+    assert session._clock() is ran_out  # the engine is behind: the session is late
 
 
 # ------------------------------------------------------------------ API key and origin

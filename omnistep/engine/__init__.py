@@ -1,6 +1,7 @@
 """The engine plane: AsyncEngine, Scheduler, executors. Imports ``omnistep.core`` only."""
 
 from omnistep.engine.config import EngineConfig
+from omnistep.engine.deadlines import PlaybackClock
 from omnistep.engine.engine import AsyncEngine, RequestStream
 from omnistep.engine.executor import Executor, InProcessExecutor
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
@@ -12,6 +13,7 @@ __all__ = [
     "Executor",
     "InProcessExecutor",
     "LiveLoop",
+    "PlaybackClock",
     "RequestStream",
     "Scheduler",
 ]

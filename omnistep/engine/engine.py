@@ -37,7 +37,7 @@ from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock
 from omnistep.engine.executor import Executor, InProcessExecutor, Outcome
-from omnistep.engine.kv_cache import SequenceTable
+from omnistep.engine.kv_cache import kv_usage
 from omnistep.engine.metrics import EngineMetrics, Occupancy
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 
@@ -59,12 +59,16 @@ class RequestStream:
     failed, ``RequestAbortedError`` if it was aborted. ``cancel()`` aborts the request.
     """
 
-    def __init__(self, request: Request, engine: AsyncEngine, ctx: ProgramContext):
+    def __init__(
+        self, request: Request, engine: AsyncEngine, ctx: ProgramContext, clock: PlaybackClock
+    ):
         self.request = request
         self._engine = engine
         self._ctx = ctx
         self._queue: asyncio.Queue[StreamChunk | _End] = asyncio.Queue()
         self.finished = False
+        self.clock = clock
+        """The playback clock the request's deadlines follow (shared when it was given one)."""
 
     @property
     def request_id(self) -> str:
@@ -120,9 +124,10 @@ class _RequestRun:
     done: set[str] = field(default_factory=set)
     live: dict[str, LiveLoop] = field(default_factory=dict)
     parked: list[LiveLoop] = field(default_factory=list)
-    clock: PlaybackClock | None = None
+    clock: PlaybackClock | None = None  # its deadlines' clock, maybe shared with other runs
     held: list[LiveLoop] | None = None  # plans of a request waiting for admission
     waiting_since: float = 0.0  # when it was added (admission's max wait counts from here)
+    audio_s: float = 0.0  # seconds of audio it published (its own, for the metrics)
     next_seq: int = 0
     finished: bool = False
     timer: asyncio.TimerHandle | None = None  # aborts the request at ``config.request_timeout``
@@ -157,6 +162,7 @@ class AsyncEngine:
                     raise ValueError(f"model id '{model_id}' is claimed by two cards")
                 self._by_id[model_id] = model
         self._executor = executor or InProcessExecutor(self.config.num_workers)
+        self._executor.attach(self.models.values())
         self._busy: Counter[tuple[str, str]] = Counter()
         self._scheduler = Scheduler(self._max_batch_size)
         self._runs: dict[str, _RequestRun] = {}
@@ -184,11 +190,17 @@ class AsyncEngine:
         except KeyError:
             raise ModelNotFoundError(model_id) from None
 
-    def add_request(self, request: Request) -> RequestStream:
+    def add_request(self, request: Request, clock: PlaybackClock | None = None) -> RequestStream:
         """Validate and start ``request``; returns its stream. Must be called on the event loop.
 
         Kernel nodes that are ready at submission (tokenize, voice lookup) run here, so bad input
         raises here, before anything is streamed.
+
+        ``clock``: the playback clock of a stream this request continues (e.g. the
+        ``RequestStream.clock`` of a WebSocket session's previous sentence): the request's
+        deadlines follow it (when the audio already published on it runs out) and its audio
+        counts on it; a request continuing a stream that has audio is admitted at once (it is
+        no newcomer). None: a new clock, its first audio due ``config.first_audio_s`` after now.
 
         Raises:
             ModelNotFoundError: unknown model id.
@@ -211,12 +223,16 @@ class AsyncEngine:
             request.seed = secrets.randbelow(MAX_SEED + 1)
         ctx = ProgramContext(request=request, model=model, profile=request.profile)
         ctx.slots.update({name: request for name in model.card.program.inputs})
-        run = _RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx))
         now = time.monotonic()
-        run.clock = PlaybackClock(now, self.config.first_audio_s)
+        continues = clock is not None and clock.started
+        if clock is None:
+            clock = PlaybackClock(now, self.config.first_audio_s)
+        run = _RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx, clock))
+        run.clock = clock
         run.waiting_since = now
         if (
             self._admission is not None
+            and not continues
             and Modality.AUDIO in request.output_modalities
             and (self._waiting or not self._may_admit(run, now))
         ):
@@ -255,7 +271,8 @@ class AsyncEngine:
         """What the engine holds now, for health checks and leak tests: unfinished requests
         (``waiting_requests`` of them wait for admission), their live loops, units queued in
         the scheduler, batches being executed, and KV cache blocks in use (summed over the
-        components that keep a paged ``SequenceTable``). All are 0 when the engine is idle."""
+        components that keep a paged KV cache; see ``kv_cache.kv_usage``). All are 0 when the
+        engine is idle."""
         return {
             "live_requests": len(self._runs),
             "waiting_requests": sum(1 for r in self._runs.values() if r.held is not None),
@@ -265,16 +282,17 @@ class AsyncEngine:
             "kv_blocks_used": self._kv_blocks_used(),
         }
 
-    def _kv_tables(self) -> Iterator[tuple[tuple[str, str], SequenceTable]]:
-        """((model id, component name), table) of every component keeping a paged KV cache."""
+    def _kv_usage(self) -> Iterator[tuple[tuple[str, str], tuple[int, int]]]:
+        """((model id, component name), (used, free) blocks) of every component keeping a
+        paged KV cache (in the actors, for components the executor placed elsewhere)."""
         for model_id, model in self.models.items():
             for name, component in model.components.items():
-                table = getattr(component, "table", None)
-                if isinstance(table, SequenceTable):
-                    yield (model_id, name), table
+                usage = kv_usage(component)
+                if usage is not None:
+                    yield (model_id, name), usage
 
     def _kv_blocks_used(self) -> int:
-        return sum(table.blocks.num_used_blocks for _, table in self._kv_tables())
+        return sum(used for _, (used, _free) in self._kv_usage())
 
     def occupancy(self) -> Occupancy:
         """``stats()`` broken down by model, component and loop kind, plus free KV blocks, for
@@ -295,10 +313,7 @@ class AsyncEngine:
             for model_id, model in self.models.items()
             for name in model.components
         }
-        kv = {
-            key: (table.blocks.num_used_blocks, table.blocks.num_free_blocks)
-            for key, table in self._kv_tables()
-        }
+        kv = dict(self._kv_usage())
         return Occupancy(live, waiting, self._scheduler.num_queued, running, loops, kv)
 
     async def shutdown(self) -> None:
@@ -348,13 +363,13 @@ class AsyncEngine:
     def _may_admit(self, run: _RequestRun, now: float) -> bool:
         """The admission policy's answer for ``run`` given the admitted audio requests."""
         assert self._admission is not None
-        clocks = (
-            r.clock
+        clocks = {  # by identity: the runs of one stream share a clock
+            id(r.clock): r.clock
             for r in self._runs.values()
             if r.held is None
             and r.clock is not None
             and Modality.AUDIO in r.ctx.request.output_modalities
-        )
+        }.values()
         limit = run.model.card.max_starting
         rate = self._capacity.rate() if limit is not None else None
         return self._admission.may_admit(now, run.waiting_since, clocks, limit, rate)
@@ -525,8 +540,9 @@ class AsyncEngine:
         for chunk in outbox:
             if chunk.audio is not None and clock is not None and chunk.sample_rate:
                 now, seconds = time.monotonic(), len(chunk.audio) / chunk.sample_rate
-                if clock.first_audio_at is None and seconds > 0.0:
-                    self.metrics.first_audio(run.model.card.card_id, now - clock.arrival)
+                if run.audio_s == 0.0 and seconds > 0.0:
+                    self.metrics.first_audio(run.model.card.card_id, now - run.waiting_since)
+                run.audio_s += seconds
                 clock.on_audio(now, seconds)
                 self._capacity.on_audio(now, seconds)
             chunk.seq = run.next_seq
@@ -556,10 +572,8 @@ class AsyncEngine:
         if run.finished:
             return
         self._release(run)
-        clock = run.clock
-        assert clock is not None  # set by add_request
-        wall_s = time.monotonic() - clock.arrival
-        self.metrics.request_ended(run.model.card.card_id, error, wall_s, clock.audio_sent_s)
+        wall_s = time.monotonic() - run.waiting_since
+        self.metrics.request_ended(run.model.card.card_id, error, wall_s, run.audio_s)
         run.stream._put(_End(error))
 
     def _release(self, run: _RequestRun) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from omnistep.core import Component, StepResult, WorkUnitKind
+from omnistep.core import Component, ModelInstance, StepResult, WorkUnitKind
 
 Outcome = StepResult | Exception
 
@@ -62,6 +62,11 @@ class Executor(Protocol):
         component spec's ``max_concurrency`` (more than it when the executor has replicas)."""
         ...
 
+    def attach(self, models: Iterable[ModelInstance]) -> None:
+        """Called once by the engine with its models: an executor that runs components
+        elsewhere puts stand-ins in ``model.components`` (the loops' sequence owners)."""
+        ...
+
     def close(self) -> None:
         """Release the executor's workers."""
         ...
@@ -90,6 +95,9 @@ class InProcessExecutor:
     def capacity(self, model_id: str, name: str, per_instance: int) -> int:
         """One instance of each component: ``per_instance`` batches at once."""
         return per_instance
+
+    def attach(self, models: Iterable[ModelInstance]) -> None:
+        """Nothing to do: components run here, as built."""
 
     def close(self) -> None:
         """Stop the worker thread after the running batch."""

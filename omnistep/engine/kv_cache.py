@@ -343,3 +343,19 @@ class SequenceTable:
             self.lengths[seq_ids[i]] += 1
             self.blocks.allocate(seq_ids[i], self.lengths[seq_ids[i]])
         return keep
+
+
+def kv_usage(component: object) -> tuple[int, int] | None:
+    """(used, free) blocks of a component's paged KV cache, or None when it keeps none.
+
+    Read from the component's ``kv_blocks()`` when it has one (a stand-in for a component that
+    runs elsewhere, such as ``omnistep.engine.ray_executor.RemoteComponent``), else from its
+    ``table`` when that is a ``SequenceTable``.
+    """
+    report = getattr(type(component), "kv_blocks", None)
+    if callable(report):
+        return component.kv_blocks()  # type: ignore[attr-defined]
+    table = getattr(component, "table", None)
+    if isinstance(table, SequenceTable):
+        return table.blocks.num_used_blocks, table.blocks.num_free_blocks
+    return None

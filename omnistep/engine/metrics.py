@@ -157,7 +157,7 @@ class Occupancy:
         running_batches: batches being executed by ``(model, component)`` (every component).
         live_loops: live loops by ``(model, loop kind)`` (every kind the model's card has).
         kv_blocks: ``(used, free)`` KV blocks by ``(model, component)``, for the components
-            that keep a paged ``SequenceTable``.
+            that keep a paged KV cache (in process or in Ray actors).
     """
 
     live_requests: dict[str, int]

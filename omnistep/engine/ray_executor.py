@@ -4,20 +4,45 @@
 card as Ray actors (``replicas`` of them), with the Ray resources the deploy file asks for
 (``num_cpus``, ``num_gpus``, custom resources such as ``{"vocoder_node": 1}`` that pin a
 component to the nodes started with that resource). The engine, scheduler and loops stay in
-the driver process; only ``component.execute`` runs in the actors. A batch goes to the least
-busy replica (ties in turn), which runs it with ``execute_isolated``: a batch that raises is
-rerun unit by unit there, so only the failing request fails, exactly as in process.
+the driver process; only ``component.execute`` runs in the actors, with ``execute_isolated``:
+a batch that raises is rerun unit by unit there, so only the failing request fails, exactly as
+in process. Every card runs on it (``toy``, ``piper``, ``chattts``, ``qwen2_5_omni``) with
+outputs identical to the in-process executor (tested).
 
 Components are built inside their actor: the actor receives a picklable ``factory`` (the CLI
 passes ``functools.partial(omnistep.models.registry.build_component, spec, name, device,
 options)``, which rebuilds the card from its spec string), because a card's
 ``ComponentSpec.build`` closure need not pickle.
 
-Limits of this version: payloads and outputs cross process boundaries, so they must pickle
-(numpy arrays, dataclasses). The ``toy`` and ``piper`` cards qualify. AR cards whose
-components keep per-request state (paged KV caches, per-request ``torch.Generator``s in
-payloads: ``chattts``, ``qwen2_5_omni``) need that state placed in the actor: future work; a
-batch whose payloads do not pickle fails its requests with a ``TypeError`` that says so.
+Per-request state of AR components (the ChatTTS GPT, the Qwen thinker and talker):
+
+- KV blocks live in the actor that ran the sequence's prefill. A payload with a ``seq_id``
+  attribute is routed by it: every unit of a sequence goes to the replica holding its blocks,
+  a new sequence to the replica holding the fewest sequences (then the fewest batches in
+  flight), so a batch whose sequences live on different replicas is split and its parts run
+  at once. Payloads without ``seq_id`` (vocoder chunks, ODE steps) go as one batch to the
+  least busy replica. A preempted sequence (the actor freed it to make room) stays routed to
+  its replica and recomputes there.
+- ``attach`` puts a ``RemoteComponent`` in the driver's ``ModelInstance.components`` for each
+  placed component: the loops' ``SequenceOwner``. Its ``free_sequence`` (called by the loop on
+  finish and abort) reaches the replica holding the sequence, and ``kv_blocks()`` reports the
+  actors' KV usage to ``engine.stats()`` and the metrics (``refresh_kv_blocks`` queries them).
+- Random generators: payloads carry the request's own ``torch.Generator``, which sampling
+  advances in place. It pickles (torch 2.13: device, seed, offset and state), so the actor
+  samples with a copy; after the batch the actor returns the state of every payload field that
+  has ``get_state``/``set_state`` (top-level dataclass fields) and the driver copies it into
+  its own object with ``set_state``. The driver's generator thus ends every step where it
+  would in process, whichever replica runs the next step and across preemptions, and the
+  actor keeps no per-request random state. Nothing here is card-specific.
+
+Transport: payloads and outputs are pickled here with cloudpickle, and a tensor that views a
+larger storage (a row of a batch's hidden states, a frame of a mel spectrogram) is copied to
+its own storage first, since pickling a view sends its whole storage; values are unchanged.
+Tensors cross as they are (a CUDA tensor arrives on the same CUDA device index), so the driver
+and the actors of AR cards must use the same kind of device (``--device`` and the deploy
+file's ``device``): the per-request generator is made on the driver's device and must match
+the device the component samples on. A batch whose payloads do not pickle fails its requests
+with a ``TypeError`` that says so.
 
 Deploy file (YAML, or JSON, which is YAML)::
 
@@ -30,23 +55,32 @@ Deploy file (YAML, or JSON, which is YAML)::
 Per component: ``num_cpus`` (default 1), ``num_gpus`` (default 0), ``resources`` (custom Ray
 resources, default none), ``replicas`` (default 1), ``device`` (default: ``--device``; set
 ``cuda`` for a component given GPUs). Components the file does not name get the defaults.
+Replicas of an AR component each hold their own KV pool (``kv_cache_gb`` each); replicas give
+the same outputs as one actor where the card's batches do not change results
+(``batch_invariant``), since they split batches.
 
-This module imports ``ray`` only when a ``RayExecutor`` is made (``pip install omnistep[ray]``).
+This module imports ``ray`` only when a ``RayExecutor`` is made (``pip install omnistep[ray]``),
+and ``torch`` never (tensors are recognised once torch is loaded).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
+import io
 import itertools
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnistep.core import Component, OmnistepError, WorkUnitKind
+from omnistep.core import Component, ModelInstance, OmnistepError, WorkUnitKind
 from omnistep.engine.executor import Outcome, execute_isolated
+from omnistep.engine.kv_cache import kv_usage
 
 PLACEMENT_KEYS = ("num_cpus", "num_gpus", "resources", "replicas", "device")
 """The keys a component may set in a deploy file."""
@@ -211,29 +245,174 @@ def _picklable(exc: Exception) -> Exception:
     return exc
 
 
+def _is_partial_view(obj: object) -> bool:
+    """True for a plain strided ``torch.Tensor`` whose storage holds more than its elements
+    (pickling it would send the whole storage). Never imports torch."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(obj) is not torch.Tensor:
+        return False
+    try:
+        if obj.layout is not torch.strided or obj.device.type == "meta":
+            return False
+        return obj.untyped_storage().nbytes() > obj.numel() * obj.element_size()
+    except Exception:  # noqa: BLE001 - tensors without a plain storage pickle as they are
+        return False
+
+
+@functools.cache
+def _compact_pickler() -> type:
+    """A cloudpickle Pickler that pickles a partial view as a copy of its own elements."""
+    from ray import cloudpickle
+
+    class CompactPickler(cloudpickle.CloudPickler):
+        def reducer_override(self, obj: object) -> Any:
+            if _is_partial_view(obj):
+                return obj.clone().__reduce_ex__(self.proto)  # type: ignore[attr-defined]
+            return super().reducer_override(obj)
+
+    return CompactPickler
+
+
+def dumps(obj: object) -> bytes:
+    """Pickle ``obj`` with cloudpickle, each tensor that views part of a larger storage copied
+    to its own first (same values; see the module docstring). ``pickle.loads`` reads it.
+
+    Raises:
+        Whatever pickling raises for an object that does not pickle.
+    """
+    buffer = io.BytesIO()
+    _compact_pickler()(buffer, protocol=5).dump(obj)
+    return buffer.getvalue()
+
+
+def stateful_fields(payload: object) -> list[tuple[str, Any]]:
+    """(name, value) of the payload's top-level dataclass fields whose value has callable
+    ``get_state`` and ``set_state`` (a ``torch.Generator``); empty for other payloads."""
+    if not dataclasses.is_dataclass(payload) or isinstance(payload, type):
+        return []
+    found = []
+    for f in dataclasses.fields(payload):
+        value = getattr(payload, f.name, None)
+        if callable(getattr(value, "get_state", None)) and callable(
+            getattr(value, "set_state", None)
+        ):
+            found.append((f.name, value))
+    return found
+
+
+KVSnapshot = tuple[int, int, int]
+"""(serial, used blocks, free blocks) of an actor's paged KV cache; a later serial is newer."""
+
+
+@dataclass(frozen=True)
+class BatchReply:
+    """What an actor returns for a batch.
+
+    Attributes:
+        outcomes: one ``StepResult`` or exception per payload, in order.
+        states: per payload, ``(field name, get_state())`` of its stateful fields after the
+            batch (see ``stateful_fields``).
+        kv: the actor's KV usage after the batch; None for a component without a paged cache.
+    """
+
+    outcomes: list[Outcome]
+    states: list[list[tuple[str, Any]]]
+    kv: KVSnapshot | None
+
+
 class ComponentWorker:
-    """The body of a component actor: builds the component, runs batches on it."""
+    """The body of a component actor: builds the component, runs batches on it, frees
+    sequences and reports KV usage."""
 
     def __init__(self, factory: Callable[[], Component]):
         self.component = factory()
+        self._serial = itertools.count(1)
 
-    def ready(self) -> int:
-        """The actor's process id, once the component is built."""
+    def kv_usage(self) -> KVSnapshot | None:
+        """The component's KV blocks now, if it keeps a paged cache (``kv_usage``)."""
+        usage = kv_usage(self.component)
+        return None if usage is None else (next(self._serial), *usage)
+
+    def ready(self) -> tuple[int, KVSnapshot | None]:
+        """The actor's process id and KV usage, once the component is built."""
         import os
 
-        return os.getpid()
+        return os.getpid(), self.kv_usage()
 
-    def run(self, kind: WorkUnitKind, payloads: list[Any]) -> list[Outcome]:
-        """``execute_isolated`` on this actor's component, with exceptions made picklable."""
+    def run(self, blob: bytes) -> bytes:
+        """Run a pickled ``(kind, payloads)`` batch with ``execute_isolated``; returns a pickled
+        ``BatchReply`` (exceptions made picklable; outputs that do not pickle become errors)."""
+        kind, payloads = pickle.loads(blob)
         outcomes = execute_isolated(self.component, kind, payloads)
-        return [_picklable(o) if isinstance(o, Exception) else o for o in outcomes]
+        outcomes = [_picklable(o) if isinstance(o, Exception) else o for o in outcomes]
+        states = [[(n, v.get_state()) for n, v in stateful_fields(p)] for p in payloads]
+        try:
+            return dumps(BatchReply(outcomes, states, self.kv_usage()))
+        except Exception as exc:  # noqa: BLE001 - outputs that do not pickle fail their units
+            err = RuntimeError(f"outputs that do not pickle ({type(exc).__name__}: {exc})")
+            return dumps(BatchReply([err] * len(payloads), states, self.kv_usage()))
+
+    def free_sequence(self, seq_id: str) -> KVSnapshot | None:
+        """Free what the component holds for ``seq_id``; returns the KV usage after."""
+        free = getattr(self.component, "free_sequence", None)
+        if free is not None:
+            free(seq_id)
+        return self.kv_usage()
 
 
-@dataclass
+@dataclass(eq=False)
 class _Replica:
     actor: Any
     in_flight: int = 0
     batches: int = 0
+    num_sequences: int = 0  # sequences routed here and not freed yet
+    kv: KVSnapshot | None = None  # the newest KV usage the actor reported
+    pending: list[Any] = field(default_factory=list)  # refs of free_sequence calls
+
+    def note_kv(self, kv: KVSnapshot | None) -> None:
+        if kv is not None and (self.kv is None or kv[0] > self.kv[0]):
+            self.kv = kv
+
+
+class RemoteComponent:
+    """The driver's stand-in for a component placed in Ray actors (see ``RayExecutor.attach``).
+
+    It is what the loops hold as their ``SequenceOwner``: ``free_sequence`` reaches the actor
+    holding the sequence. ``kv_blocks`` reports the actors' KV usage. Other attributes (settings
+    loops read, such as a sample rate) come from the driver's own built copy, ``local``.
+
+    Args:
+        executor: the executor that placed the component.
+        model_id: the card id.
+        name: the component's name in the card.
+        local: the component built in the driver.
+    """
+
+    def __init__(self, executor: RayExecutor, model_id: str, name: str, local: Component):
+        self._executor = executor
+        self._model_id = model_id
+        self._name = name
+        self.local = local
+
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[Any]) -> list[Any]:
+        """Not here: batches run in the actors. Raises RuntimeError."""
+        raise RuntimeError(
+            f"{self._model_id}/{self._name} runs in Ray actors; batches go through the executor"
+        )
+
+    def free_sequence(self, seq_id: str) -> None:
+        """Free ``seq_id`` in the actor holding it (asynchronously; idempotent)."""
+        self._executor.free_sequence(self._model_id, self._name, seq_id)
+
+    def kv_blocks(self) -> tuple[int, int] | None:
+        """(used, free) KV blocks summed over the actors, as last reported; None without a
+        paged cache."""
+        return self._executor.kv_blocks(self._model_id, self._name)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == "local":  # not set yet: no recursion
+            raise AttributeError(attr)
+        return getattr(self.local, attr)
 
 
 class RayExecutor:
@@ -268,8 +447,9 @@ class RayExecutor:
             self._owns_ray = True
         self._replicas: dict[tuple[str, str], list[_Replica]] = {}
         self._turn: dict[tuple[str, str], itertools.count] = {}
+        self._routes: dict[tuple[str, str, str], _Replica] = {}  # (model, component, seq_id)
         remote = ray.remote(ComponentWorker)
-        pending = []
+        pending: list[tuple[_Replica, Any]] = []
         for dep in deployments:
             p = dep.placement
             options: dict[str, Any] = {
@@ -281,39 +461,77 @@ class RayExecutor:
                 options["resources"] = dict(p.resources)
             replicas = []
             for _ in range(p.replicas):
-                actor = remote.options(**options).remote(dep.factory)
-                replicas.append(_Replica(actor))
-                pending.append(actor.ready.remote())
+                replica = _Replica(remote.options(**options).remote(dep.factory))
+                replicas.append(replica)
+                pending.append((replica, replica.actor.ready.remote()))
             self._replicas[(dep.model_id, dep.name)] = replicas
             self._turn[(dep.model_id, dep.name)] = itertools.count()
         try:
-            ready, waiting = ray.wait(pending, num_returns=len(pending), timeout=ready_timeout)
+            refs = [ref for _, ref in pending]
+            ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=ready_timeout)
             if waiting:
                 raise OmnistepError(
-                    f"{len(waiting)} of {len(pending)} component actors were not placed within "
+                    f"{len(waiting)} of {len(refs)} component actors were not placed within "
                     f"{ready_timeout:g} s: does the cluster have the resources the deploy file "
                     f"asks for? ({ray.available_resources()} available)"
                 )
-            ray.get(ready)
+            for (replica, _), (_, kv) in zip(pending, ray.get(refs), strict=True):
+                replica.note_kv(kv)
         except Exception as exc:
             self.close()
             if isinstance(exc, OmnistepError):
                 raise
             raise OmnistepError(f"a component actor failed to start: {exc}") from exc
 
+    def attach(self, models: Iterable[ModelInstance]) -> None:
+        """Put a ``RemoteComponent`` in ``models``' ``components`` for every placed component
+        (the engine calls this), so that loops free sequences in the actors. Idempotent."""
+        for model in models:
+            for name, component in list(model.components.items()):
+                key = (model.card.card_id, name)
+                if key in self._replicas and not isinstance(component, RemoteComponent):
+                    model.components[name] = RemoteComponent(self, *key, component)
+
     def replica_batches(self, model_id: str, name: str) -> list[int]:
         """Batches each replica of component ``name`` of ``model_id`` has received."""
         return [r.batches for r in self._replicas[(model_id, name)]]
+
+    def replica_sequences(self, model_id: str, name: str) -> list[int]:
+        """Sequences routed to each replica of component ``name`` of ``model_id`` and not
+        freed yet."""
+        return [r.num_sequences for r in self._replicas[(model_id, name)]]
 
     def capacity(self, model_id: str, name: str, per_instance: int) -> int:
         """``per_instance`` batches on each replica."""
         return per_instance * len(self._replicas.get((model_id, name), [None]))
 
-    def _pick(self, key: tuple[str, str]) -> _Replica:
+    def _rotated(self, key: tuple[str, str]) -> list[_Replica]:
+        """The replicas, starting at the next in turn (so ties rotate)."""
         replicas = self._replicas[key]
         start = next(self._turn[key]) % len(replicas)
-        order = replicas[start:] + replicas[:start]
-        return min(order, key=lambda r: r.in_flight)
+        return replicas[start:] + replicas[:start]
+
+    def _pick(self, key: tuple[str, str]) -> _Replica:
+        return min(self._rotated(key), key=lambda r: r.in_flight)
+
+    def _route(self, key: tuple[str, str], payloads: Sequence[Any]) -> dict[_Replica, list[int]]:
+        """Payload indices by the replica that runs them: a sequence's units where its KV
+        blocks are (a new sequence: the replica with the fewest), the rest on the least busy."""
+        parts: dict[_Replica, list[int]] = {}
+        shared: _Replica | None = None
+        for index, payload in enumerate(payloads):
+            seq_id = getattr(payload, "seq_id", None)
+            if seq_id is None:
+                shared = shared or self._pick(key)
+                replica = shared
+            else:
+                replica = self._routes.get((*key, seq_id))  # type: ignore[arg-type]
+                if replica is None:
+                    replica = min(self._rotated(key), key=lambda r: (r.num_sequences, r.in_flight))
+                    replica.num_sequences += 1
+                    self._routes[(*key, seq_id)] = replica  # type: ignore[index]
+            parts.setdefault(replica, []).append(index)
+        return parts
 
     async def run(
         self,
@@ -324,9 +542,11 @@ class RayExecutor:
         model_id: str = "",
         name: str = "",
     ) -> list[Outcome]:
-        """Execute one batch in an actor of component ``name`` of ``model_id`` (the local
-        ``component`` is not used). Returns one outcome per payload; when the batch cannot
-        reach its actor (payloads that do not pickle, a dead actor), every unit gets the error.
+        """Execute one batch in the actors of component ``name`` of ``model_id`` (the local
+        ``component`` is not used), split by replica when its sequences live on several (see
+        the module docstring). Returns one outcome per payload; when a part cannot reach its
+        actor (payloads that do not pickle, a dead actor), each of its units gets the error.
+        Stateful payload fields (generators) end in the state the actor left them in.
 
         Raises:
             KeyError: no actor was placed for (``model_id``, ``name``).
@@ -334,32 +554,107 @@ class RayExecutor:
         key = (model_id, name)
         if key not in self._replicas:
             raise KeyError(f"the ray executor placed no actor for component {model_id}/{name}")
-        replica = self._pick(key)
+        parts = self._route(key, payloads)
+        outcomes: list[Outcome | None] = [None] * len(payloads)
+        results = await asyncio.gather(
+            *(
+                self._send(key, replica, kind, [payloads[i] for i in indices])
+                for replica, indices in parts.items()
+            )
+        )
+        for indices, part in zip(parts.values(), results, strict=True):
+            for index, outcome in zip(indices, part, strict=True):
+                outcomes[index] = outcome
+        return outcomes  # type: ignore[return-value]
+
+    async def _send(
+        self, key: tuple[str, str], replica: _Replica, kind: WorkUnitKind, payloads: list[Any]
+    ) -> list[Outcome]:
+        """Run ``payloads`` on ``replica``; copy the generator states it returns back."""
+        model_id, name = key
+        try:
+            blob = dumps((kind, payloads))
+        except Exception as exc:  # noqa: BLE001 - payloads that do not pickle
+            err: Exception = TypeError(
+                f"the ray executor could not send a batch of {model_id}/{name} to its "
+                f"actor ({type(exc).__name__}: {exc}); it runs cards whose payloads pickle"
+            )
+            return [err] * len(payloads)
         replica.in_flight += 1
         replica.batches += 1
         try:
+            ref = replica.actor.run.remote(blob)
             try:
-                ref = replica.actor.run.remote(kind, list(payloads))
-            except Exception as exc:  # noqa: BLE001 - serialization of the arguments
-                err: Exception = TypeError(
-                    f"the ray executor could not send a batch of {model_id}/{name} to its "
-                    f"actor ({type(exc).__name__}: {exc}); it runs cards whose payloads "
-                    "pickle (toy, piper)"
-                )
-                return [err] * len(payloads)
-            try:
-                return await ref
+                reply: BatchReply = pickle.loads(await ref)
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):  # a running task may not be cancellable
                     self._ray.cancel(ref)
                 raise
-            except Exception as exc:  # noqa: BLE001 - actor died or outputs did not pickle
+            except Exception as exc:  # noqa: BLE001 - the actor died
                 err = RuntimeError(
                     f"ray actor of {model_id}/{name} failed the batch: {type(exc).__name__}: {exc}"
                 )
                 return [err] * len(payloads)
         finally:
             replica.in_flight -= 1
+        replica.note_kv(reply.kv)
+        for payload, states in zip(payloads, reply.states, strict=True):
+            for field_name, state in states:
+                getattr(payload, field_name).set_state(state)
+        return reply.outcomes
+
+    def free_sequence(self, model_id: str, name: str, seq_id: str) -> None:
+        """Free ``seq_id`` in the replica of component ``name`` holding it and forget its
+        route; a sequence never sent there is a no-op. Does not wait for the actor (its reply
+        updates ``kv_blocks``); the engine frees a sequence only after its last batch returned,
+        so nothing of it runs later."""
+        replica = self._routes.pop((model_id, name, seq_id), None)
+        if replica is None:
+            return
+        replica.num_sequences -= 1
+        replica.pending.append(replica.actor.free_sequence.remote(seq_id))
+
+    def _settle(self, replica: _Replica, timeout: float | None = 0) -> None:
+        """Take the KV usage of the replica's finished ``free_sequence`` calls (all of them,
+        waiting up to ``timeout`` seconds; 0: only those already done)."""
+        if not replica.pending:
+            return
+        done, replica.pending = self._ray.wait(
+            replica.pending, num_returns=len(replica.pending), timeout=timeout
+        )
+        for ref in done:
+            with contextlib.suppress(Exception):  # a dead actor holds nothing any more
+                replica.note_kv(self._ray.get(ref))
+
+    def kv_blocks(self, model_id: str, name: str) -> tuple[int, int] | None:
+        """(used, free) KV blocks of component ``name`` of ``model_id``, summed over its
+        replicas as they last reported them (after each batch and each freed sequence);
+        None when the component keeps no paged KV cache or was not placed here."""
+        reports = []
+        for replica in self._replicas.get((model_id, name), []):
+            self._settle(replica)
+            if replica.kv is not None:
+                reports.append(replica.kv)
+        if not reports:
+            return None
+        return sum(kv[1] for kv in reports), sum(kv[2] for kv in reports)
+
+    async def refresh_kv_blocks(self, model_id: str, name: str) -> tuple[int, int] | None:
+        """Like ``kv_blocks``, but asks each replica now, after the sequences freed so far
+        (waits for a running batch to end). Raises KeyError for a component not placed."""
+        replicas = self._replicas[(model_id, name)]
+        for replica in replicas:
+            for ref in replica.pending:
+                with contextlib.suppress(Exception):
+                    await ref
+            self._settle(replica, timeout=None)
+        for replica, kv in zip(
+            replicas,
+            await asyncio.gather(*(r.actor.kv_usage.remote() for r in replicas)),
+            strict=True,
+        ):
+            replica.note_kv(kv)
+        return self.kv_blocks(model_id, name)
 
     def close(self) -> None:
         """Kill the component actors (and shut Ray down if this executor started it)."""
@@ -368,6 +663,7 @@ class RayExecutor:
                 with contextlib.suppress(Exception):  # already gone
                     self._ray.kill(replica.actor)
         self._replicas.clear()
+        self._routes.clear()
         if self._owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
             self._owns_ray = False

@@ -4,7 +4,8 @@ Protocol (JSON text frames from the client; JSON text events and binary audio fr
 
 client                                          server
 ``{"type": "session.config", "model", ...}``    (first; the fields of ``/v1/audio/speech`` but
-                                                ``input``; ``response_format`` ``pcm`` only)
+                                                ``input``; ``response_format`` ``pcm`` only;
+                                                ``voice`` may be a saved voice's name)
 ``{"type": "input.text", "text": "..."}``       ``{"type": "audio.start", "sample_rate": 24000,
   (any number, any pieces)                        "format": "pcm_s16le", "seed": S}``, then
                                                 binary frames of 16-bit LE mono PCM at 24 kHz
@@ -17,7 +18,11 @@ Text is buffered by ``SentenceBuffer``: a sentence is sent to the engine as soon
 starts (or at ``input.done``), so speech begins at the first sentence boundary. Each sentence is
 its own engine request (a *segment*) with seed ``(S + k) mod 2**63`` for the k-th segment of the
 session (S: the config's seed, or drawn); its audio is byte for byte what ``POST
-/v1/audio/speech`` with ``response_format: "pcm"`` returns for that sentence and seed. Up to
+/v1/audio/speech`` with ``response_format: "pcm"`` returns for that sentence and seed. Segments
+share the session's playback clock (``AsyncEngine.add_request``'s ``clock``): under EDF a later
+sentence's deadline is when the audio already made for the session runs out, not a new
+request's first-audio deadline, and it skips admission once the session plays; a session whose
+audio ran out with nothing in flight starts a new clock. Up to
 ``WINDOW`` segments synthesise at once; audio is sent in input order. After ``audio.done`` more
 text may follow (a new turn: ``audio.start`` ... ``audio.done`` again). ``session.close`` or a
 disconnect aborts the segments in flight.
@@ -25,8 +30,9 @@ disconnect aborts the segments in flight.
 Errors are ``{"type": "error", "error": {"message", "type", "param", "code"}}`` (OpenAI's error
 object). Those that end the session are followed by a close: 1003 for frames that are not JSON
 objects (binary, malformed), 1008 for a bad or missing ``session.config``, a missing or wrong
-API key (checked by ``ApiKeyAuth``), a browser ``Origin`` that CORS does not allow or input the
-model rejects (e.g. an unknown voice, reported at the first sentence), 1011 when synthesis fails
+API key (checked by ``ApiKeyAuth``), a browser ``Origin`` that CORS does not allow, a voice the
+model does not know (at ``session.config``, with the error ``/v1/audio/speech`` gives) or other
+input the model rejects (at the sentence that has it), 1011 when synthesis fails
 or times out, 1013 when the server is full or shutting down. A bad ``input.text`` (not a
 string, over 4096 characters, control characters) or an unknown event type only gets an error
 event; the session goes on.
@@ -39,11 +45,12 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections import deque
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from pydantic import ValidationError
@@ -52,9 +59,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDiscon
 from omnistep.audio import OUTPUT_SAMPLE_RATE, make_encoder
 from omnistep.core import Capability, Modality, OmnistepError
 from omnistep.core.request import MAX_SEED
-from omnistep.engine import AsyncEngine, RequestStream
+from omnistep.engine import AsyncEngine, PlaybackClock, RequestStream
 from omnistep.server.errors import ApiError, api_error, validation_message
 from omnistep.server.protocol import SpeechRequest, control_characters
+from omnistep.server.voices import resolve_voice
 from omnistep.text import SentenceBuffer
 
 log = logging.getLogger("omnistep.server")
@@ -156,6 +164,30 @@ def parse_config(engine: AsyncEngine, message: dict) -> SpeechRequest:
     return config
 
 
+async def resolve_config_voice(
+    app: FastAPI, engine: AsyncEngine, config: SpeechRequest
+) -> SpeechRequest:
+    """``config`` with its voice resolved as ``/v1/audio/speech`` resolves it (a saved voice's
+    name becomes its spec, see ``voices.resolve_voice``) and checked by the model's card, so
+    every segment of the session speaks with it.
+
+    Raises:
+        SessionEnd: (close 1008) the voice is unknown to the model, or saved for other models
+            only; the error event is the one ``/v1/audio/speech`` answers for that voice.
+    """
+    if config.voice is None:
+        return config
+    card = engine.resolve(config.model).card
+    try:
+        request = await resolve_voice(app, card, config.to_request(config.model))
+        if request.voice is not None:
+            card.validate_voice(request.voice)
+    except OmnistepError as exc:
+        error = api_error(exc)
+        raise SessionEnd(close_code(error), error) from None
+    return config.model_copy(update={"voice": request.voice})
+
+
 def allowed_origin(ws: WebSocket) -> bool:
     """Whether a browser may open this socket: browsers send ``Origin`` on WebSockets and apply
     no CORS, so a page from another site could otherwise use the server. No ``Origin`` (not a
@@ -238,6 +270,7 @@ class SpeechSession:
         self.items: asyncio.Queue[_Segment | _TurnEnd] = asyncio.Queue()
         self.unsubmitted: deque[_Segment] = deque()
         self.in_flight: deque[_Segment] = deque()
+        self.clock: PlaybackClock | None = None  # the playback clock segments share
         self._send_lock = asyncio.Lock()  # reader (warnings) and writer both send
 
     async def run(self) -> None:
@@ -363,11 +396,22 @@ class SpeechSession:
                 update={"input": segment.text, "seed": segment_seed(self.seed, segment.index)}
             )
             try:
-                segment.stream = self.engine.add_request(body.to_request(body.model))
+                request = body.to_request(body.model)
+                segment.stream = self.engine.add_request(request, clock=self._clock())
             except OmnistepError as exc:
                 error = api_error(exc)
                 raise SessionEnd(close_code(error), error) from None
+            self.clock = segment.stream.clock
             self.in_flight.append(segment)
+
+    def _clock(self) -> PlaybackClock | None:
+        """The clock the next segment continues: the session's, so its deadline is when the
+        audio already made for the session runs out; None (a new clock, as for a new request)
+        when nothing is in flight and that audio has run out (the client waited for text)."""
+        clock = self.clock
+        if clock is not None and not self.in_flight and clock.deadline() <= time.monotonic():
+            return None
+        return clock
 
     async def _warn(self, message: str, param: str | None, code: str) -> None:
         await self._send_json(error_event(ApiError(400, message, param=param, code=code)))
@@ -461,6 +505,7 @@ async def speech_stream(ws: WebSocket) -> None:
                 error_code="origin_not_allowed",
             )
         config = parse_config(engine, await receive_message(ws))
+        config = await resolve_config_voice(ws.app, engine, config)
         await SpeechSession(ws, engine, config).run()
     except SessionEnd as end:
         event = error_event(end.error) if end.error is not None else None

@@ -2,9 +2,10 @@
 
 A saved voice is a name for a voice spec that a card accepts today (a ChatTTS speaker string or
 ``seed:N``, a speaker name of a multi-speaker card), vetted with ``ModelCard.validate_voice``
-when it is saved. Requests (``voice`` of ``/v1/audio/speech``, ``audio.voice`` of
-``/v1/chat/completions``) may name it; ``resolve_voice`` swaps the name for its spec before the
-request reaches the engine, so the engine and the cards never see saved names.
+when it is saved. Requests (``voice`` of ``/v1/audio/speech`` and of the WebSocket's
+``session.config``, ``audio.voice`` of ``/v1/chat/completions``) may name it;
+``resolve_voice`` swaps the name for its spec before the request reaches the engine, so the
+engine and the cards never see saved names.
 
 Routes: ``GET /v1/audio/voices[?model=M]`` (built-in voices of each served card, marked
 ``"builtin": true``, then saved ones), ``POST /v1/audio/voices`` with ``{"name", "model",
