@@ -2,7 +2,7 @@
 
 import pytest
 
-from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock
+from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock, UnitCostMeter
 
 
 def test_clock_deadline_before_and_after_first_audio():
@@ -82,3 +82,16 @@ def test_admission_by_measured_rate():
     assert not policy.may_admit(1.0, 1.0, playing, rate=3.5)
     assert policy.may_admit(1.0, 1.0, [], rate=0.1)  # a lone request always starts
     assert policy.may_admit(1.0, 1.0, playing, rate=None)
+
+
+def test_unit_cost_meter_learns_seconds_per_token():
+    meter = UnitCostMeter(alpha=0.5)
+    key = ("piper", "voice", "audio_chunk")
+    assert meter.estimate(key, 100) == 0.0  # nothing observed yet
+    meter.observe(key, 100, 0.5)  # 5 ms per token
+    assert meter.estimate(key, 40) == pytest.approx(0.2)
+    meter.observe(key, 50, 0.5)  # 10 ms per token: the average moves half-way
+    assert meter.estimate(key, 10) == pytest.approx(0.075)
+    meter.observe(key, 0, 9.0)  # units that count no tokens teach nothing
+    assert meter.estimate(key, 10) == pytest.approx(0.075)
+    assert meter.estimate(("other",), 10) == 0.0

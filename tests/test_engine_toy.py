@@ -330,6 +330,57 @@ async def test_admission_holds_a_newcomer_while_a_stream_is_short_of_audio():
     assert np.array_equal(got, expected[1].audio)
 
 
+async def test_a_request_admitted_late_is_due_first_audio_s_after_admission():
+    """A request that waited for admission gets its first-audio deadline from its admission,
+    so it does not run ahead of every playing stream; TTFA still counts from its arrival."""
+    config = EngineConfig(admission_guard_s=1e6, admission_max_wait_s=0.3, first_audio_s=1.0)
+    engine = AsyncEngine([ModelInstance.load(build_card())], config)
+    try:
+        first = engine.add_request(Request("toy", text="<slow> first " * 3, seed=5))
+        await _first_audio(first)
+        late = Request("toy", text="second", seed=6)
+        added = time.monotonic()
+        second = engine.add_request(late)
+        run = engine._runs[late.request_id]
+        assert run.clock.deadline() == pytest.approx(run.clock.arrival + 1.0)
+        ttfa = None
+        async for chunk in second:
+            if ttfa is None and chunk.audio is not None and chunk.audio.size:
+                ttfa = time.monotonic() - added
+        assert run.clock.first_audio_s >= 0.3 + 1.0  # due 1 s after it was admitted
+        assert ttfa >= 0.3
+        [c async for c in first]
+    finally:
+        await engine.shutdown()
+    assert engine.metrics.ttfa["toy"].sum >= 0.3
+
+
+async def test_edf_priority_is_the_deadline_less_the_units_expected_time():
+    """Least laxity: a unit's priority is its request's deadline less its expected run time,
+    ``est_seconds`` when the loop gives it, else ``num_tokens`` times the measured seconds per
+    token of its component and kind."""
+    from omnistep.core import ResourceRequest, ShapeSignature, WorkPlan
+
+    engine = AsyncEngine([ModelInstance.load(build_card())])
+    try:
+        stream = engine.add_request(Request("toy", text="hello", seed=1))
+        run = engine._runs[stream.request_id]
+        live = next(iter(run.live.values()))
+        deadline, real_plan = run.clock.deadline(), live.plan
+        kind = WorkUnitKind.AUDIO_CHUNK
+        shape = ShapeSignature(kind, ())
+        live.plan = WorkPlan(kind, "vocoder", shape, None, ResourceRequest(num_tokens=40))
+        assert engine._priority(run, live) == deadline  # nothing measured yet
+        engine._unit_cost.observe((live.model_id, "vocoder", kind), 100, 0.5)
+        assert engine._priority(run, live) == pytest.approx(deadline - 0.2)
+        live.plan = WorkPlan(kind, "vocoder", shape, None, ResourceRequest(est_seconds=0.7))
+        assert engine._priority(run, live) == pytest.approx(deadline - 0.7)
+        live.plan = real_plan
+        [c async for c in stream]
+    finally:
+        await engine.shutdown()
+
+
 async def test_a_card_with_max_starting_starts_a_burst_a_few_at_a_time():
     """piper-like cards set ``max_starting``: a burst is admitted as earlier requests start
     playing; every request still completes with its output alone."""

@@ -21,11 +21,11 @@ class EngineConfig:
             more is refused with ``EngineOverloadedError`` (HTTP 429) instead of queueing
             without bound.
         retry_after: seconds an overloaded engine tells clients to wait (``Retry-After``).
-        scheduling: ``"edf"``: units run earliest playback deadline first (a new request's
-            first audio is due ``first_audio_s`` after it arrives; a stream's next audio when
-            its client runs dry); ``"fcfs"``: in the order they became ready (round-robin).
-            See ``engine/deadlines.py``.
-        first_audio_s: seconds after arrival a request's first audio is due (EDF).
+        scheduling: ``"edf"``: units run earliest playback deadline first, less their
+            expected run time (a new request's first audio is due ``first_audio_s`` after it
+            is admitted; a stream's next audio when its client runs dry); ``"fcfs"``: in the
+            order they became ready (round-robin). See ``engine/deadlines.py``.
+        first_audio_s: seconds after admission a request's first audio is due (EDF).
         admission_guard_s: under EDF, a new audio request waits (at most
             ``admission_max_wait_s``) while a started stream holds less than this much
             buffered audio, or while its card's ``max_starting`` admitted requests have no

@@ -9,6 +9,12 @@ audio buffered can wait, which puts first chunks of new requests ahead of chunks
 with plenty of buffer. Text-only requests never send audio and keep their arrival deadline, so
 among themselves they run first come, first served.
 
+A unit's priority is that deadline less the unit's expected run time (``UnitCostMeter``: least
+laxity first), so a long unit starts early enough to finish by its deadline. A request that
+waited for admission is due its first audio ``first_audio_s`` after it was admitted, not after
+it arrived: otherwise it would be long overdue and run ahead of every playing stream, draining
+the buffers that admission had judged safe.
+
 Admission (``may_admit``): a new request costs every admitted stream the time of its first
 chunk, and once playing it needs audio as fast as the others. It is admitted while every started
 stream has at least ``guard_s`` of audio buffered and, where its card sets ``max_starting``,
@@ -28,7 +34,7 @@ in the queue until streams finish, instead of making the admitted streams underr
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -168,3 +174,34 @@ class CapacityMeter:
     def rate(self) -> float | None:
         """Audio seconds per busy second, or None before ``min_busy_s`` of work was seen."""
         return self.audio_s / self.busy_s if self.busy_s >= self.min_busy_s else None
+
+
+@dataclass
+class UnitCostMeter:
+    """Seconds a unit takes per token it processes, per (model, component, unit kind).
+
+    The EDF priority of a unit is its request's playback deadline minus this estimate of its
+    run time (least laxity first): of two streams due at the same moment, the one whose next
+    unit is longer (a long sentence) starts first, so both can finish in time. Kept as an
+    exponential moving average of ``batch seconds / batch tokens`` over observed batches
+    (``alpha`` the weight of the newest); wall seconds include the contention of batches that
+    ran beside it, which is what a unit will meet again.
+
+    Attributes:
+        alpha: weight of each new observation, in (0, 1].
+    """
+
+    alpha: float = 0.2
+    per_token: dict = field(default_factory=dict)
+
+    def observe(self, key: object, tokens: int, seconds: float) -> None:
+        """A batch of ``tokens`` tokens (> 0; other batches are ignored) took ``seconds``."""
+        if tokens <= 0 or seconds < 0:
+            return
+        value = seconds / tokens
+        old = self.per_token.get(key)
+        self.per_token[key] = value if old is None else old + self.alpha * (value - old)
+
+    def estimate(self, key: object, tokens: int) -> float:
+        """Expected seconds for a unit of ``tokens`` tokens; 0.0 before any observation."""
+        return self.per_token.get(key, 0.0) * max(tokens, 0)

@@ -31,11 +31,17 @@ from omnistep.core import (
     RequestAbortedError,
     RequestFailedError,
     RequestTimeoutError,
+    StepResult,
     StreamChunk,
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
-from omnistep.engine.deadlines import AdmissionPolicy, CapacityMeter, PlaybackClock
+from omnistep.engine.deadlines import (
+    AdmissionPolicy,
+    CapacityMeter,
+    PlaybackClock,
+    UnitCostMeter,
+)
 from omnistep.engine.executor import Executor, InProcessExecutor, Outcome
 from omnistep.engine.kv_cache import kv_usage
 from omnistep.engine.metrics import EngineMetrics, Occupancy
@@ -169,6 +175,7 @@ class AsyncEngine:
         self._waiting: deque[_RequestRun] = deque()  # added, not yet admitted (EDF admission)
         self._edf = self.config.scheduling == "edf"
         self._capacity = CapacityMeter()
+        self._unit_cost = UnitCostMeter()
         self._admission = (
             AdmissionPolicy(self.config.admission_guard_s, self.config.admission_max_wait_s)
             if self._edf and self.config.admission_guard_s is not None
@@ -384,16 +391,31 @@ class AsyncEngine:
             if not run.finished:
                 if not self._may_admit(run, now):
                     return
+                if run.clock is not None and not run.clock.started:
+                    # First audio is due first_audio_s after admission, not after arrival:
+                    # a request that waited would otherwise be overdue and run ahead of
+                    # every admitted stream, starving those whose buffers run low.
+                    run.clock.first_audio_s = now - run.clock.arrival + self.config.first_audio_s
                 held, run.held = run.held or [], None
                 for live in held:
                     if live.plan is not None:
-                        self._scheduler.enqueue(live, self._priority(run))
+                        self._scheduler.enqueue(live, self._priority(run, live))
             self._waiting.popleft()
 
-    def _priority(self, run: _RequestRun) -> float | None:
-        """The scheduler priority of the request's next unit: its playback deadline under EDF,
-        None (ready order) under FCFS."""
-        return run.clock.deadline() if self._edf and run.clock is not None else None
+    def _priority(self, run: _RequestRun, live: LiveLoop | None = None) -> float | None:
+        """The scheduler priority of the loop's next unit under EDF: the request's playback
+        deadline less the unit's expected run time (its ``resources.est_seconds`` when the
+        loop gives one, else its ``num_tokens`` times the measured seconds per token of its
+        component); None (ready order) under FCFS."""
+        if not self._edf or run.clock is None:
+            return None
+        plan = live.plan if live is not None else None
+        estimate = 0.0
+        if plan is not None and live is not None:
+            estimate = plan.resources.est_seconds or self._unit_cost.estimate(
+                (live.model_id, plan.component, plan.kind), plan.resources.num_tokens
+            )
+        return run.clock.deadline() - estimate
 
     def _step_done(self, task: asyncio.Task) -> None:
         self._steps.discard(task)
@@ -408,6 +430,7 @@ class AsyncEngine:
     async def step(self, batch: Batch) -> None:
         """Execute one batch and fold its outputs back into the loops."""
         model = self.models[batch.model_id]
+        tokens = sum(e.plan.resources.num_tokens for e in batch.entries if e.plan is not None)
         try:
             outcomes = await self._executor.run(
                 model.components[batch.component],
@@ -422,6 +445,11 @@ class AsyncEngine:
             self._capacity.batch_finished(time.monotonic())
             self._wake.set()
         size = len(batch.entries)
+        timed = next((o for o in outcomes if isinstance(o, StepResult)), None)
+        if timed is not None:
+            self._unit_cost.observe(
+                (batch.model_id, batch.component, batch.kind), tokens, timed.seconds
+            )
         self.units_by_kind[batch.kind.value] += size
         self.batch_sizes[size] += 1
         self.metrics.batches[(batch.model_id, batch.component, batch.kind, size)] += 1
@@ -498,7 +526,7 @@ class AsyncEngine:
             if run.held is not None:  # waiting for admission
                 run.held.append(live)
                 return
-            self._scheduler.enqueue(live, self._priority(run))
+            self._scheduler.enqueue(live, self._priority(run, live))
             self._wake.set()
 
     def _finish_loop(self, run: _RequestRun, live: LiveLoop) -> None:
