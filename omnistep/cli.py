@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omnistep.audio import FORMATS, make_encoder
-from omnistep.core import ModelInstance, OmnistepError, Request
+from omnistep.core import ModelCard, ModelInstance, OmnistepError, Request
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.config import SCHEDULING_POLICIES
@@ -53,9 +53,9 @@ def load_engine(
 
     ``executor``: ``"inprocess"`` (worker threads) or ``"ray"``: every component runs in Ray
     actors placed as the ``deploy`` file says (see ``omnistep.engine.ray_executor``), on the
-    Ray cluster at ``ray_address`` (None: a running local cluster, else a new one). The driver
-    still builds the cards' components too: loops read their settings (piper's sample rate)
-    through the ``RemoteComponent`` stand-ins the engine puts in ``model.components``.
+    Ray cluster at ``ray_address`` (None: a running local cluster, else a new one). This
+    process then builds the cards only, none of their components (no weights, no KV cache):
+    each model's ``components`` are ``RemoteComponent`` stand-ins (``RayExecutor.instance``).
 
     Raises:
         OmnistepError: ``deploy`` without the ray executor, a bad deploy file, ray missing.
@@ -64,17 +64,20 @@ def load_engine(
         raise OmnistepError(f"unknown executor '{executor}'; choose one of {', '.join(EXECUTORS)}")
     if deploy is not None and executor != "ray":
         raise OmnistepError("--deploy needs --executor ray")
-    models = [ModelInstance.load(build_card(spec, **options), device=device) for spec in specs]
     settings: dict[str, object] = {"max_queued": max_queued, "scheduling": scheduling}
     runner = None
     if executor == "ray":
-        runner = ray_executor(specs, models, device, deploy, ray_address, options)
+        cards = [build_card(spec, **options) for spec in specs]
+        runner = ray_executor(specs, cards, device, deploy, ray_address, options)
+        models = [runner.instance(card, device) for card in cards]
         slots = sum(
             runner.capacity(m.card.card_id, c.name, c.max_concurrency)
             for m in models
             for c in m.card.components
         )
         settings["num_workers"] = max(slots, EngineConfig().num_workers)
+    else:
+        models = [ModelInstance.load(build_card(spec, **options), device=device) for spec in specs]
     settings = {k: v for k, v in settings.items() if v is not None}
     config = EngineConfig(
         max_batch_size=max_batch_size, request_timeout=request_timeout, **settings
@@ -88,14 +91,15 @@ EXECUTORS = ("inprocess", "ray")
 
 def ray_executor(
     specs: list[str],
-    models: list[ModelInstance],
+    cards: list[ModelCard],
     device: str,
     deploy: str | None,
     ray_address: str | None,
     options: dict[str, object],
 ):
-    """A RayExecutor placing every component of ``models`` (built from ``specs``) as the
-    ``deploy`` file says; each actor rebuilds its card from the spec string.
+    """A RayExecutor placing every component of ``cards`` (built from ``specs``) as the
+    ``deploy`` file says; each actor rebuilds its card from the spec string and builds its one
+    component.
 
     Raises:
         OmnistepError: bad deploy file, ray missing, actors that cannot be placed.
@@ -110,25 +114,25 @@ def ray_executor(
     )
     from omnistep.models.registry import build_component
 
-    cards = {m.card.card_id: (m.card.family, [c.name for c in m.card.components]) for m in models}
-    placements = parse_deploy(load_deploy(deploy) if deploy else None, cards)
+    served = {c.card_id: (c.family, [comp.name for comp in c.components]) for c in cards}
+    placements = parse_deploy(load_deploy(deploy) if deploy else None, served)
     card_options = {k: v for k, v in options.items() if v is not None}
     deployments = [
         ComponentDeployment(
-            model.card.card_id,
+            card.card_id,
             comp.name,
             partial(
                 build_component,
                 spec,
                 comp.name,
-                placements[(model.card.card_id, comp.name)].device or device,
+                placements[(card.card_id, comp.name)].device or device,
                 card_options,
             ),
-            placements[(model.card.card_id, comp.name)],
+            placements[(card.card_id, comp.name)],
             max_concurrency=comp.max_concurrency,
         )
-        for spec, model in zip(specs, models, strict=True)
-        for comp in model.card.components
+        for spec, card in zip(specs, cards, strict=True)
+        for comp in card.components
     ]
     init = {"address": ray_address} if ray_address else {}
     return RayExecutor(deployments, init_options=init)

@@ -8,7 +8,12 @@ from omnistep.core.enums import WorkUnitKind
 from omnistep.core.errors import InvalidRequestError
 from omnistep.models.piper import voice as voice_module
 from omnistep.models.piper.frontend import PiperFrontend
-from omnistep.models.piper.voice import PiperUnit, PiperVoiceComponent, default_voice_paths
+from omnistep.models.piper.voice import (
+    PiperUnit,
+    PiperVoiceComponent,
+    VoiceSettings,
+    default_voice_paths,
+)
 
 PARAGRAPH = "The sun rose over the harbour. Boats drifted out, one by one! Will it rain?"
 CHUNK = WorkUnitKind.AUDIO_CHUNK
@@ -155,3 +160,18 @@ def test_first_sentence_is_cut_at_a_clause_for_the_first_unit():
     assert short == ["Hi, there."]
     with pytest.raises(ValueError, match="first_chunk_chars"):
         PiperFrontend.from_config_path(config, first_chunk_chars=0)
+
+
+def test_voice_settings_read_from_the_config_alone_match_the_component(voice):
+    """What the sentence loop reads (also where the voice runs in another process) equals
+    what the loaded voice has: the embedded voice's config values, and the same units."""
+    settings = VoiceSettings.from_config_path(default_voice_paths()[1])
+    assert settings == voice.settings
+    assert (settings.sample_rate, settings.hop_length, settings.batched) == (22050, 256, False)
+    assert (settings.noise_scale, settings.length_scale, settings.noise_w) == (0.667, 1.0, 0.8)
+    ids = [1, 5, 0, 9]
+    unit = settings.make_unit(ids, seed=4, speed=2.0)
+    assert unit == voice.make_unit(ids, seed=4, speed=2.0)
+    assert unit.length_scale == 0.5 and unit.phoneme_ids == (1, 5, 0, 9)
+    with pytest.raises(ValueError, match="speed must be > 0"):
+        settings.make_unit(ids, seed=4, speed=0.0)

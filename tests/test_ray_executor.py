@@ -1,9 +1,13 @@
 """The Ray executor: same outputs as in process (toy, piper, and the AR cards chattts and
 qwen2_5_omni on tiny checkpoints), replicas with sticky sequence routing, KV blocks freed in the
 actors on abort, fault isolation, the deploy file and the ``serve --executor ray --deploy``
-wiring. Runs one local 2-CPU Ray for the module."""
+wiring; the serving process (the driver) builds no component and reads no weights. Runs one
+local 2-CPU Ray for the module."""
 
 import asyncio
+import contextlib
+import dataclasses
+import gc
 import json
 import threading
 import time
@@ -12,11 +16,52 @@ import numpy as np
 import pytest
 
 from omnistep.cli import build_parser, load_engine
-from omnistep.core import OmnistepError, Request, RequestFailedError, SamplingParams
-from omnistep.engine.ray_executor import ComponentPlacement, DeployConfigError, parse_deploy
+from omnistep.core import ModelInstance, OmnistepError, Request, RequestFailedError, SamplingParams
+from omnistep.engine import AsyncEngine, EngineConfig
+from omnistep.engine.executor import InProcessExecutor
+from omnistep.engine.kv_cache import kv_usage
+from omnistep.engine.ray_executor import (
+    ComponentPlacement,
+    DeployConfigError,
+    RemoteComponent,
+    parse_deploy,
+)
+from omnistep.models.registry import build_card
 from omnistep.parity import collect, run_interleaved
 
 TOY = {"toy": ("toy", ["lm", "vocoder"])}
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the serving process built a component or read weights")
+
+
+def _no_builds_in_driver(monkeypatch) -> None:
+    """From here on this process (the Ray driver) cannot build a component or read a weight
+    file: ``load_engine``'s cards get builders that raise, and so do the checkpoint readers and
+    piper's ONNX session. The actors run in their own processes, unpatched."""
+    import omnistep.cli
+
+    real = omnistep.cli.build_card
+
+    def card_without_builders(spec: str, **options):
+        card = real(spec, **options)
+        specs = tuple(dataclasses.replace(c, build=_refuse) for c in card.components)
+        return dataclasses.replace(card, components=specs)
+
+    monkeypatch.setattr(omnistep.cli, "build_card", card_without_builders)
+    monkeypatch.setattr("omnistep.models.chattts.loader.ChatTTSFiles.tensors", _refuse)
+    monkeypatch.setattr("omnistep.models.qwen2_5_omni.loader.QwenOmniFiles.tensors", _refuse)
+    with contextlib.suppress(ImportError):  # piper (onnx) installed
+        monkeypatch.setattr("omnistep.models.piper.voice._load_session", _refuse)
+
+
+def _stand_ins_only(engine) -> bool:
+    """Every component of every model of ``engine`` is a ``RemoteComponent``."""
+    from omnistep.engine.ray_executor import RemoteComponent
+
+    components = [c for m in engine.models.values() for c in m.components.values()]
+    return bool(components) and all(isinstance(c, RemoteComponent) for c in components)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +94,9 @@ def _toy_requests(n: int) -> list[Request]:
     ]
 
 
-async def test_toy_on_ray_equals_in_process_and_replicas_share_batches(ray_cluster, tmp_path):
+async def test_toy_on_ray_equals_in_process_and_replicas_share_batches(
+    ray_cluster, tmp_path, monkeypatch
+):
     deploy = tmp_path / "deploy.yaml"
     deploy.write_text(
         "models:\n"
@@ -64,8 +111,10 @@ async def test_toy_on_ray_equals_in_process_and_replicas_share_batches(ray_clust
         expected = await run_interleaved(local, reqs)
     finally:
         await local.shutdown()
+    _no_builds_in_driver(monkeypatch)
     engine = load_engine(["toy"], "cpu", 8, executor="ray", deploy=str(deploy))
     try:
+        assert _stand_ins_only(engine)
         got = await run_interleaved(engine, reqs)
         batches = engine._executor.replica_batches("toy", "vocoder")
     finally:
@@ -91,7 +140,9 @@ async def test_failing_request_fails_alone_on_ray(ray_cluster):
         assert not isinstance(results[i], BaseException) and results[i].audio.size > 0
 
 
-async def test_piper_on_ray_equals_in_process(ray_cluster):
+async def test_piper_on_ray_equals_in_process(ray_cluster, monkeypatch):
+    """The sentence loop gets the voice's settings from the card: the serving process opens
+    no ONNX session."""
     pytest.importorskip("piper")
     reqs = [
         Request("piper", text="Hello from the ray executor.", seed=11),
@@ -102,8 +153,10 @@ async def test_piper_on_ray_equals_in_process(ray_cluster):
         expected = await run_interleaved(local, reqs)
     finally:
         await local.shutdown()
+    _no_builds_in_driver(monkeypatch)
     engine = load_engine(["piper"], "cpu", 1, executor="ray")
     try:
+        assert _stand_ins_only(engine)
         got = await run_interleaved(engine, reqs)
     finally:
         await engine.shutdown()
@@ -232,6 +285,11 @@ async def _in_process(spec: str, reqs: list[Request], **options):
         await local.shutdown()
 
 
+def _live(cls: type) -> int:
+    """Objects of ``cls`` (or a subclass) alive in this process."""
+    return sum(1 for o in gc.get_objects() if issubclass(type(o), cls))
+
+
 async def _until_kv_used(engine, model_id: str, name: str, timeout: float = 60.0) -> int:
     """Wait until the actors report KV blocks in use; returns ``stats()``'s count then."""
     deadline = time.monotonic() + timeout
@@ -252,11 +310,16 @@ async def _until_idle(engine, timeout: float = 60.0) -> None:
 
 
 async def test_chattts_on_ray_equals_in_process_with_sticky_replicas(
-    ray_cluster, chattts_root, tmp_path
+    ray_cluster, chattts_root, tmp_path, monkeypatch
 ):
     """Two concurrent sampled requests: byte-identical audio to in process (so the generators
     advanced in the actors were copied back), each sequence on its own GPT replica; an aborted
-    request leaves no KV block in use in either actor."""
+    request leaves no KV block in use in either actor. The serving process builds no module
+    and no KV table and reads no weight file."""
+    import torch
+
+    from omnistep.engine.kv_cache import SequenceTable
+
     spec = f"chattts={chattts_root}"
     reqs = [
         Request(
@@ -271,11 +334,17 @@ async def test_chattts_on_ray_equals_in_process_with_sticky_replicas(
         "chattts",
         {"gpt": "num_cpus: 0.5, replicas: 2", "vocoder": "num_cpus: 0.5"},
     )
+    del models
+    gc.collect()
+    before = _live(torch.nn.Module), _live(SequenceTable)
+    _no_builds_in_driver(monkeypatch)
     start = time.perf_counter()
     engine = load_engine([spec], "cpu", 8, executor="ray", deploy=deploy, **CHATTTS_OPTIONS)
     print(f"chattts actors up in {time.perf_counter() - start:.1f} s")
     executor = engine._executor
     try:
+        assert _stand_ins_only(engine)
+        assert _live(torch.nn.Module) <= before[0] and _live(SequenceTable) <= before[1]
         got = await run_interleaved(engine, reqs)
         batches = executor.replica_batches("chattts", "gpt")
         assert executor.replica_sequences("chattts", "gpt") == [0, 0]
@@ -298,17 +367,17 @@ async def test_chattts_on_ray_equals_in_process_with_sticky_replicas(
         assert a.audio.tobytes() == b.audio.tobytes()
 
 
-async def test_qwen_omni_on_ray_equals_in_process(ray_cluster, tmp_path_factory, tmp_path):
-    """The thinker -> talker -> DiT -> BigVGAN cascade, each stage in its own actor: two
-    concurrent sampled chats give the same text and byte-identical audio as in process (the
-    thinker's streamed rows reach the talker through the driver); no KV block stays in use."""
-    from omnistep.core import ChatMessage, Modality
+@pytest.fixture(scope="module")
+def qwen_root(tmp_path_factory):
     from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
 
-    root = write_tiny_qwen_omni(tmp_path_factory.mktemp("qwen") / "ckpt")
-    spec = f"qwen2_5_omni={root}"
-    options = {"kv_cache_gb": 0.02, "batch_invariant": True, "talker_max_new_tokens": 16}
-    reqs = [
+    return write_tiny_qwen_omni(tmp_path_factory.mktemp("qwen") / "ckpt")
+
+
+def _qwen_requests() -> list[Request]:
+    from omnistep.core import ChatMessage, Modality
+
+    return [
         Request(
             "qwen2.5-omni",
             messages=(ChatMessage("user", text),),
@@ -319,16 +388,29 @@ async def test_qwen_omni_on_ray_equals_in_process(ray_cluster, tmp_path_factory,
         )
         for text, seed in (("hello there, how are you?", 21), ("say something short", 22))
     ]
+
+
+async def test_qwen_omni_on_ray_equals_in_process(ray_cluster, qwen_root, tmp_path, monkeypatch):
+    """The thinker -> talker -> DiT -> BigVGAN cascade, each stage in its own actor: two
+    concurrent sampled chats give the same text and byte-identical audio as in process (the
+    thinker's streamed rows reach the talker through the driver); no KV block stays in use.
+    The serving process builds no component and reads no weights (only config, tokenizer
+    and speakers)."""
+    spec = f"qwen2_5_omni={qwen_root}"
+    options = {"kv_cache_gb": 0.02, "batch_invariant": True, "talker_max_new_tokens": 16}
+    reqs = _qwen_requests()
     expected, _ = await _in_process(spec, reqs, **options)
     deploy = _deploy(
         tmp_path,
         "qwen2_5_omni",
         {name: "num_cpus: 0.25" for name in ("thinker", "talker", "dit", "bigvgan")},
     )
+    _no_builds_in_driver(monkeypatch)
     start = time.perf_counter()
     engine = load_engine([spec], "cpu", 8, executor="ray", deploy=deploy, **options)
     print(f"qwen actors up in {time.perf_counter() - start:.1f} s")
     try:
+        assert _stand_ins_only(engine)
         got = await run_interleaved(engine, reqs)
         kv = {
             name: await engine._executor.refresh_kv_blocks("qwen2.5-omni", name)
@@ -343,6 +425,98 @@ async def test_qwen_omni_on_ray_equals_in_process(ray_cluster, tmp_path_factory,
     for a, b in zip(expected, got, strict=True):
         assert a.text == b.text and a.text
         assert a.audio.size > 0 and a.audio.tobytes() == b.audio.tobytes()
+
+
+# ------------------------------------------------------------------ the driver's view (no Ray)
+
+
+class _ElsewhereExecutor(InProcessExecutor):
+    """What the Ray executor does, in process: batches run on components built apart from the
+    engine's models (``built``, as in an actor), while the engine's models hold only
+    ``RemoteComponent`` stand-ins, which reach this executor for ``free_sequence`` and
+    ``kv_blocks``, the only things a stand-in has."""
+
+    def __init__(self, built: ModelInstance):
+        super().__init__(EngineConfig().num_workers)
+        self.built = built
+        self.freed: list[tuple[str, str]] = []
+
+    async def run(self, component, kind, payloads, *, model_id="", name=""):
+        assert isinstance(component, RemoteComponent), component
+        return await super().run(self.built.components[name], kind, payloads)
+
+    def free_sequence(self, model_id: str, name: str, seq_id: str) -> None:
+        self.freed.append((name, seq_id))
+        self.built.components[name].free_sequence(seq_id)
+
+    def kv_blocks(self, model_id: str, name: str):
+        return kv_usage(self.built.components[name])
+
+
+def _case(name: str, request) -> tuple[str, list[Request], dict]:
+    """(model spec, requests, card options) of one card, on the tiny checkpoints."""
+    if name == "toy":
+        return "toy", _toy_requests(3), {}
+    if name == "piper":
+        pytest.importorskip("piper")
+        return "piper", [Request("piper", text="One sentence. Then a longer one.", seed=3)], {}
+    if name == "chattts":
+        root = request.getfixturevalue("chattts_root")
+        sampling = SamplingParams(max_new_tokens=20)
+        reqs = [Request("chattts", text="hello", seed=5, sampling=sampling)]
+        return f"chattts={root}", reqs, {"kv_cache_gb": 0.02}
+    root = request.getfixturevalue("qwen_root")
+    options = {"kv_cache_gb": 0.02, "talker_max_new_tokens": 16}
+    return f"qwen2_5_omni={root}", _qwen_requests()[:1], options
+
+
+@pytest.mark.parametrize("name", ["toy", "piper", "chattts", "qwen2_5_omni"])
+async def test_cards_serve_with_stand_ins_for_every_component(name, request):
+    """Every card serves from a ``ModelInstance`` whose components are all ``RemoteComponent``
+    stand-ins (which raise on anything but ``free_sequence`` and ``kv_blocks``), with the same
+    outputs as in process: its loops and program nodes read nothing of a built component.
+    The AR cards free their sequences through the stand-ins."""
+    spec, reqs, options = _case(name, request)
+    expected = await _run_in_process(spec, reqs, options)
+    executor = _ElsewhereExecutor(ModelInstance.load(build_card(spec, **options)))
+    card = build_card(spec, **options)
+    stand_ins = {c.name: RemoteComponent(executor, card.card_id, c.name) for c in card.components}
+    engine = AsyncEngine([ModelInstance.assemble(card, stand_ins)], executor=executor)
+    try:
+        got = await run_interleaved(engine, reqs)
+        assert engine.stats()["kv_blocks_used"] == 0
+    finally:
+        await engine.shutdown()
+    for a, b in zip(expected, got, strict=True):
+        assert a.text == b.text
+        assert a.audio.size > 0 and a.audio.tobytes() == b.audio.tobytes()
+    freed = {component for component, _ in executor.freed}
+    assert freed == {"chattts": {"gpt"}, "qwen2_5_omni": {"thinker", "talker"}}.get(name, set())
+
+
+async def _run_in_process(spec: str, reqs: list[Request], options: dict) -> list:
+    local = load_engine([spec], "cpu", 8, **options)
+    try:
+        return await run_interleaved(local, reqs)
+    finally:
+        await local.shutdown()
+
+
+def test_stand_in_has_no_other_attributes_and_assemble_checks_names():
+    from omnistep.core import CardValidationError
+    from omnistep.models.toy.card import build_card as toy_card
+
+    stand_in = RemoteComponent(None, "toy", "lm")  # type: ignore[arg-type]
+    with pytest.raises(AttributeError, match="toy/lm runs in Ray actors .* no 'sample_rate'"):
+        _ = stand_in.sample_rate
+    assert getattr(stand_in, "table", None) is None  # kv_usage's probe
+    with pytest.raises(RuntimeError, match="runs in Ray actors"):
+        stand_in.execute(None, [])  # type: ignore[arg-type]
+    card = toy_card()
+    with pytest.raises(CardValidationError, match="has components"):
+        ModelInstance.assemble(card, {"lm": stand_in})
+    model = ModelInstance.assemble(card, {"lm": stand_in, "vocoder": stand_in}, device="cpu")
+    assert model.components["lm"] is stand_in and set(model.loops) == {"tokens", "audio"}
 
 
 # ------------------------------------------------------------------ transport (no Ray session)

@@ -1,12 +1,13 @@
 """Model cards: the deployable unit as data (components, loops, program, capabilities).
 
 A family module builds a ``ModelCard`` with a factory; ``ModelInstance.load`` builds its components
-on a device. Stdlib only (components are built by the card's own factories).
+on a device, ``ModelInstance.assemble`` takes components built elsewhere (remote stand-ins).
+Stdlib only (components are built by the card's own factories).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from omnistep.core.contracts import Component, Loop
@@ -22,6 +23,9 @@ class ComponentSpec:
     Attributes:
         name: the component's name in the card (``gpt``, ``vocoder``, ``voice``).
         build: ``build(device) -> Component``; ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+            Weights load here, not in the card's factory: the serving process builds every
+            card, also when its components run elsewhere (the Ray executor), so the card
+            itself holds only what loops and program nodes read (configs, tokenizers).
         max_batch_size: most units of one ShapeSignature this component runs in one call.
         description: one line for ``/v1/models`` and logs.
         max_concurrency: batches of this component that may run at once, on different executor
@@ -177,6 +181,28 @@ class ModelInstance:
         components = {spec.name: spec.build(device) for spec in card.components}
         loops = {spec.loop_id: spec.build() for spec in card.loops}
         return cls(card=card, components=components, loops=loops, device=device)
+
+    @classmethod
+    def assemble(
+        cls, card: ModelCard, components: Mapping[str, Component], device: str = "cpu"
+    ) -> ModelInstance:
+        """Validate ``card`` and instantiate its loops around ``components`` built elsewhere
+        (stand-ins for components that run in other processes), building none of its own.
+
+        ``device`` is where the loops make per-request state (random generators).
+
+        Raises:
+            CardValidationError: see ``ModelCard.validate``, or ``components`` not naming
+                exactly the card's components.
+        """
+        card.validate()
+        expected = [spec.name for spec in card.components]
+        if sorted(components) != sorted(expected):
+            raise CardValidationError(
+                f"card '{card.card_id}' has components {expected}; got {sorted(components)}"
+            )
+        loops = {spec.loop_id: spec.build() for spec in card.loops}
+        return cls(card=card, components=dict(components), loops=loops, device=device)
 
     def spec(self, component: str) -> ComponentSpec:
         """The component's spec. Raises KeyError for an unknown name."""

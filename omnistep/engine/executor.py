@@ -64,7 +64,8 @@ class Executor(Protocol):
 
     def attach(self, models: Iterable[ModelInstance]) -> None:
         """Called once by the engine with its models: an executor that runs components
-        elsewhere puts stand-ins in ``model.components`` (the loops' sequence owners)."""
+        elsewhere puts stand-ins in ``model.components`` (the loops' sequence owners) where
+        the models do not hold them already."""
         ...
 
     def close(self) -> None:

@@ -9,10 +9,45 @@ a batch that raises is rerun unit by unit there, so only the failing request fai
 in process. Every card runs on it (``toy``, ``piper``, ``chattts``, ``qwen2_5_omni``) with
 outputs identical to the in-process executor (tested).
 
-Components are built inside their actor: the actor receives a picklable ``factory`` (the CLI
-passes ``functools.partial(omnistep.models.registry.build_component, spec, name, device,
-options)``, which rebuilds the card from its spec string), because a card's
-``ComponentSpec.build`` closure need not pickle.
+Components are built inside their actor, and only there: the actor receives a picklable
+``factory`` (the CLI passes ``functools.partial(omnistep.models.registry.build_component, spec,
+name, device, options)``, which rebuilds the card from its spec string and builds that one
+component), because a card's ``ComponentSpec.build`` closure need not pickle.
+
+The serving process (the Ray driver) builds no component: no weights, no KV cache, no ONNX
+session. It builds each card (``build_card`` reads configs, tokenizers and speaker tables;
+weights load only inside ``ComponentSpec.build``) and ``RayExecutor.instance(card)`` makes the
+card's ``ModelInstance`` with a ``RemoteComponent`` for every component
+(``ModelInstance.assemble``). The design rests on one rule for cards: loops and program nodes
+take everything they need from the card, never from a built component. Then all the serving
+process needs of a component is generic, and is what ``RemoteComponent`` has:
+
+- ``free_sequence(seq_id)``: the AR loops' ``SequenceOwner``, called on finish and abort;
+- KV usage for ``engine.stats()`` and the metrics (``kv_blocks()``);
+- nothing else. ``execute`` and any other attribute raise, naming the component, so a card
+  that reads a component from a loop fails at its first request, not silently.
+
+Measured with ``bench/driver_memory.py`` (resident memory of the serving process once loaded):
+piper 497 -> 326 MiB, chattts on its tiny test checkpoint with the default 2 GiB KV cache
+2459 -> 334 MiB, where the process held 316 MiB before loading (torch and Ray started).
+
+What each card's driver-side code reads, and where it comes from: ``toy``: prompt and sampling
+settings (the card's loop and audio config); ``piper``: the voice's sample rate, hop length,
+noise and length scales, batching and ``make_unit`` (``VoiceSettings``, read from the voice's
+``.onnx.json`` and given to the sentence loop by the card) and the espeak frontend; ``chattts``:
+the GPT config and EOS id (from ``config.json`` and the header of ``Embed.safetensors``), the
+tokenizer and speaker statistics; ``qwen2_5_omni``: config, EOS ids, tokenizer (chat template,
+detokenizing), speakers (``spk_dict.pt``). The GPT, thinker and talker are reached through
+``free_sequence`` and KV usage only; vocoders, DiT and BigVGAN not at all (the talker's actor
+reads the one thinker tensor it needs, the embedding, not the thinker's weights). The alternative, a
+proxy that fetches attributes from an actor or forwards method calls (``make_unit``) to it, was
+not taken: a loop's ``init`` runs on the event loop, which would then wait on an actor that may
+be busy with a batch, and a component's attributes would become a second, implicit interface.
+
+Start-up cost: every actor builds the whole card (the light parts above: tokenizer, configs)
+and then its one component; the serving process builds each card once. So each actor pays its
+own component's load (a thinker actor reads the thinker's weights, a piper actor opens the ONNX
+session) plus the card's light parts, once per replica.
 
 Per-request state of AR components (the ChatTTS GPT, the Qwen thinker and talker):
 
@@ -23,10 +58,11 @@ Per-request state of AR components (the ChatTTS GPT, the Qwen thinker and talker
   at once. Payloads without ``seq_id`` (vocoder chunks, ODE steps) go as one batch to the
   least busy replica. A preempted sequence (the actor freed it to make room) stays routed to
   its replica and recomputes there.
-- ``attach`` puts a ``RemoteComponent`` in the driver's ``ModelInstance.components`` for each
-  placed component: the loops' ``SequenceOwner``. Its ``free_sequence`` (called by the loop on
-  finish and abort) reaches the replica holding the sequence, and ``kv_blocks()`` reports the
-  actors' KV usage to ``engine.stats()`` and the metrics (``refresh_kv_blocks`` queries them).
+- The ``RemoteComponent`` in the driver's ``ModelInstance.components`` is the loops'
+  ``SequenceOwner``: its ``free_sequence`` (called by the loop on finish and abort) reaches the
+  replica holding the sequence, and ``kv_blocks()`` reports the actors' KV usage to
+  ``engine.stats()`` and the metrics (``refresh_kv_blocks`` queries them). ``attach`` puts
+  stand-ins in models made with ``ModelInstance.load`` too (dropping their built components).
 - Random generators: payloads carry the request's own ``torch.Generator``, which sampling
   advances in place. It pickles (torch 2.13: device, seed, offset and state), so the actor
   samples with a copy; after the batch the actor returns the state of every payload field that
@@ -78,7 +114,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnistep.core import Component, ModelInstance, OmnistepError, WorkUnitKind
+from omnistep.core import Component, ModelCard, ModelInstance, OmnistepError, WorkUnitKind
 from omnistep.engine.executor import Outcome, execute_isolated
 from omnistep.engine.kv_cache import kv_usage
 
@@ -375,24 +411,25 @@ class _Replica:
 
 
 class RemoteComponent:
-    """The driver's stand-in for a component placed in Ray actors (see ``RayExecutor.attach``).
+    """The serving process's stand-in for a component placed in Ray actors; nothing of the
+    component (weights, KV cache) is built or held here.
 
-    It is what the loops hold as their ``SequenceOwner``: ``free_sequence`` reaches the actor
-    holding the sequence. ``kv_blocks`` reports the actors' KV usage. Other attributes (settings
-    loops read, such as a sample rate) come from the driver's own built copy, ``local``.
+    It is all the serving process needs of a component: ``free_sequence`` (the loops'
+    ``SequenceOwner``) reaches the replica holding the sequence, and ``kv_blocks`` reports the
+    actors' KV usage. ``execute`` raises (batches go through ``RayExecutor.run``), and so does
+    reading any other attribute: loops and program nodes take their settings from the card,
+    never from a built component (see the module docstring).
 
     Args:
         executor: the executor that placed the component.
         model_id: the card id.
         name: the component's name in the card.
-        local: the component built in the driver.
     """
 
-    def __init__(self, executor: RayExecutor, model_id: str, name: str, local: Component):
+    def __init__(self, executor: RayExecutor, model_id: str, name: str):
         self._executor = executor
         self._model_id = model_id
         self._name = name
-        self.local = local
 
     def execute(self, kind: WorkUnitKind, payloads: Sequence[Any]) -> list[Any]:
         """Not here: batches run in the actors. Raises RuntimeError."""
@@ -410,9 +447,16 @@ class RemoteComponent:
         return self._executor.kv_blocks(self._model_id, self._name)
 
     def __getattr__(self, attr: str) -> Any:
-        if attr == "local":  # not set yet: no recursion
+        if attr.startswith("_"):  # pickling and copying probe dunders; the fields are set
             raise AttributeError(attr)
-        return getattr(self.local, attr)
+        raise AttributeError(
+            f"{self._model_id}/{self._name} runs in Ray actors and is not built in the serving "
+            f"process, which has no '{attr}' of it: a card's loops and program nodes must take "
+            "their settings from the card"
+        )
+
+    def __repr__(self) -> str:
+        return f"RemoteComponent({self._model_id}/{self._name})"
 
 
 class RayExecutor:
@@ -483,14 +527,33 @@ class RayExecutor:
                 raise
             raise OmnistepError(f"a component actor failed to start: {exc}") from exc
 
+    def instance(self, card: ModelCard, device: str = "cpu") -> ModelInstance:
+        """``card`` as the serving process runs it: its loops, with a ``RemoteComponent`` for
+        each component and none built here. ``device``: where loops make per-request state
+        (the random generators; see the module docstring).
+
+        Raises:
+            KeyError: a component of ``card`` that this executor placed no actor for.
+            CardValidationError: see ``ModelCard.validate``.
+        """
+        components = {}
+        for spec in card.components:
+            key = (card.card_id, spec.name)
+            if key not in self._replicas:
+                raise KeyError(f"the ray executor placed no actor for component {key[0]}/{key[1]}")
+            components[spec.name] = RemoteComponent(self, *key)
+        return ModelInstance.assemble(card, components, device)
+
     def attach(self, models: Iterable[ModelInstance]) -> None:
         """Put a ``RemoteComponent`` in ``models``' ``components`` for every placed component
-        (the engine calls this), so that loops free sequences in the actors. Idempotent."""
+        (the engine calls this), so that loops free sequences in the actors; a component built
+        here (a model made with ``ModelInstance.load``) is dropped. Models made with
+        ``instance`` have their stand-ins already. Idempotent."""
         for model in models:
             for name, component in list(model.components.items()):
                 key = (model.card.card_id, name)
                 if key in self._replicas and not isinstance(component, RemoteComponent):
-                    model.components[name] = RemoteComponent(self, *key, component)
+                    model.components[name] = RemoteComponent(self, *key)
 
     def replica_batches(self, model_id: str, name: str) -> list[int]:
         """Batches each replica of component ``name`` of ``model_id`` has received."""

@@ -233,12 +233,13 @@ def build_card(
         )
     opts = options or ChatTTSOptions(**overrides)
     files = ChatTTSFiles.locate(path)
-    embed = files.tensors("asset/Embed.safetensors")
+    # shapes only: the card is built in the serving process, weights load in build_gpt
+    embed_shapes = files.shapes("asset/Embed.safetensors")
     config = GPTConfig.from_json(
         files.asset / "gpt" / "config.json",
-        num_vq=sum(1 for k in embed if k.startswith("emb_code.") and k.endswith(".weight")),
-        num_audio_tokens=int(embed["emb_code.0.weight"].shape[0]),
-        num_text_tokens=int(embed["emb_text.weight"].shape[0]),
+        num_vq=sum(1 for k in embed_shapes if k.startswith("emb_code.") and k.endswith(".weight")),
+        num_audio_tokens=int(embed_shapes["emb_code.0.weight"][0]),
+        num_text_tokens=int(embed_shapes["emb_text.weight"][0]),
     )
     tokenizer = ChatTTSTokenizer(files.asset / "tokenizer")
     frontend = _Frontend(tokenizer, files.spk_stat(), config.hidden_size)
@@ -254,7 +255,9 @@ def build_card(
             opts.block_size,
         )
         gpt = ChatTTSGPT(config, kv, device, opts.dtype, opts.batch_invariant)
-        gpt.load_weights(files.tensors("asset/gpt/model.safetensors"), embed)
+        gpt.load_weights(
+            files.tensors("asset/gpt/model.safetensors"), files.tensors("asset/Embed.safetensors")
+        )
         return gpt
 
     def build_vocoder(device: str) -> VocoderComponent:

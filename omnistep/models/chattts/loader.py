@@ -61,6 +61,14 @@ class ChatTTSFiles:
 
         return load_file(str(self.root / rel), device="cpu")
 
+    def shapes(self, rel: str) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every tensor of a safetensors file under the folder, read from its
+        header only (no tensor is loaded)."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.root / rel), framework="pt", device="cpu") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
+
     def spk_stat(self) -> torch.Tensor | None:
         """``asset/spk_stat.pt`` as float32 ``[2 * hidden]``, or None when absent."""
         path = self.asset / "spk_stat.pt"

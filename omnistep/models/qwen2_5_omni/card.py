@@ -326,7 +326,10 @@ def build_card(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(files.root), local_files_only=True)
-    thinker_state = files.tensors("thinker.")
+    # Weights load only in the builders below: the serving process builds the card too (and,
+    # with the Ray executor, builds no component). The thinker leaves its embedding here for
+    # the talker, which otherwise reads that one tensor itself.
+    thinker_embed: dict[str, torch.Tensor | None] = {}
     talker_cfg = config["talker_config"]
     text = config["thinker_config"].get("text_config", config["thinker_config"])
     eos_ids = thinker_eos_ids(files.generation_config(), tokenizer)
@@ -342,9 +345,9 @@ def build_card(
         )
 
     def build_thinker(device: str):
-        return load_thinker(
-            thinker_state, config, kv_for(text), device, opts.dtype, opts.batch_invariant
-        )
+        state = files.tensors("thinker.")
+        thinker_embed["weight"] = state.get("model.embed_tokens.weight")
+        return load_thinker(state, config, kv_for(text), device, opts.dtype, opts.batch_invariant)
 
     token2wav: dict[str, Any] = {}
 
@@ -368,7 +371,10 @@ def build_card(
         return item.num_frames
 
     def build_talker(device: str):
-        embed = thinker_state.get("model.embed_tokens.weight")
+        if "weight" in thinker_embed:
+            embed = thinker_embed.pop("weight")
+        else:
+            embed = files.tensors("thinker.model.embed_tokens.").get("weight")
         bos_ids = [int(s["bos_token"]) for s in speakers.values()]
         return load_talker(
             files.tensors("talker."),
