@@ -49,17 +49,27 @@ def test_admission_waits_while_a_started_stream_is_short_of_audio():
         AdmissionPolicy(guard_s=-1.0)
 
 
-def test_capacity_meter_measures_audio_per_busy_second():
+def test_capacity_meter_measures_audio_per_worker_second():
     meter = CapacityMeter(half_life_s=1e9, min_busy_s=0.5)
     assert meter.rate() is None
     meter.batch_started(0.0)
-    meter.batch_started(0.1)  # overlapping batches: busy time counts once
+    meter.batch_started(0.1)  # overlapping batches: 0.5 + 0.9 worker-seconds
     meter.batch_finished(0.5)
     meter.on_audio(0.5, 4.0)
     meter.batch_finished(1.0)
-    meter.on_audio(1.0, 6.0)
+    meter.on_audio(1.0, 3.0)
     meter.on_audio(5.0, 0.0)  # idle time is not busy time
-    assert meter.rate() == pytest.approx(10.0)
+    assert meter.rate() == pytest.approx(5.0)  # 7 audio-s in 1.4 worker-s
+    assert meter.rate(parallel=2) == pytest.approx(10.0)
+
+
+def test_capacity_of_a_lone_batch_counts_for_every_worker():
+    """A burst's first batch runs alone: the rate with two workers is twice what one made."""
+    meter = CapacityMeter(half_life_s=1e9, min_busy_s=0.1)
+    meter.batch_started(0.0)
+    meter.on_audio(0.5, 3.0)
+    meter.batch_finished(0.5)
+    assert meter.rate(parallel=2) == pytest.approx(12.0)
 
 
 def test_capacity_meter_forgets_old_figures():

@@ -128,16 +128,19 @@ class AdmissionPolicy:
 
 @dataclass
 class CapacityMeter:
-    """How many seconds of audio the engine makes per second in which it is computing.
+    """How many seconds of audio the engine makes per second with all its workers busy.
 
-    Audio seconds published and busy wall seconds (at least one batch running) are summed with
-    exponential decay (``half_life_s``), so the rate follows the recent mix of requests. With
-    one stream at a time fewer workers are busy, so the rate then understates capacity: the
-    admission rule built on it errs on the safe side.
+    Audio seconds published and worker-busy seconds (wall time times the number of batches
+    running) are summed with exponential decay (``half_life_s``), so the rate follows the recent
+    mix of requests. ``rate(parallel)`` scales audio per worker-second by the batches that can
+    run at once: measuring per worker keeps the figure right while a burst is starting and few
+    batches run (a wall-clock rate then understated capacity by up to the worker count, and
+    admission held back requests the machine could serve). Batches that slow each other down
+    when they run together are measured together, so the rate still reflects that.
 
     Attributes:
         half_life_s: seconds after which old figures count half.
-        min_busy_s: busy seconds needed before ``rate`` gives a number.
+        min_busy_s: worker-busy seconds needed before ``rate`` gives a number.
     """
 
     half_life_s: float = 10.0
@@ -153,7 +156,7 @@ class CapacityMeter:
             self.audio_s *= factor
             self.busy_s *= factor
             if self.running:  # busy since ``last``: its seconds decay as they accrue
-                self.busy_s += (now - self.last) * (1.0 + factor) / 2.0
+                self.busy_s += self.running * (now - self.last) * (1.0 + factor) / 2.0
         self.last = now
 
     def batch_started(self, now: float) -> None:
@@ -171,9 +174,12 @@ class CapacityMeter:
         self._decay(now)
         self.audio_s += seconds
 
-    def rate(self) -> float | None:
-        """Audio seconds per busy second, or None before ``min_busy_s`` of work was seen."""
-        return self.audio_s / self.busy_s if self.busy_s >= self.min_busy_s else None
+    def rate(self, parallel: int = 1) -> float | None:
+        """Audio seconds per second with ``parallel`` batches running, or None before
+        ``min_busy_s`` worker-seconds of work were seen."""
+        if self.busy_s < self.min_busy_s:
+            return None
+        return parallel * self.audio_s / self.busy_s
 
 
 @dataclass

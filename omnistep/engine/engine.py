@@ -378,8 +378,18 @@ class AsyncEngine:
             and Modality.AUDIO in r.ctx.request.output_modalities
         }.values()
         limit = run.model.card.max_starting
-        rate = self._capacity.rate() if limit is not None else None
+        rate = self._capacity.rate(self._parallel(run.model)) if limit is not None else None
         return self._admission.may_admit(now, run.waiting_since, clocks, limit, rate)
+
+    def _parallel(self, model: ModelInstance) -> int:
+        """Batches of ``model`` that can run at once: its most concurrent component's
+        capacity, at most ``num_workers``."""
+        card_id = model.card.card_id
+        most = max(
+            self._executor.capacity(card_id, spec.name, spec.max_concurrency)
+            for spec in model.card.components
+        )
+        return max(1, min(self.config.num_workers, most))
 
     def _admit_waiting(self) -> None:
         """Admit waiting requests, oldest first, while the admission policy allows; their held
