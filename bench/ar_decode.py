@@ -82,7 +82,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from omnistep.core import ModelInstance, Request, SamplingParams, WorkUnitKind
@@ -136,9 +135,7 @@ def _import_test_helpers() -> None:
 def ensure_checkpoint(root: Path) -> dict[str, Any]:
     """The full-size checkpoint at ``root`` (written once; a complete folder is reused)."""
     _import_test_helpers()
-    import pybase16384 as b14
-
-    from tests.chattts_ref.assets import INFO_FILE, read_info, write_full_size_chattts
+    from tests.chattts_ref.assets import INFO_FILE, write_full_size_chattts, write_spk_stat
 
     spk = root / "asset" / "spk_stat.pt"
     if (root / INFO_FILE).exists() and spk.exists():
@@ -146,9 +143,7 @@ def ensure_checkpoint(root: Path) -> dict[str, Any]:
     start = time.perf_counter()
     tmp = root.with_name(f"{root.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_full_size_chattts(tmp)
-    stat = np.frombuffer(b14.decode_from_string(read_info(tmp).spk_stat), dtype=np.float16)
-    torch.save(torch.from_numpy(stat.copy()), tmp / "asset" / "spk_stat.pt")
+    write_spk_stat(write_full_size_chattts(tmp))
     if root.exists():
         shutil.rmtree(root)
     tmp.rename(root)

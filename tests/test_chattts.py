@@ -6,7 +6,6 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import pybase16384 as b14
 import pytest
 import torch
 
@@ -24,7 +23,7 @@ from omnistep.models.chattts.speaker import decode_speaker, encode_speaker
 from omnistep.parity import collect, run_alone, run_interleaved
 from omnistep.sampling import recompute_logprobs
 from tests.chattts_ref import reference
-from tests.chattts_ref.assets import read_info, write_tiny_chattts
+from tests.chattts_ref.assets import write_servable_tiny_chattts
 
 TEXT = "hello world this is a test"
 TEXTS = ["hello world", "this is a longer test of the voice", "good morning", "a b c d e f"]
@@ -34,10 +33,7 @@ FULL_CONTEXT = {"left_context": 64, "lookahead": 64, "trim_threshold": None}
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    root = write_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
-    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
-    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
-    return root
+    return write_servable_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
 
 
 @pytest.fixture(scope="module")

@@ -234,17 +234,12 @@ async def test_kv_gauges_follow_a_chattts_request(tmp_path):
     """The tiny ChatTTS checkpoint (random weights): its GPT's blocks are in use while a
     request decodes, and all free once it is aborted."""
     pytest.importorskip("torch")
-    import numpy as np
-    import pybase16384 as b14
-    import torch
 
     from omnistep.models.chattts.card import ChatTTSOptions
     from omnistep.models.chattts.card import build_card as build_chattts
-    from tests.chattts_ref.assets import read_info, write_tiny_chattts
+    from tests.chattts_ref.assets import write_servable_tiny_chattts
 
-    root = write_tiny_chattts(tmp_path / "ckpt")
-    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
-    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
+    root = write_servable_tiny_chattts(tmp_path / "ckpt")
     model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
     total = model.components["gpt"].table.blocks.num_blocks
     engine = AsyncEngine([model])

@@ -254,15 +254,9 @@ def _deploy(tmp_path, family: str, components: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def chattts_root(tmp_path_factory):
-    import pybase16384 as b14
-    import torch
+    from tests.chattts_ref.assets import write_servable_tiny_chattts
 
-    from tests.chattts_ref.assets import read_info, write_tiny_chattts
-
-    root = write_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
-    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
-    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
-    return root
+    return write_servable_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
 
 
 CHATTTS_OPTIONS = {"kv_cache_gb": 0.02, "batch_invariant": True}

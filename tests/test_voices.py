@@ -11,8 +11,6 @@ import threading
 from contextlib import asynccontextmanager
 
 import httpx
-import numpy as np
-import pybase16384 as b14
 import pytest
 import torch
 
@@ -312,12 +310,9 @@ def test_cards_validate_voices_without_a_request():
 
 @pytest.fixture(scope="module")
 def chattts_root(tmp_path_factory):
-    from tests.chattts_ref.assets import read_info, write_tiny_chattts
+    from tests.chattts_ref.assets import write_servable_tiny_chattts
 
-    root = write_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
-    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
-    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
-    return root
+    return write_servable_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
 
 
 @pytest.fixture(scope="module")

@@ -743,6 +743,26 @@ def write_tiny_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
     return Path(root)
 
 
+def write_spk_stat(root: Path) -> Path:
+    """Save the speaker statistics of the checkpoint at ``root`` as ``asset/spk_stat.pt`` (a
+    float16 tensor of ``2 * hidden`` values: the mean and std that random speakers are drawn
+    from), the file omnistep's ChatTTS front-end reads. Returns ``root``."""
+    import numpy as np
+    import pybase16384 as b14
+    import torch
+
+    root = Path(root)
+    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
+    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
+    return root
+
+
+def write_servable_tiny_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
+    """:func:`write_tiny_chattts` plus ``asset/spk_stat.pt`` (:func:`write_spk_stat`): a folder
+    ``omnistep serve --model chattts=ROOT`` loads. Returns ``root``."""
+    return write_spk_stat(write_tiny_chattts(root, seed, **overrides))
+
+
 def write_full_size_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
     """Official sizes (REFERENCE.md), random weights: ~1.2 GB, for benchmarks only."""
     write_chattts(Path(root), dataclasses.replace(FULL_SIZES, **overrides), seed)
