@@ -35,6 +35,7 @@ from omnistep.models.qwen2_5_omni.token2wav import (  # noqa: E402
     Token2Wav,
     Token2WavConfig,
     load_token2wav,
+    load_token2wav_part,
 )
 
 MEL_DIM = 10
@@ -337,3 +338,22 @@ def test_chunked_bigvgan_equals_whole() -> None:
     assert diff <= CHUNK_TOL
     with pytest.raises(ValueError, match="left"):
         vocoder.decode_chunk(mel, 90, 10)
+
+
+def test_each_half_loads_alone_and_equals_the_whole(models):
+    """``load_token2wav_part`` builds the DiT or BigVGAN from its own tensors only, with the
+    same parameters and buffers (RoPE, anti-aliasing filters) as the whole load."""
+    _, ours = models
+    state = ours.state_dict()
+    for part, whole in (("dit", ours.code2wav_dit_model), ("bigvgan", ours.code2wav_bigvgan_model)):
+        prefix = f"code2wav_{part}_model."
+        own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        alone = load_token2wav_part(part, own, TINY)
+        assert type(alone) is type(whole)
+        got = dict(alone.named_buffers()) | dict(alone.named_parameters())
+        want = dict(whole.named_buffers()) | dict(whole.named_parameters())
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        with pytest.raises(RuntimeError):  # strict: the other half's tensors do not fit
+            load_token2wav_part(part, state, TINY)
+    with pytest.raises(ValueError, match="part must be"):
+        load_token2wav_part("vocoder", {}, TINY)

@@ -62,7 +62,7 @@ from omnistep.models.qwen2_5_omni.talker import (
     load_talker,
 )
 from omnistep.models.qwen2_5_omni.thinker import load_thinker
-from omnistep.models.qwen2_5_omni.token2wav import BigVGAN, DiT, load_token2wav
+from omnistep.models.qwen2_5_omni.token2wav import BigVGAN, DiT, load_token2wav_part
 from omnistep.sampling import SamplingRow
 
 CARD_ID = "qwen2.5-omni"
@@ -349,18 +349,15 @@ def build_card(
         thinker_embed["weight"] = state.get("model.embed_tokens.weight")
         return load_thinker(state, config, kv_for(text), device, opts.dtype, opts.batch_invariant)
 
-    token2wav: dict[str, Any] = {}
-
-    def load_t2w(device: str):
-        if device not in token2wav:
-            token2wav[device] = load_token2wav(files.tensors("token2wav."), config, device)
-        return token2wav[device]
-
+    # Each half of token2wav reads only its own tensors, so a process that builds one of
+    # them (a Ray actor) holds only its weights.
     def build_dit(device: str) -> DiTComponent:
-        return DiTComponent(load_t2w(device).code2wav_dit_model)
+        state = files.tensors("token2wav.code2wav_dit_model.")
+        return DiTComponent(load_token2wav_part("dit", state, config, device))
 
     def build_bigvgan(device: str) -> BigVGANComponent:
-        return BigVGANComponent(load_t2w(device).code2wav_bigvgan_model)
+        state = files.tensors("token2wav.code2wav_bigvgan_model.")
+        return BigVGANComponent(load_token2wav_part("bigvgan", state, config, device))
 
     repeats = int(config["token2wav_config"]["dit_config"].get("repeats", 2))
 

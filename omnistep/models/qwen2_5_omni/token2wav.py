@@ -1314,10 +1314,40 @@ def load_token2wav(
             dict, or a ``Token2WavConfig``).
         device, dtype: where and how the model runs (upstream runs token2wav in float32).
     """
+    return _load_strict(Token2Wav, state, config, device, dtype)
+
+
+def load_token2wav_part(
+    part: str,
+    state: Mapping[str, torch.Tensor],
+    config: Mapping[str, Any] | Token2WavConfig,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> DiT | BigVGAN:
+    """Build one half of token2wav alone: ``part`` ``"dit"`` (``DiT``) or ``"bigvgan"``
+    (``BigVGAN``), from the checkpoint's ``token2wav.code2wav_dit_model.*`` or
+    ``token2wav.code2wav_bigvgan_model.*`` tensors with that prefix removed (strictly). The
+    same modules as ``load_token2wav(...).code2wav_<part>_model``; a process that serves one
+    half (a Ray actor) loads only its weights.
+
+    Raises:
+        ValueError: an unknown ``part``.
+    """
+    builders = {"dit": lambda c: DiT(c.dit), "bigvgan": lambda c: BigVGAN(c.bigvgan)}
+    if part not in builders:
+        raise ValueError(f"part must be one of {sorted(builders)}, got {part!r}")
+    return _load_strict(builders[part], state, config, device, dtype)
+
+
+def _load_strict(build, state, config, device, dtype):
+    """``build(config)`` on the meta device, every tensor assigned from ``state`` (strict),
+    the non-saved buffers recomputed on ``device``; eval mode."""
     if not isinstance(config, Token2WavConfig):
         config = Token2WavConfig.from_dict(config)
     with torch.device("meta"):
-        model = Token2Wav(config)
+        model = build(config)
     model.load_state_dict(dict(state), strict=True, assign=True)
-    model.reset_buffers(torch.device(device))  # not in the checkpoint (meta until now)
+    for module in model.modules():  # not in the checkpoint (meta until now)
+        if module is not model and hasattr(module, "reset_buffers"):
+            module.reset_buffers(torch.device(device))
     return model.to(device=device, dtype=dtype).eval()
