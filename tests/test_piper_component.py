@@ -100,7 +100,7 @@ def test_output_is_plausible_speech(voice, sentences, alone):
 def test_speed_maps_to_length_scale(voice, sentences, alone):
     ids = sentences[2].phoneme_ids
     fast = voice.execute(CHUNK, [voice.make_unit(ids, seed=2, speed=2.0)])[0]
-    assert voice.make_unit(ids, seed=2, speed=2.0).length_scale == voice.length_scale / 2.0
+    assert voice.make_unit(ids, seed=2, speed=2.0).length_scale == voice.settings.length_scale / 2.0
     # Frames per id are ceil(w * length_scale) and about half the ids (pads) last under one
     # frame, so halving length_scale gives ~0.62x the samples, not 0.5x (measured 0.61-0.64).
     assert 0.55 < fast.size / alone[2].size < 0.7

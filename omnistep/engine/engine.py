@@ -419,12 +419,12 @@ class AsyncEngine:
         component); None (ready order) under FCFS."""
         if not self._edf or run.clock is None:
             return None
-        plan = live.plan if live is not None else None
-        estimate = 0.0
-        if plan is not None and live is not None:
-            estimate = plan.resources.est_seconds or self._unit_cost.estimate(
-                (live.model_id, plan.component, plan.kind), plan.resources.num_tokens
-            )
+        if live is None or live.plan is None:
+            return run.clock.deadline()
+        plan = live.plan
+        estimate = plan.resources.est_seconds or self._unit_cost.estimate(
+            (live.model_id, plan.component, plan.kind), plan.resources.num_tokens
+        )
         return run.clock.deadline() - estimate
 
     def _step_done(self, task: asyncio.Task) -> None:

@@ -359,17 +359,25 @@ class PiperVoiceComponent:
         if model_path is None or config_path is None:
             model_path, config_path = default_voice_paths()
         self.settings = VoiceSettings.from_config_path(config_path, batched)
-        self.sample_rate: int = self.settings.sample_rate
-        self.hop_length: int = self.settings.hop_length
-        self.pad_id: int = self.settings.pad_id
-        self.noise_scale: float = self.settings.noise_scale
-        self.length_scale: float = self.settings.length_scale
-        self.noise_w: float = self.settings.noise_w
-        self.batched = batched
         self.device = device
         self._session, self._noise, self._durations = _load_session(
             Path(model_path), device, num_threads
         )
+
+    @property
+    def sample_rate(self) -> int:
+        """Output samples per second, Hz (``settings.sample_rate``)."""
+        return self.settings.sample_rate
+
+    @property
+    def hop_length(self) -> int:
+        """Output samples per frame (``settings.hop_length``)."""
+        return self.settings.hop_length
+
+    @property
+    def batched(self) -> bool:
+        """Whether units of equal scales run as one padded batch (``settings.batched``)."""
+        return self.settings.batched
 
     def make_unit(
         self,
@@ -419,7 +427,8 @@ class PiperVoiceComponent:
         if len({u.scales for u in units}) != 1:
             raise ValueError("units of one batch must share (noise_scale, length_scale, noise_w)")
         num_ids = max(len(u.phoneme_ids) for u in units)
-        ids = np.full((len(units), num_ids), self.pad_id, dtype=np.int64)  # [batch, num_ids]
+        pad = self.settings.pad_id
+        ids = np.full((len(units), num_ids), pad, dtype=np.int64)  # [batch, num_ids]
         for row, unit in enumerate(units):
             ids[row, : len(unit.phoneme_ids)] = unit.phoneme_ids
         feeds = {
