@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test install install-test lint format clean
+.PHONY: run test install install-test system-deps lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,20 @@ install: $(BIN)/python
 REFERENCE_PKGS := chattts==0.2.5 vocos==0.1.0 vector-quantize-pytorch==1.32.0 \
 	torch-einops-utils==0.2.0
 
-install-test: $(BIN)/python
+# Debian packages the tests need: chromium for tests/test_playground.py (playwright downloads
+# no browser here). Installed as root, or through sudo without a prompt (sudo -n); a machine
+# where neither works gets one clear error instead of failing tests later.
+SYSTEM_PKGS := chromium
+
+system-deps:
+	@command -v chromium >/dev/null && exit 0; \
+	command -v apt-get >/dev/null || { echo "make test needs Debian's $(SYSTEM_PKGS) (apt-get not found): install it, then rerun" >&2; exit 1; }; \
+	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo -n"; \
+	echo "installing $(SYSTEM_PKGS) (Debian) for the browser tests"; \
+	$$sudo apt-get update -qq && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PKGS) >/dev/null
+
+install-test: $(BIN)/python system-deps
 	$(BIN)/pip install -q -e '.[voice,chattts,test,dev]'
 	$(BIN)/pip install -q --no-deps $(REFERENCE_PKGS)
 

@@ -13,11 +13,9 @@ import math
 import types
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("safetensors")
-
-from omnistep.models.chattts.vocoder import (  # noqa: E402
+from omnistep.models.chattts.vocoder import (
     ChatTTSVocoder,
     DecoderConfig,
     VocosConfig,
@@ -85,7 +83,8 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def upstream():
     """Upstream classes, imported through the shared test shims."""
-    shims = pytest.importorskip("tests.chattts_ref.shims")
+    from tests.chattts_ref import shims
+
     shims.install_shims()
     from ChatTTS.core import Chat
     from ChatTTS.model.dvae import DVAE

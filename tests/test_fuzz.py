@@ -15,15 +15,12 @@ from collections import Counter
 
 import httpx
 import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from tests.serving import running_server
-
-schemathesis = pytest.importorskip("schemathesis")
-hypothesis = pytest.importorskip("hypothesis")
-requests = pytest.importorskip("requests")
-
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 OPERATIONS = [("/v1/audio/speech", "POST"), ("/v1/chat/completions", "POST")]
 CALL_TIMEOUT = 30.0  # seconds; a case that takes longer counts as a hang

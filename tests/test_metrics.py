@@ -233,7 +233,6 @@ async def test_kv_gauges_of_components_with_a_paged_table():
 async def test_kv_gauges_follow_a_chattts_request(tmp_path):
     """The tiny ChatTTS checkpoint (random weights): its GPT's blocks are in use while a
     request decodes, and all free once it is aborted."""
-    pytest.importorskip("torch")
 
     from omnistep.models.chattts.card import ChatTTSOptions
     from omnistep.models.chattts.card import build_card as build_chattts

@@ -8,23 +8,21 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf  # noqa: E402
-from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (  # noqa: E402
+import torch
+import transformers  # noqa: F401
+from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as hf
+from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (
     Qwen2_5OmniConfig,
     Qwen2_5OmniTalkerConfig,
     Qwen2_5OmniThinkerConfig,
 )
-from transformers.utils import logging as hf_logging  # noqa: E402
+from transformers.utils import logging as hf_logging
 
-from omnistep.core import WorkUnitKind  # noqa: E402
-from omnistep.engine.kv_cache import KVCacheConfig  # noqa: E402
-from omnistep.layers.rope import rope_cos_sin  # noqa: E402
-from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput  # noqa: E402
-from omnistep.models.qwen2_5_omni.talker import (  # noqa: E402
+from omnistep.core import WorkUnitKind
+from omnistep.engine.kv_cache import KVCacheConfig
+from omnistep.layers.rope import rope_cos_sin
+from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+from omnistep.models.qwen2_5_omni.talker import (
     TEXT_EOS,
     TEXT_PAD,
     ConditionKind,
@@ -35,12 +33,12 @@ from omnistep.models.qwen2_5_omni.talker import (  # noqa: E402
     condition_for_step,
     load_talker,
 )
-from omnistep.models.qwen2_5_omni.thinker import (  # noqa: E402
+from omnistep.models.qwen2_5_omni.thinker import (
     QwenThinker,
     ThinkerConfig,
     load_thinker,
 )
-from omnistep.sampling import SamplingRow, make_generator  # noqa: E402
+from omnistep.sampling import SamplingRow, make_generator
 
 PREFILL, AR_TOKEN = WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN
 GREEDY = SamplingRow(temperature=0.0)

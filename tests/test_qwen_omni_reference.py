@@ -1,25 +1,20 @@
 """The Qwen2.5-Omni reference-parity infrastructure (tests/qwen_omni_ref) against transformers.
 
-Skipped where torch, safetensors, tokenizers or transformers' ``qwen2_5_omni`` are missing.
+Needs torch, safetensors, tokenizers and transformers' ``qwen2_5_omni`` (``make test``
+installs them).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("safetensors")
-pytest.importorskip("tokenizers")
-if importlib.util.find_spec("transformers.models.qwen2_5_omni") is None:
-    pytest.skip("transformers has no qwen2_5_omni", allow_module_level=True)
-
-from tests.qwen_omni_ref import assets, reference  # noqa: E402
+from tests.qwen_omni_ref import assets, reference
 
 # The tiny seed-0 talker runs all TALKER_STEPS greedy codes on MESSAGES (the reply track is
 # exhausted, so the pad row repeats) and greedily emits the codec EOS at its 5th code on

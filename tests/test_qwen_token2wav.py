@@ -14,20 +14,18 @@ from __future__ import annotations
 import math
 
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (  # noqa: E402
+import torch
+import transformers  # noqa: F401
+from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (
     Qwen2_5OmniBigVGANConfig,
     Qwen2_5OmniDiTConfig,
     Qwen2_5OmniToken2WavConfig,
 )
-from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (  # noqa: E402
+from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
     Qwen2_5OmniToken2WavModel,
 )
 
-from omnistep.models.qwen2_5_omni.token2wav import (  # noqa: E402
+from omnistep.models.qwen2_5_omni.token2wav import (
     BigVGAN,
     BigVGANConfig,
     DiTConfig,

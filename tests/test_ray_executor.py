@@ -67,7 +67,8 @@ def _stand_ins_only(engine) -> bool:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray for this module (``ray.init`` takes about 7 s on the 2-core CI box)."""
-    ray = pytest.importorskip("ray")
+    import ray
+
     start = time.perf_counter()
     ray.init(
         address="local",
@@ -143,7 +144,6 @@ async def test_failing_request_fails_alone_on_ray(ray_cluster):
 async def test_piper_on_ray_equals_in_process(ray_cluster, monkeypatch):
     """The sentence loop gets the voice's settings from the card: the serving process opens
     no ONNX session."""
-    pytest.importorskip("piper")
     reqs = [
         Request("piper", text="Hello from the ray executor.", seed=11),
         Request("piper", text="A second short sentence. And a third one.", seed=12),
@@ -452,7 +452,6 @@ def _case(name: str, request) -> tuple[str, list[Request], dict]:
     if name == "toy":
         return "toy", _toy_requests(3), {}
     if name == "piper":
-        pytest.importorskip("piper")
         return "piper", [Request("piper", text="One sentence. Then a longer one.", seed=3)], {}
     if name == "chattts":
         root = request.getfixturevalue("chattts_root")
