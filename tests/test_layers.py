@@ -22,7 +22,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from omnistep.engine.kv_cache import BlockManager
+from omnistep.kv import BlockManager
 from omnistep.layers import (
     AttentionMetadata,
     LlamaConfigLite,

@@ -18,8 +18,8 @@ from omnistep.core import (
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine
-from omnistep.engine.kv_cache import BlockManager, SequenceTable
 from omnistep.engine.metrics import Histogram, batch_histogram, request_status
+from omnistep.kv import BlockManager, SequenceTable
 from omnistep.models.toy.card import build_card
 from omnistep.server import ServerConfig, build_app
 from omnistep.server.metrics import metrics_registry

@@ -19,7 +19,7 @@ from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (
 from transformers.utils import logging as hf_logging
 
 from omnistep.core import WorkUnitKind
-from omnistep.engine.kv_cache import KVCacheConfig
+from omnistep.kv import KVCacheConfig
 from omnistep.layers.rope import rope_cos_sin
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 from omnistep.models.qwen2_5_omni.talker import (

@@ -1,5 +1,6 @@
-"""Qwen2.5-Omni token2wav (omnistep/models/qwen2_5_omni/token2wav.py): upstream parity, batching
-of ODE steps across requests, exact chunked BigVGAN, receptive field, loading.
+"""Qwen2.5-Omni token2wav (omnistep/models/qwen2_5_omni/ token2wav.py, dit.py, bigvgan.py):
+upstream parity, batching of ODE steps across requests, exact chunked BigVGAN, receptive field,
+loading.
 
 Upstream reference: transformers' ``Qwen2_5OmniToken2WavModel`` built from a tiny
 ``Qwen2_5OmniToken2WavConfig`` (official BigVGAN geometry, narrow channels; a 4-layer DiT with
@@ -25,11 +26,9 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
     Qwen2_5OmniToken2WavModel,
 )
 
+from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
+from omnistep.models.qwen2_5_omni.dit import DiTConfig, SolverConfig
 from omnistep.models.qwen2_5_omni.token2wav import (
-    BigVGAN,
-    BigVGANConfig,
-    DiTConfig,
-    SolverConfig,
     Token2Wav,
     Token2WavConfig,
     load_token2wav,

@@ -19,13 +19,13 @@ from omnistep.cli import build_parser, load_engine
 from omnistep.core import ModelInstance, OmnistepError, Request, RequestFailedError, SamplingParams
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.executor import InProcessExecutor
-from omnistep.engine.kv_cache import kv_usage
 from omnistep.engine.ray_executor import (
     ComponentPlacement,
     DeployConfigError,
     RemoteComponent,
     parse_deploy,
 )
+from omnistep.kv import kv_usage
 from omnistep.models.registry import build_card
 from omnistep.parity import collect, run_interleaved
 
@@ -312,7 +312,7 @@ async def test_chattts_on_ray_equals_in_process_with_sticky_replicas(
     and no KV table and reads no weight file."""
     import torch
 
-    from omnistep.engine.kv_cache import SequenceTable
+    from omnistep.kv import SequenceTable
 
     spec = f"chattts={chattts_root}"
     reqs = [

@@ -241,7 +241,7 @@ async def test_engine_times_out_a_request_and_frees_it():
 
 
 async def test_stats_count_kv_blocks_of_paged_components():
-    from omnistep.engine.kv_cache import BlockManager, SequenceTable
+    from omnistep.kv import BlockManager, SequenceTable
 
     model = ModelInstance.load(build_card())
     table = SequenceTable(BlockManager(num_blocks=8, block_size=4))

@@ -1,4 +1,5 @@
-"""The engine plane: AsyncEngine, Scheduler, executors. Imports ``omnistep.core`` only."""
+"""The engine plane: AsyncEngine, Scheduler, executors. Imports ``omnistep.core`` and
+``omnistep.kv`` (KV usage of the components)."""
 
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import PlaybackClock

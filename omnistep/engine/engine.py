@@ -43,9 +43,9 @@ from omnistep.engine.deadlines import (
     UnitCostMeter,
 )
 from omnistep.engine.executor import Executor, InProcessExecutor, Outcome
-from omnistep.engine.kv_cache import kv_usage
 from omnistep.engine.metrics import EngineMetrics, Occupancy
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
+from omnistep.kv import kv_usage
 
 ADMISSION_POLL_S = 0.05
 """Seconds between admission checks while requests wait and no step wakes the loop."""
@@ -278,7 +278,7 @@ class AsyncEngine:
         """What the engine holds now, for health checks and leak tests: unfinished requests
         (``waiting_requests`` of them wait for admission), their live loops, units queued in
         the scheduler, batches being executed, and KV cache blocks in use (summed over the
-        components that keep a paged KV cache; see ``kv_cache.kv_usage``). All are 0 when the
+        components that keep a paged KV cache; see ``omnistep.kv.kv_usage``). All are 0 when the
         engine is idle."""
         return {
             "live_requests": len(self._runs),

@@ -116,7 +116,7 @@ from typing import Any
 
 from omnistep.core import Component, ModelCard, ModelInstance, OmnistepError, WorkUnitKind
 from omnistep.engine.executor import Outcome, execute_isolated
-from omnistep.engine.kv_cache import kv_usage
+from omnistep.kv import kv_usage
 
 PLACEMENT_KEYS = ("num_cpus", "num_gpus", "resources", "replicas", "device")
 """The keys a component may set in a deploy file."""

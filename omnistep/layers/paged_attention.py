@@ -1,7 +1,7 @@
 """Causal attention over a paged KV cache, for varlen batches of prefill and decode tokens.
 
 Imports torch only. The cache is a pool of fixed-size blocks; each sequence owns a block table
-(from ``omnistep.engine.kv_cache.BlockManager``) listing its blocks in token order, so token ``t``
+(from ``omnistep.kv.BlockManager``) listing its blocks in token order, so token ``t``
 of a sequence lives at flat slot ``block_table[t // block_size] * block_size + t % block_size``.
 
 A batch of B sequences flattens their new tokens into N = sum(query_lens) rows. Sequence ``i``

@@ -40,7 +40,7 @@ from omnistep.core import (
     Request,
     WorkUnitKind,
 )
-from omnistep.engine.kv_cache import KVCacheConfig
+from omnistep.kv import KVCacheConfig
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.models.chattts.gpt import ChatTTSGPT, ChatTTSPromptInput, GPTConfig

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from omnistep.core import WorkUnitKind
-from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, SequenceTable
+from omnistep.kv import BlockManager, KVCacheConfig, SequenceTable
 from omnistep.layers import AttentionMetadata, LlamaModel, PagedKVCache
 from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.llama import LlamaConfigLite

@@ -49,10 +49,12 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
-from omnistep.engine.kv_cache import KVCacheConfig
+from omnistep.kv import KVCacheConfig
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
 from omnistep.loops.denoise import DenoiseConfig, DenoiseInput, DenoiseLoop, DenoiseOutput
+from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN
+from omnistep.models.qwen2_5_omni.dit import DiT
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
 from omnistep.models.qwen2_5_omni.talker import (
     TALKER_GENERATE_DEFAULTS,
@@ -62,7 +64,7 @@ from omnistep.models.qwen2_5_omni.talker import (
     load_talker,
 )
 from omnistep.models.qwen2_5_omni.thinker import load_thinker
-from omnistep.models.qwen2_5_omni.token2wav import BigVGAN, DiT, load_token2wav_part
+from omnistep.models.qwen2_5_omni.token2wav import load_token2wav_part
 from omnistep.sampling import SamplingRow
 
 CARD_ID = "qwen2.5-omni"

@@ -43,7 +43,7 @@ Sampling (``generate``'s talker defaults, ``TALKER_GENERATE_DEFAULTS``): do_samp
 ``suppress_tokens=[tts_codec_start_token_id]``, which this component always applies (the start id
 gets -inf before sampling; ``teacher_forced_logits`` stays raw).
 
-Imports torch, ``omnistep.core``, ``omnistep.engine.kv_cache``, ``layers``, ``loops``,
+Imports torch, ``omnistep.core``, ``omnistep.kv``, ``layers``, ``loops``,
 ``sampling`` and the thinker module (``PagedQwenLM``).
 """
 
@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from omnistep.engine.kv_cache import KVCacheConfig
+from omnistep.kv import KVCacheConfig
 from omnistep.layers.batch_invariant import map_row_groups
 from omnistep.layers.llama import LlamaConfigLite
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput

@@ -37,7 +37,7 @@ KV admission as in ``omnistep.models.chattts.gpt``: blocks are allocated as sequ
 prefill that does not fit answers ``preempted``; a decode batch that does not fit preempts its
 youngest sequences (freed; their loops recompute by a new prefill).
 
-Imports torch, ``omnistep.core``, ``omnistep.engine.kv_cache`` (block bookkeeping), ``layers``,
+Imports torch, ``omnistep.core``, ``omnistep.kv`` (block bookkeeping), ``layers``,
 ``loops`` and ``sampling``.
 """
 
@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from omnistep.core import WorkUnitKind
-from omnistep.engine.kv_cache import BlockManager, KVCacheConfig, SequenceTable
+from omnistep.kv import BlockManager, KVCacheConfig, SequenceTable
 from omnistep.layers import AttentionMetadata, LlamaModel
 from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.llama import LlamaConfigLite

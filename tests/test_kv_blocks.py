@@ -1,11 +1,11 @@
-"""CPU tests of the paged KV-cache bookkeeping (omnistep.engine.kv_cache): no torch."""
+"""CPU tests of the paged KV-cache bookkeeping (omnistep.kv): no torch."""
 
 import random
 
 import pytest
 
 from omnistep.core.errors import OmnistepError
-from omnistep.engine.kv_cache import BlockManager, FreeRuns, KVCacheConfig, KVCacheFullError
+from omnistep.kv import BlockManager, FreeRuns, KVCacheConfig, KVCacheFullError
 
 
 def test_blocks_needed_rounds_up():
@@ -205,7 +205,7 @@ def test_from_memory_too_small_for_one_block():
 
 
 def test_sequence_table_admits_grows_and_preempts_the_youngest():
-    from omnistep.engine.kv_cache import BlockManager, KVCacheFullError, SequenceTable
+    from omnistep.kv import BlockManager, KVCacheFullError, SequenceTable
 
     table = SequenceTable(BlockManager(num_blocks=4, block_size=4))
     assert table.admit_prefill("old", 4) and table.admit_prefill("young", 4)

@@ -1,9 +1,10 @@
 """Paged KV-cache bookkeeping: block-pool sizing and per-sequence block tables.
 
-Pure Python (stdlib only, no torch): the engine plane imports ``omnistep.core`` and nothing else.
-The scheduler admits decode work by free blocks and frees a sequence's blocks when it finishes or
-is aborted; the component that runs the model turns the block tables into device tensors
-(``omnistep.layers.paged_attention.AttentionMetadata``). A block holds ``block_size`` consecutive
+Pure Python (stdlib only, no torch); imports ``omnistep.core`` and nothing else. A component
+that keeps a paged KV cache (``models/``) owns a ``SequenceTable``: it admits decode work by free
+blocks and frees a sequence's blocks when it finishes or is aborted, and turns the block tables
+into device tensors (``omnistep.layers.paged_attention.AttentionMetadata``); the engine reads
+the usage through the component (``kv_usage``). A block holds ``block_size`` consecutive
 token positions of one sequence, for every layer, K and V.
 """
 

@@ -1,0 +1,70 @@
+"""The import rules between omnistep's planes (DESIGN.md, "Planes and import rules"), checked
+on every module's source, imports inside functions included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "omnistep"
+
+# plane -> the imports it must never make (a name matches itself and its submodules)
+FORBIDDEN = {
+    "core": ["omnistep.", "torch", "fastapi", "pydantic"],
+    "kv": ["omnistep.engine", "omnistep.models", "omnistep.server", "omnistep.layers", "torch"],
+    "engine": ["omnistep.models", "omnistep.server"],
+    "models": ["omnistep.engine", "omnistep.server", "omnistep.cli"],
+    "layers": ["omnistep.engine", "omnistep.models", "omnistep.server"],
+    "loops": ["omnistep.engine", "omnistep.models", "omnistep.server"],
+    "sampling": ["omnistep.engine", "omnistep.models", "omnistep.server"],
+}
+ALLOWED_IN_CORE = ("omnistep.core",)
+
+
+def _imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """Every module name ``path`` (under ``root``) imports; relative imports made absolute."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    parts = path.relative_to(root).with_suffix("").parts
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(parts[: len(parts) - node.level])
+                names.append(f"{base}.{node.module}" if node.module else base)
+            else:
+                names.append(node.module or "")
+    return names
+
+
+def _breaks(name: str, rule: str) -> bool:
+    if rule.endswith("."):
+        return name.startswith(rule)
+    return name == rule or name.startswith(rule + ".")
+
+
+@pytest.mark.parametrize("plane", sorted(FORBIDDEN))
+def test_plane_imports_follow_the_layer_rules(plane):
+    broken = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for path in sorted((PACKAGE / plane).rglob("*.py"))
+        for name in _imports(path)
+        for rule in FORBIDDEN[plane]
+        if _breaks(name, rule) and not (plane == "core" and name.startswith(ALLOWED_IN_CORE))
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_checker_sees_imports_inside_functions_and_relative_ones(tmp_path):
+    module = tmp_path / "omnistep" / "models" / "probe.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "def f():\n    from omnistep.engine.engine import AsyncEngine\nfrom ..server import app\n"
+    )
+    names = _imports(module, root=tmp_path)
+    assert sorted(names) == ["omnistep.engine.engine", "omnistep.server"]
+    assert _breaks("omnistep.engine.engine", "omnistep.engine")
+    assert not _breaks("omnistep.engineering", "omnistep.engine")
