@@ -214,8 +214,8 @@ class _Recorder:
         self._head = component._head
         component._head = self
 
-    def __call__(self, hidden):
-        out = self._head(hidden)
+    def __call__(self, hidden, seq_id):
+        out = self._head(hidden, seq_id)
         self.calls.append(out[:, 0].float().clone())
         return out
 

@@ -1,7 +1,9 @@
 """Torch building blocks for step-level serving: RMSNorm, RoPE, attention over a paged KV cache,
-batch-invariant row helpers and a Llama decoder stack.
+batch-invariant row helpers and a Llama decoder stack; and ``paged_ar.PagedARModel``, the one
+paged-KV autoregressive component every AR family configures (import it from its module).
 
-Imports torch and ``omnistep.core`` only (never ``engine``, ``models`` or ``server``).
+The blocks import torch and ``omnistep.core`` only; ``paged_ar`` also imports ``omnistep.kv``,
+the AR loop's payload types and ``omnistep.sampling``. Never ``engine``, ``models`` or ``server``.
 """
 
 from omnistep.layers.batch_invariant import RowChunking, map_row_chunks, map_row_groups

@@ -12,9 +12,9 @@ are weight-normed linears, folded to plain weights at load time (``w = g * v / |
 output row). Sources: ChatTTS 0.2.5 ``model/embed.py``, ``model/gpt.py`` (``generate``: the
 hidden state at the last position is the one kept per frame), ``model/speaker.py`` (``apply``).
 
-KV admission: blocks are allocated as sequences grow. A prefill that does not fit answers
-``preempted`` (its loop retries later); a decode batch that does not fit preempts its youngest
-sequences (freed; their loops recompute by a new prefill).
+Prefill/decode, KV admission (a prefill that does not fit answers ``preempted``; a decode batch
+that does not fit preempts its youngest sequences), batching and sampling are the shared
+``omnistep.layers.paged_ar.PagedARModel``'s; this module configures its inputs, heads and stream.
 """
 
 from __future__ import annotations
@@ -27,13 +27,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from omnistep.core import WorkUnitKind
-from omnistep.kv import BlockManager, KVCacheConfig, SequenceTable
-from omnistep.layers import AttentionMetadata, LlamaModel, PagedKVCache
-from omnistep.layers.batch_invariant import map_row_chunks
+from omnistep.kv import KVCacheConfig
 from omnistep.layers.llama import LlamaConfigLite
-from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput, ARStepOutput
-from omnistep.sampling import SamplingRow, sample
+from omnistep.layers.paged_ar import PagedARModel
+from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,7 @@ def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return g * v / v.norm(dim=1, keepdim=True)
 
 
-class ChatTTSGPT:
+class ChatTTSGPT(PagedARModel):
     """The GPT component (see module docstring).
 
     Args:
@@ -123,11 +120,8 @@ class ChatTTSGPT:
         dtype: torch.dtype = torch.float32,
         batch_invariant: bool = False,
     ):
+        super().__init__(config.llama(), kv, device, dtype, batch_invariant, config.num_vq)
         self.config = config
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.batch_invariant = batch_invariant
-        self.llama = LlamaModel(config.llama()).to(self.device, dtype).eval()
         h = config.hidden_size
         self.emb_text = nn.Embedding(config.num_text_tokens, h).to(self.device, dtype)
         self.emb_code = nn.ModuleList(
@@ -140,19 +134,6 @@ class ChatTTSGPT:
         # [1, num_text_tokens, hidden]: the refine stage's head, shaped like one codebook
         self.head_text = torch.zeros(1, config.num_text_tokens, h, device=self.device, dtype=dtype)
         self.text_mode: dict[str, bool] = {}
-        head_dim = h // config.num_attention_heads
-        self.cache = PagedKVCache(
-            config.num_hidden_layers,
-            kv.num_blocks,
-            kv.block_size,
-            config.num_key_value_heads,
-            head_dim,
-            dtype,
-            self.device,
-        )
-        self.table = SequenceTable(BlockManager(kv.num_blocks, kv.block_size))
-        self.blocks = self.table.blocks
-        self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
 
     # ---------------------------------------------------------------- weights
     def load_weights(
@@ -185,21 +166,6 @@ class ChatTTSGPT:
         )
         self.head_text[0].copy_(w.to(self.dtype))
 
-    # ---------------------------------------------------------------- Component API
-    def free_sequence(self, seq_id: str) -> None:
-        """Free the sequence's KV blocks (idempotent)."""
-        self.table.free(seq_id)
-        self.text_mode.pop(seq_id, None)
-
-    @torch.inference_mode()
-    def execute(self, kind: WorkUnitKind, payloads: Sequence) -> list[ARStepOutput]:
-        """Run a batch of PREFILL (``ARPrefillInput``) or AR_TOKEN (``ARStepInput``) units."""
-        if kind is WorkUnitKind.PREFILL:
-            return self._prefill(payloads)
-        if kind is WorkUnitKind.AR_TOKEN:
-            return self._decode(payloads)
-        raise ValueError(f"ChatTTS GPT cannot run {kind}")
-
     @torch.inference_mode()
     def teacher_forced_logits(
         self,
@@ -220,130 +186,46 @@ class ChatTTSGPT:
         Raises:
             KVCacheFullError: the sequence does not fit the KV pool.
         """
-        seq_id = f"teacher-forced/{id(prompt)}"
-        frames = [tuple(f) for f in frames]
-        head = [] if incremental else frames
-        unit = ARPrefillInput(seq_id, prompt, tuple(head), (), None, None)
-        num_tokens = len(prompt.input_ids) + len(head)
-        try:
-            self.blocks.allocate(seq_id, num_tokens)
-            self.lengths[seq_id] = num_tokens
-            positions = torch.arange(num_tokens, device=self.device)
-            hidden = self._forward(self._prompt_embeds(unit), positions, [seq_id], [num_tokens])
-            rows = [hidden[len(prompt.input_ids) - 1 :]]
-            for frame in frames if incremental else []:
-                self.lengths[seq_id] += 1
-                self.blocks.allocate(seq_id, self.lengths[seq_id])
-                embeds = self._frame_embeds(
-                    torch.tensor([frame], device=self.device), prompt.text_mode
-                )
-                position = torch.tensor([self.lengths[seq_id] - 1], device=self.device)
-                rows.append(self._forward(embeds, position, [seq_id], [1]))
-        finally:
-            self.free_sequence(seq_id)
-        # heads per forward, as generation applies them (the GEMM shape changes the last bits)
-        return torch.cat([self._logits(r, prompt.text_mode) for r in rows]).float()
+        frames = tuple(tuple(f) for f in frames)
+        seq_id = self._teacher_seq_id()
+        head = () if incremental else frames
+        first = ARPrefillInput(seq_id, prompt, head, (), None, None)
+        steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
+        return self._teacher_forced(first, steps if incremental else [])
 
-    # ---------------------------------------------------------------- prefill / decode
-    def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
-        results: list[ARStepOutput | None] = [None] * len(units)
-        run: list[int] = []
-        for i, unit in enumerate(units):
-            num_tokens = len(unit.prompt.input_ids) + len(unit.generated)
-            if not self.table.admit_prefill(unit.seq_id, num_tokens):
-                results[i] = ARStepOutput(preempted=True)
-                continue
-            self.text_mode[unit.seq_id] = unit.prompt.text_mode
-            run.append(i)
-        if run:
-            embeds = torch.cat([self._prompt_embeds(units[i]) for i in run])
-            lens = [embeds_len for embeds_len in (self.lengths[units[i].seq_id] for i in run)]
-            positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-            hidden = self._forward(embeds, positions, [units[i].seq_id for i in run], lens)
-            ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
-            for i, out in zip(
-                run, self._sample(hidden[ends], [units[i] for i in run]), strict=True
-            ):
-                results[i] = out
-        return results  # type: ignore[return-value]
+    # ---------------------------------------------------------------- PagedARModel hooks
+    def free_sequence(self, seq_id: str) -> None:
+        """Free the sequence's KV blocks (idempotent)."""
+        super().free_sequence(seq_id)
+        self.text_mode.pop(seq_id, None)
 
-    def _decode(self, units: Sequence[ARStepInput]) -> list[ARStepOutput]:
-        keep = self._admit_decode(units)
-        results: list[ARStepOutput] = [ARStepOutput(preempted=True)] * len(units)
-        if keep:
-            last = torch.tensor([units[i].last for i in keep], device=self.device)
-            # one mode per batch: the loops' ShapeSignatures keep text and code units apart
-            embeds = self._frame_embeds(last, self.text_mode[units[keep[0]].seq_id])  # [B, hidden]
-            positions = torch.tensor(
-                [self.lengths[units[i].seq_id] - 1 for i in keep], device=self.device
-            )
-            hidden = self._forward(
-                embeds, positions, [units[i].seq_id for i in keep], [1] * len(keep)
-            )
-            for i, out in zip(keep, self._sample(hidden, [units[i] for i in keep]), strict=True):
-                results[i] = out
-        return results
+    def _on_admit(self, unit: ARPrefillInput) -> None:
+        self.text_mode[unit.seq_id] = unit.prompt.text_mode
 
-    def _admit_decode(self, units: Sequence[ARStepInput]) -> list[int]:
-        """Grow every sequence by one token, preempting the youngest if the pool runs out
-        (``SequenceTable.grow``). Returns the indices that run."""
-        return self.table.grow([u.seq_id for u in units])
+    def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
+        return self._prompt_embeds(unit)
 
-    @property
-    def num_preemptions(self) -> int:
-        """Sequences freed so far to make room for older ones."""
-        return self.table.num_preemptions
+    def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
+        last = torch.tensor([u.last for u in units], device=self.device)
+        # one mode per batch: the loops' ShapeSignatures keep text and code units apart
+        return self._frame_embeds(last, self.text_mode[units[0].seq_id])  # [B, hidden]
 
-    def _forward(
-        self,
-        embeds: torch.Tensor,
-        positions: torch.Tensor,
-        seq_ids: list[str],
-        query_lens: list[int],
-    ) -> torch.Tensor:
-        context_lens, block_tables = self.table.context(seq_ids)
-        meta = AttentionMetadata.build(
-            query_lens,
-            context_lens,
-            block_tables,
-            self.blocks.block_size,
-            self.device,
-            batch_invariant=self.batch_invariant,
-        )
-        return self.llama(embeds.to(self.dtype), positions, self.cache, meta)
+    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
+        return rows.to(self.dtype)
 
-    def _logits(self, hidden: torch.Tensor, text_mode: bool = False) -> torch.Tensor:
-        """Logits from hidden states ``[B, hidden]``: code ``[B, num_vq, num_audio_tokens]``,
-        or text ``[B, 1, num_text_tokens]``."""
-        weight = self.head_text if text_mode else self.head_code
+    def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
+        """Code logits ``[B, num_vq, num_audio_tokens]``, or text ``[B, 1, num_text_tokens]``
+        for a refine-text sequence."""
+        weight = self.head_text if self.text_mode[seq_id] else self.head_code
+        return self._rows(lambda h: torch.einsum("bh,jvh->bjv", h, weight), hidden.to(self.dtype))
 
-        def heads(h: torch.Tensor) -> torch.Tensor:
-            return torch.einsum("bh,jvh->bjv", h, weight)
-
-        h = hidden.to(self.dtype)
-        return map_row_chunks(heads, h) if self.batch_invariant else heads(h)
-
-    def _sample(self, hidden: torch.Tensor, units: Sequence) -> list[ARStepOutput]:
-        """Sample every row of ``hidden`` ``[B, hidden]`` with its unit's settings."""
-        logits = self._logits(hidden, self.text_mode[units[0].seq_id])
-        history = [self._history(u.history, logits.shape[1]) for u in units]
-        num_generated = [
-            len(u.generated) if isinstance(u, ARPrefillInput) else u.num_generated for u in units
-        ]
-        rows: list[SamplingRow] = [u.sampling for u in units]
-        out = sample(logits.float(), rows, history, num_generated, [u.generator for u in units])
-        tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
-        hidden_cpu = hidden.float().cpu()
-        return [
-            ARStepOutput(tuple(t), tuple(lp), hidden_cpu[b])
-            for b, (t, lp) in enumerate(zip(tokens, logprobs, strict=True))
-        ]
-
-    def _history(self, frames: tuple[tuple[int, ...], ...], width: int) -> torch.Tensor:
-        """``[width, T]`` long tensor of recent frames (width: ids per frame)."""
-        if not frames:
-            return torch.zeros(width, 0, dtype=torch.long, device=self.device)
-        return torch.tensor(frames, dtype=torch.long, device=self.device).T
+    def _streams(
+        self, rows: torch.Tensor, hidden: torch.Tensor, lens: list[int], whole: list[bool]
+    ) -> list[torch.Tensor]:
+        """The last hidden state ``[hidden]`` float32 (CPU) of each sequence: the vocoder's
+        input."""
+        ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
+        return list(hidden[ends].float().cpu())
 
     def _frame_embeds(self, frames: torch.Tensor, text_mode: bool) -> torch.Tensor:
         """Embeddings ``[T, hidden]`` of generated frames ``[T, width]``."""

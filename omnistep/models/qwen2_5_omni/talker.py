@@ -43,8 +43,10 @@ Sampling (``generate``'s talker defaults, ``TALKER_GENERATE_DEFAULTS``): do_samp
 ``suppress_tokens=[tts_codec_start_token_id]``, which this component always applies (the start id
 gets -inf before sampling; ``teacher_forced_logits`` stays raw).
 
-Imports torch, ``omnistep.core``, ``omnistep.kv``, ``layers``, ``loops``,
-``sampling`` and the thinker module (``PagedQwenLM``).
+Prefill/decode, KV admission, preemption and sampling are the shared
+``omnistep.layers.paged_ar.PagedARModel``'s; this module configures its inputs and head.
+
+Imports torch, ``omnistep.kv``, ``layers``, ``loops`` and the thinker module (config helpers).
 """
 
 from __future__ import annotations
@@ -59,9 +61,9 @@ import torch
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.batch_invariant import map_row_groups
 from omnistep.layers.llama import LlamaConfigLite
+from omnistep.layers.paged_ar import PagedARModel
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 from omnistep.models.qwen2_5_omni.thinker import (
-    PagedQwenLM,
     check_mrope,
     qwen2_stack,
     rope_fields,
@@ -293,7 +295,7 @@ class TalkerStepInput:
 
 
 # ---------------------------------------------------------------- the component
-class QwenTalker(PagedQwenLM):
+class QwenTalker(PagedARModel):
     """The talker component (see module docstring).
 
     PREFILL payloads are ``ARPrefillInput`` with a ``TalkerPrompt``; AR_TOKEN payloads are
@@ -450,7 +452,7 @@ class QwenTalker(PagedQwenLM):
         plan = self.llama.row_chunking.plan(query_lens, rows.device)
         return map_row_groups(proj, rows, plan)
 
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
         return self._linear_rows(hidden.to(self.dtype), self.codec_head).unsqueeze(1)
 
     def _sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:

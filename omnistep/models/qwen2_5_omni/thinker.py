@@ -1,6 +1,6 @@
 """The Qwen2.5-Omni thinker as a component: the Qwen2.5 text LM on a paged KV cache, batched across
-requests, for text input; plus ``PagedQwenLM``, the prefill/decode machinery it shares with the
-talker (``omnistep.models.qwen2_5_omni.talker``).
+requests, for text input; configures the shared ``omnistep.layers.paged_ar.PagedARModel`` (as the
+talker and ChatTTS's GPT do) with its embedding, ``lm_head`` and the rows it streams.
 
 Mirrors transformers' ``Qwen2_5OmniThinkerForConditionalGeneration`` (models/qwen2_5_omni/
 modeling_qwen2_5_omni.py): ``model.language_model`` is a Qwen2 decoder (``Qwen2_5OmniDecoderLayer``:
@@ -33,31 +33,23 @@ so it has no row: the talker reads the text-EOS embedding there instead (see the
 For audio/image/video prompts (later), transformers zeroes the embedding part at placeholder
 positions before the sum.
 
-KV admission as in ``omnistep.models.chattts.gpt``: blocks are allocated as sequences grow; a
-prefill that does not fit answers ``preempted``; a decode batch that does not fit preempts its
-youngest sequences (freed; their loops recompute by a new prefill).
+KV admission, preemption, batching and sampling: ``PagedARModel``'s.
 
-Imports torch, ``omnistep.core``, ``omnistep.kv`` (block bookkeeping), ``layers``,
-``loops`` and ``sampling``.
+Imports torch, ``omnistep.kv``, ``layers`` and ``loops``.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from omnistep.core import WorkUnitKind
-from omnistep.kv import BlockManager, KVCacheConfig, SequenceTable
-from omnistep.layers import AttentionMetadata, LlamaModel
-from omnistep.layers.batch_invariant import map_row_chunks
+from omnistep.kv import KVCacheConfig
 from omnistep.layers.llama import LlamaConfigLite
-from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput, ARStepOutput
-from omnistep.sampling import SamplingRow, sample
+from omnistep.layers.paged_ar import PagedARModel
+from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 
 ENCODER_PREFIXES = ("audio_tower.", "visual.")
 """Thinker weights kept for the (later) audio and vision inputs, by official key prefix."""
@@ -186,249 +178,6 @@ class ThinkerConfig:
         return qwen2_stack(self)
 
 
-# ---------------------------------------------------------------- shared paged LM machinery
-class PagedQwenLM:
-    """Prefill/decode of a Qwen2 decoder over ``inputs_embeds`` on a paged KV cache, batched
-    across requests; the thinker and the talker subclass it.
-
-    One ``execute`` call runs a batch of PREFILL units (varlen, flattened) or AR_TOKEN units (one
-    token each) as a single forward, then samples every sequence's last row with its own
-    settings and generator (``num_vq = 1``: frames are 1-tuples). Subclasses say what the input
-    rows are (``_prefill_inputs``, ``_step_inputs``), how they enter the stack
-    (``_lm_inputs``), the head (``_head``) and what each output streams (``_stream``).
-
-    Args:
-        llama: the decoder stack's sizes.
-        kv: KV pool size.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        dtype: compute dtype of weights and cache.
-        batch_invariant: a sequence's results do not depend on its batch (fixed-shape row
-            chunks, per-sequence attention); slower, bit-exact C3.
-    """
-
-    def __init__(
-        self,
-        llama: LlamaConfigLite,
-        kv: KVCacheConfig,
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
-        batch_invariant: bool = False,
-    ):
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.batch_invariant = batch_invariant
-        self.llama = LlamaModel(llama, device=self.device, dtype=dtype).eval()
-        self.cache = self.llama.make_cache(kv.num_blocks, kv.block_size)
-        self.table = SequenceTable(BlockManager.from_config(kv))
-        self.blocks = self.table.blocks
-        self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
-        self._teacher_ids = itertools.count()
-
-    # ------------------------------------------------------------ subclass hooks
-    def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
-        """Input rows ``[prompt rows + len(unit.generated), in_dim]`` (compute dtype, on the
-        device); raises ValueError for a malformed prompt."""
-        raise NotImplementedError
-
-    def _step_inputs(self, units: Sequence[Any]) -> torch.Tensor:
-        """Input rows ``[B, in_dim]`` of one decode step per unit (its ``last`` frame)."""
-        raise NotImplementedError
-
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, 1, vocab]`` (compute dtype) of final hidden states ``[B, hidden]``."""
-        raise NotImplementedError
-
-    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
-        """``inputs_embeds`` ``[N, hidden]`` of the stack from input rows ``[N, in_dim]``."""
-        return rows
-
-    def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
-        """What outputs stream, ``[n, ...]``, from input rows ``[n, in_dim]`` and their final
-        hidden states ``[n, hidden]``; None streams nothing."""
-        return None
-
-    def _sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, 1, V]`` float32 as the sampler sees them (e.g. suppressed ids)."""
-        return logits
-
-    # ------------------------------------------------------------ Component API
-    def free_sequence(self, seq_id: str) -> None:
-        """Free the sequence's KV blocks (idempotent)."""
-        self.table.free(seq_id)
-
-    @torch.inference_mode()
-    def execute(self, kind: WorkUnitKind, payloads: Sequence[Any]) -> list[ARStepOutput]:
-        """Run a batch of PREFILL or AR_TOKEN units; one ``ARStepOutput`` per payload, in order.
-
-        Raises:
-            ValueError: another kind, or a malformed payload.
-            KVCacheFullError: a prefill longer than the whole pool.
-        """
-        if kind is WorkUnitKind.PREFILL:
-            return self._prefill(payloads)
-        if kind is WorkUnitKind.AR_TOKEN:
-            return self._decode(payloads)
-        raise ValueError(f"{type(self).__name__} cannot run {kind}")
-
-    # ------------------------------------------------------------ prefill / decode
-    def _admit_prefill(self, unit: ARPrefillInput, num_tokens: int) -> bool:
-        """(Re)start the sequence with blocks for its ``num_tokens`` prefill rows; False if they
-        are not free (``SequenceTable.admit_prefill``)."""
-        return self.table.admit_prefill(unit.seq_id, num_tokens)
-
-    def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
-        results = [ARStepOutput(preempted=True)] * len(units)
-        inputs = [self._prefill_inputs(unit) for unit in units]  # validates before admitting
-        run = [i for i, unit in enumerate(units) if self._admit_prefill(unit, len(inputs[i]))]
-        if not run:
-            return results
-        run_units = [units[i] for i in run]
-        lens = [inputs[i].shape[0] for i in run]
-        rows = torch.cat([inputs[i] for i in run])
-        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], lens)
-        ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
-        # a fresh prefill streams every prompt row; a replay only its last (newest) row
-        streams = self._streams(rows, hidden, lens, [not u.generated for u in run_units])
-        outputs = self._sample(hidden[ends], run_units, streams)
-        for i, out in zip(run, outputs, strict=True):
-            results[i] = out
-        return results
-
-    def _streams(
-        self, rows: torch.Tensor, hidden: torch.Tensor, lens: list[int], whole: list[bool]
-    ) -> list[Any]:
-        """Each sequence's ``ARStepOutput.hidden``: ``_stream`` of all its ``lens[i]`` rows
-        when ``whole[i]``, else of its last row; one ``_stream`` call for the batch."""
-        starts = [0, *itertools.accumulate(lens)]
-        picked = [
-            range(start, end) if full else range(end - 1, end)
-            for start, end, full in zip(starts[:-1], starts[1:], whole, strict=True)
-        ]
-        index = torch.tensor([r for rng in picked for r in rng], device=self.device)
-        stream = self._stream(rows[index], hidden[index])
-        if stream is None:
-            return [None] * len(lens)
-        return list(stream.split([len(rng) for rng in picked]))
-
-    def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
-        keep = self._admit_decode(units)
-        results = [ARStepOutput(preempted=True)] * len(units)
-        if not keep:
-            return results
-        run_units = [units[i] for i in keep]
-        rows = self._step_inputs(run_units)  # [B, in_dim]
-        positions = torch.tensor(
-            [self.lengths[u.seq_id] - 1 for u in run_units], device=self.device
-        )
-        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], [1] * len(keep))
-        streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
-        for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
-            results[i] = out
-        return results
-
-    def _admit_decode(self, units: Sequence[Any]) -> list[int]:
-        """Grow every sequence by one token, preempting the youngest if the pool runs out
-        (``SequenceTable.grow``). Returns the indices that run."""
-        return self.table.grow([u.seq_id for u in units])
-
-    @property
-    def num_preemptions(self) -> int:
-        """Sequences freed so far to make room for older ones."""
-        return self.table.num_preemptions
-
-    def _forward(
-        self,
-        rows: torch.Tensor,
-        positions: torch.Tensor,
-        seq_ids: list[str],
-        query_lens: list[int],
-    ) -> torch.Tensor:
-        """Final normed hidden states ``[N, hidden]`` of input rows ``[N, in_dim]``."""
-        context_lens, block_tables = self.table.context(seq_ids)
-        meta = AttentionMetadata.build(
-            query_lens,
-            context_lens,
-            block_tables,
-            self.blocks.block_size,
-            self.device,
-            batch_invariant=self.batch_invariant,
-        )
-        return self.llama(self._lm_inputs(rows, query_lens), positions, self.cache, meta)
-
-    def _linear_rows(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``F.linear`` over rows ``[B, in]``, in fixed 16-row chunks in batch-invariant mode."""
-
-        def fn(rows: torch.Tensor) -> torch.Tensor:
-            return F.linear(rows, weight, bias)
-
-        return map_row_chunks(fn, x) if self.batch_invariant else fn(x)
-
-    def _sample(
-        self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
-    ) -> list[ARStepOutput]:
-        """Sample each row of ``hidden`` ``[B, hidden]`` with its unit's settings."""
-        logits = self._sampling_logits(self._head(hidden).float())  # [B, 1, V]
-        history = [self._history(u.history) for u in units]
-        num_generated = [
-            len(u.generated) if isinstance(u, ARPrefillInput) else u.num_generated for u in units
-        ]
-        rows: list[SamplingRow] = [u.sampling for u in units]
-        out = sample(logits, rows, history, num_generated, [u.generator for u in units])
-        tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
-        return [
-            ARStepOutput(tuple(t), tuple(lp), stream)
-            for t, lp, stream in zip(tokens, logprobs, streams, strict=True)
-        ]
-
-    def _history(self, frames: tuple[tuple[int, ...], ...]) -> torch.Tensor:
-        """``[1, T]`` long tensor of recent frames."""
-        if not frames:
-            return torch.zeros(1, 0, dtype=torch.long, device=self.device)
-        return torch.tensor(frames, dtype=torch.long, device=self.device).T
-
-    def _frame_ids(self, frames: Sequence[tuple[int, ...]], vocab_size: int) -> torch.Tensor:
-        """LongTensor ``[T]`` of 1-tuple frames, on the device.
-
-        Raises:
-            ValueError: a frame is not one id in ``[0, vocab_size)``.
-        """
-        ids = []
-        for frame in frames:
-            if len(frame) != 1 or not 0 <= frame[0] < vocab_size:
-                raise ValueError(f"frame {frame!r} must be one id in [0, {vocab_size})")
-            ids.append(frame[0])
-        return torch.tensor(ids, dtype=torch.long, device=self.device)
-
-    def _teacher_forced(self, first: ARPrefillInput, steps: Sequence[Any]) -> torch.Tensor:
-        """Raw logits ``[len(first.generated) + len(steps) + 1, 1, V]`` float32 of a prefill
-        followed by decode steps, on a temporary sequence (freed after)."""
-        inputs = self._prefill_inputs(first)
-        num_tokens = inputs.shape[0]
-        num_prompt = num_tokens - len(first.generated)
-        seq_id = first.seq_id
-        try:
-            self.blocks.allocate(seq_id, num_tokens)
-            self.lengths[seq_id] = num_tokens
-            positions = torch.arange(num_tokens, device=self.device)
-            hidden = self._forward(inputs, positions, [seq_id], [num_tokens])
-            rows = [hidden[num_prompt - 1 :]]
-            for unit in steps:
-                self.lengths[seq_id] += 1
-                self.blocks.allocate(seq_id, self.lengths[seq_id])
-                position = torch.tensor([self.lengths[seq_id] - 1], device=self.device)
-                rows.append(self._forward(self._step_inputs([unit]), position, [seq_id], [1]))
-        finally:
-            self.free_sequence(seq_id)
-        # the head per forward, as generation applies it (the GEMM shape changes the last bits)
-        return torch.cat([self._head(r) for r in rows]).float()
-
-    def _teacher_seq_id(self) -> str:
-        return f"teacher-forced/{type(self).__name__}/{next(self._teacher_ids)}"
-
-
 # ---------------------------------------------------------------- the thinker
 def official_thinker_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Thinker tensors under the official checkpoint's names (``thinker.`` prefix removed):
@@ -449,7 +198,7 @@ def official_thinker_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return out
 
 
-class QwenThinker(PagedQwenLM):
+class QwenThinker(PagedARModel):
     """The thinker component (see module docstring).
 
     PREFILL payloads are ``ARPrefillInput`` whose ``prompt`` is the prompt's token ids
@@ -461,6 +210,8 @@ class QwenThinker(PagedQwenLM):
         lm_head: ``[vocab, hidden]`` output projection (``lm_head.weight``).
         encoder_weights: audio tower / vision encoder tensors by official name (unused yet).
     """
+
+    stream_prompt_rows = True
 
     def __init__(
         self,
@@ -548,7 +299,7 @@ class QwenThinker(PagedQwenLM):
         ids = self._frame_ids([tuple(u.last) for u in units], self.config.vocab_size)
         return self.embed_weight[ids]
 
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
         return self._linear_rows(hidden.to(self.dtype), self.lm_head).unsqueeze(1)
 
     def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,304 @@
+"""The shared paged-KV autoregressive component every AR family configures.
+
+``PagedARModel`` runs prefill and decode of a decoder stack (``LlamaModel``: Llama, or Qwen2 with
+q/k/v bias) over input rows on a paged KV cache, batched across requests, and samples each
+sequence's next frame with its own settings and generator. One ``execute`` call runs a batch of
+PREFILL units (varlen prompts, flattened into one forward) or of AR_TOKEN units (one frame each);
+a batch of one takes the same path. A family subclass says only what is its own:
+
+    _prefill_inputs(unit)   input rows ``[prompt rows + len(unit.generated), in_dim]``
+    _step_inputs(units)     input rows ``[B, in_dim]``: each unit's ``last`` frame
+    _lm_inputs(rows, lens)  ``inputs_embeds`` ``[N, hidden]`` of the stack (default: the rows)
+    _head(hidden, seq_id)   logits ``[B, num_codebooks, vocab]`` of final hidden states
+    _sampling_logits(l)     logits as the sampler sees them (default: unchanged)
+    _stream(rows, hidden)   what each output carries in ``ARStepOutput.hidden`` (default: None)
+
+Frames are tuples of ``num_codebooks`` ids (1 for a text LM, 4 for ChatTTS's codebooks).
+
+KV admission: blocks are allocated as sequences grow (``omnistep.kv.SequenceTable``). A prefill
+that does not fit answers ``preempted`` (its loop retries later); a decode batch that does not fit
+preempts its youngest sequences (freed; their loops recompute by a new prefill).
+
+Streams (``ARStepOutput.hidden``): with ``stream_prompt_rows`` (the Qwen thinker, whose every fed
+token conditions the talker) a fresh prefill streams one row per prompt row and a replay after a
+preemption only its last row; otherwise every output streams its last row only (ChatTTS: the
+hidden state its vocoder decodes).
+
+Imports torch, ``omnistep.core``, ``omnistep.kv``, the AR loop's payload types
+(``omnistep.loops.ar_decode``), ``omnistep.sampling`` and the other layers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from omnistep.core import WorkUnitKind
+from omnistep.kv import BlockManager, KVCacheConfig, SequenceTable
+from omnistep.layers.batch_invariant import map_row_chunks
+from omnistep.layers.llama import LlamaConfigLite, LlamaModel
+from omnistep.layers.paged_attention import AttentionMetadata
+from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
+from omnistep.sampling import SamplingRow, sample
+
+
+class PagedARModel:
+    """Prefill/decode of a decoder stack on a paged KV cache, batched across requests (see the
+    module docstring for the subclass hooks).
+
+    Args:
+        llama: the decoder stack's sizes.
+        kv: KV pool size (blocks of ``block_size`` tokens).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        dtype: compute dtype of weights and cache.
+        batch_invariant: a sequence's results do not depend on its batch (fixed-shape row
+            chunks, per-sequence attention); slower, bit-exact C3.
+        num_codebooks: ids per frame (the width of the repetition-penalty history).
+
+    Attributes:
+        llama: the ``LlamaModel`` stack; ``cache``: its ``PagedKVCache``; ``table``: the
+            ``SequenceTable`` (``blocks``, ``lengths``: tokens in the cache per sequence).
+    """
+
+    stream_prompt_rows: bool = False
+    """A fresh prefill streams one row per prompt row (else only the last row)."""
+
+    def __init__(
+        self,
+        llama: LlamaConfigLite,
+        kv: KVCacheConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        batch_invariant: bool = False,
+        num_codebooks: int = 1,
+    ):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.batch_invariant = batch_invariant
+        self.num_codebooks = num_codebooks
+        self.llama = LlamaModel(llama, device=self.device, dtype=dtype).eval()
+        self.cache = self.llama.make_cache(kv.num_blocks, kv.block_size)
+        self.table = SequenceTable(BlockManager.from_config(kv))
+        self.blocks = self.table.blocks
+        self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
+        self._teacher_ids = itertools.count()
+
+    # ------------------------------------------------------------ subclass hooks
+    def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
+        """Input rows ``[prompt rows + len(unit.generated), in_dim]`` (compute dtype, on the
+        device); raises ValueError for a malformed prompt."""
+        raise NotImplementedError
+
+    def _step_inputs(self, units: Sequence[Any]) -> torch.Tensor:
+        """Input rows ``[B, in_dim]`` of one decode step per unit (its ``last`` frame)."""
+        raise NotImplementedError
+
+    def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
+        """Logits ``[B, num_codebooks, vocab]`` (compute dtype) of final hidden states
+        ``[B, hidden]``; ``seq_id`` is one sequence of the batch (a batch holds one kind of unit:
+        the loops' ShapeSignatures keep, e.g., ChatTTS's text and code frames apart)."""
+        raise NotImplementedError
+
+    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
+        """``inputs_embeds`` ``[N, hidden]`` of the stack from input rows ``[N, in_dim]``."""
+        return rows
+
+    def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
+        """What outputs stream, ``[n, ...]``, from input rows ``[n, in_dim]`` and their final
+        hidden states ``[n, hidden]``; None streams nothing."""
+        return None
+
+    def _sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, num_codebooks, V]`` float32 as the sampler sees them (e.g. suppressed
+        ids)."""
+        return logits
+
+    def _on_admit(self, unit: ARPrefillInput) -> None:
+        """Called for each prefill unit that got its blocks (per-sequence bookkeeping)."""
+
+    # ------------------------------------------------------------ Component API
+    def free_sequence(self, seq_id: str) -> None:
+        """Free the sequence's KV blocks (idempotent)."""
+        self.table.free(seq_id)
+
+    @torch.inference_mode()
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[Any]) -> list[ARStepOutput]:
+        """Run a batch of PREFILL or AR_TOKEN units; one ``ARStepOutput`` per payload, in order.
+
+        Raises:
+            ValueError: another kind, or a malformed payload.
+            KVCacheFullError: a prefill longer than the whole pool.
+        """
+        if kind is WorkUnitKind.PREFILL:
+            return self._prefill(payloads)
+        if kind is WorkUnitKind.AR_TOKEN:
+            return self._decode(payloads)
+        raise ValueError(f"{type(self).__name__} cannot run {kind}")
+
+    @property
+    def num_preemptions(self) -> int:
+        """Sequences freed so far to make room for older ones."""
+        return self.table.num_preemptions
+
+    # ------------------------------------------------------------ prefill / decode
+    def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
+        results = [ARStepOutput(preempted=True)] * len(units)
+        inputs = [self._prefill_inputs(unit) for unit in units]  # validates before admitting
+        run = [
+            i
+            for i, unit in enumerate(units)
+            if self.table.admit_prefill(unit.seq_id, inputs[i].shape[0])
+        ]
+        if not run:
+            return results
+        run_units = [units[i] for i in run]
+        for unit in run_units:
+            self._on_admit(unit)
+        lens = [inputs[i].shape[0] for i in run]
+        rows = torch.cat([inputs[i] for i in run])
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], lens)
+        ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
+        whole = [self.stream_prompt_rows and not u.generated for u in run_units]
+        streams = self._streams(rows, hidden, lens, whole)
+        outputs = self._sample(hidden[ends], run_units, streams)
+        for i, out in zip(run, outputs, strict=True):
+            results[i] = out
+        return results
+
+    def _streams(
+        self, rows: torch.Tensor, hidden: torch.Tensor, lens: list[int], whole: list[bool]
+    ) -> list[Any]:
+        """Each sequence's ``ARStepOutput.hidden``: ``_stream`` of all its ``lens[i]`` rows
+        when ``whole[i]``, else of its last row; one ``_stream`` call for the batch."""
+        starts = [0, *itertools.accumulate(lens)]
+        picked = [
+            range(start, end) if full else range(end - 1, end)
+            for start, end, full in zip(starts[:-1], starts[1:], whole, strict=True)
+        ]
+        index = torch.tensor([r for rng in picked for r in rng], device=self.device)
+        stream = self._stream(rows[index], hidden[index])
+        if stream is None:
+            return [None] * len(lens)
+        return list(stream.split([len(rng) for rng in picked]))
+
+    def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
+        keep = self.table.grow([u.seq_id for u in units])
+        results = [ARStepOutput(preempted=True)] * len(units)
+        if not keep:
+            return results
+        run_units = [units[i] for i in keep]
+        rows = self._step_inputs(run_units)  # [B, in_dim]
+        positions = torch.tensor(
+            [self.lengths[u.seq_id] - 1 for u in run_units], device=self.device
+        )
+        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], [1] * len(keep))
+        streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
+        for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
+            results[i] = out
+        return results
+
+    def _forward(
+        self,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        seq_ids: list[str],
+        query_lens: list[int],
+    ) -> torch.Tensor:
+        """Final normed hidden states ``[N, hidden]`` of input rows ``[N, in_dim]``."""
+        context_lens, block_tables = self.table.context(seq_ids)
+        meta = AttentionMetadata.build(
+            query_lens,
+            context_lens,
+            block_tables,
+            self.blocks.block_size,
+            self.device,
+            batch_invariant=self.batch_invariant,
+        )
+        return self.llama(self._lm_inputs(rows, query_lens), positions, self.cache, meta)
+
+    def _rows(self, fn: Any, x: torch.Tensor) -> torch.Tensor:
+        """``fn`` over rows ``[B, ...]``, in fixed 16-row chunks in batch-invariant mode."""
+        return map_row_chunks(fn, x) if self.batch_invariant else fn(x)
+
+    def _linear_rows(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``F.linear`` over rows ``[B, in]`` (row-chunked in batch-invariant mode)."""
+        return self._rows(lambda rows: F.linear(rows, weight, bias), x)
+
+    def _sample(
+        self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
+    ) -> list[ARStepOutput]:
+        """Sample each row of ``hidden`` ``[B, hidden]`` with its unit's settings."""
+        logits = self._head(hidden, units[0].seq_id).float()
+        logits = self._sampling_logits(logits)  # [B, num_codebooks, V]
+        history = [self._history(u.history, logits.shape[1]) for u in units]
+        num_generated = [
+            len(u.generated) if isinstance(u, ARPrefillInput) else u.num_generated for u in units
+        ]
+        rows: list[SamplingRow] = [u.sampling for u in units]
+        out = sample(logits, rows, history, num_generated, [u.generator for u in units])
+        tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
+        return [
+            ARStepOutput(tuple(t), tuple(lp), stream)
+            for t, lp, stream in zip(tokens, logprobs, streams, strict=True)
+        ]
+
+    def _history(self, frames: tuple[tuple[int, ...], ...], width: int) -> torch.Tensor:
+        """``[width, T]`` long tensor of recent frames (width: ids per frame)."""
+        if not frames:
+            return torch.zeros(width, 0, dtype=torch.long, device=self.device)
+        return torch.tensor(frames, dtype=torch.long, device=self.device).T
+
+    def _frame_ids(self, frames: Sequence[tuple[int, ...]], vocab_size: int) -> torch.Tensor:
+        """LongTensor ``[T]`` of 1-tuple frames, on the device.
+
+        Raises:
+            ValueError: a frame is not one id in ``[0, vocab_size)``.
+        """
+        ids = []
+        for frame in frames:
+            if len(frame) != 1 or not 0 <= frame[0] < vocab_size:
+                raise ValueError(f"frame {frame!r} must be one id in [0, {vocab_size})")
+            ids.append(frame[0])
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    # ------------------------------------------------------------ teacher forcing
+    def _teacher_forced(self, first: ARPrefillInput, steps: Sequence[Any]) -> torch.Tensor:
+        """Raw logits ``[len(first.generated) + len(steps) + 1, num_codebooks, V]`` float32 of
+        a prefill followed by decode steps, on a temporary sequence (freed after): row ``i`` is
+        the distribution frame ``i`` after the prompt was drawn from.
+
+        Raises:
+            KVCacheFullError: the sequence does not fit the KV pool.
+        """
+        inputs = self._prefill_inputs(first)
+        num_tokens = inputs.shape[0]
+        num_prompt = num_tokens - len(first.generated)
+        seq_id = first.seq_id
+        try:
+            self.blocks.allocate(seq_id, num_tokens)
+            self.lengths[seq_id] = num_tokens
+            self._on_admit(first)
+            positions = torch.arange(num_tokens, device=self.device)
+            hidden = self._forward(inputs, positions, [seq_id], [num_tokens])
+            # the head per forward, as generation applies it (the GEMM shape changes the last
+            # bits)
+            logits = [self._head(hidden[num_prompt - 1 :], seq_id)]
+            for unit in steps:
+                self.lengths[seq_id] += 1
+                self.blocks.allocate(seq_id, self.lengths[seq_id])
+                position = torch.tensor([self.lengths[seq_id] - 1], device=self.device)
+                hidden = self._forward(self._step_inputs([unit]), position, [seq_id], [1])
+                logits.append(self._head(hidden, seq_id))
+        finally:
+            self.free_sequence(seq_id)
+        return torch.cat(logits).float()
+
+    def _teacher_seq_id(self) -> str:
+        return f"teacher-forced/{type(self).__name__}/{next(self._teacher_ids)}"
