@@ -5,7 +5,7 @@ import random
 import pytest
 
 from omnistep.core.errors import OmnistepError
-from omnistep.kv import BlockManager, FreeRuns, KVCacheConfig, KVCacheFullError
+from omnistep.kv import BlockManager, FreeRuns, KVCacheConfig, KVCacheFullError, SequenceTable
 
 
 def test_blocks_needed_rounds_up():
@@ -222,3 +222,120 @@ def test_sequence_table_admits_grows_and_preempts_the_youngest():
     assert table.blocks.num_used_blocks == 0
     with pytest.raises(ValueError):
         table.grow(["never"])
+
+
+# ------------------------------------------------------------------ shared prefixes (groups)
+
+
+def test_fork_shares_the_prefix_blocks_by_reference():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    manager.allocate("leader", 6)  # blocks 0, 1 (the second half full)
+    assert manager.fork("leader", "k1", 6) == [0, 1]
+    assert manager.fork("leader", "k2", 3) == [0]  # a shorter prefix takes fewer blocks
+    assert [manager.ref_count(b) for b in (0, 1, 2)] == [3, 2, 0]
+    assert manager.num_used_blocks == 2  # nothing taken from the pool
+    with pytest.raises(ValueError, match="already holds"):
+        manager.fork("leader", "k1", 6)
+    with pytest.raises(ValueError, match="fewer than"):
+        manager.fork("leader", "k3", 9)
+    with pytest.raises(KeyError):
+        manager.fork("nobody", "k4", 1)
+
+
+def test_copy_on_write_gives_the_writer_a_private_block():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    manager.allocate("leader", 6)
+    manager.fork("leader", "k1", 6)
+    assert manager.is_shared("k1", 6) and manager.is_shared("leader", 5)
+    source, destination = manager.copy_on_write("k1", 6)
+    assert source == 1 and destination not in (0, 1)
+    assert manager.block_table("k1") == [0, destination]
+    assert manager.block_table("leader") == [0, 1]
+    assert manager.ref_count(1) == 1 and not manager.is_shared("leader", 5)
+    assert manager.copy_on_write("k1", 7) is None  # already private
+    assert manager.copy_on_write("leader", 5) is None
+    with pytest.raises(ValueError, match="past"):
+        manager.copy_on_write("k1", 8)
+
+
+def test_copy_on_write_with_no_free_block_raises():
+    manager = BlockManager(num_blocks=2, block_size=4)
+    manager.allocate("leader", 6)
+    manager.fork("leader", "k1", 6)
+    with pytest.raises(KVCacheFullError):
+        manager.copy_on_write("k1", 6)
+    assert manager.block_table("k1") == [0, 1]  # unchanged
+
+
+def test_a_shared_block_returns_to_the_pool_with_its_last_holder():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    manager.allocate("leader", 6)
+    manager.fork("leader", "k1", 6)
+    manager.fork("leader", "k2", 6)
+    assert manager.free("leader") == 0  # both blocks still held by k1 and k2
+    manager.copy_on_write("k1", 6)
+    assert manager.free("k1") == 1  # its private copy; 0 and 1 are k2's now
+    assert manager.num_used_blocks == 2
+    assert manager.free("k2") == 2
+    assert manager.num_free_blocks == 8
+
+
+def test_sequence_table_grows_forks_and_owes_the_block_copies():
+    table = SequenceTable(BlockManager(num_blocks=8, block_size=4))
+    assert table.admit_prefill("leader", 6)
+    for k in ("k1", "k2"):
+        table.fork("leader", k, 6)
+    assert table.lengths == {"leader": 6, "k1": 6, "k2": 6}
+    assert table.grow(["leader", "k1", "k2"]) == [0, 1, 2]
+    copies = table.take_copies()
+    # the first two writers copy the shared half-full block; the last one keeps it
+    assert [src for src, _ in copies] == [1, 1]
+    assert table.blocks.block_table("k2") == [0, 1]
+    assert table.take_copies() == []
+    assert table.grow(["k1"]) == [0] and table.take_copies() == []  # private now
+
+
+def test_grow_counts_copies_when_it_preempts():
+    # 3 blocks: the leader's 2 plus one free; two sharers writing need two copies
+    table = SequenceTable(BlockManager(num_blocks=3, block_size=4))
+    table.admit_prefill("leader", 6)
+    table.fork("leader", "k1", 6)
+    table.fork("leader", "k2", 6)
+    assert table.grow(["leader", "k1", "k2"]) == [0, 1]  # k2 (youngest) preempted
+    assert table.num_preemptions == 1 and "k2" not in table.lengths
+    assert len(table.take_copies()) == 1
+
+
+def test_random_groups_leak_nothing_and_keep_counts_consistent():
+    """Random admissions, forks, decode steps and frees: every block's count equals the
+    tables holding it, used + free = pool, and freeing everything empties the pool."""
+    rng = random.Random(5)
+    manager = BlockManager(num_blocks=40, block_size=4)
+    table = SequenceTable(manager)
+    next_id = 0
+    for _ in range(2000):
+        live = list(table.lengths)
+        op = rng.random()
+        if op < 0.2 or not live:
+            next_id += 1
+            table.admit_prefill(f"s{next_id}", rng.randint(1, 12))
+        elif op < 0.45:
+            parent = rng.choice(live)
+            next_id += 1
+            table.fork(parent, f"s{next_id}", rng.randint(1, table.lengths[parent]))
+        elif op < 0.85:
+            batch = rng.sample(live, rng.randint(1, len(live)))
+            table.grow(batch)
+            for source, destination in table.take_copies():
+                assert manager.ref_count(source) >= 1 and manager.ref_count(destination) == 1
+        else:
+            table.free(rng.choice(live))
+        holders: dict[int, int] = {}
+        for seq_id in table.lengths:
+            for block_id in manager.block_table(seq_id):
+                holders[block_id] = holders.get(block_id, 0) + 1
+        assert all(manager.ref_count(b) == n for b, n in holders.items())
+        assert manager.num_used_blocks == len(holders)
+    for seq_id in list(table.lengths):
+        table.free(seq_id)
+    assert manager.num_free_blocks == manager.num_blocks

@@ -11,6 +11,7 @@ token positions of one sequence, for every layer, K and V.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
@@ -157,11 +158,18 @@ class FreeRuns:
 
 
 class BlockManager:
-    """A free list of KV blocks and one block table per sequence.
+    """A free list of KV blocks, one block table per sequence, and a reference count per block.
 
     A block table lists a sequence's block ids in token order: token ``t`` lives in block
     ``block_table[t // block_size]`` at offset ``t % block_size``. Tables only grow until the
     sequence is freed. Every operation is O(1) or O(blocks it moves) (amortised).
+
+    Sharing (a group of samples of one prompt): ``fork`` gives a new sequence the blocks that
+    hold a prefix of another's tokens, by reference (each block's count goes up; nothing is
+    copied). A block is returned to the pool when the last table holding it is freed. Before a
+    sequence writes a token into a block it shares, ``copy_on_write`` gives it a private copy:
+    a fresh block replaces the shared one in its table, and the caller copies the K/V contents
+    (the pair it returns) before writing.
 
     Placement keeps each table consecutive where it can, so attention reads a sequence as one
     slice of the pool instead of gathering its blocks (``omnistep.layers.paged_attention``): a
@@ -180,6 +188,7 @@ class BlockManager:
         self.block_size = block_size
         self._free = FreeRuns(num_blocks)
         self._block_tables: dict[Hashable, list[int]] = {}
+        self._refs: dict[int, int] = {}  # block id -> tables holding it (used blocks only)
 
     @classmethod
     def from_config(cls, config: KVCacheConfig) -> BlockManager:
@@ -228,12 +237,79 @@ class BlockManager:
             raise KVCacheFullError(seq_id, num_missing, len(self._free))
         block_table = self._block_tables.setdefault(seq_id, [])
         for _ in range(num_missing):
-            block_id = block_table[-1] + 1 if block_table else -1
-            if block_id not in self._free:
-                block_id = self._extent_start()
-            self._free.take(block_id)
-            block_table.append(block_id)
+            block_table.append(self._take_after(block_table[-1] if block_table else None))
         return list(block_table)
+
+    def _take_after(self, previous: int | None) -> int:
+        """Take a free block for a table whose last block is ``previous``: the one after it if
+        free, else a new extent (``_extent_start``). The pool is not full."""
+        block_id = previous + 1 if previous is not None else -1
+        if block_id not in self._free:
+            block_id = self._extent_start()
+        self._free.take(block_id)
+        self._refs[block_id] = 1
+        return block_id
+
+    def fork(self, parent: Hashable, child: Hashable, num_tokens: int) -> list[int]:
+        """Start ``child`` on the blocks that hold ``parent``'s first ``num_tokens`` tokens,
+        shared by reference (no block is taken from the pool). Returns the child's table.
+
+        Raises:
+            KeyError: ``parent`` holds no table.
+            ValueError: ``child`` already holds one, or ``parent`` covers fewer tokens.
+        """
+        table = self.block_table(parent)
+        if child in self._block_tables:
+            raise ValueError(f"sequence {child!r} already holds a block table")
+        needed = self.blocks_needed(num_tokens)
+        if needed > len(table):
+            raise ValueError(
+                f"sequence {parent!r} holds {len(table)} blocks, fewer than the {needed} that "
+                f"{num_tokens} tokens need"
+            )
+        shared = table[:needed]
+        for block_id in shared:
+            self._refs[block_id] += 1
+        self._block_tables[child] = shared
+        return list(shared)
+
+    def ref_count(self, block_id: int) -> int:
+        """Tables holding ``block_id`` (0 for a free block)."""
+        return self._refs.get(block_id, 0)
+
+    def is_shared(self, seq_id: Hashable, position: int) -> bool:
+        """Whether the block holding token ``position`` of the sequence is held by another
+        table too (writing there needs ``copy_on_write`` first)."""
+        table = self._block_tables.get(seq_id, ())
+        index = position // self.block_size
+        return index < len(table) and self._refs[table[index]] > 1
+
+    def copy_on_write(self, seq_id: Hashable, position: int) -> tuple[int, int] | None:
+        """Make the block that holds token ``position`` of the sequence its own before it
+        writes there: if another table shares it, a free block replaces it in this table and
+        ``(source, destination)`` is returned (the caller copies the K/V contents); None when
+        the block is already private.
+
+        Raises:
+            KeyError: the sequence holds no table.
+            ValueError: ``position`` lies past the table.
+            KVCacheFullError: the block is shared and no block is free.
+        """
+        table = self._block_tables.get(seq_id)
+        if table is None:
+            raise KeyError(f"no block table for sequence {seq_id!r}")
+        index = position // self.block_size
+        if not 0 <= index < len(table):
+            raise ValueError(f"position {position} lies past sequence {seq_id!r}'s blocks")
+        source = table[index]
+        if self._refs[source] == 1:
+            return None
+        if not self._free:
+            raise KVCacheFullError(seq_id, 1, 0)
+        destination = self._take_after(table[index - 1] if index else None)
+        self._refs[source] -= 1
+        table[index] = destination
+        return source, destination
 
     def _extent_start(self) -> int:
         """Where a new extent starts: in the largest run of free blocks (the first of equals),
@@ -256,13 +332,19 @@ class BlockManager:
         """Return the sequence's blocks to the pool; a no-op for an unknown sequence.
 
         Returns:
-            The number of blocks freed.
+            The number of blocks returned to the pool (blocks another table still shares stay).
         """
         block_table = self._block_tables.pop(seq_id, None)
         if not block_table:
             return 0
-        self._free.give(block_table)
-        return len(block_table)
+        released = []
+        for block_id in block_table:
+            self._refs[block_id] -= 1
+            if not self._refs[block_id]:
+                del self._refs[block_id]
+                released.append(block_id)
+        self._free.give(released)
+        return len(released)
 
     def usage(self) -> dict[str, int | float]:
         """Pool occupancy for metrics."""
@@ -279,8 +361,11 @@ class SequenceTable:
     """Token counts of a component's sequences on top of a BlockManager: admission of
     prefills by free blocks and growth of decode batches with preemption of the youngest.
 
-    Shared by every AR component (ChatTTS GPT, Qwen thinker and talker), which keep the KV
-    tensors themselves. Pure Python.
+    Shared by every AR component (``omnistep.layers.paged_ar.PagedARModel``), which keeps the
+    KV tensors itself. Pure Python. A sequence may start as a ``fork`` of another's prefix
+    (shared blocks); a decode step that writes into a shared block first gets a private copy,
+    and the block pairs to copy wait in ``take_copies()`` for the component, which must copy
+    them before the step's forward writes.
 
     Attributes:
         blocks: the block manager.
@@ -292,9 +377,41 @@ class SequenceTable:
         self.blocks = blocks
         self.lengths: dict[Hashable, int] = {}
         self.num_preemptions = 0
+        self._copies: list[tuple[int, int]] = []
+
+    def fork(self, parent: Hashable, child: Hashable, num_tokens: int) -> None:
+        """(Re)start ``child`` on ``parent``'s first ``num_tokens`` tokens, sharing their
+        blocks (``BlockManager.fork``); no block is taken from the pool.
+
+        Raises:
+            KeyError / ValueError: as ``BlockManager.fork``.
+        """
+        self.free(child)
+        self.blocks.fork(parent, child, num_tokens)
+        self.lengths[child] = num_tokens
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The ``(source, destination)`` block copies owed since the last call, in order."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def _blocks_to_write(self, seq_ids: Iterable[Hashable]) -> int:
+        """Free blocks the next token of each sequence needs together: a new block where a
+        token starts one, and a private copy for each writer of a shared block but the last of
+        its holders (that one keeps the block)."""
+        new, writers = 0, Counter[int]()
+        for seq_id in seq_ids:
+            length = self.lengths[seq_id]
+            table = self.blocks.block_table(seq_id)
+            if self.blocks.blocks_needed(length + 1) > len(table):
+                new += 1
+            elif self.blocks.is_shared(seq_id, length):
+                writers[table[length // self.blocks.block_size]] += 1
+        return new + sum(min(n, self.blocks.ref_count(b) - 1) for b, n in writers.items())
 
     def free(self, seq_id: Hashable) -> None:
-        """Free the sequence's blocks and forget it (idempotent)."""
+        """Release the sequence's blocks (those no other sequence shares go back to the pool)
+        and forget it (idempotent)."""
         self.blocks.free(seq_id)
         self.lengths.pop(seq_id, None)
 
@@ -331,18 +448,17 @@ class SequenceTable:
             raise ValueError(f"decode step for sequence {unknown[0]!r} without a prefill")
         keep = list(range(len(seq_ids)))
         while keep:
-            missing = sum(
-                self.blocks.blocks_needed(self.lengths[seq_ids[i]] + 1)
-                - len(self.blocks.block_table(seq_ids[i]))
-                for i in keep
-            )
-            if missing <= self.blocks.num_free_blocks:
+            if self._blocks_to_write(seq_ids[i] for i in keep) <= self.blocks.num_free_blocks:
                 break
             self.free(seq_ids[keep.pop()])
             self.num_preemptions += 1
         for i in keep:
-            self.lengths[seq_ids[i]] += 1
-            self.blocks.allocate(seq_ids[i], self.lengths[seq_ids[i]])
+            seq_id = seq_ids[i]
+            self.lengths[seq_id] += 1
+            self.blocks.allocate(seq_id, self.lengths[seq_id])
+            pair = self.blocks.copy_on_write(seq_id, self.lengths[seq_id] - 1)
+            if pair is not None:
+                self._copies.append(pair)
         return keep
 
 
