@@ -3,8 +3,9 @@
 What it measures
 ----------------
 Both sides run the same FULL-SIZE ChatTTS checkpoint (official sizes, seeded random weights,
-~1.2 GB, written once by ``tests.chattts_ref.assets.write_full_size_chattts`` into ``--root``,
-plus ``asset/spk_stat.pt`` as the tests' fixture writes it), in this process, one side at a time,
+~1.2 GB, written once by ``tests.chattts_ref.assets.write_full_size_chattts`` into ``--root``:
+the official file set, no ``asset/spk_stat.pt``, so both sides draw speakers from chattts
+0.2.5's statistics), in this process, one side at a time,
 with the same torch intra-op thread count (``--threads``, default 2, set once with
 ``torch.set_num_threads``; the count seen inside omnistep's executor threads is recorded).
 Every request decodes exactly ``--tokens`` frames (N): omnistep with
@@ -135,18 +136,19 @@ def _import_test_helpers() -> None:
 def ensure_checkpoint(root: Path) -> dict[str, Any]:
     """The full-size checkpoint at ``root`` (written once; a complete folder is reused)."""
     _import_test_helpers()
-    from tests.chattts_ref.assets import INFO_FILE, write_full_size_chattts, write_spk_stat
+    from tests.chattts_ref.assets import info_path, write_full_size_chattts
 
-    spk = root / "asset" / "spk_stat.pt"
-    if (root / INFO_FILE).exists() and spk.exists():
+    # the info file is moved beside the folder last; an older cache (info inside) is rewritten
+    if info_path(root).exists():
         return {"written": False, "seconds": 0.0}
     start = time.perf_counter()
     tmp = root.with_name(f"{root.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_spk_stat(write_full_size_chattts(tmp))
+    write_full_size_chattts(tmp)
     if root.exists():
         shutil.rmtree(root)
     tmp.rename(root)
+    info_path(tmp).rename(info_path(root))
     return {"written": True, "seconds": round(time.perf_counter() - start, 1)}
 
 

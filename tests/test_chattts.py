@@ -1,5 +1,7 @@
-"""The ChatTTS card on a tiny checkpoint in the official layout (random weights): reference
-parity with the upstream ``chattts`` package, parity gates C1/C2/C3, streaming and KV hygiene."""
+"""The ChatTTS card on a tiny checkpoint in the official layout (random weights; the official
+file set exactly, GPT width 768 as the official one, so the shipped speaker statistics apply):
+reference parity with the upstream ``chattts`` package (speakers included), parity gates
+C1/C2/C3, streaming and KV hygiene."""
 
 import asyncio
 import dataclasses
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from omnistep.core import (
+    OPENAI_VOICES,
     ExecutionProfile,
     InvalidRequestError,
     ModelInstance,
@@ -18,12 +21,17 @@ from omnistep.core import (
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine
-from omnistep.models.chattts.card import ChatTTSOptions, build_card
-from omnistep.models.chattts.speaker import decode_speaker, encode_speaker
+from omnistep.models.chattts.card import SPEAKER_SEED_BASE, ChatTTSOptions, build_card
+from omnistep.models.chattts.speaker import (
+    decode_speaker,
+    encode_speaker,
+    random_speaker,
+    shipped_spk_stat,
+)
 from omnistep.parity import collect, run_alone, run_interleaved
 from omnistep.sampling import recompute_logprobs
 from tests.chattts_ref import reference
-from tests.chattts_ref.assets import write_servable_tiny_chattts
+from tests.chattts_ref.assets import SERVABLE_SIZES, write_servable_tiny_chattts
 
 TEXT = "hello world this is a test"
 TEXTS = ["hello world", "this is a longer test of the voice", "good morning", "a b c d e f"]
@@ -238,7 +246,8 @@ async def test_aborted_requests_free_every_kv_block(engine, model):
 
 
 async def test_kv_pool_exhaustion_preempts_and_recomputes(root):
-    block_bytes = 2 * 2 * 16 * 4 * 16 * 4  # K+V, 2 layers, 16 tokens, 4 heads x 16 dims, fp32
+    s = SERVABLE_SIZES
+    block_bytes = 2 * s.num_layers * 16 * s.hidden * 4  # K+V, layers, 16 tokens, hidden, fp32
     model = _model(root, kv_cache_gb=7 * block_bytes / 2**30)  # one request fits, four do not
     gpt = model.components["gpt"]
     assert gpt.blocks.num_blocks == 7
@@ -254,13 +263,57 @@ async def test_kv_pool_exhaustion_preempts_and_recomputes(root):
 
 
 def test_speaker_strings_match_upstream(root, speaker):
-    ours = decode_speaker(speaker, 64)
+    ours = decode_speaker(speaker, 768)
     theirs = torch.as_tensor(reference.decode_speaker(speaker)).float()
     assert torch.equal(ours, theirs)
-    assert decode_speaker(encode_speaker(ours), 64).equal(ours)
+    assert decode_speaker(encode_speaker(ours), 768).equal(ours)
     with pytest.raises(InvalidRequestError) as info:
-        decode_speaker("not a speaker", 64)
+        decode_speaker("not a speaker", 768)
     assert info.value.param == "voice"
+
+
+def test_speaker_statistics_are_upstreams(root, model):
+    """The statistics omnistep ships, as the card uses them on the official file set, equal
+    chattts 0.2.5's: ``Speaker(768, Config().spk_stat).std / .mean`` (float16), which is also
+    what upstream's ``Chat`` loaded from this folder uses."""
+    from tests.chattts_ref.shims import install_shims
+
+    install_shims()
+    from ChatTTS.config.config import Config
+    from ChatTTS.model.speaker import Speaker
+
+    upstream = Speaker(768, Config().spk_stat)
+    frontend = model.card.program.nodes[0].fn
+    for stat in (shipped_spk_stat(), frontend.spk_stat):
+        std, mean = stat.chunk(2)
+        assert stat.dtype == torch.float16 and std.shape == (768,)
+        assert torch.equal(std, upstream.std) and torch.equal(mean, upstream.mean)
+    chat = reference.load_upstream_chat(root)
+    assert torch.equal(chat.speaker.std, upstream.std)
+    assert torch.equal(chat.speaker.mean, upstream.mean)
+
+
+def test_random_speakers_equal_upstream_sample_random_speaker(root, model):
+    """Seed N draws the speaker of upstream's ``torch.manual_seed(N);
+    Chat.sample_random_speaker()`` (global CPU RNG there, a seeded generator here): the same
+    string, and the card writes upstream's normalised vector for ``seed:N``, for each OpenAI
+    name (``seed:1000+i``) and for no voice (the request's seed)."""
+    upstream_apply = torch.nn.functional.normalize  # what Speaker.apply does to the fp16 vector
+
+    def upstream_vector(n: int) -> torch.Tensor:
+        spk = torch.from_numpy(reference.decode_speaker(reference.upstream_random_speaker(root, n)))
+        return upstream_apply(spk, p=2.0, dim=0, eps=1e-12).float()
+
+    stat = shipped_spk_stat()
+    for n in (0, 3, 42, 123_456_789):
+        up = reference.upstream_random_speaker(root, n)
+        assert encode_speaker(random_speaker(stat, n)) == up
+        assert torch.equal(_prompt(model, TEXT, f"seed:{n}").speaker, upstream_vector(n))
+        assert torch.equal(_prompt(model, TEXT, None, seed=n).speaker, upstream_vector(n))
+    for i, name in enumerate(OPENAI_VOICES):
+        assert torch.equal(
+            _prompt(model, TEXT, name).speaker, upstream_vector(SPEAKER_SEED_BASE + i)
+        )
 
 
 def test_missing_file_is_named(root, tmp_path):

@@ -322,12 +322,10 @@ def chattts_card(chattts_root):
     return build_card(str(chattts_root), ChatTTSOptions(kv_cache_gb=0.02))
 
 
-def test_chattts_card_validates_speaker_strings_and_seeds(chattts_root, chattts_card, tmp_path):
-    from omnistep.models.chattts.card import build_card
-    from omnistep.models.chattts.speaker import encode_speaker, random_speaker
+def test_chattts_card_validates_speaker_strings_and_seeds(chattts_root, chattts_card):
+    from omnistep.models.chattts.speaker import encode_speaker, random_speaker, shipped_spk_stat
 
-    stat = torch.load(chattts_root / "asset" / "spk_stat.pt")
-    speaker = encode_speaker(random_speaker(stat, 3))
+    speaker = encode_speaker(random_speaker(shipped_spk_stat(), 3))
     for good in (speaker, "seed:5", "alloy"):
         chattts_card.validate_voice(good)
     for bad in ("not a speaker", "seed:x", "seed:" + "9" * 30, encode_speaker(torch.ones(7))):
@@ -335,22 +333,66 @@ def test_chattts_card_validates_speaker_strings_and_seeds(chattts_root, chattts_
             chattts_card.validate_voice(bad)
         assert info.value.param == "voice" and info.value.code == "invalid_voice"
 
+
+def _chattts_speaker(card, voice, seed=0):
+    """The normalised speaker vector the card's front-end writes for ``voice`` (None: none)."""
+    from omnistep.core import ProgramContext, Request
+
+    ctx = ProgramContext(Request("chattts", text="hi", voice=voice, seed=seed), None)
+    card.program.nodes[0].fn(ctx)
+    return ctx.slots["prompt"].speaker
+
+
+def test_chattts_without_statistics_takes_speaker_strings_only(tmp_path):
+    """Another GPT width (64) and no ``asset/spk_stat.pt``: the shipped 768-dim statistics do not
+    fit, so ``seed:N`` and OpenAI names are refused (saying why), speaker strings work, and no
+    voice is upstream's ``[empty_spk]`` prompt."""
+    from omnistep.models.chattts.card import build_card
+    from omnistep.models.chattts.speaker import encode_speaker
+    from tests.chattts_ref.assets import write_tiny_chattts
+
+    card = build_card(str(write_tiny_chattts(tmp_path / "h64")))
+    speaker = encode_speaker(torch.linspace(-1, 1, 64))
+    card.validate_voice(speaker)  # speaker strings need no statistics
+    for voice in ("seed:5", "alloy"):
+        with pytest.raises(InvalidRequestError, match="hidden size 64 is not the 768") as info:
+            card.validate_voice(voice)
+        assert "asset/spk_stat.pt" in str(info.value) and info.value.code == "invalid_voice"
+    assert _chattts_speaker(card, None) is None
+    assert _chattts_speaker(card, speaker) is not None
+
+
+def test_chattts_folder_spk_stat_overrides_the_shipped_statistics(chattts_root, tmp_path):
+    """``asset/spk_stat.pt`` (older layout, or a user's own statistics) is used when present,
+    at any width; one of the wrong size is refused when the card is built, naming the file."""
     import shutil
 
-    bare = tmp_path / "no-stat"
-    shutil.copytree(chattts_root, bare)
-    (bare / "asset" / "spk_stat.pt").unlink()
-    card = build_card(str(bare))
-    card.validate_voice(speaker)  # speaker strings need no statistics
-    with pytest.raises(InvalidRequestError, match="speaker statistics"):
-        card.validate_voice("seed:5")
+    from omnistep.models.chattts.card import build_card
+    from omnistep.models.chattts.speaker import normalize_speaker, random_speaker
+    from tests.chattts_ref.assets import write_tiny_chattts
+
+    g = torch.Generator().manual_seed(0)
+    h64 = write_tiny_chattts(tmp_path / "h64")
+    h768 = tmp_path / "h768"
+    shutil.copytree(chattts_root, h768)
+    for root, hidden in ((h64, 64), (h768, 768)):
+        stat = torch.cat([1 + torch.rand(hidden, generator=g), torch.randn(hidden, generator=g)])
+        torch.save(stat, root / "asset" / "spk_stat.pt")
+        card = build_card(str(root))
+        want = normalize_speaker(random_speaker(stat, 5))
+        assert torch.equal(_chattts_speaker(card, "seed:5"), want)
+        assert torch.equal(_chattts_speaker(card, None, seed=5), want)
+    shipped = build_card(str(chattts_root))
+    assert not torch.equal(_chattts_speaker(shipped, "seed:5"), want)
+    torch.save(torch.ones(100), h768 / "asset" / "spk_stat.pt")
+    with pytest.raises(ValueError, match="asset/spk_stat.pt holds 100 values.* needs 1536"):
+        build_card(str(h768))
 
 
 async def test_chattts_saved_speakers_speak_like_their_spec(chattts_root, chattts_card, tmp_path):
-    from omnistep.models.chattts.speaker import encode_speaker, random_speaker
+    from omnistep.models.chattts.speaker import encode_speaker, random_speaker, shipped_spk_stat
 
-    stat = torch.load(chattts_root / "asset" / "spk_stat.pt")
-    speaker = encode_speaker(random_speaker(stat, 3))
+    speaker = encode_speaker(random_speaker(shipped_spk_stat(), 3))
     async with client(tmp_path / "v.db", cards=[chattts_card]) as c:
         for name, spec in (("spk", speaker), ("seven", "seed:7")):
             r = await c.post(VOICES, json={"name": name, "model": "chattts", "voice": spec})
@@ -374,3 +416,48 @@ async def test_chattts_saved_speakers_speak_like_their_spec(chattts_root, chattt
         listed = (await c.get(VOICES + "?model=chattts")).json()["data"]
         assert [v["name"] for v in listed if not v["builtin"]] == ["seven", "spk"]
         assert {v["voice"] for v in listed if not v["builtin"]} == {speaker, "seed:7"}
+
+
+OFFICIAL_CHATTTS_FILES = {
+    "asset/gpt/config.json",
+    "asset/gpt/model.safetensors",
+    "asset/Embed.safetensors",
+    "asset/Decoder.safetensors",
+    "asset/DVAE.safetensors",
+    "asset/Vocos.safetensors",
+    "asset/tokenizer/tokenizer.json",
+    "asset/tokenizer/tokenizer_config.json",
+    "asset/tokenizer/special_tokens_map.json",
+}
+
+
+async def test_chattts_official_folder_serves_every_voice_form(
+    chattts_root, chattts_card, tmp_path
+):
+    """A folder holding exactly the published ChatTTS files (no ``asset/spk_stat.pt``): every
+    OpenAI voice name, no voice, ``seed:N`` and a speaker string each get audio, each its own
+    speaker; no voice is the speaker drawn from the request's seed."""
+    from omnistep.core import OPENAI_VOICES
+    from tests.chattts_ref import reference
+
+    files = {p.relative_to(chattts_root).as_posix() for p in chattts_root.rglob("*")}
+    assert {f for f in files if (chattts_root / f).is_file()} == OFFICIAL_CHATTTS_FILES
+    speaker = reference.upstream_random_speaker(chattts_root, 3)
+    body = {
+        "model": "chattts",
+        "input": "hello world",
+        "seed": 4,
+        "max_new_tokens": 12,
+        "response_format": "pcm",
+        "stream": False,
+    }
+    audio = {}
+    async with client(tmp_path / "v.db", cards=[chattts_card]) as c:
+        for voice in (*OPENAI_VOICES, None, "seed:7", speaker):
+            r = await c.post(SPEECH, json=body if voice is None else {**body, "voice": voice})
+            assert r.status_code == 200, (voice, r.text)
+            assert len(r.content) > 0
+            audio[voice] = r.content
+        seeded = await c.post(SPEECH, json={**body, "voice": "seed:4"})
+        assert seeded.status_code == 200 and seeded.content == audio[None]
+    assert len(set(audio.values())) == len(audio)

@@ -10,15 +10,25 @@
       asset/DVAE.safetensors           DVAE with mel encoder + GFSQ (codes -> mel); loaded, not used
       asset/Vocos.safetensors          vocos.Vocos(MelSpectrogramFeatures, VocosBackbone, ISTFTHead)
       asset/tokenizer/{tokenizer.json, tokenizer_config.json, special_tokens_map.json}
-      omnistep_chattts.json            NOT official: sizes, the upstream ``Config`` as a dict
-                                       (incl. ``spk_stat``), special-token ids, sha256 map
+
+and nothing else in ``root`` (the official file set: no ``asset/spk_stat.pt``, which the published
+folder does not have either), plus, BESIDE the folder, ``<root>.omnistep_chattts.json``
+(:func:`info_path`; not official): sizes, the upstream ``Config`` as a dict (incl. ``spk_stat``),
+special-token ids, sha256 map.
 
 These are exactly the files ``Chat.download_models(source="custom")`` checks (by sha256 against
 ``ChatTTS/res/sha256_map.json``) and ``Chat._load`` reads.  Upstream 0.2.5 reads no yaml: every
 size, and the speaker statistics ``spk_stat``, live in the ``ChatTTS.config.Config`` dataclass,
 so a checkpoint with other sizes needs a matching ``Config`` (and a sha256 map for the custom
-check).  Both are stored in ``omnistep_chattts.json``; :mod:`tests.chattts_ref.reference` puts
-them on a ``Chat`` before ``Chat.load(source="custom", custom_path=root)``.
+check).  Both are stored in the info file; :mod:`tests.chattts_ref.reference` puts them on a
+``Chat`` before ``Chat.load(source="custom", custom_path=root)``.
+
+Speaker statistics: at the official hidden size (768) the info file records none, so upstream
+keeps its own ``Config.spk_stat`` (the package's statistics, as for the published checkpoint)
+and omnistep uses the same statistics, which it ships.  Any other hidden size gets seeded
+random statistics for upstream's ``Config`` only; omnistep, like a user with that folder, sees
+no statistics.  :func:`write_servable_tiny_chattts` is therefore tiny everywhere but the GPT
+width (768, 12 heads of 64 like the official GPT), so that every voice form is served.
 
 Tensor names and shapes (``H`` GPT hidden, ``L`` layers, ``I`` MLP size, ``V_t`` text vocab,
 ``V_a`` audio vocab, ``q`` num_vq, ``D*`` conv widths; official values in parentheses)::
@@ -71,7 +81,10 @@ from pathlib import Path
 from typing import Any
 
 INFO_FILE = "omnistep_chattts.json"
+"""Suffix of the info file written beside a checkpoint folder (see :func:`info_path`)."""
 INFO_FORMAT = 1
+OFFICIAL_HIDDEN = 768
+"""The official GPT hidden size: the size of chattts 0.2.5's speaker statistics."""
 
 # The 50 tokens ChatTTS appends to bert-base-chinese (official ids 21128..21177, in this order;
 # "[spk_emb]" is the 16th -> 21143).
@@ -206,6 +219,10 @@ class ChatTTSSizes:
 
 TINY_SIZES = ChatTTSSizes()
 
+SERVABLE_SIZES = ChatTTSSizes(hidden=OFFICIAL_HIDDEN, num_heads=12, num_kv_heads=12)
+"""Tiny but for the GPT width (768, 12 heads of 64, as the official GPT): see
+:func:`write_servable_tiny_chattts`."""
+
 FULL_SIZES = ChatTTSSizes(
     hidden=768,
     num_layers=20,
@@ -236,7 +253,9 @@ class TinyChatTTSInfo:
     sizes: ChatTTSSizes
     num_text_tokens: int
     token_ids: dict[str, int]  # every BERT and ChatTTS special token -> id
-    spk_stat: str  # b14 string of fp16 [std(H), mean(H)], as upstream Config.spk_stat
+    # b14 string of fp16 [std(H), mean(H)] put in upstream's Config.spk_stat; None at the
+    # official hidden size: upstream's own Config.spk_stat (the package's statistics) applies
+    spk_stat: str | None
     upstream_config: dict[str, Any]  # dataclasses.asdict() of the matching ChatTTS Config
     sha256_map: dict[str, str]  # same keys as ChatTTS/res/sha256_map.json
     files: dict[str, int] = field(default_factory=dict)  # relative path -> size in bytes
@@ -529,8 +548,12 @@ def _tokenizer_files(sizes: ChatTTSSizes) -> tuple[dict[str, str], dict[str, int
 # ----------------------------------------------------------------------------- config
 
 
-def _speaker_stat(seed: int, hidden: int) -> str:
-    """b14(fp16 [std(H), mean(H)]), like the official stats (std 1.6..16, mean ~ N(0, 1.7))."""
+def _speaker_stat(seed: int, hidden: int) -> str | None:
+    """None at the official hidden size (upstream's own statistics apply, and omnistep ships the
+    same); else b14(fp16 [std(H), mean(H)]) drawn like the official stats (std 1.6..16, mean
+    ~ N(0, 1.7)), for upstream's ``Config`` only (no file in the folder holds them)."""
+    if hidden == OFFICIAL_HIDDEN:
+        return None
     import numpy as np
     import pybase16384 as b14
     import torch
@@ -542,8 +565,11 @@ def _speaker_stat(seed: int, hidden: int) -> str:
     return b14.encode_to_string(arr.tobytes())
 
 
-def upstream_config_dict(s: ChatTTSSizes, num_text_tokens: int, spk_stat: str) -> dict[str, Any]:
-    """``dataclasses.asdict(ChatTTS.config.Config(...))`` for these sizes (same nesting)."""
+def upstream_config_dict(
+    s: ChatTTSSizes, num_text_tokens: int, spk_stat: str | None
+) -> dict[str, Any]:
+    """``dataclasses.asdict(ChatTTS.config.Config(...))`` for these sizes (same nesting);
+    ``spk_stat`` None stands for the package's default."""
     half = s.hidden // 2
 
     def conv_cfg(idim: int, odim: int, hidden: int, n_layer: int, bn_dim: int) -> dict:
@@ -730,8 +756,15 @@ def write_chattts(root: Path, sizes: ChatTTSSizes, seed: int = 0) -> TinyChatTTS
         "sha256_map": sha,
         "files": files,
     }
-    (root / INFO_FILE).write_text(_dumps(info), encoding="utf-8")
+    info_path(root).write_text(_dumps(info), encoding="utf-8")
     return read_info(root)
+
+
+def info_path(root: Path) -> Path:
+    """The info file of the checkpoint folder ``root``: ``<root>.omnistep_chattts.json`` beside
+    it, so that the folder itself holds the official files only."""
+    root = Path(root)
+    return root.with_name(f"{root.name}.{INFO_FILE}")
 
 
 def write_tiny_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
@@ -743,24 +776,15 @@ def write_tiny_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
     return Path(root)
 
 
-def write_spk_stat(root: Path) -> Path:
-    """Save the speaker statistics of the checkpoint at ``root`` as ``asset/spk_stat.pt`` (a
-    float16 tensor of ``2 * hidden`` values: the mean and std that random speakers are drawn
-    from), the file omnistep's ChatTTS front-end reads. Returns ``root``."""
-    import numpy as np
-    import pybase16384 as b14
-    import torch
-
-    root = Path(root)
-    stat = np.frombuffer(b14.decode_from_string(read_info(root).spk_stat), dtype=np.float16)
-    torch.save(torch.from_numpy(stat.copy()), root / "asset" / "spk_stat.pt")
-    return root
-
-
 def write_servable_tiny_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
-    """:func:`write_tiny_chattts` plus ``asset/spk_stat.pt`` (:func:`write_spk_stat`): a folder
-    ``omnistep serve --model chattts=ROOT`` loads. Returns ``root``."""
-    return write_spk_stat(write_tiny_chattts(root, seed, **overrides))
+    """A checkpoint in the official file set, exactly (:data:`SERVABLE_SIZES`: tiny but for the
+    GPT width, 768 as the official one, so the speaker statistics omnistep ships, which are
+    chattts 0.2.5's, fit it and every voice form is served, as on the published folder).
+
+    ``overrides`` are :class:`ChatTTSSizes` fields.  Returns ``root``.
+    """
+    write_chattts(Path(root), dataclasses.replace(SERVABLE_SIZES, **overrides), seed)
+    return Path(root)
 
 
 def write_full_size_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
@@ -770,11 +794,11 @@ def write_full_size_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path
 
 
 def read_info(root: Path) -> TinyChatTTSInfo:
-    """Parse ``root/omnistep_chattts.json`` written by :func:`write_chattts`."""
+    """Parse the info file (:func:`info_path`) written by :func:`write_chattts`."""
     root = Path(root)
-    raw = json.loads((root / INFO_FILE).read_text(encoding="utf-8"))
+    raw = json.loads(info_path(root).read_text(encoding="utf-8"))
     if raw.get("format") != INFO_FORMAT:
-        raise ValueError(f"{root / INFO_FILE}: unknown format {raw.get('format')}")
+        raise ValueError(f"{info_path(root)}: unknown format {raw.get('format')}")
     sizes_raw = dict(raw["sizes"])
     sizes_raw["vq_levels"] = tuple(sizes_raw["vq_levels"])
     return TinyChatTTSInfo(

@@ -7,11 +7,11 @@ Loading
 files against ``Chat.sha256_map`` (``ChatTTS/res/sha256_map.json``).  So a non-official checkpoint
 is loaded by replacing those two instance attributes between ``Chat()`` and
 ``Chat.load(source="custom", custom_path=root, device=cpu)``; :func:`load_upstream_chat` does that
-with the ``Config`` and map stored in ``root/omnistep_chattts.json``.  Note: the ``Config``
-dataclass defaults are *shared* instances, so never mutate ``Chat().config`` in place.  The GPT's
-sizes come from ``asset/gpt/config.json`` (``LlamaModel.from_pretrained``), everything else from
-the ``Config``.  ``Chat.load`` draws ``torch.rand(100)`` (DVAE ``coef``, then overwritten from
-the file) from the global RNG; we load under ``torch.random.fork_rng``.
+with the ``Config`` and map stored in the info file beside ``root`` (``assets.info_path``).
+Note: the ``Config`` dataclass defaults are *shared* instances, so never mutate ``Chat().config``
+in place.  The GPT's sizes come from ``asset/gpt/config.json`` (``LlamaModel.from_pretrained``),
+everything else from the ``Config``.  ``Chat.load`` draws ``torch.rand(100)`` (DVAE ``coef``, then
+overwritten from the file) from the global RNG; we load under ``torch.random.fork_rng``.
 
 Upstream pipeline facts (read from the 0.2.5 source; ``H`` = GPT hidden, ``q`` = num_vq = 4)
 ---------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chattts_ref.assets import INFO_FILE, read_info
+from tests.chattts_ref.assets import info_path, read_info
 from tests.chattts_ref.shims import install_shims
 
 DEFAULT_PROMPT = "[speed_5]"
@@ -156,7 +156,8 @@ def upstream_config(root: Path) -> Any:
                 init_args=C.FourierHeadInitArgs(**voc["head"]["init_args"]),
             ),
         ),
-        spk_stat=d["spk_stat"],
+        # None: the checkpoint has the official hidden size; the package's own statistics apply
+        **({} if d["spk_stat"] is None else {"spk_stat": d["spk_stat"]}),
     )
 
 
@@ -168,7 +169,7 @@ def load_upstream_chat(root: Path, *, cached: bool = True) -> Any:
     import ChatTTS
 
     root = Path(root).resolve()
-    key = (str(root), hashlib.sha256((root / INFO_FILE).read_bytes()).hexdigest())
+    key = (str(root), hashlib.sha256(info_path(root).read_bytes()).hexdigest())
     if cached and key in _CHATS:
         return _CHATS[key]
     info = read_info(root)

@@ -10,8 +10,10 @@ states with left context and look-ahead) -> ``usage``.
 Voices: a ChatTTS speaker string (the official compressed format), ``seed:N`` (a random speaker
 drawn from seed N), an OpenAI voice name (a fixed speaker: ``seed:1000+i`` for the i-th name), or
 nothing (a speaker drawn from the request's seed, as upstream draws one at random). Random
-speakers need the checkpoint's speaker statistics; without them only speaker strings are
-accepted and a request without a voice uses upstream's ``[empty_spk]`` prompt.
+speakers are drawn from chattts 0.2.5's speaker statistics, shipped with omnistep (the published
+folder has none), or from the folder's ``asset/spk_stat.pt`` when present. A checkpoint of another
+GPT width without that file has no statistics: only speaker strings are accepted, and a request
+without a voice uses upstream's ``[empty_spk]`` prompt.
 
 Sampling defaults are upstream ``infer_code``'s: temperature 0.3, top_p 0.7, top_k 20,
 repetition penalty 1.05 over 16 frames, max 2048 new frames; ``speed`` picks ``[speed_N]``.
@@ -47,9 +49,11 @@ from omnistep.models.chattts.gpt import ChatTTSGPT, ChatTTSPromptInput, GPTConfi
 from omnistep.models.chattts.loader import ChatTTSFiles
 from omnistep.models.chattts.prompt import ChatTTSTokenizer
 from omnistep.models.chattts.speaker import (
+    SHIPPED_STATS_HIDDEN,
     decode_speaker,
     normalize_speaker,
     random_speaker,
+    speaker_statistics,
 )
 from omnistep.models.chattts.vocoder import ChatTTSVocoder, load_vocoder
 from omnistep.sampling import SamplingRow
@@ -161,6 +165,7 @@ class _Frontend:
     """The ``frontend`` kernel node: speaker and code prompt."""
 
     def __init__(self, tokenizer: ChatTTSTokenizer, spk_stat: torch.Tensor | None, hidden: int):
+        """``spk_stat``: float16 ``[2 * hidden]`` (std then mean), or None: no random speakers."""
         self.tokenizer = tokenizer
         self.spk_stat = spk_stat
         self.hidden = hidden
@@ -174,8 +179,9 @@ class _Frontend:
             if voice is None:
                 return None
             raise InvalidRequestError(
-                "this ChatTTS checkpoint has no speaker statistics (asset/spk_stat.pt), so "
-                "voices must be speaker strings",
+                f"this ChatTTS checkpoint has no speaker statistics (its hidden size {self.hidden} "
+                f"is not the {SHIPPED_STATS_HIDDEN} of ChatTTS's, and it has no "
+                "asset/spk_stat.pt), so voices must be speaker strings",
                 param="voice",
                 code="invalid_voice",
             )
@@ -242,7 +248,8 @@ def build_card(
         num_text_tokens=int(embed_shapes["emb_text.weight"][0]),
     )
     tokenizer = ChatTTSTokenizer(files.asset / "tokenizer")
-    frontend = _Frontend(tokenizer, files.spk_stat(), config.hidden_size)
+    spk_stat = speaker_statistics(files.spk_stat(), config.hidden_size)
+    frontend = _Frontend(tokenizer, spk_stat, config.hidden_size)
 
     def build_gpt(device: str) -> ChatTTSGPT:
         head_dim = config.hidden_size // config.num_attention_heads

@@ -3,10 +3,10 @@
 Layout (2noise/ChatTTS): ``asset/gpt/config.json`` + ``asset/gpt/model.safetensors`` (the Llama
 backbone), ``asset/Embed.safetensors`` (``emb_text``, ``emb_code.{j}``, weight-normed
 ``head_text`` / ``head_code.{j}``), ``asset/Decoder.safetensors``, ``asset/DVAE.safetensors``,
-``asset/Vocos.safetensors``, ``asset/tokenizer/`` (BERT tokenizer files). Optional:
-``asset/spk_stat.pt`` (``[2 * hidden]`` std then mean) for random speakers; upstream 0.2.5 keeps
-these statistics in its package config instead, so a folder without it serves only explicit
-speaker strings.
+``asset/Vocos.safetensors``, ``asset/tokenizer/`` (BERT tokenizer files). Optional (not in the
+published folder; older layouts had it): ``asset/spk_stat.pt`` (``[2 * hidden]`` std then mean),
+the speaker statistics; upstream 0.2.5 keeps them in its package config instead, and omnistep
+ships the same (``speaker.shipped_spk_stat``), used when the file is absent.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class ChatTTSFiles:
             return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
 
     def spk_stat(self) -> torch.Tensor | None:
-        """``asset/spk_stat.pt`` as float32 ``[2 * hidden]``, or None when absent."""
+        """``asset/spk_stat.pt`` as float32 (flattened; ``[2 * hidden]`` expected, checked by
+        ``speaker.speaker_statistics``), or None when absent."""
         path = self.asset / "spk_stat.pt"
         if not path.exists():
             return None
