@@ -89,6 +89,10 @@ class Request:
             for chat; program nodes that produce only unwanted outputs are skipped.
         request_id: unique id; generated when not given.
         arrival_time: ``time.monotonic()`` at creation, in seconds.
+        group: the sample group the request belongs to (a rollout's n samples of one input):
+            AR components prefill a prompt once per group and share its KV blocks by reference
+            between the group's requests whose prompts are equal; None shares nothing. Sharing
+            never changes what a request samples.
     """
 
     model: str
@@ -102,6 +106,7 @@ class Request:
     output_modalities: frozenset[Modality] = frozenset({Modality.AUDIO})
     request_id: str = field(default_factory=new_request_id)
     arrival_time: float = field(default_factory=time.monotonic)
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if not (

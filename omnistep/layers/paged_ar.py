@@ -19,6 +19,15 @@ KV admission: blocks are allocated as sequences grow (``omnistep.kv.SequenceTabl
 that does not fit answers ``preempted`` (its loop retries later); a decode batch that does not fit
 preempts its youngest sequences (freed; their loops recompute by a new prefill).
 
+Groups (``ARPrefillInput.share_group``, a rollout's samples of one input): a fresh prefill whose
+group already holds an equal prompt (equal by ``_prefix_key``, the family's content key of a
+prompt; None never shares) is not computed again. The new sequence starts on that prompt's
+blocks by reference (``SequenceTable.fork``), its first frame is sampled with its own generator
+from the prompt's kept last hidden state, and a block it shares is copied before it writes there
+(copy-on-write, ``PagedKVCache.copy_blocks``). Members of one group in one prefill batch: the
+first computes, the others fork from it. The kept prompt lives as long as the sequence that
+computed it.
+
 Streams (``ARStepOutput.hidden``): with ``stream_prompt_rows`` (the Qwen thinker, whose every fed
 token conditions the talker) a fresh prefill streams one row per prompt row and a replay after a
 preemption only its last row; otherwise every output streams its last row only (ChatTTS: the
@@ -31,7 +40,8 @@ Imports torch, ``omnistep.core``, ``omnistep.kv``, the AR loop's payload types
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +54,16 @@ from omnistep.layers.llama import LlamaConfigLite, LlamaModel
 from omnistep.layers.paged_attention import AttentionMetadata
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
 from omnistep.sampling import SamplingRow, sample
+
+
+@dataclass(frozen=True)
+class _SharedPrompt:
+    """A computed prompt that later members of its group start from."""
+
+    seq_id: str
+    num_tokens: int
+    last_hidden: torch.Tensor  # [hidden], the final hidden state of the prompt's last row
+    stream: Any  # what the computing sequence's prefill output streamed
 
 
 class PagedARModel:
@@ -86,6 +106,7 @@ class PagedARModel:
         self.blocks = self.table.blocks
         self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
         self._teacher_ids = itertools.count()
+        self._shared: dict[Hashable, _SharedPrompt] = {}  # (group, prompt key) -> prompt
 
     # ------------------------------------------------------------ subclass hooks
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
@@ -120,10 +141,18 @@ class PagedARModel:
     def _on_admit(self, unit: ARPrefillInput) -> None:
         """Called for each prefill unit that got its blocks (per-sequence bookkeeping)."""
 
+    def _prefix_key(self, prompt: Any) -> Hashable | None:
+        """A content key of a prompt: two prompts with equal keys give equal KV and logits, so
+        a group's members may share one prefill. None (the default) never shares."""
+        return None
+
     # ------------------------------------------------------------ Component API
     def free_sequence(self, seq_id: str) -> None:
-        """Free the sequence's KV blocks (idempotent)."""
+        """Free the sequence's KV blocks (those it shares stay with their other holders) and
+        forget a group prompt it computed (idempotent)."""
         self.table.free(seq_id)
+        for key in [k for k, shared in self._shared.items() if shared.seq_id == seq_id]:
+            del self._shared[key]
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: Sequence[Any]) -> list[ARStepOutput]:
@@ -147,28 +176,75 @@ class PagedARModel:
     # ------------------------------------------------------------ prefill / decode
     def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
         results = [ARStepOutput(preempted=True)] * len(units)
-        inputs = [self._prefill_inputs(unit) for unit in units]  # validates before admitting
-        run = [
-            i
-            for i, unit in enumerate(units)
-            if self.table.admit_prefill(unit.seq_id, inputs[i].shape[0])
-        ]
-        if not run:
-            return results
-        run_units = [units[i] for i in run]
-        for unit in run_units:
-            self._on_admit(unit)
-        lens = [inputs[i].shape[0] for i in run]
-        rows = torch.cat([inputs[i] for i in run])
-        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
-        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], lens)
-        ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
-        whole = [self.stream_prompt_rows and not u.generated for u in run_units]
-        streams = self._streams(rows, hidden, lens, whole)
-        outputs = self._sample(hidden[ends], run_units, streams)
-        for i, out in zip(run, outputs, strict=True):
-            results[i] = out
+        keys = [self._share_key(unit) for unit in units]
+        computing: set[Hashable] = set()
+        run, forks, inputs = [], [], {}
+        for i, unit in enumerate(units):
+            if keys[i] is not None and (keys[i] in computing or self._live_shared(keys[i])):
+                forks.append(i)
+                continue
+            inputs[i] = self._prefill_inputs(unit)  # validates before admitting
+            if self.table.admit_prefill(unit.seq_id, inputs[i].shape[0]):
+                run.append(i)
+                if keys[i] is not None:
+                    computing.add(keys[i])
+        rows_out: dict[int, tuple[torch.Tensor, Any]] = {}
+        if run:
+            computed = self._compute_prefills([units[i] for i in run], [inputs[i] for i in run])
+            rows_out = dict(zip(run, computed, strict=True))
+            for i in run:
+                if keys[i] is not None:
+                    last, stream = rows_out[i]
+                    self._shared[keys[i]] = _SharedPrompt(
+                        units[i].seq_id, inputs[i].shape[0], last.clone(), stream
+                    )
+        for i in forks:
+            shared = self._shared[keys[i]]
+            self.table.fork(shared.seq_id, units[i].seq_id, shared.num_tokens)
+            self._on_admit(units[i])
+            rows_out[i] = (shared.last_hidden, shared.stream)
+        done = sorted(rows_out)
+        if done:
+            hidden = torch.stack([rows_out[i][0] for i in done])
+            streams = [rows_out[i][1] for i in done]
+            outputs = self._sample(hidden, [units[i] for i in done], streams)
+            for i, out in zip(done, outputs, strict=True):
+                results[i] = out
         return results
+
+    def _compute_prefills(
+        self, units: list[ARPrefillInput], inputs: list[torch.Tensor]
+    ) -> list[tuple[torch.Tensor, Any]]:
+        """One varlen forward over admitted prefills: per unit, the final hidden state of its
+        last row ``[hidden]`` and what its output streams."""
+        for unit in units:
+            self._on_admit(unit)
+        lens = [x.shape[0] for x in inputs]
+        rows = torch.cat(inputs)
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        hidden = self._forward(rows, positions, [u.seq_id for u in units], lens)
+        ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
+        whole = [self.stream_prompt_rows and not u.generated for u in units]
+        streams = self._streams(rows, hidden, lens, whole)
+        return list(zip(hidden[ends], streams, strict=True))
+
+    def _share_key(self, unit: ARPrefillInput) -> Hashable | None:
+        """``(group, prompt key)`` of a fresh prefill that may share, else None."""
+        if unit.share_group is None or unit.generated:
+            return None
+        key = self._prefix_key(unit.prompt)
+        return None if key is None else (unit.share_group, key)
+
+    def _live_shared(self, key: Hashable) -> bool:
+        """Whether a group prompt is kept and its sequence still holds its blocks (a
+        preempted sequence lost them; its entry is dropped then)."""
+        shared = self._shared.get(key)
+        if shared is None:
+            return False
+        if shared.seq_id in self.lengths and self.lengths[shared.seq_id] >= shared.num_tokens:
+            return True
+        del self._shared[key]
+        return False
 
     def _streams(
         self, rows: torch.Tensor, hidden: torch.Tensor, lens: list[int], whole: list[bool]
@@ -188,6 +264,7 @@ class PagedARModel:
 
     def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
         keep = self.table.grow([u.seq_id for u in units])
+        self.cache.copy_blocks(self.table.take_copies())  # shared blocks written this step
         results = [ARStepOutput(preempted=True)] * len(units)
         if not keep:
             return results

@@ -70,6 +70,21 @@ class PagedKVCache:
         self.key_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.value_cache = torch.zeros(shape, dtype=dtype, device=device)
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy K and V of every layer from block ``source`` to block ``destination`` for each
+        pair (copy-on-write of shared blocks, ``omnistep.kv.SequenceTable.take_copies``). All
+        sources are read before any destination is written.
+
+        Raises:
+            IndexError: a block id outside the pool.
+        """
+        if not pairs:
+            return
+        source = torch.tensor([s for s, _ in pairs], device=self.key_cache.device)
+        destination = torch.tensor([d for _, d in pairs], device=self.key_cache.device)
+        for pool in (self.key_cache, self.value_cache):
+            pool[:, destination] = pool[:, source]
+
     @property
     def num_layers(self) -> int:
         return self.key_cache.shape[0]

@@ -62,6 +62,9 @@ class ARPrefillInput:
         history: the last ``penalty_window`` generated frames (repetition penalty).
         sampling: the component's per-request sampling settings.
         generator: the request's random generator (a ``torch.Generator``).
+        share_group: the request's sample group (``Request.group``): a component may start
+            this sequence on the KV blocks of an equal prompt of the same group instead of
+            computing it again; None computes it.
     """
 
     seq_id: str
@@ -70,6 +73,7 @@ class ARPrefillInput:
     history: tuple[Frame, ...]
     sampling: Any
     generator: Any
+    share_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +172,7 @@ class ARDecodeState(LoopState):
     num_preemptions: int = 0
     stream: Channel | None = None
     text_emitted: int = 0
+    share_group: str | None = None
 
 
 class ARDecodeLoop:
@@ -194,6 +199,7 @@ class ARDecodeLoop:
             owner=model.components[cfg.component],  # type: ignore[arg-type]
             max_new_tokens=min(cap, cfg.max_new_tokens),
             stream=ctx.slots[cfg.stream_slot] if cfg.stream_slot else None,
+            share_group=req.group,
         )
 
     def next(self, state: ARDecodeState) -> WorkPlan | Done:
@@ -208,6 +214,7 @@ class ARDecodeLoop:
                 history,
                 state.sampling,
                 state.generator,
+                state.share_group,
             )
             kind, label = WorkUnitKind.PREFILL, f"{self.loop_id}.prefill"
             resources = ResourceRequest(num_tokens=len(state.frames) + 1)
