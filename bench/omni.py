@@ -333,7 +333,7 @@ class Ours:
                     samples += chunk.audio.size
             end = time.perf_counter()
             traj = streams[i].trajectories
-            talk = [int(t[0]) for t, _ in traj.get("talk", [])]
+            talk = [int(r.tokens[0]) for r in traj.get("talk", [])]
             return {
                 "prompt": i,
                 "ttfa_s": None if first is None else first - submitted[i],
@@ -342,7 +342,7 @@ class Ours:
                 "talker_tokens": len(talk),
                 "talker_eos": any(x in self.eos for x in talk),
                 "audio_s": samples / SAMPLE_RATE,
-                "think": [int(t[0]) for t, _ in traj.get("think", [])],
+                "think": [int(r.tokens[0]) for r in traj.get("think", [])],
                 "talk": talk,
             }
 

@@ -29,7 +29,7 @@ from omnistep.models.chattts.speaker import (
     shipped_spk_stat,
 )
 from omnistep.parity import collect, run_alone, run_interleaved
-from omnistep.sampling import recompute_logprobs
+from omnistep.sampling import policy_logprobs, recompute_logprobs
 from tests.chattts_ref import reference
 from tests.chattts_ref.assets import SERVABLE_SIZES, write_servable_tiny_chattts
 
@@ -100,7 +100,7 @@ async def test_greedy_codes_and_waveform_match_upstream(root, speaker):
     stream = eng.add_request(req)
     out = [c async for c in stream]
     await eng.shutdown()
-    codes = [list(t) for t, _ in stream.trajectories["decode"]]
+    codes = [list(r.tokens) for r in stream.trajectories["decode"]]
     assert len(codes) >= len(up.codes) > 8
     assert codes[: len(up.codes)] == up.codes.tolist()
     # the logits of every decode step, replayed through our decode path, equal upstream's
@@ -148,7 +148,7 @@ async def _codes(engine, reqs, together):
         stream = engine.add_request(r)
         streams.append(stream)
         chunks = [c async for c in stream]
-        return [t for t, _ in stream.trajectories["decode"]], np.concatenate(
+        return [r.tokens for r in stream.trajectories["decode"]], np.concatenate(
             [c.audio for c in chunks]
         )
 
@@ -189,8 +189,8 @@ async def test_rollout_logprobs_recompute(engine, model):  # C2
     stream = engine.add_request(req)
     [c async for c in stream]
     trajectory = stream.trajectories["decode"]
-    frames = [t for t, _ in trajectory]
-    recorded = torch.tensor([lp for _, lp in trajectory])
+    frames = [r.tokens for r in trajectory]
+    recorded = torch.tensor([r.logprobs for r in trajectory])
     prompt = _prompt(model, TEXT, None, seed=5)
     gpt = model.components["gpt"]
     row = model.loops["decode"].config.make_sampling(req)
@@ -206,6 +206,12 @@ async def test_rollout_logprobs_recompute(engine, model):  # C2
 
     replayed = gpt.teacher_forced_logits(prompt, frames[:-1], incremental=True)  # [n, 4, V]
     assert (recompute(replayed) - recorded).abs().max().item() <= 1e-6
+    policy = torch.tensor([r.policy_logprobs for r in trajectory])
+    rescored = policy_logprobs(replayed, [row] * len(frames), torch.tensor(frames))
+    assert (rescored - policy).abs().max().item() <= 1e-6
+    # the processed distribution (top-p/top-k, repetition penalty) is another one
+    assert (recorded - policy).abs().max().item() > 1e-3
+    assert {r.weight_version for r in trajectory} == {0}
     one_pass = gpt.teacher_forced_logits(prompt, frames[:-1])
     assert (recompute(one_pass) - recorded).abs().max().item() <= 1e-4
 
@@ -394,5 +400,5 @@ async def test_refine_stage_runs_before_the_code_stage(root):
     chunks = [c async for c in stream]
     await eng.shutdown()
     refined = stream.trajectories["refine"]
-    assert refined and all(len(tokens) == 1 for tokens, _ in refined)
+    assert refined and all(len(r.tokens) == 1 for r in refined)
     assert stream.trajectories["decode"] and sum(c.audio.size for c in chunks) > 0

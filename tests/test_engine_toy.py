@@ -158,12 +158,14 @@ async def test_rollout_records_logprobs_that_recompute(engine):
     stream = engine.add_request(req)
     text = "".join([c.text async for c in stream if c.text])
     trajectory = stream.trajectories["decode"]
-    assert text == "".join(f"<{t}>" for t, _ in trajectory if t != 0)
+    assert text == "".join(f"<{r.tokens[0]}>" for r in trajectory if r.tokens[0] != 0)
     table = ToyLM().table
     prev = 1 + ord("l") % 63
-    for token, logprob in trajectory:
+    for record in trajectory:
+        (token,), (logprob,) = record.tokens, record.logprobs
         recomputed = table[prev] - np.logaddexp.reduce(table[prev])
         assert abs(recomputed[token] - logprob) <= 1e-6
+        assert record.policy_logprobs == record.logprobs  # the toy truncates nothing
         prev = token
     serve = await collect(
         engine, Request("toy", text="roll", seed=11, sampling=SamplingParams(max_new_tokens=10))

@@ -95,7 +95,7 @@ async def test_group_codes_equal_alone_in_the_default_mode(root):
         async def one(r):
             stream = engine.add_request(r)
             [c async for c in stream]
-            return [t for t, _ in stream.trajectories["decode"]]
+            return [r.tokens for r in stream.trajectories["decode"]]
 
         if together:
             return await asyncio.gather(*(one(r) for r in reqs))

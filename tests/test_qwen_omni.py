@@ -70,7 +70,7 @@ async def _run(model, reqs):
 async def test_thinker_text_matches_transformers(model, root):
     ref = reference.thinker_greedy(root, MESSAGES, steps=12)
     (stream,), (text,) = await _run(model, [_request(audio=False)])
-    tokens = [t[0] for t, _ in stream.trajectories["think"]]
+    tokens = [r.tokens[0] for r in stream.trajectories["think"]]
     assert tokens == ref.token_ids.tolist()[: len(tokens)] and len(tokens) >= 2
     tok = model.card.program.nodes[0].fn.tokenizer
     assert text == tok.decode(tokens, skip_special_tokens=True)
@@ -82,7 +82,7 @@ async def test_talker_codes_match_transformers_through_the_stream(model, root):
     ref_thinker = reference.thinker_greedy(root, MESSAGES, steps=12)
     ref = reference.talker_greedy(root, ref_thinker, "Chelsie", steps=16)
     (stream,), _ = await _run(model, [_request(audio=True)])
-    codes = [t[0] for t, _ in stream.trajectories["talk"]]
+    codes = [r.tokens[0] for r in stream.trajectories["talk"]]
     expected = ref.codes.tolist()
     assert codes[: len(expected)] == expected[: len(codes)] and len(codes) >= 4
     assert model.components["talker"].blocks.num_used_blocks == 0
@@ -117,7 +117,9 @@ async def test_cascade_interleaved_equals_alone(model):
     together, _ = await _run(model, reqs)
     for a, b in zip(alone, together, strict=True):
         for loop in ("think", "talk"):
-            assert [t for t, _ in a.trajectories[loop]] == [t for t, _ in b.trajectories[loop]]
+            assert [r.tokens for r in a.trajectories[loop]] == [
+                r.tokens for r in b.trajectories[loop]
+            ]
 
 
 def test_missing_weights_are_named(root, tmp_path):
@@ -137,7 +139,7 @@ async def test_cascade_audio_matches_transformers_token2wav(model, root):
 
     req = _request(audio=True, seed=7)
     (stream,), _ = await _run(model, [req])
-    codes = [t[0] for t, _ in stream.trajectories["talk"]]
+    codes = [r.tokens[0] for r in stream.trajectories["talk"]]
     eos = set(model.loops["talk"].config.eos_token_ids)
     audio_codes = [c for c in codes if c not in eos]
     assert len(audio_codes) >= 4

@@ -11,6 +11,7 @@ import torch
 from omnistep.sampling import (
     SamplingRow,
     make_generator,
+    policy_logprobs,
     processed_logprobs,
     recompute_logprobs,
     sample,
@@ -315,3 +316,25 @@ def test_validation_names_the_field():
         sample(logits, [SamplingRow(temperature=1.0)], _empty(1, "cpu"), [0], [None])
     with pytest.raises(ValueError, match="history"):
         sample(logits, [SamplingRow()], [], [0], [None])
+
+
+def test_policy_logprobs_ignore_truncation_penalty_and_mask():
+    """``policy_logprobs`` is log_softmax(logits / temperature) over the whole vocab, whatever
+    the row's top-p/top-k, repetition penalty or EOS mask; greedy codebooks count as T = 1."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 2, 50)
+    rows = [
+        SamplingRow(temperature=0.7, top_p=0.5, top_k=5, repetition_penalty=1.3),
+        SamplingRow(temperature=(0.0, 2.0), min_new_tokens=4, eos_token_id=7),
+        SamplingRow(),
+    ]
+    tokens = torch.tensor([[1, 2], [7, 49], [0, 10]])
+    got = policy_logprobs(logits, rows, tokens)
+    temps = torch.tensor([[0.7, 0.7], [1.0, 2.0], [1.0, 1.0]]).unsqueeze(-1)
+    want = torch.log_softmax(logits / temps, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    assert torch.equal(got, want)
+    out = sample(logits, rows, [torch.zeros(2, 0, dtype=torch.long)] * 3, [0, 0, 0],
+                 [torch.Generator().manual_seed(k) for k in range(3)])  # fmt: skip
+    assert torch.equal(out.policy_logprobs, policy_logprobs(logits, rows, out.tokens))
+    with pytest.raises(ValueError, match="rows"):
+        policy_logprobs(logits, rows[:2], tokens)

@@ -5,6 +5,7 @@ Imports nothing else of omnistep and never imports torch (stdlib and numpy only)
 
 from omnistep.core.card import ComponentSpec, LoopSpec, ModelCard, ModelInstance
 from omnistep.core.contracts import (
+    ActionRecord,
     Component,
     Done,
     Loop,
@@ -40,6 +41,7 @@ from omnistep.core.program import Channel, KernelNode, LoopNode, Program, Progra
 from omnistep.core.request import ChatMessage, Request, SamplingParams
 
 __all__ = [
+    "ActionRecord",
     "OPENAI_TTS_MODELS",
     "OPENAI_VOICES",
     "Capability",

@@ -151,7 +151,7 @@ class LoopState:
         profile: SERVE, or ROLLOUT to record ``trajectory``.
         step: number of units advanced so far.
         outbox: chunks produced by the last ``advance``; the engine publishes and clears them.
-        trajectory: per-step records under ROLLOUT (tokens, log-probs, ...).
+        trajectory: per-step records under ROLLOUT (``ActionRecord`` for AR loops).
     """
 
     request_id: str
@@ -160,6 +160,25 @@ class LoopState:
     step: int = 0
     outbox: list[StreamChunk] = field(default_factory=list)
     trajectory: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One sampled step of an AR loop, as recorded under ROLLOUT.
+
+    Attributes:
+        tokens: the sampled frame, one id per codebook (ChatTTS: 4; an LM: 1).
+        logprobs: per codebook, the log-probability under the distribution actually sampled
+            (``processed`` mode: temperature, repetition penalty, top-p/top-k, EOS mask).
+        policy_logprobs: per codebook, the log-probability under ``log_softmax(logits /
+            temperature)``, no truncation (``policy`` mode: what a PPO/GRPO ratio uses).
+        weight_version: the version of the component's weights the step ran under.
+    """
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    policy_logprobs: tuple[float, ...]
+    weight_version: int = 0
 
 
 @dataclass(slots=True)

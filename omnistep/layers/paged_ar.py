@@ -107,6 +107,7 @@ class PagedARModel:
         self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
         self._teacher_ids = itertools.count()
         self._shared: dict[Hashable, _SharedPrompt] = {}  # (group, prompt key) -> prompt
+        self.weight_version = 0
 
     # ------------------------------------------------------------ subclass hooks
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
@@ -321,9 +322,10 @@ class PagedARModel:
         rows: list[SamplingRow] = [u.sampling for u in units]
         out = sample(logits, rows, history, num_generated, [u.generator for u in units])
         tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
+        policy = out.policy_logprobs.tolist()
         return [
-            ARStepOutput(tuple(t), tuple(lp), stream)
-            for t, lp, stream in zip(tokens, logprobs, streams, strict=True)
+            ARStepOutput(tuple(t), tuple(lp), stream, False, tuple(pl), self.weight_version)
+            for t, lp, pl, stream in zip(tokens, logprobs, policy, streams, strict=True)
         ]
 
     def _history(self, frames: tuple[tuple[int, ...], ...], width: int) -> torch.Tensor:

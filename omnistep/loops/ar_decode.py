@@ -10,7 +10,8 @@ its step with ``preempted=True``; the loop then asks for a new PREFILL over the 
 frames generated so far, and decoding resumes where it stopped (the step's random draw was not
 taken, so the request's generator is where it was).
 
-Under the ROLLOUT profile every step's tokens and log-probs are recorded in the trajectory.
+Under the ROLLOUT profile every step is recorded in the trajectory as an ``ActionRecord``: its
+frame, the log-probs of each codebook in both modes (processed, policy) and the weight version.
 Imports: ``omnistep.core`` and ``omnistep.sampling`` (for the per-request generator).
 """
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from omnistep.core import (
+    ActionRecord,
     Channel,
     Done,
     ExecutionProfile,
@@ -105,12 +107,16 @@ class ARStepOutput:
         logprobs: log-probs of those ids under the processed distribution.
         hidden: the step's hidden state (e.g. a ``[hidden]`` tensor) when the card streams it.
         preempted: the KV pool ran out; nothing was sampled and the sequence was freed.
+        policy_logprobs: log-probs of those ids under ``log_softmax(logits / temperature)``.
+        weight_version: the version of the weights the step ran under.
     """
 
     tokens: Frame = ()
     logprobs: tuple[float, ...] = ()
     hidden: Any = None
     preempted: bool = False
+    policy_logprobs: tuple[float, ...] = ()
+    weight_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -241,7 +247,10 @@ class ARDecodeLoop:
         state.needs_prefill = False
         state.step += 1
         if state.profile is ExecutionProfile.ROLLOUT:
-            state.trajectory.append((out.tokens, out.logprobs))
+            record = ActionRecord(
+                tuple(out.tokens), out.logprobs, out.policy_logprobs, out.weight_version
+            )
+            state.trajectory.append(record)
         if any(t in self.config.eos_token_ids for t in out.tokens):
             state.finished = True
             if self.config.stream_on_eos and state.stream is not None:

@@ -4,7 +4,8 @@
 ``SamplingRow`` of settings per request, each request's token history and its own
 ``torch.Generator``, and returns the tokens and their log-probabilities in one vectorised pass.
 No global RNG is touched, so a request's tokens do not depend on its batch neighbours.
-``recompute_logprobs`` scores given tokens with the same processing (the rollout parity gate).
+``recompute_logprobs`` scores given tokens with the same processing (the rollout parity gate);
+``policy_logprobs`` scores them under ``log_softmax(logits / temperature)`` (no truncation).
 The processing order follows upstream ChatTTS: temperature, repetition penalty, top-p, top-k,
 EOS mask, softmax.
 
@@ -20,7 +21,13 @@ from omnistep.sampling.processors import (
     penalty_counts,
     processed_logprobs,
 )
-from omnistep.sampling.sampler import SampleOutput, make_generator, recompute_logprobs, sample
+from omnistep.sampling.sampler import (
+    SampleOutput,
+    make_generator,
+    policy_logprobs,
+    recompute_logprobs,
+    sample,
+)
 
 __all__ = [
     "BatchParams",
@@ -31,6 +38,7 @@ __all__ = [
     "build_params",
     "make_generator",
     "penalty_counts",
+    "policy_logprobs",
     "processed_logprobs",
     "recompute_logprobs",
     "sample",

@@ -28,11 +28,17 @@ class SampleOutput:
     Attributes:
         tokens: ``[B, num_vq]`` long: the chosen token of each row and codebook.
         logprobs: ``[B, num_vq]`` float32: their log-probabilities under the processed
-            distribution (after temperature, penalty, top-p/top-k and the EOS mask).
+            distribution (after temperature, penalty, top-p/top-k and the EOS mask): the
+            distribution actually sampled (``processed`` mode).
+        policy_logprobs: ``[B, num_vq]`` float32: their log-probabilities under the policy at
+            the sampling temperature, ``log_softmax(logits / temperature)`` with no penalty,
+            truncation or mask (``policy`` mode, what a PPO/GRPO ratio uses; see
+            ``policy_logprobs``).
     """
 
     tokens: torch.Tensor
     logprobs: torch.Tensor
+    policy_logprobs: torch.Tensor
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -94,8 +100,32 @@ def sample(
         raise ValueError(f"'generators' has {len(generators)} entries for {logits.shape[0]} rows")
     uniforms = _uniforms(rows, generators, logits.shape[1], logits.device)
     drawn = _inverse_cdf(logprobs.exp(), uniforms)  # [B, num_vq, 1]
-    tokens = torch.where(greedy, processed.argmax(dim=-1, keepdim=True), drawn)
-    return SampleOutput(tokens=tokens.squeeze(-1), logprobs=logprobs.gather(-1, tokens).squeeze(-1))
+    tokens = torch.where(greedy, processed.argmax(dim=-1, keepdim=True), drawn).squeeze(-1)
+    return SampleOutput(
+        tokens=tokens,
+        logprobs=logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
+        policy_logprobs=policy_logprobs(logits, rows, tokens),
+    )
+
+
+def policy_logprobs(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], tokens: torch.Tensor
+) -> torch.Tensor:
+    """Log-probabilities ``[B, num_vq]`` float32 of ``tokens [B, num_vq]`` under the policy
+    at each row's sampling temperature: ``log_softmax(logits / temperature)`` over the whole
+    vocab, with no repetition penalty, top-p/top-k or EOS mask (a greedy codebook's
+    temperature 0 counts as 1). Differentiable in ``logits`` (a trainer's ratio uses it).
+
+    Raises:
+        ValueError: ``rows`` and ``logits`` disagree on the batch size.
+    """
+    batch, num_vq, _ = logits.shape
+    if len(rows) != batch:
+        raise ValueError(f"'rows' has {len(rows)} entries for a batch of {batch}")
+    temps = [[t if t > 0 else 1.0 for t in row.temperatures(num_vq)] for row in rows]
+    divisor = torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(-1)
+    logp = torch.log_softmax(logits.float() / divisor, dim=-1)
+    return logp.gather(-1, tokens.to(logits.device).long().unsqueeze(-1)).squeeze(-1)
 
 
 def recompute_logprobs(

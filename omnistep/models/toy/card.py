@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnistep.core import (
+    ActionRecord,
     Capability,
     Channel,
     ComponentSpec,
@@ -102,13 +103,17 @@ class ToyLM:
 
 
 def _sample(logits: np.ndarray, unit: TokenUnit) -> tuple[int, float]:
-    """Gumbel-max sampling, noise from ``default_rng([seed, step])``; greedy at temperature 0."""
-    logp = logits - np.logaddexp.reduce(logits)
+    """Gumbel-max sampling, noise from ``default_rng([seed, step])``; greedy at temperature 0.
+    Returns the token and its log-prob under ``log_softmax(logits / temperature)`` (the
+    distribution sampled; with no truncation it is the policy's too; temperature 0 counts as 1).
+    """
+    temperature = unit.temperature or 1.0
+    logp = logits / temperature - np.logaddexp.reduce(logits / temperature)
     if unit.temperature == 0:
         token = int(np.argmax(logp))
     else:
         gumbel = np.random.default_rng([unit.seed, unit.step]).gumbel(size=logits.shape)
-        token = int(np.argmax(logp / unit.temperature + gumbel))
+        token = int(np.argmax(logp + gumbel))
     return token, float(logp[token])
 
 
@@ -192,7 +197,7 @@ class TokenLoop:
         token, logprob = result.output
         state.step += 1
         if state.profile is ExecutionProfile.ROLLOUT:
-            state.trajectory.append((token, logprob))
+            state.trajectory.append(ActionRecord((token,), (logprob,), (logprob,)))
         if token == EOS:
             state.finished = True
             return state
