@@ -143,6 +143,7 @@ def victim(rng: random.Random, i: int) -> tuple[str, dict, int | None]:
     else:
         fmt = rng.choice(SPEECH_FORMATS)
         body = speech_body(1000 + i, text, fmt, sse=kind == "sse", max_new_tokens=2000)
+        body["stream"] = True  # wav and flac are sent whole unless asked for as a stream
         path = SPEECH
     drop_after = None if rng.random() < 0.25 else rng.randint(0, 6)
     return path, body, drop_after

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from omnistep.audio import FORMATS
 from omnistep.core import Request, SamplingParams
@@ -12,6 +12,12 @@ from omnistep.core.request import MAX_SEED
 
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 assert set(ResponseFormat.__args__) == set(FORMATS)  # type: ignore[attr-defined]
+
+WHOLE_BY_DEFAULT = frozenset({"wav", "flac"})
+"""Formats sent whole when a request leaves ``stream`` out: their headers hold the length, which
+a stream cannot know (a streamed flac says 0 samples, which libsndfile cannot read; a streamed
+wav says 2**32-1 bytes, which Python's ``wave`` takes as 2**31-1 frames). The other formats
+hold no length, so their streamed bytes are the whole file's bytes: they are always streamed."""
 
 
 _CONTROL = frozenset(
@@ -71,8 +77,8 @@ class SpeechRequest(OpenAIBody):
     ``response_format`` (default mp3), ``speed`` (0.25..4.0), ``stream_format`` (``audio`` or
     ``sse``). ``input`` must hold something speakable (a letter or a digit) and no control
     characters but tab, newline and carriage return. Unknown fields are ignored. Extras:
-    ``stream`` (false collects the whole file before answering, as Kokoro-FastAPI does),
-    ``seed``, and sampling fields used by cards with a sampler and ignored by others.
+    ``stream`` (Kokoro-FastAPI's field; see ``streamed``), ``seed``, and sampling fields used by
+    cards with a sampler and ignored by others.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -84,7 +90,7 @@ class SpeechRequest(OpenAIBody):
     response_format: ResponseFormat = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0, allow_inf_nan=False, strict=True)
     stream_format: Literal["audio", "sse"] = "audio"
-    stream: bool = Field(default=True, strict=True)
+    stream: StrictBool | None = None
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
@@ -101,6 +107,14 @@ class SpeechRequest(OpenAIBody):
         if not any(c.isalnum() for c in value):
             raise ValueError("input has nothing to speak (it needs at least one letter or digit)")
         return value
+
+    def streamed(self) -> bool:
+        """Whether the raw audio is sent as it is made: ``stream`` when the request gives it,
+        else every format but those in ``WHOLE_BY_DEFAULT`` (sent whole, exact headers).
+        ``stream_format: "sse"`` always streams events, whatever this says."""
+        if self.stream is not None:
+            return self.stream
+        return self.response_format not in WHOLE_BY_DEFAULT
 
     def voice_name(self) -> str | None:
         """The voice as a plain name."""

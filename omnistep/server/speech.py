@@ -1,9 +1,11 @@
 """``POST /v1/audio/speech``: text to speech, streamed as encoded bytes or as SSE events.
 
 Streamed and non-streamed responses consume the same engine stream through the same stateful
-encoder, so they carry the same samples; ``stream: false`` changes when the bytes are sent and,
-for wav and flac, writes the now-known lengths into the header (streamed headers say "unknown",
-which libsndfile cannot read for flac). All other formats are byte-identical.
+encoder, so they carry the same samples; streaming changes when the bytes are sent and, for wav
+and flac, whether the header states the length (a whole file's does; streamed headers say
+"unknown", which libsndfile cannot read for flac). All other formats are byte-identical. A
+request without ``stream`` (OpenAI's client sends none) gets wav and flac whole and the other
+formats streamed (``SpeechRequest.streamed``), so every default body opens in any reader.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ async def create_speech(body: SpeechRequest, http: HttpRequest) -> Response:
         async with abort_on_disconnect(http, stream):
             # Wait for the first audio (or an early failure) before committing to a 200.
             first = await anext(pieces, b"")
-            if not body.stream:
+            if not body.streamed():
                 data = encoder.with_lengths(first + b"".join([p async for p in pieces]))
                 return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
     except OmnistepError as exc:
