@@ -186,6 +186,9 @@ def test_same_seed_same_bytes_and_seed_header(base):
         ({"input": "bell \u0007 escape \u001b"}, 400, "input"),
         ({"voice": 5}, 400, "voice"),
         ({"voice": {"name": "alloy"}}, 400, "voice"),
+        ({"normalization_options": {"normalize": "no"}}, 400, "normalization_options"),
+        ({"normalization_options": {"url_normalization": 1}}, 400, "normalization_options"),
+        ({"normalization_options": False}, 400, "normalization_options"),
     ],
 )
 def test_bad_requests_get_openai_errors(base, body, status, param):

@@ -70,6 +70,29 @@ class VoiceRef(OpenAIBody):
     id: str = Field(min_length=1, max_length=MAX_VOICE_CHARS)
 
 
+class NormalizationOptions(OpenAIBody):
+    """``normalization_options``: Kokoro-FastAPI's per-request switch of the text front-end.
+
+    ``normalize`` (default true) runs the card's normaliser (numbers, dates, times, money,
+    units and abbreviations to words; ``omnistep.text``); false reads the input as given.
+    Kokoro-FastAPI's finer switches (``unit_normalization``, ``url_normalization``,
+    ``email_normalization``, ``optional_pluralization_normalization``,
+    ``phone_normalization``, ``replace_remaining_symbols``) are accepted, type-checked and
+    have no effect: omnistep's normaliser has no separate passes for them. Other fields are
+    ignored, as Kokoro-FastAPI ignores them.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    normalize: StrictBool = True
+    unit_normalization: StrictBool | None = None
+    url_normalization: StrictBool | None = None
+    email_normalization: StrictBool | None = None
+    optional_pluralization_normalization: StrictBool | None = None
+    phone_normalization: StrictBool | None = None
+    replace_remaining_symbols: StrictBool | None = None
+
+
 class SpeechRequest(OpenAIBody):
     """Body of ``POST /v1/audio/speech`` (OpenAI's fields plus omnistep's extras).
 
@@ -77,7 +100,8 @@ class SpeechRequest(OpenAIBody):
     ``response_format`` (default mp3), ``speed`` (0.25..4.0), ``stream_format`` (``audio`` or
     ``sse``). ``input`` must hold something speakable (a letter or a digit) and no control
     characters but tab, newline and carriage return. Unknown fields are ignored. Extras:
-    ``stream`` (Kokoro-FastAPI's field; see ``streamed``), ``seed``, and sampling fields used by
+    ``stream`` (Kokoro-FastAPI's field; see ``streamed``), ``normalization_options``
+    (Kokoro-FastAPI's; see ``NormalizationOptions``), ``seed``, and sampling fields used by
     cards with a sampler and ignored by others.
     """
 
@@ -97,6 +121,7 @@ class SpeechRequest(OpenAIBody):
     top_k: int | None = Field(default=None, ge=0, le=10000)
     repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
     max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
+    normalization_options: NormalizationOptions | None = None
 
     @field_validator("input")
     @classmethod
@@ -134,4 +159,10 @@ class SpeechRequest(OpenAIBody):
             speed=self.speed,
             seed=self.seed,
             sampling=SamplingParams(**sampling),
+            normalize_text=self.normalize_text(),
         )
+
+    def normalize_text(self) -> bool:
+        """Whether the card's text front-end runs (``normalization_options.normalize``)."""
+        options = self.normalization_options
+        return True if options is None else options.normalize
