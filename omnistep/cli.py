@@ -78,7 +78,10 @@ def load_engine(
     settings: dict[str, object] = {"max_queued": max_queued, "scheduling": scheduling}
     runner = None
     names = served_names or [None] * len(specs)
-    cards = [build_card(spec, name, **options) for spec, name in zip(specs, names, strict=True)]
+    cards = [
+        build_card(spec, served_name=name, **options)
+        for spec, name in zip(specs, names, strict=True)
+    ]
     cards = distinct_names(specs, cards)
     if executor == "ray":
         runner = ray_executor(specs, cards, device, deploy, ray_address, options)
