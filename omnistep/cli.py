@@ -20,7 +20,7 @@ from omnistep.core import ModelCard, ModelInstance, OmnistepError, Request
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.config import SCHEDULING_POLICIES
-from omnistep.models.registry import FAMILIES, build_card
+from omnistep.models.registry import FAMILIES, build_card, distinct_names
 
 if TYPE_CHECKING:
     from omnistep.server import ServerConfig
@@ -41,9 +41,14 @@ def load_engine(
     executor: str = "inprocess",
     deploy: str | None = None,
     ray_address: str | None = None,
+    served_names: list[str] | None = None,
     **options: object,
 ) -> AsyncEngine:
     """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
+
+    ``served_names``: the public name of each model (``--served-model-name``), one per spec in
+    the same order (see ``registry.public_names``); None: card ids, with the family names as
+    aliases.
 
     ``max_queued`` bounds the unfinished requests (more get HTTP 429; None: the engine's
     default); ``scheduling`` is ``"edf"`` or ``"fcfs"`` (None: the engine's default, EDF);
@@ -58,16 +63,27 @@ def load_engine(
     each model's ``components`` are ``RemoteComponent`` stand-ins (``RayExecutor.instance``).
 
     Raises:
-        OmnistepError: ``deploy`` without the ray executor, a bad deploy file, ray missing.
+        OmnistepError: ``deploy`` without the ray executor, a bad deploy file, ray missing,
+            not one served name per spec, or two models answering to one name.
     """
+    if served_names and len(served_names) != len(specs):
+        raise OmnistepError(
+            f"--served-model-name was given {len(served_names)} time(s) for {len(specs)} "
+            "--model; give one name per --model, in the same order"
+        )
     if executor not in EXECUTORS:
         raise OmnistepError(f"unknown executor '{executor}'; choose one of {', '.join(EXECUTORS)}")
     if deploy is not None and executor != "ray":
         raise OmnistepError("--deploy needs --executor ray")
     settings: dict[str, object] = {"max_queued": max_queued, "scheduling": scheduling}
     runner = None
+    names = served_names or [None] * len(specs)
+    cards = [
+        build_card(spec, served_name=name, **options)
+        for spec, name in zip(specs, names, strict=True)
+    ]
+    cards = distinct_names(specs, cards)
     if executor == "ray":
-        cards = [build_card(spec, **options) for spec in specs]
         runner = ray_executor(specs, cards, device, deploy, ray_address, options)
         models = [runner.instance(card, device) for card in cards]
         slots = sum(
@@ -77,7 +93,7 @@ def load_engine(
         )
         settings["num_workers"] = max(slots, EngineConfig().num_workers)
     else:
-        models = [ModelInstance.load(build_card(spec, **options), device=device) for spec in specs]
+        models = [ModelInstance.load(card, device=device) for card in cards]
     settings = {k: v for k, v in settings.items() if v is not None}
     config = EngineConfig(
         max_batch_size=max_batch_size, request_timeout=request_timeout, **settings
@@ -194,6 +210,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         executor=args.executor,
         deploy=args.deploy,
         ray_address=args.ray_address,
+        served_names=args.served_model_name,
     )
     print(_usage_banner(config.host, config.port, engine, config.api_key is not None), flush=True)
     app = build_app(engine, config)
@@ -376,6 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help=f"family[=weights dir], repeatable; families: {families} "
         "(default: piper, the embedded voice)",
+    )
+    serve.add_argument(
+        "--served-model-name",
+        action="append",
+        metavar="NAME",
+        help="the public name of a model (vLLM's flag): requests, /v1/models, saved voices and "
+        "metrics use NAME instead of the card id and family name (the card's OpenAI aliases, "
+        "like tts-1, stay); repeatable: one per --model, in the same order",
     )
     serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     serve.add_argument("--max-batch-size", type=_positive_int, default=64)

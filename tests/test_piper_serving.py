@@ -13,7 +13,8 @@ from openai import OpenAI
 
 from omnistep.core import OPENAI_VOICES, InvalidRequestError, ModelInstance, Request
 from omnistep.engine import AsyncEngine
-from omnistep.models.piper.card import build_card
+from omnistep.models.piper.card import FIRST_CHUNK_CHARS, build_card, default_voice_paths
+from omnistep.models.piper.frontend import PiperFrontend
 from omnistep.parity import collect, run_alone, run_interleaved
 from tests.serving import running_server
 
@@ -89,6 +90,61 @@ async def test_unknown_voice_and_unspeakable_input(engine):
     with pytest.raises(InvalidRequestError) as info:  # espeak refuses NUL
         engine.add_request(Request("piper", text="a\x00b"))
     assert info.value.param == "input"
+
+
+NUMBERS = "Pay $12.50 on 2024-03-15."
+"""Text whose normalised form ("twelve dollars and fifty cents", "March fifteenth") espeak
+would not produce from the raw text ("dollar twelve point five zero", "dash zero three")."""
+
+
+def _frontend() -> PiperFrontend:
+    return PiperFrontend.from_config_path(
+        default_voice_paths()[1], first_chunk_chars=FIRST_CHUNK_CHARS
+    )
+
+
+def _phoneme_ids(sentences) -> int:
+    return sum(len(s.phoneme_ids) for s in sentences)
+
+
+async def test_normalization_can_be_turned_off_per_request(engine):
+    """Numbers are read as words by default; ``normalize_text=False`` passes the text as is,
+    through the card's frontend node (the request's usage counts the phoneme ids it made)."""
+    frontend = _frontend()
+    words = "Pay twelve dollars and fifty cents on March fifteenth, twenty twenty four."
+    assert frontend.texts(NUMBERS) == [words]
+    assert frontend.texts(NUMBERS, normalize_text=False) == [NUMBERS]
+    on, off = frontend.sentences(NUMBERS), frontend.sentences(NUMBERS, normalize_text=False)
+    assert [s.phonemes for s in on] == [s.phonemes for s in frontend.sentences(words)]
+    assert [s.phonemes for s in off] != [s.phonemes for s in on]
+    default = engine.add_request(Request("piper", text=NUMBERS, seed=1))
+    raw = engine.add_request(Request("piper", text=NUMBERS, seed=1, normalize_text=False))
+    assert default.usage["input_tokens"] == _phoneme_ids(on)
+    assert raw.usage["input_tokens"] == _phoneme_ids(off)
+    for stream in (default, raw):
+        stream.cancel()
+
+
+def test_normalization_options_through_the_server(base):
+    """Kokoro-FastAPI's ``normalization_options``: ``normalize: false`` reaches the frontend;
+    its other known fields and unknown ones are accepted."""
+
+    def input_tokens(**extra) -> int:
+        body = {"model": "tts-1", "input": NUMBERS, "seed": 1, "stream_format": "sse", **extra}
+        r = httpx.post(base + "/v1/audio/speech", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: ")]
+        return events[-1]["usage"]["input_tokens"]
+
+    frontend = _frontend()
+    words = _phoneme_ids(frontend.sentences(NUMBERS))
+    raw = _phoneme_ids(frontend.sentences(NUMBERS, normalize_text=False))
+    assert words != raw
+    assert input_tokens() == words
+    assert input_tokens(normalization_options={"normalize": True}) == words
+    kokoro = {"normalize": False, "unit_normalization": True, "phone_normalization": False}
+    assert input_tokens(normalization_options=kokoro) == raw
+    assert input_tokens(normalization_options={"normalize": False, "future_option": 1}) == raw
 
 
 def _decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:

@@ -189,6 +189,15 @@ def test_chat_completions_with_audio_through_the_server(root):
         )
         assert text_only.choices[0].message.content == message.content
         assert text_only.choices[0].message.audio is None
+        # the family name given to --model is a name of the model too
+        by_family = client.chat.completions.create(
+            model="qwen2_5_omni", messages=MESSAGES, seed=3, max_tokens=8, temperature=0
+        )
+        assert by_family.choices[0].message.content == message.content
+        assert by_family.model == "qwen2_5_omni"
+        listed = [m.id for m in client.models.list()]
+        assert listed == ["qwen2.5-omni", "qwen2_5_omni"]
+        assert client.models.retrieve("qwen2_5_omni").root == "qwen2.5-omni"
 
 
 async def test_chat_token_cap_limits_text_not_speech(model):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import random
@@ -143,6 +144,7 @@ def victim(rng: random.Random, i: int) -> tuple[str, dict, int | None]:
     else:
         fmt = rng.choice(SPEECH_FORMATS)
         body = speech_body(1000 + i, text, fmt, sse=kind == "sse", max_new_tokens=2000)
+        body["stream"] = True  # wav and flac are sent whole unless asked for as a stream
         path = SPEECH
     drop_after = None if rng.random() < 0.25 else rng.randint(0, 6)
     return path, body, drop_after
@@ -314,6 +316,71 @@ async def test_request_timeout_in_every_response_mode(timeout_base):
         assert status == 200 and received > 0 and isinstance(error, httpx.RemoteProtocolError)
         assert quick.status_code == 200 and len(quick.content) > 0
         assert_idle(await wait_idle(client, timeout=3))
+
+
+async def test_expected_endings_log_one_line_without_traceback():
+    """A raw stream cut by the timeout, one cut by a failure, SSE and chat streams cut by the
+    timeout, and clients that leave mid-stream (raw, SSE, chat): each logs exactly one line
+    naming its request, and the server log holds no traceback."""
+    slow = "<slow> this takes a while"
+    with launch_server(
+        "--model", "toy", "--request-timeout", "0.5", "--log-level", "info"
+    ) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+
+            async def cut(path: str, body: dict, keep: int | None = None) -> str:
+                """Read the stream to its end (or only ``keep`` chunks); the request id."""
+                async with client.stream("POST", path, json=body) as r:
+                    assert r.status_code == 200
+                    rid = r.headers.get("x-request-id")
+                    with contextlib.suppress(httpx.RemoteProtocolError):
+                        async for _ in r.aiter_raw():
+                            if keep is not None:
+                                keep -= 1
+                                if keep < 0:
+                                    break
+                return rid
+
+            # the slow ones take 4 s; those read for one chunk only are left well within 0.5 s
+            ids = [
+                await cut(SPEECH, speech_body(1, slow, "pcm", max_new_tokens=200)),
+                await cut(SPEECH, speech_body(2, "<fail-late> x", "mp3", max_new_tokens=60)),
+                await cut(SPEECH, speech_body(3, slow, "pcm", sse=True, max_new_tokens=200)),
+                await cut(SPEECH, speech_body(4, slow, "pcm", max_new_tokens=200), keep=1),
+                await cut(SPEECH, speech_body(5, slow, sse=True, max_new_tokens=200), keep=1),
+            ]
+            timeout_chat = await client.post(CHAT, json=chat_body(6, slow, max_tokens=200))
+            await cut(CHAT, chat_body(7, slow, max_tokens=200), keep=1)
+            assert timeout_chat.status_code == 200
+            assert_idle(await wait_idle(client, timeout=5))
+    log = server.process.stdout.read()
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    assert None not in ids
+    for rid in ids:
+        lines = [line for line in log.splitlines() if rid in line]
+        assert len(lines) == 1, (rid, lines)
+    assert log.count("timed out after 0.5 s") == 3, log  # raw, SSE, chat
+    assert log.count("disconnected; aborting it") == 3, log  # raw, SSE, chat
+
+
+def test_stream_cut_filter_drops_only_stream_cuts():
+    import logging
+
+    from omnistep.core import RequestTimeoutError
+    from omnistep.server.errors import QuietStreamCuts, StreamCut
+
+    def record(exc: BaseException | None) -> logging.LogRecord:
+        info = (type(exc), exc, None) if exc is not None else None
+        return logging.LogRecord("uvicorn.error", 40, "", 0, "Exception", (), info)
+
+    cut = StreamCut("req-1", RequestTimeoutError("late", 1.0))
+    try:
+        raise RuntimeError("Caught handled exception, but response already started.") from cut
+    except RuntimeError as wrapped:
+        wrapping = wrapped
+    keep = QuietStreamCuts()
+    assert not keep.filter(record(cut)) and not keep.filter(record(wrapping))
+    assert keep.filter(record(ZeroDivisionError("bug"))) and keep.filter(record(None))
 
 
 def test_request_timeout_flag():

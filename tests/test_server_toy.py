@@ -60,12 +60,84 @@ def test_models_and_health(base):
 def test_every_format_decodes_to_the_expected_duration(base, fmt):
     full = _post(base, response_format=fmt, stream=False)
     assert full.status_code == 200, full.text
-    streamed = _post(base, response_format=fmt)
+    streamed = _post(base, response_format=fmt, stream=True)
     assert streamed.content == full.content or fmt in ("wav", "flac")
     assert np.array_equal(_decode(streamed.content, fmt)[0], _decode(full.content, fmt)[0])
     samples, rate = _decode(full.content, fmt, exact=True)
     assert samples.size / rate == pytest.approx(_expected_seconds(base), rel=0.05)
     assert np.abs(samples).max() > 0.1
+
+
+# What a user's reader gets from a request that leaves ``stream`` out (as OpenAI's client does):
+# wav and flac come whole, with exact lengths in their headers; the others are streamed.
+DEFAULT_PADDING_S = {"mp3": 0.12, "aac": 0.12, "opus": 0.05}
+"""Codec delay and padding a decoder may add (mp3: encoder delay + last frame; aac: priming +
+last frame; opus: pre-skip is honoured by libavcodec but the last page is padded)."""
+
+
+def _pcm_samples(base) -> int:
+    """Samples of the default (streamed) pcm response: 24 kHz s16le mono."""
+    r = _post(base, response_format="pcm")
+    assert r.status_code == 200 and len(r.content) % 2 == 0
+    return len(r.content) // 2
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_default_response_of_every_format_opens_in_readers(base, fmt):
+    """soundfile (wav, flac) and PyAV (all six) open the default body with the right length."""
+    expected = _pcm_samples(base) / 24000
+    data = _post(base, response_format=fmt).content
+    if fmt in ("wav", "flac"):
+        info = sf.info(io.BytesIO(data))
+        assert info.frames == round(expected * 24000) and info.samplerate == 24000
+        samples, rate = sf.read(io.BytesIO(data), dtype="float32")
+        assert samples.shape[0] == info.frames and rate == 24000
+    if fmt == "pcm":  # raw s16le: PyAV needs the format named
+        container = av.open(io.BytesIO(data), format="s16le", options={"sample_rate": "24000"})
+    else:
+        container = av.open(io.BytesIO(data))
+    with container:
+        stream = container.streams.audio[0]
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]
+        decoded = np.concatenate(frames).size / stream.rate
+        declared = None if container.duration is None else container.duration / 1e6
+    pad = DEFAULT_PADDING_S.get(fmt, 0.0)
+    assert expected - 1e-3 <= decoded <= expected + pad + 1e-3, (decoded, expected)
+    if fmt in ("wav", "flac", "opus"):  # the container states the length (not estimated)
+        assert declared == pytest.approx(expected, abs=pad + 1e-3)
+
+
+def test_openai_client_flac_opens_in_soundfile(base):
+    """``client.audio.speech.create(..., response_format="flac")`` sends no ``stream`` field;
+    its body must open in soundfile (a streamed STREAMINFO says 0 samples: "array is too big")."""
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    extra = {"seed": 3, "max_new_tokens": 200}
+    audio = client.audio.speech.create(
+        model="toy",
+        voice="default",
+        input="hello there, " * 10,
+        response_format="flac",
+        extra_body=extra,
+    )
+    samples, rate = sf.read(io.BytesIO(audio.content), dtype="float32")
+    assert rate == 24000 and samples.shape[0] == _pcm_samples(base)
+    with client.audio.speech.with_streaming_response.create(
+        model="toy",
+        voice="default",
+        input="hello there, " * 10,
+        response_format="flac",
+        extra_body=extra,
+    ) as response:
+        assert b"".join(response.iter_bytes()) == audio.content
+
+
+def test_stream_true_streams_wav_and_flac_with_unknown_lengths(base):
+    """``stream: true`` asks for a stream: the same samples, headers saying "unknown"."""
+    for fmt in ("wav", "flac"):
+        whole = _post(base, response_format=fmt).content
+        streamed = _post(base, response_format=fmt, stream=True).content
+        assert streamed != whole and len(streamed) == len(whole)
+        assert np.array_equal(_decode(streamed, fmt)[0], _decode(whole, fmt)[0])
 
 
 def _expected_seconds(base) -> float:
@@ -114,6 +186,9 @@ def test_same_seed_same_bytes_and_seed_header(base):
         ({"input": "bell \u0007 escape \u001b"}, 400, "input"),
         ({"voice": 5}, 400, "voice"),
         ({"voice": {"name": "alloy"}}, 400, "voice"),
+        ({"normalization_options": {"normalize": "no"}}, 400, "normalization_options"),
+        ({"normalization_options": {"url_normalization": 1}}, 400, "normalization_options"),
+        ({"normalization_options": False}, 400, "normalization_options"),
     ],
 )
 def test_bad_requests_get_openai_errors(base, body, status, param):

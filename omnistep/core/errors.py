@@ -20,12 +20,18 @@ class InvalidRequestError(OmnistepError, ValueError):
 
 
 class ModelNotFoundError(InvalidRequestError):
-    """No served card answers to the requested model id."""
+    """No served card answers to the requested model id.
 
-    def __init__(self, model: str):
-        super().__init__(
-            f"The model '{model}' does not exist.", param="model", code="model_not_found"
-        )
+    Args:
+        model: the id asked for (quoted in the message, cut to 200 characters).
+        served: the ids that are served, listed in the message when given.
+    """
+
+    def __init__(self, model: str, served: tuple[str, ...] = ()):
+        message = f"The model '{model[:200]}' does not exist"
+        message += f"; this server serves: {', '.join(served)}." if served else "."
+        super().__init__(message, param="model", code="model_not_found")
+        self.served = served
 
 
 class CardValidationError(OmnistepError, ValueError):

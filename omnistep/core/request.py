@@ -87,6 +87,9 @@ class Request:
         messages: the conversation, for chat cards (they render it with their template).
         output_modalities: what the caller wants streamed: AUDIO for speech, TEXT and/or AUDIO
             for chat; program nodes that produce only unwanted outputs are skipped.
+        normalize_text: run the card's text front-end on ``text`` first (``omnistep.text``:
+            numbers, dates, times, money and abbreviations to words); False reads the text as
+            given. Cards without a front-end ignore it.
         request_id: unique id; generated when not given.
         arrival_time: ``time.monotonic()`` at creation, in seconds.
         group: the sample group the request belongs to (a rollout's n samples of one input):
@@ -104,6 +107,7 @@ class Request:
     profile: ExecutionProfile = ExecutionProfile.SERVE
     messages: tuple[ChatMessage, ...] = ()
     output_modalities: frozenset[Modality] = frozenset({Modality.AUDIO})
+    normalize_text: bool = True
     request_id: str = field(default_factory=new_request_id)
     arrival_time: float = field(default_factory=time.monotonic)
     group: str | None = None

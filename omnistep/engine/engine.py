@@ -191,11 +191,20 @@ class AsyncEngine:
 
     # ----------------------------------------------------------------- public API
     def resolve(self, model_id: str) -> ModelInstance:
-        """The model instance serving ``model_id``. Raises ModelNotFoundError."""
+        """The model instance serving ``model_id`` (a card id or alias).
+
+        Raises:
+            ModelNotFoundError: no model answers to ``model_id``; its message lists those
+                that do (``model_ids``).
+        """
         try:
             return self._by_id[model_id]
         except KeyError:
-            raise ModelNotFoundError(model_id) from None
+            raise ModelNotFoundError(model_id, self.model_ids()) from None
+
+    def model_ids(self) -> tuple[str, ...]:
+        """Every id a request may name, card by card: each card id, then its aliases."""
+        return tuple(self._by_id)
 
     def add_request(self, request: Request, clock: PlaybackClock | None = None) -> RequestStream:
         """Validate and start ``request``; returns its stream. Must be called on the event loop.

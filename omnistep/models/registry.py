@@ -6,6 +6,7 @@ imported lazily so that serving one family does not import another's dependencie
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 
@@ -26,14 +27,22 @@ def parse_model_spec(spec: str) -> tuple[str, str | None]:
     return family.strip(), (path.strip() or None) if sep else None
 
 
-def build_card(spec: str, **options: object) -> ModelCard:
-    """Build and validate the card for ``spec`` (see ``parse_model_spec``).
+MAX_MODEL_NAME_CHARS = 200
+"""Longest model name (the API's ``model`` field takes at most 200 characters)."""
 
+
+def build_card(spec: str, served_name: str | None = None, **options: object) -> ModelCard:
+    """Build and validate the card for ``spec`` (see ``parse_model_spec``), under the names
+    clients use (see ``public_names``).
+
+    ``served_name``: the public name (``--served-model-name``); None keeps the card's id and
+    adds the family name as an alias.
     ``options`` (e.g. ``kv_cache_gb``, ``batch_invariant``) go to families whose ``build_card``
     takes them by name (or accepts ``**overrides``); other families ignore them.
 
     Raises:
-        InvalidRequestError: unknown family (the message lists the known ones).
+        InvalidRequestError: unknown family (the message lists the known ones), or a bad
+            ``served_name``.
         CardValidationError: the family built an inconsistent card.
     """
     family, path = parse_model_spec(spec)
@@ -45,7 +54,64 @@ def build_card(spec: str, **options: object) -> ModelCard:
     params = inspect.signature(module.build_card).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     accepted = {k: v for k, v in options.items() if v is not None and (takes_any or k in params)}
-    return module.build_card(path, **accepted).validate()
+    return public_names(module.build_card(path, **accepted), family, served_name).validate()
+
+
+def public_names(card: ModelCard, family: str, served_name: str | None = None) -> ModelCard:
+    """``card`` answering to the names a client may send as ``model``.
+
+    Without ``served_name``: its card id, then the family name given to ``--model`` (e.g.
+    ``qwen2_5_omni`` beside the card id ``qwen2.5-omni``), then the card's own aliases (the
+    embedded voice's ``tts-1``...). With ``served_name`` (vLLM's ``--served-model-name``):
+    that name becomes the card id (the name responses, ``/v1/models``, saved voices and
+    metrics use) followed by the card's own aliases; the former card id and the family name
+    are no longer accepted, so that two models of one family can be served side by side.
+
+    Raises:
+        InvalidRequestError: ``served_name`` is empty, longer than ``MAX_MODEL_NAME_CHARS``,
+            or holds whitespace or non-printable characters.
+    """
+    if served_name is None:
+        extra = () if family in card.model_ids else (family,)
+        return dataclasses.replace(card, aliases=(*extra, *card.aliases))
+    if not (
+        0 < len(served_name) <= MAX_MODEL_NAME_CHARS
+        and served_name.isprintable()
+        and not any(c.isspace() for c in served_name)
+    ):
+        raise InvalidRequestError(
+            f"bad served model name {served_name[:MAX_MODEL_NAME_CHARS]!r}: it must be 1 to "
+            f"{MAX_MODEL_NAME_CHARS} printable characters without spaces",
+            param="served_model_name",
+        )
+    aliases = tuple(a for a in card.aliases if a != served_name)
+    return dataclasses.replace(card, card_id=served_name, aliases=aliases)
+
+
+def distinct_names(specs: list[str], cards: list[ModelCard]) -> list[ModelCard]:
+    """The cards served together (built from ``specs``, in order), each model id routing to
+    one of them: a card's aliases that another card's id names, or that an earlier card also
+    has, are dropped from it (so with two piper voices ``tts-1`` is the first one's).
+
+    Raises:
+        InvalidRequestError: two cards have the same id (the message names both specs and
+            asks for ``--served-model-name``).
+    """
+    owner: dict[str, str] = {}
+    for spec, card in zip(specs, cards, strict=True):
+        if card.card_id in owner:
+            raise InvalidRequestError(
+                f"--model {owner[card.card_id]} and --model {spec} both answer to the model "
+                f"name '{card.card_id}'; give each a distinct --served-model-name",
+                param="served_model_name",
+            )
+        owner[card.card_id] = spec
+    named = []
+    for card in cards:
+        aliases = tuple(a for a in card.aliases if a not in owner)
+        owner.update(dict.fromkeys(aliases, card.card_id))
+        named.append(dataclasses.replace(card, aliases=aliases))
+    return named
 
 
 def build_component(spec: str, name: str, device: str, options: dict[str, object] | None = None):

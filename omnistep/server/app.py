@@ -8,13 +8,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI
-from fastapi import Request as HttpRequest
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
-from omnistep.server import chat, metrics, playground, speech, speech_stream, voices
+from omnistep.server import chat, metrics, models, playground, speech, speech_stream, voices
 from omnistep.server.auth import ApiKeyAuth
 from omnistep.server.errors import install_error_handlers
 from omnistep.server.lifecycle import Drain, DrainGate
@@ -95,29 +94,13 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
             allow_headers=["*"],
             expose_headers=["x-request-id", "x-omnistep-seed", "Retry-After"],
         )
+    app.include_router(models.router)
     app.include_router(speech.router)
     app.include_router(chat.router)
     app.include_router(playground.router)
     voices.install(app, config.voices_db)
     app.include_router(speech_stream.router)
     app.include_router(metrics.router)
-
-    @app.get("/v1/models")
-    async def list_models(http: HttpRequest) -> dict:
-        """Every model id served (card ids and their aliases), OpenAI's list shape."""
-        created = http.app.state.started
-        data = [
-            {
-                "id": model_id,
-                "object": "model",
-                "created": created,
-                "owned_by": "omnistep",
-                "root": model.card.card_id,
-            }
-            for model in engine.models.values()
-            for model_id in model.card.model_ids
-        ]
-        return {"object": "list", "data": data}
 
     @app.get("/health")
     async def health() -> JSONResponse:

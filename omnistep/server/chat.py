@@ -36,8 +36,9 @@ from omnistep.core import (
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, RequestStream
-from omnistep.server.disconnect import abort_on_disconnect
+from omnistep.server.disconnect import abort_on_disconnect, log_client_gone
 from omnistep.server.errors import api_error, from_exception
+from omnistep.server.models import require_capability
 from omnistep.server.protocol import MAX_VOICE_CHARS, OpenAIBody
 from omnistep.server.voices import resolve_voice
 
@@ -216,6 +217,7 @@ async def _collect(reply: _Reply) -> dict:
 async def _events(reply: _Reply) -> AsyncIterator[bytes]:
     """The streamed reply's SSE events; a failure sends ``{"error": {...}}`` (OpenAI's error
     object, which the ``openai`` client raises as ``APIError``), then ``[DONE]``."""
+    ended = False
     try:
         yield reply.chunk({"role": "assistant", "content": ""})
         async for chunk in reply.stream:
@@ -240,10 +242,14 @@ async def _events(reply: _Reply) -> AsyncIterator[bytes]:
             "choices": [],
             "usage": reply.usage(),
         }
+        ended = True
         yield _sse(final)
     except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
+        ended = True
         yield _sse({"error": api_error(exc).to_dict()})
     finally:
+        if not ended:
+            log_client_gone(reply.stream.request_id)
         reply.stream.cancel()
     yield b"data: [DONE]\n\n"
 
@@ -252,14 +258,8 @@ async def _events(reply: _Reply) -> AsyncIterator[bytes]:
 async def create_chat_completion(body: ChatCompletionRequest, http: HttpRequest) -> Response:
     """Chat completion with text and optional audio output (see module docstring)."""
     engine: AsyncEngine = http.app.state.engine
-    model = engine.resolve(body.model)
     needed = Capability.CHAT_AUDIO if body.wants_audio else Capability.CHAT_TEXT
-    if needed not in model.card.capabilities:
-        raise InvalidRequestError(
-            f"model '{body.model}' does not support {needed.value}",
-            param="modalities" if body.wants_audio else "model",
-            code="unsupported_model",
-        )
+    model = require_capability(engine, body.model, needed)
     stream = engine.add_request(await resolve_voice(http.app, model.card, body.to_request()))
     encoder = (
         make_encoder(AUDIO_FORMATS[body.audio.format], model.card.sample_rate)

@@ -4,7 +4,8 @@ A streamed response notices a gone client by itself: Starlette's ``StreamingResp
 for ``http.disconnect`` and closes its body iterator, whose ``finally`` cancels the engine
 request. Before a response exists nothing listens: a non-streamed request collecting its whole
 output, or a streamed one waiting for its first audio, would run to the end for nobody.
-``abort_on_disconnect`` listens during that time.
+``abort_on_disconnect`` listens during that time. Either way a client that leaves is logged in
+one line (``log_client_gone``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from omnistep.engine import RequestStream
 log = logging.getLogger("omnistep.server")
 
 
+def log_client_gone(request_id: str) -> None:
+    """The one log line (INFO) of a client that left before its response ended."""
+    log.info("client of %s disconnected; aborting it", request_id)
+
+
 async def _cancel_when_disconnected(http: HttpRequest, stream: RequestStream) -> None:
     try:
         while (await http.receive())["type"] != "http.disconnect":
@@ -28,7 +34,7 @@ async def _cancel_when_disconnected(http: HttpRequest, stream: RequestStream) ->
     except Exception as exc:  # noqa: BLE001 - watching is best effort; the request goes on
         log.debug("disconnect watch of %s stopped: %r", stream.request_id, exc)
         return
-    log.info("client of %s disconnected; aborting it", stream.request_id)
+    log_client_gone(stream.request_id)
     stream.cancel()
 
 

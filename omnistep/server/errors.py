@@ -44,6 +44,46 @@ class ApiError:
         return JSONResponse({"error": self.to_dict()}, self.status, headers=self.headers)
 
 
+class StreamCut(Exception):
+    """A started response ends early for an expected reason: its request timed out, failed or
+    was aborted (``cause``). Raised to the ASGI server, which then closes the connection
+    without the body's final chunk, so the client sees a truncated body; the reason has been
+    logged in one line already (the engine logs timeouts and failures), so
+    ``QuietStreamCuts`` keeps the server from logging it again with a traceback."""
+
+    def __init__(self, request_id: str, cause: OmnistepError):
+        super().__init__(f"response of {request_id} cut short: {cause}")
+        self.request_id = request_id
+        self.cause = cause
+
+
+class QuietStreamCuts(logging.Filter):
+    """Drops the ASGI server's "Exception in ASGI application" record (and its traceback) when
+    the exception is a ``StreamCut``, anywhere in its cause/context chain; every other record
+    passes. Installed on uvicorn's error logger by ``install_log_filter``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        seen = 0
+        while exc is not None and seen < 16:  # bounded: chains can loop
+            if isinstance(exc, StreamCut):
+                return False
+            exc = exc.__cause__ or exc.__context__
+            seen += 1
+        return True
+
+
+SERVER_LOGGER = "uvicorn.error"
+"""The logger uvicorn reports exceptions of the ASGI app to."""
+
+
+def install_log_filter(logger_name: str = SERVER_LOGGER) -> None:
+    """Add ``QuietStreamCuts`` to ``logger_name``'s filters (once)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, QuietStreamCuts) for f in logger.filters):
+        logger.addFilter(QuietStreamCuts())
+
+
 def error_response(
     status: int,
     message: str,
@@ -102,6 +142,14 @@ _FIELD_NAMES = frozenset(
         "top_k",
         "repetition_penalty",
         "max_new_tokens",
+        "normalization_options",
+        "normalize",
+        "unit_normalization",
+        "url_normalization",
+        "email_normalization",
+        "optional_pluralization_normalization",
+        "phone_normalization",
+        "replace_remaining_symbols",
         # chat completions
         "messages",
         "role",

@@ -19,7 +19,7 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from omnistep.server.errors import error_response
+from omnistep.server.errors import error_response, install_log_filter
 
 
 class Drain:
@@ -92,4 +92,5 @@ def serve(app: ASGIApp, drain: Drain, *, shutdown_grace: float, **options: objec
     """Run ``app`` with uvicorn until SIGTERM/SIGINT; in-flight requests get ``shutdown_grace``
     seconds to finish. ``options`` are ``uvicorn.Config`` arguments (host, port, log_level)."""
     config = uvicorn.Config(app, timeout_graceful_shutdown=shutdown_grace, **options)
+    install_log_filter()  # after Config, which sets up uvicorn's loggers
     GracefulServer(config, drain).run()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from omnistep.audio import FORMATS
 from omnistep.core import Request, SamplingParams
@@ -12,6 +12,12 @@ from omnistep.core.request import MAX_SEED
 
 ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 assert set(ResponseFormat.__args__) == set(FORMATS)  # type: ignore[attr-defined]
+
+WHOLE_BY_DEFAULT = frozenset({"wav", "flac"})
+"""Formats sent whole when a request leaves ``stream`` out: their headers hold the length, which
+a stream cannot know (a streamed flac says 0 samples, which libsndfile cannot read; a streamed
+wav says 2**32-1 bytes, which Python's ``wave`` takes as 2**31-1 frames). The other formats
+hold no length, so their streamed bytes are the whole file's bytes: they are always streamed."""
 
 
 _CONTROL = frozenset(
@@ -64,6 +70,29 @@ class VoiceRef(OpenAIBody):
     id: str = Field(min_length=1, max_length=MAX_VOICE_CHARS)
 
 
+class NormalizationOptions(OpenAIBody):
+    """``normalization_options``: Kokoro-FastAPI's per-request switch of the text front-end.
+
+    ``normalize`` (default true) runs the card's normaliser (numbers, dates, times, money,
+    units and abbreviations to words; ``omnistep.text``); false reads the input as given.
+    Kokoro-FastAPI's finer switches (``unit_normalization``, ``url_normalization``,
+    ``email_normalization``, ``optional_pluralization_normalization``,
+    ``phone_normalization``, ``replace_remaining_symbols``) are accepted, type-checked and
+    have no effect: omnistep's normaliser has no separate passes for them. Other fields are
+    ignored, as Kokoro-FastAPI ignores them.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    normalize: StrictBool = True
+    unit_normalization: StrictBool | None = None
+    url_normalization: StrictBool | None = None
+    email_normalization: StrictBool | None = None
+    optional_pluralization_normalization: StrictBool | None = None
+    phone_normalization: StrictBool | None = None
+    replace_remaining_symbols: StrictBool | None = None
+
+
 class SpeechRequest(OpenAIBody):
     """Body of ``POST /v1/audio/speech`` (OpenAI's fields plus omnistep's extras).
 
@@ -71,8 +100,9 @@ class SpeechRequest(OpenAIBody):
     ``response_format`` (default mp3), ``speed`` (0.25..4.0), ``stream_format`` (``audio`` or
     ``sse``). ``input`` must hold something speakable (a letter or a digit) and no control
     characters but tab, newline and carriage return. Unknown fields are ignored. Extras:
-    ``stream`` (false collects the whole file before answering, as Kokoro-FastAPI does),
-    ``seed``, and sampling fields used by cards with a sampler and ignored by others.
+    ``stream`` (Kokoro-FastAPI's field; see ``streamed``), ``normalization_options``
+    (Kokoro-FastAPI's; see ``NormalizationOptions``), ``seed``, and sampling fields used by
+    cards with a sampler and ignored by others.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -84,13 +114,14 @@ class SpeechRequest(OpenAIBody):
     response_format: ResponseFormat = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0, allow_inf_nan=False, strict=True)
     stream_format: Literal["audio", "sse"] = "audio"
-    stream: bool = Field(default=True, strict=True)
+    stream: StrictBool | None = None
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=0, le=10000)
     repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
     max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
+    normalization_options: NormalizationOptions | None = None
 
     @field_validator("input")
     @classmethod
@@ -101,6 +132,14 @@ class SpeechRequest(OpenAIBody):
         if not any(c.isalnum() for c in value):
             raise ValueError("input has nothing to speak (it needs at least one letter or digit)")
         return value
+
+    def streamed(self) -> bool:
+        """Whether the raw audio is sent as it is made: ``stream`` when the request gives it,
+        else every format but those in ``WHOLE_BY_DEFAULT`` (sent whole, exact headers).
+        ``stream_format: "sse"`` always streams events, whatever this says."""
+        if self.stream is not None:
+            return self.stream
+        return self.response_format not in WHOLE_BY_DEFAULT
 
     def voice_name(self) -> str | None:
         """The voice as a plain name."""
@@ -120,4 +159,10 @@ class SpeechRequest(OpenAIBody):
             speed=self.speed,
             seed=self.seed,
             sampling=SamplingParams(**sampling),
+            normalize_text=self.normalize_text(),
         )
+
+    def normalize_text(self) -> bool:
+        """Whether the card's text front-end runs (``normalization_options.normalize``)."""
+        options = self.normalization_options
+        return True if options is None else options.normalize

@@ -1,15 +1,18 @@
 """``POST /v1/audio/speech``: text to speech, streamed as encoded bytes or as SSE events.
 
 Streamed and non-streamed responses consume the same engine stream through the same stateful
-encoder, so they carry the same samples; ``stream: false`` changes when the bytes are sent and,
-for wav and flac, writes the now-known lengths into the header (streamed headers say "unknown",
-which libsndfile cannot read for flac). All other formats are byte-identical.
+encoder, so they carry the same samples; streaming changes when the bytes are sent and, for wav
+and flac, whether the header states the length (a whole file's does; streamed headers say
+"unknown", which libsndfile cannot read for flac). All other formats are byte-identical. A
+request without ``stream`` (OpenAI's client sends none) gets wav and flac whole and the other
+formats streamed (``SpeechRequest.streamed``), so every default body opens in any reader.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter
@@ -17,12 +20,21 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import Response, StreamingResponse
 
 from omnistep.audio import MEDIA_TYPES, StreamEncoder, make_encoder
-from omnistep.core import Capability, InvalidRequestError, Modality, OmnistepError
+from omnistep.core import (
+    Capability,
+    Modality,
+    OmnistepError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
 from omnistep.engine import AsyncEngine, RequestStream
-from omnistep.server.disconnect import abort_on_disconnect
-from omnistep.server.errors import api_error, from_exception
+from omnistep.server.disconnect import abort_on_disconnect, log_client_gone
+from omnistep.server.errors import StreamCut, api_error, from_exception
+from omnistep.server.models import require_capability
 from omnistep.server.protocol import SpeechRequest
 from omnistep.server.voices import resolve_voice
+
+log = logging.getLogger("omnistep.server")
 
 router = APIRouter()
 
@@ -51,15 +63,27 @@ async def _audio_body(
     """The raw audio body: ``first``, then the rest of ``pieces``.
 
     The 200 is sent before the rest exists, so a failure (or timeout) later cannot become an
-    error status: the exception propagates and the ASGI server closes the connection without
-    the final chunk, so the client sees a truncated body (httpx: ``RemoteProtocolError``).
+    error status: it is raised as ``StreamCut`` and the ASGI server closes the connection
+    without the final chunk, so the client sees a truncated body (httpx:
+    ``RemoteProtocolError``). Expected endings log one line each: the engine logs timeouts
+    and failures, this logs an abort (shutdown) and a client that left; unexpected errors
+    keep their traceback.
     """
+    ended = False
     try:
         if first:
             yield first
         async for piece in pieces:
             yield piece
+        ended = True
+    except OmnistepError as exc:
+        ended = True
+        if not isinstance(exc, RequestTimeoutError | RequestFailedError):  # the engine logs those
+            log.info("response of %s cut short: %s", stream.request_id, exc)
+        raise StreamCut(stream.request_id, exc) from exc
     finally:
+        if not ended:
+            log_client_gone(stream.request_id)
         stream.cancel()
         await pieces.aclose()  # type: ignore[attr-defined]
 
@@ -75,28 +99,27 @@ async def _sse(pieces: AsyncIterator[bytes], stream: RequestStream) -> AsyncIter
     object (``message``, ``type``, ``param``, ``code``; e.g. ``generation_failed``,
     ``request_timeout``).
     """
+    ended = False
     try:
         async for piece in pieces:
             audio = base64.b64encode(piece).decode()
             yield _sse_event({"type": "speech.audio.delta", "audio": audio})
         usage = dict(stream.usage)
         usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        ended = True
         yield _sse_event({"type": "speech.audio.done", "usage": usage})
     except Exception as exc:  # noqa: BLE001 - the status is sent: report it in the stream
+        ended = True
         yield _sse_event({"type": "speech.audio.error", "error": api_error(exc).to_dict()})
     finally:
+        if not ended:
+            log_client_gone(stream.request_id)
         stream.cancel()
 
 
 async def _start(http: HttpRequest, body: SpeechRequest) -> tuple[RequestStream, StreamEncoder]:
     engine: AsyncEngine = http.app.state.engine
-    model = engine.resolve(body.model)
-    if Capability.TEXT_TO_SPEECH not in model.card.capabilities:
-        raise InvalidRequestError(
-            f"model '{body.model}' does not do text to speech",
-            param="model",
-            code="unsupported_model",
-        )
+    model = require_capability(engine, body.model, Capability.TEXT_TO_SPEECH)
     request = await resolve_voice(http.app, model.card, body.to_request(body.model))
     stream = engine.add_request(request)
     return stream, make_encoder(body.response_format, model.card.sample_rate)
@@ -121,7 +144,7 @@ async def create_speech(body: SpeechRequest, http: HttpRequest) -> Response:
         async with abort_on_disconnect(http, stream):
             # Wait for the first audio (or an early failure) before committing to a 200.
             first = await anext(pieces, b"")
-            if not body.stream:
+            if not body.streamed():
                 data = encoder.with_lengths(first + b"".join([p async for p in pieces]))
                 return Response(data, media_type=MEDIA_TYPES[body.response_format], headers=headers)
     except OmnistepError as exc:

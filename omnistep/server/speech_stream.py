@@ -61,6 +61,7 @@ from omnistep.core import Capability, Modality, OmnistepError
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, PlaybackClock, RequestStream
 from omnistep.server.errors import ApiError, api_error, validation_message
+from omnistep.server.models import require_capability
 from omnistep.server.protocol import SpeechRequest, control_characters
 from omnistep.server.voices import resolve_voice
 from omnistep.text import SentenceBuffer
@@ -151,16 +152,9 @@ def parse_config(engine: AsyncEngine, message: dict) -> SpeechRequest:
             error_code="unsupported_format",
         )
     try:
-        model = engine.resolve(config.model)
+        require_capability(engine, config.model, Capability.TEXT_TO_SPEECH)
     except OmnistepError as exc:
         raise SessionEnd(CLOSE_POLICY_VIOLATION, api_error(exc)) from None
-    if Capability.TEXT_TO_SPEECH not in model.card.capabilities:
-        raise _bad(
-            CLOSE_POLICY_VIOLATION,
-            f"model '{config.model}' does not do text to speech",
-            param="model",
-            error_code="unsupported_model",
-        )
     return config
 
 

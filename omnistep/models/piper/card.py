@@ -176,11 +176,12 @@ def _frontend_node(frontend: PiperFrontend, voices: tuple[str, ...], hop_length:
         voice = ctx.request.voice
         if voice is not None and voice not in voices:
             raise InvalidRequestError(
-                f"unknown voice '{voice}' for model '{CARD_ID}'; choose one of {', '.join(voices)}",
+                f"unknown voice '{voice}' for model '{ctx.model.card.card_id}'; choose one of "
+                f"{', '.join(voices)}",
                 param="voice",
                 code="unknown_voice",
             )
-        sentences = frontend.sentences(ctx.request.text)
+        sentences = frontend.sentences(ctx.request.text, ctx.request.normalize_text)
         ctx.slots["sentences"] = sentences
         ctx.usage["input_tokens"] = sum(len(s.phoneme_ids) for s in sentences)
 

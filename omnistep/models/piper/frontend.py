@@ -120,13 +120,16 @@ class PiperFrontend:
         with open(config_path, encoding="utf-8") as f:
             return cls(PiperConfig.from_dict(json.load(f)), **kwargs)
 
-    def texts(self, text: str) -> list[str]:
+    def texts(self, text: str, normalize_text: bool | None = None) -> list[str]:
         """The pieces of text that are phonemized, in order: normalised, then split.
+
+        ``normalize_text`` overrides the constructor's setting for this text (a request's
+        ``Request.normalize_text``); None keeps it.
 
         Example: ``texts("Dr. Smith paid $12.50. Then he left.")`` is ``["Doctor Smith paid
         twelve dollars and fifty cents.", "Then he left."]``.
         """
-        if self.normalize_text:
+        if self.normalize_text if normalize_text is None else normalize_text:
             text = normalize(text)
         pieces = split_text(text, self.max_chars)
         limit = self.first_chunk_chars
@@ -134,15 +137,16 @@ class PiperFrontend:
             pieces[:1] = split_clauses(pieces[0], limit)
         return pieces
 
-    def sentences(self, text: str) -> list[Sentence]:
-        """Split ``text`` into sentences of phoneme ids, in reading order.
+    def sentences(self, text: str, normalize_text: bool | None = None) -> list[Sentence]:
+        """Split ``text`` into sentences of phoneme ids, in reading order (``normalize_text``:
+        see ``texts``).
 
         Raises:
             InvalidRequestError: (``param="input"``) nothing speakable: the text is empty after
                 phonemization, e.g. only whitespace or punctuation.
         """
         groups: list[list[str]] = []
-        for piece in self.texts(text):
+        for piece in self.texts(text, normalize_text):
             try:
                 phonemized = self._phonemizer.phonemize(piece)
             except ValueError as exc:  # espeak rejects e.g. embedded NUL characters
