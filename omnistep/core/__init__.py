@@ -36,6 +36,7 @@ from omnistep.core.errors import (
     RequestAbortedError,
     RequestFailedError,
     RequestTimeoutError,
+    WeightUpdateError,
 )
 from omnistep.core.program import Channel, KernelNode, LoopNode, Program, ProgramContext
 from omnistep.core.request import ChatMessage, Request, SamplingParams
@@ -73,6 +74,7 @@ __all__ = [
     "RequestAbortedError",
     "RequestFailedError",
     "RequestTimeoutError",
+    "WeightUpdateError",
     "ResourceRequest",
     "SamplingParams",
     "ShapeSignature",

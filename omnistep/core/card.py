@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from omnistep.core.contracts import Component, Loop
 from omnistep.core.enums import Capability, LoopKind, WorkUnitKind
-from omnistep.core.errors import CardValidationError, InvalidRequestError
+from omnistep.core.errors import CardValidationError, InvalidRequestError, WeightUpdateError
 from omnistep.core.program import Program
 
 
@@ -84,6 +84,9 @@ class ModelCard:
             ``voice``) for a voice the card would reject, without running a request; None
             accepts exactly ``voices``. Set by cards that accept more than their named voices
             (ChatTTS speaker strings and ``seed:N``). See ``validate_voice``.
+        on_weights_updated: ``on_weights_updated(model, names)`` after a weight update, for
+            copies one component keeps of another's weights (the Qwen talker's rows of the
+            thinker's embeddings); None: nothing to refresh.
     """
 
     card_id: str
@@ -100,6 +103,9 @@ class ModelCard:
     description: str = ""
     max_starting: int | None = None
     voice_validator: Callable[[str], object] | None = field(default=None, compare=False, repr=False)
+    on_weights_updated: Callable[[ModelInstance, set[str]], None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def model_ids(self) -> tuple[str, ...]:
@@ -203,6 +209,65 @@ class ModelInstance:
             )
         loops = {spec.loop_id: spec.build() for spec in card.loops}
         return cls(card=card, components=dict(components), loops=loops, device=device)
+
+    def weight_specs(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
+        """Every tensor a weight update may change, by the checkpoint's own name: ``(component,
+        shape, dtype)`` (dtype as ``str(tensor.dtype)``, e.g. ``"torch.float32"``). Read from
+        each component that offers ``weight_specs()``; components without it (vocoders,
+        ONNX voices) take no updates."""
+        specs: dict[str, tuple[str, tuple[int, ...], str]] = {}
+        for name, component in self.components.items():
+            report = getattr(component, "weight_specs", None)
+            if callable(report):
+                for tensor, (shape, dtype) in report().items():
+                    specs[tensor] = (name, tuple(shape), dtype)
+        return specs
+
+    def check_weights(self, tensors: Mapping[str, object]) -> dict[str, dict[str, object]]:
+        """Check a weight update against ``weight_specs`` without changing anything; returns
+        the tensors grouped by component.
+
+        Raises:
+            WeightUpdateError: an empty update, an unknown name, or a tensor whose shape or
+                dtype differs from the model's (every problem is listed).
+        """
+        specs = self.weight_specs()
+        problems = [] if tensors else ["no tensors given"]
+        parts: dict[str, dict[str, object]] = {}
+        for name, value in tensors.items():
+            if name not in specs:
+                problems.append(f"unknown tensor '{name}'")
+                continue
+            component, shape, dtype = specs[name]
+            got_shape = tuple(getattr(value, "shape", ()))
+            got_dtype = str(getattr(value, "dtype", type(value).__name__))
+            if got_shape != shape or got_dtype != dtype:
+                problems.append(
+                    f"'{name}' is {got_dtype} {list(got_shape)}, the model's is {dtype} "
+                    f"{list(shape)}"
+                )
+                continue
+            parts.setdefault(component, {})[name] = value
+        if problems:
+            raise WeightUpdateError(self.card.card_id, problems)
+        return parts
+
+    def update_weights(self, tensors: Mapping[str, object], version: int) -> None:
+        """Copy ``tensors`` (checkpoint names, see ``weight_specs``) into the components in
+        place, all checked first (``check_weights``: on any problem nothing changes), and set
+        every updated component's ``weight_version`` to ``version``. Each component refreshes
+        what it derives from its weights (pre-packed linears, folded heads). Call it only
+        between steps: the engine's ``update_weights`` does.
+
+        Raises:
+            WeightUpdateError: see ``check_weights``.
+        """
+        for component, part in self.check_weights(tensors).items():
+            target = self.components[component]
+            target.update_weights(part)  # type: ignore[attr-defined]
+            target.weight_version = version  # type: ignore[attr-defined]
+        if self.card.on_weights_updated is not None:
+            self.card.on_weights_updated(self, set(tensors))
 
     def spec(self, component: str) -> ComponentSpec:
         """The component's spec. Raises KeyError for an unknown name."""

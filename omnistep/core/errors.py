@@ -34,6 +34,25 @@ class ModelNotFoundError(InvalidRequestError):
         self.served = served
 
 
+class WeightUpdateError(InvalidRequestError):
+    """A weight update names a tensor the model does not have (or does not let change), or
+    gives one with the wrong shape or dtype. Nothing was changed.
+
+    Attributes:
+        problems: one line per offending tensor.
+    """
+
+    def __init__(self, model: str, problems: list[str]):
+        shown = "; ".join(problems[:5])
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        super().__init__(
+            f"weight update for '{model}' refused, nothing changed: {shown}{more}",
+            param="weights",
+            code="invalid_weights",
+        )
+        self.problems = problems
+
+
 class CardValidationError(OmnistepError, ValueError):
     """A ModelCard is inconsistent (loops naming unknown components, dangling slots)."""
 

@@ -12,8 +12,9 @@ import logging
 import secrets
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from omnistep.core import (
     Channel,
@@ -49,6 +50,9 @@ from omnistep.kv import kv_usage
 
 ADMISSION_POLL_S = 0.05
 """Seconds between admission checks while requests wait and no step wakes the loop."""
+WEIGHT_UPDATE_POLL_S = 0.005
+"""Seconds between checks while a weight update waits for batches or requests to finish."""
+WEIGHT_UPDATE_MODES = ("pause", "drain")
 
 log = logging.getLogger("omnistep.engine")
 
@@ -188,6 +192,11 @@ class AsyncEngine:
         self.units_by_kind: Counter[str] = Counter()
         self.batch_sizes: Counter[int] = Counter()
         self.metrics = EngineMetrics(self.models)  # counts for /metrics (omnistep.server.metrics)
+        self.weight_versions: dict[str, int] = dict.fromkeys(self.models, 0)
+        """The weight version each card runs (0: as loaded), by card id."""
+        self._paused: set[str] = set()  # cards whose units wait (a weight update is applied)
+        self._draining: dict[str, list[_RequestRun]] = {}  # card -> requests held until resume
+        self._weight_locks: dict[str, asyncio.Lock] = {}
 
     # ----------------------------------------------------------------- public API
     def resolve(self, model_id: str) -> ModelInstance:
@@ -246,7 +255,11 @@ class AsyncEngine:
         run = _RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx, clock))
         run.clock = clock
         run.waiting_since = now
-        if (
+        drain = self._draining.get(model.card.card_id)
+        if drain is not None:  # a weight update drains this model: start after it
+            run.held = []
+            drain.append(run)
+        elif (
             self._admission is not None
             and not continues
             and Modality.AUDIO in request.output_modalities
@@ -265,6 +278,89 @@ class AsyncEngine:
             run.timer = asyncio.get_running_loop().call_later(timeout, self._expire, run)
         self._ensure_running()
         return run.stream
+
+    async def update_weights(
+        self,
+        model_id: str,
+        tensors: Mapping[str, Any],
+        version: int | None = None,
+        mode: str = "pause",
+    ) -> int:
+        """Swap a model's weights in place, atomically, between steps; returns the new version.
+
+        ``tensors`` use the checkpoint's own names (``ModelInstance.weight_specs``); all are
+        checked before anything changes (``WeightUpdateError``: unknown name, wrong shape or
+        dtype). Modes:
+
+        - ``"pause"``: the model's units stop being dispatched, running batches finish, the
+          weights change, and every request goes on with them (its later steps record the new
+          version).
+        - ``"drain"``: new requests for the model are held (not refused), the running ones
+          finish on the old weights, the weights change, then the held ones start.
+
+        ``version``: the new version number (default: the current one + 1). Every derived copy
+        (pre-packed linears, folded heads, rows another component keeps) is refreshed. Updates
+        of one model run one at a time.
+
+        Raises:
+            ModelNotFoundError: unknown model id.
+            InvalidRequestError: an unknown mode.
+            WeightUpdateError: see above; nothing changed.
+        """
+        if mode not in WEIGHT_UPDATE_MODES:
+            raise InvalidRequestError(
+                f"mode must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {mode!r}",
+                param="mode",
+            )
+        model = self.resolve(model_id)
+        model.check_weights(tensors)
+        card_id = model.card.card_id
+        async with self._weight_locks.setdefault(card_id, asyncio.Lock()):
+            new_version = self.weight_versions[card_id] + 1 if version is None else int(version)
+            try:
+                if mode == "drain":
+                    self._draining[card_id] = []
+                    await self._wait_until(lambda: not self._unheld_runs(card_id))
+                self._paused.add(card_id)
+                await self._wait_until(lambda: not self._model_busy(card_id))
+                await asyncio.to_thread(model.update_weights, tensors, new_version)
+                self.weight_versions[card_id] = new_version
+            finally:
+                self._paused.discard(card_id)
+                self._release_drained(card_id)
+                self._wake.set()
+        log.info("model %s now runs weight version %d", card_id, new_version)
+        return new_version
+
+    def _unheld_runs(self, card_id: str) -> list[_RequestRun]:
+        held = self._draining.get(card_id, [])
+        return [
+            r
+            for r in self._runs.values()
+            if r.model.card.card_id == card_id and not any(r is h for h in held)
+        ]
+
+    def _model_busy(self, card_id: str) -> bool:
+        return any(n for (model_id, _), n in self._busy.items() if model_id == card_id)
+
+    @staticmethod
+    async def _wait_until(condition: Callable[[], bool]) -> None:
+        while not condition():
+            await asyncio.sleep(WEIGHT_UPDATE_POLL_S)
+
+    def _release_drained(self, card_id: str) -> None:
+        """Start the requests a drain held: their plans join the queue (or the admission
+        queue, when they still wait for admission)."""
+        for run in self._draining.pop(card_id, []):
+            if run.finished:
+                continue
+            if self._admission is not None and Modality.AUDIO in run.ctx.request.output_modalities:
+                self._waiting.append(run)  # still a newcomer: admission decides when it starts
+                continue
+            held, run.held = run.held or [], None
+            for live in held:
+                if live.plan is not None:
+                    self._scheduler.enqueue(live, self._priority(run, live))
 
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         """Start ``request`` and yield its chunks; closing the iterator early aborts it."""
@@ -442,6 +538,8 @@ class AsyncEngine:
             log.error("engine step failed", exc_info=task.exception())
 
     def _can_run(self, model_id: str, component: str) -> bool:
+        if model_id in self._paused:
+            return False
         spec = self.models[model_id].spec(component)
         limit = self._executor.capacity(model_id, component, spec.max_concurrency)
         return self._busy[(model_id, component)] < limit

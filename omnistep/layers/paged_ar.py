@@ -142,6 +142,15 @@ class PagedARModel:
     def _on_admit(self, unit: ARPrefillInput) -> None:
         """Called for each prefill unit that got its blocks (per-sequence bookkeeping)."""
 
+    def _weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The live tensors a weight update copies into, by the checkpoint's own tensor names
+        (the family's loader names). Empty (the default): the component takes no updates."""
+        return {}
+
+    def _weights_updated(self, names: set[str]) -> None:
+        """Refresh what the family derives from the updated tensors (e.g. folded heads).
+        Pre-packed linears need nothing: they repack when a weight's version changes."""
+
     def _prefix_key(self, prompt: Any) -> Hashable | None:
         """A content key of a prompt: two prompts with equal keys give equal KV and logits, so
         a group's members may share one prefill. None (the default) never shares."""
@@ -168,6 +177,25 @@ class PagedARModel:
         if kind is WorkUnitKind.AR_TOKEN:
             return self._decode(payloads)
         raise ValueError(f"{type(self).__name__} cannot run {kind}")
+
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``name -> (shape, dtype)`` of every tensor ``update_weights`` may change (checkpoint
+        names; dtype as ``str(tensor.dtype)``)."""
+        return {name: (tuple(t.shape), str(t.dtype)) for name, t in self._weight_tensors().items()}
+
+    @torch.no_grad()
+    def update_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy ``tensors`` (checked by ``ModelInstance.check_weights``: known names, equal
+        shapes and dtypes) into the live weights in place, then refresh derived copies. Call
+        only between steps (no batch of this component running).
+
+        Raises:
+            KeyError: a name ``weight_specs`` does not list (callers check first).
+        """
+        targets = self._weight_tensors()
+        for name, value in tensors.items():
+            targets[name].copy_(value)
+        self._weights_updated(set(tensors))
 
     @property
     def num_preemptions(self) -> int:

@@ -133,6 +133,8 @@ class ChatTTSGPT(PagedARModel):
         )
         # [1, num_text_tokens, hidden]: the refine stage's head, shaped like one codebook
         self.head_text = torch.zeros(1, config.num_text_tokens, h, device=self.device, dtype=dtype)
+        # the heads' weight-norm parts as the checkpoint names them, float32 (folded above)
+        self.head_parts: dict[str, torch.Tensor] = {}
         self.text_mode: dict[str, bool] = {}
 
     # ---------------------------------------------------------------- weights
@@ -153,18 +155,52 @@ class ChatTTSGPT(PagedARModel):
         self.emb_text.load_state_dict({"weight": embed_state["emb_text.weight"]})
         for j, emb in enumerate(self.emb_code):
             emb.load_state_dict({"weight": embed_state[f"emb_code.{j}.weight"]})
-        for j in range(self.config.num_vq):
-            prefix = f"head_code.{j}.parametrizations.weight"
+        self.head_parts = {
+            f"{head}.parametrizations.weight.original{k}": embed_state[
+                f"{head}.parametrizations.weight.original{k}"
+            ]
+            .float()
+            .to(self.device)
+            for head in self._head_names()
+            for k in (0, 1)
+        }
+        self._fold_heads(self._head_names())
+
+    def _head_names(self) -> list[str]:
+        return [*(f"head_code.{j}" for j in range(self.config.num_vq)), "head_text"]
+
+    def _fold_heads(self, heads: list[str]) -> None:
+        """Fold each named head's weight-norm parts into its plain weight (``fold_weight_norm``
+        in float32, then the compute dtype)."""
+        for head in heads:
+            prefix = f"{head}.parametrizations.weight"
             w = fold_weight_norm(
-                embed_state[f"{prefix}.original0"].float(),
-                embed_state[f"{prefix}.original1"].float(),
+                self.head_parts[f"{prefix}.original0"], self.head_parts[f"{prefix}.original1"]
             )
-            self.head_code[j].copy_(w.to(self.dtype))
-        prefix = "head_text.parametrizations.weight"
-        w = fold_weight_norm(
-            embed_state[f"{prefix}.original0"].float(), embed_state[f"{prefix}.original1"].float()
+            index = head.removeprefix("head_code.")
+            target = self.head_text[0] if head == "head_text" else self.head_code[int(index)]
+            target.copy_(w.to(self.dtype))
+
+    # ---------------------------------------------------------------- weight updates
+    def _weight_tensors(self) -> dict[str, torch.Tensor]:
+        """``asset/gpt/model.safetensors`` names (the Llama's ``layers.*`` and ``norm.weight``;
+        its unused ``embed_tokens.weight`` is not a weight here) and ``asset/Embed.safetensors``
+        names (embeddings, the heads' weight-norm parts)."""
+        tensors = dict(self.llama.state_dict(keep_vars=True))
+        tensors["emb_text.weight"] = self.emb_text.weight
+        for j, emb in enumerate(self.emb_code):
+            tensors[f"emb_code.{j}.weight"] = emb.weight
+        return {**tensors, **self.head_parts}
+
+    def _weights_updated(self, names: set[str]) -> None:
+        self._fold_heads(
+            [
+                h
+                for h in self._head_names()
+                if f"{h}.parametrizations.weight.original0" in names
+                or f"{h}.parametrizations.weight.original1" in names
+            ]
         )
-        self.head_text[0].copy_(w.to(self.dtype))
 
     @torch.inference_mode()
     def teacher_forced_logits(

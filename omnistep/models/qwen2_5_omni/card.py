@@ -506,6 +506,15 @@ def build_card(
         voices=tuple(speakers),
         default_voice=next(iter(speakers)),
         voice_validator=frontend.speaker_name,
+        on_weights_updated=_refresh_talker_text_rows,
         parity=frozenset({"C0", "C1", "C3", "reference"}),
         description="Qwen2.5-Omni: thinker -> talker -> token2wav (DiT + BigVGAN), 24 kHz.",
     )
+
+
+def _refresh_talker_text_rows(model: ModelInstance, names: set[str]) -> None:
+    """After a weight update: the talker keeps rows of the thinker's embeddings (the text ids
+    it reads); copy them again when those embeddings changed."""
+    if "thinker.model.embed_tokens.weight" in names:
+        thinker, talker = model.components["thinker"], model.components["talker"]
+        talker.refresh_text_embeds(thinker.embed_weight)  # type: ignore[attr-defined]

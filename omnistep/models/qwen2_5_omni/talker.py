@@ -364,6 +364,22 @@ class QwenTalker(PagedARModel):
             row = thinker_embed_tokens[token_id]
             self.text_embeds[token_id] = row.to(self.device, self.dtype)
 
+    def _weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The official checkpoint's talker names (``talker.model.*``,
+        ``talker.thinker_to_talker_proj.*``, ``talker.codec_head.weight``)."""
+        tensors = {f"talker.model.{k}": v for k, v in self.llama.state_dict(keep_vars=True).items()}
+        tensors["talker.model.embed_tokens.weight"] = self.codec_embed
+        tensors["talker.thinker_to_talker_proj.weight"] = self.proj_weight
+        tensors["talker.thinker_to_talker_proj.bias"] = self.proj_bias
+        tensors["talker.codec_head.weight"] = self.codec_head
+        return tensors
+
+    def refresh_text_embeds(self, thinker_embed_tokens: torch.Tensor) -> None:
+        """Copy again the thinker embedding rows the talker reads (after the thinker's
+        ``embed_tokens`` changed)."""
+        for token_id in self.text_embeds:
+            self.text_embeds[token_id] = thinker_embed_tokens[token_id].to(self.device, self.dtype)
+
     @torch.inference_mode()
     def teacher_forced_logits(
         self,

@@ -227,6 +227,7 @@ class QwenThinker(PagedARModel):
         self.embed_weight = torch.zeros(shape, device=self.device, dtype=dtype)
         self.lm_head = torch.zeros(shape, device=self.device, dtype=dtype)
         self.encoder_weights: dict[str, torch.Tensor] = {}
+        self.tied_head = False  # the checkpoint had no lm_head.weight: lm_head copies embeddings
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load thinker tensors (official names, see ``official_thinker_keys``).
@@ -247,11 +248,28 @@ class QwenThinker(PagedARModel):
         if head is None and not self.config.tie_word_embeddings:
             raise ValueError("no lm_head.weight and tie_word_embeddings is False")
         self.lm_head.copy_(model["embed_tokens.weight"] if head is None else head)
+        self.tied_head = head is None
         self.llama.load_hf_state_dict(model)
         self.encoder_weights = {
             k: v.to(self.device, self.dtype) if v.is_floating_point() else v.to(self.device)
             for k, v in encoders.items()
         }
+
+    def _weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The official checkpoint's text-model names (``thinker.model.*``,
+        ``thinker.lm_head.weight`` unless tied); the audio and vision encoders take no
+        updates (they do not run yet)."""
+        tensors = {
+            f"thinker.model.{k}": v for k, v in self.llama.state_dict(keep_vars=True).items()
+        }
+        tensors["thinker.model.embed_tokens.weight"] = self.embed_weight
+        if not self.tied_head:
+            tensors["thinker.lm_head.weight"] = self.lm_head
+        return tensors
+
+    def _weights_updated(self, names: set[str]) -> None:
+        if self.tied_head and "thinker.model.embed_tokens.weight" in names:
+            self.lm_head.copy_(self.embed_weight)
 
     @torch.inference_mode()
     def embed(self, token_ids: Sequence[int]) -> torch.Tensor:

@@ -83,9 +83,20 @@ class ToyLM:
     def __init__(self, device: str = "cpu"):
         self.table = np.random.default_rng(1234).normal(size=(VOCAB, VOCAB)) * 2.0
         self.table[:, EOS] -= 3.0  # EOS is rare, so outputs run to a length tests can predict
+        self.weight_version = 0
 
-    def execute(self, kind: WorkUnitKind, payloads: Sequence[TokenUnit]) -> list[tuple[int, float]]:
-        """Sample one token per unit; returns (token id, log-prob) per unit."""
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The one weight: ``table`` ``[VOCAB, VOCAB]`` float64 (row = previous token)."""
+        return {"table": (self.table.shape, str(self.table.dtype))}
+
+    def update_weights(self, tensors: dict[str, np.ndarray]) -> None:
+        """Copy a new ``table`` in place (checked by ``ModelInstance.check_weights``)."""
+        self.table[...] = tensors["table"]
+
+    def execute(
+        self, kind: WorkUnitKind, payloads: Sequence[TokenUnit]
+    ) -> list[tuple[int, float, int]]:
+        """Sample one token per unit; returns (token id, log-prob, weight version) per unit."""
         if kind is not WorkUnitKind.AR_TOKEN:
             raise ValueError(f"toy lm cannot run {kind}")
         if any(p.step == p.fail_step for p in payloads):
@@ -98,7 +109,7 @@ class ToyLM:
             row = row.copy()
             if unit.step < unit.min_new_tokens:
                 row[EOS] = -np.inf
-            out.append(_sample(row, unit))
+            out.append((*_sample(row, unit), self.weight_version))
         return out
 
 
@@ -194,10 +205,10 @@ class TokenLoop:
         )
 
     def advance(self, state: TokenState, result: StepResult) -> TokenState:
-        token, logprob = result.output
+        token, logprob, version = result.output
         state.step += 1
         if state.profile is ExecutionProfile.ROLLOUT:
-            state.trajectory.append(ActionRecord((token,), (logprob,), (logprob,)))
+            state.trajectory.append(ActionRecord((token,), (logprob,), (logprob,), version))
         if token == EOS:
             state.finished = True
             return state
