@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from omnistep.core import (
+    CardValidationError,
     Channel,
     Done,
     EngineOverloadedError,
@@ -149,7 +150,7 @@ class AsyncEngine:
             them in Ray actors, addressed by model id and component name.
 
     Raises:
-        ValueError: two models claim the same model id.
+        CardValidationError: (a ValueError) two models claim the same model id.
     """
 
     def __init__(
@@ -165,7 +166,9 @@ class AsyncEngine:
             self.models[model.card.card_id] = model
             for model_id in model.card.model_ids:
                 if model_id in self._by_id:
-                    raise ValueError(f"model id '{model_id}' is claimed by two cards")
+                    raise CardValidationError(
+                        f"model id '{model_id}' is claimed by two cards (a model given twice?)"
+                    )
                 self._by_id[model_id] = model
         self._executor = executor or InProcessExecutor(self.config.num_workers)
         self._executor.attach(self.models.values())

@@ -225,7 +225,7 @@ def build_card(
 
     Raises:
         InvalidRequestError: no path given.
-        FileNotFoundError: the folder or one of its files is missing (named).
+        ModelFilesError: the folder or one of its files is missing (named, with the layout).
     """
     if path is None:
         raise InvalidRequestError(
