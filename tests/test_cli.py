@@ -138,6 +138,39 @@ def test_a_missing_package_names_the_extra(tmp_path, monkeypatch):
         registry.build_card("fake")
 
 
+def test_check_device(monkeypatch):
+    import torch
+
+    from omnistep.core import DeviceUnavailableError
+    from omnistep.layers.device import check_device
+
+    assert check_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for device in ("cuda", "cuda:1", "bogus"):
+        with pytest.raises(DeviceUnavailableError, match=re.escape(device)):
+            check_device(device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert check_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(DeviceUnavailableError, match="only 1 CUDA device"):
+        check_device("cuda:3")
+
+
+def test_cuda_without_cuda_is_one_line_for_a_torch_family(tmp_path, capsys, monkeypatch):
+    import torch
+
+    from tests.chattts_ref.assets import write_tiny_chattts
+
+    root = write_tiny_chattts(tmp_path / "chattts")  # the official files only
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "x.wav"
+    argv = ["Hi.", "--model", f"chattts={root}", "--device", "cuda", "-o", str(out)]
+    assert _say(*argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("omnistep: error: --device cuda:"), err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [

@@ -28,6 +28,7 @@ from omnistep.core.enums import (
 )
 from omnistep.core.errors import (
     CardValidationError,
+    DeviceUnavailableError,
     EngineOverloadedError,
     InvalidRequestError,
     MissingDependencyError,
@@ -50,6 +51,7 @@ __all__ = [
     "Channel",
     "Component",
     "ComponentSpec",
+    "DeviceUnavailableError",
     "Done",
     "EngineOverloadedError",
     "ExecutionProfile",

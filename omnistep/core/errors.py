@@ -38,6 +38,11 @@ class MissingDependencyError(OmnistepError, ImportError):
     the ``pip install`` extra that brings it."""
 
 
+class DeviceUnavailableError(OmnistepError, RuntimeError):
+    """The device a model was asked to run on (``--device``) is not usable here (e.g. CUDA on
+    a machine or torch build without it)."""
+
+
 class CardValidationError(OmnistepError, ValueError):
     """A ModelCard is inconsistent (loops naming unknown components, dangling slots)."""
 
