@@ -193,14 +193,20 @@ def _usage_banner(host: str, port: int, engine: AsyncEngine, auth: str | None = 
     voice = _banner_voice(card)
     if voice is not None:
         body["voice"] = voice
-    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    local = WILDCARD_HOSTS.get(host, host)  # a wildcard address is reached on loopback too
+    base = f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
+    where = " (and on every other interface)" if local != host else ""
     auth_flag = f"-H {auth} " if auth else ""
     return (
-        f"omnistep is serving {', '.join(engine.models)} on {base}\n"
+        f"omnistep is serving {', '.join(engine.models)} on {base}{where}\n"
         f"  curl {base}/v1/audio/speech {auth_flag}-H 'Content-Type: application/json' \\\n"
         f"    -d {shlex.quote(json.dumps(body))} -o hello.mp3\n"
         f"  models: {base}/v1/models   health: {base}/health   docs: {base}/docs"
     )
+
+
+WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+"""``--host`` values that bind every interface -> the loopback address the banner shows."""
 
 
 def _banner_voice(card: ModelCard) -> str | None:
@@ -243,6 +249,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from omnistep.server.lifecycle import bind_socket, serve
 
     config = server_config(args)
+    sock = bind_socket(config.host, config.port)
     if config.api_key is None and not is_loopback(config.host):
         log.warning(
             "serving on %s without an API key: anyone who can reach this port can use the "
@@ -250,7 +257,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             config.host,
             API_KEY_ENV,
         )
-    sock = bind_socket(config.host, config.port)
     try:
         engine = load_engine(
             args.model or [DEFAULT_MODEL],
@@ -734,7 +740,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--text-file", help="texts to speak, one per line (default: built-in sentences)"
     )
     bench.add_argument("--voice", help="the request's voice field (default: the server's)")
-    bench.add_argument("--format", default="pcm", choices=["pcm"], help="response_format")
+    bench.add_argument(
+        "--format",
+        default="pcm",
+        choices=["pcm"],
+        help="the response_format sent (only raw pcm can be timed sample by sample)",
+    )
     bench.add_argument(
         "--seed", type=int, help="request k of each level gets seed SEED+k (default: none sent)"
     )

@@ -196,6 +196,11 @@ def test_a_taken_port_is_one_line_and_no_banner():
     assert_one_error_line(proc, f"127.0.0.1:{port}", "in use", "--port")
 
 
+def test_a_host_that_cannot_be_bound_is_one_line_without_the_open_host_warning():
+    proc = omnistep_cmd("serve", "--model", "toy", "--host", "256.1.1.1", "--port", "0")
+    assert_one_error_line(proc, "cannot serve on 256.1.1.1:0", "unknown host")
+
+
 def test_bind_socket_errors_are_typed():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -286,7 +291,8 @@ def test_banner_comes_once_listening_and_its_curl_line_works(host, key_from, war
     elif key_from == "env":
         env["OMNISTEP_API_KEY"] = key
     with _serving(*args, env=env) as (banner, proc):
-        port = int(re.search(r":(\d+)$", banner[0]).group(1))
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", banner[0]).group(1))
+        assert ("every other interface" in banner[0]) == (host == "0.0.0.0")
         socket.create_connection(("127.0.0.1", port), timeout=5).close()  # already listening
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
         curl = "\n".join(banner[1:3])

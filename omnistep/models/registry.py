@@ -88,7 +88,7 @@ def resolve_model_spec(name: str, **options: object) -> str:
     if family in FAMILIES:
         return name
     default = build_card(DEFAULT_MODEL, **options)
-    if "=" not in name and name in default.model_ids:
+    if name in default.model_ids:
         return default.family
     raise InvalidRequestError(
         f"unknown model '{family}'; known: the families {', '.join(sorted(FAMILIES))} and the "

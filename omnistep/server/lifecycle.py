@@ -127,7 +127,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise OmnistepError(f"cannot serve on {where}: {_bind_reason(exc)}") from None
-    sock.set_inheritable(True)
     return sock
 
 
