@@ -2,25 +2,47 @@
 ``omnistep bench`` (load-test a running server).
 
 A product-plane module: imports engine, audio, core and the model registry (to build cards).
+Bad input, at any stage of start-up, is one ``omnistep: error: ...`` line and exit status 2:
+flags are checked by the parser, everything later raises an ``OmnistepError``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
+import json
 import logging
 import os
+import re
 import secrets
+import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from omnistep.audio import FORMATS, make_encoder
-from omnistep.core import ModelCard, ModelInstance, OmnistepError, Request
+from uvicorn.config import LOG_LEVELS
+
+from omnistep import __version__
+from omnistep.audio import FILE_EXTENSIONS, FORMATS, format_for_path, make_encoder
+from omnistep.core import (
+    Capability,
+    InvalidRequestError,
+    ModelCard,
+    ModelInstance,
+    OmnistepError,
+    Request,
+)
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.config import SCHEDULING_POLICIES
-from omnistep.models.registry import FAMILIES, build_card, distinct_names
+from omnistep.models.registry import (
+    DEFAULT_MODEL,
+    FAMILIES,
+    build_card,
+    distinct_names,
+    resolve_model_spec,
+)
 
 if TYPE_CHECKING:
     from omnistep.server import ServerConfig
@@ -29,6 +51,12 @@ log = logging.getLogger("omnistep")
 
 API_KEY_ENV = "OMNISTEP_API_KEY"
 """Environment variable read for the API key when ``--api-key`` is not given."""
+
+DESCRIPTION = (
+    "omnistep: serve speech and omni models over the OpenAI audio API (serve), speak text into "
+    "an audio file (say), load-test a running server (bench)."
+)
+"""What ``omnistep --help`` says first."""
 
 
 def load_engine(
@@ -178,48 +206,109 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise OmnistepError(f"bad server settings: {exc}") from None
 
 
-def _usage_banner(host: str, port: int, engine: AsyncEngine, api_key: bool = False) -> str:
-    model = next(iter(engine.models.values())).card.card_id
-    base = f"http://{host}:{port}"
-    auth = f'-H "Authorization: Bearer ${API_KEY_ENV}" ' if api_key else ""
+def _usage_banner(host: str, port: int, engine: AsyncEngine, auth: str | None = None) -> str:
+    """What ``omnistep serve`` prints once it listens: the address and a curl line that works
+    as pasted (``auth``: the quoted Authorization header, None without a key)."""
+    cards = [m.card for m in engine.models.values()]
+    card = next((c for c in cards if Capability.TEXT_TO_SPEECH in c.capabilities), cards[0])
+    body = {"model": card.card_id, "input": "Hello from omnistep."}
+    voice = _banner_voice(card)
+    if voice is not None:
+        body["voice"] = voice
+    local = WILDCARD_HOSTS.get(host, host)  # a wildcard address is reached on loopback too
+    base = f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
+    where = " (and on every other interface)" if local != host else ""
+    auth_flag = f"-H {auth} " if auth else ""
     return (
-        f"omnistep is serving {', '.join(engine.models)} on {base}\n"
-        f"  curl {base}/v1/audio/speech {auth}-H 'Content-Type: application/json' \\\n"
-        f'    -d \'{{"model": "{model}", "input": "Hello from omnistep.", '
-        f'"voice": "alloy"}}\' -o hello.mp3\n'
+        f"omnistep is serving {', '.join(engine.models)} on {base}{where}\n"
+        f"  curl {base}/v1/audio/speech {auth_flag}-H 'Content-Type: application/json' \\\n"
+        f"    -d {shlex.quote(json.dumps(body))} -o hello.mp3\n"
         f"  models: {base}/v1/models   health: {base}/health   docs: {base}/docs"
     )
 
 
+WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+"""``--host`` values that bind every interface -> the loopback address the banner shows."""
+
+
+def _banner_voice(card: ModelCard) -> str | None:
+    """``alloy`` (an OpenAI voice) where the card takes it, else its default voice."""
+    try:
+        card.validate_voice("alloy")
+    except InvalidRequestError:
+        return card.default_voice
+    return "alloy"
+
+
+def _auth_header(args: argparse.Namespace, api_key: str | None) -> str | None:
+    """The banner's Authorization header, shell-quoted. A key from ``--api-key`` is written out
+    (the variable may be unset in the user's shell, and the key is on the command line already);
+    a key from the environment stays ``$OMNISTEP_API_KEY``, which is set where it came from."""
+    if api_key is None:
+        return None
+    if args.api_key is not None:
+        return shlex.quote(f"Authorization: Bearer {api_key}")
+    return f'"Authorization: Bearer ${API_KEY_ENV}"'
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to a public address
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT; a SIGTERM drains in-flight requests, then exits 0."""
+    """Serve until SIGTERM/SIGINT; a SIGTERM drains in-flight requests, then exits 0.
+
+    Start-up order: settings, the port (bound, so a taken port fails at once), the models, then
+    listening; the banner prints only once the server accepts connections.
+    """
     from omnistep.server import build_app
-    from omnistep.server.lifecycle import serve
+    from omnistep.server.lifecycle import bind_socket, serve
 
     config = server_config(args)
-    engine = load_engine(
-        args.model or ["piper"],
-        args.device,
-        args.max_batch_size,
-        max_queued=args.max_queued,
-        scheduling=args.scheduling,
-        request_timeout=args.request_timeout,
-        kv_cache_gb=args.kv_cache_gb,
-        batch_invariant=args.batch_invariant or None,
-        first_chunk_chars=args.first_chunk_chars,
-        executor=args.executor,
-        deploy=args.deploy,
-        ray_address=args.ray_address,
-        served_names=args.served_model_name,
-    )
-    print(_usage_banner(config.host, config.port, engine, config.api_key is not None), flush=True)
+    sock = bind_socket(config.host, config.port)
+    if config.api_key is None and not is_loopback(config.host):
+        log.warning(
+            "serving on %s without an API key: anyone who can reach this port can use the "
+            "server (set --api-key or $%s, or keep --host on loopback)",
+            config.host,
+            API_KEY_ENV,
+        )
+    try:
+        engine = load_engine(
+            args.model or [DEFAULT_MODEL],
+            args.device,
+            args.max_batch_size,
+            max_queued=args.max_queued,
+            scheduling=args.scheduling,
+            request_timeout=args.request_timeout,
+            kv_cache_gb=args.kv_cache_gb,
+            batch_invariant=args.batch_invariant or None,
+            first_chunk_chars=args.first_chunk_chars,
+            executor=args.executor,
+            deploy=args.deploy,
+            ray_address=args.ray_address,
+            served_names=args.served_model_name,
+        )
+    except BaseException:
+        sock.close()
+        raise
+    port = sock.getsockname()[1]  # the real one when --port 0
+    banner = _usage_banner(config.host, port, engine, _auth_header(args, config.api_key))
     app = build_app(engine, config)
     serve(
         app,
         app.state.drain,
         shutdown_grace=config.shutdown_grace,
+        sock=sock,
+        on_started=lambda: print(banner, flush=True),
         host=config.host,
-        port=config.port,
+        port=port,
         log_level=args.log_level,
     )
     return 0
@@ -240,37 +329,81 @@ async def synthesize_to_bytes(engine: AsyncEngine, request: Request, fmt: str) -
     return encoder.with_lengths(b"".join(parts))
 
 
+def output_format(output: str, fmt: str | None) -> str:
+    """The format to write ``output`` in: ``fmt`` when given, else the one its extension names
+    (``.ogg`` is Ogg Opus: ``opus``; see ``FILE_EXTENSIONS``), ``wav`` without an extension.
+
+    Raises:
+        OmnistepError: an extension that names no format (the message lists those that do).
+    """
+    if fmt is not None:
+        return fmt
+    suffix = Path(output).suffix
+    if not suffix:
+        return "wav"
+    found = format_for_path(output)
+    if found is None:
+        known = ", ".join(FILE_EXTENSIONS)
+        raise OmnistepError(
+            f"cannot tell the audio format of {output} from '{suffix}'; use one of {known} "
+            f"or --format {{{','.join(FORMATS)}}}"
+        )
+    return found
+
+
+def check_output(out: Path) -> None:
+    """Fail before any synthesis when ``out`` cannot be written.
+
+    Raises:
+        OmnistepError: ``out`` is a folder, its folder is missing or not writable.
+    """
+    if out.is_dir():
+        raise OmnistepError(f"cannot write {out}: it is a directory")
+    if not out.parent.is_dir():
+        raise OmnistepError(f"cannot write {out}: no such directory {out.parent}")
+    writable = os.access(out, os.W_OK) if out.exists() else os.access(out.parent, os.W_OK)
+    if not writable:
+        raise OmnistepError(f"cannot write {out}: permission denied")
+
+
 def cmd_say(args: argparse.Namespace) -> int:
-    """Synthesize TEXT, or the whole ``--file``, into one audio file."""
+    """Synthesize TEXT, or the whole ``--file``, into one audio file.
+
+    Every check that can fail (text or file, format, output path, model name, speed, seed)
+    runs before the model loads.
+    """
     out = Path(args.output)
-    fmt = args.format or out.suffix.lstrip(".").lower() or "wav"
-    if fmt not in FORMATS:
-        raise OmnistepError(f"unknown format '{fmt}'; choose one of {', '.join(FORMATS)}")
+    fmt = output_format(args.output, args.format)
     if (args.text is None) == (args.file is None):
         raise OmnistepError("give either TEXT or --file FILE")
-    spec = args.model or "piper"
     if args.file is not None:
-        return _say_file(args, out, fmt, spec)
+        return _say_file(args, out, fmt)
+    check_output(out)
+    Request("check", speed=args.speed, seed=args.seed)  # bad speed or seed: fail before loading
+    spec = resolve_model_spec(args.model or DEFAULT_MODEL)
     engine = load_engine([spec], args.device, 1)
     model_id = next(iter(engine.models))
     request = Request(model_id, text=args.text, voice=args.voice, speed=args.speed, seed=args.seed)
     data = asyncio.run(synthesize_to_bytes(engine, request, fmt))
-    out.write_bytes(data)
+    try:
+        out.write_bytes(data)
+    except OSError as exc:
+        raise OmnistepError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"wrote {out} ({len(data)} bytes, {fmt}, seed {request.seed})")
     return 0
 
 
-def _say_file(args: argparse.Namespace, out: Path, fmt: str, spec: str) -> int:
+def _say_file(args: argparse.Namespace, out: Path, fmt: str) -> int:
     """``say --file``: every sentence of the file, in order, into one ``fmt`` file."""
     from omnistep import longform
 
     pieces = longform.text_pieces(longform.read_text(args.file))
     if not pieces:
         raise OmnistepError(f"{args.file} has nothing to speak (no letter or digit)")
-    if not out.parent.is_dir():
-        raise OmnistepError(f"cannot write {out}: no such directory {out.parent}")
+    check_output(out)
     seed = args.seed if args.seed is not None else secrets.randbelow(MAX_SEED + 1)
     Request("check", speed=args.speed, seed=seed)  # bad speed or seed: fail before loading
+    spec = resolve_model_spec(args.model or DEFAULT_MODEL)
     engine = load_engine([spec], args.device, longform.WINDOW)
     model_id = next(iter(engine.models))
     progress = longform.ProgressBar(len(pieces), enabled=False if args.no_progress else None)
@@ -302,7 +435,8 @@ def _say_file(args: argparse.Namespace, out: Path, fmt: str, spec: str) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the JSON and the plot.
 
-    Exit status 1 when any measured request failed, 0 otherwise.
+    Exit status 1 when the warm-up or any measured request failed (a failed warm-up stops the
+    run, one error line, nothing written), 0 otherwise.
     """
     try:
         from omnistep.bench import client, report
@@ -336,19 +470,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    result = client.run_bench(
-        args.url,
-        args.model,
-        levels,
-        args.requests,
-        texts=texts,
-        voice=args.voice,
-        response_format=args.format,
-        seed=args.seed,
-        timeout_s=args.timeout,
-        warmup=args.warmup,
-        progress=progress,
-    )
+    try:
+        result = client.run_bench(
+            args.url,
+            args.model,
+            levels,
+            args.requests,
+            texts=texts,
+            voice=args.voice,
+            response_format=args.format,
+            seed=args.seed,
+            timeout_s=args.timeout,
+            warmup=args.warmup,
+            progress=progress,
+        )
+    except client.WarmupFailedError as exc:
+        print(f"omnistep: error: {exc}; nothing was measured or written", file=sys.stderr)
+        return 1
     print(report.format_table(result))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(client.dumps(result))
@@ -367,6 +505,33 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535, got {value}")
+    return value
+
+
+def _device(text: str) -> str:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def _gib(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be GiB > 0, got {text}")
+    return value
+
+
 def _seconds(text: str, allow_zero: bool = False) -> float:
     value = float(text)
     low_ok = value >= 0 if allow_zero else value > 0
@@ -380,19 +545,73 @@ def _seconds_or_zero(text: str) -> float:
     return _seconds(text, allow_zero=True)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with each error on one line (the usage of ``serve`` alone is six)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Adds ``(default: X)`` to each option whose help does not state its default already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or "default" in text
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omnistep", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    """The ``omnistep`` parser: subcommands serve, say and bench; every option has a help line
+    that states its default."""
+    parser = _Parser(
+        prog="omnistep",
+        description=DESCRIPTION,
+        epilog="Run 'omnistep COMMAND --help' for the options of a command.",
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"omnistep {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     families = ", ".join(sorted(FAMILIES))
 
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
-    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback)")
-    serve.add_argument("--port", type=int, default=8000)
+    def command(name: str, help_: str) -> argparse.ArgumentParser:
+        description = f"omnistep {name}: {help_}."
+        return sub.add_parser(
+            name, help=help_, description=description, formatter_class=_HelpFormatter
+        )
+
+    serve = command("serve", "serve the OpenAI-compatible HTTP API")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to bind; a non-loopback one without an API key opens the server to the "
+        "network (a warning says so)",
+    )
+    serve.add_argument("--port", type=_port, default=8000, help="TCP port (0: any free one)")
     serve.add_argument(
         "--model",
         action="append",
-        help=f"family[=weights dir], repeatable; families: {families} "
-        "(default: piper, the embedded voice)",
+        metavar="FAMILY[=PATH]",
+        help=f"model family and its weights, repeatable; families: {families} "
+        f"(default: {DEFAULT_MODEL}, the embedded voice)",
+    )
+    serve.add_argument(
+        "--device", type=_device, default="cpu", help="where models run: cpu, cuda or cuda:N"
+    )
+    serve.add_argument(
+        "--max-batch-size",
+        type=_positive_int,
+        default=64,
+        metavar="N",
+        help="most WorkUnits the scheduler runs in one batch of a component",
     )
     serve.add_argument(
         "--served-model-name",
@@ -402,22 +621,19 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics use NAME instead of the card id and family name (the card's OpenAI aliases, "
         "like tts-1, stay); repeatable: one per --model, in the same order",
     )
-    serve.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
-    serve.add_argument("--max-batch-size", type=_positive_int, default=64)
     serve.add_argument(
         "--scheduling",
         choices=SCHEDULING_POLICIES,
         default=EngineConfig().scheduling,
         help="edf: earliest playback deadline first, new requests' first audio ahead of "
-        "buffered streams, admission held while streams run low; fcfs: in arrival order "
-        "(default edf)",
+        "buffered streams, admission held while streams run low; fcfs: in arrival order",
     )
     serve.add_argument(
         "--max-queued",
         type=_positive_int,
         default=EngineConfig().max_queued,
-        help="unfinished requests the engine admits; more get HTTP 429 with Retry-After "
-        f"(default {EngineConfig().max_queued})",
+        metavar="N",
+        help="unfinished requests the engine admits; more get HTTP 429 with Retry-After",
     )
     serve.add_argument(
         "--request-timeout",
@@ -432,10 +648,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="SECONDS",
         help="on SIGTERM, refuse new requests (503) and give in-flight ones SECONDS to finish "
-        "before exiting (default 30)",
+        "before exiting",
     )
     serve.add_argument(
         "--api-key",
+        metavar="KEY",
         help=f"require 'Authorization: Bearer KEY' on every route but /health and the docs "
         f"(default: ${API_KEY_ENV}; unset: no key)",
     )
@@ -453,25 +670,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--first-chunk-chars",
-        type=int,
-        help="piper: cut the first sentence at a clause within this many characters, so audio "
+        type=_non_negative_int,
+        metavar="N",
+        help="piper: cut the first sentence at a clause within N characters, so audio "
         "starts sooner (default 80; 0 keeps it whole)",
     )
     serve.add_argument(
         "--kv-cache-gb",
-        type=float,
-        help="memory for each AR model's paged KV cache, GiB (chattts: 2)",
+        type=_gib,
+        metavar="GIB",
+        help="memory for each AR model's paged KV cache, GiB (default: chattts 2)",
     )
     serve.add_argument(
         "--batch-invariant",
         action="store_true",
-        help="bit-identical outputs whatever the batch (slower; AR models)",
+        help="bit-identical outputs whatever the batch (slower; AR models); default: off",
     )
     serve.add_argument(
         "--executor",
         choices=EXECUTORS,
         default="inprocess",
-        help="inprocess: worker threads (default); ray: each component of each card in Ray "
+        help="inprocess: worker threads; ray: each component of each card in Ray "
         "actors (every family; outputs identical to inprocess)",
     )
     serve.add_argument(
@@ -486,23 +705,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --executor ray: the Ray cluster to join (default: a running local cluster, "
         "else a new one)",
     )
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--log-level",
+        choices=tuple(LOG_LEVELS),
+        default="info",
+        help="the server's log: one line per request at info",
+    )
     serve.set_defaults(func=cmd_serve)
 
-    say = sub.add_parser("say", help="synthesize TEXT, or a text file, into one audio file")
+    say = command("say", "synthesize TEXT, or a text file, into one audio file")
     say.add_argument("text", nargs="?", help="the text (or use --file)")
     say.add_argument(
         "--file",
         metavar="FILE",
         help="speak this UTF-8 text file ('-': stdin) sentence by sentence into one file",
     )
-    say.add_argument("-o", "--output", required=True, help="output file; format from extension")
-    say.add_argument("--model", help=f"family[=weights dir] (default piper); families: {families}")
-    say.add_argument("--voice")
-    say.add_argument("--format", choices=FORMATS)
-    say.add_argument("--speed", type=float, default=1.0)
-    say.add_argument("--seed", type=int, help="with --file, sentence k gets SEED+k")
-    say.add_argument("--device", default="cpu")
+    say.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="PATH",
+        help="the audio file to write; its extension names the format (.ogg and .opus: Ogg "
+        "Opus; no extension: wav)",
+    )
+    say.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"FAMILY[=PATH] (families: {families}) or a name the default server answers to, "
+        f"e.g. tts-1 (default: {DEFAULT_MODEL})",
+    )
+    say.add_argument("--voice", help="a voice of the model (default: the model's)")
+    say.add_argument(
+        "--format", choices=FORMATS, help="the audio format (default: from the --output extension)"
+    )
+    say.add_argument("--speed", type=float, default=1.0, help="speaking rate, 0.25 to 4")
+    say.add_argument(
+        "--seed",
+        type=int,
+        help="seed of the sampling (default: drawn and printed); with --file, sentence k gets "
+        "SEED+k",
+    )
+    say.add_argument(
+        "--device", type=_device, default="cpu", help="where the model runs: cpu, cuda or cuda:N"
+    )
     say.add_argument(
         "--no-progress",
         action="store_true",
@@ -510,42 +755,53 @@ def build_parser() -> argparse.ArgumentParser:
     )
     say.set_defaults(func=cmd_say)
 
-    bench = sub.add_parser(
+    bench = command(
         "bench",
-        help="load-test a running server: TTFA, e2e, RTF, underruns, throughput per concurrency",
+        "load-test a running server: TTFA, e2e, RTF, underruns, throughput per concurrency",
     )
     bench.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     bench.add_argument("--model", default="tts-1", help="the request's model field")
     bench.add_argument(
         "--concurrency",
         default="1,4,8,16",
-        help="comma-separated levels: requests kept in flight (default 1,4,8,16)",
+        help="comma-separated levels: requests kept in flight",
     )
-    bench.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
+    bench.add_argument("--requests", type=int, default=16, help="requests per level")
     bench.add_argument(
         "--text-file", help="texts to speak, one per line (default: built-in sentences)"
     )
     bench.add_argument("--voice", help="the request's voice field (default: the server's)")
-    bench.add_argument("--format", default="pcm", choices=["pcm"], help="response_format")
+    bench.add_argument(
+        "--format",
+        default="pcm",
+        choices=["pcm"],
+        help="the response_format sent (only raw pcm can be timed sample by sample)",
+    )
     bench.add_argument(
         "--seed", type=int, help="request k of each level gets seed SEED+k (default: none sent)"
     )
-    bench.add_argument(
-        "--out", default="bench-results.json", help="JSON results (default bench-results.json)"
-    )
+    bench.add_argument("--out", default="bench-results.json", help="JSON results")
     bench.add_argument("--plot", help="PNG plot (default: the --out path with .png)")
     bench.add_argument(
         "--timeout", type=float, default=300.0, help="seconds to connect and per body read"
     )
     bench.add_argument(
-        "--warmup", type=int, default=1, help="unmeasured requests first (default 1)"
+        "--warmup",
+        type=int,
+        default=1,
+        help="unmeasured requests first; if one fails, the run stops there",
     )
     bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``omnistep`` command. Exit status 2 on bad input."""
+    """Entry point of the ``omnistep`` command.
+
+    Exit status 2 on bad input, with one ``omnistep: error: ...`` line on stderr: a bad flag,
+    or any ``OmnistepError`` at start-up (missing weights or packages, a taken port, an output
+    path that cannot be written). 130 on Ctrl-C. Anything else is a bug and shows its traceback.
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -553,6 +809,9 @@ def main(argv: list[str] | None = None) -> int:
     except OmnistepError as exc:
         print(f"omnistep: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("omnistep: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

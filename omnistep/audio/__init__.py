@@ -6,11 +6,18 @@ never another omnistep plane. Every format is delivered mono at `OUTPUT_SAMPLE_R
 
 from omnistep.audio.encode import encode_all, make_encoder
 from omnistep.audio.encoder import StreamEncoder
-from omnistep.audio.formats import FORMATS, MEDIA_TYPES, OUTPUT_SAMPLE_RATE
+from omnistep.audio.formats import (
+    FILE_EXTENSIONS,
+    FORMATS,
+    MEDIA_TYPES,
+    OUTPUT_SAMPLE_RATE,
+    format_for_path,
+)
 from omnistep.audio.pcm import float_to_s16le, trim_silence
 from omnistep.audio.resample import Resampler
 
 __all__ = [
+    "FILE_EXTENSIONS",
     "FORMATS",
     "MEDIA_TYPES",
     "OUTPUT_SAMPLE_RATE",
@@ -18,6 +25,7 @@ __all__ = [
     "StreamEncoder",
     "encode_all",
     "float_to_s16le",
+    "format_for_path",
     "make_encoder",
     "trim_silence",
 ]

@@ -4,6 +4,8 @@ Imports nothing (stdlib only). The audio plane as a whole imports only numpy and
 libraries soundfile, lameenc, av (PyAV) and soxr: never torch, never another omnistep plane.
 """
 
+import os
+
 FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 """Every `response_format` the speech endpoint accepts, as OpenAI names them."""
 
@@ -19,3 +21,28 @@ MEDIA_TYPES: dict[str, str] = {
 
 OUTPUT_SAMPLE_RATE: int = 24000
 """Every format is delivered mono at this rate in Hz (OpenAI's rate; pcm is 24 kHz s16le mono)."""
+
+FILE_EXTENSIONS: dict[str, str] = {
+    ".mp3": "mp3",
+    ".opus": "opus",
+    ".ogg": "opus",  # the opus format is Ogg Opus
+    ".oga": "opus",
+    ".aac": "aac",  # ADTS, not MP4: .m4a is not written
+    ".adts": "aac",
+    ".flac": "flac",
+    ".wav": "wav",
+    ".wave": "wav",
+    ".pcm": "pcm",
+    ".raw": "pcm",
+}
+"""File name extension (lower case, with the dot) -> the format whose bytes such a file holds."""
+
+
+def format_for_path(path: str) -> str | None:
+    """The format a file named ``path`` holds, from its extension (any case): ``x.ogg`` ->
+    ``opus``; None for an unknown extension or none.
+
+    >>> format_for_path("out/Hello.OGG"), format_for_path("x.m4a")
+    ('opus', None)
+    """
+    return FILE_EXTENSIONS.get(os.path.splitext(path)[1].lower())

@@ -12,7 +12,8 @@ finishes, so that C stay in flight until N are done. Every response body is read
 - underruns of a simulated real-time player (``simulate_playback``).
 
 Errors (an HTTP status other than 200, a connection or protocol error, an empty body) are counted
-per level with their messages; they never stop the run.
+per level with their messages; they never stop the run. A failed warm-up request does: it sends
+the same request the levels send, so they would fail alike (no server, a wrong model or key).
 
 The pure functions (``simulate_playback``, ``percentile``, ``summarize_level``) hold the arithmetic
 and are unit-tested on hand-made timelines; ``run_bench`` does the HTTP. Only httpx, numpy and the
@@ -56,6 +57,22 @@ DEFAULT_TEXTS: tuple[str, ...] = (
 """Built-in texts: varied English sentences (short and long, questions, numbers, a list)."""
 
 Progress = Callable[[str], None]
+
+
+class WarmupFailedError(RuntimeError):
+    """A warm-up request failed, so the run stopped before its levels (which would fail alike).
+
+    Attributes:
+        url: the server's base URL.
+        error: why the first failed warm-up request failed (e.g. ``ConnectError: ...``,
+            ``HTTP 404: ...``).
+    """
+
+    def __init__(self, url: str, error: str):
+        hint = " (is a server running there?)" if error.startswith("ConnectError") else ""
+        super().__init__(f"the warm-up request to {url} failed: {error}{hint}")
+        self.url = url
+        self.error = error
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -423,10 +440,12 @@ async def run_bench_async(
         warm = []
         for k in range(warmup):
             text_index, body = plan[k % len(plan)]
-            warm.append(await stream_one(client, url, body, RequestResult(k, text_index, None)))
-        if progress is not None:
-            for r in warm:
-                progress(f"warm-up: {'ok' if r.ok else r.error}")
+            r = await stream_one(client, url, body, RequestResult(k, text_index, None))
+            if not r.ok:
+                raise WarmupFailedError(url, r.error or "failed")
+            warm.append(r)
+            if progress is not None:
+                progress("warm-up: ok")
         levels = [await run_level(client, url, c, plan, progress) for c in concurrency]
     return {
         "url": url,
@@ -461,8 +480,8 @@ def run_bench(
     """Benchmark a running server: ``requests`` streamed requests at each concurrency level.
 
     Request k of every level speaks ``texts[k % len(texts)]`` with seed ``seed + k`` (when a seed
-    is given), so the levels send the same work. ``warmup`` unmeasured requests go first. Failed
-    requests are counted, never raised.
+    is given), so the levels send the same work. ``warmup`` unmeasured requests go first; if one
+    fails, the run stops there. Failed measured requests are counted, never raised.
 
     Args:
         url: server base URL, e.g. ``http://127.0.0.1:8000``.
@@ -483,6 +502,7 @@ def run_bench(
 
     Raises:
         ValueError: bad arguments (not failed requests).
+        WarmupFailedError: a warm-up request failed (no level was run).
     """
     return asyncio.run(
         run_bench_async(

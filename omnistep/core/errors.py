@@ -53,6 +53,21 @@ class WeightUpdateError(InvalidRequestError):
         self.problems = problems
 
 
+class ModelFilesError(OmnistepError, FileNotFoundError):
+    """A model's weights (a folder or a file given to ``--model family=PATH``) are missing or
+    not laid out as expected; the message names the path and the files expected there."""
+
+
+class MissingDependencyError(OmnistepError, ImportError):
+    """A model family needs a package that is not installed; the message names the package and
+    the ``pip install`` extra that brings it."""
+
+
+class DeviceUnavailableError(OmnistepError, RuntimeError):
+    """The device a model was asked to run on (``--device``) is not usable here (e.g. CUDA on
+    a machine or torch build without it)."""
+
+
 class CardValidationError(OmnistepError, ValueError):
     """A ModelCard is inconsistent (loops naming unknown components, dangling slots)."""
 

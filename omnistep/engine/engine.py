@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistep.core import (
+    CardValidationError,
     Channel,
     Done,
     EngineOverloadedError,
@@ -153,7 +154,7 @@ class AsyncEngine:
             them in Ray actors, addressed by model id and component name.
 
     Raises:
-        ValueError: two models claim the same model id.
+        CardValidationError: (a ValueError) two models claim the same model id.
     """
 
     def __init__(
@@ -169,7 +170,9 @@ class AsyncEngine:
             self.models[model.card.card_id] = model
             for model_id in model.card.model_ids:
                 if model_id in self._by_id:
-                    raise ValueError(f"model id '{model_id}' is claimed by two cards")
+                    raise CardValidationError(
+                        f"model id '{model_id}' is claimed by two cards (a model given twice?)"
+                    )
                 self._by_id[model_id] = model
         self._executor = executor or InProcessExecutor(self.config.num_workers)
         self._executor.attach(self.models.values())

@@ -10,7 +10,7 @@ import dataclasses
 import importlib
 import inspect
 
-from omnistep.core import InvalidRequestError, ModelCard
+from omnistep.core import InvalidRequestError, MissingDependencyError, ModelCard
 
 FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",
@@ -19,6 +19,12 @@ FAMILIES: dict[str, str] = {
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",
 }
 """Family name -> module that defines ``build_card(path: str | None) -> ModelCard``."""
+
+EXTRAS: dict[str, str] = {"piper": "voice", "chattts": "chattts", "qwen2_5_omni": "chattts"}
+"""Family -> the ``pip install 'omnistep[EXTRA]'`` extra holding its dependencies."""
+
+DEFAULT_MODEL = "piper"
+"""The family served when no ``--model`` is given: the embedded voice."""
 
 
 def parse_model_spec(spec: str) -> tuple[str, str | None]:
@@ -43,14 +49,17 @@ def build_card(spec: str, served_name: str | None = None, **options: object) -> 
     Raises:
         InvalidRequestError: unknown family (the message lists the known ones), or a bad
             ``served_name``.
+        MissingDependencyError: the family needs a package that is not installed (the message
+            names the package and the extra to install).
         CardValidationError: the family built an inconsistent card.
+        ModelFilesError: the weights at the path are missing (from the family's loader).
     """
     family, path = parse_model_spec(spec)
     if family not in FAMILIES:
         raise InvalidRequestError(
             f"unknown model family '{family}'; known: {', '.join(sorted(FAMILIES))}", param="model"
         )
-    module = importlib.import_module(FAMILIES[family])
+    module = _family_module(family)
     params = inspect.signature(module.build_card).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     accepted = {k: v for k, v in options.items() if v is not None and (takes_any or k in params)}
@@ -112,6 +121,46 @@ def distinct_names(specs: list[str], cards: list[ModelCard]) -> list[ModelCard]:
         owner.update(dict.fromkeys(aliases, card.card_id))
         named.append(dataclasses.replace(card, aliases=aliases))
     return named
+
+
+def _family_module(family: str):
+    """The module of ``family``; a missing third-party package raises MissingDependencyError."""
+    try:
+        return importlib.import_module(FAMILIES[family])
+    except ModuleNotFoundError as exc:
+        package = (exc.name or "").partition(".")[0]
+        if not package or package == "omnistep":
+            raise
+        extra = EXTRAS.get(family)
+        hint = f": pip install 'omnistep[{extra}]'" if extra else ""
+        raise MissingDependencyError(
+            f"the {family} family needs the package '{package}', which is not installed{hint}",
+            name=package,
+        ) from None
+
+
+def resolve_model_spec(name: str, **options: object) -> str:
+    """The ``--model`` spec that serves the model ``name``: a ``family[=path]`` spec is itself;
+    any other name must be a model id of the default model (``DEFAULT_MODEL``'s card id or one
+    of its aliases, e.g. ``tts-1``: the names ``omnistep serve`` answers to without
+    ``--model``), and resolves to that family. The aliases are the card's own
+    (``ModelCard.model_ids``), the mapping the server routes requests by.
+
+    Raises:
+        InvalidRequestError: neither (the message lists the families and the default's ids).
+        Whatever ``build_card`` raises for the default model.
+    """
+    family, _ = parse_model_spec(name)
+    if family in FAMILIES:
+        return name
+    default = build_card(DEFAULT_MODEL, **options)
+    if name in default.model_ids:
+        return default.family
+    raise InvalidRequestError(
+        f"unknown model '{family}'; known: the families {', '.join(sorted(FAMILIES))} and the "
+        f"names of the default model: {', '.join(default.model_ids)}",
+        param="model",
+    )
 
 
 def build_component(spec: str, name: str, device: str, options: dict[str, object] | None = None):

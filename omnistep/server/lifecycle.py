@@ -12,13 +12,16 @@ stop exits with status 0 instead of dying of the re-raised signal.
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from omnistep.core import OmnistepError
 from omnistep.server.errors import error_response, install_log_filter
 
 
@@ -69,9 +72,22 @@ class GracefulServer(uvicorn.Server):
     keeps uvicorn's behaviour (a second Ctrl-C forces the exit).
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Drain):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Drain,
+        on_started: Callable[[], None] | None = None,
+    ):
         super().__init__(config)
         self.drain = drain
+        self.on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup (the app's lifespan, then listening); then ``on_started``, once the
+        server accepts connections."""
+        await super().startup(sockets=sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Signal handler: drain, then let uvicorn begin its graceful shutdown."""
@@ -88,9 +104,78 @@ class GracefulServer(uvicorn.Server):
                 captured[:] = [s for s in captured if s != signal.SIGTERM]
 
 
-def serve(app: ASGIApp, drain: Drain, *, shutdown_grace: float, **options: object) -> None:
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (0: any free port), not yet listening.
+
+    Binding first lets a server fail at once on a taken port, before it loads its models, and
+    hold the port while it does (connections are refused until it listens).
+
+    Raises:
+        OmnistepError: one line saying why the address cannot be used (port in use, no such
+            address on this machine, a privileged port, an unknown host name).
+    """
+    where = f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OmnistepError(f"cannot serve on {where}: unknown host ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise OmnistepError(f"cannot serve on {where}: {_bind_reason(exc)}") from None
+    return sock
+
+
+def _bind_reason(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return "the port is in use (another server?); choose another with --port"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "no such address on this machine; check --host"
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges); choose another --port"
+    return exc.strerror or str(exc)
+
+
+def listen(sock: socket.socket, backlog: int = 2048) -> None:
+    """Start listening on ``sock`` (from ``bind_socket``); uvicorn's backlog by default.
+
+    Raises:
+        OmnistepError: the port was taken meanwhile (one line).
+    """
+    try:
+        sock.listen(backlog)
+    except OSError as exc:
+        host, port = sock.getsockname()[:2]
+        raise OmnistepError(f"cannot serve on {host}:{port}: {_bind_reason(exc)}") from None
+
+
+def serve(
+    app: ASGIApp,
+    drain: Drain,
+    *,
+    shutdown_grace: float,
+    sock: socket.socket | None = None,
+    on_started: Callable[[], None] | None = None,
+    **options: object,
+) -> None:
     """Run ``app`` with uvicorn until SIGTERM/SIGINT; in-flight requests get ``shutdown_grace``
-    seconds to finish. ``options`` are ``uvicorn.Config`` arguments (host, port, log_level)."""
+    seconds to finish. ``options`` are ``uvicorn.Config`` arguments (host, port, log_level).
+
+    ``sock``: serve on this socket (from ``bind_socket``; it is made to listen here) instead of
+    binding ``host``:``port``. ``on_started`` is called once the server accepts connections.
+
+    Raises:
+        OmnistepError: ``sock`` cannot listen (the port was taken meanwhile).
+    """
     config = uvicorn.Config(app, timeout_graceful_shutdown=shutdown_grace, **options)
     install_log_filter()  # after Config, which sets up uvicorn's loggers
-    GracefulServer(config, drain).run()
+    server = GracefulServer(config, drain, on_started)
+    if sock is None:
+        server.run()
+        return
+    listen(sock, config.backlog)
+    server.run(sockets=[sock])

@@ -43,6 +43,7 @@ from omnistep.core import (
     WorkUnitKind,
 )
 from omnistep.kv import KVCacheConfig
+from omnistep.layers.device import check_device
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.models.chattts.gpt import ChatTTSGPT, ChatTTSPromptInput, GPTConfig
@@ -231,7 +232,7 @@ def build_card(
 
     Raises:
         InvalidRequestError: no path given.
-        FileNotFoundError: the folder or one of its files is missing (named).
+        ModelFilesError: the folder or one of its files is missing (named, with the layout).
     """
     if path is None:
         raise InvalidRequestError(
@@ -252,6 +253,7 @@ def build_card(
     frontend = _Frontend(tokenizer, spk_stat, config.hidden_size)
 
     def build_gpt(device: str) -> ChatTTSGPT:
+        check_device(device)
         head_dim = config.hidden_size // config.num_attention_heads
         kv = KVCacheConfig.from_memory(
             opts.kv_cache_gb,
@@ -268,6 +270,7 @@ def build_card(
         return gpt
 
     def build_vocoder(device: str) -> VocoderComponent:
+        check_device(device)
         return VocoderComponent(
             load_vocoder(files.asset, device, torch.float32), opts.batch_invariant
         )

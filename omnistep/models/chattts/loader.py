@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from omnistep.core import ModelFilesError
+
 REQUIRED = (
     "asset/gpt/config.json",
     "asset/gpt/model.safetensors",
@@ -38,17 +40,17 @@ class ChatTTSFiles:
         """Check that every required file exists.
 
         Raises:
-            FileNotFoundError: naming the first missing file (or the folder itself).
+            ModelFilesError: (a FileNotFoundError) naming the first missing file, or the
+                folder itself, and the files expected.
         """
         path = Path(root).expanduser()
+        layout = f"expected the official layout: {', '.join(REQUIRED)}"
         if not path.is_dir():
-            raise FileNotFoundError(f"ChatTTS checkpoint folder not found: {path}")
+            what = "is not a folder" if path.exists() else "not found"
+            raise ModelFilesError(f"ChatTTS checkpoint folder {path} {what} ({layout})")
         for rel in REQUIRED:
             if not (path / rel).exists():
-                raise FileNotFoundError(
-                    f"ChatTTS checkpoint {path} is missing {rel} (expected the official layout: "
-                    f"{', '.join(REQUIRED)})"
-                )
+                raise ModelFilesError(f"ChatTTS checkpoint {path} is missing {rel} ({layout})")
         return cls(path)
 
     @property

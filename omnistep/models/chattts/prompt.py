@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnistep.core import InvalidRequestError
+from omnistep.core import InvalidRequestError, ModelFilesError
 
 DEFAULT_SPEED_LEVEL = 5
 MAX_SPEED_LEVEL = 9
@@ -46,7 +46,7 @@ class ChatTTSTokenizer:
     """The BERT tokenizer of a ChatTTS asset folder.
 
     Raises:
-        FileNotFoundError: ``tokenizer_dir`` is missing (named in the message).
+        ModelFilesError: (a FileNotFoundError) ``tokenizer_dir`` is missing (named).
         ValueError: the tokenizer lacks a special token ChatTTS needs.
     """
 
@@ -66,7 +66,7 @@ class ChatTTSTokenizer:
 
         path = Path(tokenizer_dir)
         if not path.is_dir():
-            raise FileNotFoundError(f"ChatTTS tokenizer folder not found: {path}")
+            raise ModelFilesError(f"ChatTTS tokenizer folder not found: {path}")
         self._tok = BertTokenizerFast.from_pretrained(str(path))
         self.vocab_size = len(self._tok)
         ids = {t: self._tok.convert_tokens_to_ids(t) for t in self.SPECIAL}

@@ -67,6 +67,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from omnistep.core import ModelFilesError
 from omnistep.layers.linear import PackedLinear
 
 DECODER_FILE = "Decoder.safetensors"
@@ -536,8 +537,8 @@ def load_vocoder(
     """Build the vocoder from ``asset_dir/Decoder.safetensors`` and ``asset_dir/Vocos.safetensors``.
 
     Both files load strictly (every tensor name and shape must match). Configs default to the
-    sizes read off the files (``configs_from_state``). Raises ``FileNotFoundError`` naming each
-    missing file.
+    sizes read off the files (``configs_from_state``). Raises ``ModelFilesError`` (a
+    ``FileNotFoundError``) naming each missing file.
     """
     from safetensors.torch import load_file
 
@@ -545,7 +546,7 @@ def load_vocoder(
     paths = [asset_dir / DECODER_FILE, asset_dir / VOCOS_FILE]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"ChatTTS vocoder weights missing: {', '.join(missing)}")
+        raise ModelFilesError(f"ChatTTS vocoder weights missing: {', '.join(missing)}")
     decoder_state, vocos_state = load_file(paths[0]), load_file(paths[1])
     inferred = configs_from_state(decoder_state, vocos_state)
     with torch.device("meta"):

@@ -42,6 +42,7 @@ from omnistep.core import (
     LoopSpec,
     LoopState,
     ModelCard,
+    ModelFilesError,
     ModelInstance,
     Program,
     ProgramContext,
@@ -188,6 +189,26 @@ def _frontend_node(frontend: PiperFrontend, voices: tuple[str, ...], hop_length:
     return frontend_fn
 
 
+def voice_paths(path: str) -> tuple[str, str]:
+    """The ``(VOICE.onnx, VOICE.onnx.json)`` paths of the voice file ``path``.
+
+    Raises:
+        ModelFilesError: ``path`` is not a file (a folder's ``*.onnx`` files are suggested), or
+            the config beside it is missing.
+    """
+    expected = "expected a Piper voice file VOICE.onnx with VOICE.onnx.json beside it"
+    if os.path.isdir(path):
+        voices = sorted(f for f in os.listdir(path) if f.endswith(".onnx"))
+        found = f"; it holds {', '.join(voices)}" if voices else ""
+        raise ModelFilesError(f"piper voice {path} is a folder ({expected}{found})")
+    if not os.path.isfile(path):
+        raise ModelFilesError(f"piper voice {path} not found ({expected})")
+    config_path = f"{path}.json"
+    if not os.path.isfile(config_path):
+        raise ModelFilesError(f"piper voice {path} has no {config_path} beside it ({expected})")
+    return path, config_path
+
+
 def build_card(
     path: str | None = None,
     *,
@@ -202,15 +223,13 @@ def build_card(
     it whole.
 
     Raises:
-        FileNotFoundError: ``path`` or its config is missing.
+        ModelFilesError: (a FileNotFoundError) ``path`` is not a file, or its ``.onnx.json``
+            is missing (the message names what is expected).
     """
     if path is None:
         model_path, config_path = default_voice_paths()
     else:
-        model_path, config_path = path, f"{path}.json"
-        for p in (model_path, config_path):
-            with open(p, "rb"):
-                pass
+        model_path, config_path = voice_paths(path)
     frontend = PiperFrontend.from_config_path(
         config_path, first_chunk_chars=first_chunk_chars or None
     )

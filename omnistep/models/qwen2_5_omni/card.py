@@ -50,6 +50,7 @@ from omnistep.core import (
     WorkUnitKind,
 )
 from omnistep.kv import KVCacheConfig
+from omnistep.layers.device import check_device
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
 from omnistep.loops.denoise import DenoiseConfig, DenoiseInput, DenoiseLoop, DenoiseOutput
@@ -314,7 +315,7 @@ def build_card(
 
     Raises:
         InvalidRequestError: no path given.
-        FileNotFoundError: the folder or one of its files is missing (named).
+        ModelFilesError: the folder or one of its files is missing (named, with the layout).
     """
     if path is None:
         raise InvalidRequestError(
@@ -347,6 +348,7 @@ def build_card(
         )
 
     def build_thinker(device: str):
+        check_device(device)
         state = files.tensors("thinker.")
         thinker_embed["weight"] = state.get("model.embed_tokens.weight")
         return load_thinker(state, config, kv_for(text), device, opts.dtype, opts.batch_invariant)
@@ -354,10 +356,12 @@ def build_card(
     # Each half of token2wav reads only its own tensors, so a process that builds one of
     # them (a Ray actor) holds only its weights.
     def build_dit(device: str) -> DiTComponent:
+        check_device(device)
         state = files.tensors("token2wav.code2wav_dit_model.")
         return DiTComponent(load_token2wav_part("dit", state, config, device))
 
     def build_bigvgan(device: str) -> BigVGANComponent:
+        check_device(device)
         state = files.tensors("token2wav.code2wav_bigvgan_model.")
         return BigVGANComponent(load_token2wav_part("bigvgan", state, config, device))
 
@@ -370,6 +374,7 @@ def build_card(
         return item.num_frames
 
     def build_talker(device: str):
+        check_device(device)
         if "weight" in thinker_embed:
             embed = thinker_embed.pop("weight")
         else:

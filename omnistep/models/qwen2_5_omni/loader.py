@@ -16,7 +16,13 @@ from typing import Any
 
 import torch
 
+from omnistep.core import ModelFilesError
+
 REQUIRED = ("config.json", "spk_dict.pt", "tokenizer_config.json")
+LAYOUT = (
+    "expected the official layout: config.json, spk_dict.pt, tokenizer_config.json with the "
+    "tokenizer files, model.safetensors.index.json with its shards (or model.safetensors)"
+)
 
 
 @dataclass(frozen=True)
@@ -27,20 +33,26 @@ class QwenOmniFiles:
 
     @classmethod
     def locate(cls, root: str | Path) -> QwenOmniFiles:
-        """Check the folder. Raises FileNotFoundError naming the first missing file."""
+        """Check the folder.
+
+        Raises:
+            ModelFilesError: (a FileNotFoundError) naming the first missing file, or the
+                folder itself, and the files expected.
+        """
         path = Path(root).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(f"Qwen2.5-Omni checkpoint folder not found: {path}")
+            what = "is not a folder" if path.exists() else "not found"
+            raise ModelFilesError(f"Qwen2.5-Omni checkpoint folder {path} {what} ({LAYOUT})")
         for rel in REQUIRED:
             if not (path / rel).exists():
-                raise FileNotFoundError(f"Qwen2.5-Omni checkpoint {path} is missing {rel}")
+                raise ModelFilesError(f"Qwen2.5-Omni checkpoint {path} is missing {rel} ({LAYOUT})")
         if (
             not (path / "model.safetensors.index.json").exists()
             and not (path / "model.safetensors").exists()
         ):
-            raise FileNotFoundError(
+            raise ModelFilesError(
                 f"Qwen2.5-Omni checkpoint {path} is missing model.safetensors.index.json "
-                "(or model.safetensors)"
+                f"(or model.safetensors) ({LAYOUT})"
             )
         return cls(path)
 
@@ -52,14 +64,14 @@ class QwenOmniFiles:
         return json.loads(path.read_text()) if path.exists() else {}
 
     def shards(self) -> list[Path]:
-        """The weight files (each named shard must exist)."""
+        """The weight files (each named shard must exist; else ModelFilesError)."""
         index = self.root / "model.safetensors.index.json"
         if not index.exists():
             return [self.root / "model.safetensors"]
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         missing = [n for n in names if not (self.root / n).exists()]
         if missing:
-            raise FileNotFoundError(f"Qwen2.5-Omni checkpoint {self.root} is missing {missing[0]}")
+            raise ModelFilesError(f"Qwen2.5-Omni checkpoint {self.root} is missing {missing[0]}")
         return [self.root / n for n in names]
 
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
