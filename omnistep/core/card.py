@@ -16,6 +16,12 @@ from omnistep.core.errors import CardValidationError, InvalidRequestError, Weigh
 from omnistep.core.program import Program
 
 
+def dtype_name(dtype: object) -> str:
+    """A dtype's name without its library: ``torch.float32`` and numpy's ``float32`` are both
+    ``"float32"`` (weight updates compare them)."""
+    return str(dtype).removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class ComponentSpec:
     """One expert of a card.
@@ -212,7 +218,8 @@ class ModelInstance:
 
     def weight_specs(self) -> dict[str, tuple[str, tuple[int, ...], str]]:
         """Every tensor a weight update may change, by the checkpoint's own name: ``(component,
-        shape, dtype)`` (dtype as ``str(tensor.dtype)``, e.g. ``"torch.float32"``). Read from
+        shape, dtype)`` (dtype by ``dtype_name``, e.g. ``"float32"``, equal for torch and numpy
+        tensors). Read from
         each component that offers ``weight_specs()``; components without it (vocoders,
         ONNX voices) take no updates."""
         specs: dict[str, tuple[str, tuple[int, ...], str]] = {}
@@ -220,7 +227,7 @@ class ModelInstance:
             report = getattr(component, "weight_specs", None)
             if callable(report):
                 for tensor, (shape, dtype) in report().items():
-                    specs[tensor] = (name, tuple(shape), dtype)
+                    specs[tensor] = (name, tuple(shape), dtype_name(dtype))
         return specs
 
     def check_weights(self, tensors: Mapping[str, object]) -> dict[str, dict[str, object]]:
@@ -240,7 +247,7 @@ class ModelInstance:
                 continue
             component, shape, dtype = specs[name]
             got_shape = tuple(getattr(value, "shape", ()))
-            got_dtype = str(getattr(value, "dtype", type(value).__name__))
+            got_dtype = dtype_name(getattr(value, "dtype", type(value).__name__))
             if got_shape != shape or got_dtype != dtype:
                 problems.append(
                     f"'{name}' is {got_dtype} {list(got_shape)}, the model's is {dtype} "

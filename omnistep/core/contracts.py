@@ -189,11 +189,15 @@ class LoopResult:
         value: the loop's output (token ids, samples, ...).
         metrics: numbers about the run (steps, samples, seconds).
         trajectory: the ROLLOUT record, or None under SERVE.
+        info: under ROLLOUT, what replays the loop (an AR loop: ``prompt``, the prompt as its
+            component consumed it; ``stop_reason``, ``"eos"`` or ``"length"``; ``seed``, its
+            generator's seed); None under SERVE.
     """
 
     value: Any
     metrics: dict[str, float] = field(default_factory=dict)
     trajectory: list[Any] | None = None
+    info: dict[str, Any] | None = None
 
 
 @runtime_checkable

@@ -63,6 +63,8 @@ class ProgramContext:
         slots: values bound so far, by slot name.
         outbox: chunks emitted by kernel nodes; the engine publishes them.
         trajectories: ROLLOUT records of finished loops, by program node name.
+        rollout_info: ROLLOUT replay information of finished loops (``LoopResult.info``), by
+            program node name.
         usage: token counts the card reports (``input_tokens``, ``output_tokens``).
     """
 
@@ -72,6 +74,7 @@ class ProgramContext:
     slots: dict[str, Any] = field(default_factory=dict)
     outbox: list[StreamChunk] = field(default_factory=list)
     trajectories: dict[str, list[Any]] = field(default_factory=dict)
+    rollout_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: {"input_tokens": 0, "output_tokens": 0})
 
 

@@ -97,6 +97,12 @@ class RequestStream:
         return self._ctx.trajectories
 
     @property
+    def rollout_info(self) -> dict[str, dict]:
+        """ROLLOUT replay information of the request's finished loops (prompt, stop reason,
+        seed), by program node name."""
+        return self._ctx.rollout_info
+
+    @property
     def usage(self) -> dict[str, int]:
         """Token counts reported by the card: ``input_tokens``, ``output_tokens``."""
         return self._ctx.usage
@@ -659,6 +665,8 @@ class AsyncEngine:
             run.ctx.slots[live.node.binds] = result.value
         if result.trajectory is not None:
             run.ctx.trajectories[live.node.name] = result.trajectory
+        if result.info is not None:
+            run.ctx.rollout_info[live.node.name] = result.info
         run.done.add(live.node.name)
         self._repoll(run)
         self._advance_program(run)

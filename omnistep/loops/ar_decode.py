@@ -179,6 +179,7 @@ class ARDecodeState(LoopState):
     stream: Channel | None = None
     text_emitted: int = 0
     share_group: str | None = None
+    seed: int = 0
 
 
 class ARDecodeLoop:
@@ -206,6 +207,7 @@ class ARDecodeLoop:
             max_new_tokens=min(cap, cfg.max_new_tokens),
             stream=ctx.slots[cfg.stream_slot] if cfg.stream_slot else None,
             share_group=req.group,
+            seed=seed,
         )
 
     def next(self, state: ARDecodeState) -> WorkPlan | Done:
@@ -272,9 +274,15 @@ class ARDecodeLoop:
         state.text_emitted = len(text)
 
     def finalize(self, state: ARDecodeState) -> LoopResult:
-        trajectory = state.trajectory if state.profile is ExecutionProfile.ROLLOUT else None
         metrics = {"tokens": float(len(state.frames)), "preemptions": float(state.num_preemptions)}
-        return LoopResult(list(state.frames), metrics, trajectory)
+        if state.profile is not ExecutionProfile.ROLLOUT:
+            return LoopResult(list(state.frames), metrics)
+        info = {
+            "prompt": state.prompt,
+            "stop_reason": "eos" if state.finished else "length",
+            "seed": state.seed,
+        }
+        return LoopResult(list(state.frames), metrics, state.trajectory, info)
 
     def release(self, state: ARDecodeState) -> None:
         """Free the sequence's KV blocks in the component."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,6 +23,8 @@ class Collected:
         text: the concatenated text deltas.
         sample_rate: Hz of ``audio`` (0 when there is none).
         seed: the seed the request ran with.
+        trajectories: ROLLOUT records of its loops, by program node name (empty under SERVE).
+        rollout_info: ROLLOUT replay information of its loops (prompt, stop reason, seed).
     """
 
     chunks: list[StreamChunk]
@@ -30,6 +32,8 @@ class Collected:
     text: str
     sample_rate: int
     seed: int
+    trajectories: dict[str, list] = field(default_factory=dict)
+    rollout_info: dict[str, dict] = field(default_factory=dict)
 
 
 async def collect(engine: AsyncEngine, request: Request) -> Collected:
@@ -46,6 +50,8 @@ async def collect(engine: AsyncEngine, request: Request) -> Collected:
         text="".join(c.text or "" for c in chunks if c.modality is Modality.TEXT),
         sample_rate=rates.pop() if rates else 0,
         seed=stream.seed,
+        trajectories=dict(stream.trajectories),
+        rollout_info=dict(stream.rollout_info),
     )
 
 

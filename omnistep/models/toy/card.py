@@ -91,7 +91,7 @@ class ToyLM:
 
     def update_weights(self, tensors: dict[str, np.ndarray]) -> None:
         """Copy a new ``table`` in place (checked by ``ModelInstance.check_weights``)."""
-        self.table[...] = tensors["table"]
+        self.table[...] = np.asarray(tensors["table"])
 
     def execute(
         self, kind: WorkUnitKind, payloads: Sequence[TokenUnit]
@@ -155,6 +155,7 @@ class TokenState(LoopState):
     max_new_tokens: int = 0
     fail_step: int | None = None
     slow: bool = False
+    prompt: tuple[int, ...] = ()
     tokens: list[int] = field(default_factory=list)
     finished: bool = False
     channel: Channel = field(default_factory=Channel)
@@ -176,6 +177,7 @@ class TokenLoop:
             profile=req.profile,
             seed=int(req.seed or 0),
             prev_token=prompt[-1],
+            prompt=tuple(prompt),
             temperature=sp.or_default("temperature", 1.0),
             min_new_tokens=sp.or_default("min_new_tokens", 0),
             max_new_tokens=sp.max_new_tokens or 2 * len(prompt),
@@ -219,8 +221,12 @@ class TokenLoop:
         return state
 
     def finalize(self, state: TokenState) -> LoopResult:
-        traj = state.trajectory if state.profile is ExecutionProfile.ROLLOUT else None
-        return LoopResult(list(state.tokens), {"tokens": float(len(state.tokens))}, traj)
+        metrics = {"tokens": float(len(state.tokens))}
+        if state.profile is not ExecutionProfile.ROLLOUT:
+            return LoopResult(list(state.tokens), metrics)
+        stop = "eos" if state.finished else "length"
+        info = {"prompt": state.prompt, "stop_reason": stop, "seed": state.seed}
+        return LoopResult(list(state.tokens), metrics, state.trajectory, info)
 
     def release(self, state: TokenState) -> None:
         """Nothing outside the state to free."""

@@ -1,0 +1,499 @@
+"""The offline Python API: an engine a script or an RL trainer drives, without a server.
+
+``OmniEngine`` is the synchronous form (vLLM's ``LLM`` habit: build it, call it, close it; usable
+from a plain script, from inside a training loop, and from a notebook whose event loop is
+running); ``AsyncOmniEngine`` is the same API as coroutines. Both build their engine from the
+``FAMILY[=PATH]`` specs ``omnistep serve --model`` takes (``omnistep.launch.load_engine``), on
+``cpu`` or ``cuda``, and offer:
+
+- ``generate(texts)``: audio for each text (a progress bar on a terminal), ``SpeechOutput``s.
+- ``rollout(inputs, n, seed)``: ``n`` samples of each input, a ``RolloutGroup`` per input. The
+  samples of one input form a group (``Request.group``): AR components prefill the input once
+  and share its KV blocks by reference. Sample ``k`` runs with seed ``seed + k`` and equals the
+  same request sent alone with that seed. Each sample carries, per AR loop of the card's
+  program (ChatTTS: ``decode``; Qwen2.5-Omni: ``think`` and ``talk``; toy: ``decode``), every
+  sampled action with its log-prob per codebook in the asked mode, the weight version of each
+  step, the prompt as the component consumed it, the stop reason and the loop's seed; and the
+  audio when asked.
+- ``update_weights(tensors or safetensors path)``: in place, atomically, between steps
+  (``AsyncEngine.update_weights``).
+
+Log-prob modes: ``"processed"``, the distribution actually sampled (temperature, repetition
+penalty, top-p/top-k, EOS mask); ``"policy"``, ``log_softmax(logits / temperature)`` with no
+truncation, what a PPO/GRPO importance ratio uses.
+
+A product-plane module: imports engine, core, launch (and safetensors for weight files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import uuid
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from omnistep.core import (
+    Capability,
+    ChatMessage,
+    ExecutionProfile,
+    InvalidRequestError,
+    Modality,
+    Request,
+    SamplingParams,
+)
+from omnistep.engine import AsyncEngine
+from omnistep.launch import load_engine
+from omnistep.parity import Collected, collect
+
+LOGPROB_MODES = ("processed", "policy")
+"""``rollout``'s log-prob modes (see the module docstring)."""
+MAX_GROUP_SIZE = 256
+"""The most samples ``rollout`` takes per input."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SpeechOutput:
+    """One text's audio.
+
+    Attributes:
+        text: the input text.
+        audio: float32 ``[num_samples]`` in [-1, 1], mono.
+        sample_rate: Hz of ``audio``.
+        seed: the seed the request ran with (drawn when none was given).
+    """
+
+    text: str
+    audio: np.ndarray
+    sample_rate: int
+    seed: int
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds of audio."""
+        return self.audio.size / self.sample_rate if self.sample_rate else 0.0
+
+
+@dataclass(frozen=True)
+class LoopActions:
+    """The actions one AR loop sampled for one rollout sample.
+
+    Attributes:
+        tokens: int64 ``[T, num_codebooks]``: every sampled frame, the last one included (its
+            EOS when ``stop_reason`` is ``"eos"``).
+        logprobs: float32 ``[T, num_codebooks]``: each id's log-prob in ``mode``.
+        mode: ``"processed"`` or ``"policy"``.
+        weight_versions: int64 ``[T]``: the weight version each step ran under.
+        stop_reason: ``"eos"`` (sampled its EOS) or ``"length"`` (reached its token cap).
+        seed: the loop's generator seed.
+        prompt: the prompt as the loop's component consumed it (ChatTTS: its
+            ``ChatTTSPromptInput``, ids and speaker vector; the Qwen thinker: token ids),
+            what a teacher-forced replay needs.
+    """
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    mode: str
+    weight_versions: np.ndarray
+    stop_reason: str
+    seed: int
+    prompt: Any
+
+
+@dataclass(frozen=True)
+class RolloutSample:
+    """One sample of a group.
+
+    Attributes:
+        index: ``k``, its place in the group.
+        seed: the request seed, ``seed + k``.
+        loops: the actions of each AR loop that ran, by program node name.
+        text: the text it streamed (chat cards), else ``""``.
+        audio: float32 ``[num_samples]`` when audio was asked for, else None.
+        sample_rate: Hz of ``audio`` (0 without audio).
+    """
+
+    index: int
+    seed: int
+    loops: dict[str, LoopActions]
+    text: str
+    audio: np.ndarray | None
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class RolloutGroup:
+    """The ``n`` samples of one input.
+
+    Attributes:
+        input: the input text.
+        group: the group id its requests carried (``Request.group``).
+        samples: ``n`` samples, sample ``k`` at index ``k``.
+    """
+
+    input: str
+    group: str
+    samples: list[RolloutSample]
+
+
+class AsyncOmniEngine:
+    """The offline API as coroutines, over an ``AsyncEngine`` (see the module docstring).
+
+    Args:
+        engine: a built engine; ``from_specs`` builds one.
+    """
+
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+
+    @classmethod
+    def from_specs(
+        cls,
+        models: str | Sequence[str] = "piper",
+        device: str = "cpu",
+        *,
+        max_batch_size: int = 64,
+        kv_cache_gb: float | None = None,
+        batch_invariant: bool = False,
+        executor: str = "inprocess",
+        **options: Any,
+    ) -> AsyncOmniEngine:
+        """Build and load the models of ``FAMILY[=PATH]`` specs (as ``omnistep serve
+        --model``), on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+
+        ``kv_cache_gb`` and ``batch_invariant`` go to the families that take them (ChatTTS,
+        Qwen2.5-Omni); ``batch_invariant`` makes a request's output bit-identical whatever runs
+        beside it (what ``score`` parity and group sharing are exact under). ``options``: other
+        ``load_engine`` settings (``scheduling``, ``request_timeout``...).
+
+        Raises:
+            OmnistepError: an unknown family, missing model files, a missing package.
+        """
+        specs = [models] if isinstance(models, str) else list(models)
+        engine = load_engine(
+            specs,
+            device,
+            max_batch_size,
+            executor=executor,
+            kv_cache_gb=kv_cache_gb,
+            batch_invariant=batch_invariant or None,
+            **options,
+        )
+        return cls(engine)
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """Every model name requests may use."""
+        return self.engine.model_ids()
+
+    def _model(self, model: str | None) -> str:
+        """``model``, or the first served card's id."""
+        if model is not None:
+            return self.engine.resolve(model).card.card_id
+        return next(iter(self.engine.models))
+
+    async def generate(
+        self,
+        texts: Sequence[str],
+        *,
+        model: str | None = None,
+        voice: str | None = None,
+        seed: int | None = None,
+        sampling: SamplingParams | None = None,
+        speed: float = 1.0,
+        progress: bool | None = None,
+    ) -> list[SpeechOutput]:
+        """Audio for each text, all submitted at once (they batch). With ``seed``, text ``i``
+        runs with seed ``seed + i``; without, each draws one (reported in its output).
+
+        ``progress``: show a progress bar (default: when stderr is a terminal).
+
+        Raises:
+            InvalidRequestError: a bad text, voice or setting (before anything runs).
+            RequestFailedError: a request failed while running.
+        """
+        card_id = self._model(model)
+        requests = [
+            Request(
+                card_id,
+                text=text,
+                voice=voice,
+                speed=speed,
+                seed=None if seed is None else seed + i,
+                sampling=sampling or SamplingParams(),
+            )
+            for i, text in enumerate(texts)
+        ]
+        done = await self._run_all(requests, progress, "speech")
+        return [
+            SpeechOutput(text, c.audio, c.sample_rate, c.seed)
+            for text, c in zip(texts, done, strict=True)
+        ]
+
+    async def rollout(
+        self,
+        inputs: Sequence[str],
+        *,
+        n: int = 1,
+        seed: int = 0,
+        model: str | None = None,
+        voice: str | None = None,
+        sampling: SamplingParams | None = None,
+        logprobs: str = "processed",
+        audio: bool = False,
+        progress: bool | None = None,
+    ) -> list[RolloutGroup]:
+        """``n`` samples of each input under the ROLLOUT profile (see the module docstring).
+
+        Sample ``k`` of every input runs with seed ``seed + k``. A chat card (Qwen2.5-Omni)
+        takes each input as one user message and speaks its reply when ``audio`` is set.
+        Give a fixed ``voice`` where the card draws a random speaker per seed (ChatTTS
+        without a voice): only equal prompts share their prefill.
+
+        Raises:
+            InvalidRequestError: ``n`` outside [1, ``MAX_GROUP_SIZE``], an unknown log-prob
+                mode, no inputs, a bad input or setting.
+            RequestFailedError: a request failed while running.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_GROUP_SIZE:
+            raise InvalidRequestError(
+                f"n must be an integer in [1, {MAX_GROUP_SIZE}], got {n!r}", param="n"
+            )
+        if logprobs not in LOGPROB_MODES:
+            raise InvalidRequestError(
+                f"logprobs must be one of {', '.join(LOGPROB_MODES)}, got {logprobs!r}",
+                param="logprobs",
+            )
+        if not inputs:
+            raise InvalidRequestError("inputs is empty", param="inputs")
+        card_id = self._model(model)
+        card = self.engine.models[card_id].card
+        groups = [f"rollout-{uuid.uuid4().hex[:12]}/{i}" for i in range(len(inputs))]
+        requests = [
+            self._rollout_request(card, text, voice, seed + k, sampling, audio, group)
+            for text, group in zip(inputs, groups, strict=True)
+            for k in range(n)
+        ]
+        done = await self._run_all(requests, progress, "rollout")
+        out = []
+        for i, (text, group) in enumerate(zip(inputs, groups, strict=True)):
+            samples = [
+                _sample(k, requests[i * n + k], done[i * n + k], logprobs, audio) for k in range(n)
+            ]
+            out.append(RolloutGroup(text, group, samples))
+        return out
+
+    @staticmethod
+    def _rollout_request(card, text, voice, seed, sampling, audio, group) -> Request:
+        common = {
+            "voice": voice,
+            "seed": seed,
+            "sampling": sampling or SamplingParams(),
+            "profile": ExecutionProfile.ROLLOUT,
+            "group": group,
+        }
+        if Capability.TEXT_TO_SPEECH in card.capabilities:
+            return Request(card.card_id, text=text, **common)
+        modalities = {Modality.TEXT, Modality.AUDIO} if audio else {Modality.TEXT}
+        return Request(
+            card.card_id,
+            messages=(ChatMessage("user", text),),
+            output_modalities=frozenset(modalities),
+            **common,
+        )
+
+    async def _run_all(
+        self, requests: list[Request], progress: bool | None, label: str
+    ) -> list[Collected]:
+        """Submit every request at once; their collected streams, in order (a progress bar
+        counts finished requests)."""
+        bar = _progress_bar(len(requests), label, progress)
+
+        async def one(request: Request) -> Collected:
+            try:
+                return await collect(self.engine, request)
+            finally:
+                if bar is not None:
+                    bar.update(1)
+
+        streams = [asyncio.ensure_future(one(r)) for r in requests]
+        try:
+            return list(await asyncio.gather(*streams))
+        except BaseException:
+            for task in streams:
+                task.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+
+    async def update_weights(
+        self,
+        weights: Mapping[str, Any] | str | Path,
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        mode: str = "pause",
+    ) -> int:
+        """Swap the weights in place (``AsyncEngine.update_weights``): ``weights`` are tensors
+        by the checkpoint's own names, or the path of a safetensors file holding them. Returns
+        the new version.
+
+        Raises:
+            FileNotFoundError: no such file.
+            WeightUpdateError: an unknown name, a wrong shape or dtype (nothing changed).
+        """
+        tensors = await asyncio.to_thread(_read_weights, weights)
+        return await self.engine.update_weights(self._model(model), tensors, version, mode)
+
+    async def close(self) -> None:
+        """Abort what runs and stop the engine."""
+        await self.engine.shutdown()
+
+
+class OmniEngine:
+    """The synchronous offline API (see the module docstring): each call runs the matching
+    ``AsyncOmniEngine`` coroutine on an event loop in a background thread and waits for it,
+    so it works from a plain script, a training loop, or a notebook with a running loop.
+
+    Args: as ``AsyncOmniEngine.from_specs``. Use it as a context manager, or call ``close``.
+    """
+
+    def __init__(self, models: str | Sequence[str] = "piper", device: str = "cpu", **kwargs: Any):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="omnistep-offline", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._async = self._call(_build(models, device, kwargs))
+        except BaseException:
+            self._stop()
+            raise
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine underneath (its ``stats()``, ``weight_versions``)."""
+        return self._async.engine
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """Every model name requests may use."""
+        return self._async.model_ids
+
+    def generate(self, texts: Sequence[str], **kwargs: Any) -> list[SpeechOutput]:
+        """See ``AsyncOmniEngine.generate``."""
+        return self._call(self._async.generate(texts, **kwargs))
+
+    def rollout(self, inputs: Sequence[str], **kwargs: Any) -> list[RolloutGroup]:
+        """See ``AsyncOmniEngine.rollout``."""
+        return self._call(self._async.rollout(inputs, **kwargs))
+
+    def update_weights(self, weights: Mapping[str, Any] | str | Path, **kwargs: Any) -> int:
+        """See ``AsyncOmniEngine.update_weights``."""
+        return self._call(self._async.update_weights(weights, **kwargs))
+
+    def close(self) -> None:
+        """Stop the engine and its thread (idempotent)."""
+        if self._thread.is_alive():
+            try:
+                self._call(self._async.close())
+            finally:
+                self._stop()
+
+    def __enter__(self) -> OmniEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        if not self._thread.is_alive():
+            raise RuntimeError("this OmniEngine is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+async def _build(models, device, kwargs) -> AsyncOmniEngine:
+    """``AsyncOmniEngine.from_specs`` on the background loop (models load off the caller's
+    thread; the engine's asyncio objects belong to that loop)."""
+    return await asyncio.to_thread(AsyncOmniEngine.from_specs, models, device, **kwargs)
+
+
+def _sample(k: int, request: Request, done: Collected, mode: str, audio: bool) -> RolloutSample:
+    loops = {
+        name: _actions(records, done.rollout_info.get(name, {}), mode)
+        for name, records in done.trajectories.items()
+    }
+    return RolloutSample(
+        index=k,
+        seed=int(request.seed or 0),
+        loops=loops,
+        text=done.text,
+        audio=done.audio if audio else None,
+        sample_rate=done.sample_rate if audio else 0,
+    )
+
+
+def _actions(records: list, info: dict, mode: str) -> LoopActions:
+    width = len(records[0].tokens) if records else 1
+    field_name = "logprobs" if mode == "processed" else "policy_logprobs"
+    return LoopActions(
+        tokens=np.array([r.tokens for r in records], dtype=np.int64).reshape(-1, width),
+        logprobs=np.array([getattr(r, field_name) for r in records], dtype=np.float32).reshape(
+            -1, width
+        ),
+        mode=mode,
+        weight_versions=np.array([r.weight_version for r in records], dtype=np.int64),
+        stop_reason=info.get("stop_reason", "length"),
+        seed=int(info.get("seed", 0)),
+        prompt=info.get("prompt"),
+    )
+
+
+def _read_weights(weights: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
+    """Tensors by name from a mapping or a safetensors file (read with torch when it is
+    installed, else as numpy arrays)."""
+    if isinstance(weights, Mapping):
+        return weights
+    path = Path(weights)
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights file at {path}")
+    try:
+        from safetensors.torch import load_file
+    except ImportError:  # a numpy-only install (the toy card)
+        from safetensors.numpy import load_file
+    return load_file(str(path))
+
+
+def _progress_bar(total: int, label: str, show: bool | None) -> Any:
+    """A tqdm bar on stderr when ``show`` (default: stderr is a terminal), else None."""
+    if show is None:
+        show = sys.stderr.isatty()
+    if not show or total == 0:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=label, unit="req", file=sys.stderr)
+
+
+__all__ = [
+    "LOGPROB_MODES",
+    "AsyncOmniEngine",
+    "LoopActions",
+    "OmniEngine",
+    "RolloutGroup",
+    "RolloutSample",
+    "SpeechOutput",
+]
