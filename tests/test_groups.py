@@ -124,3 +124,47 @@ async def test_aborted_groups_free_every_block(root):
     assert engine.stats()["live_requests"] == 0
     assert gpt.blocks.num_used_blocks == 0 and not gpt.lengths and not gpt._shared
     await engine.shutdown()
+
+
+async def test_qwen_thinker_group_shares_its_prompt_and_the_talker_does_not(tmp_path):
+    """The thinker's prompt (the chat's ids) is equal in a group: computed once. The talker's
+    prompt holds each sample's own reply rows: never shared. Samples equal their seeds alone."""
+    from omnistep.core import ChatMessage, Modality
+    from omnistep.models.qwen2_5_omni.card import QwenOmniOptions
+    from omnistep.models.qwen2_5_omni.card import build_card as build_qwen
+    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+
+    root = write_tiny_qwen_omni(tmp_path / "qwen")
+    opts = QwenOmniOptions(kv_cache_gb=0.02, talker_max_new_tokens=8, batch_invariant=True)
+    model = ModelInstance.load(build_qwen(str(root), opts))
+    thinker = _PrefillCounter(model.components["thinker"])
+    talker = _PrefillCounter(model.components["talker"])
+    engine = AsyncEngine([model])
+
+    def requests(group):
+        return [
+            Request(
+                "qwen2.5-omni",
+                messages=(ChatMessage("user", "tell me about the sea"),),
+                seed=SEED + k,
+                group=group,
+                voice="Chelsie",
+                profile=ExecutionProfile.ROLLOUT,
+                sampling=SamplingParams(max_new_tokens=8),
+                output_modalities=frozenset({Modality.TEXT, Modality.AUDIO}),
+            )
+            for k in range(3)
+        ]
+
+    grouped = await run_interleaved(engine, requests("q"))
+    assert thinker.units == 1 and talker.units == 3
+    alone = await run_alone(engine, requests(None))
+    await engine.shutdown()
+    for a, b in zip(grouped, alone, strict=True):
+        # the token2wav stages batch outside batch-invariant kernels: audio within 1e-5
+        assert a.text == b.text and np.abs(a.audio - b.audio).max() <= 1e-5
+        for loop in ("think", "talk"):
+            assert [r.tokens for r in a.trajectories[loop]] == [
+                r.tokens for r in b.trajectories[loop]
+            ]
+    assert model.components["thinker"].blocks.num_used_blocks == 0
