@@ -349,6 +349,7 @@ class AsyncOmniEngine:
 
         Raises:
             FileNotFoundError: no such file.
+            InvalidRequestError: a file that is not safetensors.
             WeightUpdateError: an unknown name, a wrong shape or dtype (nothing changed).
         """
         tensors = await asyncio.to_thread(_read_weights, weights)
@@ -474,7 +475,12 @@ def _read_weights(weights: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
         from safetensors.torch import load_file
     except ImportError:  # a numpy-only install (the toy card)
         from safetensors.numpy import load_file
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error type for a bad file
+        raise InvalidRequestError(
+            f"{path} is not a readable safetensors file: {exc}", param="weights"
+        ) from None
 
 
 def _progress_bar(total: int, label: str, show: bool | None) -> Any:

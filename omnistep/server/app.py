@@ -13,7 +13,16 @@ from fastapi.responses import JSONResponse
 
 from omnistep import __version__
 from omnistep.engine import AsyncEngine
-from omnistep.server import chat, metrics, models, playground, speech, speech_stream, voices
+from omnistep.server import (
+    chat,
+    metrics,
+    models,
+    playground,
+    rollouts,
+    speech,
+    speech_stream,
+    voices,
+)
 from omnistep.server.auth import ApiKeyAuth
 from omnistep.server.errors import install_error_handlers
 from omnistep.server.lifecycle import Drain, DrainGate
@@ -28,6 +37,7 @@ class ServerConfig:
         host: interface to bind; loopback by default.
         port: TCP port.
         max_body_bytes: larger request bodies get 413 (OpenAI inputs are at most 4096 chars).
+        max_weights_bytes: the limit for a weights file uploaded to ``POST /v1/weights``.
         api_key: when set, every route but health, metrics and the docs needs
             ``Authorization: Bearer <api_key>`` (401 otherwise); None serves without a key.
             Left out of ``repr`` so that it is never logged.
@@ -41,6 +51,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1 << 20
+    max_weights_bytes: int = 64 << 30
     api_key: str | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
     shutdown_grace: float = 30.0
@@ -82,7 +93,11 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
     # key (before any body is read), the drain gate (503 while shutting down), the body size
     # limit (413), the error middleware, the routes.
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=config.max_body_bytes,
+        path_limits={"/v1/weights": config.max_weights_bytes},
+    )
     app.add_middleware(DrainGate, drain=drain)
     if config.api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=config.api_key)
@@ -101,6 +116,7 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
     voices.install(app, config.voices_db)
     app.include_router(speech_stream.router)
     app.include_router(metrics.router)
+    app.include_router(rollouts.router)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -18,19 +18,22 @@ ASGIApp = Callable[
 
 
 class BodySizeLimit:
-    """Reject HTTP request bodies over ``max_bytes`` with a 413."""
+    """Reject HTTP request bodies over ``max_bytes`` with a 413; ``path_limits`` gives other
+    limits to exact paths (a weights upload)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, path_limits: dict[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = path_limits or {}
 
     async def __call__(self, scope: Scope, receive, send) -> None:  # noqa: ANN001
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope.get("path", ""), self.max_bytes)
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._reject(send)
+        if length is not None and length.isdigit() and int(length) > limit:
+            await self._reject(send, limit)
             return
         seen = 0
         exceeded = False
@@ -44,7 +47,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     exceeded = True
                     return {"type": "http.request", "body": b"", "more_body": False}
             return message
@@ -53,15 +56,15 @@ class BodySizeLimit:
             if not exceeded:
                 await send(message)
             elif message["type"] == "http.response.start":
-                await self._reject(send)
+                await self._reject(send, limit)
 
         await self.app(scope, limited_receive, guarded_send)
 
-    async def _reject(self, send) -> None:  # noqa: ANN001
+    async def _reject(self, send, limit: int) -> None:  # noqa: ANN001
         body = json.dumps(
             {
                 "error": {
-                    "message": f"Request body exceeds the {self.max_bytes} byte limit.",
+                    "message": f"Request body exceeds the {limit} byte limit.",
                     "type": "invalid_request_error",
                     "param": None,
                     "code": "request_too_large",

@@ -38,6 +38,17 @@ def _valid_unicode(value: str) -> bool:
     return True
 
 
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+"""The sampling fields request bodies share (cards without a sampler ignore them)."""
+
+
+def sampling_of(body: BaseModel) -> SamplingParams:
+    """The ``SamplingParams`` of a body's sampling fields; unset ones keep the card's
+    defaults."""
+    values = {k: getattr(body, k) for k in SAMPLING_FIELDS if getattr(body, k, None) is not None}
+    return SamplingParams(**values)
+
+
 class OpenAIBody(BaseModel):
     """Base of request bodies and their parts: every string must be valid Unicode.
 
@@ -147,18 +158,13 @@ class SpeechRequest(OpenAIBody):
 
     def to_request(self, model_id: str) -> Request:
         """The engine request; sampling fields left unset keep ``SamplingParams`` defaults."""
-        sampling = {
-            k: getattr(self, k)
-            for k in ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
-            if getattr(self, k) is not None
-        }
         return Request(
             model=model_id,
             text=self.input,
             voice=self.voice_name(),
             speed=self.speed,
             seed=self.seed,
-            sampling=SamplingParams(**sampling),
+            sampling=sampling_of(self),
             normalize_text=self.normalize_text(),
         )
 

@@ -1,0 +1,256 @@
+"""RL over HTTP: ``POST /v1/rollouts`` (groups of samples with their actions and log-probs),
+``POST /v1/weights`` (swap weights in place) and ``GET /v1/weights`` (the versions served).
+
+Both sit behind ``--api-key`` when one is set (as every ``/v1`` route). They run the offline
+API (``omnistep.offline.AsyncOmniEngine``) on the server's engine, so a rollout over HTTP equals
+the same call in Python.
+
+Rollout responses are JSON (``object: "rollout"``), or, when the client asks with ``Accept:
+application/x-safetensors``, one safetensors body (JSON floats are large): per sample and loop
+the tensors ``g{i}.s{k}.{loop}.tokens`` (int64 ``[T, num_codebooks]``), ``.logprobs`` (float32
+``[T, num_codebooks]``) and ``.weight_versions`` (int64 ``[T]``), and ``g{i}.s{k}.audio``
+(float32 ``[samples]``) when audio was asked for; everything else (inputs, seeds, stop reasons,
+texts, sample rates) is the JSON string in the header's ``__metadata__["rollout"]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from fastapi import APIRouter
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field, StrictInt, field_validator
+
+from omnistep.audio import encode_all
+from omnistep.core import InvalidRequestError
+from omnistep.engine import AsyncEngine
+from omnistep.offline import MAX_GROUP_SIZE, AsyncOmniEngine, RolloutGroup
+from omnistep.server.protocol import MAX_VOICE_CHARS, OpenAIBody, ResponseFormat, sampling_of
+
+router = APIRouter()
+
+SAFETENSORS_MEDIA_TYPE = "application/x-safetensors"
+"""The ``Accept`` value that asks for a safetensors rollout body (and the upload type of
+``POST /v1/weights``)."""
+MAX_ROLLOUT_INPUTS = 64
+"""Inputs one ``POST /v1/rollouts`` may carry."""
+MAX_ROLLOUT_SAMPLES = 1024
+"""Samples (inputs x n) one ``POST /v1/rollouts`` may ask for."""
+
+
+class RolloutBody(OpenAIBody):
+    """Body of ``POST /v1/rollouts``.
+
+    Fields: ``model``; ``inputs`` (1..64 texts: speech inputs, or one user message each for a
+    chat card); ``n`` (samples per input, 1..256; inputs x n <= 1024); ``seed`` (sample ``k``
+    of every input runs with ``seed + k``); ``voice``; sampling fields (``temperature``,
+    ``top_p``, ``top_k``, ``repetition_penalty``, ``max_new_tokens``); ``logprobs``
+    (``processed`` or ``policy``); ``audio_format`` (one of the speech formats: each sample's
+    audio, base64 in JSON; None: no audio).
+    """
+
+    model: str = Field(min_length=1, max_length=200)
+    inputs: list[str] = Field(min_length=1, max_length=MAX_ROLLOUT_INPUTS)
+    n: StrictInt = Field(default=1, ge=1, le=MAX_GROUP_SIZE)
+    seed: StrictInt = Field(default=0, ge=0, le=2**62)
+    voice: str | None = Field(default=None, min_length=1, max_length=MAX_VOICE_CHARS)
+    temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=0, le=10000)
+    repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
+    logprobs: Literal["processed", "policy"] = "processed"
+    audio_format: ResponseFormat | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def _texts(cls, value: list[str]) -> list[str]:
+        for text in value:
+            if not 1 <= len(text) <= 4096:
+                raise ValueError("every input must hold 1 to 4096 characters")
+        return value
+
+
+class WeightsBody(OpenAIBody):
+    """JSON body of ``POST /v1/weights``: ``path`` of a safetensors file the server can read,
+    ``model`` (default: the first served), ``version`` (default: the current one + 1) and
+    ``mode`` (``pause`` or ``drain``)."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    version: StrictInt | None = Field(default=None, ge=0, le=2**62)
+    mode: Literal["pause", "drain"] = "pause"
+
+
+def _omni(http: HttpRequest) -> AsyncOmniEngine:
+    return AsyncOmniEngine(http.app.state.engine)
+
+
+@router.post("/v1/rollouts")
+async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
+    """Sample ``n`` continuations of each input (see ``RolloutBody``); JSON or safetensors
+    (``Accept``). Bad input is a 4xx OpenAI error and holds nothing."""
+    if len(body.inputs) * body.n > MAX_ROLLOUT_SAMPLES:
+        raise InvalidRequestError(
+            f"inputs x n must be at most {MAX_ROLLOUT_SAMPLES}, got {len(body.inputs)} x {body.n}",
+            param="n",
+        )
+    omni = _omni(http)
+    groups = await omni.rollout(
+        body.inputs,
+        n=body.n,
+        seed=body.seed,
+        model=body.model,
+        voice=body.voice,
+        sampling=sampling_of(body),
+        logprobs=body.logprobs,
+        audio=body.audio_format is not None,
+        progress=False,
+    )
+    card_id = omni.engine.resolve(body.model).card.card_id
+    if SAFETENSORS_MEDIA_TYPE in http.headers.get("accept", ""):
+        return Response(_safetensors(card_id, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
+    return JSONResponse(_json(card_id, body, groups))
+
+
+def _sample_meta(sample) -> dict:
+    return {
+        "index": sample.index,
+        "seed": sample.seed,
+        "text": sample.text,
+        "sample_rate": sample.sample_rate,
+        "loops": {
+            name: {"stop_reason": a.stop_reason, "seed": a.seed, "num_steps": len(a.tokens)}
+            for name, a in sample.loops.items()
+        },
+    }
+
+
+def _json(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
+    out = []
+    for group in groups:
+        samples = []
+        for sample in group.samples:
+            entry = _sample_meta(sample)
+            for name, actions in sample.loops.items():
+                entry["loops"][name].update(
+                    tokens=actions.tokens.tolist(),
+                    logprobs=actions.logprobs.tolist(),
+                    weight_versions=actions.weight_versions.tolist(),
+                )
+            entry["audio"] = (
+                base64.b64encode(
+                    encode_all(body.audio_format, [sample.audio], sample.sample_rate, True)
+                ).decode()
+                if body.audio_format is not None and sample.audio is not None
+                else None
+            )
+            samples.append(entry)
+        out.append({"input": group.input, "group": group.group, "samples": samples})
+    return _envelope(card_id, body, out)
+
+
+def _envelope(card_id: str, body: RolloutBody, groups: list) -> dict:
+    return {
+        "object": "rollout",
+        "model": card_id,
+        "n": body.n,
+        "logprobs": body.logprobs,
+        "audio_format": body.audio_format,
+        "groups": groups,
+    }
+
+
+def _safetensors(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) -> bytes:
+    from safetensors.numpy import save
+
+    tensors: dict[str, np.ndarray] = {}
+    meta_groups = []
+    for i, group in enumerate(groups):
+        samples = []
+        for sample in group.samples:
+            prefix = f"g{i}.s{sample.index}"
+            for name, actions in sample.loops.items():
+                tensors[f"{prefix}.{name}.tokens"] = actions.tokens
+                tensors[f"{prefix}.{name}.logprobs"] = actions.logprobs
+                tensors[f"{prefix}.{name}.weight_versions"] = actions.weight_versions
+            if sample.audio is not None:
+                tensors[f"{prefix}.audio"] = np.ascontiguousarray(sample.audio, np.float32)
+            samples.append(_sample_meta(sample))
+        meta_groups.append({"input": group.input, "group": group.group, "samples": samples})
+    meta = json.dumps(_envelope(card_id, body, meta_groups))
+    return save(tensors, metadata={"rollout": meta})
+
+
+@router.post("/v1/weights")
+async def update_weights(http: HttpRequest) -> dict:
+    """Swap a model's weights in place: a JSON ``WeightsBody`` naming a safetensors file the
+    server can read, or the file itself as the body (``Content-Type:
+    application/x-safetensors`` or ``application/octet-stream``; ``model``, ``version`` and
+    ``mode`` then come as query parameters). Returns the model and its new version. An unknown
+    tensor name, a wrong shape or dtype is a 400 and nothing changes."""
+    content_type = http.headers.get("content-type", "").split(";")[0].strip()
+    if content_type in (SAFETENSORS_MEDIA_TYPE, "application/octet-stream"):
+        query = http.query_params
+        body = WeightsBody(
+            path="(upload)",
+            model=query.get("model"),
+            version=_int_param(query.get("version"), "version"),
+            mode=query.get("mode", "pause"),
+        )
+        with tempfile.TemporaryDirectory(prefix="omnistep-weights-") as folder:
+            path = Path(folder) / "weights.safetensors"
+            with path.open("wb") as file:
+                async for part in http.stream():
+                    file.write(part)
+            return await _apply(http, body, path)
+    try:
+        body = WeightsBody.model_validate_json(await http.body())
+    except ValueError as exc:
+        raise InvalidRequestError(
+            f"the body must be JSON with a 'path', or a safetensors file ({exc})", param="body"
+        ) from None
+    path = Path(body.path)
+    if not path.is_file():
+        raise InvalidRequestError(f"no weights file at {body.path}", param="path")
+    return await _apply(http, body, path)
+
+
+async def _apply(http: HttpRequest, body: WeightsBody, path: Path) -> dict:
+    omni = _omni(http)
+    version = await omni.update_weights(
+        path, model=body.model, version=body.version, mode=body.mode
+    )
+    card_id = (
+        omni.engine.resolve(body.model).card.card_id
+        if body.model
+        else next(iter(omni.engine.models))
+    )
+    return {"object": "weights", "model": card_id, "version": version}
+
+
+def _int_param(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise InvalidRequestError(f"'{name}' must be a non-negative integer", param=name)
+    return int(value)
+
+
+@router.get("/v1/weights")
+async def weight_versions(http: HttpRequest) -> dict:
+    """The weight version each served model runs (0: as loaded)."""
+    engine: AsyncEngine = http.app.state.engine
+    return {
+        "object": "list",
+        "data": [
+            {"object": "weights", "model": card_id, "version": version}
+            for card_id, version in engine.weight_versions.items()
+        ],
+    }

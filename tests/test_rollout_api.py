@@ -1,0 +1,151 @@
+"""RL over HTTP on the real server (toy card): ``POST /v1/rollouts`` as JSON and as one
+safetensors body, ``POST /v1/weights`` from a path or an uploaded file, ``GET /v1/weights``,
+bad input as OpenAI-style 4xx errors that hold nothing, and the API key."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+from safetensors.numpy import load, save_file
+
+from omnistep.models.toy.card import ToyLM
+from tests.serving import running_server
+
+KEY = "sk-rollout-test"
+
+
+@pytest.fixture(scope="module")
+def base():
+    with running_server("--model", "toy") as url:
+        yield url
+
+
+def _roll(base, **body):
+    payload = {"model": "toy", "inputs": ["roll me", "and me"], "n": 3, "seed": 40,
+               "max_new_tokens": 10, **body}  # fmt: skip
+    return httpx.post(base + "/v1/rollouts", json=payload, timeout=60)
+
+
+def test_rollout_json_groups_samples_and_loops(base):
+    reply = _roll(base, audio_format="wav")
+    assert reply.status_code == 200, reply.text
+    out = reply.json()
+    assert out["object"] == "rollout" and out["model"] == "toy" and out["logprobs"] == "processed"
+    assert [g["input"] for g in out["groups"]] == ["roll me", "and me"]
+    for group in out["groups"]:
+        assert [s["seed"] for s in group["samples"]] == [40, 41, 42]
+        for sample in group["samples"]:
+            loop = sample["loops"]["decode"]
+            assert len(loop["tokens"]) == loop["num_steps"] == len(loop["logprobs"]) <= 10
+            assert all(len(t) == 1 for t in loop["tokens"]) and loop["stop_reason"] in (
+                "eos",
+                "length",
+            )
+            assert all(v == 0 for v in loop["weight_versions"])
+            audio, rate = sf.read(io.BytesIO(base64.b64decode(sample["audio"])), dtype="float32")
+            assert rate == 24000 and audio.size > 0
+    # the same call gives the same samples (seeds S+k)
+    again = _roll(base, audio_format="wav").json()
+    assert again["groups"][0]["samples"] == out["groups"][0]["samples"]
+
+
+def test_rollout_safetensors_body_equals_the_json(base):
+    as_json = _roll(base, logprobs="policy").json()
+    reply = httpx.post(
+        base + "/v1/rollouts",
+        json={
+            "model": "toy",
+            "inputs": ["roll me", "and me"],
+            "n": 3,
+            "seed": 40,
+            "max_new_tokens": 10,
+            "logprobs": "policy",
+        },  # fmt: skip
+        headers={"Accept": "application/x-safetensors"},
+        timeout=60,
+    )
+    assert reply.headers["content-type"] == "application/x-safetensors"
+    tensors = load(reply.content)
+    header_len = int.from_bytes(reply.content[:8], "little")
+    meta = json.loads(json.loads(reply.content[8 : 8 + header_len])["__metadata__"]["rollout"])
+    assert meta["logprobs"] == "policy"
+    for i, group in enumerate(as_json["groups"]):
+        for k, sample in enumerate(group["samples"]):
+            loop = sample["loops"]["decode"]
+            tokens = tensors[f"g{i}.s{k}.decode.tokens"]
+            assert tokens.dtype == np.int64 and tokens.tolist() == loop["tokens"]
+            assert np.allclose(tensors[f"g{i}.s{k}.decode.logprobs"], loop["logprobs"], atol=1e-6)
+            assert meta["groups"][i]["samples"][k]["seed"] == sample["seed"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"n": 0}, 400, "n"),
+        ({"n": 300}, 400, "n"),
+        ({"n": "3"}, 400, "n"),
+        ({"inputs": []}, 400, "inputs"),
+        ({"inputs": ["x"] * 5, "n": 256}, 400, "n"),
+        ({"logprobs": "raw"}, 400, "logprobs"),
+        ({"model": "nope"}, 404, "model"),
+        ({"audio_format": "ogg"}, 400, "audio_format"),
+        ({"temperature": -1}, 400, "temperature"),
+    ],
+)
+def test_bad_rollouts_are_4xx_and_hold_nothing(base, body, status, param):
+    reply = _roll(base, **body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert httpx.get(base + "/health").json()["live_requests"] == 0
+
+
+def test_weights_from_a_path_and_an_upload(tmp_path):
+    table = ToyLM().table
+    save_file({"table": np.ascontiguousarray(table[::-1])}, str(tmp_path / "w1.safetensors"))
+    save_file({"table": np.ascontiguousarray(table * 0.5)}, str(tmp_path / "w2.safetensors"))
+    save_file({"tabel": table}, str(tmp_path / "bad.safetensors"))
+    with running_server("--model", "toy", "--api-key", KEY) as url:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert httpx.get(url + "/v1/weights").status_code == 401
+        assert httpx.post(url + "/v1/weights", json={"path": "x"}).status_code == 401
+        versions = httpx.get(url + "/v1/weights", headers=auth).json()
+        assert versions["data"] == [{"object": "weights", "model": "toy", "version": 0}]
+
+        bad = httpx.post(
+            url + "/v1/weights", json={"path": str(tmp_path / "bad.safetensors")}, headers=auth
+        )
+        assert bad.status_code == 400 and "tabel" in bad.json()["error"]["message"]
+        missing = httpx.post(url + "/v1/weights", json={"path": "/nope.st"}, headers=auth)
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "path"
+        junk = httpx.post(
+            url + "/v1/weights",
+            content=b"not safetensors",
+            headers={**auth, "Content-Type": "application/x-safetensors"},
+        )
+        assert junk.status_code == 400
+
+        done = httpx.post(
+            url + "/v1/weights", json={"path": str(tmp_path / "w1.safetensors")}, headers=auth
+        )
+        assert done.json() == {"object": "weights", "model": "toy", "version": 1}
+        upload = httpx.post(
+            url + "/v1/weights?version=7&mode=drain",
+            content=(tmp_path / "w2.safetensors").read_bytes(),
+            headers={**auth, "Content-Type": "application/x-safetensors"},
+        )
+        assert upload.json()["version"] == 7, upload.text
+        roll = httpx.post(
+            url + "/v1/rollouts",
+            json={"model": "toy", "inputs": ["after"], "max_new_tokens": 4},
+            headers=auth,
+            timeout=60,
+        ).json()
+        assert roll["groups"][0]["samples"][0]["loops"]["decode"]["weight_versions"] == [7] * 4
+        assert httpx.get(url + "/v1/weights", headers=auth).json()["data"][0]["version"] == 7
