@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 
 from omnistep.cli import build_parser, load_engine
-from omnistep.core import ModelInstance, OmnistepError, Request, RequestFailedError, SamplingParams
+from omnistep.core import (
+    ExecutionProfile,
+    ModelInstance,
+    OmnistepError,
+    Request,
+    RequestFailedError,
+    SamplingParams,
+    WeightUpdateError,
+)
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.executor import InProcessExecutor
 from omnistep.engine.ray_executor import (
@@ -556,3 +564,34 @@ def test_generator_state_comes_back_into_the_drivers_generator():
     a, b = torch.rand(3, generator=in_process.generator), torch.rand(3, generator=driver.generator)
     assert torch.equal(a, b)
     assert stateful_fields(object()) == [] and stateful_fields(ARStepInput) == []
+
+
+async def test_weight_update_reaches_every_replica_before_work_resumes(ray_cluster, tmp_path):
+    """Two lm replicas on Ray: after ``update_weights`` both run the new table, every step
+    after it records the new version, and outputs equal an in-process engine updated alike."""
+    from omnistep.models.toy.card import ToyLM
+
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text("models:\n  toy:\n    components:\n      lm: {num_cpus: 0.5, replicas: 2}\n")
+    new_table = np.ascontiguousarray(ToyLM().table[::-1])
+    reqs = [
+        dataclasses.replace(r, profile=ExecutionProfile.ROLLOUT, request_id=f"w{i}")
+        for i, r in enumerate(_toy_requests(4))
+    ]
+    local = load_engine(["toy"], "cpu", 8)
+    engine = load_engine(["toy"], "cpu", 8, executor="ray", deploy=str(deploy))
+    try:
+        with pytest.raises(WeightUpdateError, match="tabel"):
+            await engine.update_weights("toy", {"tabel": new_table})
+        for eng in (local, engine):
+            assert await eng.update_weights("toy", {"table": new_table}, version=3) == 3
+        expected = await run_interleaved(local, reqs)
+        got = await run_interleaved(engine, reqs)
+        batches = engine._executor.replica_batches("toy", "lm")
+    finally:
+        await local.shutdown()
+        await engine.shutdown()
+    for a, b in zip(expected, got, strict=True):
+        assert a.text == b.text and a.text
+        assert {r.weight_version for r in b.trajectories["decode"]} == {3}
+    assert all(n > 0 for n in batches), batches

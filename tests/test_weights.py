@@ -157,3 +157,25 @@ async def test_chattts_update_equals_a_fresh_engine_on_the_new_checkpoint(tmp_pa
         assert torch.equal(gpt.head_code[j], fresh.components["gpt"].head_code[j])
     await engine.shutdown()
     await fresh_engine.shutdown()
+
+
+async def test_qwen_thinker_embedding_update_refreshes_the_talker_rows(tmp_path):
+    from omnistep.models.qwen2_5_omni.card import QwenOmniOptions
+    from omnistep.models.qwen2_5_omni.card import build_card as build_qwen
+    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+
+    root = write_tiny_qwen_omni(tmp_path / "qwen")
+    model = ModelInstance.load(build_qwen(str(root), QwenOmniOptions(kv_cache_gb=0.02)))
+    thinker, talker = model.components["thinker"], model.components["talker"]
+    name = "thinker.model.embed_tokens.weight"
+    assert {"talker.codec_head.weight", "thinker.model.norm.weight", name} <= set(
+        model.weight_specs()
+    )
+    new = torch.randn(thinker.embed_weight.shape, generator=torch.Generator().manual_seed(3))
+    engine = AsyncEngine([model])
+    assert await engine.update_weights("qwen2.5-omni", {name: new}) == 1
+    assert torch.equal(thinker.embed_weight, new)
+    for token_id, row in talker.text_embeds.items():
+        assert torch.equal(row, new[token_id])
+    assert thinker.weight_version == 1 and talker.weight_version == 0
+    await engine.shutdown()

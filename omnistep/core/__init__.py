@@ -3,7 +3,14 @@
 Imports nothing else of omnistep and never imports torch (stdlib and numpy only).
 """
 
-from omnistep.core.card import ComponentSpec, LoopSpec, ModelCard, ModelInstance
+from omnistep.core.card import (
+    ComponentSpec,
+    LoopSpec,
+    ModelCard,
+    ModelInstance,
+    call_component,
+    dtype_name,
+)
 from omnistep.core.contracts import (
     ActionRecord,
     Component,
@@ -45,6 +52,8 @@ from omnistep.core.program import Channel, KernelNode, LoopNode, Program, Progra
 from omnistep.core.request import ChatMessage, Request, SamplingParams
 
 __all__ = [
+    "call_component",
+    "dtype_name",
     "ActionRecord",
     "OPENAI_TTS_MODELS",
     "OPENAI_VOICES",

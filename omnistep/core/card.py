@@ -16,6 +16,15 @@ from omnistep.core.errors import CardValidationError, InvalidRequestError, Weigh
 from omnistep.core.program import Program
 
 
+def call_component(component: Component, method: str, *args: object) -> object:
+    """``component.<method>(*args)``, on every replica when the component runs elsewhere (a
+    stand-in offering ``call_all``, such as the Ray executor's ``RemoteComponent``)."""
+    call_all = getattr(type(component), "call_all", None)
+    if callable(call_all):
+        return component.call_all(method, *args)  # type: ignore[attr-defined]
+    return getattr(component, method)(*args)
+
+
 def dtype_name(dtype: object) -> str:
     """A dtype's name without its library: ``torch.float32`` and numpy's ``float32`` are both
     ``"float32"`` (weight updates compare them)."""
@@ -90,9 +99,10 @@ class ModelCard:
             ``voice``) for a voice the card would reject, without running a request; None
             accepts exactly ``voices``. Set by cards that accept more than their named voices
             (ChatTTS speaker strings and ``seed:N``). See ``validate_voice``.
-        on_weights_updated: ``on_weights_updated(model, names)`` after a weight update, for
+        on_weights_updated: ``on_weights_updated(model, tensors)`` after a weight update, for
             copies one component keeps of another's weights (the Qwen talker's rows of the
-            thinker's embeddings); None: nothing to refresh.
+            thinker's embeddings; call them with ``call_component``, which also reaches
+            components running elsewhere); None: nothing to refresh.
     """
 
     card_id: str
@@ -109,7 +119,7 @@ class ModelCard:
     description: str = ""
     max_starting: int | None = None
     voice_validator: Callable[[str], object] | None = field(default=None, compare=False, repr=False)
-    on_weights_updated: Callable[[ModelInstance, set[str]], None] | None = field(
+    on_weights_updated: Callable[[ModelInstance, Mapping[str, object]], None] | None = field(
         default=None, compare=False, repr=False
     )
 
@@ -274,7 +284,7 @@ class ModelInstance:
             target.update_weights(part)  # type: ignore[attr-defined]
             target.weight_version = version  # type: ignore[attr-defined]
         if self.card.on_weights_updated is not None:
-            self.card.on_weights_updated(self, set(tensors))
+            self.card.on_weights_updated(self, tensors)
 
     def spec(self, component: str) -> ComponentSpec:
         """The component's spec. Raises KeyError for an unknown name."""

@@ -395,6 +395,20 @@ class ComponentWorker:
             free(seq_id)
         return self.kv_usage()
 
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The component's ``weight_specs()``; empty when it takes no weight updates."""
+        report = getattr(self.component, "weight_specs", None)
+        return report() if callable(report) else {}
+
+    def call(self, method: str, blob: bytes) -> None:
+        """``component.<method>(*args)`` with pickled ``args`` (a weight update, the version
+        that follows it, a refresh of derived copies); runs between batches."""
+        args = pickle.loads(blob)
+        if method == "weight_version":
+            self.component.weight_version = args[0]  # type: ignore[attr-defined]
+            return
+        getattr(self.component, method)(*args)
+
 
 @dataclass(eq=False)
 class _Replica:
@@ -446,6 +460,29 @@ class RemoteComponent:
         paged cache."""
         return self._executor.kv_blocks(self._model_id, self._name)
 
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The component's ``weight_specs``, asked of one of its actors (once)."""
+        return self._executor.weight_specs(self._model_id, self._name)
+
+    def update_weights(self, tensors: Mapping[str, Any]) -> None:
+        """Copy ``tensors`` into the component in every replica; returns once all have them
+        (the engine calls it between steps, with no batch of this model running)."""
+        self.call_all("update_weights", tensors)
+
+    @property
+    def weight_version(self) -> int:
+        """The weight version the actors run (as last set through this stand-in)."""
+        return self.__dict__.get("_weight_version", 0)
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        self.call_all("weight_version", version)
+        self.__dict__["_weight_version"] = version
+
+    def call_all(self, method: str, *args: Any) -> None:
+        """``<method>(*args)`` on the component in every replica, waiting for all."""
+        self._executor.call_all(self._model_id, self._name, method, args)
+
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):  # pickling and copying probe dunders; the fields are set
             raise AttributeError(attr)
@@ -492,6 +529,7 @@ class RayExecutor:
         self._replicas: dict[tuple[str, str], list[_Replica]] = {}
         self._turn: dict[tuple[str, str], itertools.count] = {}
         self._routes: dict[tuple[str, str, str], _Replica] = {}  # (model, component, seq_id)
+        self._weight_specs: dict[tuple[str, str], dict] = {}
         remote = ray.remote(ComponentWorker)
         pending: list[tuple[_Replica, Any]] = []
         for dep in deployments:
@@ -701,6 +739,22 @@ class RayExecutor:
         if not reports:
             return None
         return sum(kv[1] for kv in reports), sum(kv[2] for kv in reports)
+
+    def weight_specs(self, model_id: str, name: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``weight_specs()`` of component ``name`` of ``model_id`` (its replicas are built
+        alike: the first is asked, once)."""
+        key = (model_id, name)
+        if key not in self._weight_specs:
+            actor = self._replicas[key][0].actor
+            self._weight_specs[key] = self._ray.get(actor.weight_specs.remote())
+        return self._weight_specs[key]
+
+    def call_all(self, model_id: str, name: str, method: str, args: tuple) -> None:
+        """Call ``method(*args)`` on the component in every replica of (``model_id``,
+        ``name``) and wait for all of them (an actor's error is raised here)."""
+        blob = dumps(args)
+        replicas = self._replicas[(model_id, name)]
+        self._ray.get([r.actor.call.remote(method, blob) for r in replicas])
 
     async def refresh_kv_blocks(self, model_id: str, name: str) -> tuple[int, int] | None:
         """Like ``kv_blocks``, but asks each replica now, after the sequences freed so far

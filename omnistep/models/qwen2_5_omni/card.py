@@ -23,6 +23,7 @@ accepted and map to the first speaker (Chelsie). Thinker sampling defaults come 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ from omnistep.core import (
     Request,
     WorkPlan,
     WorkUnitKind,
+    call_component,
 )
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.device import check_device
@@ -517,9 +519,9 @@ def build_card(
     )
 
 
-def _refresh_talker_text_rows(model: ModelInstance, names: set[str]) -> None:
+def _refresh_talker_text_rows(model: ModelInstance, tensors: Mapping[str, Any]) -> None:
     """After a weight update: the talker keeps rows of the thinker's embeddings (the text ids
     it reads); copy them again when those embeddings changed."""
-    if "thinker.model.embed_tokens.weight" in names:
-        thinker, talker = model.components["thinker"], model.components["talker"]
-        talker.refresh_text_embeds(thinker.embed_weight)  # type: ignore[attr-defined]
+    embed = tensors.get("thinker.model.embed_tokens.weight")
+    if embed is not None:
+        call_component(model.components["talker"], "refresh_text_embeds", embed)
