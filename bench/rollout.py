@@ -1,0 +1,269 @@
+"""Rollout benchmark: sample groups on the full-size ChatTTS checkpoint, side by side in one run.
+
+What it measures
+----------------
+One process, the FULL-SIZE ChatTTS checkpoint with seeded random weights (written once into
+``--root`` by ``tests.chattts_ref.assets.write_full_size_chattts``, as ``bench/ar_decode.py``
+does), the same torch thread count on every side (``--threads``, default 2). Every sample
+decodes exactly ``--tokens`` frames (N): ``min_new_tokens = max_new_tokens = N``.
+
+* **groups**: ``AsyncOmniEngine.rollout`` of ``--inputs`` inputs x ``--n`` samples (default
+  2 x 8 = 16) with one fixed voice, so each input's prompt is prefilled once and its KV blocks
+  shared by the group. Tokens/s = 16 N / wall; prompt rows the GPT computed (prefill work).
+* **independent**: the same 16 requests (same texts, voice, seeds) with no group: every request
+  prefills its own prompt.
+* **upstream lock-step**: ``chattts`` 0.2.5 ``Chat.infer`` on the same 16 texts in one call
+  (one random speaker, ``skip_refine_text``), 16 N / wall; and upstream single (one text) for
+  the "x upstream single" ratio.
+* **decode step vs GEMM floor**: the GPT's AR_TOKEN ``execute`` time per call at 16 rows (from
+  the groups run) and at 1 row (a lone request), against the backbone's 140 weight GEMMs alone
+  on 16 and 1 rows, measured in the same run (``Ours.gemm_floor`` of ``bench/ar_decode.py``).
+* **update_weights**: ``AsyncEngine.update_weights`` of every GPT tensor (the checkpoint's
+  names, from memory: a perturbed copy) in ``pause`` mode, and the first decode step after it
+  (where the pre-packed linears repack), median of ``--update-reps``.
+
+Targets (issue 12, item 8): 16-row GPT step <= 1.2x its GEMM floor; 1-row step <= 1.3x;
+aggregate tokens/s of the 16 >= 10x upstream single; ``update_weights`` <= 1 s on CPU.
+
+How to run
+----------
+::
+
+    .venv/bin/python bench/rollout.py                          # 2 x 8, N = 96
+    .venv/bin/python bench/rollout.py --tokens 64 --skip-upstream --root /tmp/ckpt
+
+It prints a table and writes ``bench/results/rollout.json`` (``--out``); the load average is
+stored with each measurement (compare only figures of one run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ar_decode import (  # noqa: E402 - bench/ is not a package
+    TEXTS,
+    ExecTimer,
+    Ours,
+    Upstream,
+    checkpoint_bytes,
+    ensure_checkpoint,
+    load_avg,
+)
+
+from omnistep.core import Request, SamplingParams  # noqa: E402
+from omnistep.offline import AsyncOmniEngine  # noqa: E402
+from omnistep.parity import collect  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_ROOT = Path("/tmp/omnistep-chattts-full")
+DEFAULT_OUT = REPO / "bench" / "results" / "rollout.json"
+VOICE = "alloy"
+
+
+class PrefillRows:
+    """Counts the prompt rows the GPT computes (wraps ``PagedARModel._compute_prefills``)."""
+
+    def __init__(self, gpt: Any):
+        self.rows = 0
+        self._inner = gpt._compute_prefills
+        gpt._compute_prefills = self
+
+    def __call__(self, units: list, inputs: list) -> Any:
+        self.rows += sum(int(x.shape[0]) for x in inputs)
+        return self._inner(units, inputs)
+
+
+def _ar_ms(timer: ExecTimer, rows: int) -> float:
+    """Median milliseconds of the GPT's AR_TOKEN calls with exactly ``rows`` units."""
+    times = [1000 * (e - s) for k, b, s, e in timer.outer() if k == "ar_token" and b == rows]
+    return float(statistics.median(times)) if times else float("nan")
+
+
+async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
+    ours = Ours(args.root, {"kv_cache_gb": 1.0})
+    omni = AsyncOmniEngine(ours.engine)
+    gpt = ours.model.components["gpt"]
+    counter = PrefillRows(gpt)
+    timer = ours.timers["gpt"]
+    sampling = SamplingParams(max_new_tokens=args.tokens, min_new_tokens=args.tokens)
+    inputs = list(TEXTS[: args.inputs])
+    total = args.inputs * args.n
+    await collect(ours.engine, Request("chattts", text=TEXTS[0], voice=VOICE, seed=1))  # warm-up
+
+    out: dict[str, Any] = {"floor_ms": {}}
+    for rows in (1, total):
+        out["floor_ms"][rows] = ours.gemm_floor(rows)["ms_per_step"]
+
+    timer.log.clear()
+    counter.rows = 0
+    start = time.perf_counter()
+    groups = await omni.rollout(
+        inputs, n=args.n, seed=100, voice=VOICE, sampling=sampling, progress=False
+    )
+    wall = time.perf_counter() - start
+    frames = sum(len(s.loops["decode"].tokens) for g in groups for s in g.samples)
+    out["groups"] = {
+        "wall_s": wall,
+        "tok_s": frames / wall,
+        "frames": frames,
+        "prefill_rows": counter.rows,
+        "step_ms_16": _ar_ms(timer, total),
+        "loadavg": load_avg(),
+    }
+    print(
+        f"  groups      {args.inputs}x{args.n}: {frames / wall:6.1f} tok/s, prefill rows "
+        f"{counter.rows}, {total}-row step {out['groups']['step_ms_16']:.1f} ms",
+        flush=True,
+    )
+
+    timer.log.clear()
+    counter.rows = 0
+    requests = [
+        Request("chattts", text=text, voice=VOICE, seed=100 + k, sampling=sampling)
+        for text in inputs
+        for k in range(args.n)
+    ]
+    start = time.perf_counter()
+    done = await asyncio.gather(*(collect(ours.engine, r) for r in requests))
+    wall = time.perf_counter() - start
+    out["independent"] = {
+        "wall_s": wall,
+        "tok_s": total * args.tokens / wall,
+        "prefill_rows": counter.rows,
+        "step_ms_16": _ar_ms(timer, total),
+        "samples": sum(d.audio.size for d in done),
+        "loadavg": load_avg(),
+    }
+    print(
+        f"  independent {total}: {out['independent']['tok_s']:6.1f} tok/s, prefill rows "
+        f"{counter.rows}",
+        flush=True,
+    )
+
+    timer.log.clear()
+    await collect(ours.engine, Request("chattts", text=TEXTS[0], voice=VOICE, seed=5,
+                                       sampling=sampling))  # fmt: skip
+    out["single_step_ms_1"] = _ar_ms(timer, 1)
+
+    state = {name: t for name, t in gpt._weight_tensors().items()}
+    generator = torch.Generator().manual_seed(0)
+    new = {n: t.detach() + 1e-3 * torch.randn(t.shape, generator=generator, dtype=t.dtype)
+           for n, t in state.items()}  # fmt: skip
+    updates, first_steps = [], []
+    for version in range(1, args.update_reps + 1):
+        start = time.perf_counter()
+        await ours.engine.update_weights("chattts", new, version=version)
+        updates.append(time.perf_counter() - start)
+        timer.log.clear()
+        await collect(ours.engine, Request("chattts", text=TEXTS[1], voice=VOICE, seed=version,
+                                           sampling=SamplingParams(max_new_tokens=2)))  # fmt: skip
+        first_steps.append(_ar_ms(timer, 1))
+    out["update_weights"] = {
+        "tensors": len(new),
+        "bytes": sum(t.numel() * t.element_size() for t in new.values()),
+        "seconds_median": statistics.median(updates),
+        "seconds": updates,
+        "first_step_ms": first_steps,
+        "loadavg": load_avg(),
+    }
+    print(
+        f"  update_weights: {statistics.median(updates):.3f} s for {len(new)} tensors", flush=True
+    )
+    await ours.close()
+    return out
+
+
+def run_upstream(args: argparse.Namespace) -> dict[str, Any]:
+    up = Upstream(args.root, args.tokens)
+    up.warmup()
+    single = up.single()
+    texts = [TEXTS[i % args.inputs] for i in range(args.inputs * args.n)]
+
+    def batch() -> dict[str, Any]:
+        return {"outputs": len(up.infer(texts, args.tokens))}
+
+    lockstep = up._timed(f"lock-step batch {len(texts)}", batch, len(texts) * args.tokens)
+    return {"single": single, "lockstep": lockstep}
+
+
+def report(args: argparse.Namespace, ours: dict[str, Any], up: dict[str, Any] | None) -> dict:
+    total = args.inputs * args.n
+    floor16, floor1 = ours["floor_ms"][total], ours["floor_ms"][1]
+    ratios = {
+        f"step_{total}_over_floor": ours["groups"]["step_ms_16"] / floor16,
+        "step_1_over_floor": ours["single_step_ms_1"] / floor1,
+        "prefill_rows_saved": 1
+        - ours["groups"]["prefill_rows"] / max(ours["independent"]["prefill_rows"], 1),
+        "groups_over_independent_tok_s": ours["groups"]["tok_s"] / ours["independent"]["tok_s"],
+    }
+    if up is not None:
+        ratios["groups_over_upstream_single"] = ours["groups"]["tok_s"] / up["single"]["tok_s"]
+        ratios["groups_over_upstream_lockstep"] = ours["groups"]["tok_s"] / up["lockstep"]["tok_s"]
+    targets = {
+        f"step_{total}_over_floor": ("<=", 1.2),
+        "step_1_over_floor": ("<=", 1.3),
+        "groups_over_upstream_single": (">=", 10.0),
+    }
+    print(f"\nGEMM floor: 1 row {floor1:.1f} ms, {total} rows {floor16:.1f} ms")
+    for name, value in ratios.items():
+        op, target = targets.get(name, ("", None))
+        met = (
+            ""
+            if target is None
+            else (" MET" if (value <= target if op == "<=" else value >= target) else " missed")
+        )
+        print(f"  {name:<34} {value:7.3f}" + (f"  (target {op} {target}){met}" if target else ""))
+    upd = ours["update_weights"]["seconds_median"]
+    verdict = "MET" if upd <= 1 else "missed"
+    print(f"  {'update_weights (s)':<34} {upd:7.3f}  (target <= 1.0) {verdict}")
+    return ratios
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--inputs", type=int, default=2, help="distinct inputs")
+    ap.add_argument("--n", type=int, default=8, help="samples per input")
+    ap.add_argument("--tokens", type=int, default=96, help="frames per sample (N)")
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="checkpoint folder (cache)")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument("--update-reps", type=int, default=3, help="weight updates timed")
+    ap.add_argument("--skip-upstream", action="store_true", help="omnistep sides only")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    ckpt = ensure_checkpoint(args.root)
+    print(
+        f"checkpoint {args.root}: {ckpt}, {checkpoint_bytes(args.root) / 1e9:.2f} GB, "
+        f"load {load_avg()}",
+        flush=True,
+    )
+    ours = asyncio.run(run_ours(args))
+    up = None if args.skip_upstream else run_upstream(args)
+    ratios = report(args, ours, up)
+    result = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "torch": torch.__version__,
+        "ours": ours,
+        "upstream": up,
+        "ratios": ratios,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {args.out} ({result['seconds']} s)")
+
+
+if __name__ == "__main__":
+    main()
