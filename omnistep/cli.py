@@ -156,7 +156,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     try:
         engine = load_engine(
-            args.model or [DEFAULT_MODEL],
+            [resolve_model_spec(name) for name in args.model or [DEFAULT_MODEL]],
             args.device,
             args.max_batch_size,
             max_queued=args.max_queued,

@@ -324,6 +324,20 @@ def _say(*args: str) -> int:
     return main(["say", "--no-progress", *args])
 
 
+def test_serve_takes_the_names_the_server_answers_to(monkeypatch):
+    """``serve --model tts-1`` serves the embedded voice, as ``say --model tts-1`` does."""
+    seen = []
+
+    def fake_load_engine(specs, *args, **kwargs):
+        seen.extend(specs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(omnistep.cli, "load_engine", fake_load_engine)
+    with pytest.raises(SystemExit):
+        main(["serve", "--model", "tts-1", "--model", "toy", "--port", "0"])
+    assert seen == [registry.DEFAULT_MODEL, "toy"]
+
+
 def test_say_checks_the_output_path_before_synthesis(tmp_path, capsys, monkeypatch):
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the output path was checked")
