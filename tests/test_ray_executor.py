@@ -46,18 +46,18 @@ def _refuse(*args, **kwargs):
 
 def _no_builds_in_driver(monkeypatch) -> None:
     """From here on this process (the Ray driver) cannot build a component or read a weight
-    file: ``load_engine``'s cards get builders that raise, and so do the checkpoint readers and
+    file: ``load_engine``'s cards (``omnistep.launch``) get builders that raise, and so do the checkpoint readers and
     piper's ONNX session. The actors run in their own processes, unpatched."""
-    import omnistep.cli
+    import omnistep.launch
 
-    real = omnistep.cli.build_card
+    real = omnistep.launch.build_card
 
     def card_without_builders(spec: str, **options):
         card = real(spec, **options)
         specs = tuple(dataclasses.replace(c, build=_refuse) for c in card.components)
         return dataclasses.replace(card, components=specs)
 
-    monkeypatch.setattr(omnistep.cli, "build_card", card_without_builders)
+    monkeypatch.setattr(omnistep.launch, "build_card", card_without_builders)
     monkeypatch.setattr("omnistep.models.chattts.loader.ChatTTSFiles.tensors", _refuse)
     monkeypatch.setattr("omnistep.models.qwen2_5_omni.loader.QwenOmniFiles.tensors", _refuse)
     with contextlib.suppress(ImportError):  # piper (onnx) installed
