@@ -272,3 +272,16 @@ def test_toy_score_recomputes_the_recorded_numpy_logprobs():
             scores = engine.score(groups)
             assert all(isinstance(s["decode"], np.ndarray) for s in scores)
             assert _deltas(scores, groups, "decode").max() == 0.0
+
+
+async def test_async_form_scores_on_a_worker_thread():
+    from omnistep.offline import AsyncOmniEngine
+
+    omni = AsyncOmniEngine.from_specs("toy")
+    try:
+        sampling = SamplingParams(max_new_tokens=6)
+        groups = await omni.rollout(["async"], n=2, seed=3, sampling=sampling)
+        scores = await omni.score(groups, loops=["decode"])
+        assert _deltas(scores, groups, "decode").max() == 0.0
+    finally:
+        await omni.close()

@@ -318,8 +318,9 @@ class ARDecodeLoop:
         scorer = getattr(component, "score_logprobs", None)
         if scorer is None:
             raise NotImplementedError(
-                f"component '{self.config.component}' cannot score here (no teacher-forced "
-                "forward in this process)"
+                f"component '{self.config.component}' cannot score here: it has no "
+                "teacher-forced forward in this process (with the Ray executor components run "
+                "in actors; score needs the in-process executor)"
             )
         frames = [tuple(int(t) for t in frame) for frame in tokens]
         row = self.config.make_sampling(req)
