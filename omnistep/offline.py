@@ -15,6 +15,10 @@ running); ``AsyncOmniEngine`` is the same API as coroutines. Both build their en
   sampled action with its log-prob per codebook in the asked mode, the weight version of each
   step, the prompt as the component consumed it, the stop reason and the loop's seed; and the
   audio when asked.
+- ``score(samples)``: the log-probs of recorded actions recomputed by a teacher-forced forward
+  of the same component code with autograd on and no KV cache (``PagedARModel.score_logprobs``),
+  so a trainer's loss backpropagates into the component's weights; equal to the recorded ones
+  (see ``score``).
 - ``update_weights(tensors or safetensors path)``: in place, atomically, between steps
   (``AsyncEngine.update_weights``).
 
@@ -22,7 +26,8 @@ Log-prob modes: ``"processed"``, the distribution actually sampled (temperature,
 penalty, top-p/top-k, EOS mask); ``"policy"``, ``log_softmax(logits / temperature)`` with no
 truncation, what a PPO/GRPO importance ratio uses.
 
-A product-plane module: imports engine, core, launch (and safetensors for weight files).
+A product-plane module: imports engine, core, launch (and safetensors for weight files; torch
+only through the components ``score`` calls).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -94,8 +99,10 @@ class LoopActions:
         stop_reason: ``"eos"`` (sampled its EOS) or ``"length"`` (reached its token cap).
         seed: the loop's generator seed.
         prompt: the prompt as the loop's component consumed it (ChatTTS: its
-            ``ChatTTSPromptInput``, ids and speaker vector; the Qwen thinker: token ids),
-            what a teacher-forced replay needs.
+            ``ChatTTSPromptInput``, ids and speaker vector; the Qwen thinker: token ids; the
+            Qwen talker: a ``TalkerPrompt`` holding the thinker rows it read, float32
+            ``[L, E]`` and ``[E]``, and the condition of each of its ``T - 1`` decode steps;
+            the toy: its prompt ids), what a teacher-forced replay (``score``) needs.
     """
 
     tokens: np.ndarray
@@ -118,6 +125,9 @@ class RolloutSample:
         text: the text it streamed (chat cards), else ``""``.
         audio: float32 ``[num_samples]`` when audio was asked for, else None.
         sample_rate: Hz of ``audio`` (0 without audio).
+        sampling: the request's ``SamplingParams``: ``score`` rebuilds each loop's sampling
+            row from it with the card's ``make_sampling``, as the loop did.
+        model: the card id the sample ran on.
     """
 
     index: int
@@ -126,6 +136,8 @@ class RolloutSample:
     text: str
     audio: np.ndarray | None
     sample_rate: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    model: str = ""
 
 
 @dataclass(frozen=True)
@@ -335,6 +347,20 @@ class AsyncOmniEngine:
             if bar is not None:
                 bar.close()
 
+    async def score(
+        self,
+        samples: RolloutSample | RolloutGroup | Sequence[RolloutSample | RolloutGroup],
+        *,
+        mode: str | None = None,
+        loops: Sequence[str] | None = None,
+        match_serving: bool = True,
+    ) -> list[dict[str, Any]]:
+        """``score_samples`` on a worker thread (the event loop keeps serving meanwhile);
+        see there. The tensors' graphs work from any thread."""
+        return await asyncio.to_thread(
+            score_samples, self.engine, samples, mode=mode, loops=loops, match_serving=match_serving
+        )
+
     async def update_weights(
         self,
         weights: Mapping[str, Any] | str | Path,
@@ -398,6 +424,17 @@ class OmniEngine:
         """See ``AsyncOmniEngine.rollout``."""
         return self._call(self._async.rollout(inputs, **kwargs))
 
+    def score(
+        self,
+        samples: RolloutSample | RolloutGroup | Sequence[RolloutSample | RolloutGroup],
+        **kwargs: Any,
+    ) -> list[dict[str, Any]]:
+        """See ``score_samples``; runs on the caller's thread (the engine keeps serving on
+        its own)."""
+        if not self._thread.is_alive():
+            raise RuntimeError("this OmniEngine is closed")
+        return score_samples(self.engine, samples, **kwargs)
+
     def update_weights(self, weights: Mapping[str, Any] | str | Path, **kwargs: Any) -> int:
         """See ``AsyncOmniEngine.update_weights``."""
         return self._call(self._async.update_weights(weights, **kwargs))
@@ -432,6 +469,112 @@ async def _build(models, device, kwargs) -> AsyncOmniEngine:
     return await asyncio.to_thread(AsyncOmniEngine.from_specs, models, device, **kwargs)
 
 
+def score_samples(
+    engine: AsyncEngine,
+    samples: RolloutSample | RolloutGroup | Sequence[RolloutSample | RolloutGroup],
+    *,
+    mode: str | None = None,
+    loops: Sequence[str] | None = None,
+    match_serving: bool = True,
+) -> list[dict[str, Any]]:
+    """Recompute the log-probs of rollout samples' recorded actions (train = serve).
+
+    For each sample and each of its AR loops, a teacher-forced forward of the loop's
+    component over the recorded prompt and frames, with the same layers, kernels and sampling
+    processing as serving, no KV cache and autograd on (the caller's grad mode): a loss on the
+    result backpropagates into the component's weights (``PagedARModel.trainable_weights``
+    marks them). Each step is scored with the loop's sampling row for the sample's
+    ``SamplingParams`` (``make_sampling``), the history window and frame count the loop gave
+    it. The component's serving state (KV cache, sequences) is not touched: this may run
+    while the engine serves.
+
+    Under ``batch_invariant`` the result equals the recorded ``LoopActions.logprobs`` (in the
+    same mode) to the bit on CPU; in the default mode it equals them where serving's kernels
+    were batch-invariant by themselves, else within float32 rounding (README, "score").
+    A sample whose sequence was preempted and recomputed replayed its frames in a prefill's
+    shapes: equal within rounding (~1e-6), not to the bit.
+
+    Args:
+        samples: a ``RolloutSample``, a ``RolloutGroup``, or a sequence of either (groups are
+            flattened in order).
+        mode: ``"processed"`` or ``"policy"`` for every loop; None: each loop's recorded mode.
+        loops: the loop names to score (default: all the sample recorded).
+        match_serving: ``True`` reruns serving's exact attention calls (one per decoded
+            frame); ``False`` one causal attention call over the whole sequence (faster on a
+            GPU, equal within ~1e-5).
+
+    Returns:
+        One dict per sample, in order: loop name -> log-probs ``[T, num_codebooks]``
+        float32 (the shape of ``LoopActions.logprobs``), row ``i`` for recorded frame ``i``.
+        torch families (ChatTTS ``decode``/``refine``, Qwen ``think`` and ``talk``): a
+        ``torch.Tensor`` on the component's device with a graph to the weights when grad
+        is enabled. The numpy toy: an ``np.ndarray`` (no autograd).
+
+    Raises:
+        InvalidRequestError: an unknown mode or loop name, a sample of a model not served.
+        NotImplementedError: a loop or component that cannot score (a card's non-AR loop, or
+            components running in other processes, as with the Ray executor).
+    """
+    if mode is not None and mode not in LOGPROB_MODES:
+        raise InvalidRequestError(
+            f"mode must be one of {', '.join(LOGPROB_MODES)}, got {mode!r}", param="mode"
+        )
+    out = []
+    for sample in _flatten(samples):
+        card_id = sample.model or next(iter(engine.models))
+        if card_id not in engine.models:
+            raise InvalidRequestError(f"model '{card_id}' is not served here", param="model")
+        model = engine.models[card_id]
+        request = Request(
+            card_id,
+            seed=sample.seed,
+            sampling=sample.sampling,
+            profile=ExecutionProfile.ROLLOUT,
+        )
+        nodes = {node.name: node for node in model.card.program.nodes}
+        names = list(sample.loops) if loops is None else list(loops)
+        scored: dict[str, Any] = {}
+        for name in names:
+            if name not in sample.loops:
+                raise InvalidRequestError(
+                    f"the sample has no loop '{name}' (it has {', '.join(sample.loops)})",
+                    param="loops",
+                )
+            actions = sample.loops[name]
+            loop = model.loops[nodes[name].loop_id]
+            scorer = getattr(loop, "score", None)
+            if scorer is None:
+                raise NotImplementedError(f"loop '{name}' of '{card_id}' cannot score")
+            scored[name] = scorer(
+                model,
+                request,
+                actions.prompt,
+                actions.tokens,
+                mode or actions.mode,
+                match_serving,
+            )
+        out.append(scored)
+    return out
+
+
+def _flatten(
+    samples: RolloutSample | RolloutGroup | Sequence[RolloutSample | RolloutGroup],
+) -> list[RolloutSample]:
+    items = [samples] if isinstance(samples, RolloutSample | RolloutGroup) else list(samples)
+    flat: list[RolloutSample] = []
+    for item in items:
+        if isinstance(item, RolloutGroup):
+            flat.extend(item.samples)
+        elif isinstance(item, RolloutSample):
+            flat.append(item)
+        else:
+            raise InvalidRequestError(
+                f"score takes RolloutSample or RolloutGroup items, got {type(item).__name__}",
+                param="samples",
+            )
+    return flat
+
+
 def _sample(k: int, request: Request, done: Collected, mode: str, audio: bool) -> RolloutSample:
     loops = {
         name: _actions(records, done.rollout_info.get(name, {}), mode)
@@ -444,6 +587,8 @@ def _sample(k: int, request: Request, done: Collected, mode: str, audio: bool) -
         text=done.text,
         audio=done.audio if audio else None,
         sample_rate=done.sample_rate if audio else 0,
+        sampling=request.sampling,
+        model=request.model,
     )
 
 
@@ -502,4 +647,5 @@ __all__ = [
     "RolloutGroup",
     "RolloutSample",
     "SpeechOutput",
+    "score_samples",
 ]

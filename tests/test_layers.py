@@ -528,3 +528,61 @@ def test_llama_batch_invariant_with_chunked_gemms(models, inputs, run_fn, monkey
     print(f"\nGEMMs batch-invariant unchunked: {model.gemms_batch_invariant(torch.zeros(1, 1))}")
     monkeypatch.setattr(LlamaModel, "gemms_batch_invariant", lambda self, x: False)
     assert _alone_vs_batched(model, inputs, run_fn, True, None) == [True, True, True]
+
+
+# ---------------------------------------------------------------- forward_dense (train = serve)
+
+
+def _dense_inputs(inputs, s) -> torch.Tensor:
+    prefill, decode = inputs
+    return torch.cat([prefill[s], decode[s]])
+
+
+@pytest.mark.parametrize("chunked_gemms", [False, True])
+def test_forward_dense_reruns_serving_rows_bit_for_bit(
+    models, small_chunk_model, inputs, chunked_gemms, monkeypatch
+):
+    """With ``prefill_len`` and ``batch_invariant``, each row of one whole-sequence forward
+    equals the row serving computed in a batch (prefill, then decode steps), to the bit;
+    with the plain causal path, within rounding."""
+    if chunked_gemms:
+        monkeypatch.setattr(LlamaModel, "gemms_batch_invariant", lambda self, x: False)
+    for model in (models[1], small_chunk_model):
+        served = _run_batched(PagedRunner(model, batch_invariant=True), inputs)
+        for s, n in enumerate(PREFILL_LENS):
+            x = _dense_inputs(inputs, s)
+            with torch.no_grad():
+                exact = model.forward_dense(x, prefill_len=n, batch_invariant=True)
+                plain = model.forward_dense(x)
+            assert torch.equal(exact, served[s]), (s, (exact - served[s]).abs().max())
+            assert (plain - served[s]).abs().max().item() <= 1e-5
+
+
+def test_forward_dense_matches_transformers_and_its_gradients(models, inputs):
+    """The plain causal path equals transformers' forward, and its gradients (the packed
+    linears' custom backward included) equal transformers' autograd."""
+    hf_model, model = models
+    x = _dense_inputs(inputs, 2)
+    model.zero_grad()
+    hf_model.zero_grad()
+    ours = model.forward_dense(x)
+    theirs = hf_model(inputs_embeds=x[None]).last_hidden_state[0]
+    assert (ours - theirs).abs().max().item() <= PARITY_TOL
+    weights = torch.randn_like(ours)
+    (ours * weights).sum().backward()
+    (theirs * weights).sum().backward()
+    hf_params = dict(hf_model.named_parameters())
+    for name, param in model.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+        ref = hf_params[name].grad
+        assert (param.grad - ref).abs().max().item() <= 1e-4 * (1 + ref.abs().max().item()), name
+    model.zero_grad()
+    hf_model.zero_grad()
+
+
+def test_forward_dense_validates():
+    model = LlamaModel(LlamaConfigLite(64, 4, 1, 128, max_position_embeddings=4))
+    with pytest.raises(ValueError, match="prefill_len"):
+        model.forward_dense(torch.zeros(3, 64), prefill_len=4)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.forward_dense(torch.zeros(5, 64))

@@ -52,12 +52,42 @@ def test_repacks_when_weights_change_in_place():
         torch.testing.assert_close(layer(x), ref + 1.0, rtol=1e-5, atol=1e-5)
 
 
-def test_autograd_calls_fall_back_to_f_linear_with_gradients():
+def test_autograd_calls_give_linear_gradients():
     layer = _layer()
     x = torch.randn(5, 96, requires_grad=True)
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
     torch.testing.assert_close(x.grad, layer.weight.detach().sum(0).expand(5, -1))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 96), (9, 96), (2, 3, 96)])
+def test_autograd_forward_is_the_packed_kernel_and_backward_the_linear_gradient(bias, shape):
+    """Train = serve: a forward that builds a graph gives serving's values to the bit; its
+    gradients are F.linear's."""
+    layer = _layer(bias=bias)
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        served = layer(x)
+    x_grad = x.clone().requires_grad_(True)
+    out = layer(x_grad)
+    assert out.grad_fn is not None and torch.equal(out.detach(), served)
+    upstream = torch.randn_like(out)
+    out.backward(upstream)
+    ref_x = x.clone().requires_grad_(True)
+    ref_w = layer.weight.detach().clone().requires_grad_(True)
+    ref_b = None if layer.bias is None else layer.bias.detach().clone().requires_grad_(True)
+    F.linear(ref_x, ref_w, ref_b).backward(upstream)
+    torch.testing.assert_close(x_grad.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layer.weight.grad, ref_w.grad, rtol=1e-5, atol=1e-6)
+    if bias:
+        torch.testing.assert_close(layer.bias.grad, ref_b.grad, rtol=1e-5, atol=1e-6)
+    # an optimizer step changes the weight in place: the next forward repacks
+    with torch.no_grad():
+        layer.weight.add_(0.5)
+        stepped = layer(x)
+    assert torch.equal(layer(x_grad).detach(), stepped)
+    torch.testing.assert_close(stepped, F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
 
 
 def test_state_dict_and_deepcopy_are_those_of_nn_linear():

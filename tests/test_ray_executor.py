@@ -46,8 +46,9 @@ def _refuse(*args, **kwargs):
 
 def _no_builds_in_driver(monkeypatch) -> None:
     """From here on this process (the Ray driver) cannot build a component or read a weight
-    file: ``load_engine``'s cards (``omnistep.launch``) get builders that raise, and so do the checkpoint readers and
-    piper's ONNX session. The actors run in their own processes, unpatched."""
+    file: ``load_engine``'s cards (``omnistep.launch``) get builders that raise, and so do the
+    checkpoint readers and piper's ONNX session. The actors run in their own processes,
+    unpatched."""
     import omnistep.launch
 
     real = omnistep.launch.build_card

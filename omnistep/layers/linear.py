@@ -14,10 +14,15 @@ That is a property of the kernels oneDNN picks for a CPU and thread count, not a
 layer checks it on a probe when it packs (``batch_invariant``) and callers that need invariance
 (``LlamaModel`` in batch-invariant mode) fall back to fixed-size row chunks when it fails.
 
-The packed copy is made lazily on the first CPU float32 call made without autograd, and again
-whenever the weight or bias changes in place (``load_state_dict`` included: tensors carry a
-version counter). It is an extra copy of the weight: weights take twice the memory on CPU.
-Every other case (CUDA, other dtypes, autograd, oneDNN missing) is plain ``F.linear``.
+The packed copy is made lazily on the first CPU float32 call, and again whenever the weight or
+bias changes in place (``load_state_dict`` and optimizer steps included: tensors carry a version
+counter). It is an extra copy of the weight: weights take twice the memory on CPU. Every other
+case (CUDA, other dtypes, oneDNN missing) is plain ``F.linear``.
+
+Calls that build an autograd graph (a trainer's teacher-forced ``score``) run the same packed
+kernel forward, so their outputs are bit-identical to serving's, through ``_PackedLinearFn``,
+whose backward is the plain linear gradient (``grad_x = g @ W``, ``grad_W = g^T x``,
+``grad_b = sum g``; no double backward).
 """
 
 from __future__ import annotations
@@ -50,12 +55,36 @@ def _mkldnn_linear_available() -> bool:
 _AVAILABLE = _mkldnn_linear_available()
 
 
+class _PackedLinearFn(torch.autograd.Function):
+    """The packed oneDNN kernel forward, the plain linear gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, packed):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        b = None if bias is None else bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])  # [M, out]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = (g @ weight).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_w = g.T @ x.reshape(-1, x.shape[-1])
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0)
+        return grad_x, grad_w, grad_b, None
+
+
 class PackedLinear(nn.Linear):
     """``nn.Linear`` (same parameters, same ``state_dict``) with pre-packed CPU inference.
 
     Input ``[..., in_features]`` float32 on CPU -> ``[..., out_features]`` float32, equal to
-    ``F.linear`` within float32 rounding (about 1e-6 relative). Other devices, dtypes, and calls
-    that build an autograd graph run ``F.linear`` unchanged.
+    ``F.linear`` within float32 rounding (about 1e-6 relative); with autograd on, the same
+    values, differentiable (module docstring). Other devices and dtypes run ``F.linear``.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -80,7 +109,6 @@ class PackedLinear(nn.Linear):
             and x.device.type == "cpu"
             and x.dtype == torch.float32
             and w.dtype == torch.float32
-            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
         )
 
     def _version_key(self) -> tuple[int, ...]:
@@ -112,7 +140,12 @@ class PackedLinear(nn.Linear):
         if self._packable(x):
             packed = self.packed_weight()
             if packed is not None:
-                bias = None if self.bias is None else self.bias.detach()
+                bias = self.bias
+                if torch.is_grad_enabled() and any(
+                    t is not None and t.requires_grad for t in (x, self.weight, bias)
+                ):
+                    return _PackedLinearFn.apply(x, self.weight, bias, packed)
+                bias = None if bias is None else bias.detach()
                 return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

@@ -5,13 +5,14 @@ Imports torch and ``omnistep.layers`` only. Architecture and parameter names fol
 rope -> residual; RMSNorm -> SwiGLU MLP -> residual) and a final RMSNorm, so a transformers state
 dict loads key for key (``load_hf_state_dict``). There is no token embedding: callers feed
 ``inputs_embeds`` (ChatTTS sums its own text/code embeddings). Inputs are varlen: the new tokens of
-B sequences flattened into N rows, described by an ``AttentionMetadata``.
+B sequences flattened into N rows, described by an ``AttentionMetadata``. ``forward_dense`` runs
+one whole sequence without a cache, with autograd (a trainer's teacher-forced score).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from omnistep.layers.norm import RMSNorm
 from omnistep.layers.paged_attention import (
     AttentionMetadata,
     PagedKVCache,
+    causal_attention,
     paged_attention,
     write_kv,
 )
@@ -174,14 +176,46 @@ class LlamaAttention(nn.Module):
 
         Writes the new tokens' rotated keys and values into ``cache`` layer ``layer_idx``.
         """
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            write_kv(cache, self.layer_idx, k, v, meta)
+            return paged_attention(q, cache, self.layer_idx, meta, self.scaling)
+
+        return self._attention(x, cos, sin, attend, plans)
+
+    def forward_dense(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        prefill_len: int | None = None,
+        plans: RowPlans = NO_ROW_PLANS,
+    ) -> torch.Tensor:
+        """One whole sequence ``x`` ``[N, hidden]`` -> ``[N, hidden]``, no cache (autograd
+        works); ``prefill_len`` as in ``causal_attention``."""
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return causal_attention(q, k, v, self.scaling, prefill_len)
+
+        return self._attention(x, cos, sin, attend, plans)
+
+    def _attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        plans: RowPlans,
+    ) -> torch.Tensor:
+        """Projections and rope, ``attend(q [N, H, D], k, v [N, Hkv, D]) -> [N, H, D]``, then
+        ``o_proj``."""
         num_tokens = x.shape[0]
         row_plan = plans.gemm
         q = _rows(self.q_proj, x, row_plan).view(num_tokens, self.num_heads, self.head_dim)
         k = _rows(self.k_proj, x, row_plan).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = _rows(self.v_proj, x, row_plan).view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rope(q, k, cos, sin)
-        write_kv(cache, self.layer_idx, k, v, meta)
-        out = paged_attention(q, cache, self.layer_idx, meta, self.scaling)  # [N, H, D]
+        out = attend(q, k, v)  # [N, H, D]
         return _rows(self.o_proj, out.reshape(num_tokens, -1), row_plan)
 
 
@@ -226,8 +260,31 @@ class LlamaDecoderLayer(nn.Module):
         plans: RowPlans = NO_ROW_PLANS,
     ) -> torch.Tensor:
         """``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``plans`` set = batch-invariant."""
+        return self._block(hidden, lambda x: self.self_attn(x, cos, sin, cache, meta, plans), plans)
+
+    def forward_dense(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        prefill_len: int | None = None,
+        plans: RowPlans = NO_ROW_PLANS,
+    ) -> torch.Tensor:
+        """One whole sequence, no cache (see ``LlamaModel.forward_dense``)."""
+        return self._block(
+            hidden,
+            lambda x: self.self_attn.forward_dense(x, cos, sin, prefill_len, plans),
+            plans,
+        )
+
+    def _block(
+        self,
+        hidden: torch.Tensor,
+        attention: Callable[[torch.Tensor], torch.Tensor],
+        plans: RowPlans,
+    ) -> torch.Tensor:
         attn_in = _rows(self.input_layernorm, hidden, plans.norm)
-        hidden = hidden + self.self_attn(attn_in, cos, sin, cache, meta, plans)
+        hidden = hidden + attention(attn_in)
         mlp_in = _rows(self.post_attention_layernorm, hidden, plans.norm)
         return hidden + self.mlp(mlp_in, plans)
 
@@ -312,6 +369,69 @@ class LlamaModel(nn.Module):
         hidden = inputs_embeds
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, cache, meta, plans)
+        return _rows(self.norm, hidden, plans.norm)
+
+    def forward_dense(
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        prefill_len: int | None = None,
+        batch_invariant: bool = False,
+    ) -> torch.Tensor:
+        """Teacher-forced forward of one whole sequence with no KV cache: the same layers,
+        rope, norms and linear kernels as ``forward``, and autograd works (a loss on the
+        result backpropagates into the stack's parameters). Touches no cache and no state, so
+        it may run while other threads serve.
+
+        Args:
+            inputs_embeds: ``[N, hidden]`` rows of one sequence, in order.
+            positions: LongTensor ``[N]``; default ``0 .. N-1``.
+            prefill_len: None: plain causal attention, one SDPA call over all rows (the
+                training shape). An int in ``[1, N]``: rows ``[0, prefill_len)`` attend as one
+                prefill and every later row as one decode step over the rows before it,
+                exactly the attention calls serving made for a sequence prefilled with
+                ``prefill_len`` rows and then decoded one row at a time
+                (``causal_attention``): each row's result equals serving's to the bit when
+                the rest matches too (``batch_invariant`` below, or kernels that are
+                batch-invariant by themselves).
+            batch_invariant: chunk the row-wise work as batch-invariant serving did for such
+                a sequence (prefill rows in ``prefill_rows`` chunks, decode rows in
+                ``decode_rows`` chunks; see ``RowChunking``).
+
+        Returns:
+            Hidden states after the final norm, ``[N, hidden]`` (the input dtype).
+
+        Raises:
+            ValueError: ``prefill_len`` outside ``[1, N]``, ``positions`` of another length,
+                or a position past ``max_position_embeddings``.
+        """
+        num_tokens = inputs_embeds.shape[0]
+        device = inputs_embeds.device
+        if positions is None:
+            positions = torch.arange(num_tokens, device=device)
+        if positions.shape != (num_tokens,):
+            raise ValueError(f"positions {tuple(positions.shape)} for {num_tokens} rows")
+        if prefill_len is not None and not 1 <= prefill_len <= num_tokens:
+            raise ValueError(f"prefill_len={prefill_len} outside [1, {num_tokens}]")
+        if num_tokens > self.rotary_emb.max_positions:
+            raise ValueError(
+                f"{num_tokens} tokens exceed max_position_embeddings="
+                f"{self.rotary_emb.max_positions}"
+            )
+        plans = NO_ROW_PLANS
+        if batch_invariant:
+            query_lens = (
+                [num_tokens]
+                if prefill_len is None
+                else [prefill_len] + [1] * (num_tokens - prefill_len)
+            )
+            row_plan = self.row_chunking.plan(query_lens, device)
+            gemm_plan = None if self.gemms_batch_invariant(inputs_embeds) else row_plan
+            plans = RowPlans(norm=row_plan, gemm=gemm_plan)
+        cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
+        hidden = inputs_embeds
+        for layer in self.layers:
+            hidden = layer.forward_dense(hidden, cos, sin, prefill_len, plans)
         return _rows(self.norm, hidden, plans.norm)
 
     def gemms_batch_invariant(self, x: torch.Tensor) -> bool:

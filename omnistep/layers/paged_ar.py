@@ -11,6 +11,9 @@ a batch of one takes the same path. A family subclass says only what is its own:
     _lm_inputs(rows, lens)  ``inputs_embeds`` ``[N, hidden]`` of the stack (default: the rows)
     _head(hidden, seq_id)   logits ``[B, num_codebooks, vocab]`` of final hidden states
     _sampling_logits(l)     logits as the sampler sees them (default: unchanged)
+    _score_head(h, prompt)  ``_head`` for ``score_logits``: chosen by the prompt, not by a
+                            sequence, and differentiable in the weights it derives from
+                            (default: ``_head``)
     _stream(rows, hidden)   what each output carries in ``ARStepOutput.hidden`` (default: None)
 
 Frames are tuples of ``num_codebooks`` ids (1 for a text LM, 4 for ChatTTS's codebooks).
@@ -33,6 +36,16 @@ token conditions the talker) a fresh prefill streams one row per prompt row and 
 preemption only its last row; otherwise every output streams its last row only (ChatTTS: the
 hidden state its vocoder decodes).
 
+Train = serve (``score_logits``, ``score_logprobs``): a teacher-forced forward of a recorded
+trajectory through the same hooks and layers with no paged cache and autograd on
+(``LlamaModel.forward_dense``), so a trainer's loss backpropagates into the component's own
+weights (``trainable_weights``). With ``match_serving`` (the default) every row runs the
+attention call and kernel shapes serving ran (the prompt as one prefill, each later frame as one
+decode step; in ``batch_invariant`` mode the same row chunks): the log-probs then equal the
+recorded ones to float32 rounding of the last bit or better (tests/test_score.py measures it).
+It touches neither the cache nor any per-sequence state: a trainer may call it while the
+component serves.
+
 Imports torch, ``omnistep.core``, ``omnistep.kv``, the AR loop's payload types
 (``omnistep.loops.ar_decode``), ``omnistep.sampling`` and the other layers.
 """
@@ -53,7 +66,10 @@ from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
 from omnistep.layers.paged_attention import AttentionMetadata
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
-from omnistep.sampling import SamplingRow, sample
+from omnistep.sampling import SamplingRow, policy_logprobs, recompute_logprobs, sample
+
+SCORE_MODES = ("processed", "policy")
+"""``score_logprobs`` modes: the distribution sampled, or ``log_softmax(logits / T)``."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +155,12 @@ class PagedARModel:
         ids)."""
         return logits
 
+    def _score_head(self, hidden: torch.Tensor, prompt: Any) -> torch.Tensor:
+        """Logits ``[B, num_codebooks, vocab]`` of ``score_logits``: the head ``_head`` applies
+        to a sequence with this ``prompt``, computed (with autograd on) from the weights
+        ``trainable_weights`` names, so gradients reach them. Default: ``_head``."""
+        return self._head(hidden, "")
+
     def _on_admit(self, unit: ARPrefillInput) -> None:
         """Called for each prefill unit that got its blocks (per-sequence bookkeeping)."""
 
@@ -196,6 +218,116 @@ class PagedARModel:
         for name, value in tensors.items():
             targets[name].copy_(value)
         self._weights_updated(set(tensors))
+
+    def trainable_weights(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """The live weights by checkpoint name (``weight_specs``' names; all when ``names`` is
+        None), each set to require grad: what a trainer's optimizer takes. ``score_logits``
+        computes from these tensors (a derived copy, such as a folded or tied head, is
+        derived again inside its graph), so its gradients land here.
+
+        Changing them in place changes what serving computes, except derived copies: call the
+        engine's ``update_weights`` with the new values (or ``update_weights`` here, between
+        steps) to refresh those and record a new version.
+
+        Raises:
+            KeyError: a name the component does not have.
+        """
+        tensors = self._weight_tensors()
+        picked = tensors if names is None else {name: tensors[name] for name in names}
+        for tensor in picked.values():
+            tensor.requires_grad_(True)
+        return picked
+
+    def score_logits(
+        self, prompt: Any, frames: Sequence[Sequence[int]], match_serving: bool = True
+    ) -> torch.Tensor:
+        """Teacher-forced logits of a recorded trajectory, differentiable in the weights.
+
+        One forward of the prompt rows plus every frame but the last (``_prefill_inputs`` of
+        the prompt with ``frames[:-1]`` replayed) through ``LlamaModel.forward_dense`` (no
+        paged cache, no per-sequence state: safe while the component serves), then the head
+        on rows ``prompt_len - 1 ..``. Runs under the caller's grad mode (on by default).
+
+        Args:
+            prompt: the prompt as the component consumed it (``LoopActions.prompt``).
+            frames: ``T >= 1`` sampled frames of ``num_codebooks`` ids, the last one included
+                (its EOS when the loop stopped on one).
+            match_serving: run the attention calls and row chunks serving ran (see
+                ``LlamaModel.forward_dense``'s ``prefill_len``): equal to serving's logits
+                under ``batch_invariant``. False: one causal attention call over the whole
+                sequence (faster on a GPU; equal within float rounding, ~1e-6).
+
+        Returns:
+            Raw logits ``[T, num_codebooks, V]`` float32 on the component's device: row ``i``
+            is the distribution frame ``i`` was drawn from (before ``_sampling_logits``).
+
+        Raises:
+            ValueError: no frames, a frame of another width, a malformed prompt.
+        """
+        frames = tuple(tuple(int(t) for t in frame) for frame in frames)
+        if not frames:
+            raise ValueError("score needs at least one frame")
+        if any(len(f) != len(frames[0]) for f in frames):
+            raise ValueError("frames of different widths")
+        unit = ARPrefillInput(self._score_seq_id(), prompt, frames[:-1], (), None, None)
+        rows = self._prefill_inputs(unit)  # [prompt_len + T - 1, in_dim]
+        num_rows = rows.shape[0]
+        prompt_len = num_rows - (len(frames) - 1)
+        if match_serving:
+            query_lens = [prompt_len] + [1] * (len(frames) - 1)
+            prefill_len: int | None = prompt_len
+        else:
+            query_lens, prefill_len = [num_rows], None
+        embeds = self._lm_inputs(rows, query_lens)
+        hidden = self.llama.forward_dense(
+            embeds, prefill_len=prefill_len, batch_invariant=self.batch_invariant
+        )
+        return self._score_head(hidden[prompt_len - 1 :], prompt).float()
+
+    def score_logprobs(
+        self,
+        prompt: Any,
+        frames: Sequence[Sequence[int]],
+        sampling: SamplingRow,
+        mode: str = "processed",
+        penalty_window: int = 16,
+        match_serving: bool = True,
+    ) -> torch.Tensor:
+        """Log-probs of a recorded trajectory's frames, recomputed from ``score_logits``.
+
+        Step ``i`` is scored as the AR loop sampled it: ``_sampling_logits`` of row ``i``,
+        then in ``"processed"`` mode ``recompute_logprobs`` with ``sampling``, the last
+        ``penalty_window`` frames before it as history and ``i`` frames generated; in
+        ``"policy"`` mode ``policy_logprobs`` (``log_softmax(logits / temperature)``).
+
+        Args:
+            prompt, frames, match_serving: as in ``score_logits``.
+            sampling: the loop's row for the request (``ARDecodeConfig.make_sampling``).
+            penalty_window: the loop's ``ARDecodeConfig.penalty_window``.
+
+        Returns:
+            ``[T, num_codebooks]`` float32 on the component's device, with a graph to the
+            weights when autograd is on.
+
+        Raises:
+            ValueError: an unknown mode, or what ``score_logits`` raises.
+        """
+        if mode not in SCORE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
+        logits = self._sampling_logits(self.score_logits(prompt, frames, match_serving))
+        tokens = torch.tensor([tuple(f) for f in frames], dtype=torch.long, device=self.device)
+        rows = [sampling] * tokens.shape[0]
+        if mode == "policy":
+            return policy_logprobs(logits, rows, tokens)
+        # the loop passes frames[-penalty_window:] (all of them for a window of 0)
+        history = [
+            tokens[max(0, i - penalty_window) if penalty_window else 0 : i].T
+            for i in range(tokens.shape[0])
+        ]
+        return recompute_logprobs(logits, rows, history, list(range(tokens.shape[0])), tokens)
+
+    def _score_seq_id(self) -> str:
+        return f"score/{type(self).__name__}"
 
     @property
     def num_preemptions(self) -> int:

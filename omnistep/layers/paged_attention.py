@@ -345,6 +345,39 @@ def _attend_seq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
     return out[0].transpose(0, 1)  # [L, H, D]
 
 
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    prefill_len: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of one whole sequence without a cache; differentiable.
+
+    Args:
+        q: queries ``[N, H, D]``; ``k``, ``v``: keys and values ``[N, Hkv, D]`` (rotated).
+        prefill_len: None: one SDPA call over all rows (plain causal attention). An int in
+            ``[1, N]``: the calls ``paged_attention`` makes for a sequence prefilled with
+            ``prefill_len`` rows and then decoded one row at a time: one causal call over
+            rows ``[0, prefill_len)``, then one call per later row ``i`` over keys
+            ``0..i``, on keys laid out as the cache holds them; so each row's result equals
+            the per-sequence serving path's to the bit (same kernels, same shapes).
+
+    Returns:
+        ``[N, H, D]`` in ``q.dtype``.
+    """
+    num_tokens = q.shape[0]
+    keys = k.transpose(0, 1).unsqueeze(0)  # [1, Hkv, N, D], strides as a cache view's
+    values = v.transpose(0, 1).unsqueeze(0)
+    if prefill_len is None:
+        return _attend_seq(q, keys, values, scale)
+    n = prefill_len
+    out = [_attend_seq(q[:n], keys[:, :, :n], values[:, :, :n], scale)]
+    for i in range(n, num_tokens):
+        out.append(_attend_seq(q[i : i + 1], keys[:, :, : i + 1], values[:, :, : i + 1], scale))
+    return torch.cat(out)
+
+
 def _attend_per_seq(
     q: torch.Tensor,
     cache: PagedKVCache,

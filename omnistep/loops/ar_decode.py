@@ -284,6 +284,48 @@ class ARDecodeLoop:
         }
         return LoopResult(list(state.frames), metrics, state.trajectory, info)
 
+    def score(
+        self,
+        model: ModelInstance,
+        req: Request,
+        prompt: Any,
+        tokens: Any,
+        mode: str = "processed",
+        match_serving: bool = True,
+    ) -> Any:
+        """Recompute the log-probs of frames this loop recorded, with the component's
+        teacher-forced forward (``score_logprobs``, e.g. ``PagedARModel.score_logprobs``):
+        autograd on, no KV cache.
+
+        Args:
+            model: the loaded card.
+            req: a request with the sample's ``SamplingParams`` (its sampling row is
+                ``make_sampling(req)``, as the loop built it).
+            prompt: the prompt the loop recorded (``LoopResult.info["prompt"]``).
+            tokens: ``[T, num_vq]`` ids (an array or nested sequences), the last frame
+                included.
+            mode: ``"processed"`` or ``"policy"``.
+            match_serving: the serving path's kernel shapes (see ``score_logits``).
+
+        Returns:
+            The component's log-probs, ``[T, num_vq]`` float32 (a torch tensor with grad).
+
+        Raises:
+            NotImplementedError: the component has no ``score_logprobs`` (another family, or
+                a stand-in for a component running in another process).
+        """
+        component = model.components[self.config.component]
+        scorer = getattr(component, "score_logprobs", None)
+        if scorer is None:
+            raise NotImplementedError(
+                f"component '{self.config.component}' cannot score here: it has no "
+                "teacher-forced forward in this process (with the Ray executor components run "
+                "in actors; score needs the in-process executor)"
+            )
+        frames = [tuple(int(t) for t in frame) for frame in tokens]
+        row = self.config.make_sampling(req)
+        return scorer(prompt, frames, row, mode, self.config.penalty_window, match_serving)
+
     def release(self, state: ARDecodeState) -> None:
         """Free the sequence's KV blocks in the component."""
         if state.owner is not None:

@@ -260,6 +260,25 @@ class ChatTTSGPT(PagedARModel):
         weight = self.head_text if self.text_mode[seq_id] else self.head_code
         return self._rows(lambda h: torch.einsum("bh,jvh->bjv", h, weight), hidden.to(self.dtype))
 
+    def _score_head(self, hidden: torch.Tensor, prompt: ChatTTSPromptInput) -> torch.Tensor:
+        """``_head`` for the prompt's mode, its weights folded again from the weight-norm parts
+        inside the graph (the same float32 fold as at load: equal values), so a loss reaches
+        ``head_parts``."""
+        heads = ["head_text"] if prompt.text_mode else self._head_names()[:-1]
+        if all(f"{h}.parametrizations.weight.original0" in self.head_parts for h in heads):
+            weight = torch.stack(
+                [
+                    fold_weight_norm(
+                        self.head_parts[f"{h}.parametrizations.weight.original0"],
+                        self.head_parts[f"{h}.parametrizations.weight.original1"],
+                    ).to(self.dtype)
+                    for h in heads
+                ]
+            )
+        else:  # no checkpoint loaded: the (zero) folded heads
+            weight = self.head_text if prompt.text_mode else self.head_code
+        return self._rows(lambda h: torch.einsum("bh,jvh->bjv", h, weight), hidden.to(self.dtype))
+
     def _streams(
         self, rows: torch.Tensor, hidden: torch.Tensor, lens: list[int], whole: list[bool]
     ) -> list[torch.Tensor]:

@@ -35,10 +35,12 @@ from omnistep.core import (
     Channel,
     ComponentSpec,
     Done,
+    ExecutionProfile,
     InvalidRequestError,
     KernelNode,
     LoopKind,
     LoopNode,
+    LoopResult,
     LoopSpec,
     Modality,
     ModelCard,
@@ -196,6 +198,26 @@ class TalkerLoop(ARDecodeLoop):
             return Pending()
         plan.payload = TalkerStepInput.from_step(plan.payload, cond)
         return plan
+
+    def finalize(self, state: TalkerState) -> LoopResult:
+        """Under ROLLOUT the recorded prompt is the ``TalkerPrompt`` a replay of the whole
+        trajectory needs: the thinker's prompt rows, ``r_0``, the speaker bos id, and the
+        condition of every decode step that ran (``T - 1`` for ``T`` recorded frames)."""
+        result = super().finalize(state)
+        rows = state.rows
+        if state.profile is ExecutionProfile.ROLLOUT and len(rows) >= 2:
+            replies = rows[1:]
+            replay = []
+            for t in range(1, len(state.trajectory)):
+                # a step ran only once its condition existed, and conditions never change
+                cond = condition_for_step(t, replies, rows.closed)
+                if cond is None:
+                    raise RuntimeError(f"talker step {t} ran without its thinker condition")
+                replay.append(cond)
+            result.info["prompt"] = TalkerPrompt(
+                rows[0], replies[0], state.speaker_bos_id, tuple(replay)
+            )
+        return result
 
 
 class _Frontend:

@@ -324,6 +324,12 @@ class QwenThinker(PagedARModel):
     def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
         return self._linear_rows(hidden.to(self.dtype), self.lm_head).unsqueeze(1)
 
+    def _score_head(self, hidden: torch.Tensor, prompt: Sequence[int]) -> torch.Tensor:
+        """``_head`` on ``embed_tokens`` itself when the head is tied (equal values; the
+        gradient then reaches the one checkpoint tensor)."""
+        weight = self.embed_weight if self.tied_head else self.lm_head
+        return self._linear_rows(hidden.to(self.dtype), weight).unsqueeze(1)
+
     def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """``embed + last hidden`` per fed token, ``[n, hidden]`` float32 on the CPU (summed in
         the compute dtype, as transformers' ``generate`` does)."""

@@ -106,11 +106,47 @@ class ToyLM:
         logits = self.table[[p.prev_token for p in payloads]]  # [batch, VOCAB]
         out = []
         for row, unit in zip(logits, payloads, strict=True):
-            row = row.copy()
-            if unit.step < unit.min_new_tokens:
-                row[EOS] = -np.inf
+            row = _masked(row, unit.step, unit.min_new_tokens)
             out.append((*_sample(row, unit), self.weight_version))
         return out
+
+    def score_logprobs(
+        self,
+        prev_tokens: Sequence[int],
+        tokens: Sequence[int],
+        temperature: float,
+        min_new_tokens: int,
+    ) -> np.ndarray:
+        """Log-probs of recorded tokens, recomputed: ``[T, 1]`` float32 (numpy, no autograd),
+        equal to what ``execute`` recorded for step ``i`` fed ``prev_tokens[i]`` (the same
+        float64 arithmetic per row, then the float32 of ``LoopActions``).
+
+        Raises:
+            ValueError: the two sequences differ in length, or an id outside the vocab.
+        """
+        if len(prev_tokens) != len(tokens):
+            raise ValueError(f"{len(prev_tokens)} previous tokens for {len(tokens)} tokens")
+        if any(not 0 <= int(t) < VOCAB for t in [*prev_tokens, *tokens]):
+            raise ValueError(f"token ids must be in [0, {VOCAB})")
+        out = np.empty((len(tokens), 1), dtype=np.float32)
+        for step, (prev, token) in enumerate(zip(prev_tokens, tokens, strict=True)):
+            row = _masked(self.table[int(prev)], step, min_new_tokens)
+            out[step, 0] = _logprobs(row, temperature)[int(token)]
+        return out
+
+
+def _masked(row: np.ndarray, step: int, min_new_tokens: int) -> np.ndarray:
+    """A copy of a logits row with EOS at -inf while ``step < min_new_tokens``."""
+    row = row.copy()
+    if step < min_new_tokens:
+        row[EOS] = -np.inf
+    return row
+
+
+def _logprobs(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """``log_softmax(logits / temperature)`` float64; temperature 0 counts as 1."""
+    scaled = logits / (temperature or 1.0)
+    return scaled - np.logaddexp.reduce(scaled)
 
 
 def _sample(logits: np.ndarray, unit: TokenUnit) -> tuple[int, float]:
@@ -118,8 +154,7 @@ def _sample(logits: np.ndarray, unit: TokenUnit) -> tuple[int, float]:
     Returns the token and its log-prob under ``log_softmax(logits / temperature)`` (the
     distribution sampled; with no truncation it is the policy's too; temperature 0 counts as 1).
     """
-    temperature = unit.temperature or 1.0
-    logp = logits / temperature - np.logaddexp.reduce(logits / temperature)
+    logp = _logprobs(logits, unit.temperature)
     if unit.temperature == 0:
         token = int(np.argmax(logp))
     else:
@@ -227,6 +262,26 @@ class TokenLoop:
         stop = "eos" if state.finished else "length"
         info = {"prompt": state.prompt, "stop_reason": stop, "seed": state.seed}
         return LoopResult(list(state.tokens), metrics, state.trajectory, info)
+
+    def score(
+        self,
+        model: ModelInstance,
+        req: Request,
+        prompt: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        mode: str = "processed",
+        match_serving: bool = True,
+    ) -> np.ndarray:
+        """Recompute recorded log-probs (``ToyLM.score_logprobs``): ``[T, 1]`` float32 numpy,
+        no autograd. Both modes give the recorded value (the toy samples its whole, untruncated
+        distribution; only the EOS mask of ``min_new_tokens`` applies, in both)."""
+        ids = [int(frame[0]) for frame in tokens]
+        sp = req.sampling
+        prev = [int(prompt[-1]), *ids[:-1]]
+        lm = model.components["lm"]
+        return lm.score_logprobs(  # type: ignore[attr-defined]
+            prev, ids, sp.or_default("temperature", 1.0), sp.or_default("min_new_tokens", 0)
+        )
 
     def release(self, state: TokenState) -> None:
         """Nothing outside the state to free."""
