@@ -354,10 +354,15 @@ class PiperVoiceComponent:
         num_threads: onnxruntime ``intra_op_num_threads`` of the session that runs units;
             None keeps onnxruntime's default.
         all_core_threads: ``intra_op_num_threads`` of a second session that runs the units
-            marked ``all_cores`` (``PiperUnit``); None, or equal to ``num_threads``: one
-            session runs every unit. The two sessions may differ in the last bits (measured on
-            the embedded voice: 1 and 2 threads gave different samples for 4 of 37 lengths, up
-            to ~2e-6), which is why the unit, not the load, picks the session.
+            marked ``all_cores`` (``PiperUnit``), on CPU only; None, or equal to
+            ``num_threads``: one session runs every unit. The two sessions may differ in the
+            last bits (measured on the embedded voice: 1 and 2 threads gave different samples
+            for 4 of 37 lengths, up to ~2e-6), which is why the unit, not the load, picks the
+            session.
+
+    Attributes:
+        intra_op_threads: ``PiperUnit.all_cores`` -> the thread count of the session that runs
+            such units (None: onnxruntime's default).
 
     Raises:
         ValueError: bad ``device``; a graph that does not look like a Piper VITS export.
@@ -380,7 +385,7 @@ class PiperVoiceComponent:
         session = _open_session(model, device, num_threads)
         self.intra_op_threads: dict[bool, int | None] = {False: num_threads}
         self._sessions = {False: session, True: session}  # by PiperUnit.all_cores
-        if all_core_threads is not None and all_core_threads != num_threads:
+        if device == "cpu" and all_core_threads not in (None, num_threads):
             self.intra_op_threads[True] = all_core_threads
             self._sessions[True] = _open_session(model, device, all_core_threads)
         else:
