@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,7 +359,12 @@ class PiperVoiceComponent:
             ``num_threads``: one session runs every unit. The two sessions may differ in the
             last bits (measured on the embedded voice: 1 and 2 threads gave different samples
             for 4 of 37 lengths, up to ~2e-6), which is why the unit, not the load, picks the
-            session.
+            session. The all-core session has a twin whose idle workers spin between the
+            graph's ops instead of sleeping; it runs an ``all_cores`` unit that starts while no
+            other call runs (a request alone: measured on 2 cores, its first unit 7-15% sooner),
+            the twin without spinning runs it otherwise, so that spinning never takes a core
+            from a call running beside it. Both have the same thread count, hence the same
+            samples: here the load may choose.
 
     Attributes:
         intra_op_threads: ``PiperUnit.all_cores`` -> the thread count of the session that runs
@@ -383,13 +389,15 @@ class PiperVoiceComponent:
         self.device = device
         model, self._noise, self._durations = _seeded_graph(Path(model_path))
         session = _open_session(model, device, num_threads)
-        self.intra_op_threads: dict[bool, int | None] = {False: num_threads}
-        self._sessions = {False: session, True: session}  # by PiperUnit.all_cores
+        # (PiperUnit.all_cores, spinning) -> session; one session for all when there is no second
+        self._sessions = dict.fromkeys([(False, False), (True, False), (True, True)], session)
+        self.intra_op_threads: dict[bool, int | None] = {False: num_threads, True: num_threads}
         if device == "cpu" and all_core_threads not in (None, num_threads):
             self.intra_op_threads[True] = all_core_threads
-            self._sessions[True] = _open_session(model, device, all_core_threads)
-        else:
-            self.intra_op_threads[True] = num_threads
+            self._sessions[True, False] = _open_session(model, device, all_core_threads)
+            self._sessions[True, True] = _open_session(model, device, all_core_threads, True)
+        self._lock = threading.Lock()
+        self._num_running = 0  # run_batch calls in progress (the engine may run two at once)
 
     @property
     def sample_rate(self) -> int:
@@ -457,7 +465,20 @@ class PiperVoiceComponent:
             raise ValueError("units of one batch must share (noise_scale, length_scale, noise_w)")
         if len({u.all_cores for u in units}) != 1:
             raise ValueError("units of one batch must share all_cores")
-        session = self._sessions[units[0].all_cores]
+        all_cores = units[0].all_cores
+        with self._lock:
+            self._num_running += 1
+            spinning = all_cores and self._num_running == 1  # alone: nothing to take a core from
+        try:
+            return self._run_units(units, self._sessions[all_cores, spinning])
+        finally:
+            with self._lock:
+                self._num_running -= 1
+
+    def _run_units(
+        self, units: Sequence[PiperUnit], session: ort.InferenceSession
+    ) -> list[np.ndarray]:
+        """``run_batch`` on ``session``."""
         num_ids = max(len(u.phoneme_ids) for u in units)
         pad = self.settings.pad_id
         ids = np.full((len(units), num_ids), pad, dtype=np.int64)  # [batch, num_ids]
@@ -525,13 +546,18 @@ def _seeded_graph(model_path: Path) -> tuple[bytes, dict[str, NoiseInput], str]:
     return model.SerializeToString(), noise, durations
 
 
-def _open_session(model: bytes, device: str, num_threads: int | None) -> ort.InferenceSession:
-    """An onnxruntime session on the rewritten graph ``model``."""
+def _open_session(
+    model: bytes, device: str, num_threads: int | None, spinning: bool = False
+) -> ort.InferenceSession:
+    """An onnxruntime session on the rewritten graph ``model``; with ``spinning``, idle
+    intra-op workers spin until the end of each run instead of sleeping."""
     options = ort.SessionOptions()
     options.use_deterministic_compute = True
-    # Idle workers must not spin: the engine may run two sessions' calls at once on few cores
-    # (measured here: spinning off cut CPU per audio second from 0.185 to 0.148).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Idle workers must not spin by default: the engine may run two sessions' calls at once on
+    # few cores (measured here: spinning off cut CPU per audio second from 0.185 to 0.148).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if spinning:  # ... and never past the end of a run
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
     return ort.InferenceSession(model, sess_options=options, providers=execution_providers(device))
