@@ -86,10 +86,11 @@ def session_threads() -> int:
 
 def first_unit_threads() -> int:
     """onnxruntime intra-op threads of the session that runs each request's first unit: every
-    core. A request alone then reaches its first audio as fast as piper's own runtime (measured
-    on the 2-core CI machine, the first sentence of one request took 1.5x piper's time on one
-    thread and 1.06-1.13x on two); under load a first unit shares the cores with the sentence
-    running beside it, the same oversubscription as one more request."""
+    core. Measured on the 2-core CI machine (``bench/speech.py --text sentence``, one sentence,
+    one request at a time): time to first audio 1.80-1.88x piper's own first sentence on one
+    thread, 1.12-1.18x on two. The price is CPU: two first units at once on two threads each
+    cost ~15% more CPU per audio second than on one (8 one-sentence requests at once: 37-38.6
+    against 42-44 audio s/s; three-sentence requests: 42-43 against 44-45.5)."""
     return max(1, os.cpu_count() or 1)
 
 
