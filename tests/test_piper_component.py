@@ -1,5 +1,7 @@
 """The piper model side: frontend (text -> sentences -> ids) and the seeded ONNX voice component."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -130,6 +132,33 @@ def test_short_noise_buffer_reruns_to_the_same_samples(voice, sentences, alone, 
     assert np.array_equal(voice.execute(CHUNK, [unit])[0], alone[1])
 
 
+def test_all_cores_units_run_on_their_own_session_alone_or_concurrently(voice, sentences, alone):
+    """Units marked ``all_cores`` run on the all-core session (its samples are those of a
+    one-session voice with as many threads), the others on the half-core one, also when two
+    run at once: the unit picks the session, never the load."""
+    two = PiperVoiceComponent(device="cpu", num_threads=1, all_core_threads=2)
+    assert two.intra_op_threads == {False: 1, True: 2}
+    assert voice.intra_op_threads == {False: 1, True: 1}  # one session for every unit
+    wide = PiperVoiceComponent(device="cpu", num_threads=2)
+    ids = sentences[0].phoneme_ids
+    first = two.make_unit(ids, seed=0, all_cores=True)
+    expected = wide.execute(CHUNK, [wide.make_unit(ids, seed=0)])[0]
+    assert np.array_equal(two.execute(CHUNK, [first])[0], expected)
+    rest = [two.make_unit(s.phoneme_ids, seed=s.index) for s in sentences[1:]]
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda u: two.execute(CHUNK, [u])[0], [first, *rest, first]))
+    assert np.array_equal(outs[0], expected) and np.array_equal(outs[-1], expected)
+    # alone it ran on the spinning twin; a twin without spinning gives the same samples
+    assert two._sessions[True, True] is not two._sessions[True, False]
+    plain = dict.fromkeys(two._sessions, two._sessions[True, False])
+    two._sessions = plain | {(False, False): two._sessions[False, False]}
+    assert np.array_equal(two.execute(CHUNK, [first])[0], expected)
+    for out, ref in zip(outs[1:-1], alone[1:], strict=True):
+        assert np.array_equal(out, ref)  # the half-core session: the 1-thread voice's samples
+    with pytest.raises(ValueError, match="all_cores"):
+        two.run_batch([first, rest[0]])
+
+
 def test_bad_units_and_kinds_are_rejected(voice):
     with pytest.raises(ValueError, match="seed"):
         PiperUnit((1, 0, 2), 1.0, 0.667, 0.8, seed=-1)
@@ -137,6 +166,8 @@ def test_bad_units_and_kinds_are_rejected(voice):
         PiperUnit((1, 0, 2), 0.0, 0.667, 0.8, seed=0)
     with pytest.raises(ValueError, match="phoneme_ids"):
         PiperUnit((), 1.0, 0.667, 0.8, seed=0)
+    with pytest.raises(ValueError, match="all_cores"):
+        PiperUnit((1, 0, 2), 1.0, 0.667, 0.8, seed=0, all_cores=1)
     with pytest.raises(ValueError, match="AUDIO_CHUNK"):
         voice.execute(WorkUnitKind.PREFILL, [])
 

@@ -69,6 +69,36 @@ async def test_interleaved_equals_alone(engine):
         assert np.array_equal(a.audio, b.audio)
 
 
+class _RecordingSession:
+    """Stands in for one of the voice's onnxruntime sessions: records each call, then runs it."""
+
+    def __init__(self, session, key: tuple[bool, bool], calls: list):
+        self.session, self.key, self.calls = session, key, calls
+
+    def run(self, outputs, feeds):
+        self.calls.append(self.key)
+        return self.session.run(outputs, feeds)
+
+
+async def test_first_unit_runs_on_every_core_alone_or_interleaved(engine, model, monkeypatch):
+    """A request's first unit runs on the all-core session (its spinning twin when nothing
+    runs beside it) and its other units on the half-core one, whatever runs beside it, so its
+    samples do not depend on the load."""
+    voice = model.components["voice"]
+    calls: list[tuple[bool, bool]] = []
+    sessions = {k: _RecordingSession(s, k, calls) for k, s in voice._sessions.items()}
+    monkeypatch.setattr(voice, "_sessions", sessions)
+    reqs = [Request("piper", text=PARAGRAPH, seed=i) for i in range(3)]
+    alone = await run_alone(engine, reqs)
+    assert calls == [(True, True), (False, False), (False, False)] * 3
+    calls.clear()
+    together = await run_interleaved(engine, reqs)
+    # which first units had company depends on timing; which session kind never does
+    assert sorted(all_cores for all_cores, _ in calls) == [False] * 6 + [True] * 3
+    for a, b in zip(alone, together, strict=True):
+        assert np.array_equal(a.audio, b.audio)
+
+
 async def test_speed_changes_duration(engine):
     # speed maps to length_scale = 1 / speed; VITS rounds each phoneme's frames up (ceil) and
     # many ids (the pads between phonemes) last under one frame, so durations scale a little

@@ -62,7 +62,7 @@ def _no_builds_in_driver(monkeypatch) -> None:
     monkeypatch.setattr("omnistep.models.chattts.loader.ChatTTSFiles.tensors", _refuse)
     monkeypatch.setattr("omnistep.models.qwen2_5_omni.loader.QwenOmniFiles.tensors", _refuse)
     with contextlib.suppress(ImportError):  # piper (onnx) installed
-        monkeypatch.setattr("omnistep.models.piper.voice._load_session", _refuse)
+        monkeypatch.setattr("omnistep.models.piper.voice._seeded_graph", _refuse)
 
 
 def _stand_ins_only(engine) -> bool:

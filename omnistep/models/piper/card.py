@@ -12,6 +12,12 @@ unique tag and runs as a batch of one (``batched=True`` groups units of equal le
 The ONNX session is thread-safe, so two sentences (of different requests) run at once on two
 executor workers: that is what lets the server outrun piper's own one-sentence-at-a-time loop.
 
+Threads: each of the two sentences that run at once gets half the cores (``session_threads``),
+except a request's first unit, which runs on a second session with every core
+(``first_unit_threads``), so that one request alone reaches its first audio as fast as piper's
+own runtime. The unit, not the load, picks the session: onnxruntime's samples depend on its
+thread count in the last bits, and a request's audio must not depend on what runs beside it.
+
 Seeds: sentence ``i`` of a request with seed ``s`` draws its noise from
 ``SeedSequence([s, i])``, so a request's audio depends only on its text, speed and seed.
 Post-processing follows piper's ``synthesize`` default: each sentence is peak-normalized.
@@ -79,6 +85,16 @@ def session_threads() -> int:
     return max(1, (os.cpu_count() or 1) // MAX_CONCURRENT_SENTENCES)
 
 
+def first_unit_threads() -> int:
+    """onnxruntime intra-op threads of the session that runs each request's first unit: every
+    core. Measured on the 2-core CI machine (``bench/speech.py --text sentence``, one sentence,
+    one request at a time): time to first audio 1.80-1.88x piper's own first sentence on one
+    thread, 1.12-1.18x on two. The price is CPU: two first units at once on two threads each
+    cost ~15% more CPU per audio second than on one (8 one-sentence requests at once: 37-38.6
+    against 42-44 audio s/s; three-sentence requests: 42-43 against 44-45.5)."""
+    return max(1, os.cpu_count() or 1)
+
+
 FIRST_CHUNK_CHARS = 80
 """Default cut of the first sentence, in characters (about 5 s of speech)."""
 
@@ -127,8 +143,10 @@ class SentenceLoop:
         sentences: list[Sentence] = ctx.slots["sentences"]
         seed = int(req.seed or 0)
         units = [
-            voice.make_unit(s.phoneme_ids, sentence_seed(seed, s.index), speed=req.speed)
-            for s in sentences
+            voice.make_unit(
+                s.phoneme_ids, sentence_seed(seed, s.index), speed=req.speed, all_cores=k == 0
+            )
+            for k, s in enumerate(sentences)
         ]
         return SentenceState(
             request_id=req.request_id,
@@ -238,7 +256,12 @@ def build_card(
 
     def build_voice(device: str) -> PiperVoiceComponent:
         return PiperVoiceComponent(
-            model_path, config_path, device=device, batched=batched, num_threads=session_threads()
+            model_path,
+            config_path,
+            device=device,
+            batched=batched,
+            num_threads=session_threads(),
+            all_core_threads=first_unit_threads(),
         )
 
     program = Program(

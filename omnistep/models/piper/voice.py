@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,11 @@ class PiperUnit:
         noise_scale: >= 0; scale of the prior noise (timbre/prosody variation).
         noise_w: >= 0; scale of the duration-predictor noise (rhythm variation).
         seed: in [0, 2**63 - 1]; the unit's noise is a pure function of it.
+        all_cores: run on the voice's session whose onnxruntime pool has every core (a
+            request's first unit, whose run time is the time to first audio) instead of the one
+            with half of them. onnxruntime's results depend on its intra-op thread count (it
+            splits matrix products differently), so the choice is part of the unit, never of
+            the load: a unit's samples stay a pure function of the unit.
 
     Raises:
         ValueError: a field out of range (the message names it).
@@ -79,6 +85,7 @@ class PiperUnit:
     noise_scale: float
     noise_w: float
     seed: int
+    all_cores: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -87,6 +94,7 @@ class PiperUnit:
             ("noise_scale", math.isfinite(self.noise_scale) and self.noise_scale >= 0),
             ("noise_w", math.isfinite(self.noise_w) and self.noise_w >= 0),
             ("seed", isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+            ("all_cores", isinstance(self.all_cores, bool)),
         ]
         for name, ok in checks:
             if not ok:
@@ -293,6 +301,7 @@ class VoiceSettings:
         speed: float = 1.0,
         noise_scale: float | None = None,
         noise_w: float | None = None,
+        all_cores: bool = False,
     ) -> PiperUnit:
         """A unit with the voice config's defaults.
 
@@ -303,7 +312,7 @@ class VoiceSettings:
         embedded voice: speed 2.0 gives 0.61-0.64x the samples of speed 1.0, speed 0.5 gives
         1.74-1.79x, and no speed goes below one frame (11.6 ms) per id, i.e. ~2.4x faster than
         speed 1.0 at most. ``noise_scale`` and ``noise_w`` default to the config's ``inference``
-        values (0.667 and 0.8 for the embedded voice).
+        values (0.667 and 0.8 for the embedded voice). ``all_cores``: see ``PiperUnit``.
 
         Raises:
             ValueError: ``speed`` not finite and > 0; a unit field out of range.
@@ -316,6 +325,7 @@ class VoiceSettings:
             noise_scale=self.noise_scale if noise_scale is None else noise_scale,
             noise_w=self.noise_w if noise_w is None else noise_w,
             seed=seed,
+            all_cores=all_cores,
         )
 
 
@@ -342,7 +352,23 @@ class PiperVoiceComponent:
             one padded batch: same lengths, rows within ~2e-4 of the unbatched run, and on a
             2-core CPU 1.4x-2.2x slower than the loop for 4 sentences of mixed length (the
             padding is wasted work; there is no per-row saving to win it back).
-        num_threads: onnxruntime ``intra_op_num_threads``; None keeps onnxruntime's default.
+        num_threads: onnxruntime ``intra_op_num_threads`` of the session that runs units;
+            None keeps onnxruntime's default.
+        all_core_threads: ``intra_op_num_threads`` of a second session that runs the units
+            marked ``all_cores`` (``PiperUnit``), on CPU only; None, or equal to
+            ``num_threads``: one session runs every unit. The two sessions may differ in the
+            last bits (measured on the embedded voice: 1 and 2 threads gave different samples
+            for 4 of 37 lengths, up to ~2e-6), which is why the unit, not the load, picks the
+            session. The all-core session has a twin whose idle workers spin between the
+            graph's ops instead of sleeping; it runs an ``all_cores`` unit that starts while no
+            other call runs (a request alone: measured on 2 cores, its first unit 7-15% sooner),
+            the twin without spinning runs it otherwise, so that spinning never takes a core
+            from a call running beside it. Both have the same thread count, hence the same
+            samples: here the load may choose.
+
+    Attributes:
+        intra_op_threads: ``PiperUnit.all_cores`` -> the thread count of the session that runs
+            such units (None: onnxruntime's default).
 
     Raises:
         ValueError: bad ``device``; a graph that does not look like a Piper VITS export.
@@ -355,14 +381,23 @@ class PiperVoiceComponent:
         device: str = "cpu",
         batched: bool = False,
         num_threads: int | None = None,
+        all_core_threads: int | None = None,
     ):
         if model_path is None or config_path is None:
             model_path, config_path = default_voice_paths()
         self.settings = VoiceSettings.from_config_path(config_path, batched)
         self.device = device
-        self._session, self._noise, self._durations = _load_session(
-            Path(model_path), device, num_threads
-        )
+        model, self._noise, self._durations = _seeded_graph(Path(model_path))
+        session = _open_session(model, device, num_threads)
+        # (PiperUnit.all_cores, spinning) -> session; one session for all when there is no second
+        self._sessions = dict.fromkeys([(False, False), (True, False), (True, True)], session)
+        self.intra_op_threads: dict[bool, int | None] = {False: num_threads, True: num_threads}
+        if device == "cpu" and all_core_threads not in (None, num_threads):
+            self.intra_op_threads[True] = all_core_threads
+            self._sessions[True, False] = _open_session(model, device, all_core_threads)
+            self._sessions[True, True] = _open_session(model, device, all_core_threads, True)
+        self._lock = threading.Lock()
+        self._num_running = 0  # run_batch calls in progress (the engine may run two at once)
 
     @property
     def sample_rate(self) -> int:
@@ -386,13 +421,14 @@ class PiperVoiceComponent:
         speed: float = 1.0,
         noise_scale: float | None = None,
         noise_w: float | None = None,
+        all_cores: bool = False,
     ) -> PiperUnit:
         """A unit with the voice config's defaults: ``VoiceSettings.make_unit``.
 
         Raises:
             ValueError: ``speed`` not finite and > 0; a unit field out of range.
         """
-        return self.settings.make_unit(phoneme_ids, seed, speed, noise_scale, noise_w)
+        return self.settings.make_unit(phoneme_ids, seed, speed, noise_scale, noise_w, all_cores)
 
     def execute(self, kind: WorkUnitKind, payloads: Sequence[PiperUnit]) -> list[np.ndarray]:
         """Synthesize each payload; returns float32 ``[num_samples]`` per payload, in order.
@@ -406,9 +442,9 @@ class PiperVoiceComponent:
         if not self.batched:
             return [self.run_batch([unit])[0] for unit in payloads]
         outputs: dict[int, np.ndarray] = {}
-        groups: dict[tuple[float, float, float], list[int]] = {}
+        groups: dict[tuple[tuple[float, float, float], bool], list[int]] = {}
         for i, unit in enumerate(payloads):
-            groups.setdefault(unit.scales, []).append(i)
+            groups.setdefault((unit.scales, unit.all_cores), []).append(i)
         for indices in groups.values():
             for i, audio in zip(
                 indices, self.run_batch([payloads[i] for i in indices]), strict=True
@@ -418,14 +454,31 @@ class PiperVoiceComponent:
 
     def run_batch(self, units: Sequence[PiperUnit]) -> list[np.ndarray]:
         """One onnxruntime call (plus reruns if the noise buffer fell short) for units that
-        share ``scales``; ids are right-padded with PAD. Returns float32 ``[num_samples]`` each.
+        share ``scales`` and ``all_cores``; ids are right-padded with PAD. Returns float32
+        ``[num_samples]`` each.
 
         Raises:
-            ValueError: the units' scales differ.
+            ValueError: the units' scales or ``all_cores`` differ.
             RuntimeError: the noise buffer still fell short after ``MAX_RERUNS`` reruns.
         """
         if len({u.scales for u in units}) != 1:
             raise ValueError("units of one batch must share (noise_scale, length_scale, noise_w)")
+        if len({u.all_cores for u in units}) != 1:
+            raise ValueError("units of one batch must share all_cores")
+        all_cores = units[0].all_cores
+        with self._lock:
+            self._num_running += 1
+            spinning = all_cores and self._num_running == 1  # alone: nothing to take a core from
+        try:
+            return self._run_units(units, self._sessions[all_cores, spinning])
+        finally:
+            with self._lock:
+                self._num_running -= 1
+
+    def _run_units(
+        self, units: Sequence[PiperUnit], session: ort.InferenceSession
+    ) -> list[np.ndarray]:
+        """``run_batch`` on ``session``."""
         num_ids = max(len(u.phoneme_ids) for u in units)
         pad = self.settings.pad_id
         ids = np.full((len(units), num_ids), pad, dtype=np.int64)  # [batch, num_ids]
@@ -441,20 +494,24 @@ class PiperVoiceComponent:
         feeds[dp.name] = _normals([s[0] for s in seeds], num_ids, dp.channels)
         num_frames = max(_frame_bound(len(u.phoneme_ids), u.length_scale) for u in units)
         for _ in range(MAX_RERUNS + 1):
-            audio, frames = self._run(feeds, [s[1] for s in seeds], num_frames)
+            audio, frames = self._run(session, feeds, [s[1] for s in seeds], num_frames)
             if max(frames) <= num_frames:
                 return [audio[row, : f * self.hop_length].copy() for row, f in enumerate(frames)]
             num_frames = max(frames)
         raise RuntimeError(f"prior noise buffer of {num_frames} frames still too short")
 
     def _run(
-        self, feeds: dict[str, np.ndarray], prior_seeds: list[np.random.SeedSequence], frames: int
+        self,
+        session: ort.InferenceSession,
+        feeds: dict[str, np.ndarray],
+        prior_seeds: list[np.random.SeedSequence],
+        frames: int,
     ) -> tuple[np.ndarray, list[int]]:
         """Run with a prior-noise buffer of ``frames``; return audio ``[batch, samples]`` and the
         frames each row's durations call for."""
         prior = self._noise[PRIOR_NOISE_NODE]
         feeds[prior.name] = _normals(prior_seeds, frames, prior.channels)  # [batch, frames, 192]
-        audio, durations = self._session.run(["output", self._durations], feeds)
+        audio, durations = session.run(["output", self._durations], feeds)
         # y_lengths = clamp_min(sum(ceil(w)), 1), as in VITS infer.
         num_frames = [max(int(d.sum()), 1) for d in durations]  # durations: [batch, 1, num_ids]
         return audio[:, 0, 0, :], num_frames
@@ -476,10 +533,9 @@ def _frame_bound(num_ids: int, length_scale: float) -> int:
     return math.ceil(FRAMES_PER_ID * num_ids * length_scale) + MIN_NOISE_FRAMES
 
 
-def _load_session(
-    model_path: Path, device: str, num_threads: int | None
-) -> tuple[ort.InferenceSession, dict[str, NoiseInput], str]:
-    """Load, rewrite (seeded noise, durations output) and open the voice graph."""
+def _seeded_graph(model_path: Path) -> tuple[bytes, dict[str, NoiseInput], str]:
+    """Load and rewrite (seeded noise, durations output) the voice graph; serialized graph,
+    its noise inputs, the durations output name."""
     model = onnx.load(str(model_path))
     noise = seed_noise_inputs(model)
     if set(noise) != {DP_NOISE_NODE, PRIOR_NOISE_NODE}:
@@ -487,14 +543,21 @@ def _load_session(
             f"expected random ops {DP_NOISE_NODE}, {PRIOR_NOISE_NODE}; got {set(noise)}"
         )
     durations = expose_durations(model)
+    return model.SerializeToString(), noise, durations
+
+
+def _open_session(
+    model: bytes, device: str, num_threads: int | None, spinning: bool = False
+) -> ort.InferenceSession:
+    """An onnxruntime session on the rewritten graph ``model``; with ``spinning``, idle
+    intra-op workers spin until the end of each run instead of sleeping."""
     options = ort.SessionOptions()
     options.use_deterministic_compute = True
-    # Idle workers must not spin: the engine may run two sessions' calls at once on few cores
-    # (measured here: spinning off cut CPU per audio second from 0.185 to 0.148).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Idle workers must not spin by default: the engine may run two sessions' calls at once on
+    # few cores (measured here: spinning off cut CPU per audio second from 0.185 to 0.148).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if spinning:  # ... and never past the end of a run
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
-    session = ort.InferenceSession(
-        model.SerializeToString(), sess_options=options, providers=execution_providers(device)
-    )
-    return session, noise, durations
+    return ort.InferenceSession(model, sess_options=options, providers=execution_providers(device))
