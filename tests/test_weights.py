@@ -64,6 +64,14 @@ async def test_bad_updates_are_refused_whole_and_change_nothing():
     await engine.shutdown()
 
 
+async def test_a_model_without_updatable_weights_says_so():
+    model = ModelInstance.load(build_toy())
+    # a component offering no updates, as a vocoder or an ONNX voice
+    model.components["lm"] = type("Frozen", (), {"execute": model.components["lm"].execute})()
+    with pytest.raises(WeightUpdateError, match="takes no weight updates"):
+        model.check_weights({"table": np.zeros((2, 2))})
+
+
 async def test_pause_updates_between_steps_and_running_requests_go_on():
     engine, model = _toy_engine()
     new_table = np.random.default_rng(7).normal(size=model.components["lm"].table.shape)

@@ -249,6 +249,10 @@ class ModelInstance:
                 dtype differs from the model's (every problem is listed).
         """
         specs = self.weight_specs()
+        if not specs:
+            raise WeightUpdateError(
+                self.card.card_id, ["this model takes no weight updates (no component offers any)"]
+            )
         problems = [] if tensors else ["no tensors given"]
         parts: dict[str, dict[str, object]] = {}
         for name, value in tensors.items():
