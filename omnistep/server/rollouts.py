@@ -24,14 +24,21 @@ from typing import Literal
 import numpy as np
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, StrictInt, field_validator
+from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from omnistep.audio import encode_all
 from omnistep.core import InvalidRequestError
 from omnistep.engine import AsyncEngine
 from omnistep.offline import MAX_GROUP_SIZE, AsyncOmniEngine, RolloutGroup
-from omnistep.server.protocol import MAX_VOICE_CHARS, OpenAIBody, ResponseFormat, sampling_of
+from omnistep.server.protocol import (
+    MAX_VOICE_CHARS,
+    OpenAIBody,
+    ResponseFormat,
+    control_characters,
+    sampling_of,
+)
 
 router = APIRouter()
 
@@ -71,9 +78,12 @@ class RolloutBody(OpenAIBody):
     @field_validator("inputs")
     @classmethod
     def _texts(cls, value: list[str]) -> list[str]:
-        for text in value:
+        for i, text in enumerate(value):
             if not 1 <= len(text) <= 4096:
-                raise ValueError("every input must hold 1 to 4096 characters")
+                raise ValueError(f"input {i} must hold 1 to 4096 characters")
+            bad = control_characters(text)
+            if bad:
+                raise ValueError(f"input {i} contains control characters {', '.join(bad[:5])}")
         return value
 
 
@@ -195,31 +205,49 @@ async def update_weights(http: HttpRequest) -> dict:
     application/x-safetensors`` or ``application/octet-stream``; ``model``, ``version`` and
     ``mode`` then come as query parameters). Returns the model and its new version. An unknown
     tensor name, a wrong shape or dtype is a 400 and nothing changes."""
-    content_type = http.headers.get("content-type", "").split(";")[0].strip()
+    content_type = http.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in (SAFETENSORS_MEDIA_TYPE, "application/octet-stream"):
         query = http.query_params
-        body = WeightsBody(
-            path="(upload)",
-            model=query.get("model"),
-            version=_int_param(query.get("version"), "version"),
-            mode=query.get("mode", "pause"),
-        )
+        fields = {"path": "(upload)", "version": _int_param(query.get("version"), "version")}
+        fields.update({k: query[k] for k in ("model", "mode") if k in query})
+        body = _weights_body(fields, loc=())
         with tempfile.TemporaryDirectory(prefix="omnistep-weights-") as folder:
             path = Path(folder) / "weights.safetensors"
             with path.open("wb") as file:
                 async for part in http.stream():
                     file.write(part)
-            return await _apply(http, body, path)
-    try:
-        body = WeightsBody.model_validate_json(await http.body())
-    except ValueError as exc:
+            try:
+                return await _apply(http, body, path)
+            except InvalidRequestError as exc:
+                if str(path) not in str(exc):
+                    raise
+                # the message names the server's temporary file: name the upload instead
+                message = str(exc).replace(str(path), "the uploaded body")
+                raise InvalidRequestError(message, param=exc.param, code=exc.code) from None
+    raw = await http.body()
+    if not raw.strip() or (content_type and "json" not in content_type):
         raise InvalidRequestError(
-            f"the body must be JSON with a 'path', or a safetensors file ({exc})", param="body"
-        ) from None
+            "POST /v1/weights takes JSON with a 'path' (Content-Type: application/json), or "
+            f"the safetensors file itself (Content-Type: {SAFETENSORS_MEDIA_TYPE})",
+            param="body",
+        )
+    body = _weights_body(raw, loc=("body",))
     path = Path(body.path)
     if not path.is_file():
         raise InvalidRequestError(f"no weights file at {body.path}", param="path")
     return await _apply(http, body, path)
+
+
+def _weights_body(fields: dict | bytes, loc: tuple[str, ...]) -> WeightsBody:
+    """A ``WeightsBody`` from JSON bytes or query fields; a validation error is raised as
+    FastAPI's, so it gets the same OpenAI-style 400 as a typed body (``param`` the field)."""
+    try:
+        if isinstance(fields, bytes):
+            return WeightsBody.model_validate_json(fields)
+        return WeightsBody.model_validate(fields)
+    except ValidationError as exc:
+        errors = [{**e, "loc": (*loc, *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
 
 
 async def _apply(http: HttpRequest, body: WeightsBody, path: Path) -> dict:
@@ -238,7 +266,7 @@ async def _apply(http: HttpRequest, body: WeightsBody, path: Path) -> dict:
 def _int_param(value: str | None, name: str) -> int | None:
     if value is None:
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # "²".isdigit(), but int("²") fails
         raise InvalidRequestError(f"'{name}' must be a non-negative integer", param=name)
     return int(value)
 
