@@ -163,6 +163,19 @@ async def test_the_sync_facade_works_inside_a_running_event_loop():
         assert engine.generate(["inside a loop"], seed=1)[0].audio.size > 0
 
 
+async def test_a_cancelled_rollout_aborts_its_engine_requests():
+    omni = AsyncOmniEngine.from_specs("toy")
+    slow = SamplingParams(max_new_tokens=2000, min_new_tokens=2000)  # 20 ms a step
+    task = asyncio.ensure_future(omni.rollout(["<slow> long"], n=3, sampling=slow))
+    while omni.engine.stats()["live_requests"] < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert omni.engine.stats()["live_requests"] == 0  # aborted, not left running for nobody
+    await omni.close()
+
+
 async def test_async_form_rolls_out_chattts_groups_that_equal_each_seed_alone(tmp_path):
     root = write_servable_tiny_chattts(tmp_path / "chattts")
     omni = AsyncOmniEngine.from_specs(f"chattts={root}", kv_cache_gb=0.02, batch_invariant=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import httpx
 import numpy as np
@@ -26,7 +27,7 @@ def base():
         yield url
 
 
-def _roll(base, **body):
+def _roll(base, timeout=60.0, **body):
     payload = {"model": "toy", "inputs": ["roll me", "and me"], "n": 3, "seed": 40,
                "max_new_tokens": 10, **body}  # fmt: skip
     # json.dumps escapes non-ASCII (httpx's json= cannot send a lone surrogate)
@@ -34,7 +35,7 @@ def _roll(base, **body):
         base + "/v1/rollouts",
         content=json.dumps(payload),
         headers={"Content-Type": "application/json"},
-        timeout=60,
+        timeout=timeout,
     )
 
 
@@ -198,3 +199,16 @@ def test_bad_weight_updates_are_400s_naming_the_field(base, kwargs, param, says)
     assert "/tmp/omnistep-weights-" not in error["message"]  # no server temp path
     assert "pydantic" not in error["message"]
     assert httpx.get(base + "/v1/weights").json()["data"][0]["version"] == 0
+
+
+def test_a_client_that_leaves_aborts_its_rollout(base):
+    # nobody reads the answer: the samples must not run on (<slow>: 20 ms per toy step)
+    with pytest.raises(httpx.ReadTimeout):
+        _roll(base, inputs=["<slow> long"], n=3, max_new_tokens=4000, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        health = httpx.get(base + "/health").json()
+        if health["live_requests"] == 0:
+            break
+        time.sleep(0.05)
+    assert health["live_requests"] == 0 and health["live_loops"] == 0

@@ -15,11 +15,14 @@ texts, sample rates) is the JSON string in the header's ``__metadata__["rollout"
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import logging
 import tempfile
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 from fastapi import APIRouter
@@ -29,7 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from omnistep.audio import encode_all
-from omnistep.core import InvalidRequestError
+from omnistep.core import InvalidRequestError, RequestAbortedError
 from omnistep.engine import AsyncEngine
 from omnistep.offline import MAX_GROUP_SIZE, AsyncOmniEngine, RolloutGroup
 from omnistep.server.protocol import (
@@ -41,6 +44,8 @@ from omnistep.server.protocol import (
 )
 
 router = APIRouter()
+log = logging.getLogger("omnistep.server")
+T = TypeVar("T")
 
 SAFETENSORS_MEDIA_TYPE = "application/x-safetensors"
 """The ``Accept`` value that asks for a safetensors rollout body (and the upload type of
@@ -112,7 +117,7 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
             param="n",
         )
     omni = _omni(http)
-    groups = await omni.rollout(
+    rollout = omni.rollout(
         body.inputs,
         n=body.n,
         seed=body.seed,
@@ -123,10 +128,43 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
         audio=body.audio_format is not None,
         progress=False,
     )
+    groups = await _unless_client_leaves(http, rollout)
     card_id = omni.engine.resolve(body.model).card.card_id
     if SAFETENSORS_MEDIA_TYPE in http.headers.get("accept", ""):
         return Response(_safetensors(card_id, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
     return JSONResponse(_json(card_id, body, groups))
+
+
+async def _unless_client_leaves(http: HttpRequest, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client disconnects first (a rollout of up to 1024
+    samples would otherwise run on for nobody; cancelled, it aborts its engine requests).
+
+    Raises:
+        RequestAbortedError: the client left (nobody reads the answer).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_disconnected(http))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.wait({task, watcher})
+    if task.cancelled() and watcher.done() and not watcher.cancelled() and watcher.result():
+        log.info("client of a rollout disconnected; aborted its requests")
+        raise RequestAbortedError("the client disconnected; the rollout was aborted")
+    return task.result()
+
+
+async def _disconnected(http: HttpRequest) -> bool:
+    """True once the client disconnects (the body is read already)."""
+    try:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - watching is best effort; the work goes on
+        await asyncio.Event().wait()  # never: let the work finish
+    return True
 
 
 def _sample_meta(sample) -> dict:
