@@ -212,3 +212,21 @@ def test_a_client_that_leaves_aborts_its_rollout(base):
             break
         time.sleep(0.05)
     assert health["live_requests"] == 0 and health["live_loops"] == 0
+
+
+@pytest.mark.parametrize(
+    ("accept", "safetensors"),
+    [
+        ("application/x-safetensors", True),
+        ("application/json, application/x-safetensors", True),
+        ("application/x-safetensors;q=0, application/json", False),  # a refusal
+        ("application/json;q=1, application/x-safetensors;q=0.5", False),
+        ("application/json", False),
+    ],
+)
+def test_accept_header_q_values_pick_the_body(base, accept, safetensors):
+    payload = {"model": "toy", "inputs": ["q"], "max_new_tokens": 2}
+    reply = httpx.post(base + "/v1/rollouts", json=payload, headers={"Accept": accept})
+    assert reply.status_code == 200, reply.text
+    is_tensors = reply.headers["content-type"].startswith("application/x-safetensors")
+    assert is_tensors == safetensors

@@ -130,7 +130,7 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
     )
     groups = await _unless_client_leaves(http, rollout)
     card_id = omni.engine.resolve(body.model).card.card_id
-    if SAFETENSORS_MEDIA_TYPE in http.headers.get("accept", ""):
+    if _wants_safetensors(http.headers.get("accept", "")):
         return Response(_safetensors(card_id, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
     return JSONResponse(_json(card_id, body, groups))
 
@@ -165,6 +165,25 @@ async def _disconnected(http: HttpRequest) -> bool:
     except Exception:  # noqa: BLE001 - watching is best effort; the work goes on
         await asyncio.Event().wait()  # never: let the work finish
     return True
+
+
+def _wants_safetensors(accept: str) -> bool:
+    """Whether an ``Accept`` header prefers safetensors to JSON: listed with a q above 0 and
+    not below ``application/json``'s (``application/x-safetensors;q=0`` is a refusal)."""
+    quality: dict[str, float] = {}
+    for item in accept.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        quality[media.lower()] = max(q, quality.get(media.lower(), 0.0))
+    tensors = quality.get(SAFETENSORS_MEDIA_TYPE, 0.0)
+    return tensors > 0 and tensors >= quality.get("application/json", 0.0)
 
 
 def _sample_meta(sample) -> dict:
