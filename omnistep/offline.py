@@ -33,10 +33,12 @@ only through the components ``score`` calls).
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 import sys
 import threading
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +54,7 @@ from omnistep.core import (
     Request,
     SamplingParams,
 )
+from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine
 from omnistep.launch import load_engine
 from omnistep.parity import Collected, collect
@@ -222,8 +225,9 @@ class AsyncOmniEngine:
         speed: float = 1.0,
         progress: bool | None = None,
     ) -> list[SpeechOutput]:
-        """Audio for each text, all submitted at once (they batch). With ``seed``, text ``i``
-        runs with seed ``seed + i``; without, each draws one (reported in its output).
+        """Audio for each text, all submitted at once (they batch; a single string is one
+        text). With ``seed``, text ``i`` runs with seed ``seed + i``; without, each draws one
+        (reported in its output).
 
         ``progress``: show a progress bar (default: when stderr is a terminal).
 
@@ -231,6 +235,7 @@ class AsyncOmniEngine:
             InvalidRequestError: a bad text, voice or setting (before anything runs).
             RequestFailedError: a request failed while running.
         """
+        texts = _texts(texts, "texts")
         card_id = self._model(model)
         requests = [
             Request(
@@ -264,14 +269,17 @@ class AsyncOmniEngine:
     ) -> list[RolloutGroup]:
         """``n`` samples of each input under the ROLLOUT profile (see the module docstring).
 
-        Sample ``k`` of every input runs with seed ``seed + k``. A chat card (Qwen2.5-Omni)
-        takes each input as one user message and speaks its reply when ``audio`` is set.
+        Sample ``k`` of every input runs with seed ``seed + k`` (``seed=None``: a random base,
+        reported in each sample's ``seed``). A single string is one input. A chat card
+        (Qwen2.5-Omni) takes each input as one user message and speaks its reply when
+        ``audio`` is set.
         Give a fixed ``voice`` where the card draws a random speaker per seed (ChatTTS
         without a voice): only equal prompts share their prefill.
 
         Raises:
-            InvalidRequestError: ``n`` outside [1, ``MAX_GROUP_SIZE``], an unknown log-prob
-                mode, no inputs, a bad input or setting.
+            InvalidRequestError: ``n`` outside [1, ``MAX_GROUP_SIZE``], a seed that is not a
+                non-negative integer, an unknown log-prob mode, no inputs, an input that is
+                not a string, a bad input or setting.
             RequestFailedError: a request failed while running.
         """
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_GROUP_SIZE:
@@ -283,8 +291,15 @@ class AsyncOmniEngine:
                 f"logprobs must be one of {', '.join(LOGPROB_MODES)}, got {logprobs!r}",
                 param="logprobs",
             )
+        inputs = _texts(inputs, "inputs")
         if not inputs:
             raise InvalidRequestError("inputs is empty", param="inputs")
+        if seed is None:
+            seed = secrets.randbelow(MAX_SEED - MAX_GROUP_SIZE + 1)
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED - n:
+            raise InvalidRequestError(
+                f"seed must be an integer in [0, 2**63-1-n], got {seed!r}", param="seed"
+            )
         card_id = self._model(model)
         card = self.engine.models[card_id].card
         groups = [f"rollout-{uuid.uuid4().hex[:12]}/{i}" for i in range(len(inputs))]
@@ -324,13 +339,19 @@ class AsyncOmniEngine:
     async def _run_all(
         self, requests: list[Request], progress: bool | None, label: str
     ) -> list[Collected]:
-        """Submit every request at once; their collected streams, in order (a progress bar
-        counts finished requests)."""
+        """Submit the requests (at most the engine's ``max_queued`` in flight, so any number
+        can run); their collected streams, in order (a progress bar counts finished
+        requests)."""
         bar = _progress_bar(len(requests), label, progress)
+        # The engine refuses more than ``max_queued`` unfinished requests: keep at most that
+        # many of these in flight; the rest wait here, in order (a group's samples stay
+        # together).
+        window = asyncio.Semaphore(max(1, self.engine.config.max_queued))
 
         async def one(request: Request) -> Collected:
             try:
-                return await collect(self.engine, request)
+                async with window:
+                    return await collect(self.engine, request)
             finally:
                 if bar is not None:
                     bar.update(1)
@@ -453,8 +474,9 @@ class OmniEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, coro: Awaitable[T]) -> T:
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if not self._thread.is_alive():
+            coro.close()  # never awaited: close it (no "never awaited" warning)
             raise RuntimeError("this OmniEngine is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
 
@@ -498,7 +520,7 @@ def score_samples(
         samples: a ``RolloutSample``, a ``RolloutGroup``, or a sequence of either (groups are
             flattened in order).
         mode: ``"processed"`` or ``"policy"`` for every loop; None: each loop's recorded mode.
-        loops: the loop names to score (default: all the sample recorded).
+        loops: the loop names to score, or one name (default: all the sample recorded).
         match_serving: ``True`` reruns serving's exact attention calls (one per decoded
             frame); ``False`` one causal attention call over the whole sequence (faster on a
             GPU, equal within ~1e-5).
@@ -532,7 +554,10 @@ def score_samples(
             profile=ExecutionProfile.ROLLOUT,
         )
         nodes = {node.name: node for node in model.card.program.nodes}
-        names = list(sample.loops) if loops is None else list(loops)
+        if loops is None:
+            names = list(sample.loops)
+        else:  # one loop name, or several
+            names = [loops] if isinstance(loops, str) else list(loops)
         scored: dict[str, Any] = {}
         for name in names:
             if name not in sample.loops:
@@ -613,6 +638,12 @@ def _read_weights(weights: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
     installed, else as numpy arrays)."""
     if isinstance(weights, Mapping):
         return weights
+    if not isinstance(weights, str | os.PathLike):
+        raise InvalidRequestError(
+            "weights must be a mapping of tensors or a safetensors file path, got "
+            f"{type(weights).__name__}",
+            param="weights",
+        )
     path = Path(weights)
     if not path.is_file():
         raise FileNotFoundError(f"no weights file at {path}")
@@ -626,6 +657,23 @@ def _read_weights(weights: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
         raise InvalidRequestError(
             f"{path} is not a readable safetensors file: {exc}", param="weights"
         ) from None
+
+
+def _texts(texts: str | Sequence[str], param: str) -> list[str]:
+    """``texts`` as a list: a single string is one text (not its characters).
+
+    Raises:
+        InvalidRequestError: not a string or a sequence of them (the check of each text's
+            type and content is ``Request``'s).
+    """
+    if isinstance(texts, str):
+        return [texts]
+    if not isinstance(texts, Sequence) and not hasattr(texts, "__iter__"):
+        raise InvalidRequestError(
+            f"{param} must be a string or a list of strings, got {type(texts).__name__}",
+            param=param,
+        )
+    return list(texts)
 
 
 def _progress_bar(total: int, label: str, show: bool | None) -> Any:

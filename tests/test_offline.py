@@ -82,6 +82,57 @@ def test_rollout_refuses_bad_arguments(toy):
     assert toy.engine.stats()["live_requests"] == 0
 
 
+def test_inputs_of_the_wrong_type_are_refused_and_one_string_is_one_input(toy):
+    for bad in ([1], [None], [b"bytes"], ["a\ud800b"]):  # a lone surrogate is not UTF-8
+        with pytest.raises(InvalidRequestError) as err:
+            toy.rollout(bad, sampling=ROLL)
+        assert err.value.param == "input"
+        with pytest.raises(InvalidRequestError):
+            toy.generate(bad, progress=False)
+    with pytest.raises(InvalidRequestError, match="sampling"):
+        toy.rollout(["x"], sampling={"max_new_tokens": 3})
+    for seed in ("3", 1.5, -1):
+        with pytest.raises(InvalidRequestError) as err:
+            toy.rollout(["x"], seed=seed, sampling=ROLL)
+        assert err.value.param == "seed"
+    [group] = toy.rollout("one text", n=2, sampling=ROLL)  # not one input per character
+    assert group.input == "one text"
+    assert [o.text for o in toy.generate("hello", progress=False)] == ["hello"]
+    [group] = toy.rollout(["x"], n=2, seed=None, sampling=ROLL)  # a random base seed
+    assert group.samples[1].seed == group.samples[0].seed + 1
+    assert toy.engine.stats()["live_requests"] == 0
+
+
+def test_a_rollout_larger_than_the_engine_queue_runs_whole():
+    # more samples than max_queued: the offline API keeps them within the engine's limit
+    with OmniEngine("toy", max_queued=4) as engine:
+        groups = engine.rollout(["a", "b", "c"], n=3, seed=2, sampling=ROLL)
+        assert [len(g.samples) for g in groups] == [3, 3, 3]
+        assert [s.seed for s in groups[2].samples] == [2, 3, 4]
+        assert len(engine.generate(["x"] * 6, seed=1, progress=False)) == 6
+        assert engine.engine.stats()["live_requests"] == 0
+
+
+def test_closed_engine_raises_without_leaking_coroutines(recwarn):
+    engine = OmniEngine("toy")
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.rollout(["x"])
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.update_weights({})
+    del engine
+    import gc
+
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
+
+
+def test_score_takes_one_loop_name_as_a_string(toy):
+    [group] = toy.rollout(["score me"], n=1, seed=3, sampling=ROLL)
+    [scored] = toy.score(group, loops="decode")
+    assert np.array_equal(scored["decode"], group.samples[0].loops["decode"].logprobs)
+
+
 def test_update_weights_from_a_safetensors_file(tmp_path):
     with OmniEngine("toy") as engine:
         lm = engine.engine.models["toy"].components["lm"]
@@ -92,6 +143,15 @@ def test_update_weights_from_a_safetensors_file(tmp_path):
             engine.update_weights(tmp_path / "bad.safetensors")
         with pytest.raises(FileNotFoundError):
             engine.update_weights(tmp_path / "missing.safetensors")
+        with pytest.raises(FileNotFoundError):
+            engine.update_weights(tmp_path)  # a directory
+        (tmp_path / "junk.safetensors").write_text("not safetensors")
+        with pytest.raises(InvalidRequestError, match="safetensors"):
+            engine.update_weights(tmp_path / "junk.safetensors")
+        for bad in (5, None):
+            with pytest.raises(InvalidRequestError) as err:
+                engine.update_weights(bad)
+            assert err.value.param == "weights"
         assert engine.update_weights(tmp_path / "new.safetensors") == 1
         assert np.array_equal(lm.table, table)
         sample = engine.rollout(["after"], n=1, seed=1, sampling=ROLL)[0].samples[0]
@@ -101,6 +161,19 @@ def test_update_weights_from_a_safetensors_file(tmp_path):
 async def test_the_sync_facade_works_inside_a_running_event_loop():
     with OmniEngine("toy") as engine:
         assert engine.generate(["inside a loop"], seed=1)[0].audio.size > 0
+
+
+async def test_a_cancelled_rollout_aborts_its_engine_requests():
+    omni = AsyncOmniEngine.from_specs("toy")
+    slow = SamplingParams(max_new_tokens=2000, min_new_tokens=2000)  # 20 ms a step
+    task = asyncio.ensure_future(omni.rollout(["<slow> long"], n=3, sampling=slow))
+    while omni.engine.stats()["live_requests"] < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert omni.engine.stats()["live_requests"] == 0  # aborted, not left running for nobody
+    await omni.close()
 
 
 async def test_async_form_rolls_out_chattts_groups_that_equal_each_seed_alone(tmp_path):

@@ -7,12 +7,13 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from safetensors.numpy import load, save_file
+from safetensors.numpy import load, save, save_file
 
 from omnistep.models.toy.card import ToyLM
 from tests.serving import running_server
@@ -26,10 +27,16 @@ def base():
         yield url
 
 
-def _roll(base, **body):
+def _roll(base, timeout=60.0, **body):
     payload = {"model": "toy", "inputs": ["roll me", "and me"], "n": 3, "seed": 40,
                "max_new_tokens": 10, **body}  # fmt: skip
-    return httpx.post(base + "/v1/rollouts", json=payload, timeout=60)
+    # json.dumps escapes non-ASCII (httpx's json= cannot send a lone surrogate)
+    return httpx.post(
+        base + "/v1/rollouts",
+        content=json.dumps(payload),
+        headers={"Content-Type": "application/json"},
+        timeout=timeout,
+    )
 
 
 def test_rollout_json_groups_samples_and_loops(base):
@@ -96,6 +103,10 @@ def test_rollout_safetensors_body_equals_the_json(base):
         ({"model": "nope"}, 404, "model"),
         ({"audio_format": "ogg"}, 400, "audio_format"),
         ({"temperature": -1}, 400, "temperature"),
+        ({"inputs": [1]}, 400, "inputs"),
+        ({"inputs": ["a\ud800b"]}, 400, "inputs"),  # a lone surrogate: was a 500
+        ({"inputs": ["a\u0000b\u001b[31m"]}, 400, "inputs"),  # controls, as /v1/audio/speech
+        ({"inputs": ["a" * 5000]}, 400, "inputs"),
     ],
 )
 def test_bad_rollouts_are_4xx_and_hold_nothing(base, body, status, param):
@@ -149,3 +160,73 @@ def test_weights_from_a_path_and_an_upload(tmp_path):
         ).json()
         assert roll["groups"][0]["samples"][0]["loops"]["decode"]["weight_versions"] == [7] * 4
         assert httpx.get(url + "/v1/weights", headers=auth).json()["data"][0]["version"] == 7
+
+
+def test_a_rollout_of_more_samples_than_the_engine_queue_runs(base):
+    # 64 x 5 = 320 samples > --max-queued 256: within the route's 1024, it must not be a 429
+    reply = _roll(base, inputs=["a"] * 64, n=5, max_new_tokens=2)
+    assert reply.status_code == 200, reply.text
+    assert [len(g["samples"]) for g in reply.json()["groups"]] == [5] * 64
+    assert httpx.get(base + "/health").json()["live_requests"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "says"),
+    [
+        ({}, "body", "takes JSON"),  # no body
+        ({"content": b"path=/x", "headers": {"Content-Type": "text/plain"}}, "body", "JSON"),
+        ({"json": {"path": "/x", "version": -1}}, "version", "Invalid value for 'version'"),
+        ({"json": {"path": "/x", "version": "abc"}}, "version", "valid integer"),
+        ({"json": {"path": "/x", "mode": "now"}}, "mode", "'pause' or 'drain'"),
+        ({"json": {"path": "/tmp"}}, "path", "no weights file"),  # a directory
+        # uploads: query parameters checked as the JSON fields (these were 500s)
+        ({"params": {"mode": "now"}, "upload": True}, "mode", "'pause' or 'drain'"),
+        ({"params": {"model": ""}, "upload": True}, "model", "at least 1"),
+        ({"params": {"version": str(2**70)}, "upload": True}, "version", "less than"),
+        ({"params": {"version": "\u00b2"}, "upload": True}, "version", "non-negative"),
+        ({"content": b"junk", "upload": True}, "weights", "the uploaded body is not"),
+    ],
+)
+def test_bad_weight_updates_are_400s_naming_the_field(base, kwargs, param, says):
+    kwargs = dict(kwargs)
+    if kwargs.pop("upload", False):
+        kwargs.setdefault("content", save({"table": np.ascontiguousarray(ToyLM().table)}))
+        kwargs["headers"] = {"Content-Type": "application/x-safetensors"}
+    reply = httpx.post(base + "/v1/weights", **kwargs)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+    assert "/tmp/omnistep-weights-" not in error["message"]  # no server temp path
+    assert "pydantic" not in error["message"]
+    assert httpx.get(base + "/v1/weights").json()["data"][0]["version"] == 0
+
+
+def test_a_client_that_leaves_aborts_its_rollout(base):
+    # nobody reads the answer: the samples must not run on (<slow>: 20 ms per toy step)
+    with pytest.raises(httpx.ReadTimeout):
+        _roll(base, inputs=["<slow> long"], n=3, max_new_tokens=4000, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        health = httpx.get(base + "/health").json()
+        if health["live_requests"] == 0:
+            break
+        time.sleep(0.05)
+    assert health["live_requests"] == 0 and health["live_loops"] == 0
+
+
+@pytest.mark.parametrize(
+    ("accept", "safetensors"),
+    [
+        ("application/x-safetensors", True),
+        ("application/json, application/x-safetensors", True),
+        ("application/x-safetensors;q=0, application/json", False),  # a refusal
+        ("application/json;q=1, application/x-safetensors;q=0.5", False),
+        ("application/json", False),
+    ],
+)
+def test_accept_header_q_values_pick_the_body(base, accept, safetensors):
+    payload = {"model": "toy", "inputs": ["q"], "max_new_tokens": 2}
+    reply = httpx.post(base + "/v1/rollouts", json=payload, headers={"Accept": accept})
+    assert reply.status_code == 200, reply.text
+    is_tensors = reply.headers["content-type"].startswith("application/x-safetensors")
+    assert is_tensors == safetensors

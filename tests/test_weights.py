@@ -61,6 +61,27 @@ async def test_bad_updates_are_refused_whole_and_change_nothing():
         assert np.array_equal(lm.table, before) and engine.weight_versions["toy"] == 0
     with pytest.raises(InvalidRequestError, match="mode"):
         await engine.update_weights("toy", {"table": good}, mode="now")
+    for version in (-1, "abc", 1.5, True):
+        with pytest.raises(InvalidRequestError, match="version") as err:
+            await engine.update_weights("toy", {"table": good}, version=version)
+        assert err.value.param == "version"
+        assert np.array_equal(lm.table, before) and engine.weight_versions["toy"] == 0
+    await engine.shutdown()
+
+
+async def test_torch_components_take_numpy_arrays_as_well(tmp_path):
+    # check_weights compares dtypes by name (numpy float32 == torch.float32): the copy must
+    # take numpy too, else an update passes the check and fails half applied
+    root = write_servable_tiny_chattts(tmp_path / "chattts")
+    model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
+    gpt = model.components["gpt"]
+    names = [n for n in model.weight_specs() if n.startswith("layers.0.")][:2]
+    live = gpt.trainable_weights(names)
+    new = {name: live[name].detach().numpy() * 1.5 for name in names}
+    engine = AsyncEngine([model])
+    assert await engine.update_weights("chattts", new) == 1
+    for name in names:
+        assert np.array_equal(live[name].detach().numpy(), new[name])
     await engine.shutdown()
 
 
@@ -186,4 +207,11 @@ async def test_qwen_thinker_embedding_update_refreshes_the_talker_rows(tmp_path)
     for token_id, row in talker.text_embeds.items():
         assert torch.equal(row, new[token_id])
     assert thinker.weight_version == 1 and talker.weight_version == 0
+    # a trainer's own leaf (requires grad) or a numpy array: the talker keeps plain rows
+    leaf = (new * 2).requires_grad_(True)
+    assert await engine.update_weights("qwen2.5-omni", {name: leaf}) == 2
+    assert all(not row.requires_grad for row in talker.text_embeds.values())
+    assert await engine.update_weights("qwen2.5-omni", {name: (new * 3).numpy()}) == 3
+    for token_id, row in talker.text_embeds.items():
+        assert torch.equal(row, new[token_id] * 3)
     await engine.shutdown()

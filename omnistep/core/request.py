@@ -64,6 +64,26 @@ def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex}"
 
 
+def _check_text(text: object, param: str) -> None:
+    """Raise ``InvalidRequestError`` unless ``text`` is a ``str`` that UTF-8 can encode (JSON
+    and Python allow lone surrogates such as ``"\\ud800"``; tokenizers fail on them)."""
+    if not isinstance(text, str):
+        raise InvalidRequestError(
+            f"'{param}' must be a string, got {type(text).__name__}",
+            param=param,
+            code="invalid_type",
+        )
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidRequestError(
+                f"'{param}' contains a lone surrogate (invalid Unicode)",
+                param=param,
+                code="invalid_value",
+            ) from None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One chat message: ``role`` (system, user, assistant) and its text ``content``."""
@@ -96,6 +116,11 @@ class Request:
             AR components prefill a prompt once per group and share its KV blocks by reference
             between the group's requests whose prompts are equal; None shares nothing. Sharing
             never changes what a request samples.
+
+    Raises:
+        InvalidRequestError: ``text`` or a message's content not a string or not valid
+            Unicode (a lone surrogate), ``sampling`` not a ``SamplingParams``, ``speed`` or
+            ``seed`` out of range.
     """
 
     model: str
@@ -113,6 +138,15 @@ class Request:
     group: str | None = None
 
     def __post_init__(self) -> None:
+        _check_text(self.text, "input")
+        for message in self.messages:
+            _check_text(getattr(message, "content", None), "messages")
+        if not isinstance(self.sampling, SamplingParams):
+            raise InvalidRequestError(
+                f"'sampling' must be a SamplingParams, got {type(self.sampling).__name__}",
+                param="sampling",
+                code="invalid_type",
+            )
         if not (
             isinstance(self.speed, int | float)
             and math.isfinite(self.speed)

@@ -313,7 +313,8 @@ class AsyncEngine:
 
         Raises:
             ModelNotFoundError: unknown model id.
-            InvalidRequestError: an unknown mode.
+            InvalidRequestError: an unknown mode, a ``version`` that is not a non-negative
+                integer.
             WeightUpdateError: see above; nothing changed.
         """
         if mode not in WEIGHT_UPDATE_MODES:
@@ -321,11 +322,17 @@ class AsyncEngine:
                 f"mode must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {mode!r}",
                 param="mode",
             )
+        if version is not None and (
+            not isinstance(version, int) or isinstance(version, bool) or version < 0
+        ):
+            raise InvalidRequestError(
+                f"version must be a non-negative integer, got {version!r}", param="version"
+            )
         model = self.resolve(model_id)
         model.check_weights(tensors)
         card_id = model.card.card_id
         async with self._weight_locks.setdefault(card_id, asyncio.Lock()):
-            new_version = self.weight_versions[card_id] + 1 if version is None else int(version)
+            new_version = self.weight_versions[card_id] + 1 if version is None else version
             try:
                 if mode == "drain":
                     self._draining[card_id] = []

@@ -207,16 +207,17 @@ class PagedARModel:
 
     @torch.no_grad()
     def update_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy ``tensors`` (checked by ``ModelInstance.check_weights``: known names, equal
-        shapes and dtypes) into the live weights in place, then refresh derived copies. Call
-        only between steps (no batch of this component running).
+        """Copy ``tensors`` (torch tensors or numpy arrays; checked by
+        ``ModelInstance.check_weights``: known names, equal shapes and dtypes) into the live
+        weights in place, then refresh derived copies. Call only between steps (no batch of
+        this component running).
 
         Raises:
             KeyError: a name ``weight_specs`` does not list (callers check first).
         """
         targets = self._weight_tensors()
-        for name, value in tensors.items():
-            targets[name].copy_(value)
+        for name, value in tensors.items():  # numpy arrays too (check_weights accepts them)
+            targets[name].copy_(torch.as_tensor(value))
         self._weights_updated(set(tensors))
 
     def trainable_weights(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:

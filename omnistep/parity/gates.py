@@ -37,9 +37,15 @@ class Collected:
 
 
 async def collect(engine: AsyncEngine, request: Request) -> Collected:
-    """Run one request to completion and gather its stream (errors propagate)."""
+    """Run one request to completion and gather its stream (errors propagate). Cancelled
+    (the caller gave up: a sibling request failed, a client left), it aborts the request,
+    which would otherwise run on for nobody."""
     stream = engine.add_request(request)
-    chunks = [chunk async for chunk in stream]
+    try:
+        chunks = [chunk async for chunk in stream]
+    except BaseException:
+        stream.cancel()
+        raise
     audio = [c.audio for c in chunks if c.modality is Modality.AUDIO and c.audio is not None]
     rates = {c.sample_rate for c in chunks if c.modality is Modality.AUDIO}
     if len(rates) > 1:

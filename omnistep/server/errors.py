@@ -164,6 +164,13 @@ _FIELD_NAMES = frozenset(
         "max_tokens",
         "max_completion_tokens",
         "n",
+        # rollouts and weights
+        "inputs",
+        "logprobs",
+        "audio_format",
+        "path",
+        "version",
+        "mode",
     }
 )
 

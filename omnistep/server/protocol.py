@@ -59,7 +59,8 @@ class OpenAIBody(BaseModel):
     @field_validator("*")
     @classmethod
     def _no_lone_surrogates(cls, value: object) -> object:
-        if isinstance(value, str) and not _valid_unicode(value):
+        texts = value if isinstance(value, list) else [value]  # a list of strings too
+        if any(isinstance(text, str) and not _valid_unicode(text) for text in texts):
             raise ValueError("string contains a lone surrogate (invalid Unicode)")
         return value
 

@@ -15,25 +15,37 @@ texts, sample rates) is the JSON string in the header's ``__metadata__["rollout"
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import logging
 import tempfile
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, StrictInt, field_validator
+from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from omnistep.audio import encode_all
-from omnistep.core import InvalidRequestError
+from omnistep.core import InvalidRequestError, RequestAbortedError
 from omnistep.engine import AsyncEngine
 from omnistep.offline import MAX_GROUP_SIZE, AsyncOmniEngine, RolloutGroup
-from omnistep.server.protocol import MAX_VOICE_CHARS, OpenAIBody, ResponseFormat, sampling_of
+from omnistep.server.protocol import (
+    MAX_VOICE_CHARS,
+    OpenAIBody,
+    ResponseFormat,
+    control_characters,
+    sampling_of,
+)
 
 router = APIRouter()
+log = logging.getLogger("omnistep.server")
+T = TypeVar("T")
 
 SAFETENSORS_MEDIA_TYPE = "application/x-safetensors"
 """The ``Accept`` value that asks for a safetensors rollout body (and the upload type of
@@ -71,9 +83,12 @@ class RolloutBody(OpenAIBody):
     @field_validator("inputs")
     @classmethod
     def _texts(cls, value: list[str]) -> list[str]:
-        for text in value:
+        for i, text in enumerate(value):
             if not 1 <= len(text) <= 4096:
-                raise ValueError("every input must hold 1 to 4096 characters")
+                raise ValueError(f"input {i} must hold 1 to 4096 characters")
+            bad = control_characters(text)
+            if bad:
+                raise ValueError(f"input {i} contains control characters {', '.join(bad[:5])}")
         return value
 
 
@@ -102,7 +117,7 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
             param="n",
         )
     omni = _omni(http)
-    groups = await omni.rollout(
+    rollout = omni.rollout(
         body.inputs,
         n=body.n,
         seed=body.seed,
@@ -113,10 +128,62 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
         audio=body.audio_format is not None,
         progress=False,
     )
+    groups = await _unless_client_leaves(http, rollout)
     card_id = omni.engine.resolve(body.model).card.card_id
-    if SAFETENSORS_MEDIA_TYPE in http.headers.get("accept", ""):
+    if _wants_safetensors(http.headers.get("accept", "")):
         return Response(_safetensors(card_id, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
     return JSONResponse(_json(card_id, body, groups))
+
+
+async def _unless_client_leaves(http: HttpRequest, work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client disconnects first (a rollout of up to 1024
+    samples would otherwise run on for nobody; cancelled, it aborts its engine requests).
+
+    Raises:
+        RequestAbortedError: the client left (nobody reads the answer).
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.create_task(_disconnected(http))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.wait({task, watcher})
+    if task.cancelled() and watcher.done() and not watcher.cancelled() and watcher.result():
+        log.info("client of a rollout disconnected; aborted its requests")
+        raise RequestAbortedError("the client disconnected; the rollout was aborted")
+    return task.result()
+
+
+async def _disconnected(http: HttpRequest) -> bool:
+    """True once the client disconnects (the body is read already)."""
+    try:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - watching is best effort; the work goes on
+        await asyncio.Event().wait()  # never: let the work finish
+    return True
+
+
+def _wants_safetensors(accept: str) -> bool:
+    """Whether an ``Accept`` header prefers safetensors to JSON: listed with a q above 0 and
+    not below ``application/json``'s (``application/x-safetensors;q=0`` is a refusal)."""
+    quality: dict[str, float] = {}
+    for item in accept.split(","):
+        media, *params = (part.strip() for part in item.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        quality[media.lower()] = max(q, quality.get(media.lower(), 0.0))
+    tensors = quality.get(SAFETENSORS_MEDIA_TYPE, 0.0)
+    return tensors > 0 and tensors >= quality.get("application/json", 0.0)
 
 
 def _sample_meta(sample) -> dict:
@@ -195,31 +262,49 @@ async def update_weights(http: HttpRequest) -> dict:
     application/x-safetensors`` or ``application/octet-stream``; ``model``, ``version`` and
     ``mode`` then come as query parameters). Returns the model and its new version. An unknown
     tensor name, a wrong shape or dtype is a 400 and nothing changes."""
-    content_type = http.headers.get("content-type", "").split(";")[0].strip()
+    content_type = http.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in (SAFETENSORS_MEDIA_TYPE, "application/octet-stream"):
         query = http.query_params
-        body = WeightsBody(
-            path="(upload)",
-            model=query.get("model"),
-            version=_int_param(query.get("version"), "version"),
-            mode=query.get("mode", "pause"),
-        )
+        fields = {"path": "(upload)", "version": _int_param(query.get("version"), "version")}
+        fields.update({k: query[k] for k in ("model", "mode") if k in query})
+        body = _weights_body(fields, loc=())
         with tempfile.TemporaryDirectory(prefix="omnistep-weights-") as folder:
             path = Path(folder) / "weights.safetensors"
             with path.open("wb") as file:
                 async for part in http.stream():
                     file.write(part)
-            return await _apply(http, body, path)
-    try:
-        body = WeightsBody.model_validate_json(await http.body())
-    except ValueError as exc:
+            try:
+                return await _apply(http, body, path)
+            except InvalidRequestError as exc:
+                if str(path) not in str(exc):
+                    raise
+                # the message names the server's temporary file: name the upload instead
+                message = str(exc).replace(str(path), "the uploaded body")
+                raise InvalidRequestError(message, param=exc.param, code=exc.code) from None
+    raw = await http.body()
+    if not raw.strip() or (content_type and "json" not in content_type):
         raise InvalidRequestError(
-            f"the body must be JSON with a 'path', or a safetensors file ({exc})", param="body"
-        ) from None
+            "POST /v1/weights takes JSON with a 'path' (Content-Type: application/json), or "
+            f"the safetensors file itself (Content-Type: {SAFETENSORS_MEDIA_TYPE})",
+            param="body",
+        )
+    body = _weights_body(raw, loc=("body",))
     path = Path(body.path)
     if not path.is_file():
         raise InvalidRequestError(f"no weights file at {body.path}", param="path")
     return await _apply(http, body, path)
+
+
+def _weights_body(fields: dict | bytes, loc: tuple[str, ...]) -> WeightsBody:
+    """A ``WeightsBody`` from JSON bytes or query fields; a validation error is raised as
+    FastAPI's, so it gets the same OpenAI-style 400 as a typed body (``param`` the field)."""
+    try:
+        if isinstance(fields, bytes):
+            return WeightsBody.model_validate_json(fields)
+        return WeightsBody.model_validate(fields)
+    except ValidationError as exc:
+        errors = [{**e, "loc": (*loc, *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
 
 
 async def _apply(http: HttpRequest, body: WeightsBody, path: Path) -> dict:
@@ -238,7 +323,7 @@ async def _apply(http: HttpRequest, body: WeightsBody, path: Path) -> dict:
 def _int_param(value: str | None, name: str) -> int | None:
     if value is None:
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # "²".isdigit(), but int("²") fails
         raise InvalidRequestError(f"'{name}' must be a non-negative integer", param=name)
     return int(value)
 

@@ -376,9 +376,10 @@ class QwenTalker(PagedARModel):
 
     def refresh_text_embeds(self, thinker_embed_tokens: torch.Tensor) -> None:
         """Copy again the thinker embedding rows the talker reads (after the thinker's
-        ``embed_tokens`` changed)."""
+        ``embed_tokens`` changed; a torch tensor or a numpy array, detached here)."""
+        rows = torch.as_tensor(thinker_embed_tokens).detach()
         for token_id in self.text_embeds:
-            self.text_embeds[token_id] = thinker_embed_tokens[token_id].to(self.device, self.dtype)
+            self.text_embeds[token_id] = rows[token_id].to(self.device, self.dtype)
 
     @torch.inference_mode()
     def teacher_forced_logits(
