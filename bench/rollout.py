@@ -20,6 +20,8 @@ decodes exactly ``--tokens`` frames (N): ``min_new_tokens = max_new_tokens = N``
   on 16 and 1 rows, measured in the same run with serving's own kernels (each ``PackedLinear``
   called: the pre-packed oneDNN GEMM), and, for reference, with plain ``F.linear``
   (``Ours.gemm_floor`` of ``bench/ar_decode.py``, which upstream's kernels run).
+  The in-engine steps share the 2 cores with the vocoder's chunks; the same steps run
+  directly on the component (nothing beside them) are reported too (``standalone``).
 * **update_weights**: ``AsyncEngine.update_weights`` of every GPT tensor (the checkpoint's
   names, from memory: a perturbed copy) in ``pause`` mode, and the first decode step after it
   (where the pre-packed linears repack), median of ``--update-reps``.
@@ -102,6 +104,45 @@ def serving_gemm_floor(llama: torch.nn.Module, rows: int, reps: int = 3) -> floa
     return 1000 * (time.perf_counter() - start) / reps
 
 
+def standalone_step_ms(model: Any, rows: int, steps: int = 20) -> float:
+    """Median milliseconds of a GPT AR_TOKEN step of ``rows`` sequences run directly (no
+    engine: nothing, such as the vocoder, computes beside it), after a prefill and 5 warm-up
+    steps; the sequences are freed after."""
+    from omnistep.core import ProgramContext, WorkUnitKind
+    from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+    from omnistep.sampling import make_generator
+
+    gpt = model.components["gpt"]
+    request = Request("chattts", text=TEXTS[0], voice=VOICE, seed=1)
+    ctx = ProgramContext(request, model)
+    model.card.program.nodes[0].fn(ctx)
+    row = model.loops["decode"].config.make_sampling(request)
+    ids = [f"bench-{i}" for i in range(rows)]
+    gens = [make_generator(i, "cpu") for i in range(rows)]
+    prefill = [
+        ARPrefillInput(s, ctx.slots["prompt"], (), (), row, g)
+        for s, g in zip(ids, gens, strict=True)
+    ]
+    history = [[out.tokens] for out in gpt.execute(WorkUnitKind.PREFILL, prefill)]
+    times = []
+    try:
+        for n in range(1, steps + 6):
+            units = [
+                ARStepInput(s, h[-1], n, tuple(h[-16:]), row, g)
+                for s, h, g in zip(ids, history, gens, strict=True)
+            ]
+            start = time.perf_counter()
+            outs = gpt.execute(WorkUnitKind.AR_TOKEN, units)
+            if n > 5:
+                times.append(1000 * (time.perf_counter() - start))
+            for h, out in zip(history, outs, strict=True):
+                h.append(out.tokens)
+    finally:
+        for s in ids:
+            gpt.free_sequence(s)
+    return float(statistics.median(times))
+
+
 def _ar_ms(timer: ExecTimer, rows: int) -> float:
     """Median milliseconds of the GPT's AR_TOKEN calls with exactly ``rows`` units."""
     times = [1000 * (e - s) for k, b, s, e in timer.outer() if k == "ar_token" and b == rows]
@@ -119,10 +160,11 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     total = args.inputs * args.n
     await collect(ours.engine, Request("chattts", text=TEXTS[0], voice=VOICE, seed=1))  # warm-up
 
-    out: dict[str, Any] = {"floor_ms": {}, "floor_f_linear_ms": {}}
+    out: dict[str, Any] = {"floor_ms": {}, "floor_f_linear_ms": {}, "standalone_step_ms": {}}
     for rows in (1, total):
         out["floor_ms"][rows] = serving_gemm_floor(gpt.llama, rows)
         out["floor_f_linear_ms"][rows] = ours.gemm_floor(rows)["ms_per_step"]
+        out["standalone_step_ms"][rows] = standalone_step_ms(ours.model, rows)
 
     timer.log.clear()
     counter.rows = 0
@@ -219,9 +261,12 @@ def run_upstream(args: argparse.Namespace) -> dict[str, Any]:
 def report(args: argparse.Namespace, ours: dict[str, Any], up: dict[str, Any] | None) -> dict:
     total = args.inputs * args.n
     floor16, floor1 = ours["floor_ms"][total], ours["floor_ms"][1]
+    alone = ours["standalone_step_ms"]
     ratios = {
         f"step_{total}_over_floor": ours["groups"]["step_ms_16"] / floor16,
         "step_1_over_floor": ours["single_step_ms_1"] / floor1,
+        f"standalone_step_{total}_over_floor": alone[total] / floor16,
+        "standalone_step_1_over_floor": alone[1] / floor1,
         "prefill_rows_saved": 1
         - ours["groups"]["prefill_rows"] / max(ours["independent"]["prefill_rows"], 1),
         "groups_over_independent_tok_s": ours["groups"]["tok_s"] / ours["independent"]["tok_s"],
