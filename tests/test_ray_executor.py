@@ -596,3 +596,40 @@ async def test_weight_update_reaches_every_replica_before_work_resumes(ray_clust
         assert a.text == b.text and a.text
         assert {r.weight_version for r in b.trajectories["decode"]} == {3}
     assert all(n > 0 for n in batches), batches
+
+
+async def test_a_sample_group_lives_on_one_replica(ray_cluster, chattts_root, tmp_path):
+    """Two GPT replicas: the four samples of a group go to one replica (so they can share
+    their prompt's KV blocks there), with outputs equal to in process; the routes are
+    forgotten once the group ends."""
+    spec = f"chattts={chattts_root}"
+    reqs = [
+        Request(
+            "chattts",
+            text="one prompt, four samples",
+            voice="alloy",
+            seed=20 + k,
+            group="ray-group",
+            profile=ExecutionProfile.ROLLOUT,
+            sampling=SamplingParams(max_new_tokens=24),
+        )
+        for k in range(4)
+    ]
+    expected, models = await _in_process(spec, reqs, **CHATTTS_OPTIONS)
+    del models
+    deploy = _deploy(
+        tmp_path, "chattts", {"gpt": "num_cpus: 0.5, replicas: 2", "vocoder": "num_cpus: 0.5"}
+    )
+    engine = load_engine([spec], "cpu", 8, executor="ray", deploy=deploy, **CHATTTS_OPTIONS)
+    executor = engine._executor
+    try:
+        running = asyncio.ensure_future(run_interleaved(engine, reqs))
+        await _until_kv_used(engine, "chattts", "gpt")
+        assert sorted(executor.replica_sequences("chattts", "gpt")) == [0, 4]
+        got = await running
+        assert executor.replica_sequences("chattts", "gpt") == [0, 0]
+        assert not executor._groups and not executor._group_size and not executor._group_of
+    finally:
+        await engine.shutdown()
+    for a, b in zip(expected, got, strict=True):
+        assert a.audio.tobytes() == b.audio.tobytes() and a.audio.size > 0

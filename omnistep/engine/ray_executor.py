@@ -530,6 +530,11 @@ class RayExecutor:
         self._turn: dict[tuple[str, str], itertools.count] = {}
         self._routes: dict[tuple[str, str, str], _Replica] = {}  # (model, component, seq_id)
         self._weight_specs: dict[tuple[str, str], dict] = {}
+        # sample groups (Request.group) live on one replica of a component while any of
+        # their sequences does: (model, component, group) -> replica, and its member count
+        self._groups: dict[tuple[str, str, str], _Replica] = {}
+        self._group_size: dict[tuple[str, str, str], int] = {}
+        self._group_of: dict[tuple[str, str, str], str] = {}  # (model, component, seq) -> group
         remote = ray.remote(ComponentWorker)
         pending: list[tuple[_Replica, Any]] = []
         for dep in deployments:
@@ -617,7 +622,9 @@ class RayExecutor:
 
     def _route(self, key: tuple[str, str], payloads: Sequence[Any]) -> dict[_Replica, list[int]]:
         """Payload indices by the replica that runs them: a sequence's units where its KV
-        blocks are (a new sequence: the replica with the fewest), the rest on the least busy."""
+        blocks are (a new sequence: where its sample group's other sequences are, so they can
+        share their prompt's blocks, else the replica with the fewest), the rest on the least
+        busy."""
         parts: dict[_Replica, list[int]] = {}
         shared: _Replica | None = None
         for index, payload in enumerate(payloads):
@@ -628,11 +635,22 @@ class RayExecutor:
             else:
                 replica = self._routes.get((*key, seq_id))  # type: ignore[arg-type]
                 if replica is None:
-                    replica = min(self._rotated(key), key=lambda r: (r.num_sequences, r.in_flight))
-                    replica.num_sequences += 1
-                    self._routes[(*key, seq_id)] = replica  # type: ignore[index]
+                    replica = self._place(key, seq_id, getattr(payload, "share_group", None))
             parts.setdefault(replica, []).append(index)
         return parts
+
+    def _place(self, key: tuple[str, str], seq_id: str, group: str | None) -> _Replica:
+        """The replica a new sequence lives on (see ``_route``); recorded until it is freed."""
+        replica = None if group is None else self._groups.get((*key, group))
+        if replica is None:
+            replica = min(self._rotated(key), key=lambda r: (r.num_sequences, r.in_flight))
+        replica.num_sequences += 1
+        self._routes[(*key, seq_id)] = replica
+        if group is not None:
+            self._groups[(*key, group)] = replica
+            self._group_of[(*key, seq_id)] = group
+            self._group_size[(*key, group)] = self._group_size.get((*key, group), 0) + 1
+        return replica
 
     async def run(
         self,
@@ -713,6 +731,13 @@ class RayExecutor:
         if replica is None:
             return
         replica.num_sequences -= 1
+        group = self._group_of.pop((model_id, name, seq_id), None)
+        if group is not None:
+            left = self._group_size[(model_id, name, group)] - 1
+            self._group_size[(model_id, name, group)] = left
+            if not left:  # the group's last sequence: forget where it lived
+                del self._group_size[(model_id, name, group)]
+                del self._groups[(model_id, name, group)]
         replica.pending.append(replica.actor.free_sequence.remote(seq_id))
 
     def _settle(self, replica: _Replica, timeout: float | None = 0) -> None:
