@@ -208,8 +208,13 @@ class AsyncOmniEngine:
         """Every model name requests may use."""
         return self.engine.model_ids()
 
-    def _model(self, model: str | None) -> str:
-        """``model``, or the first served card's id."""
+    def card_id(self, model: str | None) -> str:
+        """The card id serving ``model`` (a model id or alias), or the first served card's id
+        for None.
+
+        Raises:
+            ModelNotFoundError: no model answers to ``model``.
+        """
         if model is not None:
             return self.engine.resolve(model).card.card_id
         return next(iter(self.engine.models))
@@ -236,7 +241,7 @@ class AsyncOmniEngine:
             RequestFailedError: a request failed while running.
         """
         texts = _texts(texts, "texts")
-        card_id = self._model(model)
+        card_id = self.card_id(model)
         requests = [
             Request(
                 card_id,
@@ -300,7 +305,7 @@ class AsyncOmniEngine:
             raise InvalidRequestError(
                 f"seed must be an integer in [0, 2**63-1-n], got {seed!r}", param="seed"
             )
-        card_id = self._model(model)
+        card_id = self.card_id(model)
         card = self.engine.models[card_id].card
         groups = [f"rollout-{uuid.uuid4().hex[:12]}/{i}" for i in range(len(inputs))]
         requests = [
@@ -400,7 +405,7 @@ class AsyncOmniEngine:
             WeightUpdateError: an unknown name, a wrong shape or dtype (nothing changed).
         """
         tensors = await asyncio.to_thread(_read_weights, weights)
-        return await self.engine.update_weights(self._model(model), tensors, version, mode)
+        return await self.engine.update_weights(self.card_id(model), tensors, version, mode)
 
     async def close(self) -> None:
         """Abort what runs and stop the engine."""

@@ -333,8 +333,9 @@ def test_policy_logprobs_ignore_truncation_penalty_and_mask():
     temps = torch.tensor([[0.7, 0.7], [1.0, 2.0], [1.0, 1.0]]).unsqueeze(-1)
     want = torch.log_softmax(logits / temps, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     assert torch.equal(got, want)
-    out = sample(logits, rows, [torch.zeros(2, 0, dtype=torch.long)] * 3, [0, 0, 0],
-                 [torch.Generator().manual_seed(k) for k in range(3)])  # fmt: skip
+    generators = [torch.Generator().manual_seed(k) for k in range(3)]
+    history = [torch.zeros(2, 0, dtype=torch.long)] * 3
+    out = sample(logits, rows, history, [0, 0, 0], generators, with_policy=True)
     assert torch.equal(out.policy_logprobs, policy_logprobs(logits, rows, out.tokens))
     with pytest.raises(ValueError, match="rows"):
         policy_logprobs(logits, rows[:2], tokens)

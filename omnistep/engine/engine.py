@@ -336,7 +336,7 @@ class AsyncEngine:
             try:
                 if mode == "drain":
                     self._draining[card_id] = []
-                    await self._wait_until(lambda: not self._unheld_runs(card_id))
+                    await self._wait_until(lambda: not self._drain_pending(card_id))
                 self._paused.add(card_id)
                 await self._wait_until(lambda: not self._model_busy(card_id))
                 await asyncio.to_thread(model.update_weights, tensors, new_version)
@@ -348,13 +348,12 @@ class AsyncEngine:
         log.info("model %s now runs weight version %d", card_id, new_version)
         return new_version
 
-    def _unheld_runs(self, card_id: str) -> list[_RequestRun]:
-        held = self._draining.get(card_id, [])
-        return [
-            r
-            for r in self._runs.values()
-            if r.model.card.card_id == card_id and not any(r is h for h in held)
-        ]
+    def _drain_pending(self, card_id: str) -> bool:
+        """Whether requests of the model that a drain does not hold are still running."""
+        held = {id(run) for run in self._draining.get(card_id, [])}
+        return any(
+            r.model.card.card_id == card_id and id(r) not in held for r in self._runs.values()
+        )
 
     def _model_busy(self, card_id: str) -> bool:
         return any(n for (model_id, _), n in self._busy.items() if model_id == card_id)
@@ -373,10 +372,14 @@ class AsyncEngine:
             if self._admission is not None and Modality.AUDIO in run.ctx.request.output_modalities:
                 self._waiting.append(run)  # still a newcomer: admission decides when it starts
                 continue
-            held, run.held = run.held or [], None
-            for live in held:
-                if live.plan is not None:
-                    self._scheduler.enqueue(live, self._priority(run, live))
+            self._release_held(run)
+
+    def _release_held(self, run: _RequestRun) -> None:
+        """Queue the plans a held request's loops made while it waited (admission, a drain)."""
+        held, run.held = run.held or [], None
+        for live in held:
+            if live.plan is not None:
+                self._scheduler.enqueue(live, self._priority(run, live))
 
     async def generate(self, request: Request) -> AsyncIterator[StreamChunk]:
         """Start ``request`` and yield its chunks; closing the iterator early aborts it."""
@@ -527,10 +530,7 @@ class AsyncEngine:
                     # a request that waited would otherwise be overdue and run ahead of
                     # every admitted stream, starving those whose buffers run low.
                     run.clock.first_audio_s = now - run.clock.arrival + self.config.first_audio_s
-                held, run.held = run.held or [], None
-                for live in held:
-                    if live.plan is not None:
-                        self._scheduler.enqueue(live, self._priority(run, live))
+                self._release_held(run)
             self._waiting.popleft()
 
     def _priority(self, run: _RequestRun, live: LiveLoop | None = None) -> float | None:

@@ -481,9 +481,11 @@ class PagedARModel:
             len(u.generated) if isinstance(u, ARPrefillInput) else u.num_generated for u in units
         ]
         rows: list[SamplingRow] = [u.sampling for u in units]
-        out = sample(logits, rows, history, num_generated, [u.generator for u in units])
+        generators = [u.generator for u in units]
+        with_policy = any(u.record for u in units)  # a batch may mix recorded and served units
+        out = sample(logits, rows, history, num_generated, generators, with_policy)
         tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
-        policy = out.policy_logprobs.tolist()
+        policy = out.policy_logprobs.tolist() if with_policy else [()] * len(tokens)
         return [
             ARStepOutput(tuple(t), tuple(lp), stream, False, tuple(pl), self.weight_version)
             for t, lp, pl, stream in zip(tokens, logprobs, policy, streams, strict=True)

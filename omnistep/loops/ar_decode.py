@@ -67,6 +67,7 @@ class ARPrefillInput:
         share_group: the request's sample group (``Request.group``): a component may start
             this sequence on the KV blocks of an equal prompt of the same group instead of
             computing it again; None computes it.
+        record: the step is recorded (ROLLOUT): its output carries the policy log-probs too.
     """
 
     seq_id: str
@@ -76,6 +77,7 @@ class ARPrefillInput:
     sampling: Any
     generator: Any
     share_group: str | None = None
+    record: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,7 @@ class ARStepInput:
         last: the previous frame, ``num_vq`` ids.
         num_generated: frames generated so far (``last`` included).
         history: the last ``penalty_window`` generated frames.
-        sampling, generator: as in ARPrefillInput.
+        sampling, generator, record: as in ARPrefillInput.
     """
 
     seq_id: str
@@ -96,6 +98,7 @@ class ARStepInput:
     history: tuple[Frame, ...]
     sampling: Any
     generator: Any
+    record: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,8 @@ class ARStepOutput:
         logprobs: log-probs of those ids under the processed distribution.
         hidden: the step's hidden state (e.g. a ``[hidden]`` tensor) when the card streams it.
         preempted: the KV pool ran out; nothing was sampled and the sequence was freed.
-        policy_logprobs: log-probs of those ids under ``log_softmax(logits / temperature)``.
+        policy_logprobs: log-probs of those ids under ``log_softmax(logits / temperature)``,
+            when the unit was recorded (``record``); else empty.
         weight_version: the version of the weights the step ran under.
     """
 
@@ -223,6 +227,7 @@ class ARDecodeLoop:
                 state.sampling,
                 state.generator,
                 state.share_group,
+                state.profile is ExecutionProfile.ROLLOUT,
             )
             kind, label = WorkUnitKind.PREFILL, f"{self.loop_id}.prefill"
             resources = ResourceRequest(num_tokens=len(state.frames) + 1)
@@ -234,6 +239,7 @@ class ARDecodeLoop:
                 history,
                 state.sampling,
                 state.generator,
+                state.profile is ExecutionProfile.ROLLOUT,
             )
             kind, label = WorkUnitKind.AR_TOKEN, f"{self.loop_id}.step{state.step}"
             resources = ResourceRequest(num_tokens=1)

@@ -33,12 +33,12 @@ class SampleOutput:
         policy_logprobs: ``[B, num_vq]`` float32: their log-probabilities under the policy at
             the sampling temperature, ``log_softmax(logits / temperature)`` with no penalty,
             truncation or mask (``policy`` mode, what a PPO/GRPO ratio uses; see
-            ``policy_logprobs``).
+            ``policy_logprobs``); None unless ``sample`` was asked ``with_policy``.
     """
 
     tokens: torch.Tensor
     logprobs: torch.Tensor
-    policy_logprobs: torch.Tensor
+    policy_logprobs: torch.Tensor | None = None
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -85,6 +85,7 @@ def sample(
     history: Sequence[torch.Tensor],
     num_generated: Sequence[int],
     generators: Sequence[torch.Generator | None],
+    with_policy: bool = False,
 ) -> SampleOutput:
     """Sample one token per row and codebook.
 
@@ -94,6 +95,8 @@ def sample(
         history: each row's generated tokens so far, ``[num_vq, T_i]`` long, any length.
         num_generated: tokens each row has generated so far (drives the EOS mask).
         generators: each row's generator, on the logits' device; None only for greedy rows.
+        with_policy: also return the tokens' policy log-probs (rollouts record them; serving
+            does not pay the extra log-softmax).
     """
     logprobs, processed, greedy = processed_logprobs(logits, rows, history, num_generated)
     if len(generators) != logits.shape[0]:
@@ -104,7 +107,7 @@ def sample(
     return SampleOutput(
         tokens=tokens,
         logprobs=logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
-        policy_logprobs=policy_logprobs(logits, rows, tokens),
+        policy_logprobs=policy_logprobs(logits, rows, tokens) if with_policy else None,
     )
 
 

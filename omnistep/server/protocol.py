@@ -38,17 +38,6 @@ def _valid_unicode(value: str) -> bool:
     return True
 
 
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
-"""The sampling fields request bodies share (cards without a sampler ignore them)."""
-
-
-def sampling_of(body: BaseModel) -> SamplingParams:
-    """The ``SamplingParams`` of a body's sampling fields; unset ones keep the card's
-    defaults."""
-    values = {k: getattr(body, k) for k in SAMPLING_FIELDS if getattr(body, k, None) is not None}
-    return SamplingParams(**values)
-
-
 class OpenAIBody(BaseModel):
     """Base of request bodies and their parts: every string must be valid Unicode.
 
@@ -105,7 +94,24 @@ class NormalizationOptions(OpenAIBody):
     replace_remaining_symbols: StrictBool | None = None
 
 
-class SpeechRequest(OpenAIBody):
+class SamplingFields(OpenAIBody):
+    """The sampling fields of omnistep's speech and rollout bodies (cards without a sampler
+    ignore them); unset ones keep the card's defaults."""
+
+    temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(default=None, ge=0, le=10000)
+    repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
+
+    def sampling(self) -> SamplingParams:
+        """The ``SamplingParams`` of the fields that were given."""
+        names = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+        given = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        return SamplingParams(**given)
+
+
+class SpeechRequest(SamplingFields):
     """Body of ``POST /v1/audio/speech`` (OpenAI's fields plus omnistep's extras).
 
     OpenAI fields: ``model``, ``input`` (1..4096 characters), ``voice``, ``instructions``,
@@ -128,11 +134,6 @@ class SpeechRequest(OpenAIBody):
     stream_format: Literal["audio", "sse"] = "audio"
     stream: StrictBool | None = None
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
-    temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(default=None, ge=0, le=10000)
-    repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
-    max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
     normalization_options: NormalizationOptions | None = None
 
     @field_validator("input")
@@ -165,7 +166,7 @@ class SpeechRequest(OpenAIBody):
             voice=self.voice_name(),
             speed=self.speed,
             seed=self.seed,
-            sampling=sampling_of(self),
+            sampling=self.sampling(),
             normalize_text=self.normalize_text(),
         )
 

@@ -39,8 +39,8 @@ from omnistep.server.protocol import (
     MAX_VOICE_CHARS,
     OpenAIBody,
     ResponseFormat,
+    SamplingFields,
     control_characters,
-    sampling_of,
 )
 
 router = APIRouter()
@@ -56,7 +56,7 @@ MAX_ROLLOUT_SAMPLES = 1024
 """Samples (inputs x n) one ``POST /v1/rollouts`` may ask for."""
 
 
-class RolloutBody(OpenAIBody):
+class RolloutBody(SamplingFields):
     """Body of ``POST /v1/rollouts``.
 
     Fields: ``model``; ``inputs`` (1..64 texts: speech inputs, or one user message each for a
@@ -72,11 +72,6 @@ class RolloutBody(OpenAIBody):
     n: StrictInt = Field(default=1, ge=1, le=MAX_GROUP_SIZE)
     seed: StrictInt = Field(default=0, ge=0, le=2**62)
     voice: str | None = Field(default=None, min_length=1, max_length=MAX_VOICE_CHARS)
-    temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(default=None, ge=0, le=10000)
-    repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
-    max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
     logprobs: Literal["processed", "policy"] = "processed"
     audio_format: ResponseFormat | None = None
 
@@ -123,13 +118,13 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
         seed=body.seed,
         model=body.model,
         voice=body.voice,
-        sampling=sampling_of(body),
+        sampling=body.sampling(),
         logprobs=body.logprobs,
         audio=body.audio_format is not None,
         progress=False,
     )
     groups = await _unless_client_leaves(http, rollout)
-    card_id = omni.engine.resolve(body.model).card.card_id
+    card_id = omni.card_id(body.model)
     if _wants_safetensors(http.headers.get("accept", "")):
         return Response(_safetensors(card_id, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
     return JSONResponse(_json(card_id, body, groups))
@@ -312,12 +307,7 @@ async def _apply(http: HttpRequest, body: WeightsBody, path: Path) -> dict:
     version = await omni.update_weights(
         path, model=body.model, version=body.version, mode=body.mode
     )
-    card_id = (
-        omni.engine.resolve(body.model).card.card_id
-        if body.model
-        else next(iter(omni.engine.models))
-    )
-    return {"object": "weights", "model": card_id, "version": version}
+    return {"object": "weights", "model": omni.card_id(body.model), "version": version}
 
 
 def _int_param(value: str | None, name: str) -> int | None:

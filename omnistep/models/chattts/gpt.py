@@ -94,6 +94,14 @@ class ChatTTSPromptInput:
     text_mode: bool = False
 
 
+def _weight_norm_parts(head: str) -> tuple[str, str]:
+    """The checkpoint names of a weight-normed head's ``g`` and ``v`` (``asset/Embed``)."""
+    return (
+        f"{head}.parametrizations.weight.original0",
+        f"{head}.parametrizations.weight.original1",
+    )
+
+
 def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``g * v / ||v||`` with the norm over all dims but 0 (``torch.nn.utils.weight_norm``,
     dim 0): ``g`` ``[out, 1]``, ``v`` ``[out, in]`` -> weight ``[out, in]``."""
@@ -156,30 +164,30 @@ class ChatTTSGPT(PagedARModel):
         for j, emb in enumerate(self.emb_code):
             emb.load_state_dict({"weight": embed_state[f"emb_code.{j}.weight"]})
         self.head_parts = {
-            f"{head}.parametrizations.weight.original{k}": embed_state[
-                f"{head}.parametrizations.weight.original{k}"
-            ]
-            .float()
-            .to(self.device)
-            for head in self._head_names()
-            for k in (0, 1)
+            name: embed_state[name].float().to(self.device)
+            for head in self._heads()
+            for name in _weight_norm_parts(head)
         }
-        self._fold_heads(self._head_names())
+        self._fold_heads(list(self._heads()))
 
-    def _head_names(self) -> list[str]:
-        return [*(f"head_code.{j}" for j in range(self.config.num_vq)), "head_text"]
+    def _heads(self) -> dict[str, torch.Tensor]:
+        """Each head's checkpoint name -> its folded weight (a row view of ``head_code`` or
+        ``head_text``), the code heads first."""
+        heads = {f"head_code.{j}": self.head_code[j] for j in range(self.config.num_vq)}
+        return {**heads, "head_text": self.head_text[0]}
+
+    def _folded(self, head: str) -> torch.Tensor:
+        """The head's weight folded from its weight-norm parts (``fold_weight_norm``, float32;
+        differentiable in ``head_parts``)."""
+        g, v = (self.head_parts[name] for name in _weight_norm_parts(head))
+        return fold_weight_norm(g, v)
 
     def _fold_heads(self, heads: list[str]) -> None:
-        """Fold each named head's weight-norm parts into its plain weight (``fold_weight_norm``
-        in float32, then the compute dtype)."""
+        """Fold each named head's weight-norm parts into its plain weight (in float32, then
+        the compute dtype)."""
+        targets = self._heads()
         for head in heads:
-            prefix = f"{head}.parametrizations.weight"
-            w = fold_weight_norm(
-                self.head_parts[f"{prefix}.original0"], self.head_parts[f"{prefix}.original1"]
-            )
-            index = head.removeprefix("head_code.")
-            target = self.head_text[0] if head == "head_text" else self.head_code[int(index)]
-            target.copy_(w.to(self.dtype))
+            targets[head].copy_(self._folded(head).to(self.dtype))
 
     # ---------------------------------------------------------------- weight updates
     def _weight_tensors(self) -> dict[str, torch.Tensor]:
@@ -193,14 +201,7 @@ class ChatTTSGPT(PagedARModel):
         return {**tensors, **self.head_parts}
 
     def _weights_updated(self, names: set[str]) -> None:
-        self._fold_heads(
-            [
-                h
-                for h in self._head_names()
-                if f"{h}.parametrizations.weight.original0" in names
-                or f"{h}.parametrizations.weight.original1" in names
-            ]
-        )
+        self._fold_heads([h for h in self._heads() if names & set(_weight_norm_parts(h))])
 
     @torch.inference_mode()
     def teacher_forced_logits(
@@ -264,17 +265,9 @@ class ChatTTSGPT(PagedARModel):
         """``_head`` for the prompt's mode, its weights folded again from the weight-norm parts
         inside the graph (the same float32 fold as at load: equal values), so a loss reaches
         ``head_parts``."""
-        heads = ["head_text"] if prompt.text_mode else self._head_names()[:-1]
-        if all(f"{h}.parametrizations.weight.original0" in self.head_parts for h in heads):
-            weight = torch.stack(
-                [
-                    fold_weight_norm(
-                        self.head_parts[f"{h}.parametrizations.weight.original0"],
-                        self.head_parts[f"{h}.parametrizations.weight.original1"],
-                    ).to(self.dtype)
-                    for h in heads
-                ]
-            )
+        heads = ["head_text"] if prompt.text_mode else list(self._heads())[:-1]
+        if self.head_parts:
+            weight = torch.stack([self._folded(h).to(self.dtype) for h in heads])
         else:  # no checkpoint loaded: the (zero) folded heads
             weight = self.head_text if prompt.text_mode else self.head_code
         return self._rows(lambda h: torch.einsum("bh,jvh->bjv", h, weight), hidden.to(self.dtype))

@@ -268,8 +268,8 @@ class TalkerStepInput:
     """AR_TOKEN payload of the talker: ``ARStepInput``'s fields plus this step's condition.
 
     Attributes:
-        seq_id, last, num_generated, history, sampling, generator: as in ``ARStepInput``
-            (``last`` = ``(c_{t-1},)``).
+        seq_id, last, num_generated, history, sampling, generator, record: as in
+            ``ARStepInput`` (``last`` = ``(c_{t-1},)``).
         condition: ``cond_t`` (``condition_for_step``).
     """
 
@@ -280,6 +280,7 @@ class TalkerStepInput:
     sampling: Any
     generator: Any
     condition: TalkerCondition
+    record: bool = False
 
     @classmethod
     def from_step(cls, step: ARStepInput, condition: TalkerCondition) -> TalkerStepInput:
@@ -291,6 +292,7 @@ class TalkerStepInput:
             step.sampling,
             step.generator,
             condition,
+            step.record,
         )
 
 
