@@ -187,3 +187,15 @@ def generate(
         "speakers": tts.get_supported_speakers(),
         "languages": tts.get_supported_languages(),
     }
+
+
+def tokenize(root: str | Path, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text by upstream's processor (``Qwen3TTSProcessor`` from ``root``,
+    as ``Qwen3TTSModel.from_pretrained`` loads it)."""
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSProcessor
+    from transformers import AutoConfig, AutoProcessor
+
+    AutoConfig.register("qwen3_tts", Qwen3TTSConfig)
+    AutoProcessor.register(Qwen3TTSConfig, Qwen3TTSProcessor)
+    processor = AutoProcessor.from_pretrained(str(root), fix_mistral_regex=True)
+    return [processor(text=t)["input_ids"][0] for t in texts]
