@@ -15,7 +15,7 @@ from safetensors import safe_open
 from omnistep.models.qwen3_tts import LAYOUT, Qwen3TTSCheckpoint, Qwen3TTSCheckpointError
 from omnistep.models.qwen3_tts.loader import model_tensor_shapes, speech_decoder_tensor_shapes
 from tests.qwen3_tts_ref import assets
-from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
+from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts, write_tiny_qwen3_tts_many
 from tests.qwen3_tts_ref.env import call_reference
 
 pytestmark = pytest.mark.skipif(
@@ -27,7 +27,26 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, assets.Qwen3TTSInfo]:
     root = tmp_path_factory.mktemp("qwen3_tts")
-    return {v: write_tiny_qwen3_tts(root / v, v) for v in assets.VARIANTS}
+    infos = write_tiny_qwen3_tts_many({root / v: v for v in assets.VARIANTS})
+    return {info.variant: info for info in infos}
+
+
+GENERATE_CASES = [
+    ("custom_voice", {"speaker": "Ryan", "language": "English"}),
+    ("custom_voice", {"speaker": "Dylan", "language": "Chinese"}),  # a dialect speaker
+    ("voice_design", {"instruct": "a calm low voice", "language": "English"}),
+]
+
+
+@pytest.fixture(scope="module")
+def generated(folders) -> list[dict]:  # noqa: ANN001
+    """Upstream ``generate`` on each case, in one reference subprocess."""
+    requests = [
+        {"root": folders[v].root, "text": "hello world, how are you today", "max_new_tokens": 6}
+        | kw
+        for v, kw in GENERATE_CASES
+    ]
+    return call_reference("tests.qwen3_tts_ref.upstream:generate_many", requests=requests)
 
 
 def _copy(info: assets.Qwen3TTSInfo, tmp_path: Path) -> Path:
@@ -72,23 +91,11 @@ def test_same_seed_gives_byte_identical_files(folders, tmp_path):
         assert (again.root / rel).read_bytes() == (info.root / rel).read_bytes(), rel
 
 
-@pytest.mark.parametrize(
-    ("variant", "kwargs"),
-    [
-        ("custom_voice", {"speaker": "Ryan", "language": "English"}),
-        ("custom_voice", {"speaker": "Dylan", "language": "Chinese"}),  # a dialect speaker
-        ("voice_design", {"instruct": "a calm low voice", "language": "English"}),
-    ],
-)
-def test_upstream_generates_from_the_fixture(folders, variant, kwargs):
+@pytest.mark.parametrize("case", range(len(GENERATE_CASES)))
+def test_upstream_generates_from_the_fixture(folders, generated, case):
+    variant = GENERATE_CASES[case][0]
     info = folders[variant]
-    out = call_reference(
-        "tests.qwen3_tts_ref.upstream:generate",
-        root=info.root,
-        text="hello world, how are you today",
-        max_new_tokens=6,
-        **kwargs,
-    )
+    out = generated[case]
     codes, wav = out["codes"], out["wav"]
     assert out["tts_model_type"] == variant
     assert codes.ndim == 2 and codes.shape[1] == 16 and 1 <= codes.shape[0] <= 6

@@ -113,6 +113,16 @@ def write_weights(root: str | Path, seed: int = 0) -> dict[str, list[int]]:
     return shapes
 
 
+def write_weights_many(roots: list[str | Path], seed: int = 0) -> list[dict[str, list[int]]]:
+    """``write_weights`` for several folders in one subprocess (one start-up instead of many)."""
+    return [write_weights(root, seed) for root in roots]
+
+
+def generate_many(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``generate(**request)`` for each request, in one subprocess."""
+    return [generate(**request) for request in requests]
+
+
 def tensor_shapes(root: str | Path) -> dict[str, list[int]]:
     """name -> shape of the state dicts upstream builds from ``root``'s configs (same keys as
     ``write_weights`` returns), without writing anything."""
