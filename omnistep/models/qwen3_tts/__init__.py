@@ -1,0 +1,36 @@
+"""Qwen3-TTS (Qwen/Qwen3-TTS-12Hz-*): talker (codec LM with a text track) + code predictor ->
+12 Hz speech-tokenizer decoder, on omnistep's layers. ``loader`` reads the published folder."""
+
+from omnistep.models.qwen3_tts.loader import (
+    LAYOUT,
+    TTS_MODEL_TYPES,
+    CodePredictorConfig,
+    GenerationDefaults,
+    Qwen3TTSCheckpoint,
+    Qwen3TTSCheckpointError,
+    Qwen3TTSConfig,
+    SpeakerEncoderConfig,
+    SpeechDecoderConfig,
+    SpeechEncoderConfig,
+    SpeechTokenizerConfig,
+    TalkerConfig,
+    TokenIds,
+    parse_config,
+)
+
+__all__ = [
+    "LAYOUT",
+    "TTS_MODEL_TYPES",
+    "CodePredictorConfig",
+    "GenerationDefaults",
+    "Qwen3TTSCheckpoint",
+    "Qwen3TTSCheckpointError",
+    "Qwen3TTSConfig",
+    "SpeakerEncoderConfig",
+    "SpeechDecoderConfig",
+    "SpeechEncoderConfig",
+    "SpeechTokenizerConfig",
+    "TalkerConfig",
+    "TokenIds",
+    "parse_config",
+]
