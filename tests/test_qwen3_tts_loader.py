@@ -18,11 +18,6 @@ from tests.qwen3_tts_ref import assets
 from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts, write_tiny_qwen3_tts_many
 from tests.qwen3_tts_ref.env import call_reference
 
-pytestmark = pytest.mark.skipif(
-    not (Path(__file__).resolve().parents[1] / ".ref" / "qwen-tts" / "qwen_tts").is_dir(),
-    reason="the qwen-tts reference overlay is not installed (make install-test)",
-)
-
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, assets.Qwen3TTSInfo]:
