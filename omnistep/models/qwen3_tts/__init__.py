@@ -1,3 +1,37 @@
-"""Qwen3-TTS (12 Hz): talker LM with a code predictor, and the speech tokenizer's causal decoder
-(``codec.py``) as the streamed vocoder. Our own torch code; no run-time dependency on
-``qwen-tts``."""
+"""Qwen3-TTS (Qwen/Qwen3-TTS-12Hz-*): talker (codec LM with a text track) + code predictor ->
+12 Hz speech-tokenizer decoder, on omnistep's layers. ``loader`` reads the published folder;
+``codec`` is the speech tokenizer's causal decoder, run as the streamed vocoder."""
+
+from omnistep.models.qwen3_tts.loader import (
+    LAYOUT,
+    TTS_MODEL_TYPES,
+    CodePredictorConfig,
+    GenerationDefaults,
+    Qwen3TTSCheckpoint,
+    Qwen3TTSCheckpointError,
+    Qwen3TTSConfig,
+    SpeakerEncoderConfig,
+    SpeechDecoderConfig,
+    SpeechEncoderConfig,
+    SpeechTokenizerConfig,
+    TalkerConfig,
+    TokenIds,
+    parse_config,
+)
+
+__all__ = [
+    "LAYOUT",
+    "TTS_MODEL_TYPES",
+    "CodePredictorConfig",
+    "GenerationDefaults",
+    "Qwen3TTSCheckpoint",
+    "Qwen3TTSCheckpointError",
+    "Qwen3TTSConfig",
+    "SpeakerEncoderConfig",
+    "SpeechDecoderConfig",
+    "SpeechEncoderConfig",
+    "SpeechTokenizerConfig",
+    "TalkerConfig",
+    "TokenIds",
+    "parse_config",
+]
