@@ -51,8 +51,10 @@ from omnistep.models.qwen3_tts.codec import (
     CodecPrefix,
     DecodeRow,
     codec_decode_config,
+    codec_from_checkpoint,
     load_codec_decoder,
 )
+from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
 from omnistep.parity import collect
 
 TINY = {
@@ -271,6 +273,34 @@ def test_upstream_forward_equals_its_decode_here(model, codes, upstream_wave) ->
 @pytest.mark.parametrize("schedule", [[1], [2, 8, 16]])
 def test_our_chunked_decode_matches_upstream_whole(model, codes, upstream_wave, schedule) -> None:
     assert max_diff(model.chunked_decode(codes, schedule), upstream_wave) <= PARITY_TOL
+
+
+@pytest.fixture(scope="module")
+def fixture_folder(tmp_path_factory: pytest.TempPathFactory):
+    from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
+
+    return write_tiny_qwen3_tts(tmp_path_factory.mktemp("q3codec") / "cv", "custom_voice", 0)
+
+
+def test_fixture_checkpoint_decodes_like_upstream(fixture_folder) -> None:
+    """The shared tiny published folder (published decoder geometry: window 72, rates
+    8 5 4 3, ratios 2 2; upstream's own init): ``codec_from_checkpoint`` decodes like upstream's
+    ``Qwen3TTSTokenizerV2Model.from_pretrained(speech_tokenizer/).decode``, whole and chunked."""
+    from tests.qwen3_tts_ref.env import call_reference
+
+    model = codec_from_checkpoint(Qwen3TTSCheckpoint.open(fixture_folder.root))
+    assert model.hop_length == 1920
+    assert model.left_context_frames == 2 * 71 + 2 + 10  # 2 layers in the fixture
+    codes = random_codes(2, 40, seed=3, size=2048)
+    ours = model.decode(codes)
+    upstream = call_reference(
+        "tests.qwen3_tts_ref.upstream_codec:decode_folder",
+        path=str(fixture_folder.root / "speech_tokenizer"),
+        codes=codes.numpy(),
+    )
+    assert ours.std() > 0.05
+    assert max_diff(ours, np.stack(upstream)) <= PARITY_TOL
+    assert max_diff(model.chunked_decode(codes, [1, 4, 8]), np.stack(upstream)) <= PARITY_TOL
 
 
 # --- exact chunking --------------------------------------------------------------------------

@@ -47,12 +47,14 @@ State-dict names equal the ``decoder.*`` tensors of ``speech_tokenizer/model.saf
 without that prefix (``load_codec_decoder`` takes the file's names as they are). The quantizers'
 ``input_proj`` weights (encoder side, never used to decode) are not held.
 
-Imports: torch, omnistep.core, omnistep.layers, omnistep.loops (config types only) and the
-SnakeBeta of ``qwen2_5_omni/bigvgan.py`` (the same formula).
+Imports: torch, omnistep.core, omnistep.layers, omnistep.loops (config types only), this
+family's ``loader`` (``codec_from_checkpoint``) and the SnakeBeta of ``qwen2_5_omni/bigvgan.py``
+(the same formula).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +72,7 @@ from omnistep.layers.rope import apply_rope, rope_cos_sin
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig
 from omnistep.models.qwen2_5_omni.bigvgan import SnakeBeta
 from omnistep.models.qwen2_5_omni.config_fields import check_positive_ints, known_fields
+from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
 
 SAMPLE_RATE = 24000
 """Hz of the decoder output (``output_sample_rate`` of the published tokenizer config)."""
@@ -177,6 +180,16 @@ class CodecDecoderConfig:
         one); keys this decoder does not use are ignored."""
         raw = raw.get("decoder_config", raw)
         return cls(**known_fields(cls, raw))
+
+    @classmethod
+    def of(cls, config: Any) -> CodecDecoderConfig:
+        """``config`` as a CodecDecoderConfig: itself, a dict (``from_dict``), or a dataclass
+        with the same field names (the loader's ``SpeechDecoderConfig``)."""
+        if isinstance(config, cls):
+            return config
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            return cls.from_dict(dataclasses.asdict(config))
+        return cls.from_dict(config)
 
     @property
     def hop_length(self) -> int:
@@ -671,7 +684,7 @@ class CodecDecoder(nn.Module):
 
 def load_codec_decoder(
     tensors: Mapping[str, torch.Tensor],
-    config: Mapping[str, Any] | CodecDecoderConfig,
+    config: Any,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     source: str = "speech_tokenizer/model.safetensors",
@@ -682,16 +695,15 @@ def load_codec_decoder(
         tensors: ``speech_tokenizer/model.safetensors`` by official names: the ``decoder.*``
             ones are used (``encoder.*`` and others ignored); every parameter must be there
             with its shape.
-        config: ``decoder_config`` (or the whole speech tokenizer ``config.json`` dict), or a
-            ``CodecDecoderConfig``.
+        config: ``decoder_config`` (or the whole speech tokenizer ``config.json`` dict), a
+            ``CodecDecoderConfig``, or the loader's ``SpeechDecoderConfig``.
         device, dtype: where and how it runs (upstream's file is float32).
         source: the file named in errors.
 
     Raises:
         ModelFilesError: tensors missing, unexpected or of the wrong shape (named).
     """
-    if not isinstance(config, CodecDecoderConfig):
-        config = CodecDecoderConfig.from_dict(config)
+    config = CodecDecoderConfig.of(config)
     prefix = "decoder."
     state = {
         k[len(prefix) :]: v
@@ -717,6 +729,23 @@ def load_codec_decoder(
         )
     model.load_state_dict(state, strict=True, assign=True)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def codec_from_checkpoint(
+    checkpoint: Qwen3TTSCheckpoint,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> CodecDecoder:
+    """The decoder of an opened published folder (``loader.Qwen3TTSCheckpoint``): its
+    ``speech_tokenizer/config.json`` ``decoder_config`` and ``decoder.*`` tensors.
+
+    Raises:
+        Qwen3TTSCheckpointError / ModelFilesError: a tensor missing or misshapen (named).
+    """
+    tensors = checkpoint.speech_tokenizer_tensors(prefix="decoder.")
+    source = str(checkpoint.root / "speech_tokenizer" / "model.safetensors")
+    decoder = checkpoint.config.speech_tokenizer.decoder
+    return load_codec_decoder(tensors, decoder, device, dtype, source)
 
 
 @dataclass(frozen=True, eq=False)
@@ -793,11 +822,14 @@ def codec_decode_config(
     bucket_frames: int = 64,
     trim_threshold: float | None = None,
     extras_slot: str | None = None,
+    sample_rate: int = SAMPLE_RATE,
 ) -> AudioDecodeConfig:
     """The audio loop's settings for this decoder: exact left context
     (``left_context_frames``), no look-ahead (causal), windows bucketed to multiples of
     ``bucket_frames`` so chunks of different requests batch (same chunk size, window lengths
     in one bucket).
+
+    ``sample_rate``: the speech tokenizer's ``output_sample_rate`` (24000 published).
 
     Defaults: a 2-frame first chunk (160 ms of audio: first audio as soon as the talker has
     2 frames), then 8 frames doubling up to 64 (5.1 s): each chunk recomputes the conv stack
@@ -810,7 +842,7 @@ def codec_decode_config(
         loop_id=loop_id,
         component=component,
         in_slot=in_slot,
-        sample_rate=SAMPLE_RATE,
+        sample_rate=sample_rate,
         first_chunk=first_chunk,
         chunk=chunk,
         chunk_growth=chunk_growth,
