@@ -522,6 +522,41 @@ class Upstream:
         return res
 
 
+class NoUpstream:
+    """Stands in for ``Upstream`` when it could not load (its error is in the JSON): every
+    figure is NaN (null in the JSON), so omnistep's own figures are still measured and the
+    ratios to upstream read NaN / MISSED."""
+
+    load_s = float("nan")
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+
+    def _nan(self, frames: int) -> dict[str, Any]:
+        nan = float("nan")
+        return {
+            "wall_s": nan,
+            "tok_s": nan,
+            "frames": frames,
+            "cpu_s": nan,
+            "cpu_ms_per_token": nan,
+            "loadavg": load_avg(),
+        }
+
+    def single(self) -> dict[str, Any]:
+        return self._nan(self.tokens)
+
+    def gpt_only(self) -> dict[str, Any]:
+        return self._nan(self.tokens)
+
+    def batch(self) -> dict[str, Any]:
+        return self._nan(UPSTREAM_BATCH * self.tokens)
+
+    def stream_ttfa(self) -> dict[str, Any]:
+        n = max(self.tokens, UPSTREAM_STREAM_MIN_TOKENS)
+        return {"ttfa_s": float("nan"), "tokens": n, "first_samples": 0, "loadavg": load_avg()}
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -536,11 +571,18 @@ async def run_all(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]
     n, lo, hi = args.tokens, levels[0], levels[-1]
     defaults = ChatTTSOptions()
     warm = defaults.first_chunk + defaults.lookahead + defaults.chunk
-    up = Upstream(args.root, n, args.device)
-    up.warmup()
+    up_error = None
+    try:
+        up: Upstream | NoUpstream = Upstream(args.root, n, args.device)
+        up.warmup()
+    except Exception as exc:  # omnistep's figures are still measured
+        up_error = section_error("upstream", exc)
+        up = NoUpstream(n)
     ours = Ours(args.root, {}, args.device)
     await ours.burst(2, warm, quiet=True)  # warm-up
     out: dict[str, Any] = {"upstream": {"load_s": round(up.load_s, 2)}, "rounds": []}
+    if up_error is not None:
+        out["upstream"].update(up_error)
     out["upstream"]["gpt_only"] = up.gpt_only()
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)

@@ -97,7 +97,7 @@ run_step() { # NAME LIMIT_S COMMAND...: runs it under a time limit, records its 
 }
 
 main() {
-    echo "gpu.sh $* on $(hostname) at $(date -u +%FT%TZ), $(nproc) cores, repo $REPO"
+    echo "gpu.sh $* on ${HOSTNAME:-this machine} at $(date -u +%FT%TZ), $(nproc) cores, repo $REPO"
     local py="" device=cpu c
     for c in $(candidates); do
         if has_cuda "$c"; then
@@ -110,8 +110,11 @@ main() {
         for c in $(candidates); do has_torch "$c" && { py="$c"; break; }; done
         if [ -z "$py" ]; then
             echo "no python here has torch: creating .venv (pip install -e '.[chattts]', needs an index)"
-            python3 -m venv "$REPO/.venv" && "$REPO/.venv/bin/pip" install -q -e "$REPO[chattts]" ||
-                { echo "gpu.sh: could not create .venv with torch" >&2; return 4; }
+            if ! { python3 -m venv "$REPO/.venv" &&
+                "$REPO/.venv/bin/pip" install -q -e "${REPO}[chattts]"; }; then
+                echo "gpu.sh: could not create .venv with torch" >&2
+                return 4
+            fi
             py="$REPO/.venv/bin/python"
             has_cuda "$py" && device=cuda
         fi
@@ -143,14 +146,14 @@ main() {
     local size threads ar_args ro_args ckpt_s ar_s ro_s
     if [ "$QUICK" = 1 ]; then
         size=tiny
-        ar_args=(--concurrency 1,2 --tokens 8 --rounds 1)
+        ar_args=(--concurrency "1,2" --tokens 8 --rounds 1)
         ro_args=(--inputs 2 --n 2 --tokens 8 --update-reps 1)
         ckpt_s=120 ar_s=240 ro_s=180
     else
         size=full
-        ar_args=(--concurrency 1,16 --tokens 96 --rounds 2)
+        ar_args=(--concurrency "1,16" --tokens 96 --rounds 2)
         ro_args=(--inputs 2 --n 8 --tokens 96 --update-reps 3)
-        ckpt_s=100 ar_s=210 ro_s=140 # 450 s with ~15 s of setup: inside 8 minutes
+        ckpt_s=60 ar_s=230 ro_s=160 # 450 s with ~15 s of setup: inside 8 minutes
     fi
     if [ "$device" = cuda ]; then
         threads=$(($(nproc) < 8 ? $(nproc) : 8))

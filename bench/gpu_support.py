@@ -179,8 +179,13 @@ def install(wheels: Path | None, target: Path) -> list[str]:
     importlib.invalidate_caches()
     absent = missing_modules(absent)
     if absent:
+        # fail fast where no index answers (a GPU machine): no retries, a short timeout
         print(f"from the package index (if reachable): {[pins[m] for m in absent]}", flush=True)
-        subprocess.run([*pip, *(pins[m] for m in absent)], check=False, timeout=300)
+        fetch = [*pip, "--retries", "0", "--timeout", "10", *(pins[m] for m in absent)]
+        try:
+            subprocess.run(fetch, check=False, timeout=240)
+        except subprocess.TimeoutExpired:
+            print("the package index did not answer in time", flush=True)
         importlib.invalidate_caches()
     return missing_modules(list(pins) + list(MACHINE))
 
@@ -210,8 +215,11 @@ def summarize(out_dir: Path, steps: dict[str, int] | None = None) -> dict[str, A
             "table": ar.get("table"),
             "section_errors": {
                 k: v["error"]
-                for k, v in [("batch_invariant", raw.get("batch_invariant", {}))]
-                + [(f"lookahead={la}", v) for la, v in raw.get("lookahead", {}).items()]
+                for k, v in [
+                    ("upstream", raw.get("upstream", {})),
+                    ("batch_invariant", raw.get("batch_invariant", {})),
+                    *((f"lookahead={la}", v) for la, v in raw.get("lookahead", {}).items()),
+                ]
                 if isinstance(v, dict) and "error" in v
             },
             "seconds": ar.get("seconds"),
