@@ -11,7 +11,8 @@
 #
 # What it does: picks a python whose torch sees CUDA ($PYTHON, else .venv/bin/python, else
 # python3; none: exit 3 with the reason, unless --allow-cpu, which runs on the CPU; no torch
-# anywhere: creates .venv with `pip install -e '.[chattts]'`, which needs an index), installs
+# anywhere: creates .venv with `pip install -e '.[chattts]'` and the einops and numba the
+# benchmarks import, which needs an index), installs
 # what the benchmarks lack (bench/gpu_support.py: the carried wheels in .whl/, else the index)
 # into a folder on PYTHONPATH, prints nvidia-smi and the torch/CUDA versions, writes the
 # full-size ChatTTS checkpoint (random weights, /tmp), then runs, each under a time limit:
@@ -110,8 +111,11 @@ main() {
         for c in $(candidates); do has_torch "$c" && { py="$c"; break; }; done
         if [ -z "$py" ]; then
             echo "no python here has torch: creating .venv (pip install -e '.[chattts]', needs an index)"
+            local specs
+            specs="$(python3 bench/gpu_support.py venv-specs)" || return 4
+            # shellcheck disable=SC2086 # one requirement per word
             if ! { python3 -m venv "$REPO/.venv" &&
-                "$REPO/.venv/bin/pip" install -q -e "${REPO}[chattts]"; }; then
+                "$REPO/.venv/bin/pip" install -q -e "${REPO}[chattts]" $specs; }; then
                 echo "gpu.sh: could not create .venv with torch" >&2
                 return 4
             fi

@@ -13,6 +13,7 @@ to it for whatever the wheels did not provide.
 Commands::
 
     python bench/gpu_support.py missing                  # import names absent; exit 3 if any
+    python bench/gpu_support.py venv-specs               # what a fresh venv adds to .[chattts]
     python bench/gpu_support.py prepare .whl [--python-version 3.12]
     python bench/gpu_support.py install .whl /tmp/site   # only what is missing
     python bench/gpu_support.py summary OUT_DIR          # gpu_summary.{txt,json} from the JSON
@@ -34,6 +35,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MAKEFILE = REPO / "Makefile"
+PYPROJECT = REPO / "pyproject.toml"
+#: Distributions of the ``test`` extra that the benchmarks import beside ``.[chattts]``
+#: (``venv_specs``: what a fresh venv installs with ``pip install -e '.[chattts]'``).
+TEST_EXTRA_FOR_BENCH = ("einops", "numba")
 
 #: Import names the benchmarks need that the machine must bring: never installed here (torch
 #: is the machine's own CUDA build; the others come with it, or with ``pip install -e .``).
@@ -109,6 +114,24 @@ def wheel_pins(makefile: Path = MAKEFILE) -> dict[str, str]:
     if missing:
         raise ValueError(f"{makefile}: REFERENCE_PKGS lacks {missing}")
     return {**{m: ref[d] for m, d in REFERENCE_MODULES.items()}, **EXTRA_PINS}
+
+
+def venv_specs(pyproject: Path = PYPROJECT) -> list[str]:
+    """The ``test`` extra's requirements of ``TEST_EXTRA_FOR_BENCH``, as pyproject.toml pins
+    them: with ``.[chattts]``, the minimal install of a fresh venv for the benchmarks.
+
+    Raises:
+        ValueError: pyproject.toml's ``test`` extra lacks one of them.
+    """
+    import tomllib
+
+    extra = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    tests = extra["optional-dependencies"]["test"]
+    specs = {canonical(re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0]): spec for spec in tests}
+    missing = [name for name in TEST_EXTRA_FOR_BENCH if canonical(name) not in specs]
+    if missing:
+        raise ValueError(f"{pyproject}: the test extra lacks {missing}")
+    return [specs[canonical(name)] for name in TEST_EXTRA_FOR_BENCH]
 
 
 def missing_modules(names: list[str] | tuple[str, ...]) -> list[str]:
@@ -315,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("missing", help="print the import names absent here; exit 3 if any")
+    sub.add_parser("venv-specs", help="print what a fresh venv installs beside .[chattts]")
     p = sub.add_parser("prepare", help="download the wheels a GPU machine may lack")
     p.add_argument("dest", type=Path)
     p.add_argument("--python-version", default="3.12", help="the GPU machine's python")
@@ -329,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         absent = missing_modules(required())
         print(" ".join(absent))
         return 3 if absent else 0
+    if args.command == "venv-specs":
+        print(" ".join(venv_specs()))
+        return 0
     if args.command == "prepare":
         wheels = prepare(args.dest, args.python_version)
         print(f"{len(wheels)} wheels in {args.dest}: " + " ".join(w.name for w in wheels))

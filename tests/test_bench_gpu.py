@@ -189,3 +189,11 @@ def _cuda_here() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_venv_specs_come_from_the_test_extra(tmp_path):
+    assert [s.split(">")[0] for s in gpu_support.venv_specs()] == ["einops", "numba"]
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project.optional-dependencies]\ntest = ["einops==0.8", "pytest"]\n')
+    with pytest.raises(ValueError, match="lacks \\['numba'\\]"):
+        gpu_support.venv_specs(pyproject)
