@@ -234,3 +234,9 @@ def mrope_vs_rope(head_dim: int, mrope_section: list[int], theta: float, positio
         "cos_1d": cos3[0].numpy(),
         "sin_1d": sin3[0].numpy(),
     }
+
+
+def run_many(calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Run several functions of this module in one reference subprocess (one import of
+    ``qwen_tts``): ``[(function name, kwargs), ...]`` -> their results, in order."""
+    return [globals()[name](**kwargs) for name, kwargs in calls]

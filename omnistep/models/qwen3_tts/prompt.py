@@ -56,7 +56,7 @@ def instruct_text(instruct: str) -> str:
 
 
 def supported_languages(config: Qwen3TTSTalkerConfig) -> list[str]:
-    """"auto" and every ``codec_language_id`` name without "dialect" (upstream
+    """ "auto" and every ``codec_language_id`` name without "dialect" (upstream
     ``get_supported_languages``)."""
     return ["auto", *(name for name in config.codec_language_id if "dialect" not in name)]
 

@@ -560,7 +560,10 @@ class CodePredictor:
         rows = torch.stack([talker_hidden, first_embed], dim=1).reshape(2 * batch, -1)
         positions = torch.arange(2, device=self.device).repeat(batch)
         hidden = self.llama.forward_attend(
-            self._project(rows.to(self.dtype), 2), positions, attend, [2] * batch,
+            self._project(rows.to(self.dtype), 2),
+            positions,
+            attend,
+            [2] * batch,
             self.batch_invariant,
         )
         last = hidden.view(batch, 2, -1)[:, 1]
@@ -603,9 +606,7 @@ class Qwen3TTSTalker(PagedARModel):
         dtype: torch.dtype = torch.float32,
         batch_invariant: bool = False,
     ):
-        super().__init__(
-            config.llama(), kv, device, dtype, batch_invariant, config.num_code_groups
-        )
+        super().__init__(config.llama(), kv, device, dtype, batch_invariant, config.num_code_groups)
         self.config = config
         factory = {"device": self.device, "dtype": dtype}
         h, th = config.hidden_size, config.text_hidden_size
@@ -662,10 +663,11 @@ class Qwen3TTSTalker(PagedARModel):
 
     # ------------------------------------------------------------ rows
     def _text_part(self, text_ids: Sequence[int]) -> torch.Tensor:
-        ids = torch.tensor(list(text_ids), dtype=torch.long, device=self.device)
-        if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < self.config.text_vocab_size):
-            raise ValueError(f"text id outside [0, {self.config.text_vocab_size})")
-        return self.text_embedding[ids]
+        """``text_embedding`` rows ``[n, text_hidden]`` of text ids (checked on the host)."""
+        text_ids = [int(t) for t in text_ids]
+        if any(not 0 <= t < self.config.text_vocab_size for t in text_ids):
+            raise ValueError(f"a text id outside [0, {self.config.text_vocab_size})")
+        return self.text_embedding[torch.tensor(text_ids, dtype=torch.long, device=self.device)]
 
     def _frame_sums(self, frames: torch.Tensor) -> torch.Tensor:
         """``[T, hidden]``: the 16 codebook embeddings of frames ``[T, G]`` summed, left to right
@@ -696,9 +698,9 @@ class Qwen3TTSTalker(PagedARModel):
                 f"replaying {len(unit.generated)} frames needs as many text ids, got "
                 f"{len(prompt.replay_text)}"
             )
-        codec_ids = torch.tensor(prompt.codec_ids, dtype=torch.long, device=self.device)
-        if bool(((codec_ids < NO_CODEC) | (codec_ids >= self.config.vocab_size)).any()):
+        if any(not NO_CODEC <= c < self.config.vocab_size for c in prompt.codec_ids):
             raise ValueError(f"prompt codec id outside [0, {self.config.vocab_size})")
+        codec_ids = torch.tensor(prompt.codec_ids, dtype=torch.long, device=self.device)
         has_codec = (codec_ids != NO_CODEC)[:, None]
         codec = torch.where(has_codec, self.codec_embedding[codec_ids.clamp(min=0)], 0.0)
         text_ids = list(prompt.text_ids)
@@ -751,15 +753,21 @@ class Qwen3TTSTalker(PagedARModel):
         generators = [u.generator for u in units]
         with_policy = any(u.record for u in units)
         first = sample(
-            logits, [u.sampling.talker for u in units], history, num_generated, generators,
+            logits,
+            [u.sampling.talker for u in units],
+            history,
+            num_generated,
+            generators,
             with_policy,
         )
         code0 = first.tokens[:, 0]
         sub_rows = [u.sampling.predictor for u in units]
         no_history = [torch.zeros(1, 0, dtype=torch.long, device=self.device)] * batch
-        codes, logprobs, policy = [code0], [first.logprobs[:, 0]], [
-            first.policy_logprobs[:, 0] if with_policy else None
-        ]
+        codes, logprobs, policy = (
+            [code0],
+            [first.logprobs[:, 0]],
+            [first.policy_logprobs[:, 0] if with_policy else None],
+        )
 
         def choose(_j: int, step_logits: torch.Tensor) -> torch.Tensor:
             out = sample(
@@ -867,7 +875,7 @@ class Qwen3TTSTalker(PagedARModel):
             lp0 = recompute_logprobs(first, talker_rows, history, list(range(count)), tokens[:, :1])
             empty = [tokens.new_zeros(rest.shape[1], 0)] * count
             lp_rest = recompute_logprobs(rest, sub_rows, empty, [0] * count, tokens[:, 1:])
-        eos = (tokens[:, :1] == self.config.codec_eos_token_id)
+        eos = tokens[:, :1] == self.config.codec_eos_token_id
         return torch.cat([lp0, lp_rest.masked_fill(eos, 0.0)], dim=1)
 
 
