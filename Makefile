@@ -32,7 +32,21 @@ system-deps:
 	$$sudo apt-get update -qq && \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PKGS) >/dev/null
 
-install-test: $(BIN)/python system-deps
+# The Qwen3-TTS reference (qwen-tts) pins transformers 4.57.3 and pulls gradio, librosa and
+# torchaudio; omnistep runs transformers 5.x. So it goes, with the transformers it pins and
+# without dependencies, into an overlay folder that only the parity tests' subprocess puts first
+# on its path (tests/qwen3_tts_ref/env.py); the venv itself never imports it. The marker file
+# makes a second `make test` skip the install.
+QWEN_TTS_REF := .ref/qwen-tts
+QWEN_TTS_REF_PKGS := qwen-tts==0.1.1 transformers==4.57.3 "huggingface_hub<1.0" \
+	"tokenizers<0.23" accelerate==1.12.0
+
+$(QWEN_TTS_REF)/.installed: | $(BIN)/python
+	rm -rf $(QWEN_TTS_REF)
+	$(BIN)/pip install -q --no-deps --target $(QWEN_TTS_REF) $(QWEN_TTS_REF_PKGS)
+	touch $@
+
+install-test: $(BIN)/python system-deps $(QWEN_TTS_REF)/.installed
 	$(BIN)/pip install -q -e '.[voice,chattts,test,dev]'
 	$(BIN)/pip install -q --no-deps $(REFERENCE_PKGS)
 
@@ -49,4 +63,4 @@ format: install-test
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ref

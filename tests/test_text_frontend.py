@@ -304,3 +304,64 @@ async def test_recognised_words_match_the_normalised_text(asr):
     for word in ("twelve", "dollars", "fifty", "cents", "forty", "five", "percent", "kilograms"):
         assert word in recognised, (word, hypothesis)
     assert asr.wer(normalize(MESSY), normalize(hypothesis)) <= 0.25, hypothesis
+
+
+# ----------------------------------------------------------------- incremental tokenization
+@pytest.fixture(scope="module")
+def qwen_bpe(tmp_path_factory):
+    """A Qwen2 byte-level BPE tokenizer loaded as Qwen3-TTS's is: vocab.json + merges.txt +
+    tokenizer_config.json, no tokenizer.json."""
+    from transformers import Qwen2Tokenizer
+
+    from tests.qwen_omni_ref.assets import TINY_SIZES, _tokenizer_files
+
+    files, _ = _tokenizer_files(TINY_SIZES)
+    root = tmp_path_factory.mktemp("bpe")
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        (root / name).write_text(files[name], encoding="utf-8")
+    return Qwen2Tokenizer.from_pretrained(root).backend_tokenizer
+
+
+STREAM_TEXTS = [
+    "Hello  world, it's 2024!\n\nOK  ",
+    "Please leave the package by the blue door on the left side of the house.",
+    "Cafe\u0301 na\u00efve -- don't, won't; I'll   go...   ?!",
+    "数字 123 和 English 混合。",
+]
+
+
+def _cuts(text: str, points: list[int]) -> list[str]:
+    points = sorted({p % (len(text) + 1) for p in points})
+    edges = [0, *points, len(text)]
+    return [text[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.sampled_from(STREAM_TEXTS) | st.text(max_size=40),
+    st.lists(st.integers(min_value=0, max_value=200), max_size=12),
+)
+def test_incremental_tokenizer_equals_whole_for_any_cuts(qwen_bpe, text, points):
+    from omnistep.text.incremental import IncrementalTokenizer
+
+    inc = IncrementalTokenizer(qwen_bpe)
+    got: list[int] = []
+    for piece in _cuts(text, points):
+        got += inc.feed(piece)
+    got += inc.finish()
+    assert got == qwen_bpe.encode(text, add_special_tokens=False).ids
+    assert inc.finish() == []
+
+
+def test_incremental_tokenizer_gives_words_before_the_text_ends(qwen_bpe):
+    from omnistep.text.incremental import IncrementalTokenizer
+
+    inc = IncrementalTokenizer(qwen_bpe)
+    assert inc.feed("Please le") == qwen_bpe.encode("Please", add_special_tokens=False).ids
+    assert inc.feed("ave") == []  # "leave" may still go on
+    assert inc.feed(" the") == qwen_bpe.encode(" leave", add_special_tokens=False).ids
+    inc.finish()
+    with pytest.raises(RuntimeError):
+        inc.feed("more")

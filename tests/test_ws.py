@@ -532,3 +532,39 @@ def test_sentence_buffer_matches_split_text_for_any_chunking(case):
 def test_sentence_buffer_docstring_examples():
     results = doctest.testmod(importlib.import_module("omnistep.text.stream"))
     assert results.attempted > 0 and results.failed == 0
+
+
+@pytest.fixture(scope="module")
+def streaming():
+    with running_server("--model", "toy_stream") as url:
+        yield url
+
+
+def test_text_input_model_speaks_each_turn_as_one_request_fed_as_text_arrives(streaming):
+    """A model with STREAMING_TEXT_INPUT: one request per turn, text appended as it arrives,
+    audio before the turn's text is complete, and the turn's bytes equal /v1/audio/speech for
+    its whole text with seed S + t."""
+    turns = ["Please leave the package by the blue door.", "Then ring twice"]
+    with _open(streaming) as ws:
+        _send(ws, "session.config", model="toy_stream", seed=21)
+        words = turns[0].split(" ")
+        for word in words[:4]:
+            _send(ws, "input.text", text=word + " ")
+        start = _recv(ws)
+        early = _recv(ws)  # audio of the first words, before the rest of the text exists
+        assert start["type"] == "audio.start" and isinstance(early, bytes) and early
+        _send(ws, "input.text", text=" ".join(words[4:]))
+        _send(ws, "input.done")
+        frames, audio = _until(ws, "audio.done")
+        assert frames[-1]["segments"] == 1
+        first = early + audio
+        for piece in ["  ", *turns[1]]:  # a blank piece first: skipped, not part of the turn
+            _send(ws, "input.text", text=piece)
+        _send(ws, "input.done")
+        frames, second = _until(ws, "audio.done")
+        assert frames[0]["type"] == "audio.start" and frames[-1]["segments"] == 1
+    expected = [
+        _speech_pcm(streaming, text, segment_seed(21, t), model="toy_stream")
+        for t, text in enumerate(turns)
+    ]
+    assert first == expected[0] and second == expected[1] and first != second

@@ -48,15 +48,24 @@ from omnistep.core.errors import (
     RequestTimeoutError,
     WeightUpdateError,
 )
-from omnistep.core.program import Channel, KernelNode, LoopNode, Program, ProgramContext
-from omnistep.core.request import ChatMessage, Request, SamplingParams
+from omnistep.core.program import (
+    TEXT_INPUT_SLOT,
+    Channel,
+    KernelNode,
+    LoopNode,
+    Program,
+    ProgramContext,
+)
+from omnistep.core.request import ChatMessage, Request, SamplingParams, check_text
 
 __all__ = [
     "call_component",
+    "check_text",
     "dtype_name",
     "ActionRecord",
     "OPENAI_TTS_MODELS",
     "OPENAI_VOICES",
+    "TEXT_INPUT_SLOT",
     "Capability",
     "CardValidationError",
     "ChatMessage",

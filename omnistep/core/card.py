@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from omnistep.core.contracts import Component, Loop
 from omnistep.core.enums import Capability, LoopKind, WorkUnitKind
 from omnistep.core.errors import CardValidationError, InvalidRequestError, WeightUpdateError
-from omnistep.core.program import Program
+from omnistep.core.program import TEXT_INPUT_SLOT, Program
 
 
 def call_component(component: Component, method: str, *args: object) -> object:
@@ -152,7 +152,9 @@ class ModelCard:
 
         Raises:
             CardValidationError: duplicate names, loops naming unknown components, program slots
-                that no node binds, a default voice outside ``voices``, a bad batch size.
+                that no node binds, a default voice outside ``voices``, a bad batch size, the
+                program input ``TEXT_INPUT_SLOT`` without ``Capability.STREAMING_TEXT_INPUT``
+                or the reverse.
         """
         comp_names = [c.name for c in self.components]
         loop_ids = [lp.loop_id for lp in self.loops]
@@ -178,6 +180,12 @@ class ModelCard:
             )
         if self.sample_rate <= 0:
             raise CardValidationError(f"card '{self.card_id}': sample_rate must be positive")
+        streams_text = Capability.STREAMING_TEXT_INPUT in self.capabilities
+        if streams_text != (TEXT_INPUT_SLOT in self.program.inputs):
+            raise CardValidationError(
+                f"card '{self.card_id}': the capability {Capability.STREAMING_TEXT_INPUT} and "
+                f"the program input '{TEXT_INPUT_SLOT}' go together"
+            )
         self.program.validate(set(loop_ids))
         return self
 

@@ -39,6 +39,9 @@ class Capability(StrEnum):
     TEXT_TO_SPEECH = "text_to_speech"
     CHAT_TEXT = "chat_text"
     CHAT_AUDIO = "chat_audio"
+    STREAMING_TEXT_INPUT = "streaming_text_input"
+    """Text may stream into a running request (``Request.text_input``): the card's loops read
+    the program slot ``TEXT_INPUT_SLOT`` (a ``Channel`` of text pieces) and wait for text."""
 
 
 class Modality(StrEnum):

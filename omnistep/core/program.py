@@ -52,6 +52,14 @@ class Channel:
         return self._items[index]
 
 
+TEXT_INPUT_SLOT = "text_input"
+"""The slot holding a request's input text as a ``Channel`` of ``str`` pieces, bound at
+submission for cards with ``Capability.STREAMING_TEXT_INPUT``: ``Request.text`` first (when not
+empty), then what ``RequestStream.append_text`` adds; closed at once unless ``Request.text_input``,
+else by ``RequestStream.end_text``. A card reads its text from here whether it streams in or not,
+so a request whose text arrived in pieces runs exactly as one sent whole."""
+
+
 @dataclass
 class ProgramContext:
     """The per-request blackboard of a program run.

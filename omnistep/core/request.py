@@ -64,7 +64,7 @@ def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex}"
 
 
-def _check_text(text: object, param: str) -> None:
+def check_text(text: object, param: str) -> None:
     """Raise ``InvalidRequestError`` unless ``text`` is a ``str`` that UTF-8 can encode (JSON
     and Python allow lone surrogates such as ``"\\ud800"``; tokenizers fail on them)."""
     if not isinstance(text, str):
@@ -112,6 +112,11 @@ class Request:
             given. Cards without a front-end ignore it.
         request_id: unique id; generated when not given.
         arrival_time: ``time.monotonic()`` at creation, in seconds.
+        text_input: the text is still arriving: ``text`` is its beginning (may be empty),
+            ``RequestStream.append_text`` adds to it while the request runs and
+            ``RequestStream.end_text`` ends it; the card's loops wait for text they need (no
+            step runs meanwhile). Needs a card with ``Capability.STREAMING_TEXT_INPUT``. The
+            result equals a request with the whole text and the same seed.
         group: the sample group the request belongs to (a rollout's n samples of one input):
             AR components prefill a prompt once per group and share its KV blocks by reference
             between the group's requests whose prompts are equal; None shares nothing. Sharing
@@ -136,11 +141,12 @@ class Request:
     request_id: str = field(default_factory=new_request_id)
     arrival_time: float = field(default_factory=time.monotonic)
     group: str | None = None
+    text_input: bool = False
 
     def __post_init__(self) -> None:
-        _check_text(self.text, "input")
+        check_text(self.text, "input")
         for message in self.messages:
-            _check_text(getattr(message, "content", None), "messages")
+            check_text(getattr(message, "content", None), "messages")
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidRequestError(
                 f"'sampling' must be a SamplingParams, got {type(self.sampling).__name__}",

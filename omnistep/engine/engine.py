@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistep.core import (
+    TEXT_INPUT_SLOT,
+    Capability,
     CardValidationError,
     Channel,
     Done,
@@ -35,6 +37,7 @@ from omnistep.core import (
     RequestTimeoutError,
     StepResult,
     StreamChunk,
+    check_text,
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine.config import EngineConfig
@@ -125,6 +128,15 @@ class RequestStream:
         """Abort the request if it is still running (e.g. the client went away)."""
         if not self.finished:
             self._engine.abort(self.request_id)
+
+    def append_text(self, text: str) -> None:
+        """Add ``text`` to the input of a request made with ``text_input=True``
+        (``AsyncEngine.append_text``). Must be called on the event loop."""
+        self._engine.append_text(self.request_id, text)
+
+    def end_text(self) -> None:
+        """No more text comes (``AsyncEngine.end_text``). Must be called on the event loop."""
+        self._engine.end_text(self.request_id)
 
     def _put(self, item: StreamChunk | _End) -> None:
         self._queue.put_nowait(item)
@@ -257,6 +269,7 @@ class AsyncEngine:
             request.seed = secrets.randbelow(MAX_SEED + 1)
         ctx = ProgramContext(request=request, model=model, profile=request.profile)
         ctx.slots.update({name: request for name in model.card.program.inputs})
+        self._bind_text_input(model, ctx)  # replaces the request in TEXT_INPUT_SLOT
         now = time.monotonic()
         continues = clock is not None and clock.started
         if clock is None:
@@ -287,6 +300,81 @@ class AsyncEngine:
             run.timer = asyncio.get_running_loop().call_later(timeout, self._expire, run)
         self._ensure_running()
         return run.stream
+
+    @staticmethod
+    def _bind_text_input(model: ModelInstance, ctx: ProgramContext) -> None:
+        """Bind ``TEXT_INPUT_SLOT`` (a program input of a card that reads streamed text) to the
+        request's text channel (see ``TEXT_INPUT_SLOT``).
+
+        Raises:
+            InvalidRequestError: ``text_input`` on a card without that capability.
+        """
+        request = ctx.request
+        streams = Capability.STREAMING_TEXT_INPUT in model.card.capabilities
+        if request.text_input and not streams:
+            raise InvalidRequestError(
+                f"model '{model.card.card_id}' cannot take text while it speaks (text_input); "
+                "send the whole text",
+                param="input",
+                code="text_input_unsupported",
+            )
+        if not streams:
+            return
+        channel = Channel()
+        if request.text:
+            channel.put(request.text)
+        if not request.text_input:
+            channel.close()
+        ctx.slots[TEXT_INPUT_SLOT] = channel
+
+    def append_text(self, request_id: str, text: str) -> None:
+        """Add ``text`` to a running request's input (one made with ``Request.text_input``);
+        its loops waiting for text are asked again at once. Empty text changes nothing.
+
+        Raises:
+            InvalidRequestError: no such running request, a request not made with
+                ``text_input``, text after ``end_text``, or ``text`` not a valid string.
+        """
+        check_text(text, "text")
+        run, channel = self._text_input(request_id)
+        if channel.closed:
+            raise InvalidRequestError(
+                f"request '{request_id}' takes no more text (end_text was called)", param="text"
+            )
+        if text:
+            channel.put(text)
+            self._poke(run)
+
+    def end_text(self, request_id: str) -> None:
+        """End a running request's input text (idempotent): its loops finish what they have.
+
+        Raises:
+            InvalidRequestError: no such running request, or one not made with ``text_input``.
+        """
+        run, channel = self._text_input(request_id)
+        if not channel.closed:
+            channel.close()
+            self._poke(run)
+
+    def _text_input(self, request_id: str) -> tuple[_RequestRun, Channel]:
+        run = self._runs.get(request_id)
+        if run is None or run.finished:
+            raise InvalidRequestError(
+                f"request '{request_id}' is not running", param="request_id", code="not_running"
+            )
+        channel = run.ctx.slots.get(TEXT_INPUT_SLOT)
+        if not run.ctx.request.text_input or channel is None:
+            raise InvalidRequestError(
+                f"request '{request_id}' was not made with text_input", param="request_id"
+            )
+        return run, channel
+
+    def _poke(self, run: _RequestRun) -> None:
+        """Ask the request's parked loops again (new input arrived from outside)."""
+        try:
+            self._repoll(run)
+        except Exception as exc:  # noqa: BLE001 - a loop bug fails its request only
+            self._fail(run, exc, TEXT_INPUT_SLOT)
 
     async def update_weights(
         self,
@@ -694,6 +782,9 @@ class AsyncEngine:
         """Raise if the request's loops are all parked: nothing could ever wake them."""
         if not run.parked or run.finished or run.held is not None:
             return
+        text_input = run.ctx.slots.get(TEXT_INPUT_SLOT)
+        if text_input is not None and not text_input.closed:
+            return  # the loops wait for the client's text (the request timeout still applies)
         if not any(live.queued or live.in_flight for live in run.live.values()):
             names = ", ".join(live.node.name for live in run.parked)
             raise RuntimeError(f"program deadlock: loops {names} wait for input that never comes")

@@ -14,6 +14,7 @@ from omnistep.core import InvalidRequestError, MissingDependencyError, ModelCard
 
 FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",
+    "toy_stream": "omnistep.models.toy.stream",
     "piper": "omnistep.models.piper.card",
     "chattts": "omnistep.models.chattts.card",
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",

@@ -14,9 +14,18 @@ client                                          server
                                                 everything sent before it has been spoken
 ``{"type": "session.close"}``                   ``{"type": "session.done"}``, then close (1000)
 
-Text is buffered by ``SentenceBuffer``: a sentence is sent to the engine as soon as the next one
-starts (or at ``input.done``), so speech begins at the first sentence boundary. Each sentence is
-its own engine request (a *segment*) with seed ``(S + k) mod 2**63`` for the k-th segment of the
+A model that takes text while it speaks (``Capability.STREAMING_TEXT_INPUT``, e.g. Qwen3-TTS,
+whose talker reads the text as a second track) gets one engine request per turn instead: the
+turn's first piece with something to speak starts it (``Request.text_input``), every later
+``input.text`` goes into it as it arrives (``RequestStream.append_text``), and ``input.done`` ends
+its text. Speech starts before the text is complete, the model waits (without computing) where
+the text has not arrived, and the turn's audio is byte for byte what ``POST /v1/audio/speech``
+gives for the turn's whole text with seed ``(S + t) mod 2**63`` for the t-th turn. ``audio.done``
+then reports ``segments: 1``.
+
+Otherwise text is buffered by ``SentenceBuffer``: a sentence is sent to the engine as soon as
+the next one starts (or at ``input.done``), so speech begins at the first sentence boundary. Each
+sentence is its own engine request (a *segment*) with seed ``(S + k) mod 2**63`` for the k-th segment of the
 session (S: the config's seed, or drawn); its audio is byte for byte what ``POST
 /v1/audio/speech`` with ``response_format: "pcm"`` returns for that sentence and seed. Segments
 share the session's playback clock (``AsyncEngine.add_request``'s ``clock``): under EDF a later
@@ -265,6 +274,10 @@ class SpeechSession:
         self.unsubmitted: deque[_Segment] = deque()
         self.in_flight: deque[_Segment] = deque()
         self.clock: PlaybackClock | None = None  # the playback clock segments share
+        card = engine.resolve(config.model).card
+        self.text_input = Capability.STREAMING_TEXT_INPUT in card.capabilities
+        self.turn: _Segment | None = None  # the running turn's request (text_input models)
+        self.turn_chars = 0
         self._send_lock = asyncio.Lock()  # reader (warnings) and writer both send
 
     async def run(self) -> None:
@@ -300,7 +313,10 @@ class SpeechSession:
             if kind == "input.text":
                 await self._on_text(message.get("text"))
             elif kind == "input.done":
-                await self._queue(self.buffer.flush())
+                if self.text_input:
+                    self._end_turn()
+                else:
+                    await self._queue(self.buffer.flush())
                 self.items.put_nowait(_TurnEnd(self.turn_segments))
                 self.turn_segments = 0
             elif kind == "session.close":
@@ -337,6 +353,9 @@ class SpeechSession:
                 param="text",
                 code="invalid_value",
             )
+            return
+        if self.text_input:
+            self._feed_turn(text)
             return
         await self._queue(self.buffer.feed(text))
         pending = self.buffer.pending.strip()
@@ -377,6 +396,54 @@ class SpeechSession:
             self.unsubmitted.append(segment)
             self.items.put_nowait(segment)
         self._submit_ready()
+
+    def _feed_turn(self, text: str) -> None:
+        """Send a piece into the turn's request; the first piece with something to speak
+        starts it.
+
+        Raises:
+            SessionEnd: the engine refused the turn, or the turn's text is over
+                ``MAX_QUEUED_CHARS`` (a runaway client).
+        """
+        self.turn_chars += len(text)
+        if self.turn_chars > MAX_QUEUED_CHARS:
+            raise _bad(
+                CLOSE_POLICY_VIOLATION,
+                f"Over {MAX_QUEUED_CHARS} characters of text in one turn; end the turn "
+                "(input.done) before sending more.",
+                param="text",
+                error_code="too_much_text",
+            )
+        try:
+            if self.turn is not None:
+                self.turn.stream.append_text(text)  # type: ignore[union-attr]
+                return
+            if not any(c.isalnum() for c in text):
+                self.turn_chars = 0
+                return  # nothing to speak yet: leading space or punctuation
+            segment = _Segment(self.next_index, text)
+            body = self.config.model_copy(
+                update={"input": text, "seed": segment_seed(self.seed, segment.index)}
+            )
+            request = body.to_request(body.model)
+            request.text_input = True
+            segment.stream = self.engine.add_request(request, clock=self._clock())
+        except OmnistepError as exc:
+            error = api_error(exc)
+            raise SessionEnd(close_code(error), error) from None
+        self.next_index += 1
+        self.turn_segments += 1
+        self.turn = segment
+        self.clock = segment.stream.clock
+        self.in_flight.append(segment)
+        self.items.put_nowait(segment)
+
+    def _end_turn(self) -> None:
+        """``input.done`` in a text_input session: the turn's request gets no more text."""
+        turn, self.turn, self.turn_chars = self.turn, None, 0
+        if turn is not None and turn.stream is not None and not turn.stream.finished:
+            with contextlib.suppress(OmnistepError):  # it already ended (failed: the writer says)
+                turn.stream.end_text()
 
     def _submit_ready(self) -> None:
         """Start segments in order while fewer than ``WINDOW`` are in flight.
@@ -426,7 +493,8 @@ class SpeechSession:
                 error = api_error(exc)
                 raise SessionEnd(close_code(error), error) from None
             self.in_flight.popleft()
-            self._submit_ready()
+            if not self.text_input:
+                self._submit_ready()
 
     async def _send_segment(self, stream: RequestStream) -> None:
         encoder = make_encoder("pcm", self.sample_rate)

@@ -1,3 +1,37 @@
-"""Qwen3-TTS (12 Hz; CustomVoice, VoiceDesign, Base): talker with its code predictor, prompt
-layout, speech-tokenizer decoder. Our own torch code; the ``qwen-tts`` package is only the
-parity reference in tests."""
+"""Qwen3-TTS (Qwen/Qwen3-TTS-12Hz-*): talker (codec LM with a text track) + code predictor ->
+12 Hz speech-tokenizer decoder, on omnistep's layers. ``loader`` reads the published folder;
+``codec`` is the speech tokenizer's causal decoder, run as the streamed vocoder."""
+
+from omnistep.models.qwen3_tts.loader import (
+    LAYOUT,
+    TTS_MODEL_TYPES,
+    CodePredictorConfig,
+    GenerationDefaults,
+    Qwen3TTSCheckpoint,
+    Qwen3TTSCheckpointError,
+    Qwen3TTSConfig,
+    SpeakerEncoderConfig,
+    SpeechDecoderConfig,
+    SpeechEncoderConfig,
+    SpeechTokenizerConfig,
+    TalkerConfig,
+    TokenIds,
+    parse_config,
+)
+
+__all__ = [
+    "LAYOUT",
+    "TTS_MODEL_TYPES",
+    "CodePredictorConfig",
+    "GenerationDefaults",
+    "Qwen3TTSCheckpoint",
+    "Qwen3TTSCheckpointError",
+    "Qwen3TTSConfig",
+    "SpeakerEncoderConfig",
+    "SpeechDecoderConfig",
+    "SpeechEncoderConfig",
+    "SpeechTokenizerConfig",
+    "TalkerConfig",
+    "TokenIds",
+    "parse_config",
+]
