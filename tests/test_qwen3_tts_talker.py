@@ -12,15 +12,12 @@ prompt (instruct, "auto") and a dialect speaker in non-streaming mode.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from omnistep.core import (
     Channel,
@@ -38,55 +35,54 @@ from omnistep.core import (
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.rope import RotaryEmbedding, apply_rope
 from omnistep.loops.ar_decode import ARDecodeConfig, ARPrefillInput
-from omnistep.models.qwen3_tts.prompt import TalkerPromptParts, build_prompt
+from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
+from omnistep.models.qwen3_tts.prompt import (
+    TalkerPromptParts,
+    assistant_text,
+    build_prompt,
+    instruct_text,
+)
 from omnistep.models.qwen3_tts.talker import (
     Qwen3TTSSampling,
     Qwen3TTSStepInput,
     Qwen3TTSTalker,
-    Qwen3TTSTalkerConfig,
     Qwen3TTSTalkerLoop,
-    TalkerGenerateDefaults,
-    load_talker,
+    suppressed_ids,
     text_for_step,
 )
-from tests.qwen3_tts_ref.env import REF_DIR, call_reference
+from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
+from tests.qwen3_tts_ref.env import call_reference
 
-ROLE = [151644, 77091, 198]  # <|im_start|>assistant\n
-TAIL = [151645, 198, 151644, 77091, 198]  # <|im_end|>\n<|im_start|>assistant\n
-CV_TEXT = [9707, 11, 1246, 525, 498, 3351, 30, 358, 1079, 6247, 13]
-VD_TEXT = [40, 1366, 311, 1490, 279, 23670, 3351, 13]
-DIALECT_TEXT = [105043, 100165, 3837, 104014, 1773]
-INSTRUCT = [151644, 872, 198, 32, 8205, 11, 6301, 7743, 13, 151645, 198]
 FRAMES = 32
 LOGIT_BOUND = 1e-4
-
-needs_reference = pytest.mark.skipif(
-    not (REF_DIR / "qwen_tts").is_dir(), reason="qwen-tts reference overlay not installed"
-)
+CV_TEXT = "Hello, how are you today? I am fine, thank you."
+VD_TEXT = "I want to hear the weather today."
+DIALECT_TEXT = "Good morning to you, friend."
+INSTRUCT = "A warm, slow, low voice."
 
 CASES: dict[str, dict[str, Any]] = {
     "custom_voice": {
         "variant": "custom_voice",
-        "input_ids": ROLE + CV_TEXT + TAIL,
+        "text": CV_TEXT,
         "speaker": "ryan",
         "language": "english",
-        "instruct_ids": None,
+        "instruct": None,
         "non_streaming_mode": False,
     },
-    "voice_design": {
+    "voice_design": {  # tts_model_size 1b7: the predictor is narrower (small_to_mtp_projection)
         "variant": "voice_design",
-        "input_ids": ROLE + VD_TEXT + TAIL,
+        "text": VD_TEXT,
         "speaker": None,
         "language": "auto",
-        "instruct_ids": INSTRUCT,
+        "instruct": INSTRUCT,
         "non_streaming_mode": False,
     },
-    "dialect_non_streaming": {
+    "dialect_non_streaming": {  # eric's dialect replaces "auto"; the whole text in the prompt
         "variant": "custom_voice",
-        "input_ids": ROLE + DIALECT_TEXT + TAIL,
+        "text": DIALECT_TEXT,
         "speaker": "Eric",
         "language": "auto",
-        "instruct_ids": None,
+        "instruct": None,
         "non_streaming_mode": True,
     },
 }
@@ -94,56 +90,65 @@ CASES: dict[str, dict[str, Any]] = {
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, Any]:
-    """Tiny checkpoints of both variants and upstream's greedy runs of ``CASES`` (one
-    reference subprocess)."""
-    if not (REF_DIR / "qwen_tts").is_dir():
-        pytest.skip("qwen-tts reference overlay not installed")
+def folders(tmp_path_factory) -> dict[str, Qwen3TTSCheckpoint]:
+    """The tiny published folders of both variants (seed 0), opened by the loader."""
     base = tmp_path_factory.mktemp("qwen3_tts")
-    roots = {v: str(base / v) for v in ("custom_voice", "voice_design")}
+    variants = ("custom_voice", "voice_design")
+    write_tiny_qwen3_tts_many({base / v: v for v in variants})
+    return {v: Qwen3TTSCheckpoint.open(base / v) for v in variants}
+
+
+@pytest.fixture(scope="module")
+def tokenizers(folders) -> dict[str, Any]:
+    return {v: ckpt.tokenizer() for v, ckpt in folders.items()}
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text)["input_ids"])
+
+
+def _case_ids(tokenizers, case: dict[str, Any]) -> dict[str, Any]:
+    tok = tokenizers[case["variant"]]
+    return {
+        "input_ids": _ids(tok, assistant_text(case["text"])),
+        "instruct_ids": None
+        if case["instruct"] is None
+        else _ids(tok, instruct_text(case["instruct"])),
+        "speaker": case["speaker"],
+        "language": case["language"],
+        "non_streaming_mode": case["non_streaming_mode"],
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(folders, tokenizers) -> dict[str, Any]:
+    """Upstream's greedy runs of ``CASES`` and its mRoPE (one reference subprocess)."""
     calls: list[tuple[str, dict]] = [
-        ("write_tiny_talker", {"root": root, "variant": v, "seed": 0}) for v, root in roots.items()
-    ]
-    for case in CASES.values():
-        kwargs = {k: v for k, v in case.items() if k != "variant"}
-        calls.append(
-            ("generate", {"root": roots[case["variant"]], "max_new_tokens": FRAMES + 1, **kwargs})
+        (
+            "generate",
+            {
+                "root": str(folders[case["variant"]].root),
+                "max_new_tokens": FRAMES + 1,
+                **_case_ids(tokenizers, case),
+            },
         )
+        for case in CASES.values()
+    ]
     calls.append(
         (
             "mrope_vs_rope",
-            {
-                "head_dim": 16,
-                "mrope_section": [2, 3, 3],
-                "theta": 1e6,
-                "positions": list(range(50)),
-            },
+            {"head_dim": 16, "mrope_section": [2, 3, 3], "theta": 1e6, "positions": [*range(50)]},
         )
     )
     results = call_reference("tests.qwen3_tts_ref.upstream_talker:run_many", calls=calls)
-    runs = dict(zip(CASES, results[2 : 2 + len(CASES)], strict=True))
-    return {"roots": roots, "runs": runs, "mrope": results[-1]}
+    return {"runs": dict(zip(CASES, results[:-1], strict=True)), "mrope": results[-1]}
 
 
-def _config(root: str) -> Qwen3TTSTalkerConfig:
-    return Qwen3TTSTalkerConfig.from_dict(json.loads((Path(root) / "config.json").read_text()))
-
-
-def _talker(root: str, batch_invariant: bool = False, num_blocks: int = 256) -> Qwen3TTSTalker:
-    state = load_file(str(Path(root) / "model.safetensors"))
+def _talker(
+    ckpt: Qwen3TTSCheckpoint, batch_invariant: bool = False, num_blocks: int = 256
+) -> Qwen3TTSTalker:
     kv = KVCacheConfig(num_blocks=num_blocks, block_size=16)
-    return load_talker(state, _config(root), kv, batch_invariant=batch_invariant)
-
-
-def _parts(config: Qwen3TTSTalkerConfig, case: dict[str, Any]) -> TalkerPromptParts:
-    return build_prompt(
-        config,
-        case["input_ids"],
-        speaker=case["speaker"],
-        language=case["language"],
-        instruct_ids=case["instruct_ids"],
-        non_streaming=case["non_streaming_mode"],
-    )
+    return Qwen3TTSTalker.from_checkpoint(ckpt, kv, batch_invariant=batch_invariant)
 
 
 # ---------------------------------------------------------------- a small engine stand-in
@@ -173,11 +178,11 @@ def drive(talker: Qwen3TTSTalker, jobs: Sequence[Job], feed: Any = None) -> list
             config, greedy=req.sampling.temperature == 0
         ),
         max_new_tokens=4096,
-        eos_token_ids=(config.codec_eos_token_id,),
+        eos_token_ids=(config.ids.codec_eos,),
         eos_codebooks=(0,),
         penalty_window=0,
     )
-    loop = Qwen3TTSTalkerLoop(cfg, track_slot="track", pad_id=config.tts_pad_token_id)
+    loop = Qwen3TTSTalkerLoop(cfg, track_slot="track", pad_id=config.ids.tts_pad)
     model = ModelInstance(card=None, components={"talker": talker}, loops={}, device="cpu")
     states = []
     for i, job in enumerate(jobs):
@@ -233,7 +238,6 @@ def drive(talker: Qwen3TTSTalker, jobs: Sequence[Job], feed: Any = None) -> list
 
 
 # ---------------------------------------------------------------- rope
-@needs_reference
 def test_mrope_with_equal_positions_is_plain_rope_bitwise(reference):
     """Upstream's interleaved mRoPE with the three position components equal (all TTS
     positions) equals 1-D rope, bit for bit: our ``RotaryEmbedding`` + ``apply_rope``."""
@@ -249,16 +253,22 @@ def test_mrope_with_equal_positions_is_plain_rope_bitwise(reference):
 
 
 # ---------------------------------------------------------------- parity
-@needs_reference
 @pytest.mark.parametrize("case", list(CASES))
-def test_greedy_codes_and_logits_match_upstream(reference, case):
+def test_greedy_codes_and_logits_match_upstream(folders, tokenizers, reference, case):
     spec = CASES[case]
     ref = reference["runs"][case]
-    root = reference["roots"][spec["variant"]]
     assert ref["codes"].shape == (FRAMES, 16)  # upstream ran 32 whole frames, no EOS
     assert ref["talker_logits"].shape[0] == FRAMES + 1  # prefill + one per decode step
-    talker = _talker(root)
-    parts = _parts(talker.config, spec)
+    talker = _talker(folders[spec["variant"]])
+    ids = _case_ids(tokenizers, spec)
+    parts = build_prompt(
+        talker.config,
+        ids["input_ids"],
+        speaker=ids["speaker"],
+        language=ids["language"],
+        instruct_ids=ids["instruct_ids"],
+        non_streaming=ids["non_streaming_mode"],
+    )
     [run] = drive(talker, [Job(parts, greedy=True, max_new_tokens=FRAMES)])
     codes = np.array(run["frames"])
     assert codes.shape == (FRAMES, 16)
@@ -278,50 +288,32 @@ def test_greedy_codes_and_logits_match_upstream(reference, case):
 
 
 # ---------------------------------------------------------------- serving properties
-TINY_CONFIG = {
-    "talker_config": __import__("tests.qwen3_tts_ref.upstream_talker", fromlist=["x"]).TINY_TALKER
-}
-
-
-def _random_talker(
-    batch_invariant: bool = False, num_blocks: int = 256, seed: int = 0
-) -> Qwen3TTSTalker:
-    """A tiny talker with random weights (no reference needed): normal(0, 0.02), norms 1."""
-    config = Qwen3TTSTalkerConfig.from_dict(TINY_CONFIG)
-    talker = Qwen3TTSTalker(
-        config, KVCacheConfig(num_blocks=num_blocks, block_size=16), batch_invariant=batch_invariant
-    )
-    gen = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, tensor in talker._weight_tensors().items():
-        if name.endswith("norm.weight"):
-            state[name] = torch.ones_like(tensor)
-        else:
-            state[name] = torch.randn(tensor.shape, generator=gen) * 0.02
-    talker.load_weights(state)
-    return talker
+@pytest.fixture(scope="module")
+def tok(tokenizers) -> Any:
+    return tokenizers["custom_voice"]
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Qwen3TTSTalker:
-    return _random_talker()
+def tiny(folders) -> Qwen3TTSTalker:
+    return _talker(folders["custom_voice"])
 
 
 @pytest.fixture(scope="module")
-def tiny_bi() -> Qwen3TTSTalker:
-    return _random_talker(batch_invariant=True)
+def tiny_bi(folders) -> Qwen3TTSTalker:
+    return _talker(folders["custom_voice"], batch_invariant=True)
 
 
-def _cv(config: Qwen3TTSTalkerConfig, text: Sequence[int] = CV_TEXT, **kw) -> TalkerPromptParts:
-    return build_prompt(config, ROLE + list(text) + TAIL, speaker="vivian", **kw)
+def _cv(talker: Qwen3TTSTalker, tok: Any, text: str = CV_TEXT, **kw) -> TalkerPromptParts:
+    return build_prompt(talker.config, _ids(tok, assistant_text(text)), speaker="vivian", **kw)
 
 
-def _vd(config: Qwen3TTSTalkerConfig, text: Sequence[int] = VD_TEXT) -> TalkerPromptParts:
-    return build_prompt(config, ROLE + list(text) + TAIL, instruct_ids=INSTRUCT)
+def _vd(talker: Qwen3TTSTalker, tok: Any, text: str = VD_TEXT) -> TalkerPromptParts:
+    instruct = _ids(tok, instruct_text(INSTRUCT))
+    return build_prompt(talker.config, _ids(tok, assistant_text(text)), instruct_ids=instruct)
 
 
-def test_same_seed_same_codes_other_seed_other_codes(tiny):
-    parts = _cv(tiny.config)
+def test_same_seed_same_codes_other_seed_other_codes(tiny, tok):
+    parts = _cv(tiny, tok)
     a, b, c = drive(tiny, [Job(parts, seed=5), Job(parts, seed=5), Job(parts, seed=6)])
     assert len(a["frames"]) == FRAMES and a["frames"] == b["frames"]
     assert a["frames"] != c["frames"]
@@ -365,17 +357,16 @@ def _rows_of(log, seq_id: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True])
-def test_codes_alone_equal_codes_batched_with_three_others(batch_invariant):
+def test_codes_alone_equal_codes_batched_with_three_others(folders, tok, batch_invariant):
     """C3: a request's 16-codebook frames (sampled, its own generator) are the same alone and
-    batched with 3 requests of other lengths, variants and caps; with ``batch_invariant`` its
-    talker and predictor logits are bit-identical too."""
-    talker = _random_talker(batch_invariant=batch_invariant)
-    config = talker.config
-    target = Job(_cv(config), seed=3, max_new_tokens=24)
+    batched with 3 requests of other lengths, prompt kinds and caps; with ``batch_invariant``
+    its talker and predictor logits are bit-identical too."""
+    talker = _talker(folders["custom_voice"], batch_invariant=batch_invariant)
+    target = Job(_cv(talker, tok), seed=3, max_new_tokens=24)
     others = [
-        Job(_vd(config), seed=4, max_new_tokens=30),
-        Job(_cv(config, CV_TEXT[:3]), seed=5, max_new_tokens=9),
-        Job(_cv(config, CV_TEXT * 3, non_streaming=True), seed=6, max_new_tokens=40),
+        Job(_vd(talker, tok), seed=4, max_new_tokens=30),
+        Job(_cv(talker, tok, CV_TEXT[:8]), seed=5, max_new_tokens=9),
+        Job(_cv(talker, tok, CV_TEXT * 3, non_streaming=True), seed=6, max_new_tokens=40),
     ]
     log = _spy(talker)
     [alone] = drive(talker, [target])
@@ -392,11 +383,11 @@ def test_codes_alone_equal_codes_batched_with_three_others(batch_invariant):
         assert max(len(ids) for ids, _, _ in log) == 4  # it did run in a batch of 4
 
 
-def test_aborted_sequences_leave_no_kv_blocks(tiny):
+def test_aborted_sequences_leave_no_kv_blocks(tiny, tok):
     config = tiny.config
     sampling = Qwen3TTSSampling.from_defaults(config)
     gens = [torch.Generator().manual_seed(i) for i in range(50)]
-    prompts = [_cv(config, CV_TEXT[: 1 + i % 10]).prompt for i in range(50)]
+    prompts = [_cv(tiny, tok, CV_TEXT[: 2 + i]).prompt for i in range(50)]
     units = [
         ARPrefillInput(f"s{i}", p, (), (), sampling, g)
         for i, (p, g) in enumerate(zip(prompts, gens, strict=True))
@@ -407,7 +398,7 @@ def test_aborted_sequences_leave_no_kv_blocks(tiny):
     for step in range(1, 4):  # a few decode steps, aborting some sequences after each
         steps = [
             Qwen3TTSStepInput(
-                s, last, step, (last,), sampling, gens[int(s[1:])], config.tts_pad_token_id
+                s, last, step, (last,), sampling, gens[int(s[1:])], config.ids.tts_pad
             )
             for s, last in live.items()
         ]
@@ -424,26 +415,24 @@ def test_aborted_sequences_leave_no_kv_blocks(tiny):
     assert tiny.blocks.num_used_blocks == 0 and not tiny.lengths
 
 
-def test_preempted_requests_resume_with_their_text_track():
+def test_preempted_requests_resume_with_their_text_track(folders, tok):
     """A pool too small for four requests preempts some; their re-prefills replay frames with
     the text ids of those steps, and every request ends with the codes it has unpreempted."""
-    jobs_of = lambda config: [  # noqa: E731
-        Job(_cv(config, CV_TEXT * (1 + i)), seed=10 + i, max_new_tokens=30) for i in range(4)
-    ]
-    roomy = _random_talker(num_blocks=256)
-    tight = _random_talker(num_blocks=7)
-    expected = drive(roomy, jobs_of(roomy.config))
-    got = drive(tight, jobs_of(tight.config))
+    roomy = _talker(folders["custom_voice"], num_blocks=256)
+    tight = _talker(folders["custom_voice"], num_blocks=7)
+    jobs = [Job(_cv(roomy, tok, CV_TEXT[: 10 * (1 + i)]), seed=10 + i) for i in range(4)]
+    expected = drive(roomy, jobs)
+    got = drive(tight, jobs)
     assert tight.num_preemptions > 0
     for a, b in zip(expected, got, strict=True):
         assert a["frames"] == b["frames"]
     assert tight.blocks.num_used_blocks == 0
 
 
-def test_text_streamed_word_by_word_equals_text_sent_whole(tiny):
+def test_text_streamed_word_by_word_equals_text_sent_whole(tiny, tok):
     """The loop waits (Pending) for a step whose text id has not arrived; text fed one id per
     two rounds gives the codes of the whole text."""
-    parts = _cv(tiny.config, CV_TEXT * 2)
+    parts = _cv(tiny, tok, CV_TEXT * 2)
     [whole] = drive(tiny, [Job(parts, seed=9, max_new_tokens=40)])
     track = Channel()
     ids = list(parts.trailing)
@@ -461,39 +450,46 @@ def test_text_streamed_word_by_word_equals_text_sent_whole(tiny):
     assert len(waits) > len(whole["frames"]) + 5  # rounds spent waiting for text
 
 
-def test_unknown_speaker_language_and_empty_text_are_typed_errors(tiny):
+def test_unknown_speaker_language_and_empty_text_are_typed_errors(tiny, tok):
     config = tiny.config
+    ids = _ids(tok, assistant_text(CV_TEXT))
     with pytest.raises(InvalidRequestError) as err:
-        build_prompt(config, ROLE + CV_TEXT + TAIL, speaker="nobody")
+        build_prompt(config, ids, speaker="nobody")
     assert err.value.code == "unknown_voice" and "vivian" in str(err.value)
     with pytest.raises(InvalidRequestError) as err:
-        build_prompt(config, ROLE + CV_TEXT + TAIL, speaker="ryan", language="klingon")
+        build_prompt(config, ids, speaker="ryan", language="klingon")
     assert err.value.code == "unsupported_language"
     with pytest.raises(InvalidRequestError) as err:  # dialects are not languages to ask for
-        build_prompt(config, ROLE + CV_TEXT + TAIL, speaker="ryan", language="sichuan_dialect")
+        build_prompt(config, ids, speaker="ryan", language="sichuan_dialect")
     assert err.value.code == "unsupported_language"
     with pytest.raises(InvalidRequestError) as err:
-        build_prompt(config, ROLE + TAIL, speaker="ryan")
+        build_prompt(config, _ids(tok, assistant_text("")), speaker="ryan")
     assert err.value.code == "empty_input"
 
 
-def test_prompt_layout_follows_upstream(tiny):
-    config = tiny.config
-    parts = build_prompt(config, ROLE + CV_TEXT + TAIL, speaker="Eric", language="auto")
-    pad, bos, eos = config.tts_pad_token_id, config.tts_bos_token_id, config.tts_eos_token_id
+def test_prompt_layout_follows_upstream(tiny, tok):
+    config, i = tiny.config, tiny.config.ids
+    ids = _ids(tok, assistant_text(CV_TEXT))
+    role, text = ids[:3], ids[3:-5]
+    assert role == [i.im_start, i.assistant, ids[2]] and ids[-5] == i.im_end
+    parts = build_prompt(config, ids, speaker="Eric", language="auto")
+    pad, bos, eos = i.tts_pad, i.tts_bos, i.tts_eos
     dialect = config.codec_language_id["sichuan_dialect"]  # eric's dialect replaces "auto"
-    assert parts.prompt.text_ids == (*ROLE, pad, pad, pad, pad, pad, bos, CV_TEXT[0])
+    assert config.spk_is_dialect["eric"] == "sichuan_dialect"
+    assert parts.prompt.text_ids == (*role, pad, pad, pad, pad, pad, bos, text[0])
     assert parts.prompt.codec_ids == (
         -1, -1, -1,
-        config.codec_think_id, config.codec_think_bos_id, dialect, config.codec_think_eos_id,
-        config.spk_id["eric"], config.codec_pad_id, config.codec_bos_id,
+        i.codec_think, i.codec_think_bos, dialect, i.codec_think_eos,
+        config.spk_id["eric"], i.codec_pad, i.codec_bos,
     )  # fmt: skip
-    assert parts.trailing == (*CV_TEXT[1:], eos)
-    whole = build_prompt(config, ROLE + VD_TEXT + TAIL, instruct_ids=INSTRUCT, non_streaming=True)
-    assert whole.prompt.text_ids == (
-        *INSTRUCT, *ROLE, pad, pad, bos, *VD_TEXT, eos, pad
+    assert parts.trailing == (*text[1:], eos)
+    instruct = _ids(tok, instruct_text(INSTRUCT))
+    whole = build_prompt(config, ids, instruct_ids=instruct, non_streaming=True)
+    assert whole.prompt.text_ids == (*instruct, *role, pad, pad, pad, bos, *text, eos, pad)
+    assert whole.prompt.codec_ids[len(instruct) + 3 :] == (
+        i.codec_nothink, i.codec_think_bos, i.codec_think_eos,
+        *[i.codec_pad] * (len(text) + 2), i.codec_bos,
     )  # fmt: skip
-    assert whole.prompt.codec_ids[-2:] == (config.codec_pad_id, config.codec_bos_id)
     assert whole.trailing == ()
     assert [text_for_step(k, (), True, pad) for k in range(3)] == [pad] * 3
     assert text_for_step(2, (7, 8), False, pad) is None
@@ -501,30 +497,31 @@ def test_prompt_layout_follows_upstream(tiny):
 
 def test_sampling_defaults_follow_generation_config(tiny):
     """``generation_config.json`` values win over upstream's hard defaults (its
-    ``_merge_generate_kwargs``); greedy zeroes both stages' temperatures."""
-    defaults = TalkerGenerateDefaults.from_generation_config(
-        {"top_k": 30, "subtalker_temperature": 0.7, "unknown": 1}
-    )
-    assert defaults.top_k == 30 and defaults.subtalker_temperature == 0.7
-    assert defaults.temperature == 0.9 and defaults.repetition_penalty == 1.05
-    rows = Qwen3TTSSampling.from_defaults(tiny.config, defaults)
-    assert rows.talker.top_k == 30 and rows.talker.min_new_tokens == 2
-    assert rows.talker.eos_token_id == tiny.config.codec_eos_token_id
+    ``_merge_generate_kwargs``, the loader's ``GenerationDefaults``); greedy zeroes both
+    stages' temperatures."""
+    config = tiny.config
+    assert config.generation.max_new_tokens == 8192  # the published file's, not 2048 / 4096
+    defaults = dataclasses.replace(config.generation, top_k=30, subtalker_temperature=0.7)
+    rows = Qwen3TTSSampling.from_defaults(config, defaults)
+    assert rows.talker.top_k == 30 and rows.predictor.temperature == 0.7
+    assert rows.talker.temperature == 0.9 and rows.talker.repetition_penalty == 1.05
+    assert rows.talker.min_new_tokens == 2 and rows.talker.eos_token_id == config.ids.codec_eos
     assert not rows.talker.penalty_compounds and rows.predictor.repetition_penalty == 1.0
-    greedy = Qwen3TTSSampling.from_defaults(tiny.config, defaults, greedy=True)
+    assert rows.talker.penalty_window == 8192
+    greedy = Qwen3TTSSampling.from_defaults(config, greedy=True)
     assert greedy.talker.is_greedy() and greedy.predictor.is_greedy()
-    suppressed = set(tiny.config.suppressed_ids())
-    assert len(suppressed) == 1023 and tiny.config.codec_eos_token_id not in suppressed
-    assert min(suppressed) == tiny.config.vocab_size - 1024
+    suppressed = set(suppressed_ids(config))
+    assert len(suppressed) == 1023 and config.ids.codec_eos not in suppressed
+    assert min(suppressed) == config.talker.vocab_size - 1024
 
 
 # ---------------------------------------------------------------- rollouts
 @pytest.mark.parametrize("mode", ["processed", "policy"])
-def test_score_reproduces_the_recorded_logprobs_of_all_16_codebooks(tiny_bi, mode):
+def test_score_reproduces_the_recorded_logprobs_of_all_16_codebooks(tiny_bi, tok, mode):
     config = tiny_bi.config
     jobs = [
-        Job(_cv(config), seed=21, max_new_tokens=20, rollout=True),
-        Job(_vd(config), seed=22, max_new_tokens=12, rollout=True),
+        Job(_cv(tiny_bi, tok), seed=21, max_new_tokens=20, rollout=True),
+        Job(_vd(tiny_bi, tok), seed=22, max_new_tokens=12, rollout=True),
     ]
     for run, job in zip(drive(tiny_bi, jobs), jobs, strict=True):
         result = run["result"]
@@ -546,9 +543,13 @@ def test_score_reproduces_the_recorded_logprobs_of_all_16_codebooks(tiny_bi, mod
         assert (recorded[:, 1:] != 0).all()  # the predictor's draws are recorded too
 
 
-def test_score_backpropagates_into_talker_and_predictor_weights():
-    talker = _random_talker(batch_invariant=True)
-    [run] = drive(talker, [Job(_cv(talker.config), seed=1, max_new_tokens=6, rollout=True)])
+def test_score_backpropagates_into_talker_and_predictor_weights(folders, tokenizers):
+    # voice_design (1b7): the predictor has its small_to_mtp_projection
+    talker = _talker(folders["voice_design"], batch_invariant=True)
+    [run] = drive(
+        talker,
+        [Job(_vd(talker, tokenizers["voice_design"]), seed=1, max_new_tokens=6, rollout=True)],
+    )
     result = run["result"]
     frames = [r.tokens for r in result.trajectory]
     weights = talker.trainable_weights()
@@ -565,6 +566,7 @@ def test_score_backpropagates_into_talker_and_predictor_weights():
         "talker.codec_head.weight",
         "talker.code_predictor.model.layers.0.self_attn.k_proj.weight",
         "talker.code_predictor.model.codec_embedding.3.weight",
+        "talker.code_predictor.model.norm.weight",
         "talker.code_predictor.lm_head.14.weight",
         "talker.code_predictor.small_to_mtp_projection.weight",
     ):

@@ -7,123 +7,26 @@ together with the raw logits it sampled from: the talker's ``codec_head`` output
 (prefill + each decode step) and the code predictor's ``lm_head[j]`` output of every sub-step,
 captured by forward hooks.
 
-``write_tiny_talker`` writes a tiny random checkpoint (``config.json``, ``generation_config.json``,
-``model.safetensors`` with the talker's tensors under their official names), initialised by
-upstream's own ``post_init``: a development stand-in for ``tests/qwen3_tts_ref/assets.py``.
+The checkpoints are ``tests/qwen3_tts_ref/assets.py``'s tiny published folders; only the
+talker's tensors (``talker.*``) are loaded, in float32.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
-
-TINY_TALKER: dict[str, Any] = {
-    "vocab_size": 3072,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "hidden_act": "silu",
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "rope_scaling": {"interleaved": True, "mrope_section": [2, 3, 3], "rope_type": "default"},
-    "attention_bias": False,
-    "num_code_groups": 16,
-    "text_hidden_size": 48,
-    "text_vocab_size": 151936,
-    "codec_eos_token_id": 2150,
-    "codec_think_id": 2154,
-    "codec_nothink_id": 2155,
-    "codec_think_bos_id": 2156,
-    "codec_think_eos_id": 2157,
-    "codec_pad_id": 2148,
-    "codec_bos_id": 2149,
-    "codec_language_id": {
-        "chinese": 2055,
-        "english": 2050,
-        "german": 2053,
-        "beijing_dialect": 2074,
-        "sichuan_dialect": 2062,
-    },
-    "spk_id": {"vivian": 3065, "ryan": 3061, "eric": 2875},
-    "spk_is_dialect": {"vivian": False, "ryan": False, "eric": "sichuan_dialect"},
-    "code_predictor_config": {
-        "vocab_size": 2048,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "hidden_act": "silu",
-        "max_position_embeddings": 64,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000,
-        "num_code_groups": 16,
-    },
-}
-
-TINY_GENERATION_CONFIG = {
-    "do_sample": True,
-    "repetition_penalty": 1.05,
-    "temperature": 0.9,
-    "top_k": 50,
-    "top_p": 1.0,
-    "subtalker_dosample": True,
-    "subtalker_temperature": 0.9,
-    "subtalker_top_k": 50,
-    "subtalker_top_p": 1.0,
-    "max_new_tokens": 8192,
-}
-
-
-def _model_class():
-    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
-    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration
-
-    return Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
-
-
-def write_tiny_talker(root: str, variant: str = "custom_voice", seed: int = 0) -> str:
-    """Write a tiny random checkpoint of ``variant`` (custom_voice | voice_design) to ``root``."""
-    import torch
-    from safetensors.torch import save_file
-
-    config_cls, model_cls = _model_class()
-    raw = {
-        "model_type": "qwen3_tts",
-        "tts_model_type": variant,
-        "tts_model_size": "0b6",
-        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
-        "talker_config": TINY_TALKER,
-        "speaker_encoder_config": {"enc_dim": 64},
-    }
-    torch.manual_seed(seed)
-    model = model_cls(config_cls(**raw)).float().eval()
-    root_path = Path(root)
-    root_path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k.startswith("talker.")}
-    save_file(state, str(root_path / "model.safetensors"))
-    (root_path / "config.json").write_text(json.dumps(raw, indent=2))
-    (root_path / "generation_config.json").write_text(json.dumps(TINY_GENERATION_CONFIG, indent=2))
-    return str(root_path)
 
 
 def _load(root: str):
     import torch
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
     from safetensors.torch import load_file
 
-    config_cls, model_cls = _model_class()
-    raw = json.loads((Path(root) / "config.json").read_text())
-    config = config_cls(**raw)
+    config = Qwen3TTSConfig.from_pretrained(str(root))
     config._attn_implementation = "eager"
     config.talker_config._attn_implementation = "eager"
     config.talker_config.code_predictor_config._attn_implementation = "eager"
-    model = model_cls(config).float().eval()
+    model = Qwen3TTSForConditionalGeneration(config).float().eval()
     state = {k: v.float() for k, v in load_file(str(Path(root) / "model.safetensors")).items()}
     talker = {k: v for k, v in state.items() if k.startswith("talker.")}
     missing, unexpected = model.load_state_dict(talker, strict=False)

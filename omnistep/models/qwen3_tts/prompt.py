@@ -28,7 +28,7 @@ Language: "auto" (no language row) or a ``codec_language_id`` name that is not a
 speaker with a dialect (``spk_is_dialect``) switches "auto" and "chinese" to that dialect's id.
 Base voice cloning (speaker embedding row, ICL reference codes) is not built here yet.
 
-Imports ``omnistep.core`` and the talker module (its config and prompt type).
+Imports ``omnistep.core``, the loader (its config) and the talker module (its prompt type).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from omnistep.core.errors import InvalidRequestError
-from omnistep.models.qwen3_tts.talker import NO_CODEC, Qwen3TTSPrompt, Qwen3TTSTalkerConfig
+from omnistep.models.qwen3_tts.loader import Qwen3TTSConfig
+from omnistep.models.qwen3_tts.talker import NO_CODEC, Qwen3TTSPrompt
 
 ROLE_IDS = 3
 """``<|im_start|>assistant\\n``: the ids before the text."""
@@ -53,12 +54,6 @@ def assistant_text(text: str) -> str:
 def instruct_text(instruct: str) -> str:
     """The string upstream tokenises for an instruction (``_build_instruct_text``)."""
     return f"<|im_start|>user\n{instruct}<|im_end|>\n"
-
-
-def supported_languages(config: Qwen3TTSTalkerConfig) -> list[str]:
-    """ "auto" and every ``codec_language_id`` name without "dialect" (upstream
-    ``get_supported_languages``)."""
-    return ["auto", *(name for name in config.codec_language_id if "dialect" not in name)]
 
 
 @dataclass(frozen=True)
@@ -80,7 +75,7 @@ class TalkerPromptParts:
 
 
 def build_prompt(
-    config: Qwen3TTSTalkerConfig,
+    config: Qwen3TTSConfig,
     assistant_ids: Sequence[int],
     speaker: str | None = None,
     language: str = "auto",
@@ -115,10 +110,9 @@ def build_prompt(
             code="unknown_voice",
         )
     language_key = language.lower()
-    if language_key not in supported_languages(config):
+    if language_key not in config.languages:
         raise InvalidRequestError(
-            f"unsupported language {language!r}; supported: "
-            f"{', '.join(supported_languages(config))}",
+            f"unsupported language {language!r}; supported: {', '.join(config.languages)}",
             param="language",
             code="unsupported_language",
         )
@@ -127,29 +121,25 @@ def build_prompt(
         dialect = config.spk_is_dialect.get(speaker_key, False)
         if dialect:
             language_id = config.codec_language_id[dialect]
+    ids_ = config.ids
     if language_id is None:
-        codec = [config.codec_nothink_id, config.codec_think_bos_id, config.codec_think_eos_id]
+        codec = [ids_.codec_nothink, ids_.codec_think_bos, ids_.codec_think_eos]
     else:
-        codec = [
-            config.codec_think_id,
-            config.codec_think_bos_id,
-            language_id,
-            config.codec_think_eos_id,
-        ]
+        codec = [ids_.codec_think, ids_.codec_think_bos, language_id, ids_.codec_think_eos]
     if speaker_key is not None:
         codec.append(config.spk_id[speaker_key])
-    codec.append(config.codec_pad_id)  # paired with tts_bos; codec_bos comes with the text
-    bos, eos, pad = config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id
+    codec.append(ids_.codec_pad)  # paired with tts_bos; codec_bos comes with the text
+    bos, eos, pad = ids_.tts_bos, ids_.tts_eos, ids_.tts_pad
     head = [*(instruct_ids or ()), *ids[:ROLE_IDS]]
     text_ids = [*head, *([pad] * (len(codec) - 1)), bos]
     codec_ids = [NO_CODEC] * len(head) + codec
     if non_streaming:
         text_ids += [*text, eos, pad]
-        codec_ids += [config.codec_pad_id] * (len(text) + 1) + [config.codec_bos_id]
+        codec_ids += [ids_.codec_pad] * (len(text) + 1) + [ids_.codec_bos]
         trailing: tuple[int, ...] = ()
     else:
         text_ids.append(text[0])
-        codec_ids.append(config.codec_bos_id)
+        codec_ids.append(ids_.codec_bos)
         trailing = (*text[1:], eos)
     prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids))
     return TalkerPromptParts(prompt, trailing, eos, pad)

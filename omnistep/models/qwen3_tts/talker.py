@@ -82,7 +82,13 @@ from omnistep.loops.ar_decode import (
     ARStepInput,
     ARStepOutput,
 )
-from omnistep.models.qwen2_5_omni.thinker import check_mrope, rope_fields
+from omnistep.models.qwen3_tts.loader import (
+    CodePredictorConfig,
+    GenerationDefaults,
+    Qwen3TTSCheckpoint,
+    Qwen3TTSConfig,
+    TalkerConfig,
+)
 from omnistep.sampling import SamplingRow, policy_logprobs, recompute_logprobs, sample
 
 NEG_INF = float("-inf")
@@ -93,245 +99,43 @@ SUPPRESSED_TOP_IDS = 1024
 
 
 # ---------------------------------------------------------------- configs
-def _llama_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The Llama size fields of a talker / code-predictor config dict."""
-    heads = raw["num_attention_heads"]
-    return {
-        "hidden_size": raw["hidden_size"],
-        "intermediate_size": raw["intermediate_size"],
-        "num_hidden_layers": raw["num_hidden_layers"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": raw.get("num_key_value_heads") or heads,
-        "head_dim": raw.get("head_dim") or raw["hidden_size"] // heads,
-        "rms_norm_eps": raw.get("rms_norm_eps", 1e-6),
-        "max_position_embeddings": raw.get("max_position_embeddings", 32768),
-    }
+MIN_NEW_TOKENS = 2
+"""Upstream ``generate`` masks the codec EOS for the first two frames (``min_new_tokens=2``)."""
 
 
-def _check_stack(raw: Mapping[str, Any], what: str) -> None:
-    """Raise ValueError for settings the Qwen3 stack here does not implement."""
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{what}: hidden_act must be 'silu', got {raw['hidden_act']!r}")
-    if raw.get("attention_bias", False):
+def qwen3_stack(cfg: TalkerConfig | CodePredictorConfig) -> LlamaConfigLite:
+    """A Qwen3 decoder stack (no biases, q/k norm) of the talker or the code predictor (the
+    loader's configs). The talker's mRoPE is 1-D rope here (equal position components; see the
+    module docstring).
+
+    Raises:
+        ValueError: an activation other than silu, attention biases.
+    """
+    what = type(cfg).__name__
+    if cfg.hidden_act != "silu":
+        raise ValueError(f"{what}: hidden_act must be 'silu', got {cfg.hidden_act!r}")
+    if cfg.attention_bias:
         raise ValueError(f"{what}: attention_bias=True is not supported")
-    if raw.get("use_sliding_window", False):
-        raise ValueError(f"{what}: use_sliding_window=True is not supported")
+    return LlamaConfigLite(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_hidden_layers=cfg.num_hidden_layers,
+        intermediate_size=cfg.intermediate_size,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta,
+        max_position_embeddings=cfg.max_position_embeddings,
+        qk_norm=True,
+    )
 
 
-@dataclass(frozen=True)
-class CodePredictorConfig:
-    """``talker_config.code_predictor_config`` (upstream ``Qwen3TTSTalkerCodePredictorConfig``;
-    defaults are its own). ``vocab_size`` ids per codebook 1..``num_code_groups - 1``."""
-
-    vocab_size: int = 2048
-    hidden_size: int = 1024
-    intermediate_size: int = 3072
-    num_hidden_layers: int = 5
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 8
-    head_dim: int = 128
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 32768
-    num_code_groups: int = 16
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> CodePredictorConfig:
-        """Raises ValueError for unsupported settings (activation, bias, sliding window, rope
-        type)."""
-        _check_stack(raw, "code_predictor_config")
-        theta, _ = rope_fields(raw, 10000.0)
-        groups = raw.get("num_code_groups", 32)
-        return cls(
-            vocab_size=raw.get("vocab_size", 2048),
-            rope_theta=theta,
-            num_code_groups=groups,
-            **_llama_fields(raw),
-        )
-
-    def llama(self) -> LlamaConfigLite:
-        """A Qwen3 stack: no biases, q/k norm."""
-        return LlamaConfigLite(
-            hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads,
-            num_hidden_layers=self.num_hidden_layers,
-            intermediate_size=self.intermediate_size,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            max_position_embeddings=self.max_position_embeddings,
-            qk_norm=True,
-        )
-
-
-@dataclass(frozen=True)
-class Qwen3TTSTalkerConfig:
-    """The talker, from ``config.json``: its ``talker_config`` (upstream
-    ``Qwen3TTSTalkerConfig``) and the top-level text ids the prompt uses (upstream
-    ``Qwen3TTSConfig``).
-
-    Attributes:
-        vocab_size: talker codec vocab (codebook 0 and the control codes).
-        hidden_size ... max_position_embeddings: the decoder stack (Qwen3: q/k norm, no bias).
-        rope_theta, mrope_section: rope (equal position components: 1-D rope).
-        text_vocab_size, text_hidden_size: the text embedding table.
-        num_code_groups: codebooks per frame (16).
-        codec_*: codec control ids (EOS, think/nothink, think bos/eos, pad, bos).
-        spk_id: speaker name (lower case) -> codec id of its embedding row.
-        spk_is_dialect: speaker name -> dialect name (a ``codec_language_id`` key) or False.
-        codec_language_id: language name (lower case) -> codec id.
-        tts_bos_token_id, tts_eos_token_id, tts_pad_token_id: text ids of the text track.
-        code_predictor: the code predictor.
-    """
-
-    vocab_size: int = 3072
-    hidden_size: int = 1024
-    intermediate_size: int = 3072
-    num_hidden_layers: int = 28
-    num_attention_heads: int = 16
-    num_key_value_heads: int = 8
-    head_dim: int = 128
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
-    mrope_section: tuple[int, ...] = (24, 20, 20)
-    max_position_embeddings: int = 32768
-    text_vocab_size: int = 151936
-    text_hidden_size: int = 2048
-    num_code_groups: int = 16
-    codec_eos_token_id: int = 2150
-    codec_think_id: int = 2154
-    codec_nothink_id: int = 2155
-    codec_think_bos_id: int = 2156
-    codec_think_eos_id: int = 2157
-    codec_pad_id: int = 2148
-    codec_bos_id: int = 2149
-    spk_id: Mapping[str, int] = field(default_factory=dict)
-    spk_is_dialect: Mapping[str, str | bool] = field(default_factory=dict)
-    codec_language_id: Mapping[str, int] = field(default_factory=dict)
-    tts_bos_token_id: int = 151672
-    tts_eos_token_id: int = 151673
-    tts_pad_token_id: int = 151671
-    code_predictor: CodePredictorConfig = field(default_factory=CodePredictorConfig)
-
-    def __post_init__(self) -> None:
-        check_mrope(self.mrope_section, self.head_dim)
-        if self.code_predictor.num_code_groups != self.num_code_groups:
-            raise ValueError(
-                f"code predictor has {self.code_predictor.num_code_groups} code groups, the "
-                f"talker {self.num_code_groups}"
-            )
-        codec_ids = {
-            "codec_eos_token_id": self.codec_eos_token_id,
-            "codec_pad_id": self.codec_pad_id,
-            "codec_bos_id": self.codec_bos_id,
-            **{f"spk_id[{k!r}]": v for k, v in self.spk_id.items()},
-            **{f"codec_language_id[{k!r}]": v for k, v in self.codec_language_id.items()},
-        }
-        for name, value in codec_ids.items():
-            if not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name}={value} outside [0, vocab_size={self.vocab_size})")
-        for name in ("tts_bos_token_id", "tts_eos_token_id", "tts_pad_token_id"):
-            if not 0 <= getattr(self, name) < self.text_vocab_size:
-                raise ValueError(f"{name}={getattr(self, name)} outside the text vocab")
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> Qwen3TTSTalkerConfig:
-        """From a full ``config.json`` dict (``talker_config`` and the top-level text ids).
-
-        Raises:
-            ValueError: unsupported settings, or ids out of range.
-            KeyError: a required size field is missing.
-        """
-        talker = raw.get("talker_config", raw)
-        _check_stack(talker, "talker_config")
-        theta, section = rope_fields(talker, 1_000_000.0)
-        top = {
-            name: raw[name]
-            for name in ("tts_bos_token_id", "tts_eos_token_id", "tts_pad_token_id")
-            if name in raw
-        }
-        own = (
-            "vocab_size",
-            "text_vocab_size",
-            "text_hidden_size",
-            "num_code_groups",
-            "codec_eos_token_id",
-            "codec_think_id",
-            "codec_nothink_id",
-            "codec_think_bos_id",
-            "codec_think_eos_id",
-            "codec_pad_id",
-            "codec_bos_id",
-        )
-        values = {name: talker[name] for name in own if talker.get(name) is not None}
-        maps = {
-            name: dict(talker.get(name) or {})
-            for name in ("spk_id", "spk_is_dialect", "codec_language_id")
-        }
-        return cls(
-            **_llama_fields(talker),
-            **values,
-            **maps,
-            **top,
-            rope_theta=theta,
-            mrope_section=section,
-            code_predictor=CodePredictorConfig.from_dict(talker.get("code_predictor_config", {})),
-        )
-
-    def llama(self) -> LlamaConfigLite:
-        """A Qwen3 stack: no biases, q/k norm, 1-D rope (see the module docstring)."""
-        return LlamaConfigLite(
-            hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads,
-            num_hidden_layers=self.num_hidden_layers,
-            intermediate_size=self.intermediate_size,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            max_position_embeddings=self.max_position_embeddings,
-            qk_norm=True,
-        )
-
-    def suppressed_ids(self) -> list[int]:
-        """Ids ``generate`` suppresses when sampling codebook 0: the top
-        ``SUPPRESSED_TOP_IDS`` of the vocab except ``codec_eos_token_id``."""
-        start = max(0, self.vocab_size - SUPPRESSED_TOP_IDS)
-        return [i for i in range(start, self.vocab_size) if i != self.codec_eos_token_id]
-
-
-# ---------------------------------------------------------------- sampling defaults
-@dataclass(frozen=True)
-class TalkerGenerateDefaults:
-    """The talker's sampling settings: upstream ``Qwen3TTSModel._merge_generate_kwargs``
-    (qwen_tts/inference/qwen3_tts_model.py) takes a caller's value, else the checkpoint's
-    ``generation_config.json`` value, else its hard default (these field defaults).
-    ``Qwen3TTSForConditionalGeneration.generate`` has the same defaults except
-    ``max_new_tokens`` 4096 (the wrapper's 2048 is what users of ``qwen-tts`` get).
-
-    Fixed in ``generate`` (not settable): ``min_new_tokens`` 2, suppression of the top 1024
-    talker ids but EOS. The code predictor ("subtalker") has no repetition penalty.
-    """
-
-    do_sample: bool = True
-    top_k: int = 50
-    top_p: float = 1.0
-    temperature: float = 0.9
-    repetition_penalty: float = 1.05
-    subtalker_dosample: bool = True
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    subtalker_temperature: float = 0.9
-    max_new_tokens: int = 2048
-    min_new_tokens: int = 2
-
-    @classmethod
-    def from_generation_config(cls, raw: Mapping[str, Any]) -> TalkerGenerateDefaults:
-        """The ``generation_config.json`` values over the hard defaults (unknown keys are
-        ignored, as upstream ignores them)."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"min_new_tokens"}
-        return cls(**{k: v for k, v in raw.items() if k in names and v is not None})
+def suppressed_ids(config: Qwen3TTSConfig) -> list[int]:
+    """Ids ``generate`` suppresses when sampling codebook 0: the top ``SUPPRESSED_TOP_IDS`` of
+    the talker vocab except the codec EOS."""
+    vocab = config.talker.vocab_size
+    start = max(0, vocab - SUPPRESSED_TOP_IDS)
+    return [i for i in range(start, vocab) if i != config.ids.codec_eos]
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,35 +148,35 @@ class Qwen3TTSSampling:
     @classmethod
     def from_defaults(
         cls,
-        config: Qwen3TTSTalkerConfig,
-        defaults: TalkerGenerateDefaults = TalkerGenerateDefaults(),
+        config: Qwen3TTSConfig,
+        defaults: GenerationDefaults | None = None,
         greedy: bool = False,
         penalty_window: int | None = None,
     ) -> Qwen3TTSSampling:
-        """Rows for ``defaults`` (``greedy`` forces temperature 0 in both stages, as
-        ``do_sample=False, subtalker_dosample=False``). The repetition penalty counts each
-        distinct codebook-0 id of the whole history once (transformers'
-        ``RepetitionPenaltyLogitsProcessor``); ``penalty_window`` defaults to
-        ``max_new_tokens`` (all of it)."""
-        talker_t = 0.0 if greedy or not defaults.do_sample else defaults.temperature
-        sub_t = 0.0 if greedy or not defaults.subtalker_dosample else defaults.subtalker_temperature
-        window = defaults.max_new_tokens if penalty_window is None else penalty_window
+        """Rows for ``defaults`` (None: the checkpoint's ``config.generation``, i.e.
+        ``generation_config.json`` over upstream's hard defaults, as upstream's
+        ``_merge_generate_kwargs`` picks them). ``greedy`` forces temperature 0 in both stages
+        (``do_sample=False, subtalker_dosample=False``). Codebook 0: top-k/top-p/temperature,
+        a repetition penalty counting each distinct codebook-0 id of the history once
+        (transformers' ``RepetitionPenaltyLogitsProcessor``; ``penalty_window`` defaults to
+        ``max_new_tokens``: all of it), EOS masked for ``MIN_NEW_TOKENS`` frames. Codebooks
+        1..15: top-k/top-p/temperature only."""
+        d = config.generation if defaults is None else defaults
+        talker_t = 0.0 if greedy or not d.do_sample else d.temperature
+        sub_t = 0.0 if greedy or not d.subtalker_dosample else d.subtalker_temperature
         talker = SamplingRow(
             temperature=talker_t,
-            top_p=defaults.top_p,
-            top_k=defaults.top_k,
-            repetition_penalty=defaults.repetition_penalty,
-            penalty_window=window,
+            top_p=d.top_p,
+            top_k=d.top_k,
+            repetition_penalty=d.repetition_penalty,
+            penalty_window=d.max_new_tokens if penalty_window is None else penalty_window,
             penalty_compounds=False,
-            min_new_tokens=defaults.min_new_tokens,
-            eos_token_id=config.codec_eos_token_id,
+            min_new_tokens=MIN_NEW_TOKENS,
+            eos_token_id=config.ids.codec_eos,
             min_keep=1,
         )
         predictor = SamplingRow(
-            temperature=sub_t,
-            top_p=defaults.subtalker_top_p,
-            top_k=defaults.subtalker_top_k,
-            min_keep=1,
+            temperature=sub_t, top_p=d.subtalker_top_p, top_k=d.subtalker_top_k, min_keep=1
         )
         return cls(talker, predictor)
 
@@ -462,7 +266,7 @@ class CodePredictor:
     ):
         self.config = config
         self.device, self.dtype, self.batch_invariant = device, dtype, batch_invariant
-        self.llama = LlamaModel(config.llama(), device=device, dtype=dtype).eval()
+        self.llama = LlamaModel(qwen3_stack(config), device=device, dtype=dtype).eval()
         factory = {"device": device, "dtype": dtype}
         groups = config.num_code_groups - 1
         self.codec_embedding = [
@@ -600,27 +404,51 @@ class Qwen3TTSTalker(PagedARModel):
 
     def __init__(
         self,
-        config: Qwen3TTSTalkerConfig,
+        config: Qwen3TTSConfig,
         kv: KVCacheConfig,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         batch_invariant: bool = False,
     ):
-        super().__init__(config.llama(), kv, device, dtype, batch_invariant, config.num_code_groups)
+        t = config.talker
+        if t.code_predictor.num_code_groups != t.num_code_groups:
+            raise ValueError(
+                f"the code predictor has {t.code_predictor.num_code_groups} code groups, the "
+                f"talker {t.num_code_groups}"
+            )
+        super().__init__(qwen3_stack(t), kv, device, dtype, batch_invariant, t.num_code_groups)
         self.config = config
+        self.eos_id = config.ids.codec_eos
         factory = {"device": self.device, "dtype": dtype}
-        h, th = config.hidden_size, config.text_hidden_size
-        self.codec_embedding = torch.zeros(config.vocab_size, h, **factory)
-        self.text_embedding = torch.zeros(config.text_vocab_size, th, **factory)
+        h, th = t.hidden_size, t.text_hidden_size
+        self.codec_embedding = torch.zeros(t.vocab_size, h, **factory)
+        self.text_embedding = torch.zeros(t.text_vocab_size, th, **factory)
         self.fc1_weight = torch.zeros(th, th, **factory)
         self.fc1_bias = torch.zeros(th, **factory)
         self.fc2_weight = torch.zeros(h, th, **factory)
         self.fc2_bias = torch.zeros(h, **factory)
-        self.codec_head = torch.zeros(config.vocab_size, h, **factory)
-        self.predictor = CodePredictor(
-            config.code_predictor, h, self.device, dtype, batch_invariant
-        )
-        self._suppressed = torch.tensor(config.suppressed_ids(), device=self.device)
+        self.codec_head = torch.zeros(t.vocab_size, h, **factory)
+        self.predictor = CodePredictor(t.code_predictor, h, self.device, dtype, batch_invariant)
+        self._suppressed = torch.tensor(suppressed_ids(config), device=self.device)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: Qwen3TTSCheckpoint,
+        kv: KVCacheConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        batch_invariant: bool = False,
+    ) -> Qwen3TTSTalker:
+        """Build the talker of an opened published folder and load its ``talker.*`` tensors
+        (the loader checks their names and shapes).
+
+        Raises:
+            Qwen3TTSCheckpointError: a missing or misshapen tensor.
+        """
+        talker = cls(checkpoint.config, kv, device, dtype, batch_invariant)
+        talker.load_weights(checkpoint.model_tensors(dtype=dtype, device=device))
+        return talker
 
     # ------------------------------------------------------------ weights
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -665,8 +493,8 @@ class Qwen3TTSTalker(PagedARModel):
     def _text_part(self, text_ids: Sequence[int]) -> torch.Tensor:
         """``text_embedding`` rows ``[n, text_hidden]`` of text ids (checked on the host)."""
         text_ids = [int(t) for t in text_ids]
-        if any(not 0 <= t < self.config.text_vocab_size for t in text_ids):
-            raise ValueError(f"a text id outside [0, {self.config.text_vocab_size})")
+        if any(not 0 <= t < self.config.talker.text_vocab_size for t in text_ids):
+            raise ValueError(f"a text id outside [0, {self.config.talker.text_vocab_size})")
         return self.text_embedding[torch.tensor(text_ids, dtype=torch.long, device=self.device)]
 
     def _frame_sums(self, frames: torch.Tensor) -> torch.Tensor:
@@ -679,7 +507,7 @@ class Qwen3TTSTalker(PagedARModel):
 
     def _frames(self, frames: Sequence[Sequence[int]]) -> torch.Tensor:
         """LongTensor ``[T, G]`` of frames; raises ValueError for a malformed one."""
-        cfg = self.config
+        cfg = self.config.talker
         width, vocab_pred = cfg.num_code_groups, cfg.code_predictor.vocab_size
         for frame in frames:
             if len(frame) != width or not 0 <= frame[0] < cfg.vocab_size:
@@ -698,8 +526,9 @@ class Qwen3TTSTalker(PagedARModel):
                 f"replaying {len(unit.generated)} frames needs as many text ids, got "
                 f"{len(prompt.replay_text)}"
             )
-        if any(not NO_CODEC <= c < self.config.vocab_size for c in prompt.codec_ids):
-            raise ValueError(f"prompt codec id outside [0, {self.config.vocab_size})")
+        vocab = self.config.talker.vocab_size
+        if any(not NO_CODEC <= c < vocab for c in prompt.codec_ids):
+            raise ValueError(f"prompt codec id outside [0, {vocab})")
         codec_ids = torch.tensor(prompt.codec_ids, dtype=torch.long, device=self.device)
         has_codec = (codec_ids != NO_CODEC)[:, None]
         codec = torch.where(has_codec, self.codec_embedding[codec_ids.clamp(min=0)], 0.0)
@@ -716,7 +545,7 @@ class Qwen3TTSTalker(PagedARModel):
     def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
         """``codec part + text_projection(text part)``, ``[N, hidden]`` (row-chunked by the
         sequences' query lengths in batch-invariant mode, as the stack chunks)."""
-        hidden = self.config.hidden_size
+        hidden = self.config.talker.hidden_size
 
         def project(x: torch.Tensor) -> torch.Tensor:
             inner = F.silu(F.linear(x[:, hidden:], self.fc1_weight, self.fc1_bias))
@@ -782,7 +611,7 @@ class Qwen3TTSTalker(PagedARModel):
         self.predictor.run(hidden.to(self.dtype), self.codec_embedding[code0], choose)
         frame = torch.stack(codes, dim=1)  # [B, G]
         frame_lp = torch.stack(logprobs, dim=1)
-        eos = (code0 == self.config.codec_eos_token_id)[:, None]
+        eos = (code0 == self.eos_id)[:, None]
         keep = torch.zeros_like(eos).expand(-1, frame.shape[1]).clone()
         keep[:, 1:] = eos  # an EOS frame's codebooks 1.. are not part of it
         frame = frame.masked_fill(keep, 0)
@@ -862,7 +691,7 @@ class Qwen3TTSTalker(PagedARModel):
         tokens = self._frames(frames)
         count = tokens.shape[0]
         first = self._sampling_logits(logits[:, :1])
-        rest = logits[:, 1:, : self.config.code_predictor.vocab_size]
+        rest = logits[:, 1:, : self.config.talker.code_predictor.vocab_size]
         talker_rows, sub_rows = [sampling.talker] * count, [sampling.predictor] * count
         if mode == "policy":
             lp0 = policy_logprobs(first, talker_rows, tokens[:, :1])
@@ -875,7 +704,7 @@ class Qwen3TTSTalker(PagedARModel):
             lp0 = recompute_logprobs(first, talker_rows, history, list(range(count)), tokens[:, :1])
             empty = [tokens.new_zeros(rest.shape[1], 0)] * count
             lp_rest = recompute_logprobs(rest, sub_rows, empty, [0] * count, tokens[:, 1:])
-        eos = tokens[:, :1] == self.config.codec_eos_token_id
+        eos = tokens[:, :1] == self.eos_id
         return torch.cat([lp0, lp_rest.masked_fill(eos, 0.0)], dim=1)
 
 
@@ -967,16 +796,14 @@ class Qwen3TTSTalkerLoop(ARDecodeLoop):
 
 def load_talker(
     state: Mapping[str, torch.Tensor],
-    config: Mapping[str, Any] | Qwen3TTSTalkerConfig,
+    config: Qwen3TTSConfig,
     kv: KVCacheConfig,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     batch_invariant: bool = False,
 ) -> Qwen3TTSTalker:
-    """Build a ``Qwen3TTSTalker`` from ``config.json`` (dict or parsed) and load the talker's
-    tensors from ``state`` (official names)."""
-    if not isinstance(config, Qwen3TTSTalkerConfig):
-        config = Qwen3TTSTalkerConfig.from_dict(config)
+    """Build a ``Qwen3TTSTalker`` for ``config`` (the loader's ``parse_config``) and load the
+    talker's tensors from ``state`` (official names; other keys ignored)."""
     talker = Qwen3TTSTalker(config, kv, device, dtype, batch_invariant)
     talker.load_weights(state)
     return talker
