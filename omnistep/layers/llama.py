@@ -12,7 +12,7 @@ one whole sequence without a cache, with autograd (a trainer's teacher-forced sc
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,8 @@ class LlamaConfigLite:
         mlp_bias: biases on the gate/up/down projections.
         qkv_bias: biases on the q/k/v projections only, none on o (Qwen2's attention); implied
             for q/k/v when ``attention_bias`` is set.
+        qk_norm: an RMSNorm over each head's ``head_dim`` on the projected queries and keys,
+            before rope (Qwen3's ``q_norm``/``k_norm``, weights ``self_attn.{q,k}_norm.weight``).
     """
 
     hidden_size: int
@@ -69,6 +71,7 @@ class LlamaConfigLite:
     attention_bias: bool = False
     mlp_bias: bool = False
     qkv_bias: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -162,6 +165,11 @@ class LlamaAttention(nn.Module):
         self.o_proj = PackedLinear(
             q_size, config.hidden_size, bias=config.attention_bias, **factory
         )
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, **factory)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, **factory)
 
     def forward(
         self,
@@ -214,6 +222,9 @@ class LlamaAttention(nn.Module):
         q = _rows(self.q_proj, x, row_plan).view(num_tokens, self.num_heads, self.head_dim)
         k = _rows(self.k_proj, x, row_plan).view(num_tokens, self.num_kv_heads, self.head_dim)
         v = _rows(self.v_proj, x, row_plan).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # Qwen3: per-head RMSNorm of queries and keys before rope
+            q = _rows(self.q_norm, q, plans.norm)
+            k = _rows(self.k_norm, k, plans.norm)
         q, k = apply_rope(q, k, cos, sin)
         out = attend(q, k, v)  # [N, H, D]
         return _rows(self.o_proj, out.reshape(num_tokens, -1), row_plan)
@@ -294,7 +305,8 @@ class LlamaModel(nn.Module):
 
     ``state_dict()`` keys equal transformers ``LlamaModel``'s minus ``embed_tokens.weight``:
     ``layers.{i}.self_attn.{q,k,v,o}_proj.weight``, ``layers.{i}.mlp.{gate,up,down}_proj.weight``,
-    ``layers.{i}.{input,post_attention}_layernorm.weight``, ``norm.weight``.
+    ``layers.{i}.{input,post_attention}_layernorm.weight``, ``norm.weight`` (and, with
+    ``qk_norm``, Qwen3's ``layers.{i}.self_attn.{q,k}_norm.weight``).
 
     Args:
         config: a ``LlamaConfigLite`` (see ``LlamaConfigLite.from_hf`` for a ``LlamaConfig``).
@@ -360,11 +372,7 @@ class LlamaModel(nn.Module):
             Hidden states after the final norm, ``[N, hidden]``.
         """
         self._check_inputs(inputs_embeds, meta)
-        plans = NO_ROW_PLANS
-        if meta.batch_invariant:
-            row_plan = self.row_chunking.plan(meta.query_lens_host, inputs_embeds.device)
-            gemm_plan = None if self.gemms_batch_invariant(inputs_embeds) else row_plan
-            plans = RowPlans(norm=row_plan, gemm=gemm_plan)
+        plans = self.row_plans(inputs_embeds, meta.query_lens_host, meta.batch_invariant)
         cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
         for layer in self.layers:
@@ -418,21 +426,64 @@ class LlamaModel(nn.Module):
                 f"{num_tokens} tokens exceed max_position_embeddings="
                 f"{self.rotary_emb.max_positions}"
             )
-        plans = NO_ROW_PLANS
-        if batch_invariant:
-            query_lens = (
-                [num_tokens]
-                if prefill_len is None
-                else [prefill_len] + [1] * (num_tokens - prefill_len)
-            )
-            row_plan = self.row_chunking.plan(query_lens, device)
-            gemm_plan = None if self.gemms_batch_invariant(inputs_embeds) else row_plan
-            plans = RowPlans(norm=row_plan, gemm=gemm_plan)
+        if prefill_len is None:
+            query_lens = [num_tokens]
+        else:
+            query_lens = [prefill_len] + [1] * (num_tokens - prefill_len)
+        plans = self.row_plans(inputs_embeds, query_lens, batch_invariant)
         cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
         for layer in self.layers:
             hidden = layer.forward_dense(hidden, cos, sin, prefill_len, plans)
         return _rows(self.norm, hidden, plans.norm)
+
+    def forward_attend(
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        query_lens: Sequence[int],
+        batch_invariant: bool = False,
+    ) -> torch.Tensor:
+        """The stack with a caller's attention: the same layers, rope, norms and linear kernels
+        as ``forward``, but each layer's attention is ``attend(layer_idx, q, k, v)`` on the
+        rotated queries ``[N, H, D]`` and keys/values ``[N, Hkv, D]``, returning ``[N, H, D]``
+        (e.g. a small dense per-step cache, as the Qwen3-TTS code predictor keeps). Autograd
+        works when ``attend`` is differentiable.
+
+        Args:
+            inputs_embeds: ``[N, hidden]``; positions: LongTensor ``[N]``.
+            query_lens: rows per sequence (they sum to N): the row chunks of batch-invariant
+                mode, as ``forward`` picks them from ``AttentionMetadata.query_lens_host``.
+            batch_invariant: chunk the row-wise work to fixed shapes (``RowChunking``).
+
+        Returns:
+            Hidden states after the final norm, ``[N, hidden]``.
+        """
+        plans = self.row_plans(inputs_embeds, query_lens, batch_invariant)
+        cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
+        hidden = inputs_embeds
+        for i, layer in enumerate(self.layers):
+
+            def attention(x: torch.Tensor, layer: LlamaDecoderLayer = layer, i: int = i):
+                return layer.self_attn._attention(
+                    x, cos, sin, lambda q, k, v: attend(i, q, k, v), plans
+                )
+
+            hidden = layer._block(hidden, attention, plans)
+        return _rows(self.norm, hidden, plans.norm)
+
+    def row_plans(
+        self, x: torch.Tensor, query_lens: Sequence[int], batch_invariant: bool
+    ) -> RowPlans:
+        """The row chunking of a forward over rows ``x`` of sequences with ``query_lens`` new
+        rows each: none unless ``batch_invariant``; then norm-wise work in ``RowChunking``
+        chunks, and GEMMs too unless their kernels are batch-invariant by themselves."""
+        if not batch_invariant:
+            return NO_ROW_PLANS
+        row_plan = self.row_chunking.plan(query_lens, x.device)
+        gemm_plan = None if self.gemms_batch_invariant(x) else row_plan
+        return RowPlans(norm=row_plan, gemm=gemm_plan)
 
     def gemms_batch_invariant(self, x: torch.Tensor) -> bool:
         """Whether every linear layer gives a row the same result whatever rows share its call,

@@ -266,6 +266,19 @@ class PagedARModel:
             ValueError: no frames, a frame of another width, a malformed prompt.
         """
         frames = tuple(tuple(int(t) for t in frame) for frame in frames)
+        hidden = self._score_hidden(prompt, frames, match_serving)
+        return self._score_head(hidden, prompt).float()
+
+    def _score_hidden(
+        self, prompt: Any, frames: Sequence[Sequence[int]], match_serving: bool
+    ) -> torch.Tensor:
+        """The final hidden states ``[T, hidden]`` that ``score_logits`` applies the head to:
+        row ``i`` is the state frame ``i`` was drawn from.
+
+        Raises:
+            ValueError: no frames, a frame of another width, a malformed prompt.
+        """
+        frames = tuple(tuple(int(t) for t in frame) for frame in frames)
         if not frames:
             raise ValueError("score needs at least one frame")
         if any(len(f) != len(frames[0]) for f in frames):
@@ -283,7 +296,7 @@ class PagedARModel:
         hidden = self.llama.forward_dense(
             embeds, prefill_len=prefill_len, batch_invariant=self.batch_invariant
         )
-        return self._score_head(hidden[prompt_len - 1 :], prompt).float()
+        return hidden[prompt_len - 1 :]
 
     def score_logprobs(
         self,

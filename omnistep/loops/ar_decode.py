@@ -134,6 +134,8 @@ class ARDecodeConfig:
         make_sampling: ``make_sampling(request) -> sampling settings`` for the component.
         max_new_tokens: default cap on generated frames (a request's own cap wins if lower).
         eos_token_ids: a frame containing any of them ends generation and is not output.
+        eos_codebooks: the positions of a frame the EOS check reads (Qwen3-TTS: ``(0,)``, its
+            other codebooks share ids with EOS); None reads every id.
         stream_slot: a stream slot (see ``LoopNode.streams``) that receives each frame's
             ``hidden`` (``stream_hidden``) or its tokens; None streams nothing.
         stream_hidden: put hidden states rather than token frames on the stream.
@@ -156,6 +158,7 @@ class ARDecodeConfig:
     make_sampling: Callable[[Request], Any]
     max_new_tokens: int = 2048
     eos_token_ids: tuple[int, ...] = ()
+    eos_codebooks: tuple[int, ...] | None = None
     stream_slot: str | None = None
     stream_hidden: bool = False
     penalty_window: int = 16
@@ -259,7 +262,7 @@ class ARDecodeLoop:
                 tuple(out.tokens), out.logprobs, out.policy_logprobs, out.weight_version
             )
             state.trajectory.append(record)
-        if any(t in self.config.eos_token_ids for t in out.tokens):
+        if self._is_eos(out.tokens):
             state.finished = True
             if self.config.stream_on_eos and state.stream is not None:
                 state.stream.put(out.hidden)
@@ -270,6 +273,12 @@ class ARDecodeLoop:
         if self.config.detokenize is not None:
             self._emit_text(state)
         return state
+
+    def _is_eos(self, frame: Frame) -> bool:
+        """Whether the frame holds an EOS id at a position ``eos_codebooks`` names."""
+        positions = self.config.eos_codebooks
+        ids = frame if positions is None else [frame[i] for i in positions]
+        return any(t in self.config.eos_token_ids for t in ids)
 
     def _emit_text(self, state: ARDecodeState) -> None:
         """Emit the text decoded so far beyond what was emitted (whole characters only)."""

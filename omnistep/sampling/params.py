@@ -36,6 +36,9 @@ class SamplingRow:
         top_k: most-likely tokens kept; 0 disables.
         repetition_penalty: > 0; each of the last ``penalty_window`` tokens scales its logit
             again (upstream ChatTTS's compounding penalty); 1 disables.
+        penalty_compounds: True (ChatTTS): an id seen ``n`` times is scaled ``n`` times; False
+            (transformers' ``RepetitionPenaltyLogitsProcessor``): once, however often it
+            occurs in the window.
         penalty_window: how many of the latest generated tokens the penalty looks at.
         min_new_tokens: EOS is masked while fewer tokens than this have been generated.
         eos_token_id: the EOS id (the same in every codebook), or None.
@@ -47,6 +50,7 @@ class SamplingRow:
     top_k: int = 0
     repetition_penalty: float = 1.0
     penalty_window: int = 16
+    penalty_compounds: bool = True
     min_new_tokens: int = 0
     eos_token_id: int | None = None
     min_keep: int = 3

@@ -163,6 +163,9 @@ def processed_logprobs(
     if any(row.repetition_penalty != 1.0 for row in rows):
         windows = [row.penalty_window for row in rows]
         counts = penalty_counts(history, windows, num_vq, vocab, logits.device)
+        if not all(row.penalty_compounds for row in rows):
+            once = torch.tensor([not row.penalty_compounds for row in rows], device=x.device)
+            counts = torch.where(once[:, None, None], counts.clamp(max=1.0), counts)
         x = apply_repetition_penalty(x, counts, params.penalty)
     eos_only = x.masked_fill(params.eos_masked, NEG_INF)
     x = apply_top_p_top_k(x, params).masked_fill(params.eos_masked, NEG_INF)

@@ -1,0 +1,809 @@
+"""The Qwen3-TTS talker as a component: a Qwen3 LM over codebook 0 of the 12 Hz codec, on a paged
+KV cache, batched across requests, with its code predictor filling codebooks 1..15 inside the same
+step.
+
+Mirrors qwen_tts 0.1.1 (core/models/modeling_qwen3_tts.py): ``Qwen3TTSTalkerModel`` (Qwen3
+decoder layers: q/k/v/o without bias, per-head ``q_norm``/``k_norm`` RMSNorm before rope, SwiGLU,
+RMSNorm; ``codec_embedding`` ``[vocab, hidden]``, ``text_embedding`` ``[text_vocab,
+text_hidden]``), ``Qwen3TTSTalkerForConditionalGeneration`` (``text_projection``: a two-layer MLP
+with bias ``text_hidden -> text_hidden -> hidden``; ``codec_head`` ``[vocab, hidden]``) and
+``Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`` (a small Qwen3 stack with
+``num_code_groups - 1`` codec embeddings of the talker's width, ``small_to_mtp_projection`` when
+the widths differ, one ``lm_head`` per codebook).
+
+Every talker input row is ``codec part + text_projection(text_embedding(text id))``:
+
+- prompt rows (``Qwen3TTSPrompt``, built by ``omnistep.models.qwen3_tts.prompt``): a text id per
+  row, plus a codec id's ``codec_embedding`` row where the layout has one;
+- the row of generated frame ``k`` (fed by the AR_TOKEN unit that samples frame ``k + 1``): the
+  frame's 16 codebook embeddings summed (``codec_embedding`` for code 0, the predictor's
+  ``codec_embedding[j - 1]`` for code ``j``) plus the text track's id for step ``k`` (upstream
+  ``trailing_text_hidden[:, generation_step]``): text token ``k + 1`` of the utterance in
+  streaming-text mode, then ``tts_eos``, then ``tts_pad`` for every later step. The id comes
+  with the step (``Qwen3TTSStepInput.text_id``), from the loop's text track
+  (``Qwen3TTSTalkerLoop``), so text can stream into a running request.
+
+One unit (PREFILL or AR_TOKEN) = one frame: talker forward -> ``codec_head`` -> sample codebook 0
+(repetition penalty over the codebook-0 history, the top 1024 ids but EOS suppressed, EOS masked
+for the first ``min_new_tokens``) -> the code predictor's 15 sub-steps, batched across every
+request of the batch: its input rows are the talker's final (normed) hidden state and
+``codec_embedding(code 0)``, then each sampled code's embedding; sub-step ``j`` reads
+``lm_head[j - 1]`` and samples code ``j``. Each sub-step runs on a small dense per-frame KV cache
+(16 rows at most, dropped after the frame). Every id of the frame is drawn from the request's own
+generator (16 uniforms per frame, in codebook order; ``omnistep.sampling.sample``), so a
+request's codes do not depend on its batch. A frame whose code 0 is EOS carries zeros in codebooks
+1..15 (they are not sampled; their log-probs are 0).
+
+Rope: the talker's interleaved mRoPE gets three equal position components in TTS
+(``get_rope_index``: ``cumsum(attention_mask) - 1`` expanded to three rows, decode positions
+continuing with a zero delta), so every frequency reads the same angle and it is exactly 1-D rope
+over ``head_dim`` (``LlamaModel``'s ``RotaryEmbedding``; tests/test_qwen3_tts_talker.py checks
+it bitwise against upstream's ``apply_multimodal_rotary_pos_emb``). The predictor uses plain rope,
+positions ``0..15`` per frame.
+
+Prefill/decode, KV admission, preemption and batching are the shared
+``omnistep.layers.paged_ar.PagedARModel``'s; this module configures its inputs and head and
+replaces its per-frame sampling with the two-stage one above.
+
+Imports torch, ``omnistep.core``, ``omnistep.kv``, ``layers``, ``loops``, ``sampling``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from omnistep.core import (
+    Channel,
+    Done,
+    ExecutionProfile,
+    LoopResult,
+    ModelInstance,
+    Pending,
+    ProgramContext,
+    Request,
+    WorkPlan,
+)
+from omnistep.kv import KVCacheConfig
+from omnistep.layers.batch_invariant import map_row_groups
+from omnistep.layers.llama import LlamaConfigLite, LlamaModel
+from omnistep.layers.paged_ar import SCORE_MODES, PagedARModel
+from omnistep.layers.paged_attention import repeat_kv
+from omnistep.loops.ar_decode import (
+    ARDecodeConfig,
+    ARDecodeLoop,
+    ARDecodeState,
+    ARPrefillInput,
+    ARStepInput,
+    ARStepOutput,
+)
+from omnistep.models.qwen3_tts.loader import (
+    CodePredictorConfig,
+    GenerationDefaults,
+    Qwen3TTSCheckpoint,
+    Qwen3TTSConfig,
+    TalkerConfig,
+)
+from omnistep.sampling import SamplingRow, policy_logprobs, recompute_logprobs, sample
+
+NEG_INF = float("-inf")
+NO_CODEC = -1
+"""``Qwen3TTSPrompt.codec_ids`` entry of a row without a codec part."""
+SUPPRESSED_TOP_IDS = 1024
+"""Upstream ``generate`` suppresses the top 1024 talker ids (the control codes) except EOS."""
+
+
+# ---------------------------------------------------------------- configs
+MIN_NEW_TOKENS = 2
+"""Upstream ``generate`` masks the codec EOS for the first two frames (``min_new_tokens=2``)."""
+
+
+def qwen3_stack(cfg: TalkerConfig | CodePredictorConfig) -> LlamaConfigLite:
+    """A Qwen3 decoder stack (no biases, q/k norm) of the talker or the code predictor (the
+    loader's configs). The talker's mRoPE is 1-D rope here (equal position components; see the
+    module docstring).
+
+    Raises:
+        ValueError: an activation other than silu, attention biases.
+    """
+    what = type(cfg).__name__
+    if cfg.hidden_act != "silu":
+        raise ValueError(f"{what}: hidden_act must be 'silu', got {cfg.hidden_act!r}")
+    if cfg.attention_bias:
+        raise ValueError(f"{what}: attention_bias=True is not supported")
+    return LlamaConfigLite(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_hidden_layers=cfg.num_hidden_layers,
+        intermediate_size=cfg.intermediate_size,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta,
+        max_position_embeddings=cfg.max_position_embeddings,
+        qk_norm=True,
+    )
+
+
+def suppressed_ids(config: Qwen3TTSConfig) -> list[int]:
+    """Ids ``generate`` suppresses when sampling codebook 0: the top ``SUPPRESSED_TOP_IDS`` of
+    the talker vocab except the codec EOS."""
+    vocab = config.talker.vocab_size
+    start = max(0, vocab - SUPPRESSED_TOP_IDS)
+    return [i for i in range(start, vocab) if i != config.ids.codec_eos]
+
+
+@dataclass(frozen=True, slots=True)
+class Qwen3TTSSampling:
+    """One request's sampling rows: ``talker`` for codebook 0, ``predictor`` for 1..15."""
+
+    talker: SamplingRow
+    predictor: SamplingRow
+
+    @classmethod
+    def from_defaults(
+        cls,
+        config: Qwen3TTSConfig,
+        defaults: GenerationDefaults | None = None,
+        greedy: bool = False,
+        penalty_window: int | None = None,
+    ) -> Qwen3TTSSampling:
+        """Rows for ``defaults`` (None: the checkpoint's ``config.generation``, i.e.
+        ``generation_config.json`` over upstream's hard defaults, as upstream's
+        ``_merge_generate_kwargs`` picks them). ``greedy`` forces temperature 0 in both stages
+        (``do_sample=False, subtalker_dosample=False``). Codebook 0: top-k/top-p/temperature,
+        a repetition penalty counting each distinct codebook-0 id of the history once
+        (transformers' ``RepetitionPenaltyLogitsProcessor``; ``penalty_window`` defaults to
+        ``max_new_tokens``: all of it), EOS masked for ``MIN_NEW_TOKENS`` frames. Codebooks
+        1..15: top-k/top-p/temperature only."""
+        d = config.generation if defaults is None else defaults
+        talker_t = 0.0 if greedy or not d.do_sample else d.temperature
+        sub_t = 0.0 if greedy or not d.subtalker_dosample else d.subtalker_temperature
+        talker = SamplingRow(
+            temperature=talker_t,
+            top_p=d.top_p,
+            top_k=d.top_k,
+            repetition_penalty=d.repetition_penalty,
+            penalty_window=d.max_new_tokens if penalty_window is None else penalty_window,
+            penalty_compounds=False,
+            min_new_tokens=MIN_NEW_TOKENS,
+            eos_token_id=config.ids.codec_eos,
+            min_keep=1,
+        )
+        predictor = SamplingRow(
+            temperature=sub_t, top_p=d.subtalker_top_p, top_k=d.subtalker_top_k, min_keep=1
+        )
+        return cls(talker, predictor)
+
+
+# ---------------------------------------------------------------- payloads
+@dataclass(frozen=True, slots=True)
+class Qwen3TTSPrompt:
+    """The PREFILL prompt of one talker sequence (built by ``prompt.build_prompt``).
+
+    Attributes:
+        text_ids: one text-vocab id per prompt row (its projected embedding is the row's text
+            part).
+        codec_ids: one per prompt row: a talker codec id whose embedding is added, or
+            ``NO_CODEC``.
+        replay_text: the text-track ids of decode steps already run (step ``k`` fed frame
+            ``k``): a re-prefill after a preemption, or a scored trajectory, replays generated
+            frame ``k`` with ``replay_text[k]``; it needs one per replayed frame.
+    """
+
+    text_ids: tuple[int, ...]
+    codec_ids: tuple[int, ...]
+    replay_text: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.text_ids or len(self.text_ids) != len(self.codec_ids):
+            raise ValueError(
+                f"a prompt needs as many codec ids as text ids (>= 1), got "
+                f"{len(self.text_ids)} and {len(self.codec_ids)}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Qwen3TTSStepInput:
+    """AR_TOKEN payload of the talker: ``ARStepInput``'s fields plus the text track's id.
+
+    Attributes:
+        seq_id, last, num_generated, history, sampling, generator, record: as in
+            ``ARStepInput`` (``last``: the 16 ids of frame ``num_generated - 1``; ``sampling``:
+            a ``Qwen3TTSSampling``).
+        text_id: the text-track id of step ``num_generated - 1`` (a text token, tts_eos or
+            tts_pad).
+    """
+
+    seq_id: str
+    last: tuple[int, ...]
+    num_generated: int
+    history: tuple[tuple[int, ...], ...]
+    sampling: Any
+    generator: Any
+    text_id: int
+    record: bool = False
+
+    @classmethod
+    def from_step(cls, step: ARStepInput, text_id: int) -> Qwen3TTSStepInput:
+        return cls(
+            step.seq_id,
+            step.last,
+            step.num_generated,
+            step.history,
+            step.sampling,
+            step.generator,
+            text_id,
+            step.record,
+        )
+
+
+# ---------------------------------------------------------------- the code predictor
+class CodePredictor:
+    """Codebooks 1..G-1 of a frame from the talker's hidden state and code 0, batched over
+    rows (upstream ``Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`` driven by
+    ``generate(max_new_tokens=G - 1)``), on a dense per-frame KV cache.
+
+    Attributes:
+        llama: the stack. ``codec_embedding[j]``: ``[vocab, talker_hidden]`` (code ``j + 1``'s
+        table); ``lm_head[j]``: ``[vocab, hidden]`` (code ``j + 1``'s head); ``proj_weight``,
+        ``proj_bias``: ``small_to_mtp_projection`` ``[hidden, talker_hidden]``, ``[hidden]``
+        (None when the widths are equal: identity).
+    """
+
+    def __init__(
+        self,
+        config: CodePredictorConfig,
+        talker_hidden: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        batch_invariant: bool,
+    ):
+        self.config = config
+        self.device, self.dtype, self.batch_invariant = device, dtype, batch_invariant
+        self.llama = LlamaModel(qwen3_stack(config), device=device, dtype=dtype).eval()
+        factory = {"device": device, "dtype": dtype}
+        groups = config.num_code_groups - 1
+        self.codec_embedding = [
+            torch.zeros(config.vocab_size, talker_hidden, **factory) for _ in range(groups)
+        ]
+        self.lm_head = [
+            torch.zeros(config.vocab_size, config.hidden_size, **factory) for _ in range(groups)
+        ]
+        self.proj_weight: torch.Tensor | None = None
+        self.proj_bias: torch.Tensor | None = None
+        if config.hidden_size != talker_hidden:
+            self.proj_weight = torch.zeros(config.hidden_size, talker_hidden, **factory)
+            self.proj_bias = torch.zeros(config.hidden_size, **factory)
+
+    def weight_tensors(self, prefix: str = "talker.code_predictor.") -> dict[str, torch.Tensor]:
+        """Live tensors by their official names."""
+        tensors = {
+            f"{prefix}model.{k}": v for k, v in self.llama.state_dict(keep_vars=True).items()
+        }
+        for j, (emb, head) in enumerate(zip(self.codec_embedding, self.lm_head, strict=True)):
+            tensors[f"{prefix}model.codec_embedding.{j}.weight"] = emb
+            tensors[f"{prefix}lm_head.{j}.weight"] = head
+        if self.proj_weight is not None:
+            tensors[f"{prefix}small_to_mtp_projection.weight"] = self.proj_weight
+            tensors[f"{prefix}small_to_mtp_projection.bias"] = self.proj_bias
+        return tensors
+
+    def _linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``F.linear`` over rows, in fixed 16-row chunks in batch-invariant mode."""
+        fn = lambda rows: F.linear(rows, weight, bias)  # noqa: E731
+        if not self.batch_invariant:
+            return fn(x)
+        plan = self.llama.row_chunking.plan([1] * x.shape[0], x.device)
+        return map_row_groups(fn, x, plan)
+
+    def _project(self, x: torch.Tensor, rows_per_seq: int) -> torch.Tensor:
+        """``small_to_mtp_projection`` of rows ``[N, talker_hidden]``."""
+        if self.proj_weight is None:
+            return x
+        fn = lambda rows: F.linear(rows, self.proj_weight, self.proj_bias)  # noqa: E731
+        if not self.batch_invariant:
+            return fn(x)
+        query_lens = [rows_per_seq] * (x.shape[0] // rows_per_seq)
+        return map_row_groups(fn, x, self.llama.row_chunking.plan(query_lens, x.device))
+
+    def run(
+        self,
+        talker_hidden: torch.Tensor,
+        first_embed: torch.Tensor,
+        choose: Any,
+    ) -> torch.Tensor:
+        """Run the G-1 sub-steps for ``B`` rows.
+
+        Args:
+            talker_hidden: ``[B, talker_hidden]`` the talker's final normed hidden states.
+            first_embed: ``[B, talker_hidden]``: ``codec_embedding(code 0)`` (talker table).
+            choose: ``choose(j, logits [B, vocab] float32) -> LongTensor [B]``: code ``j + 1``
+                given its logits (sampling, or the recorded code when teacher-forcing).
+
+        Returns:
+            Raw logits ``[B, G - 1, vocab]`` float32 of every sub-step.
+        """
+        batch = talker_hidden.shape[0]
+        keys: list[torch.Tensor | None] = [None] * self.config.num_hidden_layers
+        values: list[torch.Tensor | None] = [None] * self.config.num_hidden_layers
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            n = q.shape[0] // batch  # new rows per sequence (all sequences alike)
+            q = q.view(batch, n, *q.shape[1:]).transpose(1, 2)  # [B, H, n, D]
+            k = k.view(batch, n, *k.shape[1:]).transpose(1, 2)  # [B, Hkv, n, D]
+            v = v.view(batch, n, *v.shape[1:]).transpose(1, 2)
+            if keys[layer] is not None:
+                k = torch.cat([keys[layer], k], dim=2)
+                v = torch.cat([values[layer], v], dim=2)
+            keys[layer], values[layer] = k, v
+            rep = q.shape[1] // k.shape[1]
+            k, v = repeat_kv(k, rep), repeat_kv(v, rep)
+            scale = self.config.head_dim**-0.5
+            causal = n > 1  # the first sub-step: 2 rows from scratch
+            if self.batch_invariant:  # one call per sequence: its result ignores the batch
+                out = torch.cat(
+                    [
+                        F.scaled_dot_product_attention(
+                            q[b : b + 1], k[b : b + 1], v[b : b + 1], is_causal=causal, scale=scale
+                        )
+                        for b in range(batch)
+                    ]
+                )
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+            return out.transpose(1, 2).reshape(batch * n, *out.shape[1:2], out.shape[-1])
+
+        rows = torch.stack([talker_hidden, first_embed], dim=1).reshape(2 * batch, -1)
+        positions = torch.arange(2, device=self.device).repeat(batch)
+        hidden = self.llama.forward_attend(
+            self._project(rows.to(self.dtype), 2),
+            positions,
+            attend,
+            [2] * batch,
+            self.batch_invariant,
+        )
+        last = hidden.view(batch, 2, -1)[:, 1]
+        logits = []
+        groups = self.config.num_code_groups - 1
+        for j in range(groups):
+            step_logits = self._linear(last, self.lm_head[j]).float()  # [B, vocab]
+            logits.append(step_logits)
+            codes = choose(j, step_logits)
+            if j == groups - 1:
+                break
+            embed = self.codec_embedding[j][codes]  # [B, talker_hidden]
+            position = torch.full((batch,), j + 2, device=self.device)
+            last = self.llama.forward_attend(
+                self._project(embed, 1), position, attend, [1] * batch, self.batch_invariant
+            )
+        return torch.stack(logits, dim=1)
+
+
+# ---------------------------------------------------------------- the talker
+class Qwen3TTSTalker(PagedARModel):
+    """The talker component (see module docstring).
+
+    PREFILL payloads are ``ARPrefillInput`` with a ``Qwen3TTSPrompt``; AR_TOKEN payloads are
+    ``Qwen3TTSStepInput``; ``sampling`` is a ``Qwen3TTSSampling``. Frames are ``num_code_groups``
+    ids; outputs carry no ``hidden``. Input rows are ``[codec part (hidden) | text embedding
+    (text_hidden)]``; ``_lm_inputs`` projects the text part and adds.
+
+    Attributes:
+        codec_embedding: ``[vocab, hidden]``; text_embedding: ``[text_vocab, text_hidden]``;
+        fc1_weight/fc1_bias, fc2_weight/fc2_bias: ``text_projection``; codec_head:
+        ``[vocab, hidden]``; predictor: the ``CodePredictor``.
+    """
+
+    def __init__(
+        self,
+        config: Qwen3TTSConfig,
+        kv: KVCacheConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        batch_invariant: bool = False,
+    ):
+        t = config.talker
+        if t.code_predictor.num_code_groups != t.num_code_groups:
+            raise ValueError(
+                f"the code predictor has {t.code_predictor.num_code_groups} code groups, the "
+                f"talker {t.num_code_groups}"
+            )
+        super().__init__(qwen3_stack(t), kv, device, dtype, batch_invariant, t.num_code_groups)
+        self.config = config
+        self.eos_id = config.ids.codec_eos
+        factory = {"device": self.device, "dtype": dtype}
+        h, th = t.hidden_size, t.text_hidden_size
+        self.codec_embedding = torch.zeros(t.vocab_size, h, **factory)
+        self.text_embedding = torch.zeros(t.text_vocab_size, th, **factory)
+        self.fc1_weight = torch.zeros(th, th, **factory)
+        self.fc1_bias = torch.zeros(th, **factory)
+        self.fc2_weight = torch.zeros(h, th, **factory)
+        self.fc2_bias = torch.zeros(h, **factory)
+        self.codec_head = torch.zeros(t.vocab_size, h, **factory)
+        self.predictor = CodePredictor(t.code_predictor, h, self.device, dtype, batch_invariant)
+        self._suppressed = torch.tensor(suppressed_ids(config), device=self.device)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: Qwen3TTSCheckpoint,
+        kv: KVCacheConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        batch_invariant: bool = False,
+    ) -> Qwen3TTSTalker:
+        """Build the talker of an opened published folder and load its ``talker.*`` tensors
+        (the loader checks their names and shapes).
+
+        Raises:
+            Qwen3TTSCheckpointError: a missing or misshapen tensor.
+        """
+        talker = cls(checkpoint.config, kv, device, dtype, batch_invariant)
+        talker.load_weights(checkpoint.model_tensors(dtype=dtype, device=device))
+        return talker
+
+    # ------------------------------------------------------------ weights
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load the talker's tensors by their official names (``talker.*`` of
+        ``model.safetensors``; other keys, e.g. ``speaker_encoder.*``, are ignored).
+
+        Raises:
+            KeyError: a missing tensor (named). ValueError: a mis-shaped or unexpected one.
+        """
+        targets = self._weight_tensors()
+        given = {k: v for k, v in state.items() if k.startswith("talker.")}
+        missing = sorted(set(targets) - set(given))
+        if missing:
+            raise KeyError(f"missing talker tensors: {missing[:5]}")
+        unexpected = sorted(set(given) - set(targets))
+        if unexpected:
+            raise ValueError(f"unexpected talker tensors: {unexpected[:5]}")
+        with torch.no_grad():
+            for name, target in targets.items():
+                value = torch.as_tensor(given[name])
+                if tuple(value.shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"{name}: shape {tuple(value.shape)}, expected {tuple(target.shape)}"
+                    )
+                target.copy_(value)
+
+    def _weight_tensors(self) -> dict[str, torch.Tensor]:
+        """Every live tensor by its official name (``talker.model.*``,
+        ``talker.text_projection.*``, ``talker.codec_head.weight``,
+        ``talker.code_predictor.*``)."""
+        tensors = {f"talker.model.{k}": v for k, v in self.llama.state_dict(keep_vars=True).items()}
+        tensors["talker.model.codec_embedding.weight"] = self.codec_embedding
+        tensors["talker.model.text_embedding.weight"] = self.text_embedding
+        tensors["talker.text_projection.linear_fc1.weight"] = self.fc1_weight
+        tensors["talker.text_projection.linear_fc1.bias"] = self.fc1_bias
+        tensors["talker.text_projection.linear_fc2.weight"] = self.fc2_weight
+        tensors["talker.text_projection.linear_fc2.bias"] = self.fc2_bias
+        tensors["talker.codec_head.weight"] = self.codec_head
+        return {**tensors, **self.predictor.weight_tensors()}
+
+    # ------------------------------------------------------------ rows
+    def _text_part(self, text_ids: Sequence[int]) -> torch.Tensor:
+        """``text_embedding`` rows ``[n, text_hidden]`` of text ids (checked on the host)."""
+        text_ids = [int(t) for t in text_ids]
+        if any(not 0 <= t < self.config.talker.text_vocab_size for t in text_ids):
+            raise ValueError(f"a text id outside [0, {self.config.talker.text_vocab_size})")
+        return self.text_embedding[torch.tensor(text_ids, dtype=torch.long, device=self.device)]
+
+    def _frame_sums(self, frames: torch.Tensor) -> torch.Tensor:
+        """``[T, hidden]``: the 16 codebook embeddings of frames ``[T, G]`` summed, left to right
+        (a fixed elementwise order: each row's sum ignores the batch)."""
+        total = self.codec_embedding[frames[:, 0]]
+        for j, table in enumerate(self.predictor.codec_embedding):
+            total = total + table[frames[:, j + 1]]
+        return total
+
+    def _frames(self, frames: Sequence[Sequence[int]]) -> torch.Tensor:
+        """LongTensor ``[T, G]`` of frames; raises ValueError for a malformed one."""
+        cfg = self.config.talker
+        width, vocab_pred = cfg.num_code_groups, cfg.code_predictor.vocab_size
+        for frame in frames:
+            if len(frame) != width or not 0 <= frame[0] < cfg.vocab_size:
+                raise ValueError(f"frame {tuple(frame)!r} is not {width} talker/predictor ids")
+            if any(not 0 <= c < vocab_pred for c in frame[1:]):
+                raise ValueError(f"frame {tuple(frame)!r} has a code outside [0, {vocab_pred})")
+        return torch.tensor([tuple(f) for f in frames], dtype=torch.long, device=self.device)
+
+    def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
+        """Prompt rows then one row per replayed frame, ``[L + n, hidden + text_hidden]``."""
+        prompt = unit.prompt
+        if not isinstance(prompt, Qwen3TTSPrompt):
+            raise ValueError(f"talker PREFILL needs a Qwen3TTSPrompt, got {type(prompt).__name__}")
+        if len(prompt.replay_text) < len(unit.generated):
+            raise ValueError(
+                f"replaying {len(unit.generated)} frames needs as many text ids, got "
+                f"{len(prompt.replay_text)}"
+            )
+        vocab = self.config.talker.vocab_size
+        if any(not NO_CODEC <= c < vocab for c in prompt.codec_ids):
+            raise ValueError(f"prompt codec id outside [0, {vocab})")
+        codec_ids = torch.tensor(prompt.codec_ids, dtype=torch.long, device=self.device)
+        has_codec = (codec_ids != NO_CODEC)[:, None]
+        codec = torch.where(has_codec, self.codec_embedding[codec_ids.clamp(min=0)], 0.0)
+        text_ids = list(prompt.text_ids)
+        if unit.generated:
+            codec = torch.cat([codec, self._frame_sums(self._frames(unit.generated))])
+            text_ids += prompt.replay_text[: len(unit.generated)]
+        return torch.cat([codec, self._text_part(text_ids)], dim=1)
+
+    def _step_inputs(self, units: Sequence[Qwen3TTSStepInput]) -> torch.Tensor:
+        codec = self._frame_sums(self._frames([u.last for u in units]))
+        return torch.cat([codec, self._text_part([u.text_id for u in units])], dim=1)
+
+    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
+        """``codec part + text_projection(text part)``, ``[N, hidden]`` (row-chunked by the
+        sequences' query lengths in batch-invariant mode, as the stack chunks)."""
+        hidden = self.config.talker.hidden_size
+
+        def project(x: torch.Tensor) -> torch.Tensor:
+            inner = F.silu(F.linear(x[:, hidden:], self.fc1_weight, self.fc1_bias))
+            return x[:, :hidden] + F.linear(inner, self.fc2_weight, self.fc2_bias)
+
+        rows = rows.to(self.dtype)
+        if not self.batch_invariant:
+            return project(rows)
+        return map_row_groups(project, rows, self.llama.row_chunking.plan(query_lens, rows.device))
+
+    def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
+        """Codebook-0 logits ``[B, 1, vocab]``."""
+        return self._linear_rows(hidden.to(self.dtype), self.codec_head).unsqueeze(1)
+
+    def _sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The top 1024 ids but EOS get -inf (upstream ``suppress_tokens``)."""
+        return logits.index_fill(-1, self._suppressed, NEG_INF)
+
+    def _prefix_key(self, prompt: Qwen3TTSPrompt) -> tuple:
+        return prompt.text_ids, prompt.codec_ids
+
+    # ------------------------------------------------------------ sampling
+    def _sample(
+        self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
+    ) -> list[ARStepOutput]:
+        """Codebook 0 from the talker's logits, then codebooks 1..15 from the predictor, every
+        draw from the unit's generator; see the module docstring."""
+        batch = len(units)
+        logits = self._sampling_logits(self._head(hidden, units[0].seq_id).float())
+        history = [self._history(tuple((f[0],) for f in u.history), 1) for u in units]
+        num_generated = [
+            len(u.generated) if isinstance(u, ARPrefillInput) else u.num_generated for u in units
+        ]
+        generators = [u.generator for u in units]
+        with_policy = any(u.record for u in units)
+        first = sample(
+            logits,
+            [u.sampling.talker for u in units],
+            history,
+            num_generated,
+            generators,
+            with_policy,
+        )
+        code0 = first.tokens[:, 0]
+        sub_rows = [u.sampling.predictor for u in units]
+        no_history = [torch.zeros(1, 0, dtype=torch.long, device=self.device)] * batch
+        codes, logprobs, policy = (
+            [code0],
+            [first.logprobs[:, 0]],
+            [first.policy_logprobs[:, 0] if with_policy else None],
+        )
+
+        def choose(_j: int, step_logits: torch.Tensor) -> torch.Tensor:
+            out = sample(
+                step_logits[:, None], sub_rows, no_history, [0] * batch, generators, with_policy
+            )
+            codes.append(out.tokens[:, 0])
+            logprobs.append(out.logprobs[:, 0])
+            policy.append(out.policy_logprobs[:, 0] if with_policy else None)
+            return out.tokens[:, 0]
+
+        # every row runs the predictor (no host sync on code 0); an EOS row's codes are dropped
+        self.predictor.run(hidden.to(self.dtype), self.codec_embedding[code0], choose)
+        frame = torch.stack(codes, dim=1)  # [B, G]
+        frame_lp = torch.stack(logprobs, dim=1)
+        eos = (code0 == self.eos_id)[:, None]
+        keep = torch.zeros_like(eos).expand(-1, frame.shape[1]).clone()
+        keep[:, 1:] = eos  # an EOS frame's codebooks 1.. are not part of it
+        frame = frame.masked_fill(keep, 0)
+        frame_lp = frame_lp.masked_fill(keep, 0.0)
+        tokens, lps = frame.tolist(), frame_lp.tolist()
+        pols = (
+            torch.stack(policy, dim=1).masked_fill(keep, 0.0).tolist()
+            if with_policy
+            else [()] * batch
+        )
+        return [
+            ARStepOutput(tuple(t), tuple(lp), stream, False, tuple(pl), self.weight_version)
+            for t, lp, pl, stream in zip(tokens, lps, pols, streams, strict=True)
+        ]
+
+    # ------------------------------------------------------------ scoring
+    def score_logits(
+        self, prompt: Qwen3TTSPrompt, frames: Sequence[Sequence[int]], match_serving: bool = True
+    ) -> torch.Tensor:
+        """Teacher-forced logits of a recorded trajectory, differentiable in the weights:
+        the talker as in ``PagedARModel.score_logits``, then the code predictor on each
+        frame's talker hidden state with the frame's own codes fed (one batch of ``T`` rows,
+        the path serving runs).
+
+        Args:
+            prompt: the recorded ``Qwen3TTSPrompt`` with ``replay_text`` for ``frames[:-1]``.
+            frames: ``T >= 1`` frames of 16 ids, the last one included (its EOS frame too).
+
+        Returns:
+            ``[T, 16, vocab]`` float32: codebook 0's raw talker logits, then the predictor's raw
+            logits of codebooks 1..15 in columns ``[0, predictor vocab)`` and -inf beyond. An
+            EOS frame's predictor rows are meaningless (its codes were not sampled).
+
+        Raises:
+            ValueError: no frames, a malformed frame or prompt.
+        """
+        frames = tuple(tuple(int(t) for t in frame) for frame in frames)
+        if not frames:
+            raise ValueError("score needs at least one frame")
+        codes = self._frames(frames)
+        hidden = self._score_hidden(prompt, frames, match_serving)  # [T, hidden]
+        talker = self._head(hidden, "").float()
+        teacher = codes[:, 1:]
+        predictor = self.predictor.run(
+            hidden.to(self.dtype),
+            self.codec_embedding[codes[:, 0]],
+            lambda j, _logits: teacher[:, j],
+        )
+        pad = talker.shape[-1] - predictor.shape[-1]
+        predictor = F.pad(predictor, (0, pad), value=NEG_INF)
+        return torch.cat([talker, predictor], dim=1)
+
+    def score_logprobs(
+        self,
+        prompt: Qwen3TTSPrompt,
+        frames: Sequence[Sequence[int]],
+        sampling: Qwen3TTSSampling,
+        mode: str = "processed",
+        penalty_window: int = 0,
+        match_serving: bool = True,
+    ) -> torch.Tensor:
+        """Log-probs ``[T, 16]`` of a recorded trajectory's ids, as serving recorded them:
+        codebook 0 with the talker row (suppression, the codebook-0 history's penalty, the EOS
+        mask), codebooks 1..15 with the predictor row; an EOS frame's codebooks 1..15 are 0.
+
+        Args:
+            sampling: the request's ``Qwen3TTSSampling``.
+            penalty_window: the loop's ``ARDecodeConfig.penalty_window`` (0: all frames).
+            mode, match_serving: as in ``PagedARModel.score_logprobs``.
+
+        Raises:
+            ValueError: an unknown mode, or what ``score_logits`` raises.
+        """
+        if mode not in SCORE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
+        logits = self.score_logits(prompt, frames, match_serving)
+        tokens = self._frames(frames)
+        count = tokens.shape[0]
+        first = self._sampling_logits(logits[:, :1])
+        rest = logits[:, 1:, : self.config.talker.code_predictor.vocab_size]
+        talker_rows, sub_rows = [sampling.talker] * count, [sampling.predictor] * count
+        if mode == "policy":
+            lp0 = policy_logprobs(first, talker_rows, tokens[:, :1])
+            lp_rest = policy_logprobs(rest, sub_rows, tokens[:, 1:])
+        else:
+            history = [
+                tokens[max(0, i - penalty_window) if penalty_window else 0 : i, :1].T
+                for i in range(count)
+            ]
+            lp0 = recompute_logprobs(first, talker_rows, history, list(range(count)), tokens[:, :1])
+            empty = [tokens.new_zeros(rest.shape[1], 0)] * count
+            lp_rest = recompute_logprobs(rest, sub_rows, empty, [0] * count, tokens[:, 1:])
+        eos = tokens[:, :1] == self.eos_id
+        return torch.cat([lp0, lp_rest.masked_fill(eos, 0.0)], dim=1)
+
+
+# ---------------------------------------------------------------- the text track
+def text_for_step(step: int, track: Sequence[int], closed: bool, pad_id: int) -> int | None:
+    """The text-track id of decode step ``step`` (the step feeding frame ``step``).
+
+    Args:
+        track: text ids for steps ``0, 1, ...`` so far (streaming-text mode: the utterance's
+            tokens after the first, then ``tts_eos``; non-streaming: empty).
+        closed: no more ids will come.
+        pad_id: ``tts_pad_token_id``, every step past a closed track.
+
+    Returns:
+        ``track[step]``; ``pad_id`` past a closed track; None while the id has not arrived
+        (the loop waits).
+    """
+    if step < len(track):
+        return int(track[step])
+    return pad_id if closed else None
+
+
+@dataclass
+class Qwen3TTSTalkerState(ARDecodeState):
+    """The talker's decode state plus its text track (a ``Channel`` of text ids)."""
+
+    track: Channel = field(default_factory=Channel)
+
+
+class Qwen3TTSTalkerLoop(ARDecodeLoop):
+    """AR decode of Qwen3-TTS frames with the text track as a second input.
+
+    ``track_slot`` holds a ``Channel`` of text ids, one per decode step (see
+    ``text_for_step``): a card puts the whole trailing text (``build_prompt``'s ``trailing``)
+    and closes it, or streams ids in as text arrives, then ``tts_eos``, then closes. An AR_TOKEN
+    unit whose id has not arrived waits (``Pending``); a re-prefill replays its frames with
+    theirs. Config: ``eos_token_ids=(codec_eos_token_id,)``, ``eos_codebooks=(0,)``,
+    ``penalty_window=0`` (the penalty reads the whole codebook-0 history).
+    """
+
+    def __init__(self, config: ARDecodeConfig, track_slot: str, pad_id: int):
+        super().__init__(config)
+        self.track_slot = track_slot
+        self.pad_id = pad_id
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> Qwen3TTSTalkerState:
+        base = super().init(req, model, ctx)
+        fields_ = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        return Qwen3TTSTalkerState(**fields_, track=ctx.slots[self.track_slot])
+
+    def _texts(self, state: Qwen3TTSTalkerState, steps: int) -> tuple[int, ...] | None:
+        texts = []
+        for step in range(steps):
+            text_id = text_for_step(step, state.track, state.track.closed, self.pad_id)
+            if text_id is None:
+                return None
+            texts.append(text_id)
+        return tuple(texts)
+
+    def next(self, state: Qwen3TTSTalkerState) -> WorkPlan | Done | Pending:
+        plan = super().next(state)
+        if isinstance(plan, Done):
+            return plan
+        if isinstance(plan.payload, ARPrefillInput):
+            replay = self._texts(state, len(state.frames))
+            if replay is None:
+                return Pending("waiting for text")
+            prompt = dataclasses.replace(plan.payload.prompt, replay_text=replay)
+            plan.payload = dataclasses.replace(plan.payload, prompt=prompt)
+            return plan
+        step = len(state.frames) - 1
+        text_id = text_for_step(step, state.track, state.track.closed, self.pad_id)
+        if text_id is None:
+            return Pending("waiting for text")
+        plan.payload = Qwen3TTSStepInput.from_step(plan.payload, text_id)
+        return plan
+
+    def finalize(self, state: Qwen3TTSTalkerState) -> LoopResult:
+        """Under ROLLOUT the recorded prompt carries the text ids of the ``T - 1`` decode
+        steps that ran, so ``score`` replays the trajectory."""
+        result = super().finalize(state)
+        if state.profile is ExecutionProfile.ROLLOUT:
+            replay = self._texts(state, max(0, len(state.trajectory) - 1))
+            if replay is None:
+                raise RuntimeError("a talker step ran without its text id")
+            result.info["prompt"] = dataclasses.replace(state.prompt, replay_text=replay)
+        return result
+
+
+def load_talker(
+    state: Mapping[str, torch.Tensor],
+    config: Qwen3TTSConfig,
+    kv: KVCacheConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    batch_invariant: bool = False,
+) -> Qwen3TTSTalker:
+    """Build a ``Qwen3TTSTalker`` for ``config`` (the loader's ``parse_config``) and load the
+    talker's tensors from ``state`` (official names; other keys ignored)."""
+    talker = Qwen3TTSTalker(config, kv, device, dtype, batch_invariant)
+    talker.load_weights(state)
+    return talker
