@@ -107,6 +107,11 @@ class Request:
         messages: the conversation, for chat cards (they render it with their template).
         output_modalities: what the caller wants streamed: AUDIO for speech, TEXT and/or AUDIO
             for chat; program nodes that produce only unwanted outputs are skipped.
+        instructions: how to speak (OpenAI's ``instructions``): a voice description for cards
+            that design voices from text (Qwen3-TTS VoiceDesign) or a style prompt; cards
+            without one ignore it.
+        language: the language of ``text`` for cards that take one (Qwen3-TTS: a language
+            name such as ``english``, or ``auto``); None means the card's default.
         normalize_text: run the card's text front-end on ``text`` first (``omnistep.text``:
             numbers, dates, times, money and abbreviations to words); False reads the text as
             given. Cards without a front-end ignore it.
@@ -137,6 +142,8 @@ class Request:
     profile: ExecutionProfile = ExecutionProfile.SERVE
     messages: tuple[ChatMessage, ...] = ()
     output_modalities: frozenset[Modality] = frozenset({Modality.AUDIO})
+    instructions: str | None = None
+    language: str | None = None
     normalize_text: bool = True
     request_id: str = field(default_factory=new_request_id)
     arrival_time: float = field(default_factory=time.monotonic)
@@ -145,6 +152,9 @@ class Request:
 
     def __post_init__(self) -> None:
         check_text(self.text, "input")
+        for name in ("instructions", "language"):
+            if getattr(self, name) is not None:
+                check_text(getattr(self, name), name)
         for message in self.messages:
             check_text(getattr(message, "content", None), "messages")
         if not isinstance(self.sampling, SamplingParams):

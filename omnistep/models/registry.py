@@ -18,10 +18,16 @@ FAMILIES: dict[str, str] = {
     "piper": "omnistep.models.piper.card",
     "chattts": "omnistep.models.chattts.card",
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",
+    "qwen3_tts": "omnistep.models.qwen3_tts.card",
 }
 """Family name -> module that defines ``build_card(path: str | None) -> ModelCard``."""
 
-EXTRAS: dict[str, str] = {"piper": "voice", "chattts": "chattts", "qwen2_5_omni": "chattts"}
+EXTRAS: dict[str, str] = {
+    "piper": "voice",
+    "chattts": "chattts",
+    "qwen2_5_omni": "chattts",
+    "qwen3_tts": "chattts",
+}
 """Family -> the ``pip install 'omnistep[EXTRA]'`` extra holding its dependencies."""
 
 DEFAULT_MODEL = "piper"

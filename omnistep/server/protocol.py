@@ -119,8 +119,10 @@ class SpeechRequest(SamplingFields):
     ``sse``). ``input`` must hold something speakable (a letter or a digit) and no control
     characters but tab, newline and carriage return. Unknown fields are ignored. Extras:
     ``stream`` (Kokoro-FastAPI's field; see ``streamed``), ``normalization_options``
-    (Kokoro-FastAPI's; see ``NormalizationOptions``), ``seed``, and sampling fields used by
-    cards with a sampler and ignored by others.
+    (Kokoro-FastAPI's; see ``NormalizationOptions``), ``seed``, ``language`` (for cards that
+    take one, e.g. Qwen3-TTS: ``english``, ``chinese``, ..., or ``auto``), and sampling fields
+    used by cards with a sampler and ignored by others. ``instructions`` goes to cards that
+    use it (Qwen3-TTS's voice design) and is ignored by others.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -135,6 +137,7 @@ class SpeechRequest(SamplingFields):
     stream: StrictBool | None = None
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     normalization_options: NormalizationOptions | None = None
+    language: str | None = Field(default=None, min_length=1, max_length=64)
 
     @field_validator("input")
     @classmethod
@@ -167,6 +170,8 @@ class SpeechRequest(SamplingFields):
             speed=self.speed,
             seed=self.seed,
             sampling=self.sampling(),
+            instructions=self.instructions,
+            language=self.language,
             normalize_text=self.normalize_text(),
         )
 

@@ -25,8 +25,8 @@ then reports ``segments: 1``.
 
 Otherwise text is buffered by ``SentenceBuffer``: a sentence is sent to the engine as soon as
 the next one starts (or at ``input.done``), so speech begins at the first sentence boundary. Each
-sentence is its own engine request (a *segment*) with seed ``(S + k) mod 2**63`` for the k-th segment of the
-session (S: the config's seed, or drawn); its audio is byte for byte what ``POST
+sentence is its own engine request (a *segment*) with seed ``(S + k) mod 2**63`` for the k-th
+segment of the session (S: the config's seed, or drawn); its audio is byte for byte what ``POST
 /v1/audio/speech`` with ``response_format: "pcm"`` returns for that sentence and seed. Segments
 share the session's playback clock (``AsyncEngine.add_request``'s ``clock``): under EDF a later
 sentence's deadline is when the audio already made for the session runs out, not a new

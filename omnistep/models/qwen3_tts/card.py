@@ -1,0 +1,483 @@
+"""The ``qwen3_tts`` card: the talker (with its code predictor) decodes 16-codebook frames
+(AR_DECODE) that stream into the 12 Hz speech tokenizer's causal decoder (AUDIO_DECODE), both
+batched across requests; the text is a second track of the talker and may stream into a running
+request (``Capability.STREAMING_TEXT_INPUT``).
+
+Program: ``frontend`` (voice, language, instructions -> ``Qwen3TTSVoice``; checked at
+submission) -> ``decode`` (``TalkerTextLoop`` on the ``talker`` component: one PREFILL unit,
+then one AR_TOKEN unit per frame; each frame's 16 codes go on ``codes_stream``) and, at the same
+time, ``vocode`` (an AudioDecodeLoop on the ``codec`` component: chunks of frames with the
+decoder's exact left context, no look-ahead: ``codec.codec_decode_config``) -> ``usage``.
+
+Text: the request's text arrives on ``TEXT_INPUT_SLOT`` (whole, or in pieces with
+``Request.text_input``); ``IncrementalTokenizer`` turns it into the same ids tokenizing the whole
+text gives. Upstream's streaming-text layout (``non_streaming_mode=False``, the default of its
+``generate``): the first text id goes in the prompt, the rest feed decode step ``k`` (then
+``tts_eos``, then ``tts_pad``). So the prefill waits for the first word and each step for its
+word: speech starts before the text is complete, and the codes equal those of the whole text
+with the same seed. ``Qwen3TTSOptions.non_streaming_text`` picks upstream's other layout (the
+whole text in the prompt; the default of ``generate_custom_voice``): its prefill waits for the
+end of the text.
+
+Voices by variant (``tts_model_type`` of the folder):
+
+- ``custom_voice``: a speaker of ``talker_config.spk_id`` by name (any case), or an OpenAI voice
+  name mapped by ``OPENAI_SPEAKERS`` (to the first of its speakers the folder has); default
+  ``DEFAULT_SPEAKERS``' first present. ``instructions`` is passed to 1.7B folders and dropped
+  for 0.6B ones, as upstream ``generate_custom_voice`` does.
+- ``voice_design``: no speaker; ``instructions`` (OpenAI's field) describes the voice and is
+  required.
+- ``base`` (voice cloning from a reference clip) is not served yet: building the card raises.
+
+``language``: ``auto`` (default) or a ``codec_language_id`` name; dialect speakers switch
+``auto``/``chinese`` to their dialect as upstream. Sampling defaults come from the folder's
+``generation_config.json`` (top-k 50, top-p 1.0, temperature 0.9, repetition penalty 1.05 on
+codebook 0, the same for the code predictor); a request's temperature/top-p/top-k/repetition
+penalty apply to codebook 0, and temperature 0 makes both stages greedy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnistep.core import (
+    OPENAI_VOICES,
+    TEXT_INPUT_SLOT,
+    Capability,
+    Channel,
+    ComponentSpec,
+    Done,
+    InvalidRequestError,
+    KernelNode,
+    LoopKind,
+    LoopNode,
+    LoopSpec,
+    ModelCard,
+    ModelInstance,
+    Pending,
+    Program,
+    ProgramContext,
+    Request,
+    WorkPlan,
+    WorkUnitKind,
+)
+from omnistep.kv import KVCacheConfig
+from omnistep.layers.device import check_device
+from omnistep.loops import AudioDecodeLoop
+from omnistep.loops.ar_decode import ARDecodeConfig
+from omnistep.models.qwen3_tts.codec import (
+    CodecDecoderComponent,
+    CodecDecoderConfig,
+    codec_decode_config,
+    codec_from_checkpoint,
+)
+from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint, Qwen3TTSConfig
+from omnistep.models.qwen3_tts.prompt import (
+    ROLE_IDS,
+    TAIL_IDS,
+    build_prompt,
+    instruct_text,
+)
+from omnistep.models.qwen3_tts.talker import (
+    Qwen3TTSSampling,
+    Qwen3TTSTalker,
+    Qwen3TTSTalkerLoop,
+    Qwen3TTSTalkerState,
+)
+from omnistep.text.incremental import IncrementalTokenizer
+
+CARD_ID = "qwen3-tts"
+SERVED_VARIANTS = ("custom_voice", "voice_design")
+
+DEFAULT_SPEAKERS = ("vivian", "ryan", "serena", "aiden")
+"""The default CustomVoice speaker: the first of these the folder has (else its first)."""
+
+OPENAI_SPEAKERS: dict[str, tuple[str, ...]] = {
+    "alloy": ("vivian",),
+    "ash": ("ryan",),
+    "ballad": ("uncle_fu",),
+    "coral": ("serena",),
+    "echo": ("aiden",),
+    "fable": ("dylan",),
+    "onyx": ("eric",),
+    "nova": ("ono_anna",),
+    "sage": ("sohee",),
+    "shimmer": ("serena",),
+    "verse": ("ryan",),
+}
+"""OpenAI voice name -> CustomVoice speakers, first present wins (the published 12Hz
+CustomVoice speakers: vivian, serena, ono_anna, sohee are female; ryan, aiden, uncle_fu, dylan,
+eric male)."""
+
+
+@dataclass(frozen=True)
+class Qwen3TTSOptions:
+    """Serving options of the card.
+
+    Attributes:
+        kv_cache_gb: memory for the talker's paged KV cache, in GiB.
+        block_size: tokens per KV block.
+        max_batch_size: most units per forward, for each component.
+        batch_invariant: bit-identical outputs whatever the batch (slower).
+        max_new_tokens: cap on generated frames (None: ``generation_config.json``'s).
+        first_chunk, chunk, chunk_growth, max_chunk, bucket_frames: the vocoder's chunk
+            schedule in frames (1 frame = 1920 samples = 80 ms); see ``codec_decode_config``.
+        non_streaming_text: upstream's non-streaming layout (whole text in the prompt); text
+            that streams in then starts speaking only once it is complete.
+        dtype: talker/codec compute dtype.
+    """
+
+    kv_cache_gb: float = 2.0
+    block_size: int = 16
+    max_batch_size: int = 32
+    batch_invariant: bool = False
+    max_new_tokens: int | None = None
+    first_chunk: int = 2
+    chunk: int = 8
+    chunk_growth: float = 2.0
+    max_chunk: int = 64
+    bucket_frames: int = 64
+    non_streaming_text: bool = False
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass(frozen=True)
+class Qwen3TTSVoice:
+    """What the frontend decided for a request: the speaker (CustomVoice) or None, the
+    language name, the tokenised instruction (or None)."""
+
+    speaker: str | None
+    language: str
+    instruct_ids: tuple[int, ...] | None
+
+
+class TextTrack:
+    """The request's text as talker ids, read lazily from its ``TEXT_INPUT_SLOT`` channel.
+
+    ``first``: the utterance's first text id once final (None before). As a channel of decode
+    step ids (``len``, ``[k]``, ``closed``; what ``Qwen3TTSTalkerLoop`` reads): streaming
+    layout: text ids ``1..n-1`` as they become final, then ``tts_eos``, closed once the text
+    ended; non-streaming layout: empty, closed once the text ended (the prompt holds it all).
+    """
+
+    def __init__(self, source: Channel, backend: Any, eos_id: int, streaming: bool):
+        self.source = source
+        self.tokenizer = IncrementalTokenizer(backend)
+        self.eos_id = eos_id
+        self.streaming = streaming
+        self.ids: list[int] = []  # every final text id
+        self._read = 0
+
+    def pull(self) -> None:
+        """Tokenise the text pieces that arrived since the last call."""
+        while self._read < len(self.source):
+            self.ids += self.tokenizer.feed(self.source[self._read])
+            self._read += 1
+        if self.source.closed and not self.tokenizer.finished:
+            self.ids += self.tokenizer.finish()
+
+    @property
+    def ended(self) -> bool:
+        """The text is complete (every id is final)."""
+        self.pull()
+        return self.tokenizer.finished
+
+    @property
+    def closed(self) -> bool:
+        return self.ended
+
+    @property
+    def first(self) -> int | None:
+        self.pull()
+        return self.ids[0] if self.ids else None
+
+    def _items(self) -> list[int]:
+        if not self.streaming:
+            return []
+        return [*self.ids[1:], *([self.eos_id] if self.ended and self.ids else [])]
+
+    def __len__(self) -> int:
+        self.pull()
+        return len(self._items())
+
+    def __getitem__(self, index: int) -> int:
+        self.pull()
+        return self._items()[index]
+
+
+class TalkerTextLoop(Qwen3TTSTalkerLoop):
+    """The talker loop of the card: its prompt is built once the text allows (streaming
+    layout: the first word is final; non-streaming: the text ended), and its text track is the
+    request's ``TEXT_INPUT_SLOT`` through ``TextTrack``."""
+
+    def __init__(
+        self,
+        config: ARDecodeConfig,
+        qwen: Qwen3TTSConfig,
+        tokenizer: Any,
+        role_ids: Sequence[int],
+        non_streaming: bool,
+    ):
+        super().__init__(config, track_slot=TEXT_INPUT_SLOT, pad_id=qwen.ids.tts_pad)
+        self.qwen = qwen
+        self.backend = tokenizer.backend_tokenizer
+        self.role_ids = tuple(role_ids)
+        self.non_streaming = non_streaming
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> Qwen3TTSTalkerState:
+        state = super().init(req, model, ctx)
+        state.track = TextTrack(  # type: ignore[assignment]
+            ctx.slots[TEXT_INPUT_SLOT],
+            self.backend,
+            self.qwen.ids.tts_eos,
+            streaming=not self.non_streaming,
+        )
+        return state
+
+    def next(self, state: Qwen3TTSTalkerState) -> WorkPlan | Done | Pending:
+        if isinstance(state.prompt, Qwen3TTSVoice):
+            track: TextTrack = state.track  # type: ignore[assignment]
+            ready = track.ended if self.non_streaming else track.first is not None
+            if not ready:
+                if track.ended:
+                    raise InvalidRequestError("the input text is empty", param="input")
+                return Pending("waiting for the text")
+            if not track.ids:
+                raise InvalidRequestError("the input text is empty", param="input")
+            voice = state.prompt
+            text = track.ids if self.non_streaming else track.ids[:1]
+            parts = build_prompt(
+                self.qwen,
+                [*self.role_ids, *text, *([0] * TAIL_IDS)],
+                voice.speaker,
+                voice.language,
+                voice.instruct_ids,
+                non_streaming=self.non_streaming,
+            )
+            state.prompt = parts.prompt
+        return super().next(state)
+
+
+class _Frontend:
+    """The ``frontend`` kernel node: voice, language and instructions, checked at submission."""
+
+    def __init__(self, config: Qwen3TTSConfig, tokenizer: Any):
+        self.config = config
+        self.tokenizer = tokenizer
+        speakers = sorted(config.spk_id)
+        self.default_speaker = next((s for s in DEFAULT_SPEAKERS if s in config.spk_id), None)
+        if self.default_speaker is None and speakers:
+            self.default_speaker = speakers[0]
+
+    def speaker(self, voice: str | None) -> str | None:
+        if self.config.tts_model_type != "custom_voice":
+            return None  # VoiceDesign: the instruction is the voice
+        if voice is None:
+            return self.default_speaker
+        if voice in OPENAI_SPEAKERS:
+            found = next((s for s in OPENAI_SPEAKERS[voice] if s in self.config.spk_id), None)
+            return found or self.default_speaker
+        if voice.lower() not in self.config.spk_id:
+            known = ", ".join(sorted(self.config.spk_id))
+            raise InvalidRequestError(
+                f"unknown voice '{voice}'; this model's speakers: {known} (or an OpenAI voice "
+                "name)",
+                param="voice",
+                code="unknown_voice",
+            )
+        return voice.lower()
+
+    def check_voice(self, voice: str) -> None:
+        """The card's ``voice_validator``: raises InvalidRequestError for a voice it rejects."""
+        self.speaker(voice)
+
+    def instruct_ids(self, req: Request) -> tuple[int, ...] | None:
+        instructions = (req.instructions or "").strip()
+        kind = self.config.tts_model_type
+        if kind == "voice_design" and not instructions:
+            raise InvalidRequestError(
+                "this Qwen3-TTS VoiceDesign model needs 'instructions' describing the voice",
+                param="instructions",
+                code="missing_required_parameter",
+            )
+        if not instructions or (kind == "custom_voice" and self.config.tts_model_size == "0b6"):
+            return None
+        ids = self.tokenizer.encode(instruct_text(instructions), add_special_tokens=False)
+        return tuple(int(i) for i in ids)
+
+    def __call__(self, ctx: ProgramContext) -> None:
+        req = ctx.request
+        voice = Qwen3TTSVoice(self.speaker(req.voice), req.language or "auto", None)
+        # the prompt layout's checks (speaker, language) now, with a stand-in text id
+        build_prompt(self.config, [0] * (ROLE_IDS + 1 + TAIL_IDS), voice.speaker, voice.language)
+        ctx.slots["voice"] = dataclasses.replace(voice, instruct_ids=self.instruct_ids(req))
+
+
+def make_sampling(config: Qwen3TTSConfig):
+    """``Request -> Qwen3TTSSampling``: the checkpoint's defaults, the request's sampling
+    fields on codebook 0, greedy in both stages at temperature 0."""
+
+    def build(req: Request) -> Qwen3TTSSampling:
+        sp = req.sampling
+        greedy = sp.temperature == 0
+        base = Qwen3TTSSampling.from_defaults(config, greedy=greedy)
+        talker = base.talker
+        updates = {
+            name: getattr(sp, name)
+            for name in ("top_p", "top_k", "repetition_penalty")
+            if getattr(sp, name) is not None
+        }
+        if sp.temperature is not None and not greedy:
+            updates["temperature"] = sp.temperature
+        if sp.min_new_tokens is not None:
+            updates["min_new_tokens"] = max(sp.min_new_tokens, talker.min_new_tokens)
+        return dataclasses.replace(base, talker=dataclasses.replace(talker, **updates))
+
+    return build
+
+
+def _usage(tokenizer: Any):
+    """The ``usage`` node: input text ids and output frames."""
+
+    def usage(ctx: ProgramContext) -> None:
+        text = "".join(ctx.slots[TEXT_INPUT_SLOT][:])
+        ctx.usage["input_tokens"] = len(tokenizer.encode(text, add_special_tokens=False))
+        ctx.usage["output_tokens"] = len(ctx.slots["codes"])
+
+    return usage
+
+
+def build_card(
+    path: str | None = None, options: Qwen3TTSOptions | None = None, **overrides
+) -> ModelCard:
+    """The Qwen3-TTS card on a published folder ``path`` (CustomVoice or VoiceDesign).
+
+    Raises:
+        InvalidRequestError: no path given, or a Base (voice-clone) folder.
+        Qwen3TTSCheckpointError: a missing or malformed file (named).
+    """
+    if path is None:
+        raise InvalidRequestError(
+            "the qwen3_tts family needs weights: --model qwen3_tts=/path/to/Qwen3-TTS-12Hz-...",
+            param="model",
+        )
+    opts = options or Qwen3TTSOptions(**overrides)
+    checkpoint = Qwen3TTSCheckpoint.open(path)
+    config = checkpoint.config
+    if config.tts_model_type not in SERVED_VARIANTS:
+        raise InvalidRequestError(
+            f"{path}: Qwen3-TTS '{config.tts_model_type}' folders (voice cloning) are not served "
+            f"yet; use a {' or '.join(SERVED_VARIANTS)} folder",
+            param="model",
+        )
+    tokenizer = checkpoint.tokenizer()
+    role_ids = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    if len(role_ids) != ROLE_IDS:
+        raise InvalidRequestError(
+            f"{path}: the tokenizer splits '<|im_start|>assistant\\n' into {len(role_ids)} ids, "
+            f"not {ROLE_IDS}",
+            param="model",
+        )
+    frontend = _Frontend(config, tokenizer)
+    decoder_config = CodecDecoderConfig.of(config.speech_tokenizer.decoder)
+    sample_rate = config.speech_tokenizer.output_sample_rate
+
+    def build_talker(device: str) -> Qwen3TTSTalker:
+        check_device(device)
+        talker_config = config.talker
+        kv = KVCacheConfig.from_memory(
+            opts.kv_cache_gb,
+            talker_config.num_hidden_layers,
+            talker_config.num_key_value_heads,
+            talker_config.head_dim,
+            torch.finfo(opts.dtype).bits // 8,
+            opts.block_size,
+        )
+        return Qwen3TTSTalker.from_checkpoint(
+            checkpoint, kv, device, opts.dtype, opts.batch_invariant
+        )
+
+    def build_codec(device: str) -> CodecDecoderComponent:
+        check_device(device)
+        decoder = codec_from_checkpoint(checkpoint, device, opts.dtype)
+        return CodecDecoderComponent(decoder, opts.batch_invariant)
+
+    decode = ARDecodeConfig(
+        loop_id="decode",
+        component="talker",
+        prompt_slot="voice",
+        make_sampling=make_sampling(config),
+        max_new_tokens=opts.max_new_tokens or config.generation.max_new_tokens,
+        eos_token_ids=(config.ids.codec_eos,),
+        eos_codebooks=(0,),
+        stream_slot="codes_stream",
+        penalty_window=0,
+    )
+    vocode = codec_decode_config(
+        decoder_config,
+        loop_id="vocode",
+        component="codec",
+        in_slot="codes_stream",
+        first_chunk=opts.first_chunk,
+        chunk=opts.chunk,
+        chunk_growth=opts.chunk_growth,
+        max_chunk=opts.max_chunk,
+        bucket_frames=opts.bucket_frames,
+        sample_rate=sample_rate,
+    )
+    program = Program(
+        inputs=("request", TEXT_INPUT_SLOT),
+        nodes=(
+            KernelNode("frontend", frontend, needs=("request",), binds=("voice",)),
+            LoopNode(
+                "decode",
+                "decode",
+                needs=("voice", TEXT_INPUT_SLOT),
+                binds="codes",
+                streams=("codes_stream",),
+            ),
+            LoopNode("vocode", "vocode", needs=("codes_stream",), binds="samples"),
+            KernelNode("usage", _usage(tokenizer), needs=("codes", "samples")),
+        ),
+    )
+    voices = tuple(sorted(config.spk_id)) if config.tts_model_type == "custom_voice" else ()
+    return ModelCard(
+        card_id=CARD_ID,
+        family="qwen3_tts",
+        components=(
+            ComponentSpec("talker", build_talker, opts.max_batch_size, "talker + code predictor"),
+            ComponentSpec("codec", build_codec, opts.max_batch_size, "12 Hz codec decoder"),
+        ),
+        loops=(
+            LoopSpec(
+                "decode",
+                LoopKind.AR_DECODE,
+                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
+                ("talker",),
+                lambda: TalkerTextLoop(
+                    decode, config, tokenizer, role_ids, opts.non_streaming_text
+                ),
+            ),
+            LoopSpec(
+                "vocode",
+                LoopKind.AUDIO_DECODE,
+                (WorkUnitKind.AUDIO_CHUNK,),
+                ("codec",),
+                lambda: AudioDecodeLoop(vocode),
+            ),
+        ),
+        program=program,
+        capabilities=frozenset({Capability.TEXT_TO_SPEECH, Capability.STREAMING_TEXT_INPUT}),
+        sample_rate=sample_rate,
+        voices=voices + tuple(v for v in OPENAI_VOICES if v in OPENAI_SPEAKERS and voices),
+        default_voice=frontend.default_speaker,
+        voice_validator=frontend.check_voice,
+        parity=frozenset({"C0", "C1", "C2", "C3", "stream", "reference"}),
+        description=f"Qwen3-TTS 12Hz {config.tts_model_type} ({config.tts_model_size}): talker "
+        "+ code predictor -> causal codec decoder, 24 kHz; text streams into running requests.",
+    )

@@ -1,0 +1,237 @@
+"""The ``qwen3_tts`` card end to end on tiny published folders: codes and audio equal upstream
+``qwen-tts`` (greedy), seeds, batched == alone, streamed == whole, text streamed into a running
+request, voices and instructions, rollouts scored, aborts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from omnistep.core import (
+    ExecutionProfile,
+    InvalidRequestError,
+    Modality,
+    ModelInstance,
+    Request,
+    RequestAbortedError,
+    SamplingParams,
+)
+from omnistep.engine import AsyncEngine
+from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
+from omnistep.parity import collect
+from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
+from tests.qwen3_tts_ref.env import call_reference
+
+TEXT = "Please leave the package by the blue door."
+HOP = 1920
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3_tts_card")
+    infos = write_tiny_qwen3_tts_many({root / v: v for v in ("custom_voice", "voice_design")})
+    return {info.variant: root / info.variant for info in infos}
+
+
+def _engine(path, **options) -> AsyncEngine:
+    card = build_card(str(path), Qwen3TTSOptions(kv_cache_gb=0.01, **options))
+    return AsyncEngine([ModelInstance.load(card)])
+
+
+@pytest.fixture
+async def custom(folders):
+    engine = _engine(folders["custom_voice"])
+    yield engine
+    await engine.shutdown()
+
+
+def _codes(collected) -> np.ndarray:
+    """The frames a ROLLOUT request recorded, ``[T, 16]``."""
+    return np.array([r.tokens for r in collected.trajectories["decode"]])
+
+
+async def _run(engine, **fields):
+    """Run a request under ROLLOUT (which records its codes and changes nothing else)."""
+    return await collect(engine, Request("qwen3-tts", profile=ExecutionProfile.ROLLOUT, **fields))
+
+
+@pytest.mark.parametrize(
+    ("variant", "fields", "upstream"),
+    [
+        ("custom_voice", {"voice": "ryan", "language": "english"}, {"speaker": "ryan"}),
+        ("custom_voice", {"voice": "dylan"}, {"speaker": "dylan", "language": "Auto"}),
+        (
+            "voice_design",
+            {"instructions": "a calm low voice", "language": "english"},
+            {"instruct": "a calm low voice"},
+        ),
+    ],
+)
+async def test_greedy_codes_and_audio_equal_upstream(folders, variant, fields, upstream):
+    upstream = {"language": fields.get("language", "Auto").capitalize(), **upstream}
+    ref = call_reference(
+        "tests.qwen3_tts_ref.upstream:generate",
+        root=folders[variant],
+        text=TEXT,
+        max_new_tokens=12,
+        non_streaming_mode=False,
+        **upstream,
+    )
+    engine = _engine(folders[variant])
+    try:
+        got = await _run(
+            engine,
+            text=TEXT,
+            seed=1,
+            sampling=SamplingParams(temperature=0, max_new_tokens=12),
+            **fields,
+        )
+    finally:
+        await engine.shutdown()
+    n = len(ref["codes"])
+    assert n >= 8
+    codes = _codes(got)
+    assert codes.shape == (12, 16)
+    np.testing.assert_array_equal(codes[:n], ref["codes"])  # upstream drops the capped frame
+    assert got.sample_rate == 24000 and got.audio.shape == (12 * HOP,)
+    np.testing.assert_allclose(got.audio[: n * HOP], ref["wav"], atol=1e-4, rtol=0)
+    assert np.abs(ref["wav"]).max() > 1e-2
+
+
+async def test_seed_batch_and_stream_parity(custom):
+    fields = {"text": TEXT, "voice": "vivian", "sampling": SamplingParams(max_new_tokens=10)}
+    alone = [await _run(custom, seed=s, **fields) for s in (5, 6)]
+    again = await _run(custom, seed=5, **fields)
+    assert np.array_equal(again.audio, alone[0].audio)
+    assert not np.array_equal(_codes(alone[0]), _codes(alone[1]))
+    together = await asyncio.gather(
+        *(_run(custom, seed=s, **fields) for s in (5, 6)),
+        _run(custom, seed=9, text="Another one, longer than the others by far.", voice="ryan"),
+    )
+    for a, b in zip(alone, together, strict=False):
+        assert np.array_equal(_codes(a), _codes(b))
+        np.testing.assert_allclose(a.audio, b.audio, atol=1e-5, rtol=0)
+    assert max(custom.batch_sizes) > 1
+
+
+async def test_text_streamed_into_a_running_request_equals_the_whole_text(custom):
+    whole = await _run(
+        custom, text=TEXT, voice="ryan", seed=3, sampling=SamplingParams(max_new_tokens=40)
+    )
+    stream = custom.add_request(
+        Request(
+            "qwen3-tts",
+            text="",
+            voice="ryan",
+            seed=3,
+            text_input=True,
+            sampling=SamplingParams(max_new_tokens=40),
+        )
+    )
+    events: list[str] = []
+    audio: list[np.ndarray] = []
+
+    async def feed():
+        for word in TEXT.split(" "):
+            stream.append_text(word if not events else " " + word)
+            events.append("text")
+            await asyncio.sleep(0.15)
+        stream.end_text()
+        events.append("end")
+
+    async def read():
+        async for chunk in stream:
+            if chunk.modality is Modality.AUDIO and chunk.audio.size:
+                audio.append(chunk.audio)
+                events.append("audio")
+
+    await asyncio.gather(feed(), read())
+    assert "audio" in events[: events.index("end")], events
+    np.testing.assert_array_equal(np.concatenate(audio), whole.audio)
+
+
+async def test_voices_and_instructions(folders, custom):
+    with pytest.raises(InvalidRequestError, match="unknown voice") as err:
+        custom.add_request(Request("qwen3-tts", text="hi", voice="nobody"))
+    assert err.value.param == "voice"
+    with pytest.raises(InvalidRequestError) as err:
+        custom.add_request(Request("qwen3-tts", text="hi", language="klingon"))
+    assert err.value.param == "language"
+    # an OpenAI name speaks as its mapped speaker
+    mapped = await _run(
+        custom, text="Hi there.", voice="ash", seed=2, sampling=SamplingParams(max_new_tokens=4)
+    )
+    named = await _run(
+        custom, text="Hi there.", voice="Ryan", seed=2, sampling=SamplingParams(max_new_tokens=4)
+    )
+    assert np.array_equal(mapped.audio, named.audio)
+    design = _engine(folders["voice_design"])
+    try:
+        with pytest.raises(InvalidRequestError, match="instructions") as err:
+            design.add_request(Request("qwen3-tts", text="hi"))
+        assert err.value.param == "instructions"
+        calm, bright = [
+            await _run(
+                design,
+                text="Hi there.",
+                instructions=i,
+                seed=2,
+                sampling=SamplingParams(max_new_tokens=4),
+            )
+            for i in ("a calm low voice", "a bright fast voice")
+        ]
+        assert not np.array_equal(calm.audio, bright.audio)
+    finally:
+        await design.shutdown()
+
+
+async def test_rollout_logprobs_are_reproduced_by_score(folders):
+    engine = _engine(folders["custom_voice"], batch_invariant=True)
+    try:
+        req = Request(
+            "qwen3-tts",
+            text=TEXT,
+            voice="ryan",
+            seed=4,
+            profile=ExecutionProfile.ROLLOUT,
+            sampling=SamplingParams(max_new_tokens=6),
+        )
+        got = await collect(engine, req)
+        records = got.trajectories["decode"]
+        info = got.rollout_info["decode"]
+        recorded = np.array([r.logprobs for r in records], dtype=np.float32)
+        assert recorded.shape == (6, 16) and np.all(recorded <= 0) and np.any(recorded < 0)
+        model = engine.resolve("qwen3-tts")
+        frames = [r.tokens for r in records]
+        scored = model.loops["decode"].score(model, req, info["prompt"], frames)
+        np.testing.assert_allclose(scored.detach().numpy(), recorded, atol=1e-6, rtol=0)
+    finally:
+        await engine.shutdown()
+
+
+async def test_aborted_requests_leave_no_kv_blocks(custom):
+    streams = [
+        custom.add_request(Request("qwen3-tts", text=TEXT, seed=i, voice="ryan")) for i in range(50)
+    ]
+    await asyncio.sleep(0.3)
+    for stream in streams:
+        stream.cancel()
+    for stream in streams:
+        with pytest.raises(RequestAbortedError):
+            async for _ in stream:
+                pass
+    for _ in range(200):  # a batch still running when they were aborted folds, then frees
+        if not custom.stats()["running_batches"]:
+            break
+        await asyncio.sleep(0.05)
+    assert custom.stats() == dict.fromkeys(custom.stats(), 0)
+
+
+def test_base_folders_are_refused_for_now(tmp_path):
+    (path,) = [
+        tmp_path / info.variant for info in write_tiny_qwen3_tts_many({tmp_path / "base": "base"})
+    ]
+    with pytest.raises(InvalidRequestError, match="not served yet"):
+        build_card(str(path))
