@@ -54,12 +54,20 @@ upstream's streamed time to first audio. Headline ratios are medians over the ro
 side; the paired (same-round) ratios are printed beside them. If the levels do not include 1
 or 16, the lowest and highest level stand in.
 
+Device (``--device``, default ``cpu``): ``cuda`` loads omnistep's components there
+(``ModelInstance.load(card, device)``, as ``omnistep serve --device cuda``) and upstream's
+``Chat`` too (``Chat.load(device=...)``); the GEMM floor runs on it, and every timed interval
+ends (upstream's and the floor's also begin) after ``torch.cuda.synchronize``
+(``bench/device_timing.py``). ``bench/gpu.sh`` runs this on a lent GPU. ``--size tiny`` uses
+the servable tiny checkpoint (GPT width 768, 2 layers) instead: seconds, for dry runs and tests.
+
 How to run
 ----------
 ::
 
     .venv/bin/python bench/ar_decode.py                      # C = 1,4,16, N = 128, 2 rounds
     .venv/bin/python bench/ar_decode.py --concurrency 1,4,16 --tokens 96 --root /tmp/ckpt
+    .venv/bin/python bench/ar_decode.py --device cuda --concurrency 1,16 --tokens 96
 
 It prints a table and the ratios and writes everything to ``bench/results/ar_decode.json``
 (``--out``). Wall-clock numbers depend on other load on the machine: ``os.getloadavg()`` and
@@ -80,6 +88,7 @@ import shutil
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +99,18 @@ from omnistep.engine import AsyncEngine
 from omnistep.models.chattts.card import ChatTTSOptions, build_card, make_sampling
 from omnistep.sampling import sample
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from device_timing import DEVICES, device_info, now, resolve_device  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = Path("/tmp/omnistep-chattts-full")
+#: ``--size`` -> the checkpoint writer of ``tests.chattts_ref.assets`` and its default folder:
+#: ``full`` the official sizes (~1.2 GB); ``tiny`` the servable tiny one (GPT width 768, so the
+#: shipped speaker statistics and every voice apply, 2 layers; ~40 MB): quick runs and tests.
+SIZES = {
+    "full": ("write_full_size_chattts", DEFAULT_ROOT),
+    "tiny": ("write_servable_tiny_chattts", Path("/tmp/omnistep-chattts-servable-tiny")),
+}
 DEFAULT_OUT = REPO / "bench" / "results" / "ar_decode.json"
 UPSTREAM_STREAM_MIN_TOKENS = 3 * 24 + 1  # pass_first_n_batches=2 -> first yield at 72 frames
 UPSTREAM_BATCH = 8
@@ -133,10 +152,14 @@ def _import_test_helpers() -> None:
         sys.path.insert(0, str(REPO))
 
 
-def ensure_checkpoint(root: Path) -> dict[str, Any]:
-    """The full-size checkpoint at ``root`` (written once; a complete folder is reused)."""
+def ensure_checkpoint(root: Path, size: str = "full") -> dict[str, Any]:
+    """The checkpoint of ``size`` (a ``SIZES`` key) at ``root`` (written once; a complete
+    folder is reused, whatever size it holds)."""
     _import_test_helpers()
-    from tests.chattts_ref.assets import info_path, write_full_size_chattts
+    from tests.chattts_ref import assets
+    from tests.chattts_ref.assets import info_path
+
+    write = getattr(assets, SIZES[size][0])
 
     # the info file is moved beside the folder last; an older cache (info inside) is rewritten
     if info_path(root).exists():
@@ -144,7 +167,7 @@ def ensure_checkpoint(root: Path) -> dict[str, Any]:
     start = time.perf_counter()
     tmp = root.with_name(f"{root.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_full_size_chattts(tmp)
+    write(tmp)
     if root.exists():
         shutil.rmtree(root)
     tmp.rename(root)
@@ -183,10 +206,17 @@ def check_min_new_tokens() -> dict[str, Any]:
 
 class ExecTimer:
     """Wraps a component's ``execute`` (an instance attribute, so nested calls such as the
-    batch-invariant vocoder's per-row calls are logged too) to log kind, batch and interval."""
+    batch-invariant vocoder's per-row calls are logged too) to log kind, batch and interval.
 
-    def __init__(self, name: str, component: Any):
+    On CUDA the interval ends after ``torch.cuda.synchronize`` (``device_timing.now``): a call's
+    kernels are counted in its own interval. Both ChatTTS components read their results back to
+    the host before returning, so this waits for nothing more in practice; the start is not
+    synchronised, which would wait for the other component's kernels (the engine runs them on
+    worker threads)."""
+
+    def __init__(self, name: str, component: Any, device: torch.device | str = "cpu"):
         self.name = name
+        self.device = torch.device(device)
         self.log: list[tuple[str, int, float, float, int]] = []
         self.threads: set[int] = set()
         self.depth = 0
@@ -200,7 +230,7 @@ class ExecTimer:
                 return inner(kind, payloads)
             finally:
                 self.depth -= 1
-                end = time.perf_counter()
+                end = now(self.device)
                 self.log.append((kind.value, len(payloads), start, end, self.depth))
 
         component.execute = execute
@@ -234,39 +264,67 @@ def _union_seconds(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-class Ours:
-    """One loaded omnistep model with its engine (all bursts run on one event loop)."""
+def floor_reps(device: torch.device | str) -> int:
+    """Timed repetitions of a GEMM floor: 3 on the CPU (tens of ms each), 50 on CUDA (a step's
+    GEMMs take well under a millisecond there, so more are averaged)."""
+    return 50 if torch.device(device).type == "cuda" else 3
 
-    def __init__(self, root: Path, options: dict[str, Any]):
+
+class Ours:
+    """One loaded omnistep model with its engine (all bursts run on one event loop), its
+    components on ``device`` (``ModelInstance.load``, as ``omnistep serve --device``)."""
+
+    def __init__(self, root: Path, options: dict[str, Any], device: str = "cpu"):
         self.options = options
+        self.device = torch.device(device)
         start = time.perf_counter()
-        self.model = ModelInstance.load(build_card(str(root), ChatTTSOptions(**options)))
-        self.load_s = time.perf_counter() - start
-        self.timers = {n: ExecTimer(n, c) for n, c in self.model.components.items()}
+        card = build_card(str(root), ChatTTSOptions(**options))
+        self.model = ModelInstance.load(card, device=str(self.device))
+        self.load_s = now(self.device) - start
+        self.timers = {n: ExecTimer(n, c, self.device) for n, c in self.model.components.items()}
         self.engine = AsyncEngine([self.model])
         self.seed = 0
-        print(f"omnistep {options or 'defaults'}: loaded in {self.load_s:.1f}s", flush=True)
+        print(
+            f"omnistep {options or 'defaults'} on {self.device}: loaded in {self.load_s:.1f}s",
+            flush=True,
+        )
 
-    def gemm_floor(self, rows: int, reps: int = 3) -> dict[str, Any]:
+    def gemm_floor(self, rows: int, reps: int | None = None) -> dict[str, Any]:
         """Milliseconds per decode step of the GPT backbone's weight GEMMs alone (every
-        ``nn.Linear`` of the Llama stack, ``rows`` input rows, cold weights as in decoding):
-        a floor for one AR_TOKEN step of ``rows`` sequences, on either side."""
+        ``nn.Linear`` of the Llama stack, ``rows`` input rows, cold weights as in decoding),
+        on the model's device (CUDA: synchronised before and after the timed loop): a floor
+        for one AR_TOKEN step of ``rows`` sequences, on either side. ``reps``: default
+        ``floor_reps(device)``."""
+        reps = reps or floor_reps(self.device)
         llama = self.model.components["gpt"].llama
         linears = [m for m in llama.modules() if isinstance(m, torch.nn.Linear)]
-        xs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+        xs = {
+            m.in_features: torch.randn(
+                rows, m.in_features, device=m.weight.device, dtype=m.weight.dtype
+            )
+            for m in linears
+        }
         with torch.inference_mode():
             for m in linears:
                 torch.nn.functional.linear(xs[m.in_features], m.weight)
-            start = time.perf_counter()
+            start = now(self.device)
             for _ in range(reps):
                 for m in linears:
                     torch.nn.functional.linear(xs[m.in_features], m.weight)
-        ms = 1000 * (time.perf_counter() - start) / reps
-        return {"rows": rows, "ms_per_step": ms, "gemms": len(linears), "loadavg": load_avg()}
+            ms = 1000 * (now(self.device) - start) / reps
+        return {
+            "rows": rows,
+            "ms_per_step": ms,
+            "gemms": len(linears),
+            "reps": reps,
+            "device": str(self.device),
+            "loadavg": load_avg(),
+        }
 
     def info(self) -> dict[str, Any]:
         return {
             "options": self.options,
+            "device": str(self.device),
             "load_s": round(self.load_s, 2),
             "engine_config": dataclasses.asdict(self.engine.config),
             "executor_torch_threads": sorted(
@@ -367,21 +425,24 @@ class Ours:
 
 
 class Upstream:
-    """Upstream ``ChatTTS.Chat`` on the same checkpoint (see module docstring)."""
+    """Upstream ``ChatTTS.Chat`` on the same checkpoint (see module docstring), loaded on
+    ``device`` (``Chat.load(device=...)``: its GPT, embeddings, decoder and Vocos all go there
+    for ``cpu`` and ``cuda``)."""
 
-    def __init__(self, root: Path, tokens: int):
+    def __init__(self, root: Path, tokens: int, device: str = "cpu"):
         _import_test_helpers()
         from tests.chattts_ref.reference import load_upstream_chat
 
         logging.getLogger("tests.chattts_ref.upstream").setLevel(logging.ERROR)
+        self.device = torch.device(device)
         start = time.perf_counter()
-        self.chat = load_upstream_chat(root, cached=False)
-        self.load_s = time.perf_counter() - start
+        self.chat = load_upstream_chat(root, cached=False, device=self.device)
+        self.load_s = now(self.device) - start
         self.tokens = tokens
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             self.spk = self.chat.sample_random_speaker()
-        print(f"upstream chattts: loaded in {self.load_s:.1f}s", flush=True)
+        print(f"upstream chattts on {self.device}: loaded in {self.load_s:.1f}s", flush=True)
 
     def params(self, n: int) -> Any:
         return self.chat.InferCodeParams(
@@ -402,9 +463,9 @@ class Upstream:
         self.infer(list(TEXTS[:UPSTREAM_BATCH]), 8)
 
     def _timed(self, name: str, fn: Any, frames: int) -> dict[str, Any]:
-        cpu0, t0 = time.process_time(), time.perf_counter()
+        cpu0, t0 = time.process_time(), now(self.device)
         extra = fn()
-        wall = time.perf_counter() - t0
+        wall = now(self.device) - t0
         res = {
             "wall_s": wall,
             "tok_s": frames / wall,
@@ -451,28 +512,77 @@ class Upstream:
 
     def stream_ttfa(self) -> dict[str, Any]:
         n = max(self.tokens, UPSTREAM_STREAM_MIN_TOKENS)
-        t0 = time.perf_counter()
+        t0 = now(self.device)
         gen = self.infer(TEXTS[0], n, stream=True)
         first = next(gen)
-        ttfa = time.perf_counter() - t0
+        ttfa = now(self.device) - t0
         gen.close()
         res = {"ttfa_s": ttfa, "tokens": n, "first_samples": int(first.size), "loadavg": load_avg()}
         print(f"  upstream stream=True             TTFA {ttfa:6.3f}s  load {res['loadavg'][0]}")
         return res
 
 
+class NoUpstream:
+    """Stands in for ``Upstream`` when it could not load (its error is in the JSON): every
+    figure is NaN (null in the JSON), so omnistep's own figures are still measured and the
+    ratios to upstream read NaN / MISSED."""
+
+    load_s = float("nan")
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+
+    def _nan(self, frames: int) -> dict[str, Any]:
+        nan = float("nan")
+        return {
+            "wall_s": nan,
+            "tok_s": nan,
+            "frames": frames,
+            "cpu_s": nan,
+            "cpu_ms_per_token": nan,
+            "loadavg": load_avg(),
+        }
+
+    def single(self) -> dict[str, Any]:
+        return self._nan(self.tokens)
+
+    def gpt_only(self) -> dict[str, Any]:
+        return self._nan(self.tokens)
+
+    def batch(self) -> dict[str, Any]:
+        return self._nan(UPSTREAM_BATCH * self.tokens)
+
+    def stream_ttfa(self) -> dict[str, Any]:
+        n = max(self.tokens, UPSTREAM_STREAM_MIN_TOKENS)
+        return {"ttfa_s": float("nan"), "tokens": n, "first_samples": 0, "loadavg": load_avg()}
+
+
 # ----------------------------------------------------------------------------- driver
+
+
+def section_error(name: str, exc: BaseException) -> dict[str, str]:
+    """``{"error": ..., "traceback": ...}`` of a failed bench section, printed to stderr too."""
+    tb = traceback.format_exc(limit=-8)
+    print(f"bench section {name} FAILED: {exc!r}\n{tb}", file=sys.stderr, flush=True)
+    return {"error": f"{type(exc).__name__}: {exc}", "traceback": tb}
 
 
 async def run_all(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
     n, lo, hi = args.tokens, levels[0], levels[-1]
     defaults = ChatTTSOptions()
     warm = defaults.first_chunk + defaults.lookahead + defaults.chunk
-    up = Upstream(args.root, n)
-    up.warmup()
-    ours = Ours(args.root, {})
+    up_error = None
+    try:
+        up: Upstream | NoUpstream = Upstream(args.root, n, args.device)
+        up.warmup()
+    except Exception as exc:  # omnistep's figures are still measured
+        up_error = section_error("upstream", exc)
+        up = NoUpstream(n)
+    ours = Ours(args.root, {}, args.device)
     await ours.burst(2, warm, quiet=True)  # warm-up
     out: dict[str, Any] = {"upstream": {"load_s": round(up.load_s, 2)}, "rounds": []}
+    if up_error is not None:
+        out["upstream"].update(up_error)
     out["upstream"]["gpt_only"] = up.gpt_only()
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", flush=True)
@@ -488,7 +598,7 @@ async def run_all(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]
         print(
             "  GPT weight-GEMM floor per step: "
             + ", ".join(
-                f"{m} rows {g['ms_per_step']:.0f} ms" for m, g in rnd["gemm_floor"].items()
+                f"{m} rows {g['ms_per_step']:.3g} ms" for m, g in rnd["gemm_floor"].items()
             ),
             flush=True,
         )
@@ -496,22 +606,30 @@ async def run_all(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]
     out["omnistep_default"] = ours.info()
     await ours.close()
 
-    bi = Ours(args.root, {"batch_invariant": True})
-    await bi.burst(2, warm, quiet=True)
-    out["batch_invariant"] = {
-        **bi.info(),
-        "bursts": {str(c): await bi.burst(c, n, "batch_invariant") for c in sorted({lo, hi})},
-    }
-    await bi.close()
+    # The sections below are secondary: one that fails (a first run on a new device) is
+    # recorded with its error and the others, and the report, still run.
+    try:
+        bi = Ours(args.root, {"batch_invariant": True}, args.device)
+        await bi.burst(2, warm, quiet=True)
+        out["batch_invariant"] = {
+            **bi.info(),
+            "bursts": {str(c): await bi.burst(c, n, "batch_invariant") for c in sorted({lo, hi})},
+        }
+        await bi.close()
+    except Exception as exc:
+        out["batch_invariant"] = section_error("batch_invariant", exc)
 
     out["lookahead"] = {}
     for la in (8, 16, 32):
         tok = defaults.first_chunk + la + 4
-        m = Ours(args.root, {"lookahead": la})
-        await m.burst(1, tok, quiet=True)
-        runs = [await m.burst(1, tok, f"lookahead={la}") for _ in range(args.rounds)]
-        out["lookahead"][str(la)] = {**m.info(), "bursts": runs}
-        await m.close()
+        try:
+            m = Ours(args.root, {"lookahead": la}, args.device)
+            await m.burst(1, tok, quiet=True)
+            runs = [await m.burst(1, tok, f"lookahead={la}") for _ in range(args.rounds)]
+            out["lookahead"][str(la)] = {**m.info(), "bursts": runs}
+            await m.close()
+        except Exception as exc:
+            out["lookahead"][str(la)] = section_error(f"lookahead={la}", exc)
 
     out["upstream"]["single_end"] = up.single()
     del up
@@ -576,10 +694,12 @@ def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> 
     rows = [_row("omnistep", "default", c, ours_by_c[c]) for c in levels]
     rows += [
         _row("omnistep", "batch_invariant", int(c), [b])
-        for c, b in res["batch_invariant"]["bursts"].items()
+        for c, b in res["batch_invariant"].get("bursts", {}).items()
     ]
     rows += [
-        _row("omnistep", f"lookahead={la}", 1, v["bursts"]) for la, v in res["lookahead"].items()
+        _row("omnistep", f"lookahead={la}", 1, v["bursts"])
+        for la, v in res["lookahead"].items()
+        if "bursts" in v
     ]
     for i, s in enumerate([*up_single, up["single_end"]]):
         s["tokens"] = n
@@ -660,7 +780,7 @@ def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> 
         ),
     ]
     bi_cost = {}
-    for c, b in res["batch_invariant"]["bursts"].items():
+    for c, b in res["batch_invariant"].get("bursts", {}).items():
         base = _med([x["tok_s"] for x in ours_by_c[int(c)]])
         base_cpu = _med([x["cpu_ms_per_token"] for x in ours_by_c[int(c)]])
         bi_cost[c] = {
@@ -687,7 +807,7 @@ def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> 
     ceiling = {m: int(m) * 1000 / ms for m, ms in floors.items()}
     print(
         "  GPT weight-GEMM floor per step (ms): "
-        + ", ".join(f"{m} rows {ms:.0f}" for m, ms in floors.items())
+        + ", ".join(f"{m} rows {ms:.3g}" for m, ms in floors.items())
         + f"; GEMM-only ceiling at C={hi}: {ceiling[str(hi)]:.0f} tok/s = "
         f"{ceiling[str(hi)] / single:.1f}x upstream single, "
         f"{ceiling[str(hi)] / batch:.1f}x upstream batch {UPSTREAM_BATCH}"
@@ -724,17 +844,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--concurrency", default="1,4,16", help="omnistep burst sizes")
     ap.add_argument("--tokens", type=int, default=128, help="frames per request (N)")
-    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="checkpoint folder (cache)")
+    ap.add_argument(
+        "--root", type=Path, default=None, help="checkpoint folder (cache; default by --size)"
+    )
+    ap.add_argument("--size", choices=sorted(SIZES), default="full", help="checkpoint sizes")
+    ap.add_argument(
+        "--device", choices=DEVICES, default="cpu", help="where both sides run (cpu, cuda)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both sides")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the paired comparisons")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
+    args.root = args.root or SIZES[args.size][1]
     levels = sorted({int(x) for x in args.concurrency.split(",") if x.strip()})
+    device = resolve_device(args.device)  # one clear error when CUDA is asked and absent
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {load_avg()}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {load_avg()}, "
+        f"device {device_info(device)}"
+    )
 
-    ckpt = ensure_checkpoint(args.root)
+    ckpt = ensure_checkpoint(args.root, args.size)
     ckpt["bytes"] = checkpoint_bytes(args.root)
     print(f"checkpoint {args.root}: {ckpt}", flush=True)
     eos_check = check_min_new_tokens()
@@ -751,6 +882,7 @@ def main() -> None:
             "torch": torch.__version__,
             "cpus": os.cpu_count(),
             "torch_threads": args.threads,
+            **device_info(device),
         },
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "checkpoint": {"root": str(args.root), **ckpt},

@@ -29,12 +29,21 @@ decodes exactly ``--tokens`` frames (N): ``min_new_tokens = max_new_tokens = N``
 Targets (issue 12, item 8): 16-row GPT step <= 1.2x its GEMM floor; 1-row step <= 1.3x;
 aggregate tokens/s of the 16 >= 10x upstream single; ``update_weights`` <= 1 s on CPU.
 
+Device (``--device``, default ``cpu``): ``cuda`` loads omnistep's components there
+(``ModelInstance.load(card, device)``, as ``omnistep serve --device cuda``) and upstream's
+``Chat`` too; both GEMM floors run on it (serving's linears are plain ``F.linear`` there), the
+generators of the standalone steps live there, the weight update's new tensors are made there,
+and every timed interval ends (and begins) after ``torch.cuda.synchronize``
+(``bench/device_timing.py``). ``bench/gpu.sh`` runs this on a lent GPU.
+
 How to run
 ----------
 ::
 
     .venv/bin/python bench/rollout.py                          # 2 x 8, N = 96
     .venv/bin/python bench/rollout.py --tokens 64 --skip-upstream --root /tmp/ckpt
+    .venv/bin/python bench/rollout.py --device cuda --threads 8
+    .venv/bin/python bench/rollout.py --size tiny --tokens 4 --n 2 --update-reps 1  # seconds
 
 It prints a table and writes ``bench/results/rollout.json`` (``--out``); the load average is
 stored with each measurement (compare only figures of one run).
@@ -56,21 +65,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ar_decode import (  # noqa: E402 - bench/ is not a package
+    SIZES,
     TEXTS,
     ExecTimer,
     Ours,
     Upstream,
     checkpoint_bytes,
     ensure_checkpoint,
+    floor_reps,
     load_avg,
+    section_error,
 )
+from device_timing import DEVICES, device_info, now, resolve_device  # noqa: E402
 
 from omnistep.core import Request, SamplingParams  # noqa: E402
 from omnistep.offline import AsyncOmniEngine  # noqa: E402
 from omnistep.parity import collect  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_ROOT = Path("/tmp/omnistep-chattts-full")
 DEFAULT_OUT = REPO / "bench" / "results" / "rollout.json"
 VOICE = "alloy"
 
@@ -88,26 +100,34 @@ class PrefillRows:
         return self._inner(units, inputs)
 
 
-def serving_gemm_floor(llama: torch.nn.Module, rows: int, reps: int = 3) -> float:
+def serving_gemm_floor(llama: torch.nn.Module, rows: int, reps: int | None = None) -> float:
     """Milliseconds per decode step of the backbone's weight GEMMs alone, each run by the
-    layer itself (``PackedLinear``: the pre-packed oneDNN kernel serving uses) on ``rows``
-    input rows: the floor of one AR_TOKEN step with serving's kernels."""
+    layer itself (``PackedLinear``: on the CPU the pre-packed oneDNN kernel serving uses, on
+    CUDA ``F.linear``) on ``rows`` input rows on the weights' device (CUDA: synchronised
+    before and after the timed loop): the floor of one AR_TOKEN step with serving's kernels.
+    ``reps``: default ``floor_reps(device)``."""
     linears = [m for m in llama.modules() if isinstance(m, torch.nn.Linear)]
-    xs = {m.in_features: torch.randn(rows, m.in_features) for m in linears}
+    device = linears[0].weight.device
+    reps = reps or floor_reps(device)
+    xs = {
+        m.in_features: torch.randn(rows, m.in_features, device=device, dtype=m.weight.dtype)
+        for m in linears
+    }
     with torch.inference_mode():
         for m in linears:  # pack and warm
             m(xs[m.in_features])
-        start = time.perf_counter()
+        start = now(device)
         for _ in range(reps):
             for m in linears:
                 m(xs[m.in_features])
-    return 1000 * (time.perf_counter() - start) / reps
+        return 1000 * (now(device) - start) / reps
 
 
 def standalone_step_ms(model: Any, rows: int, steps: int = 20) -> float:
     """Median milliseconds of a GPT AR_TOKEN step of ``rows`` sequences run directly (no
     engine: nothing, such as the vocoder, computes beside it), after a prefill and 5 warm-up
-    steps; the sequences are freed after."""
+    steps, each with its generator on the component's device; the sequences are freed after.
+    A step's interval ends after its tokens are on the host (and, on CUDA, a synchronise)."""
     from omnistep.core import ProgramContext, WorkUnitKind
     from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
     from omnistep.sampling import make_generator
@@ -118,7 +138,7 @@ def standalone_step_ms(model: Any, rows: int, steps: int = 20) -> float:
     model.card.program.nodes[0].fn(ctx)
     row = model.loops["decode"].config.make_sampling(request)
     ids = [f"bench-{i}" for i in range(rows)]
-    gens = [make_generator(i, "cpu") for i in range(rows)]
+    gens = [make_generator(i, gpt.device) for i in range(rows)]
     prefill = [
         ARPrefillInput(s, ctx.slots["prompt"], (), (), row, g)
         for s, g in zip(ids, gens, strict=True)
@@ -131,10 +151,10 @@ def standalone_step_ms(model: Any, rows: int, steps: int = 20) -> float:
                 ARStepInput(s, h[-1], n, tuple(h[-16:]), row, g)
                 for s, h, g in zip(ids, history, gens, strict=True)
             ]
-            start = time.perf_counter()
+            start = now(gpt.device)
             outs = gpt.execute(WorkUnitKind.AR_TOKEN, units)
             if n > 5:
-                times.append(1000 * (time.perf_counter() - start))
+                times.append(1000 * (now(gpt.device) - start))
             for h, out in zip(history, outs, strict=True):
                 h.append(out.tokens)
     finally:
@@ -150,7 +170,7 @@ def _ar_ms(timer: ExecTimer, rows: int) -> float:
 
 
 async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
-    ours = Ours(args.root, {"kv_cache_gb": 1.0})
+    ours = Ours(args.root, {"kv_cache_gb": 1.0}, args.device)
     omni = AsyncOmniEngine(ours.engine)
     gpt = ours.model.components["gpt"]
     counter = PrefillRows(gpt)
@@ -168,11 +188,11 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     timer.log.clear()
     counter.rows = 0
-    start = time.perf_counter()
+    start = now(ours.device)
     groups = await omni.rollout(
         inputs, n=args.n, seed=100, voice=VOICE, sampling=sampling, progress=False
     )
-    wall = time.perf_counter() - start
+    wall = now(ours.device) - start
     frames = sum(len(s.loops["decode"].tokens) for g in groups for s in g.samples)
     out["groups"] = {
         "wall_s": wall,
@@ -195,9 +215,9 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         for text in inputs
         for k in range(args.n)
     ]
-    start = time.perf_counter()
+    start = now(ours.device)
     done = await asyncio.gather(*(collect(ours.engine, r) for r in requests))
-    wall = time.perf_counter() - start
+    wall = now(ours.device) - start
     out["independent"] = {
         "wall_s": wall,
         "tok_s": total * args.tokens / wall,
@@ -217,15 +237,16 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                                        sampling=sampling))  # fmt: skip
     out["single_step_ms_1"] = _ar_ms(timer, 1)
 
+    # the new weights in memory on the weights' device (a trainer's, beside the engine)
     state = {name: t for name, t in gpt._weight_tensors().items()}
     generator = torch.Generator().manual_seed(0)
     new = {n: t.detach() + 1e-3 * torch.randn(t.shape, generator=generator, dtype=t.dtype)
-           for n, t in state.items()}  # fmt: skip
+           .to(t.device) for n, t in state.items()}  # fmt: skip
     updates, first_steps = [], []
     for version in range(1, args.update_reps + 1):
-        start = time.perf_counter()
+        start = now(ours.device)
         await ours.engine.update_weights("chattts", new, version=version)
-        updates.append(time.perf_counter() - start)
+        updates.append(now(ours.device) - start)
         timer.log.clear()
         await collect(ours.engine, Request("chattts", text=TEXTS[1], voice=VOICE, seed=version,
                                            sampling=SamplingParams(max_new_tokens=2)))  # fmt: skip
@@ -246,7 +267,7 @@ async def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_upstream(args: argparse.Namespace) -> dict[str, Any]:
-    up = Upstream(args.root, args.tokens)
+    up = Upstream(args.root, args.tokens, args.device)
     up.warmup()
     single = up.single()
     texts = [TEXTS[i % args.inputs] for i in range(args.inputs * args.n)]
@@ -281,8 +302,8 @@ def report(args: argparse.Namespace, ours: dict[str, Any], up: dict[str, Any] | 
     }
     plain = ours["floor_f_linear_ms"]
     print(
-        f"\nGEMM floor (serving's packed kernels): 1 row {floor1:.1f} ms, {total} rows "
-        f"{floor16:.1f} ms; with F.linear: {plain[1]:.1f} / {plain[total]:.1f} ms"
+        f"\nGEMM floor (serving's linears): 1 row {floor1:.3g} ms, {total} rows "
+        f"{floor16:.3g} ms; with F.linear: {plain[1]:.3g} / {plain[total]:.3g} ms"
     )
     for name, value in ratios.items():
         op, target = targets.get(name, ("", None))
@@ -303,28 +324,42 @@ def main() -> None:
     ap.add_argument("--inputs", type=int, default=2, help="distinct inputs")
     ap.add_argument("--n", type=int, default=8, help="samples per input")
     ap.add_argument("--tokens", type=int, default=96, help="frames per sample (N)")
-    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="checkpoint folder (cache)")
+    ap.add_argument(
+        "--root", type=Path, default=None, help="checkpoint folder (cache; default by --size)"
+    )
+    ap.add_argument("--size", choices=sorted(SIZES), default="full", help="checkpoint sizes")
+    ap.add_argument(
+        "--device", choices=DEVICES, default="cpu", help="where every side runs (cpu, cuda)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--update-reps", type=int, default=3, help="weight updates timed")
     ap.add_argument("--skip-upstream", action="store_true", help="omnistep sides only")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
+    args.root = args.root or SIZES[args.size][1]
+    device = resolve_device(args.device)  # one clear error when CUDA is asked and absent
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    ckpt = ensure_checkpoint(args.root)
+    ckpt = ensure_checkpoint(args.root, args.size)
     print(
         f"checkpoint {args.root}: {ckpt}, {checkpoint_bytes(args.root) / 1e9:.2f} GB, "
-        f"load {load_avg()}",
+        f"load {load_avg()}, device {device_info(device)}",
         flush=True,
     )
     ours = asyncio.run(run_ours(args))
-    up = None if args.skip_upstream else run_upstream(args)
+    up, up_error = None, None
+    if not args.skip_upstream:
+        try:
+            up = run_upstream(args)
+        except Exception as exc:  # omnistep's figures are kept when upstream fails
+            up_error = section_error("upstream", exc)
     ratios = report(args, ours, up)
     result = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "torch": torch.__version__,
+        "device": device_info(device),
         "ours": ours,
-        "upstream": up,
+        "upstream": up if up_error is None else up_error,
         "ratios": ratios,
         "seconds": round(time.perf_counter() - start, 1),
     }

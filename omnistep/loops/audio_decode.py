@@ -84,6 +84,12 @@ class AudioDecodeConfig:
         lookahead: frames of right context each chunk waits for.
         trim_threshold: edge samples with ``|x| <=`` this are trimmed; None disables trimming.
         extras_slot: a program slot whose value is passed to every unit as ``extras``.
+        window_buckets: increasing window lengths (frames); when given, a unit's batching key
+            is its chunk size and its window length rounded up to the next bucket (its own
+            length past the last), so windows of different lengths batch together. Only for a
+            causal component that right-pads the windows of a batch (its samples never depend
+            on later frames); needs ``lookahead`` 0. Empty: windows batch only with equal
+            shapes.
     """
 
     loop_id: str
@@ -98,6 +104,7 @@ class AudioDecodeConfig:
     lookahead: int = 0
     trim_threshold: float | None = None
     extras_slot: str | None = None
+    window_buckets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("first_chunk", "chunk"):
@@ -110,6 +117,16 @@ class AudioDecodeConfig:
             raise ValueError(f"chunk_growth must be >= 1.0, got {self.chunk_growth}")
         if self.max_chunk is not None and self.max_chunk < self.chunk:
             raise ValueError(f"max_chunk ({self.max_chunk}) must be >= chunk ({self.chunk})")
+        buckets = self.window_buckets
+        increasing = all(a < b for a, b in zip(buckets, buckets[1:], strict=False))
+        if buckets and (buckets[0] < 1 or not increasing):
+            raise ValueError(f"window_buckets must be increasing positive ints, got {buckets}")
+        if buckets and self.lookahead:
+            raise ValueError("window_buckets need lookahead 0 (a causal component)")
+
+    def window_bucket(self, frames: int) -> int:
+        """The smallest of ``window_buckets`` >= ``frames``, or ``frames`` past the last."""
+        return next((b for b in self.window_buckets if b >= frames), frames)
 
     def chunk_size(self, index: int) -> int:
         """Frames in chunk ``index`` (0-based): ``first_chunk``, then ``chunk`` growing by
@@ -177,6 +194,8 @@ class AudioDecodeLoop:
             state.extras,
         )
         dims = (len(unit.frames), unit.left, unit.chunk)
+        if self.config.window_buckets:
+            dims = (unit.chunk, self.config.window_bucket(len(unit.frames)))
         return WorkPlan(
             WorkUnitKind.AUDIO_CHUNK,
             self.config.component,

@@ -103,7 +103,7 @@ DEFAULT_PROMPT = "[speed_5]"
 REFERENCE_THREADS = 1
 
 _LOGGER = logging.getLogger("tests.chattts_ref.upstream")
-_CHATS: dict[tuple[str, str], Any] = {}
+_CHATS: dict[tuple[str, str, str], Any] = {}
 
 
 @contextlib.contextmanager
@@ -161,15 +161,18 @@ def upstream_config(root: Path) -> Any:
     )
 
 
-def load_upstream_chat(root: Path, *, cached: bool = True) -> Any:
-    """``ChatTTS.Chat`` loaded from ``root`` on CPU through ``Chat.load(source="custom")``."""
+def load_upstream_chat(root: Path, *, cached: bool = True, device: Any = "cpu") -> Any:
+    """``ChatTTS.Chat`` loaded from ``root`` through ``Chat.load(source="custom")`` on
+    ``device`` (default the CPU, as every parity test; ``cuda`` for the benchmarks: upstream
+    puts its GPT, embeddings, decoder and Vocos there)."""
     import torch
 
     install_shims()
     import ChatTTS
 
     root = Path(root).resolve()
-    key = (str(root), hashlib.sha256(info_path(root).read_bytes()).hexdigest())
+    device = torch.device(device)
+    key = (str(root), hashlib.sha256(info_path(root).read_bytes()).hexdigest(), str(device))
     if cached and key in _CHATS:
         return _CHATS[key]
     info = read_info(root)
@@ -177,9 +180,7 @@ def load_upstream_chat(root: Path, *, cached: bool = True) -> Any:
     chat.config = upstream_config(root)
     chat.sha256_map = dict(info.sha256_map)
     with torch.random.fork_rng(devices=[]):
-        ok = chat.load(
-            source="custom", custom_path=str(root), device=torch.device("cpu"), compile=False
-        )
+        ok = chat.load(source="custom", custom_path=str(root), device=device, compile=False)
     if not ok:
         raise RuntimeError(f"upstream Chat.load failed for {root}")
     if cached:

@@ -54,6 +54,7 @@ audio depends on the codes. Same seed, same torch -> byte-identical files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -636,19 +637,45 @@ def write_tiny_qwen3_tts(
     """Write a seeded tiny Qwen3-TTS folder of ``variant`` under ``root`` (created).
 
     The weights are written by the qwen-tts reference subprocess (``call_reference``; needs
-    ``make install-test``'s ``.ref/qwen-tts``); a few seconds.
+    ``make install-test``'s ``.ref/qwen-tts``); several seconds. ``write_tiny_qwen3_tts_many``
+    writes several folders with one subprocess.
 
     Raises:
         ValueError: unknown ``variant`` / ``model_size``.
     """
+    return write_tiny_qwen3_tts_many({root: variant}, seed, model_size, sizes)[0]
+
+
+def write_tiny_qwen3_tts_many(
+    folders: dict[str | Path, str],
+    seed: int = 0,
+    model_size: str | None = None,
+    sizes: Qwen3TTSSizes = TINY_SIZES,
+) -> list[Qwen3TTSInfo]:
+    """``write_tiny_qwen3_tts`` for each ``root -> variant`` of ``folders`` (in that order),
+    with one reference subprocess for all the weights."""
     from tests.qwen3_tts_ref.env import call_reference
 
+    infos = [_write_configs(Path(r), v, model_size, sizes) for r, v in folders.items()]
+    shapes = call_reference(
+        "tests.qwen3_tts_ref.upstream:write_weights_many",
+        roots=[info.root for info in infos],
+        seed=seed,
+    )
+    return [
+        dataclasses.replace(info, tensor_shapes=s) for info, s in zip(infos, shapes, strict=True)
+    ]
+
+
+def _write_configs(
+    root: Path, variant: str, model_size: str | None, sizes: Qwen3TTSSizes
+) -> Qwen3TTSInfo:
+    """Every file but the two safetensors; the info without ``tensor_shapes``."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     model_size = model_size or default_model_size(variant)
     if model_size not in MODEL_SIZES:
         raise ValueError(f"model_size must be one of {MODEL_SIZES}, got {model_size!r}")
-    root = Path(root)
     (root / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     tok_files, ids = tokenizer_files()
     for name, text in tok_files.items():
@@ -662,7 +689,6 @@ def write_tiny_qwen3_tts(
     (st / "config.json").write_text(_dumps(speech_tokenizer_config_dict(sizes)))
     (st / "preprocessor_config.json").write_text(_dumps(SPEECH_PREPROCESSOR_CONFIG))
     (st / "configuration.json").write_text(_dumps(CONFIGURATION))
-    shapes = call_reference("tests.qwen3_tts_ref.upstream:write_weights", root=root, seed=seed)
     spk_id, spk_is_dialect, languages = _variant_tables(variant)
     return Qwen3TTSInfo(
         root=root,
@@ -673,5 +699,4 @@ def write_tiny_qwen3_tts(
         speakers=spk_id,
         spk_is_dialect=spk_is_dialect,
         languages=languages,
-        tensor_shapes=shapes,
     )

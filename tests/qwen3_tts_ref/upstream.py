@@ -113,6 +113,16 @@ def write_weights(root: str | Path, seed: int = 0) -> dict[str, list[int]]:
     return shapes
 
 
+def write_weights_many(roots: list[str | Path], seed: int = 0) -> list[dict[str, list[int]]]:
+    """``write_weights`` for several folders in one subprocess (one start-up instead of many)."""
+    return [write_weights(root, seed) for root in roots]
+
+
+def generate_many(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``generate(**request)`` for each request, in one subprocess."""
+    return [generate(**request) for request in requests]
+
+
 def tensor_shapes(root: str | Path) -> dict[str, list[int]]:
     """name -> shape of the state dicts upstream builds from ``root``'s configs (same keys as
     ``write_weights`` returns), without writing anything."""
@@ -187,3 +197,15 @@ def generate(
         "speakers": tts.get_supported_speakers(),
         "languages": tts.get_supported_languages(),
     }
+
+
+def tokenize(root: str | Path, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text by upstream's processor (``Qwen3TTSProcessor`` from ``root``,
+    as ``Qwen3TTSModel.from_pretrained`` loads it)."""
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSProcessor
+    from transformers import AutoConfig, AutoProcessor
+
+    AutoConfig.register("qwen3_tts", Qwen3TTSConfig)
+    AutoProcessor.register(Qwen3TTSConfig, Qwen3TTSProcessor)
+    processor = AutoProcessor.from_pretrained(str(root), fix_mistral_regex=True)
+    return [processor(text=t)["input_ids"][0] for t in texts]

@@ -1,0 +1,855 @@
+"""Qwen3-TTS 12 Hz speech tokenizer decoder: codes ``[B, T, 16]`` -> 24 kHz wave, whole or in
+exact causal chunks, and the vocoder component that runs it in the chunked vocoder loop.
+
+Our torch implementation of ``Qwen3TTSTokenizerV2Decoder`` (``qwen-tts`` 0.1.1,
+``qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py``; config class
+``Qwen3TTSTokenizerV2DecoderConfig`` in ``configuration_qwen3_tts_tokenizer_v2.py``)::
+
+    codes    [B, T, Q]       int64, Q = num_quantizers (16) codebooks per 12.5 Hz frame
+      -> quantizer            split RVQ: codebook vectors ``embedding_sum / cluster_usage``
+                              (usage clamped at 1e-5); codebook 0 (``rvq_first``) and the sum of
+                              codebooks 1..Q-1 (``rvq_rest``), each group through its 1x1
+                              ``output_proj`` -> [B, T, codebook_dim]
+      -> pre_conv             causal conv, kernel 3 -> [B, T, latent_dim]
+      -> pre_transformer      input_proj -> layers of (RMSNorm, attention with RoPE over a
+                              sliding window of ``sliding_window`` frames, LayerScale; RMSNorm,
+                              SwiGLU MLP, LayerScale) -> RMSNorm -> output_proj
+      -> upsample             per ratio r of ``upsampling_ratios`` (2, 2): causal transposed conv
+                              (kernel r, stride r) and a ConvNeXt block (causal depthwise k 7)
+      -> decoder              causal conv k 7 to decoder_dim; per rate r of ``upsample_rates``
+                              (8, 5, 4, 3): SnakeBeta, causal transposed conv (kernel 2r,
+                              stride r), 3 residual units (SnakeBeta, causal conv k 7 with
+                              dilation 1 / 3 / 9, SnakeBeta, conv k 1); SnakeBeta; causal conv k 7
+                              to 1 channel; clamp to [-1, 1]
+    wave     [B, T * hop]     float32, hop = prod(upsampling_ratios + upsample_rates) = 1920
+
+Causality (checked against upstream's padding code): every ``Qwen3TTSTokenizerV2CausalConvNet``
+pads ``(kernel - 1) * dilation`` zeros on the left only (all decoder convs have stride 1, so its
+"extra padding" is 0); every ``Qwen3TTSTokenizerV2CausalTransConvNet`` pads nothing and trims
+``kernel - stride`` samples on the right, so output o reads inputs i with
+``o - kernel < i * stride <= o``; attention is causal within its window. Nothing reads a later
+frame: a sample never depends on frames after its own, so there is no look-ahead, and a window
+right-padded with any frames gives the same samples for its real frames.
+
+Left receptive field (``CodecDecoderConfig.left_context_frames``), from the geometry alone: the
+first sample of frame s depends on transformer outputs from frame ``s - conv_context_frames``
+on (the conv stack: each causal conv reaches ``(kernel - 1) * dilation`` samples back at its own
+rate, each transposed conv one input sample; walked back exactly, with the rounding, from sample
+``s * hop``), those on transformer inputs ``num_hidden_layers * (sliding_window - 1)`` frames
+further back (a window of w frames holds the frame and w - 1 before it), and those on codes 2
+frames further back (pre_conv). Published config (12 Hz tokenizer: 8 layers, window 72, rates
+8 5 4 3, ratios 2 2): 10 + 568 + 2 = 580 frames (46.4 s). ``decode_chunk`` given that much left
+context returns the whole-utterance decode's samples; it runs the cheap transformer over the
+full context but the expensive conv stack only over ``conv_context_frames`` before the chunk.
+Upstream's own ``chunked_decode`` keeps 25 frames of left context, an approximation.
+
+State-dict names equal the ``decoder.*`` tensors of ``speech_tokenizer/model.safetensors``
+without that prefix (``load_codec_decoder`` takes the file's names as they are). The quantizers'
+``input_proj`` weights (encoder side, never used to decode) are not held.
+
+Imports: torch, omnistep.core, omnistep.layers, omnistep.loops (config types only), this
+family's ``loader`` (``codec_from_checkpoint``) and the SnakeBeta of ``qwen2_5_omni/bigvgan.py``
+(the same formula).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omnistep.core import ModelFilesError, WorkUnitKind
+from omnistep.layers.linear import PackedLinear
+from omnistep.layers.norm import RMSNorm
+from omnistep.layers.rope import apply_rope, rope_cos_sin
+from omnistep.loops import AudioChunkInput, AudioDecodeConfig
+from omnistep.models.qwen2_5_omni.bigvgan import SnakeBeta
+from omnistep.models.qwen2_5_omni.config_fields import check_positive_ints, known_fields
+from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
+
+SAMPLE_RATE = 24000
+"""Hz of the decoder output (``output_sample_rate`` of the published tokenizer config)."""
+PRE_CONV_KERNEL = 3
+CONVNEXT_KERNEL = 7
+DECODER_KERNEL = 7
+"""Kernel of the decoder's first and last convs and of every residual unit's dilated conv."""
+RESIDUAL_DILATIONS = (1, 3, 9)
+CODEBOOK_EPS = 1e-5
+"""``EuclideanCodebook.epsilon``: cluster usage is clamped at this before dividing."""
+UNUSED_TENSORS = ("quantizer.rvq_first.input_proj.weight", "quantizer.rvq_rest.input_proj.weight")
+"""Decoder tensors of the checkpoint that decoding never reads (the quantizers' input sides)."""
+
+_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+@dataclass(frozen=True)
+class CodecDecoderConfig:
+    """``decoder_config`` of ``speech_tokenizer/config.json``; defaults are upstream's
+    ``Qwen3TTSTokenizerV2DecoderConfig`` defaults, except ``codebook_dim`` (upstream has none;
+    512 is the published value). The published file differs from the defaults in
+    ``hidden_size`` 512, ``intermediate_size`` 1024 and ``head_dim`` 64 (``PUBLISHED_DECODER``).
+    """
+
+    codebook_size: int = 2048
+    """Entries per codebook."""
+    codebook_dim: int = 512
+    """Quantizer output channels (each codebook vector has codebook_dim // 2)."""
+    hidden_size: int = 1024
+    """Transformer width."""
+    latent_dim: int = 1024
+    """Channels between pre_conv, transformer (in/out projections) and the upsamplers."""
+    max_position_embeddings: int = 8000
+    """Upstream's RoPE table size; windows here restart at position 0, so only a bound."""
+    rope_theta: float = 10000.0
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 16
+    head_dim: int | None = None
+    """None: hidden_size // num_attention_heads (as upstream's ``getattr`` default)."""
+    attention_bias: bool = False
+    sliding_window: int = 72
+    """Frames a query sees: itself and the sliding_window - 1 before it."""
+    intermediate_size: int = 3072
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-5
+    num_hidden_layers: int = 8
+    num_quantizers: int = 16
+    upsample_rates: tuple[int, ...] = (8, 5, 4, 3)
+    """Strides of the decoder blocks' transposed convs (channels halve at each)."""
+    upsampling_ratios: tuple[int, ...] = (2, 2)
+    """Strides of the ConvNeXt upsamplers before the decoder."""
+    decoder_dim: int = 1536
+    rope_scaling: Mapping[str, Any] | None = field(default=None, compare=False)
+    """Only None / ``{"rope_type": "default"}`` is supported."""
+
+    def __post_init__(self) -> None:
+        check_positive_ints(
+            self,
+            [
+                "codebook_size", "codebook_dim", "hidden_size", "latent_dim",
+                "num_attention_heads", "num_key_value_heads", "sliding_window",
+                "intermediate_size", "num_hidden_layers", "num_quantizers", "decoder_dim",
+            ],
+        )  # fmt: skip
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        check_positive_ints(self, ["head_dim"])
+        if self.num_quantizers < 2:
+            raise ValueError(
+                f"CodecDecoderConfig.num_quantizers must be >= 2 (1 semantic + acoustic "
+                f"codebooks), got {self.num_quantizers}"
+            )
+        if self.codebook_dim % 2:
+            raise ValueError(
+                f"CodecDecoderConfig.codebook_dim must be even, got {self.codebook_dim}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                "CodecDecoderConfig.num_attention_heads must be a multiple of num_key_value_heads, "
+                f"got {self.num_attention_heads} and {self.num_key_value_heads}"
+            )
+        for name in ("upsample_rates", "upsampling_ratios"):
+            rates = getattr(self, name)
+            if not rates or any(
+                not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in rates
+            ):
+                raise ValueError(f"CodecDecoderConfig.{name} must be positive ints, got {rates!r}")
+        if self.decoder_dim % 2 ** len(self.upsample_rates):
+            raise ValueError(
+                "CodecDecoderConfig.decoder_dim must be divisible by 2 ** len(upsample_rates), got "
+                f"{self.decoder_dim}"
+            )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(
+                f"CodecDecoderConfig.hidden_act must be one of {sorted(_ACTIVATIONS)}, got "
+                f"{self.hidden_act!r}"
+            )
+        scaling = self.rope_scaling or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise ValueError(f"CodecDecoderConfig.rope_scaling is not supported: {scaling!r}")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> CodecDecoderConfig:
+        """From ``decoder_config`` (or a whole speech tokenizer ``config.json`` dict holding
+        one); keys this decoder does not use are ignored."""
+        raw = raw.get("decoder_config", raw)
+        return cls(**known_fields(cls, raw))
+
+    @classmethod
+    def of(cls, config: Any) -> CodecDecoderConfig:
+        """``config`` as a CodecDecoderConfig: itself, a dict (``from_dict``), or a dataclass
+        with the same field names (the loader's ``SpeechDecoderConfig``)."""
+        if isinstance(config, cls):
+            return config
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            return cls.from_dict(dataclasses.asdict(config))
+        return cls.from_dict(config)
+
+    @property
+    def hop_length(self) -> int:
+        """Samples per frame: ``prod(upsampling_ratios) * prod(upsample_rates)`` (1920)."""
+        return math.prod(self.upsampling_ratios) * math.prod(self.upsample_rates)
+
+    @property
+    def conv_context_frames(self) -> int:
+        """Transformer-output frames before a frame that its first sample depends on: the
+        conv stack walked back from sample ``s * hop`` (10 for the published geometry)."""
+        big = 1 << 20  # any frame index far from 0 (the reach does not depend on it)
+        lo = _conv_reach(big * self.hop_length, DECODER_KERNEL)  # final conv
+        for rate in reversed(self.upsample_rates):
+            for dilation in reversed(RESIDUAL_DILATIONS):
+                lo = _conv_reach(lo, DECODER_KERNEL, dilation)
+            lo = _transposed_conv_reach(lo, 2 * rate, rate)
+        lo = _conv_reach(lo, DECODER_KERNEL)  # decoder.0
+        for ratio in reversed(self.upsampling_ratios):
+            lo = _conv_reach(lo, CONVNEXT_KERNEL)
+            lo = _transposed_conv_reach(lo, ratio, ratio)
+        return big - lo
+
+    @property
+    def transformer_context_frames(self) -> int:
+        """Code frames before a transformer output that it depends on: the window per layer
+        plus pre_conv (570 published)."""
+        return self.num_hidden_layers * (self.sliding_window - 1) + PRE_CONV_KERNEL - 1
+
+    @property
+    def left_context_frames(self) -> int:
+        """Code frames before a chunk that exact chunked decoding needs (580 published)."""
+        return self.conv_context_frames + self.transformer_context_frames
+
+
+PUBLISHED_DECODER = {
+    "attention_bias": False, "latent_dim": 1024, "codebook_dim": 512, "codebook_size": 2048,
+    "decoder_dim": 1536, "hidden_act": "silu", "hidden_size": 512, "intermediate_size": 1024,
+    "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000, "head_dim": 64,
+    "num_attention_heads": 16, "num_hidden_layers": 8, "num_key_value_heads": 16,
+    "num_quantizers": 16, "rms_norm_eps": 1e-05, "rope_theta": 10000, "sliding_window": 72,
+    "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2],
+}  # fmt: skip
+"""``decoder_config`` of the published ``Qwen3-TTS-Tokenizer-12Hz`` / ``speech_tokenizer``
+``config.json`` (as quoted by two independent ports; not read from the Hub here)."""
+
+
+def _conv_reach(lo: int, kernel: int, dilation: int = 1) -> int:
+    """First input a causal conv's outputs from ``lo`` on read."""
+    return lo - (kernel - 1) * dilation
+
+
+def _transposed_conv_reach(lo: int, kernel: int, stride: int) -> int:
+    """First input a right-trimmed transposed conv's outputs from ``lo`` on read:
+    ``ceil((lo - kernel + 1) / stride)``."""
+    return -((kernel - 1 - lo) // stride)
+
+
+class CausalConv1d(nn.Module):
+    """``Qwen3TTSTokenizerV2CausalConvNet`` at stride 1: ``(kernel - 1) * dilation`` zeros on
+    the left, none on the right; ``[B, C_in, T]`` -> ``[B, C_out, T]``."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
+        self.pad = (kernel - 1) * dilation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (self.pad, 0)))
+
+
+class CausalConvTranspose1d(nn.Module):
+    """``Qwen3TTSTokenizerV2CausalTransConvNet``: transposed conv, the last ``kernel - stride``
+    outputs trimmed; ``[B, C_in, T]`` -> ``[B, C_out, stride * T]``."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
+        self.trim = kernel - stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y[..., : y.shape[-1] - self.trim] if self.trim else y
+
+
+class ConvNeXtBlock(nn.Module):
+    """``Qwen3TTSTokenizerV2ConvNeXtBlock``: x + gamma * pw2(gelu(pw1(LN(causal dwconv(x)))));
+    ``[B, dim, T]`` -> same."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, CONVNEXT_KERNEL, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = PackedLinear(dim, 4 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = PackedLinear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dwconv(x).transpose(1, 2)  # [B, T, dim]
+        y = self.pwconv2(self.act(self.pwconv1(self.norm(y))))
+        return x + (self.gamma * y).transpose(1, 2)
+
+
+class LayerScale(nn.Module):
+    """``Qwen3TTSTokenizerV2DecoderLayerScale``: per-channel ``scale * x``."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), 0.01))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class SlidingAttention(nn.Module):
+    """``Qwen3TTSTokenizerV2DecoderAttention``: RoPE (rotate-half) attention, GQA, causal within
+    a window of ``sliding_window`` frames; ``[B, T, hidden]`` -> same."""
+
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+        )
+        self.q_proj = PackedLinear(
+            c.hidden_size, c.num_attention_heads * c.head_dim, c.attention_bias
+        )
+        self.k_proj = PackedLinear(
+            c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias
+        )
+        self.v_proj = PackedLinear(
+            c.hidden_size, c.num_key_value_heads * c.head_dim, c.attention_bias
+        )
+        self.o_proj = PackedLinear(
+            c.num_attention_heads * c.head_dim, c.hidden_size, c.attention_bias
+        )
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """``cos``/``sin`` ``[T, head_dim]``; ``mask`` bool ``[T, T]`` (True: may attend)."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, k, cos, sin)  # cos [T, D] broadcasts over batch and heads
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # [B, heads, T, D]
+        if self.num_kv_heads != self.num_heads:
+            repeat = self.num_heads // self.num_kv_heads
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class GatedMLP(nn.Module):
+    """``Qwen3TTSTokenizerV2DecoderMlp``: ``down(act(gate(x)) * up(x))``."""
+
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        self.gate_proj = PackedLinear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = PackedLinear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = PackedLinear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act = _ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    """``Qwen3TTSTokenizerV2DecoderTransformerLayer`` (pre-norm, LayerScale on both branches)."""
+
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        self.self_attn = SlidingAttention(config)
+        self.mlp = GatedMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(config.hidden_size)
+        self.mlp_layer_scale = LayerScale(config.hidden_size)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class CodecTransformer(nn.Module):
+    """``Qwen3TTSTokenizerV2DecoderTransformerModel``: ``[B, T, latent]`` -> same; positions
+    0..T-1 in every call (upstream's as well: RoPE sees only offsets, so a window's positions
+    need not be the utterance's)."""
+
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(
+            TransformerLayer(config) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_proj = PackedLinear(config.latent_dim, config.hidden_size)
+        self.output_proj = PackedLinear(config.hidden_size, config.latent_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        h = self.input_proj(x)
+        t = h.shape[1]
+        positions = torch.arange(t, device=h.device)
+        cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, h.dtype, h.device)
+        offset = positions[:, None] - positions[None, :]  # query - key
+        mask = (offset >= 0) & (offset < c.sliding_window)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask)
+        return self.output_proj(self.norm(h))
+
+
+class ResidualUnit(nn.Module):
+    """``Qwen3TTSTokenizerV2DecoderDecoderResidualUnit``:
+    ``x + conv1x1(snake(dilated conv(snake(x))))``."""
+
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, DECODER_KERNEL, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+
+
+class DecoderBlock(nn.Module):
+    """``Qwen3TTSTokenizerV2DecoderDecoderBlock``: SnakeBeta, transposed conv x rate (channels
+    halve), residual units at dilations 1, 3, 9; parameters under ``block.{0..4}``."""
+
+    def __init__(self, c_in: int, c_out: int, rate: int):
+        super().__init__()
+        self.block = nn.ModuleList(
+            [
+                SnakeBeta(c_in),
+                CausalConvTranspose1d(c_in, c_out, 2 * rate, rate),
+                *(ResidualUnit(c_out, d) for d in RESIDUAL_DILATIONS),
+            ]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.block:
+            x = layer(x)
+        return x
+
+
+class _Codebook(nn.Module):
+    """``EuclideanCodebook`` (decode side): vectors are ``embedding_sum / cluster_usage``."""
+
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def lookup(self, codes: torch.Tensor) -> torch.Tensor:
+        """``codes`` ``[...]`` -> ``[..., dim]``; the same division as upstream's table, done
+        only for the rows looked up."""
+        usage = self.cluster_usage.clamp(min=CODEBOOK_EPS)[codes]
+        return F.embedding(codes, self.embedding_sum) / usage.unsqueeze(-1)
+
+
+class _ResidualQuantizer(nn.Module):
+    """``ResidualVectorQuantizer`` (decode side): summed codebook vectors through the 1x1
+    ``output_proj``; parameters ``vq.layers.{i}._codebook.*`` and ``output_proj.weight``."""
+
+    def __init__(self, num_codebooks: int, size: int, dim: int, out_dim: int):
+        super().__init__()
+        self.vq = nn.Module()
+        self.vq.layers = nn.ModuleList(nn.Module() for _ in range(num_codebooks))
+        for layer in self.vq.layers:
+            layer._codebook = _Codebook(size, dim)
+        self.output_proj = nn.Conv1d(dim, out_dim, 1, bias=False)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``codes`` ``[B, T, n]`` -> ``[B, T, out_dim]``."""
+        total = self.vq.layers[0]._codebook.lookup(codes[..., 0])
+        for i in range(1, codes.shape[-1]):
+            total = total + self.vq.layers[i]._codebook.lookup(codes[..., i])
+        return F.linear(total, self.output_proj.weight[:, :, 0])
+
+
+class _SplitQuantizer(nn.Module):
+    """``SplitResidualVectorQuantizer``: codebook 0 (``rvq_first``) plus codebooks 1..Q-1
+    (``rvq_rest``)."""
+
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        c = config
+        dim = c.codebook_dim // 2
+        self.rvq_first = _ResidualQuantizer(1, c.codebook_size, dim, c.codebook_dim)
+        self.rvq_rest = _ResidualQuantizer(
+            c.num_quantizers - 1, c.codebook_size, dim, c.codebook_dim
+        )
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``codes`` ``[B, T, Q]`` -> ``[B, T, codebook_dim]``."""
+        return self.rvq_first.decode(codes[..., :1]) + self.rvq_rest.decode(codes[..., 1:])
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRow:
+    """One window to decode: ``codes`` int64 ``[W, Q]`` (any device), of which frames
+    ``[left, left + chunk)`` are returned; frames before are context, frames after ignored."""
+
+    codes: torch.Tensor
+    left: int
+    chunk: int
+
+
+class CodecDecoder(nn.Module):
+    """``Qwen3TTSTokenizerV2Decoder``: codes ``[B, T, Q]`` -> float32 wave ``[B, T * hop]``.
+
+    ``decode`` is the whole utterance; ``decode_chunk`` / ``decode_rows`` decode windows exactly
+    (module docstring); ``chunked_decode`` runs a chunk schedule. All outputs are clamped to
+    [-1, 1] as upstream's ``forward``. Codes must lie in ``[0, codebook_size)`` (upstream's
+    ``decode`` maps its -1 padding to 0 and cuts the padded samples; here windows simply end).
+    """
+
+    def __init__(self, config: CodecDecoderConfig):
+        super().__init__()
+        c = config
+        self.config = config
+        self.quantizer = _SplitQuantizer(c)
+        self.pre_conv = CausalConv1d(c.codebook_dim, c.latent_dim, PRE_CONV_KERNEL)
+        self.pre_transformer = CodecTransformer(c)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList(
+                [
+                    CausalConvTranspose1d(c.latent_dim, c.latent_dim, r, r),
+                    ConvNeXtBlock(c.latent_dim),
+                ]
+            )
+            for r in c.upsampling_ratios
+        )
+        dims = [c.decoder_dim // 2**i for i in range(len(c.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList(
+            [
+                CausalConv1d(c.latent_dim, c.decoder_dim, DECODER_KERNEL),
+                *(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(c.upsample_rates)),
+                SnakeBeta(dims[-1]),
+                CausalConv1d(dims[-1], 1, DECODER_KERNEL),
+            ]
+        )
+
+    @property
+    def hop_length(self) -> int:
+        """Samples per frame (1920)."""
+        return self.config.hop_length
+
+    @property
+    def left_context_frames(self) -> int:
+        """Frames of left context exact chunks need (``CodecDecoderConfig.left_context_frames``)."""
+        return self.config.left_context_frames
+
+    def latents(self, codes: torch.Tensor) -> torch.Tensor:
+        """Quantizer, pre_conv and transformer: codes ``[B, T, Q]`` -> ``[B, T, latent_dim]``."""
+        x = self.quantizer.decode(codes)  # [B, T, codebook_dim]
+        x = self.pre_conv(x.transpose(1, 2)).transpose(1, 2)
+        return self.pre_transformer(x)
+
+    def waveform(self, latents: torch.Tensor) -> torch.Tensor:
+        """Upsamplers and decoder: ``[B, T, latent_dim]`` -> ``[B, T * hop]`` in [-1, 1], float32
+        (float64 for a float64 model)."""
+        x = latents.transpose(1, 2)
+        for up, block in self.upsample:
+            x = block(up(x))
+        for layer in self.decoder:
+            x = layer(x)
+        return x[:, 0].clamp(-1.0, 1.0).to(torch.promote_types(x.dtype, torch.float32))
+
+    @torch.inference_mode()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Whole utterances: codes ``[B, T, Q]`` -> float32 ``[B, T * hop]``."""
+        self._check_codes(codes)
+        if codes.shape[1] == 0:
+            return torch.zeros(codes.shape[0], 0, device=codes.device)
+        return self.decode_chunk(codes, 0, codes.shape[1])
+
+    forward = decode
+
+    @torch.inference_mode()
+    def decode_chunk(self, codes: torch.Tensor, left: int, chunk: int) -> torch.Tensor:
+        """Samples of frames ``[left, left + chunk)`` of windows ``codes`` ``[B, W, Q]``.
+
+        Returns float32 ``[B, chunk * hop]``: the whole decode's samples of those frames when
+        the window holds ``left_context_frames`` frames before them or starts at the
+        utterance start (within float rounding: 1e-5 in float32).
+
+        Raises:
+            ValueError: bad shapes, codes out of range, or not ``0 <= left``, ``1 <= chunk``,
+                ``left + chunk <= W``.
+        """
+        self._check_codes(codes)
+        rows = [DecodeRow(row, left, chunk) for row in codes]
+        return torch.stack(self.decode_rows(rows))
+
+    @torch.inference_mode()
+    def decode_rows(self, rows: Sequence[DecodeRow]) -> list[torch.Tensor]:
+        """Decode windows of any lengths in one batch: each row's samples, float32
+        ``[chunk * hop]``, on the model's device.
+
+        Rows are cut to the context they need (``left_context_frames`` of codes for the
+        transformer, ``conv_context_frames`` of latents for the conv stack) and right-padded to
+        the longest (causal: padding never reaches a real frame's samples), so a row's samples
+        equal its decode alone within float rounding.
+        """
+        if not rows:
+            return []
+        device = self.pre_conv.conv.weight.device
+        hop, q = self.hop_length, self.config.num_quantizers
+        spans = []
+        for row in rows:
+            width = row.codes.shape[0] if row.codes.dim() == 2 else -1
+            if row.codes.dim() != 2 or row.codes.shape[1] != q:
+                raise ValueError(
+                    f"a row's codes must be [frames, {q}], got {tuple(row.codes.shape)}"
+                )
+            if row.left < 0 or row.chunk < 1 or row.left + row.chunk > width:
+                raise ValueError(
+                    "need 0 <= left, 1 <= chunk, left + chunk <= window frames; got "
+                    f"left={row.left}, chunk={row.chunk}, frames={width}"
+                )
+            spans.append((max(0, row.left - self.left_context_frames), row.left + row.chunk))
+        length = max(end - start for start, end in spans)
+        codes = torch.zeros(len(rows), length, q, dtype=torch.long, device=device)
+        for i, (row, (start, end)) in enumerate(zip(rows, spans, strict=True)):
+            self._check_codes(row.codes[None])
+            codes[i, : end - start] = row.codes[start:end]
+        latents = self.latents(codes)  # [B, length, latent_dim]
+        conv_spans = []
+        for row, (start, _) in zip(rows, spans, strict=True):
+            left = row.left - start
+            conv_spans.append((max(0, left - self.config.conv_context_frames), left, row.chunk))
+        conv_len = max(left + chunk - first for first, left, chunk in conv_spans)
+        if len(rows) == 1 and conv_spans[0][0] == 0 and conv_len == length:
+            conv_in = latents
+        else:
+            conv_in = latents.new_zeros(len(rows), conv_len, latents.shape[-1])
+            for i, (first, left, chunk) in enumerate(conv_spans):
+                conv_in[i, : left + chunk - first] = latents[i, first : left + chunk]
+        wave = self.waveform(conv_in)  # [B, conv_len * hop]
+        return [
+            wave[i, (left - first) * hop : (left - first + chunk) * hop]
+            for i, (first, left, chunk) in enumerate(conv_spans)
+        ]
+
+    @torch.inference_mode()
+    def chunked_decode(
+        self, codes: torch.Tensor, chunks: int | Sequence[int], left_context: int | None = None
+    ) -> torch.Tensor:
+        """The whole decode done chunk by chunk: codes ``[B, T, Q]`` -> float32 ``[B, T * hop]``.
+
+        Args:
+            chunks: frames per chunk: one size for all, or a schedule whose last size repeats.
+            left_context: frames of context per chunk; None: ``left_context_frames`` (exact).
+        """
+        self._check_codes(codes)
+        sizes = [chunks] if isinstance(chunks, int) else list(chunks)
+        if not sizes or any(s < 1 for s in sizes):
+            raise ValueError(f"chunk sizes must be >= 1, got {chunks!r}")
+        context = self.left_context_frames if left_context is None else left_context
+        pieces, start, index = [], 0, 0
+        while start < codes.shape[1]:
+            end = min(codes.shape[1], start + sizes[min(index, len(sizes) - 1)])
+            first = max(0, start - context)
+            pieces.append(self.decode_chunk(codes[:, first:end], start - first, end - start))
+            start, index = end, index + 1
+        if not pieces:
+            return torch.zeros(codes.shape[0], 0, device=codes.device)
+        return torch.cat(pieces, dim=1)
+
+    def _check_codes(self, codes: torch.Tensor) -> None:
+        c = self.config
+        if codes.dim() != 3 or codes.shape[-1] != c.num_quantizers:
+            raise ValueError(
+                f"codes must be [batch, frames, {c.num_quantizers}], got {tuple(codes.shape)}"
+            )
+        if codes.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"codes must be int64 or int32, got {codes.dtype}")
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= c.codebook_size):
+            raise ValueError(
+                f"codes must lie in [0, {c.codebook_size}), got values in "
+                f"[{int(codes.min())}, {int(codes.max())}]"
+            )
+
+
+def load_codec_decoder(
+    tensors: Mapping[str, torch.Tensor],
+    config: Any,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    source: str = "speech_tokenizer/model.safetensors",
+) -> CodecDecoder:
+    """Build the decoder from the speech tokenizer's tensors, strictly.
+
+    Args:
+        tensors: ``speech_tokenizer/model.safetensors`` by official names: the ``decoder.*``
+            ones are used (``encoder.*`` and others ignored); every parameter must be there
+            with its shape.
+        config: ``decoder_config`` (or the whole speech tokenizer ``config.json`` dict), a
+            ``CodecDecoderConfig``, or the loader's ``SpeechDecoderConfig``.
+        device, dtype: where and how it runs (upstream's file is float32).
+        source: the file named in errors.
+
+    Raises:
+        ModelFilesError: tensors missing, unexpected or of the wrong shape (named).
+    """
+    config = CodecDecoderConfig.of(config)
+    prefix = "decoder."
+    state = {
+        k[len(prefix) :]: v
+        for k, v in tensors.items()
+        if k.startswith(prefix) and k[len(prefix) :] not in UNUSED_TENSORS
+    }
+    with torch.device("meta"):
+        model = CodecDecoder(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    problems = [f"missing {prefix}{k}" for k in expected if k not in state]
+    problems += [f"unexpected {prefix}{k}" for k in state if k not in expected]
+    problems += [
+        f"{prefix}{k}: shape {tuple(v.shape)}, expected {expected[k]}"
+        for k, v in state.items()
+        if k in expected and tuple(v.shape) != expected[k]
+    ]
+    if problems:
+        shown = "; ".join(problems[:8]) + (
+            f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+        )
+        raise ModelFilesError(
+            f"{source}: speech tokenizer decoder tensors do not match the config: {shown}"
+        )
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def codec_from_checkpoint(
+    checkpoint: Qwen3TTSCheckpoint,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> CodecDecoder:
+    """The decoder of an opened published folder (``loader.Qwen3TTSCheckpoint``): its
+    ``speech_tokenizer/config.json`` ``decoder_config`` and ``decoder.*`` tensors.
+
+    Raises:
+        Qwen3TTSCheckpointError / ModelFilesError: a tensor missing or misshapen (named).
+    """
+    tensors = checkpoint.speech_tokenizer_tensors(prefix="decoder.")
+    source = str(checkpoint.root / "speech_tokenizer" / "model.safetensors")
+    decoder = checkpoint.config.speech_tokenizer.decoder
+    return load_codec_decoder(tensors, decoder, device, dtype, source)
+
+
+@dataclass(frozen=True, eq=False)
+class CodecPrefix:
+    """Codes decoded before a request's own frames, as context only: int64 ``[P, Q]``.
+
+    Voice cloning (upstream ``generate_voice_clone``) decodes ``ref_code + codes`` and cuts the
+    reference's share of the samples off; a request carrying its reference codes here (as the
+    audio loop's ``extras``) gets the same samples for its own frames, without the reference's.
+    """
+
+    codes: torch.Tensor
+
+
+class CodecDecoderComponent:
+    """Runs AUDIO_CHUNK units (``AudioChunkInput``): ``frames`` are code frames (``Q`` ints
+    each: tuples, lists, arrays or int tensors), ``extras`` None or a ``CodecPrefix``; returns
+    float32 numpy ``[chunk * hop]`` at 24 kHz per unit.
+
+    Units of any window lengths run as one batch (``CodecDecoder.decode_rows``: right-padded,
+    exact for this causal decoder); a batched row differs from the row alone only by float
+    rounding (CPU and GPU kernels pick algorithms by shape). ``batch_invariant`` runs every row
+    alone, so its samples are bit-identical whatever else is in the batch.
+
+    The loop feeding it must give ``left_context >= decoder.left_context_frames`` (exactness;
+    a ``CodecPrefix`` is only prepended to windows that start at the request's frame 0, which
+    with that context are the windows with ``left < left_context_frames``).
+    """
+
+    def __init__(self, decoder: CodecDecoder, batch_invariant: bool = False):
+        self.decoder = decoder
+        self.batch_invariant = batch_invariant
+
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[AudioChunkInput]) -> list[np.ndarray]:
+        """Decode every unit's chunk.
+
+        Raises:
+            ValueError: ``kind`` is not AUDIO_CHUNK, or a unit's frames are not ``Q`` codes in
+                ``[0, codebook_size)``.
+            TypeError: ``extras`` neither None nor a ``CodecPrefix``.
+        """
+        if kind is not WorkUnitKind.AUDIO_CHUNK:
+            raise ValueError(f"the Qwen3-TTS codec decoder runs AUDIO_CHUNK units, got {kind}")
+        rows = [self._row(p) for p in payloads]
+        if self.batch_invariant:
+            waves = [self.decoder.decode_rows([row])[0] for row in rows]
+        else:
+            waves = self.decoder.decode_rows(rows)
+        return [np.ascontiguousarray(w.cpu().numpy()) for w in waves]
+
+    def _row(self, unit: AudioChunkInput) -> DecodeRow:
+        codes = torch.as_tensor(np.asarray([np.asarray(f) for f in unit.frames]), dtype=torch.long)
+        left = unit.left
+        prefix = unit.extras
+        if prefix is not None and not isinstance(prefix, CodecPrefix):
+            raise TypeError(f"extras must be None or a CodecPrefix, got {type(prefix).__name__}")
+        need = self.decoder.left_context_frames - left
+        if prefix is not None and need > 0 and prefix.codes.shape[0]:
+            ref = torch.as_tensor(prefix.codes, dtype=torch.long)[-need:]
+            codes, left = torch.cat([ref, codes]), left + ref.shape[0]
+        return DecodeRow(codes, left, unit.chunk)
+
+
+def codec_decode_config(
+    decoder_config: CodecDecoderConfig,
+    loop_id: str = "vocode",
+    component: str = "codec",
+    in_slot: str = "codes_stream",
+    *,
+    first_chunk: int = 2,
+    chunk: int = 8,
+    chunk_growth: float = 2.0,
+    max_chunk: int = 64,
+    bucket_frames: int = 64,
+    trim_threshold: float | None = None,
+    extras_slot: str | None = None,
+    sample_rate: int = SAMPLE_RATE,
+) -> AudioDecodeConfig:
+    """The audio loop's settings for this decoder: exact left context
+    (``left_context_frames``), no look-ahead (causal), windows bucketed to multiples of
+    ``bucket_frames`` so chunks of different requests batch (same chunk size, window lengths
+    in one bucket).
+
+    ``sample_rate``: the speech tokenizer's ``output_sample_rate`` (24000 published).
+
+    Defaults: a 2-frame first chunk (160 ms of audio: first audio as soon as the talker has
+    2 frames), then 8 frames doubling up to 64 (5.1 s): each chunk recomputes the conv stack
+    over ``conv_context_frames`` (10) frames of context, 1.25x the chunk at 8 frames, 0.16x at
+    64; the transformer's context (570 frames) is cheap per frame.
+    """
+    left = decoder_config.left_context_frames
+    buckets = tuple(range(bucket_frames, left + max_chunk + bucket_frames, bucket_frames))
+    return AudioDecodeConfig(
+        loop_id=loop_id,
+        component=component,
+        in_slot=in_slot,
+        sample_rate=sample_rate,
+        first_chunk=first_chunk,
+        chunk=chunk,
+        chunk_growth=chunk_growth,
+        max_chunk=max_chunk,
+        left_context=left,
+        lookahead=0,
+        trim_threshold=trim_threshold,
+        extras_slot=extras_slot,
+        window_buckets=buckets,
+    )
