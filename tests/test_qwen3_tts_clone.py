@@ -25,6 +25,7 @@ from omnistep.models.qwen3_tts.clone import (
     resample,
 )
 from omnistep.models.qwen3_tts.encoder import SpeechTokenizerEncoder
+from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpointError
 from omnistep.models.qwen3_tts.speaker import mel_filter_bank
 from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
 from tests.qwen3_tts_ref.env import call_reference
@@ -292,9 +293,36 @@ def test_checkpoint_without_speaker_encoder_is_refused(base_root, tmp_path, vari
     config = json.loads((root / "config.json").read_text())
     config["tts_model_type"] = variant
     del config["speaker_encoder_config"]
+    if variant == "custom_voice":  # the loader wants CustomVoice's speaker table
+        config["talker_config"]["spk_id"] = {"ryan": 3061}
+        config["talker_config"]["spk_is_dialect"] = {"ryan": False}
     (root / "config.json").write_text(json.dumps(config))
     with pytest.raises(VoiceCloneUnsupportedError) as err:
         VoiceCloneEncoder.from_pretrained(root)
     assert isinstance(err.value, InvalidRequestError) and isinstance(err.value, ValueError)
     assert err.value.param == "model" and err.value.code == "voice_clone_unsupported"
     assert "Base" in str(err.value) and variant in str(err.value)
+
+
+def test_missing_or_misshapen_encoder_tensor_is_named(base_root, tmp_path):
+    for name, change in (
+        ("speaker_encoder.fc.weight", "drop"),
+        ("encoder.quantizer.semantic_residual_vector_quantizer.input_proj.weight", "drop"),
+        ("encoder.downsample.conv.weight", "reshape"),
+    ):
+        root = tmp_path / change / name
+        shutil.copytree(base_root, root)
+        rel = (
+            "model.safetensors"
+            if name.startswith("speaker")
+            else "speech_tokenizer/model.safetensors"
+        )
+        tensors = load_file(str(root / rel))
+        if change == "drop":
+            del tensors[name]
+        else:
+            tensors[name] = tensors[name][:, :, :-1].contiguous()
+        save_file(tensors, str(root / rel), metadata={"format": "pt"})
+        with pytest.raises(Qwen3TTSCheckpointError) as err:
+            VoiceCloneEncoder.from_pretrained(root)
+        assert str(root / rel) in str(err.value) and name in str(err.value)

@@ -25,7 +25,8 @@ rejects only ``""`` / None). Every violation raises ``InvalidRequestError`` with
 A prompt is stored as a saved voice's text: ``VoiceClonePrompt.to_spec()`` (14.8k
 characters for a 10 s clip on the 1.7B checkpoints; see ``to_spec``).
 
-Imports: numpy, torch, safetensors; ``omnistep.core``, ``omnistep.audio``, ``omnistep.layers``.
+Imports: numpy, torch; ``omnistep.core``, ``omnistep.audio``, ``omnistep.layers``, the
+family's ``loader``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,10 @@ import torch
 
 from omnistep.audio.resample import Resampler
 from omnistep.core.errors import InvalidRequestError
+from omnistep.models.qwen3_tts.encoder import TENSOR_PREFIX as SPEECH_PREFIX
 from omnistep.models.qwen3_tts.encoder import SpeechTokenizerEncoder
+from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint, Qwen3TTSCheckpointError
+from omnistep.models.qwen3_tts.speaker import TENSOR_PREFIX as SPEAKER_PREFIX
 from omnistep.models.qwen3_tts.speaker import Qwen3TTSSpeakerEncoder
 
 MIN_CLIP_SECONDS = 1.0
@@ -296,11 +299,67 @@ def resample(audio: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class VoiceCloneEncoder:
-    """The two encoders a Base checkpoint clones with, loaded once (``from_pretrained``)."""
+    """The two encoders a Base checkpoint clones with, loaded once (``from_checkpoint``)."""
 
     speaker: Qwen3TTSSpeakerEncoder
     speech: SpeechTokenizerEncoder
     speaker_rate: int  # speaker_encoder_config.sample_rate (24000)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint: Qwen3TTSCheckpoint,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        model_tensors: Mapping[str, torch.Tensor] | None = None,
+    ) -> VoiceCloneEncoder:
+        """Load the speaker encoder (``model.safetensors`` ``speaker_encoder.*``, cast to
+        ``dtype``) and the speech tokenizer's encoder (``speech_tokenizer/model.safetensors``
+        ``encoder.*``, float32) of an opened published folder.
+
+        Args:
+            model_tensors: ``checkpoint.model_tensors()`` when the caller holds them already
+                (the card loading the talker); else only ``speaker_encoder.*`` is read.
+
+        Raises:
+            VoiceCloneUnsupportedError: not a Base checkpoint (no speaker encoder).
+            Qwen3TTSCheckpointError: a tensor missing, unknown or misshapen (named, with its
+                file).
+        """
+        config = checkpoint.config
+        spk_config = config.speaker_encoder
+        if spk_config is None:
+            raise VoiceCloneUnsupportedError(
+                f"voice cloning needs a Base checkpoint (Qwen3-TTS-12Hz-*-Base); "
+                f"{checkpoint.root} is tts_model_type {config.tts_model_type!r}, which has no "
+                "speaker encoder"
+            )
+        if model_tensors is None:
+            model_tensors = checkpoint.model_tensors(prefix=SPEAKER_PREFIX)
+        path = checkpoint.root / "model.safetensors"
+        try:
+            speaker = Qwen3TTSSpeakerEncoder.from_tensors(
+                spk_config, model_tensors, device=device, dtype=dtype
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise Qwen3TTSCheckpointError(f"{path}: {exc}") from None
+        st = config.speech_tokenizer
+        st_dir = checkpoint.root / "speech_tokenizer"
+        # MimiConfig takes the whole published dict (the loader's SpeechEncoderConfig holds the
+        # sizes only); parse_config has checked the file already.
+        mimi = json.loads((st_dir / "config.json").read_text(encoding="utf-8"))["encoder_config"]
+        try:
+            speech = SpeechTokenizerEncoder.from_tensors(
+                mimi,
+                checkpoint.speech_tokenizer_tensors(prefix=SPEECH_PREFIX),
+                num_quantizers=st.encoder_valid_num_quantizers,
+                downsample_rate=st.encode_downsample_rate,
+                sample_rate=st.input_sample_rate,
+                device=device,
+            )
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise Qwen3TTSCheckpointError(f"{st_dir / 'model.safetensors'}: {exc}") from None
+        return cls(speaker=speaker, speech=speech, speaker_rate=spk_config.sample_rate)
 
     @classmethod
     def from_pretrained(
@@ -309,29 +368,13 @@ class VoiceCloneEncoder:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> VoiceCloneEncoder:
-        """Load the speaker encoder (``model.safetensors`` ``speaker_encoder.*``, cast to
-        ``dtype``) and the speech tokenizer's encoder (``speech_tokenizer/model.safetensors``
-        ``encoder.*``, float32) of the published folder ``root``.
+        """``from_checkpoint(Qwen3TTSCheckpoint.open(root), device, dtype)``.
 
         Raises:
-            VoiceCloneUnsupportedError: not a Base checkpoint (no ``speaker_encoder_config``).
-            FileNotFoundError / KeyError / ValueError: a missing file, key or tensor.
+            Qwen3TTSCheckpointError: a missing or bad file, key or tensor (named).
+            VoiceCloneUnsupportedError: not a Base checkpoint.
         """
-        files = _CheckpointFiles(Path(root))
-        spk_config = files.speaker_encoder_config()
-        speaker = Qwen3TTSSpeakerEncoder.from_tensors(
-            spk_config, files.model_tensors("speaker_encoder."), device=device, dtype=dtype
-        )
-        st = files.speech_tokenizer_config()
-        speech = SpeechTokenizerEncoder.from_tensors(
-            st["encoder_config"],
-            files.speech_tokenizer_tensors("encoder."),
-            num_quantizers=int(st["encoder_valid_num_quantizers"]),
-            downsample_rate=int(st["encode_downsample_rate"]),
-            sample_rate=int(st["input_sample_rate"]),
-            device=device,
-        )
-        return cls(speaker=speaker, speech=speech, speaker_rate=int(spk_config.sample_rate))
+        return cls.from_checkpoint(Qwen3TTSCheckpoint.open(root), device, dtype)
 
     def __call__(self, audio: Any, sample_rate: Any, transcript: Any) -> VoiceClonePrompt:
         """``compute_clone_prompt(audio, sample_rate, transcript, self)``."""
@@ -372,68 +415,3 @@ def compute_clone_prompt(
         ref_codes=codes.numpy().astype(np.int64),
         ref_text=text,
     )
-
-
-# ----------------------------------------------------------------------------- files
-
-
-class _CheckpointFiles:
-    """Reads what cloning needs from a published folder: a stand-in for
-    ``omnistep.models.qwen3_tts.loader`` (``Qwen3TTSCheckpoint``) until it is on main; the
-    swap: ``speaker_encoder_config`` -> ``checkpoint.config.speaker_encoder`` (same field
-    names), ``model_tensors(prefix)`` / ``speech_tokenizer_tensors(prefix)`` -> the loader's
-    methods of those names, ``speech_tokenizer_config`` -> the JSON (the loader's typed
-    ``SpeechEncoderConfig`` holds sizes only; ``MimiConfig`` wants the whole dict)."""
-
-    _SPEAKER_DEFAULTS: Mapping[str, Any] = {
-        "mel_dim": 128,
-        "enc_channels": (512, 512, 512, 512, 1536),
-        "enc_kernel_sizes": (5, 3, 3, 3, 1),
-        "enc_dilations": (1, 2, 3, 4, 1),
-        "enc_attention_channels": 128,
-        "enc_res2net_scale": 8,
-        "enc_se_channels": 128,
-    }
-    """Upstream ``Qwen3TTSSpeakerEncoderConfig`` defaults (published configs carry only
-    ``enc_dim`` and ``sample_rate``)."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def _json(self, rel: str) -> dict[str, Any]:
-        path = self.root / rel
-        if not path.is_file():
-            raise FileNotFoundError(f"Qwen3-TTS checkpoint {self.root} is missing {rel}")
-        return json.loads(path.read_text(encoding="utf-8"))
-
-    def speaker_encoder_config(self) -> SimpleNamespace:
-        config = self._json("config.json")
-        kind = config.get("tts_model_type")
-        spk = config.get("speaker_encoder_config")
-        if kind != "base" or not isinstance(spk, dict):
-            raise VoiceCloneUnsupportedError(
-                f"voice cloning needs a Base checkpoint (Qwen3-TTS-12Hz-*-Base); {self.root} is "
-                f"tts_model_type {kind!r}, which has no speaker encoder"
-            )
-        fields = {**self._SPEAKER_DEFAULTS, **spk}
-        for key in ("enc_channels", "enc_kernel_sizes", "enc_dilations"):
-            fields[key] = tuple(fields[key])
-        fields.setdefault("sample_rate", 24000)
-        return SimpleNamespace(**fields)
-
-    def speech_tokenizer_config(self) -> dict[str, Any]:
-        return self._json("speech_tokenizer/config.json")
-
-    def _tensors(self, path: Path, prefix: str) -> dict[str, torch.Tensor]:
-        from safetensors import safe_open
-
-        if not path.is_file():
-            raise FileNotFoundError(f"Qwen3-TTS checkpoint is missing {path}")
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
-
-    def model_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        return self._tensors(self.root / "model.safetensors", prefix)
-
-    def speech_tokenizer_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
-        return self._tensors(self.root / "speech_tokenizer" / "model.safetensors", prefix)

@@ -73,6 +73,14 @@ def mimi_state_dict(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
     return out
 
 
+def _official_name(name: str) -> str:
+    """A transformers 5.x ``MimiModel`` name -> its checkpoint name (``_RENAMES`` backwards)."""
+    for old, new in _RENAMES:
+        if name.startswith(new):
+            return old + name[len(new) :]
+    return name
+
+
 class SpeechTokenizerEncoder(nn.Module):
     """The 12 Hz speech tokenizer's encoder half: Mimi SEANet encoder -> sliding-window
     transformer -> downsample -> split RVQ, first ``num_quantizers`` codebooks.
@@ -135,14 +143,19 @@ class SpeechTokenizerEncoder(nn.Module):
         (official names; ``decoder.*`` ignored). Runs in float32 (the published dtype).
 
         Raises:
-            KeyError: a tensor is missing or unknown; ``RuntimeError`` from ``load_state_dict``
-                on a shape mismatch.
+            ValueError: a tensor is missing or misshapen (named as in the checkpoint).
+            KeyError: an unknown ``encoder.*`` tensor.
         """
         model = cls(mimi_config, num_quantizers, downsample_rate, sample_rate, sliding_window)
         state = mimi_state_dict(tensors)
-        missing = sorted(set(model.mimi.state_dict()) - set(state))
-        if missing:
-            raise KeyError(f"speech tokenizer encoder tensors missing: {missing[:3]}")
+        for name, want in model.mimi.state_dict().items():
+            if name not in state:
+                raise ValueError(f"tensor {_official_name(name)} is missing")
+            if tuple(state[name].shape) != tuple(want.shape):
+                raise ValueError(
+                    f"tensor {_official_name(name)} has shape {list(state[name].shape)}, "
+                    f"expected {list(want.shape)}"
+                )
         model.mimi.load_state_dict(state, strict=True)
         return model.to(device=device, dtype=torch.float32).eval()
 

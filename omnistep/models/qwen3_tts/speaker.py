@@ -142,8 +142,8 @@ class Qwen3TTSSpeakerEncoder(SpeakerEncoder):
         weights upcast exactly; upstream runs it in the model's dtype).
 
         Raises:
-            KeyError: a tensor is missing; ``RuntimeError`` from ``load_state_dict`` on a shape
-                mismatch.
+            ValueError: a tensor is missing or misshapen (named); ``RuntimeError`` from
+                ``load_state_dict`` for an unexpected ``speaker_encoder.*`` name.
         """
         model = cls(config)
         state = {
@@ -151,9 +151,14 @@ class Qwen3TTSSpeakerEncoder(SpeakerEncoder):
             for name, tensor in tensors.items()
             if name.startswith(TENSOR_PREFIX)
         }
-        missing = sorted(set(model.state_dict()) - set(state))
-        if missing:
-            raise KeyError(f"speaker encoder tensors missing: {TENSOR_PREFIX}{missing[0]}, ...")
+        for name, want in model.state_dict().items():
+            if name not in state:
+                raise ValueError(f"tensor {TENSOR_PREFIX}{name} is missing")
+            if tuple(state[name].shape) != tuple(want.shape):
+                raise ValueError(
+                    f"tensor {TENSOR_PREFIX}{name} has shape {list(state[name].shape)}, "
+                    f"expected {list(want.shape)}"
+                )
         model.load_state_dict(state, strict=True)
         model = model.to(device=device, dtype=dtype).eval()
         # the mel front end stays float32 whatever the encoder's dtype
