@@ -18,8 +18,8 @@ upstream does: ``librosa.resample`` with its default ``soxr_hq``, i.e. soxr's HQ
 ``[N, C]`` are averaged, as upstream does.
 
 Limits (upstream has none; ours, documented): a clip lasts ``MIN_CLIP_SECONDS`` (1 s) to
-``MAX_CLIP_SECONDS`` (60 s: the ICL prompt holds every reference frame, 750 frames at 60 s, and
-each request re-reads it); the transcript is non-empty after stripping whitespace (upstream
+``MAX_CLIP_SECONDS`` (60 s: the ICL prompt holds every reference frame, 750 at 60 s, in each
+request's context); the transcript is non-empty after stripping whitespace (upstream
 rejects only ``""`` / None). Every violation raises ``InvalidRequestError`` with ``param`` set.
 
 A prompt is stored as a saved voice's text: ``VoiceClonePrompt.to_spec()`` (14.8k
