@@ -37,16 +37,23 @@ system-deps:
 # without dependencies, into an overlay folder that only the parity tests' subprocess puts first
 # on its path (tests/qwen3_tts_ref/env.py); the venv itself never imports it. The marker file
 # makes a second `make test` skip the install.
+# librosa is real there (the voice-clone prompt's mel filters and resampling), with what it
+# imports that the venv lacks (numba, msgpack, soxr, soundfile come from the venv; scikit-learn
+# is only imported by librosa parts qwen-tts never uses). Bump the marker's number when the
+# list changes, so an older overlay is rebuilt.
 QWEN_TTS_REF := .ref/qwen-tts
 QWEN_TTS_REF_PKGS := qwen-tts==0.1.1 transformers==4.57.3 "huggingface_hub<1.0" \
-	"tokenizers<0.23" accelerate==1.12.0
+	"tokenizers<0.23" accelerate==1.12.0 \
+	librosa==0.11.0 scipy==1.17.1 audioread==3.1.0 lazy_loader==0.6 decorator==5.3.1 \
+	joblib==1.6.0 cloudpickle==3.1.2 pooch==1.9.0 platformdirs==4.14.9
+QWEN_TTS_REF_MARK := $(QWEN_TTS_REF)/.installed-2
 
-$(QWEN_TTS_REF)/.installed: | $(BIN)/python
+$(QWEN_TTS_REF_MARK): | $(BIN)/python
 	rm -rf $(QWEN_TTS_REF)
 	$(BIN)/pip install -q --no-deps --target $(QWEN_TTS_REF) $(QWEN_TTS_REF_PKGS)
 	touch $@
 
-install-test: $(BIN)/python system-deps $(QWEN_TTS_REF)/.installed
+install-test: $(BIN)/python system-deps $(QWEN_TTS_REF_MARK)
 	$(BIN)/pip install -q -e '.[voice,chattts,test,dev]'
 	$(BIN)/pip install -q --no-deps $(REFERENCE_PKGS)
 

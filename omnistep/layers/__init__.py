@@ -1,6 +1,8 @@
 """Torch building blocks for step-level serving: RMSNorm, RoPE, attention over a paged KV cache,
-batch-invariant row helpers and a Llama decoder stack; and ``paged_ar.PagedARModel``, the one
-paged-KV autoregressive component every AR family configures (import it from its module).
+batch-invariant row helpers and a Llama decoder stack; ``ecapa_tdnn.SpeakerEncoder``, the
+ECAPA-TDNN speaker encoder of Qwen2.5-Omni and Qwen3-TTS; and ``paged_ar.PagedARModel``, the one
+paged-KV autoregressive component every AR family configures (import these two from their
+modules).
 
 The blocks import torch and ``omnistep.core`` only; ``paged_ar`` also imports ``omnistep.kv``,
 the AR loop's payload types and ``omnistep.sampling``. Never ``engine``, ``models`` or ``server``.

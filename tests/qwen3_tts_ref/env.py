@@ -4,9 +4,11 @@
 reference with its transformers, ``--no-deps``, into the overlay directory ``.ref/qwen-tts``; a
 subprocess of the venv's python puts that overlay first on its path (so it imports the old
 transformers and the venv's torch), installs stub modules for what ``qwen_tts`` imports at module
-level but the paths we compare never call (gradio, sox, torchaudio, librosa), and calls one
-function. Arguments and the return value cross the process boundary by pickle: numpy arrays,
-numbers, strings, paths, lists and dicts of them.
+level but the paths we compare never call (gradio, sox, torchaudio), and calls one function.
+librosa is real (the Makefile installs it, its dependencies the venv lacks and scipy into the
+overlay): the voice-clone prompt uses its mel filters and ``resample``. Arguments and the return
+value cross the process boundary by pickle: numpy arrays, numbers, strings, paths, lists and
+dicts of them.
 
 Usage::
 
@@ -30,8 +32,6 @@ REF_DIR = REPO / ".ref" / "qwen-tts"
 STUB_MODULES = (
     "gradio",
     "sox",
-    "librosa",
-    "librosa.filters",
     "torchaudio",
     "torchaudio.compliance",
     "torchaudio.compliance.kaldi",
@@ -44,16 +44,9 @@ class ReferenceRunError(RuntimeError):
 
 
 def install_stubs() -> None:
-    """Put empty modules for ``STUB_MODULES`` in ``sys.modules`` (inside the subprocess only).
-
-    ``librosa.filters.mel`` raises if called: a compared path that needs it must install librosa
-    into the overlay instead of relying on a stub.
-    """
+    """Put empty modules for ``STUB_MODULES`` in ``sys.modules`` (inside the subprocess only)."""
     import importlib.machinery
     import types
-
-    def _missing(*_args: Any, **_kwargs: Any) -> Any:
-        raise RuntimeError("librosa is stubbed in the qwen-tts reference subprocess")
 
     for name in STUB_MODULES:
         if name in sys.modules:
@@ -61,7 +54,6 @@ def install_stubs() -> None:
         module = types.ModuleType(name)
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
         sys.modules[name] = module
-    sys.modules["librosa.filters"].mel = _missing
 
 
 def call_reference(target: str, timeout: float = 600.0, **kwargs: Any) -> Any:

@@ -7,7 +7,7 @@ requests::
 
     codes   [B, T]            int64 codec tokens (talker output, ids < num_embeds + 1)
       -> DiT.initial_state     noise [B, 2T, mel_dim] + conditioning computed once per request:
-                               speaker encoder (ECAPA-TDNN, ``speaker_encoder.py``) of ref_mel,
+                               speaker encoder (ECAPA-TDNN, layers/ecapa_tdnn.py) of ref_mel,
                                codec embedding (each token -> ``repeats`` = 2 mel frames),
                                speaker vector ``cond``
       -> DiT.ode_step x 9      one fixed-step RK4 (3/8 rule) step of the flow-matching ODE,
@@ -54,9 +54,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistep.layers.ecapa_tdnn import SpeakerEncoder
 from omnistep.layers.linear import PackedLinear
 from omnistep.models.qwen2_5_omni.config_fields import check_positive_ints, known_fields
-from omnistep.models.qwen2_5_omni.speaker_encoder import SpeakerEncoder
 
 DEFAULT_ROPE_THETA = 10000.0
 

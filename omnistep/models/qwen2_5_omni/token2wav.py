@@ -15,8 +15,9 @@ requests, and the vocoder decodes exact chunks (``BigVGAN.decode_chunk``)::
       -> DiT.finalize          log-mel [B, mel_dim, 2T], 100 frames per second
       -> BigVGAN               wave [B, 480 T] float, 24 kHz: 240 samples per mel frame
 
-One model per file: ``dit.py`` (``DiT``: the ODE, its solver and the transformer),
-``speaker_encoder.py`` (the ECAPA-TDNN the DiT conditions on) and ``bigvgan.py`` (``BigVGAN``).
+One model per file: ``dit.py`` (``DiT``: the ODE, its solver and the transformer; the ECAPA-TDNN
+it conditions on is ``omnistep.layers.ecapa_tdnn``, shared with Qwen3-TTS) and ``bigvgan.py``
+(``BigVGAN``).
 This module holds the whole model (``Token2Wav``: the offline path, in the shape of the parity
 reference) and the loaders; the card loads each half alone (``load_token2wav_part``).
 

@@ -831,16 +831,20 @@ class Qwen3TTSCheckpoint:
         return cls(path, config)
 
     def model_tensors(
-        self, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+        self,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
+        prefix: str = "",
     ) -> dict[str, torch.Tensor]:
-        """Every tensor of ``model.safetensors`` by official name, floating ones cast to
-        ``dtype`` (None: as stored, bf16 in published folders), on ``device``.
+        """Tensors of ``model.safetensors`` by official name whose name starts with ``prefix``
+        (all by default; e.g. ``"speaker_encoder."``), floating ones cast to ``dtype`` (None: as
+        stored, bf16 in published folders), on ``device``.
 
         Raises:
             Qwen3TTSCheckpointError: a tensor of ``model_tensor_shapes`` missing or misshapen.
         """
         spec = model_tensor_shapes(self.config)
-        return _load(self.root / "model.safetensors", spec, dtype, device)
+        return _load(self.root / "model.safetensors", spec, dtype, device, prefix)
 
     def speech_tokenizer_tensors(
         self,

@@ -1,24 +1,46 @@
-"""Qwen2.5-Omni token2wav's speaker encoder: an ECAPA-TDNN over the reference mel.
+"""ECAPA-TDNN speaker encoder (Desplanques et al. 2020): a mel spectrogram -> one embedding.
 
-Our torch implementation of transformers' ``ECAPA_TimeDelayNet`` and its blocks (transformers
-5.24, ``models/qwen2_5_omni/modeling_qwen2_5_omni.py``): reference mel ``[B, L, mel_dim]`` ->
-``[B, enc_dim]``, computed once per request by ``DiT.initial_state`` (upstream recomputes it in
-every DiT forward). Sizes come from ``DiTConfig``'s ``enc_*`` fields. State-dict names equal
-upstream's (``code2wav_dit_model.input_embed.spk_encoder.*`` in the checkpoint).
+One torch implementation serves two families whose upstream code is the same block for block
+(TDNN with "same" reflect padding, Res2Net, squeeze-excitation, SE-Res2Net, multi-layer feature
+aggregation, attentive statistics pooling, final 1x1 conv), differing only in sizes:
 
-Imports: torch only.
+- Qwen2.5-Omni token2wav: transformers' ``ECAPA_TimeDelayNet`` (transformers 5.24,
+  ``models/qwen2_5_omni/modeling_qwen2_5_omni.py``), sized by ``DiTConfig``'s ``enc_*`` fields;
+  checkpoint names ``code2wav_dit_model.input_embed.spk_encoder.*``; computed once per request
+  by ``DiT.initial_state`` (upstream recomputes it in every DiT forward).
+- Qwen3-TTS Base: ``qwen_tts`` 0.1.1 ``Qwen3TTSSpeakerEncoder``
+  (``core/models/modeling_qwen3_tts.py``), sized by ``speaker_encoder_config``; checkpoint names
+  ``speaker_encoder.*``; computed once per cloned voice (``omnistep.models.qwen3_tts.speaker``).
+  Its only textual differences from transformers' are a ``masked_fill`` of an all-ones mask in
+  the pooling (a no-op) and an in-place ReLU in the SE block.
+
+State-dict names equal both upstreams'. Imports: torch only.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from omnistep.models.qwen2_5_omni.dit import DiTConfig
+
+class EcapaConfig(Protocol):
+    """The sizes an ECAPA-TDNN needs (field names shared by Qwen2.5-Omni's ``DiTConfig`` and
+    Qwen3-TTS's ``speaker_encoder_config``). ``enc_channels``, ``enc_kernel_sizes`` and
+    ``enc_dilations`` have one entry per block: the first TDNN, the SE-Res2Net blocks, the
+    multi-layer feature aggregation TDNN (whose channels the pooling and ``fc`` use)."""
+
+    mel_dim: int
+    enc_dim: int
+    enc_channels: Sequence[int]
+    enc_kernel_sizes: Sequence[int]
+    enc_dilations: Sequence[int]
+    enc_attention_channels: int
+    enc_res2net_scale: int
+    enc_se_channels: int
 
 
 class TimeDelayNetBlock(nn.Module):
@@ -82,7 +104,7 @@ class SqueezeExcitationBlock(nn.Module):
 class SqueezeExcitationRes2NetBlock(nn.Module):
     """``SqueezeExcitationRes2NetBlock``: TDNN -> Res2Net -> TDNN -> SE, plus the input."""
 
-    def __init__(self, config: DiTConfig, index: int):
+    def __init__(self, config: EcapaConfig, index: int):
         super().__init__()
         c = config
         channels = c.enc_channels[index]
@@ -127,9 +149,12 @@ class AttentiveStatisticsPooling(nn.Module):
 
 
 class SpeakerEncoder(nn.Module):
-    """``ECAPA_TimeDelayNet``: reference mel ``[B, L, mel_dim]`` -> ``[B, enc_dim]``."""
+    """``ECAPA_TimeDelayNet`` / ``Qwen3TTSSpeakerEncoder``: mel ``[B, L, mel_dim]`` (frames
+    first) -> ``[B, enc_dim]``, in the parameters' dtype. Every frame counts (no padding mask,
+    as both upstreams call it). Reflect padding needs more frames than any block pads:
+    L > (kernel - 1) * dilation / 2, i.e. L >= 5 with the published kernels and dilations."""
 
-    def __init__(self, config: DiTConfig):
+    def __init__(self, config: EcapaConfig):
         super().__init__()
         c = config
         first = TimeDelayNetBlock(
