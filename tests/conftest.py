@@ -21,3 +21,16 @@ def asr():
         wer=asr_module.wer,
         sample_rate=asr_module.ASR_SAMPLE_RATE,
     )
+
+
+@pytest.fixture(scope="session")
+def qwen3_tts_folders(tmp_path_factory):
+    """Tiny Qwen3-TTS folders in the published layout, one per variant (``custom_voice``,
+    ``voice_design``, ``base``; seed 0, default sizes), written once per session with one
+    reference subprocess (tests/qwen3_tts_ref/assets.py): ``{variant: Qwen3TTSInfo}``.
+    Read-only: a test that breaks a folder copies it first."""
+    from tests.qwen3_tts_ref.assets import VARIANTS, write_tiny_qwen3_tts_many
+
+    root = tmp_path_factory.mktemp("qwen3_tts_shared")
+    infos = write_tiny_qwen3_tts_many({root / v: v for v in VARIANTS})
+    return {info.variant: info for info in infos}

@@ -62,6 +62,7 @@ def results(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # runs both benchmarks (~40-100 s): `pytest -m slow tests/test_bench_gpu.py`
 def test_ar_decode_device_option_reports_every_figure(results):
     res = json.loads((results / "ar_decode.json").read_text())
     assert res["args"]["device"] == "cpu" and res["machine"]["device"] == "cpu"
@@ -92,6 +93,7 @@ def test_ar_decode_device_option_reports_every_figure(results):
     assert all(_positive(v) for v in res["gpt_only_tok_s"].values())
 
 
+@pytest.mark.slow  # runs both benchmarks (~40-100 s): `pytest -m slow tests/test_bench_gpu.py`
 def test_rollout_device_option_reports_every_figure(results):
     res = json.loads((results / "rollout.json").read_text())
     assert res["args"]["device"] == "cpu" and res["device"]["device"] == "cpu"
@@ -113,6 +115,7 @@ def test_rollout_device_option_reports_every_figure(results):
     assert all(_positive(v) for v in res["ratios"].values())
 
 
+@pytest.mark.slow  # runs both benchmarks (~40-100 s): `pytest -m slow tests/test_bench_gpu.py`
 def test_summary_collects_the_headline_figures(results):
     assert gpu_support.main(["summary", str(results), "--steps", "ar_decode=0", "rollout=124"]) == 0
     summary = json.loads((results / "gpu_summary.json").read_text())

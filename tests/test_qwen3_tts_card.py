@@ -21,7 +21,6 @@ from omnistep.core import (
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.parity import collect
-from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
 from tests.qwen3_tts_ref.env import call_reference
 
 TEXT = "Please leave the package by the blue door."
@@ -29,10 +28,8 @@ HOP = 1920
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qwen3_tts_card")
-    infos = write_tiny_qwen3_tts_many({root / v: v for v in ("custom_voice", "voice_design")})
-    return {info.variant: root / info.variant for info in infos}
+def folders(qwen3_tts_folders):
+    return {variant: info.root for variant, info in qwen3_tts_folders.items()}
 
 
 def _engine(path, **options) -> AsyncEngine:
@@ -108,7 +105,13 @@ async def test_seed_batch_and_stream_parity(custom):
     assert not np.array_equal(_codes(alone[0]), _codes(alone[1]))
     together = await asyncio.gather(
         *(_run(custom, seed=s, **fields) for s in (5, 6)),
-        _run(custom, seed=9, text="Another one, longer than the others by far.", voice="ryan"),
+        _run(
+            custom,
+            seed=9,
+            text="Another one, longer than the others by far.",
+            voice="ryan",
+            sampling=SamplingParams(max_new_tokens=14),
+        ),
     )
     for a, b in zip(alone, together, strict=False):
         assert np.array_equal(_codes(a), _codes(b))
@@ -229,9 +232,51 @@ async def test_aborted_requests_leave_no_kv_blocks(custom):
     assert custom.stats() == dict.fromkeys(custom.stats(), 0)
 
 
-def test_base_folders_are_refused_for_now(tmp_path):
-    (path,) = [
-        tmp_path / info.variant for info in write_tiny_qwen3_tts_many({tmp_path / "base": "base"})
-    ]
+def test_base_folders_are_refused_for_now(folders):
     with pytest.raises(InvalidRequestError, match="not served yet"):
-        build_card(str(path))
+        build_card(str(folders["base"]))
+
+
+def test_served_over_http_and_the_speech_stream(folders):
+    """``omnistep serve --model qwen3_tts=DIR``: /v1/audio/speech with language and voice, the
+    voices listing, and the WebSocket feeding a turn's words into one running request."""
+    import json
+
+    import httpx
+    from websockets.sync.client import connect
+
+    from tests.serving import running_server
+
+    with running_server("--model", f"qwen3_tts={folders['custom_voice']}", timeout=300) as url:
+        body = {
+            "model": "qwen3-tts",
+            "input": TEXT,
+            "voice": "ryan",
+            "language": "english",
+            "seed": 7,
+            "max_new_tokens": 16,
+            "response_format": "pcm",
+        }
+        pcm = httpx.post(url + "/v1/audio/speech", json=body, timeout=120)
+        assert pcm.status_code == 200, pcm.text
+        assert len(pcm.content) == 16 * HOP * 2
+        bad = httpx.post(url + "/v1/audio/speech", json={**body, "language": "klingon"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "language"
+        names = {v["name"] for v in httpx.get(url + "/v1/audio/voices").json()["data"]}
+        assert {"ryan", "vivian", "alloy"} <= names
+        ws_url = url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        with connect(ws_url, proxy=None, open_timeout=30) as ws:
+            config = {k: v for k, v in body.items() if k != "input"}
+            ws.send(json.dumps({"type": "session.config", **config}))
+            for i, word in enumerate(TEXT.split(" ")):
+                ws.send(json.dumps({"type": "input.text", "text": (" " if i else "") + word}))
+            ws.send(json.dumps({"type": "input.done"}))
+            audio = b""
+            while True:
+                frame = ws.recv(timeout=120)
+                if isinstance(frame, bytes):
+                    audio += frame
+                elif json.loads(frame)["type"] == "audio.done":
+                    assert json.loads(frame)["segments"] == 1
+                    break
+        assert audio == pcm.content  # turn 0 has seed S + 0

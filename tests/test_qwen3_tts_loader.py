@@ -15,15 +15,13 @@ from safetensors import safe_open
 from omnistep.models.qwen3_tts import LAYOUT, Qwen3TTSCheckpoint, Qwen3TTSCheckpointError
 from omnistep.models.qwen3_tts.loader import model_tensor_shapes, speech_decoder_tensor_shapes
 from tests.qwen3_tts_ref import assets
-from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts, write_tiny_qwen3_tts_many
+from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
 from tests.qwen3_tts_ref.env import call_reference
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, assets.Qwen3TTSInfo]:
-    root = tmp_path_factory.mktemp("qwen3_tts")
-    infos = write_tiny_qwen3_tts_many({root / v: v for v in assets.VARIANTS})
-    return {info.variant: info for info in infos}
+def folders(qwen3_tts_folders) -> dict[str, assets.Qwen3TTSInfo]:
+    return qwen3_tts_folders
 
 
 GENERATE_CASES = [

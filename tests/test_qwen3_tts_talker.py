@@ -50,7 +50,6 @@ from omnistep.models.qwen3_tts.talker import (
     suppressed_ids,
     text_for_step,
 )
-from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
 from tests.qwen3_tts_ref.env import call_reference
 
 FRAMES = 32
@@ -90,12 +89,10 @@ CASES: dict[str, dict[str, Any]] = {
 
 # ---------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Qwen3TTSCheckpoint]:
+def folders(qwen3_tts_folders) -> dict[str, Qwen3TTSCheckpoint]:
     """The tiny published folders of both variants (seed 0), opened by the loader."""
-    base = tmp_path_factory.mktemp("qwen3_tts")
     variants = ("custom_voice", "voice_design")
-    write_tiny_qwen3_tts_many({base / v: v for v in variants})
-    return {v: Qwen3TTSCheckpoint.open(base / v) for v in variants}
+    return {v: Qwen3TTSCheckpoint.open(qwen3_tts_folders[v].root) for v in variants}
 
 
 @pytest.fixture(scope="module")
