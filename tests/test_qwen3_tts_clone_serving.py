@@ -168,3 +168,232 @@ async def test_greedy_codes_and_audio_equal_upstream_generate_voice_clone(
     assert got.audio.shape == (codes.shape[0] * HOP,)
     np.testing.assert_allclose(got.audio[: n * HOP], ref["wav"], atol=1e-4, rtol=0)
     assert np.abs(ref["wav"]).max() > 1e-2
+
+
+# ------------------------------------------------------------------ engine
+
+
+@pytest.fixture
+async def base(folders):
+    engine = _engine(folders["base"])
+    yield engine
+    await engine.shutdown()
+
+
+async def test_text_streamed_into_a_cloned_voice_equals_the_whole_text(base, spec):
+    fields = {"voice": spec, "seed": 3, "sampling": SamplingParams(max_new_tokens=30)}
+    whole = await _run(base, text=LONG, **fields)
+    stream = base.add_request(Request("qwen3-tts", text="", text_input=True, **fields))
+    audio: list[np.ndarray] = []
+
+    async def feed():
+        for i, word in enumerate(LONG.split(" ")):
+            stream.append_text(word if i == 0 else " " + word)
+            await asyncio.sleep(0.05)
+        stream.end_text()
+
+    async def read():
+        async for chunk in stream:
+            if chunk.modality is Modality.AUDIO and chunk.audio.size:
+                audio.append(chunk.audio)
+
+    await asyncio.gather(feed(), read())
+    np.testing.assert_array_equal(np.concatenate(audio), whole.audio)
+
+
+async def test_cloned_voice_rollout_is_rescored(folders, spec):
+    engine = _engine(folders["base"], batch_invariant=True)
+    try:
+        req = Request(
+            "qwen3-tts",
+            text=LONG,
+            voice=spec,
+            seed=4,
+            profile=ExecutionProfile.ROLLOUT,
+            sampling=SamplingParams(max_new_tokens=6),
+        )
+        got = await collect(engine, req)
+        records = got.trajectories["decode"]
+        recorded = np.array([r.logprobs for r in records], dtype=np.float32)
+        assert recorded.shape == (6, 16) and np.any(recorded < 0)
+        prompt = got.rollout_info["decode"]["prompt"]
+        assert prompt.clone is not None and prompt.clone.num_frames == 25
+        model = engine.resolve("qwen3-tts")
+        scored = model.loops["decode"].score(model, req, prompt, [r.tokens for r in records])
+        np.testing.assert_allclose(scored.detach().numpy(), recorded, atol=1e-6, rtol=0)
+    finally:
+        await engine.shutdown()
+
+
+async def test_base_requests_need_a_cloned_voice(base, spec):
+    card = base.resolve("qwen3-tts").card
+    assert card.voices == () and card.default_voice is None
+    for voice in (None, "alloy", "qwen3-tts-clone:1:@@@"):
+        with pytest.raises(InvalidRequestError, match="POST /v1/audio/voices") as err:
+            base.add_request(Request("qwen3-tts", text="hi", voice=voice))
+        assert err.value.param == "voice"
+    card.validate_voice(spec)
+    with pytest.raises(InvalidRequestError, match="voice"):
+        card.validate_voice("alloy")
+
+
+async def test_the_engine_serves_other_requests_while_a_voice_is_enrolled(base, spec, clip):
+    """The enrollment is held inside the encoder until a speech request has finished: the
+    request completes while ``clone_voice`` is still running."""
+    encoder = base.resolve("qwen3-tts").components["encoder"]
+    release, entered = threading.Event(), threading.Event()
+    enroll = encoder.enroll
+
+    def held(*args):
+        entered.set()
+        assert release.wait(60)
+        return enroll(*args)
+
+    encoder.enroll = held
+    try:
+        task = asyncio.ensure_future(base.clone_voice("qwen3-tts", clip, 24000, TRANSCRIPT))
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        got = await _run(
+            base, text=SHORT, voice=spec, seed=1, sampling=SamplingParams(max_new_tokens=4)
+        )
+        assert got.audio.size and not task.done()
+        release.set()
+        assert await task == spec  # the same clip gives the same voice
+    finally:
+        release.set()
+        del encoder.enroll
+    with pytest.raises(InvalidRequestError) as err:
+        await base.clone_voice("qwen3-tts", clip[:12000], 24000, TRANSCRIPT)
+    assert err.value.code == "audio_too_short"
+
+
+# ------------------------------------------------------------------ HTTP
+
+
+@asynccontextmanager
+async def client(folders, db):
+    from omnistep.models.toy.card import build_card as build_toy
+
+    engine = AsyncEngine(
+        [
+            ModelInstance.load(build_card(str(folders["base"]), Qwen3TTSOptions(kv_cache_gb=0.01))),
+            ModelInstance.load(build_toy()),
+        ]
+    )
+    app = build_app(engine, ServerConfig(voices_db=str(db)))
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            c.app = app
+            yield c
+    finally:
+        await engine.shutdown()
+
+
+def _wav(samples: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, samples, rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def _upload(name="alice", data=b"", model="qwen3-tts", transcript=TRANSCRIPT, filename="a.wav"):
+    fields = {"name": name, "model": model, "consent": "cons_123"}
+    if transcript is not None:
+        fields["transcript"] = transcript
+    files = (
+        {"audio_sample": (filename, data, "application/octet-stream")} if data is not None else None
+    )
+    return {"data": fields, "files": files}
+
+
+def _error(r, status, code=None, param=None):
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if code is not None:
+        assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+def _speech(voice, text=SHORT):
+    return {
+        "model": "qwen3-tts",
+        "input": text,
+        "voice": voice,
+        "seed": 5,
+        "temperature": 0,
+        "max_new_tokens": 6,
+        "response_format": "pcm",
+    }
+
+
+async def test_multipart_enrollment_then_speech_by_name(folders, clip, tmp_path):
+    stereo16k = np.stack([clip[::3], 0.5 * clip[1::3]], axis=1)  # 16 kHz, two channels
+    data = _wav(stereo16k, 16000)
+    async with client(folders, tmp_path / "v.db") as c:
+        r = await c.post(VOICES, **_upload(data=data))
+        assert r.status_code == 201, r.text
+        saved = r.json()
+        assert saved["type"] == "audio_sample" and saved["transcript"] == TRANSCRIPT
+        assert "voice" not in saved and saved["model"] == "qwen3-tts"
+        listed = (await c.get(VOICES + "?model=qwen3-tts")).json()["data"]
+        assert [v for v in listed if not v["builtin"]] == [saved]
+        # the saved spec is the clip as decoded (16-bit PCM, channels averaged) and cloned
+        stored = c.app.state.voices.get("qwen3-tts", "alice").voice
+        decoded, rate = sf.read(io.BytesIO(data), dtype="float32")
+        encoder = VoiceCloneEncoder.from_pretrained(folders["base"])
+        assert stored == encoder(decoded.mean(axis=1), rate, TRANSCRIPT).to_spec()
+        # the name speaks as its spec; another format (mp3) enrolls too
+        by_name = await c.post(SPEECH, json=_speech("alice"))
+        by_spec = await c.post(SPEECH, json=_speech(stored))
+        assert by_name.status_code == 200, by_name.text
+        assert by_name.content == by_spec.content and len(by_name.content) == 6 * HOP * 2
+        mp3 = encode_all("mp3", [clip], 24000)
+        r = await c.post(VOICES, **_upload(name="bob", data=mp3, filename="b.mp3"))
+        assert r.status_code == 201, r.text
+        other = await c.post(SPEECH, json=_speech("bob"))
+        assert other.status_code == 200 and other.content != by_name.content
+        # a Base request without a voice says how to make one
+        error = _error(await c.post(SPEECH, json=_speech(None)), 400, param="voice")
+        assert "POST /v1/audio/voices" in error["message"]
+
+
+async def test_bad_uploads_are_4xx(folders, clip, tmp_path):
+    ok = _wav(clip, 24000)
+    async with client(folders, tmp_path / "v.db") as c:
+        cases = [
+            (_upload(data=b""), 400, "empty_file", "audio_sample"),
+            (_upload(data=b"this is not audio at all"), 400, "invalid_audio", "audio_sample"),
+            (_upload(data=_wav(clip[:12000], 24000)), 400, "audio_too_short", "audio_sample"),
+            (
+                _upload(data=_wav(np.zeros(8000 * 61, np.float32), 8000)),
+                400,
+                "audio_too_long",
+                "audio_sample",
+            ),
+            (
+                _upload(data=_wav(np.zeros(4000 * 121, np.float32), 4000)),
+                400,
+                "audio_too_long",
+                "audio_sample",
+            ),
+            (_upload(data=ok, transcript=None), 400, "missing_required_parameter", "transcript"),
+            (_upload(data=ok, transcript="   "), 400, "missing_required_parameter", "transcript"),
+            (_upload(data=None), 400, "missing_required_parameter", "audio_sample"),
+            (_upload(data=ok, model="toy"), 400, "voice_cloning_unsupported", "model"),
+            (_upload(data=ok, model="nope"), 404, "model_not_found", "model"),
+            (_upload(name="a b", data=ok), 400, "invalid_name", "name"),
+        ]
+        for kwargs, status, code, param in cases:
+            _error(await c.post(VOICES, **kwargs), status, code, param)
+        assert (await c.post(VOICES, **_upload(data=ok))).status_code == 201
+        _error(await c.post(VOICES, **_upload(data=ok)), 409, "voice_exists", "name")
+        # the JSON form still works, and a clone spec is not a spec the toy takes
+        r = await c.post(VOICES, json={"name": "n", "model": "toy", "voice": "default"})
+        assert r.status_code == 201, r.text
+        _error(await c.post(VOICES, content=b"not json"), 400)
+        names = [v["name"] for v in (await c.get(VOICES)).json()["data"] if not v["builtin"]]
+        assert names == ["alice", "n"]

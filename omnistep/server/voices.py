@@ -379,7 +379,7 @@ async def create_voice(http: HttpRequest) -> JSONResponse:
     (``name``, ``audio_sample``, ``model``, ``transcript``, ``consent``) clones one from a clip
     (see the module docstring). 201 with the voice object; 400 bad input, 404 unknown model,
     409 a built-in name or a name already saved."""
-    if _media_type(http) == "multipart/form-data":
+    if _media_type(http) in ("multipart/form-data", "application/x-www-form-urlencoded"):
         return await _create_from_upload(http)
     try:
         body = VoiceCreate.model_validate_json(await http.body())

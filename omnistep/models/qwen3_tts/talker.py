@@ -48,6 +48,13 @@ Prefill/decode, KV admission, preemption and batching are the shared
 ``omnistep.layers.paged_ar.PagedARModel``'s; this module configures its inputs and head and
 replaces its per-frame sampling with the two-stage one above.
 
+Prefix sharing: ``_prefix_key`` is the prompt's content key, the cloned voice included
+(``CloneRows.key``), so the samples of one group (``Request.group``) with one voice and one text
+share one prefill. Requests of one cloned voice with different texts do not share its rows yet:
+the voice-only rows (role, codec prefix with the x-vector, and the ICL rows under the
+transcript's ids) are a prefix of each prompt, but ``PagedARModel`` caches whole prompts only
+(what a cross-request prefix cache would need is in the issue note).
+
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``layers``, ``loops``, ``sampling``.
 """
 
