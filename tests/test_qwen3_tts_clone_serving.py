@@ -29,8 +29,10 @@ from omnistep.core import (
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.models.qwen3_tts.clone import VoiceCloneEncoder, VoiceClonePrompt
+from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
 from omnistep.models.qwen3_tts.prompt import build_prompt
 from omnistep.models.qwen3_tts.talker import CloneRows
+from omnistep.models.toy.card import build_card as build_toy
 from omnistep.parity import collect
 from omnistep.server import ServerConfig, build_app
 from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
@@ -82,8 +84,6 @@ def _codes(collected) -> np.ndarray:
 
 def test_icl_layouts(folders, spec):
     """Both streaming layouts of upstream ``generate_icl_prompt`` and the text track."""
-    from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
-
     config = Qwen3TTSCheckpoint.open(folders["base"]).config
     voice = VoiceClonePrompt.from_spec(spec)
     rows = CloneRows(voice.speaker_embedding, voice.ref_codes)
@@ -132,22 +132,33 @@ def test_icl_layouts(folders, spec):
     assert a.text_ids == b.text_ids and a.codec_ids == b.codec_ids and a.key() != b.key()
 
 
-@pytest.mark.parametrize(("text", "language"), [(LONG, "english"), (SHORT, "auto")])
+CASES = [(LONG, "english"), (SHORT, "auto")]
+"""Text longer than the reference frames (text track after the prompt), and shorter (the
+whole text in the prompt)."""
+
+
+@pytest.fixture(scope="module")
+def upstream(folders, spec):
+    voice = VoiceClonePrompt.from_spec(spec)
+    common = {
+        "root": folders["base"],
+        "ref_code": voice.ref_codes,
+        "ref_spk_embedding": voice.speaker_embedding,
+        "ref_text": voice.ref_text,
+        "max_new_tokens": 12,
+        "non_streaming_mode": False,
+    }
+    requests = [{**common, "text": t, "language": lang.capitalize()} for t, lang in CASES]
+    results = call_reference(f"{REF}:generate_clone_many", requests=requests)
+    return dict(zip(CASES, results, strict=True))
+
+
+@pytest.mark.parametrize(("text", "language"), CASES)
 async def test_greedy_codes_and_audio_equal_upstream_generate_voice_clone(
-    folders, spec, text, language
+    folders, spec, upstream, text, language
 ):
     voice = VoiceClonePrompt.from_spec(spec)
-    ref = call_reference(
-        f"{REF}:generate_clone",
-        root=folders["base"],
-        text=text,
-        ref_code=voice.ref_codes,
-        ref_spk_embedding=voice.speaker_embedding,
-        ref_text=voice.ref_text,
-        language=language.capitalize(),
-        max_new_tokens=12,
-        non_streaming_mode=False,
-    )
+    ref = upstream[(text, language)]
     engine = _engine(folders["base"])
     try:
         got = await _run(
@@ -268,13 +279,30 @@ async def test_the_engine_serves_other_requests_while_a_voice_is_enrolled(base, 
     assert err.value.code == "audio_too_short"
 
 
+async def test_enrollment_reaches_an_encoder_running_elsewhere(base, spec, clip):
+    """The card's enroller goes through ``call_component``: with the encoder a
+    ``RemoteComponent`` stand-in (as under the Ray executor) it makes the same voice."""
+    from omnistep.engine.ray_executor import RemoteComponent
+
+    model = base.resolve("qwen3-tts")
+    calls = []
+
+    class Elsewhere:
+        def call_all(self, model_id, name, method, args):
+            calls.append((model_id, name, method))
+            return [getattr(model.components[name], method)(*args)]
+
+    stand_in = RemoteComponent(Elsewhere(), model.card.card_id, "encoder")
+    remote = ModelInstance.assemble(model.card, {**model.components, "encoder": stand_in})
+    assert model.card.voice_enroller(remote, clip, 24000, TRANSCRIPT) == spec
+    assert calls == [("qwen3-tts", "encoder", "enroll")]
+
+
 # ------------------------------------------------------------------ HTTP
 
 
 @asynccontextmanager
 async def client(folders, db):
-    from omnistep.models.toy.card import build_card as build_toy
-
     engine = AsyncEngine(
         [
             ModelInstance.load(build_card(str(folders["base"]), Qwen3TTSOptions(kv_cache_gb=0.01))),

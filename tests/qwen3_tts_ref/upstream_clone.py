@@ -138,3 +138,8 @@ def generate_clone(
         "wav": wav,
         "cut": int(whole.shape[0] - wav.shape[0]),
     }
+
+
+def generate_clone_many(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``generate_clone(**request)`` for each request, in one subprocess."""
+    return [generate_clone(**request) for request in requests]
