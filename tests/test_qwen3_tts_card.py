@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from omnistep.core import (
+    Capability,
     ExecutionProfile,
     InvalidRequestError,
     Modality,
@@ -232,9 +233,13 @@ async def test_aborted_requests_leave_no_kv_blocks(custom):
     assert custom.stats() == dict.fromkeys(custom.stats(), 0)
 
 
-def test_base_folders_are_refused_for_now(folders):
-    with pytest.raises(InvalidRequestError, match="not served yet"):
-        build_card(str(folders["base"]))
+async def test_custom_voice_cannot_clone(custom):
+    card = custom.resolve("qwen3-tts").card
+    assert Capability.VOICE_CLONING not in card.capabilities and card.voice_enroller is None
+    clip = np.zeros(48000, np.float32)
+    with pytest.raises(InvalidRequestError) as err:
+        await custom.clone_voice("qwen3-tts", clip, 24000, "hello")
+    assert err.value.code == "voice_cloning_unsupported" and err.value.param == "model"
 
 
 def test_served_over_http_and_the_speech_stream(folders):

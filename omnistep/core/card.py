@@ -18,7 +18,9 @@ from omnistep.core.program import TEXT_INPUT_SLOT, Program
 
 def call_component(component: Component, method: str, *args: object) -> object:
     """``component.<method>(*args)``, on every replica when the component runs elsewhere (a
-    stand-in offering ``call_all``, such as the Ray executor's ``RemoteComponent``)."""
+    stand-in offering ``call_all``, such as the Ray executor's ``RemoteComponent``). Returns
+    the method's result (a remote component's: its first replica's; the replicas hold the
+    same weights, so a method computing from them returns the same everywhere)."""
     call_all = getattr(type(component), "call_all", None)
     if callable(call_all):
         return component.call_all(method, *args)  # type: ignore[attr-defined]
@@ -103,6 +105,13 @@ class ModelCard:
             copies one component keeps of another's weights (the Qwen talker's rows of the
             thinker's embeddings; call them with ``call_component``, which also reaches
             components running elsewhere); None: nothing to refresh.
+        voice_enroller: ``voice_enroller(model, audio, sample_rate, transcript) -> spec`` makes
+            a voice from a reference clip (float32 mono ``[N]`` numpy samples at
+            ``sample_rate`` Hz) and what it says: a string that ``validate_voice`` accepts and
+            a request may name as its voice (stored as a saved voice's spec). It runs off the
+            event loop (``AsyncEngine.clone_voice``) and reaches its components with
+            ``call_component``; it raises InvalidRequestError for a clip or transcript it
+            rejects. Set with ``Capability.VOICE_CLONING``; None: the card cannot clone.
     """
 
     card_id: str
@@ -120,6 +129,9 @@ class ModelCard:
     max_starting: int | None = None
     voice_validator: Callable[[str], object] | None = field(default=None, compare=False, repr=False)
     on_weights_updated: Callable[[ModelInstance, Mapping[str, object]], None] | None = field(
+        default=None, compare=False, repr=False
+    )
+    voice_enroller: Callable[[ModelInstance, object, int, str], str] | None = field(
         default=None, compare=False, repr=False
     )
 
@@ -154,7 +166,8 @@ class ModelCard:
             CardValidationError: duplicate names, loops naming unknown components, program slots
                 that no node binds, a default voice outside ``voices``, a bad batch size, the
                 program input ``TEXT_INPUT_SLOT`` without ``Capability.STREAMING_TEXT_INPUT``
-                or the reverse.
+                or the reverse, ``Capability.VOICE_CLONING`` without a ``voice_enroller`` or
+                the reverse.
         """
         comp_names = [c.name for c in self.components]
         loop_ids = [lp.loop_id for lp in self.loops]
@@ -180,6 +193,12 @@ class ModelCard:
             )
         if self.sample_rate <= 0:
             raise CardValidationError(f"card '{self.card_id}': sample_rate must be positive")
+        clones = Capability.VOICE_CLONING in self.capabilities
+        if clones != (self.voice_enroller is not None):
+            raise CardValidationError(
+                f"card '{self.card_id}': the capability {Capability.VOICE_CLONING} and a "
+                "voice_enroller go together"
+            )
         streams_text = Capability.STREAMING_TEXT_INPUT in self.capabilities
         if streams_text != (TEXT_INPUT_SLOT in self.program.inputs):
             raise CardValidationError(

@@ -42,6 +42,9 @@ class Capability(StrEnum):
     STREAMING_TEXT_INPUT = "streaming_text_input"
     """Text may stream into a running request (``Request.text_input``): the card's loops read
     the program slot ``TEXT_INPUT_SLOT`` (a ``Channel`` of text pieces) and wait for text."""
+    VOICE_CLONING = "voice_cloning"
+    """The card makes a voice from a reference clip and its transcript
+    (``ModelCard.voice_enroller``; ``AsyncEngine.clone_voice``, ``POST /v1/audio/voices``)."""
 
 
 class Modality(StrEnum):

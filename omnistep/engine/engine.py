@@ -13,8 +13,11 @@ import secrets
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from omnistep.core import (
     TEXT_INPUT_SLOT,
@@ -218,6 +221,7 @@ class AsyncEngine:
         self._paused: set[str] = set()  # cards whose units wait (a weight update is applied)
         self._draining: dict[str, list[_RequestRun]] = {}  # card -> requests held until resume
         self._weight_locks: dict[str, asyncio.Lock] = {}
+        self._enroll_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnistep-enroll")
 
     # ----------------------------------------------------------------- public API
     def resolve(self, model_id: str) -> ModelInstance:
@@ -436,6 +440,60 @@ class AsyncEngine:
         log.info("model %s now runs weight version %d", card_id, new_version)
         return new_version
 
+    async def clone_voice(
+        self, model_id: str, audio: Any, sample_rate: int, transcript: str
+    ) -> str:
+        """Make a voice of ``model_id`` from a reference clip and its transcript; returns the
+        voice's spec (what a request may name as its voice; ``POST /v1/audio/voices`` saves it
+        under a name).
+
+        Runs the card's ``voice_enroller`` on the engine's enrollment thread (one enrollment
+        at a time; seconds at the published sizes), so the event loop and running requests go
+        on meanwhile.
+
+        Args:
+            audio: float mono samples ``[N]`` (converted to float32).
+            sample_rate: their rate in Hz.
+            transcript: what the clip says.
+
+        Raises:
+            ModelNotFoundError: unknown model id.
+            InvalidRequestError: the model cannot clone voices (param ``model``, code
+                ``voice_cloning_unsupported``), samples that are not a 1-D float array, or what
+                the card rejects (a clip too short or too long, an empty transcript).
+        """
+        model = self.resolve(model_id)
+        card = model.card
+        if Capability.VOICE_CLONING not in card.capabilities or card.voice_enroller is None:
+            raise InvalidRequestError(
+                f"model '{card.card_id}' cannot clone voices from a clip (only a voice-cloning "
+                "model can, e.g. a Qwen3-TTS Base folder)",
+                param="model",
+                code="voice_cloning_unsupported",
+            )
+        samples = np.asarray(audio)
+        if samples.ndim != 1 or samples.dtype.kind != "f":
+            raise InvalidRequestError(
+                f"audio must be float mono samples [N], got {samples.dtype} {samples.shape}",
+                param="audio",
+            )
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate <= 0:
+            raise InvalidRequestError(
+                f"sample_rate must be a positive int, got {sample_rate!r}", param="sample_rate"
+            )
+        samples = np.ascontiguousarray(samples, dtype=np.float32)
+        loop = asyncio.get_running_loop()
+        enroller = card.voice_enroller
+        spec = await loop.run_in_executor(
+            self._enroll_pool, enroller, model, samples, sample_rate, transcript
+        )
+        log.info(
+            "cloned a voice for model %s (%.1f s of audio)",
+            card.card_id,
+            samples.shape[0] / sample_rate,
+        )
+        return spec
+
     def _drain_pending(self, card_id: str) -> bool:
         """Whether requests of the model that a drain does not hold are still running."""
         held = {id(run) for run in self._draining.get(card_id, [])}
@@ -545,6 +603,7 @@ class AsyncEngine:
                 await self._task
             self._task = None
         self._executor.close()
+        self._enroll_pool.shutdown(wait=False, cancel_futures=True)
 
     # ----------------------------------------------------------------- step loop
     def _ensure_running(self) -> None:

@@ -400,14 +400,15 @@ class ComponentWorker:
         report = getattr(self.component, "weight_specs", None)
         return report() if callable(report) else {}
 
-    def call(self, method: str, blob: bytes) -> None:
+    def call(self, method: str, blob: bytes) -> Any:
         """``component.<method>(*args)`` with pickled ``args`` (a weight update, the version
-        that follows it, a refresh of derived copies); runs between batches."""
+        that follows it, a refresh of derived copies, a voice enrollment); runs between
+        batches; returns the method's result."""
         args = pickle.loads(blob)
         if method == "weight_version":
             self.component.weight_version = args[0]  # type: ignore[attr-defined]
-            return
-        getattr(self.component, method)(*args)
+            return None
+        return getattr(self.component, method)(*args)
 
 
 @dataclass(eq=False)
@@ -479,9 +480,10 @@ class RemoteComponent:
         self.call_all("weight_version", version)
         self.__dict__["_weight_version"] = version
 
-    def call_all(self, method: str, *args: Any) -> None:
-        """``<method>(*args)`` on the component in every replica, waiting for all."""
-        self._executor.call_all(self._model_id, self._name, method, args)
+    def call_all(self, method: str, *args: Any) -> Any:
+        """``<method>(*args)`` on the component in every replica, waiting for all; returns the
+        first replica's result."""
+        return self._executor.call_all(self._model_id, self._name, method, args)[0]
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):  # pickling and copying probe dunders; the fields are set
@@ -774,12 +776,13 @@ class RayExecutor:
             self._weight_specs[key] = self._ray.get(actor.weight_specs.remote())
         return self._weight_specs[key]
 
-    def call_all(self, model_id: str, name: str, method: str, args: tuple) -> None:
+    def call_all(self, model_id: str, name: str, method: str, args: tuple) -> list[Any]:
         """Call ``method(*args)`` on the component in every replica of (``model_id``,
-        ``name``) and wait for all of them (an actor's error is raised here)."""
+        ``name``) and wait for all of them (an actor's error is raised here); returns their
+        results, replica by replica."""
         blob = dumps(args)
         replicas = self._replicas[(model_id, name)]
-        self._ray.get([r.actor.call.remote(method, blob) for r in replicas])
+        return self._ray.get([r.actor.call.remote(method, blob) for r in replicas])
 
     async def refresh_kv_blocks(self, model_id: str, name: str) -> tuple[int, int] | None:
         """Like ``kv_blocks``, but asks each replica now, after the sequences freed so far

@@ -38,6 +38,8 @@ class ServerConfig:
         port: TCP port.
         max_body_bytes: larger request bodies get 413 (OpenAI inputs are at most 4096 chars).
         max_weights_bytes: the limit for a weights file uploaded to ``POST /v1/weights``.
+        max_voice_upload_bytes: the limit for ``POST /v1/audio/voices`` (a reference clip
+            uploaded to clone a voice: a minute of 48 kHz 24-bit stereo WAV is 17 MB).
         api_key: when set, every route but health, metrics and the docs needs
             ``Authorization: Bearer <api_key>`` (401 otherwise); None serves without a key.
             Left out of ``repr`` so that it is never logged.
@@ -52,6 +54,7 @@ class ServerConfig:
     port: int = 8000
     max_body_bytes: int = 1 << 20
     max_weights_bytes: int = 64 << 30
+    max_voice_upload_bytes: int = 32 << 20
     api_key: str | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
     shutdown_grace: float = 30.0
@@ -96,7 +99,10 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
     app.add_middleware(
         BodySizeLimit,
         max_bytes=config.max_body_bytes,
-        path_limits={"/v1/weights": config.max_weights_bytes},
+        path_limits={
+            "/v1/weights": config.max_weights_bytes,
+            "/v1/audio/voices": config.max_voice_upload_bytes,
+        },
     )
     app.add_middleware(DrainGate, drain=drain)
     if config.api_key is not None:

@@ -8,11 +8,27 @@ when it is saved. Requests (``voice`` of ``/v1/audio/speech`` and of the WebSock
 engine and the cards never see saved names.
 
 Routes: ``GET /v1/audio/voices[?model=M]`` (built-in voices of each served card, marked
-``"builtin": true``, then saved ones), ``POST /v1/audio/voices`` with ``{"name", "model",
-"voice"}`` (201), ``DELETE /v1/audio/voices/{name}[?model=M]``. Names are 1-64 characters of
-``[A-Za-z0-9_.-]``, unique per model, and must not shadow a voice the card accepts by itself
-(409). Voices are stored under the card id (an alias such as ``tts-1`` names its card), in the
-SQLite file ``--voices-db`` (default ``default_voices_db()``), created on the first save.
+``"builtin": true``, then saved ones), ``POST /v1/audio/voices`` (201), ``DELETE
+/v1/audio/voices/{name}[?model=M]``. Names are 1-64 characters of ``[A-Za-z0-9_.-]``, unique
+per model, and must not shadow a voice the card accepts by itself (409). Voices are stored
+under the card id (an alias such as ``tts-1`` names its card), in the SQLite file
+``--voices-db`` (default ``default_voices_db()``), created on the first save.
+
+``POST /v1/audio/voices`` takes either
+
+- JSON ``{"name", "model", "voice"}``: ``name`` for a spec the card accepts (at most
+  ``MAX_SPEC_CHARS``); or
+- multipart/form-data, OpenAI's custom-voice upload: ``name``, ``audio_sample`` (a file: wav,
+  flac, mp3, ogg, webm, m4a...; decoded with ``omnistep.audio.decode``, channels averaged) and
+  ``consent`` (OpenAI's consent recording id: accepted and ignored, this server keeps no
+  consent records), plus ours: ``model`` (a card with ``Capability.VOICE_CLONING``, e.g. a
+  Qwen3-TTS Base folder) and ``transcript`` (what the clip says; required). The engine makes
+  the voice (``AsyncEngine.clone_voice``: seconds, off the event loop) and its spec is saved
+  under the name. A listing shows such a voice as ``"type": "audio_sample"`` with its
+  transcript instead of the spec (tens of kilobytes). Errors are 4xx JSON: an empty file
+  (``empty_file``), not audio (``invalid_audio``), too short or too long (``audio_too_short``,
+  ``audio_too_long``), no transcript, a model that cannot clone (``voice_cloning_unsupported``),
+  a name taken (409).
 """
 
 from __future__ import annotations
@@ -31,10 +47,13 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict
+from pydantic import ConfigDict, ValidationError
+from starlette.datastructures import UploadFile
 
-from omnistep.core import InvalidRequestError, ModelCard, Request
+from omnistep.audio.decode import AudioDecodeError, decode_audio
+from omnistep.core import Capability, InvalidRequestError, ModelCard, Request
 from omnistep.engine import AsyncEngine
 from omnistep.server.errors import error_response
 from omnistep.server.protocol import OpenAIBody
@@ -46,7 +65,14 @@ router = APIRouter()
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """What a saved voice's name must match as a whole."""
 MAX_SPEC_CHARS = 16384
-"""Longest voice spec saved (a ChatTTS speaker string of a 768-wide model is ~900 chars)."""
+"""Longest voice spec saved from a JSON body (a ChatTTS speaker string of a 768-wide model is
+~900 chars); specs the engine makes from an uploaded clip have no such limit (a Qwen3-TTS
+clone is 15-33k characters)."""
+MAX_DECODE_SECONDS = 120.0
+"""Decoding an uploaded clip stops past this much audio (the card's own limit is lower: 60 s
+for Qwen3-TTS); a longer clip is refused as too long."""
+AUDIO_SAMPLE = "audio_sample"
+"""``SavedVoice.kind`` of a voice made from an uploaded clip (``"spec"``: a JSON spec)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS voices (
@@ -54,9 +80,13 @@ CREATE TABLE IF NOT EXISTS voices (
     name TEXT NOT NULL,
     voice TEXT NOT NULL,
     created_at INTEGER NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'spec',
+    transcript TEXT,
     PRIMARY KEY (model, name)
 )
 """
+_COLUMNS = (("kind", "TEXT NOT NULL DEFAULT 'spec'"), ("transcript", "TEXT"))
+"""Columns added after the first release: files made before get them on first use."""
 
 
 def default_voices_db() -> Path:
@@ -70,24 +100,33 @@ def default_voices_db() -> Path:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SavedVoice:
-    """A saved voice: ``name`` stands for ``voice`` (the spec) on the card ``model``."""
+    """A saved voice: ``name`` stands for ``voice`` (the spec) on the card ``model``;
+    ``kind`` is ``"spec"`` (saved from JSON) or ``AUDIO_SAMPLE`` (made from an uploaded clip,
+    whose ``transcript`` is kept)."""
 
     model: str
     name: str
     voice: str
     created_at: int
+    kind: str = "spec"
+    transcript: str | None = None
 
     def to_dict(self) -> dict:
         """The API object: ``{"object", "name", "model", "builtin": false, "voice",
-        "created_at"}``."""
-        return {
+        "created_at"}``; a voice made from a clip shows ``"type": "audio_sample"`` and its
+        ``"transcript"`` instead of the (long) spec."""
+        body = {
             "object": "audio.voice",
             "name": self.name,
             "model": self.model,
             "builtin": False,
-            "voice": self.voice,
-            "created_at": self.created_at,
         }
+        if self.kind == AUDIO_SAMPLE:
+            body.update(type=AUDIO_SAMPLE, transcript=self.transcript)
+        else:
+            body["voice"] = self.voice
+        body["created_at"] = self.created_at
+        return body
 
 
 class VoiceExistsError(Exception):
@@ -121,19 +160,39 @@ class VoiceStore:
         try:
             with conn:
                 conn.execute(_SCHEMA)
+                have = {row[1] for row in conn.execute("PRAGMA table_info(voices)")}
+                for column, decl in _COLUMNS:  # constants
+                    if column not in have:
+                        conn.execute(f"ALTER TABLE voices ADD COLUMN {column} {decl}")
                 yield conn
         finally:
             conn.close()
 
-    def add(self, model: str, name: str, voice: str) -> SavedVoice:
-        """Save ``name`` for ``voice`` on ``model``. Raises VoiceExistsError if taken."""
-        saved = SavedVoice(model, name, voice, int(time.time()))
+    def add(
+        self,
+        model: str,
+        name: str,
+        voice: str,
+        kind: str = "spec",
+        transcript: str | None = None,
+    ) -> SavedVoice:
+        """Save ``name`` for ``voice`` on ``model`` (``kind``, ``transcript``: see
+        ``SavedVoice``). Raises VoiceExistsError if taken."""
+        saved = SavedVoice(model, name, voice, int(time.time()), kind, transcript)
         with self._connect(create=True) as conn:
             assert conn is not None
             try:
                 conn.execute(
-                    "INSERT INTO voices (model, name, voice, created_at) VALUES (?, ?, ?, ?)",
-                    (saved.model, saved.name, saved.voice, saved.created_at),
+                    "INSERT INTO voices (model, name, voice, created_at, kind, transcript) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        saved.model,
+                        saved.name,
+                        saved.voice,
+                        saved.created_at,
+                        saved.kind,
+                        saved.transcript,
+                    ),
                 )
             except sqlite3.IntegrityError:
                 raise VoiceExistsError(f"{model}/{name}") from None
@@ -163,7 +222,8 @@ class VoiceStore:
             return cur.rowcount > 0
 
     def _select(self, where: str, params: tuple) -> list[SavedVoice]:
-        sql = f"SELECT model, name, voice, created_at FROM voices {where}"  # where: constants
+        columns = "model, name, voice, created_at, kind, transcript"
+        sql = f"SELECT {columns} FROM voices {where}"  # where: constants
         with self._connect(create=False) as conn:
             if conn is None:
                 return []
@@ -285,10 +345,47 @@ def list_voices(http: HttpRequest, model: str | None = None) -> dict:
     return {"object": "list", "data": data}
 
 
-@router.post("/v1/audio/voices", status_code=201)
-def create_voice(body: VoiceCreate, http: HttpRequest) -> JSONResponse:
-    """Save ``body.name`` for ``body.voice`` on ``body.model``: 201 with the voice object;
-    400 bad name or voice, 404 unknown model, 409 a built-in name or a name already saved."""
+_UPLOAD_FIELDS = {
+    "name": {"type": "string", "description": "the voice's name"},
+    "audio_sample": {"type": "string", "format": "binary", "description": "reference clip"},
+    "model": {"type": "string", "description": "a voice-cloning model"},
+    "transcript": {"type": "string", "description": "what the clip says"},
+    "consent": {"type": "string", "description": "accepted and ignored"},
+}
+_CREATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": VoiceCreate.model_json_schema()},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": _UPLOAD_FIELDS,
+                    "required": ["name", "audio_sample", "model", "transcript"],
+                }
+            },
+        },
+    }
+}
+
+
+def _media_type(http: HttpRequest) -> str:
+    return http.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+@router.post("/v1/audio/voices", status_code=201, openapi_extra=_CREATE_BODY)
+async def create_voice(http: HttpRequest) -> JSONResponse:
+    """Save a voice: JSON ``{name, model, voice}`` names a spec; a multipart upload
+    (``name``, ``audio_sample``, ``model``, ``transcript``, ``consent``) clones one from a clip
+    (see the module docstring). 201 with the voice object; 400 bad input, 404 unknown model,
+    409 a built-in name or a name already saved."""
+    if _media_type(http) in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        return await _create_from_upload(http)
+    try:
+        body = VoiceCreate.model_validate_json(await http.body())
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors()]
+        raise RequestValidationError(errors) from None
     name = _check_name(body.name)
     if not body.model:
         raise _bad("'model' is required", "model", "missing_required_parameter")
@@ -297,6 +394,15 @@ def create_voice(body: VoiceCreate, http: HttpRequest) -> JSONResponse:
         raise _bad("'voice' is required", "voice", "missing_required_parameter")
     if len(body.voice) > MAX_SPEC_CHARS:
         raise _bad(f"'voice' is longer than {MAX_SPEC_CHARS} characters", "voice")
+    taken = await run_in_threadpool(_name_taken, http, card, name)
+    if taken is not None:
+        return taken
+    await run_in_threadpool(card.validate_voice, body.voice)
+    return await run_in_threadpool(_save, http, card, name, body.voice, "spec", None)
+
+
+def _name_taken(http: HttpRequest, card: ModelCard, name: str) -> JSONResponse | None:
+    """The 409 when ``name`` is built into the card or already saved for it, else None."""
     if _shadows(card, name):
         return error_response(
             409,
@@ -304,17 +410,94 @@ def create_voice(body: VoiceCreate, http: HttpRequest) -> JSONResponse:
             param="name",
             code="builtin_voice",
         )
-    card.validate_voice(body.voice)
+    if _require_store(http).get(card.card_id, name) is not None:
+        return _exists(card, name)
+    return None
+
+
+def _exists(card: ModelCard, name: str) -> JSONResponse:
+    return error_response(
+        409,
+        f"model '{card.card_id}' already has a voice named '{name}'; delete it first",
+        param="name",
+        code="voice_exists",
+    )
+
+
+def _save(
+    http: HttpRequest,
+    card: ModelCard,
+    name: str,
+    voice: str,
+    kind: str,
+    transcript: str | None,
+) -> JSONResponse:
     try:
-        saved = _require_store(http).add(card.card_id, name, body.voice)
+        saved = _require_store(http).add(card.card_id, name, voice, kind, transcript)
     except VoiceExistsError:
-        return error_response(
-            409,
-            f"model '{card.card_id}' already has a voice named '{name}'; delete it first",
-            param="name",
-            code="voice_exists",
-        )
+        return _exists(card, name)
     return JSONResponse(saved.to_dict(), status_code=201)
+
+
+def _text_field(form: object, field: str, required: bool = True) -> str | None:
+    """A form field's text; None when absent and not ``required``."""
+    value = form.get(field)  # type: ignore[attr-defined]
+    if value is None or (isinstance(value, str) and not value.strip()):
+        if required:
+            raise _bad(f"'{field}' is required", field, "missing_required_parameter")
+        return None
+    if not isinstance(value, str):
+        raise _bad(f"'{field}' must be a text field, not a file", field)
+    return value
+
+
+async def _create_from_upload(http: HttpRequest) -> JSONResponse:
+    """The multipart form of ``POST /v1/audio/voices`` (see the module docstring)."""
+    async with http.form(max_files=1, max_fields=16) as form:
+        name = _check_name(_text_field(form, "name"))
+        model_id = _text_field(form, "model")
+        engine = _engine(http)
+        card = engine.resolve(model_id or "").card
+        if Capability.VOICE_CLONING not in card.capabilities:
+            raise _bad(
+                f"model '{card.card_id}' cannot clone a voice from an audio sample (a "
+                "voice-cloning model can, e.g. a Qwen3-TTS Base folder); save one of its own "
+                "voices with a JSON body {name, model, voice} instead",
+                "model",
+                "voice_cloning_unsupported",
+            )
+        upload = form.get(AUDIO_SAMPLE)
+        if not isinstance(upload, UploadFile):
+            what = "is required" if upload is None else "must be a file"
+            raise _bad(f"'{AUDIO_SAMPLE}' {what}", AUDIO_SAMPLE, "missing_required_parameter")
+        transcript = _text_field(form, "transcript")
+        assert transcript is not None and model_id is not None
+        taken = await run_in_threadpool(_name_taken, http, card, name)
+        if taken is not None:
+            return taken
+        data = await upload.read()
+    if not data:
+        raise _bad("the audio sample is an empty file", AUDIO_SAMPLE, "empty_file")
+    try:
+        decoded = await run_in_threadpool(decode_audio, data, MAX_DECODE_SECONDS)
+    except AudioDecodeError as exc:
+        raise _bad(f"the audio sample is not audio: {exc}", AUDIO_SAMPLE, "invalid_audio") from None
+    if decoded.truncated:
+        raise _bad(
+            f"the audio sample lasts more than {MAX_DECODE_SECONDS:g} s",
+            AUDIO_SAMPLE,
+            "audio_too_long",
+        )
+    try:
+        spec = await engine.clone_voice(
+            card.card_id, decoded.samples, decoded.sample_rate, transcript
+        )
+    except InvalidRequestError as exc:
+        if exc.param != "audio":
+            raise
+        raise InvalidRequestError(str(exc), param=AUDIO_SAMPLE, code=exc.code) from None
+    log.info("saved cloned voice %s/%s (%.1f s clip)", card.card_id, name, decoded.seconds)
+    return await run_in_threadpool(_save, http, card, name, spec, AUDIO_SAMPLE, transcript)
 
 
 @router.delete("/v1/audio/voices/{name}")

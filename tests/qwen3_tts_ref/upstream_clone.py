@@ -76,3 +76,70 @@ def encode(root: str | Path, audio: Any, sample_rate: int) -> Any:
     tts = _model(root)
     enc = tts.model.speech_tokenizer.encode(np.asarray(audio, dtype=np.float32), sr=sample_rate)
     return enc.audio_codes[0].detach().cpu().long().numpy()
+
+
+def generate_clone(
+    root: str | Path,
+    text: str,
+    ref_code: Any,
+    ref_spk_embedding: Any,
+    ref_text: str,
+    language: str = "Auto",
+    max_new_tokens: int = 8,
+    non_streaming_mode: bool = False,
+) -> dict[str, Any]:
+    """Greedy ``Qwen3TTSModel.generate_voice_clone(text, voice_clone_prompt=[item])`` with the
+    ICL ``VoiceClonePromptItem`` of these arrays (``do_sample=False``,
+    ``subtalker_dosample=False``).
+
+    Returns:
+        ``codes``: int64 ``[T, 16]``, the talker's codes (EOS excluded; the reference codes
+        upstream prepends for decoding are cut off); ``wav``: float32, upstream's waveform
+        with the reference's share cut (``int(ref_len / total_len * len(wav))`` samples);
+        ``cut``: that number of samples.
+    """
+    import numpy as np
+    import torch
+    from qwen_tts.inference.qwen3_tts_model import VoiceClonePromptItem
+
+    tts = _model(root)
+    captured: list[Any] = []
+    decode = tts.model.speech_tokenizer.decode
+
+    def _capture(encoded: Any) -> Any:
+        captured.extend(item["audio_codes"] for item in encoded)
+        wavs, sr = decode(encoded)
+        captured.append(wavs[0])
+        return wavs, sr
+
+    tts.model.speech_tokenizer.decode = _capture
+    ref = torch.as_tensor(np.asarray(ref_code), dtype=torch.long)
+    item = VoiceClonePromptItem(
+        ref_code=ref,
+        ref_spk_embedding=torch.as_tensor(np.asarray(ref_spk_embedding, dtype=np.float32)),
+        x_vector_only_mode=False,
+        icl_mode=True,
+        ref_text=ref_text,
+    )
+    wavs, _ = tts.generate_voice_clone(
+        text=text,
+        language=language,
+        voice_clone_prompt=[item],
+        non_streaming_mode=non_streaming_mode,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        subtalker_dosample=False,
+    )
+    all_codes = captured[0].detach().cpu().long().numpy()
+    whole = np.asarray(captured[1], dtype=np.float32)
+    wav = np.asarray(wavs[0], dtype=np.float32)
+    return {
+        "codes": all_codes[ref.shape[0] :],
+        "wav": wav,
+        "cut": int(whole.shape[0] - wav.shape[0]),
+    }
+
+
+def generate_clone_many(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``generate_clone(**request)`` for each request, in one subprocess."""
+    return [generate_clone(**request) for request in requests]

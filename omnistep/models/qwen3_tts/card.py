@@ -27,7 +27,20 @@ Voices by variant (``tts_model_type`` of the folder):
   for 0.6B ones, as upstream ``generate_custom_voice`` does.
 - ``voice_design``: no speaker; ``instructions`` (OpenAI's field) describes the voice and is
   required.
-- ``base`` (voice cloning from a reference clip) is not served yet: building the card raises.
+- ``base``: cloned voices only (``Capability.VOICE_CLONING``). ``POST /v1/audio/voices`` with
+  a reference clip and its transcript runs the card's ``voice_enroller`` (the ``encoder``
+  component: speaker encoder + the speech tokenizer's encoder, ``clone.VoiceCloneComponent``)
+  and saves the spec (``clone.VoiceClonePrompt.to_spec``) under a name; a request names it as
+  its voice (the server swaps the name for the spec; a raw spec works too). The talker prompt
+  then holds the speaker embedding and the ICL block (``prompt`` module docstring), and the
+  audio loop decodes with the reference codes as left context (``codec.CodecPrefix``; their
+  samples are dropped, as upstream cuts them). A request without a voice is refused (400).
+  ``instructions`` is dropped (upstream's clone path takes none). Text streamed into a Base
+  request: the ICL layout puts the first ``len(ref codes) + 1 - len(transcript ids)`` text
+  ids in the prompt, so the prefill waits until that much text is final or the text ended
+  (about the reference clip's length in text: speech starts once the streamed text is
+  longer than the reference, instead of after its first word); then each step reads its id
+  as for the other variants, and the codes equal those of the whole text.
 
 ``language``: ``auto`` (default) or a ``codec_language_id`` name; dialect speakers switch
 ``auto``/``chinese`` to their dialect as upstream. Sampling defaults come from the folder's
@@ -39,6 +52,7 @@ penalty apply to codebook 0, and temperature 0 makes both stages greedy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,25 +79,37 @@ from omnistep.core import (
     Request,
     WorkPlan,
     WorkUnitKind,
+    call_component,
 )
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig
+from omnistep.models.qwen3_tts.clone import (
+    VoiceCloneComponent,
+    VoiceCloneEncoder,
+    VoiceClonePrompt,
+)
 from omnistep.models.qwen3_tts.codec import (
     CodecDecoderComponent,
     CodecDecoderConfig,
+    CodecPrefix,
     codec_decode_config,
     codec_from_checkpoint,
 )
 from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint, Qwen3TTSConfig
 from omnistep.models.qwen3_tts.prompt import (
+    REF_TAIL_IDS,
     ROLE_IDS,
     TAIL_IDS,
+    TalkerPromptParts,
     build_prompt,
+    clone_text_needed,
     instruct_text,
+    ref_text,
 )
 from omnistep.models.qwen3_tts.talker import (
+    CloneRows,
     Qwen3TTSSampling,
     Qwen3TTSTalker,
     Qwen3TTSTalkerLoop,
@@ -92,7 +118,9 @@ from omnistep.models.qwen3_tts.talker import (
 from omnistep.text.incremental import IncrementalTokenizer
 
 CARD_ID = "qwen3-tts"
-SERVED_VARIANTS = ("custom_voice", "voice_design")
+SERVED_VARIANTS = ("custom_voice", "voice_design", "base")
+CLONE_CACHE_SIZE = 64
+"""Parsed cloned voices (specs) the frontend keeps, most recently used first."""
 
 DEFAULT_SPEAKERS = ("vivian", "ryan", "serena", "aiden")
 """The default CustomVoice speaker: the first of these the folder has (else its first)."""
@@ -149,11 +177,15 @@ class Qwen3TTSOptions:
 @dataclass(frozen=True)
 class Qwen3TTSVoice:
     """What the frontend decided for a request: the speaker (CustomVoice) or None, the
-    language name, the tokenised instruction (or None)."""
+    language name, the tokenised instruction (or None), and for a cloned voice (Base) its
+    prompt rows and its transcript's ids (``prompt.ref_text`` tokenised, sliced
+    ``[ROLE_IDS:-REF_TAIL_IDS]``)."""
 
     speaker: str | None
     language: str
     instruct_ids: tuple[int, ...] | None
+    clone: CloneRows | None = None
+    ref_ids: tuple[int, ...] = ()
 
 
 class TextTrack:
@@ -161,8 +193,10 @@ class TextTrack:
 
     ``first``: the utterance's first text id once final (None before). As a channel of decode
     step ids (``len``, ``[k]``, ``closed``; what ``Qwen3TTSTalkerLoop`` reads): streaming
-    layout: text ids ``1..n-1`` as they become final, then ``tts_eos``, closed once the text
-    ended; non-streaming layout: empty, closed once the text ended (the prompt holds it all).
+    layout: ``head``, then the text ids from ``skip`` on as they become final, then
+    ``tts_eos``, closed once the text ended (``skip`` 1 and no head, unless ``configure``
+    set the prompt's); non-streaming layout (or a cloned voice's prompt holding the whole
+    text): empty, closed once the text ended (the prompt holds it all).
     """
 
     def __init__(self, source: Channel, backend: Any, eos_id: int, streaming: bool):
@@ -170,8 +204,16 @@ class TextTrack:
         self.tokenizer = IncrementalTokenizer(backend)
         self.eos_id = eos_id
         self.streaming = streaming
+        self.skip = 1
+        self.head: tuple[int, ...] = ()
         self.ids: list[int] = []  # every final text id
         self._read = 0
+
+    def configure(self, parts: TalkerPromptParts) -> None:
+        """Follow the built prompt: the text ids it holds are not fed again."""
+        self.streaming = parts.streams_text
+        self.skip = parts.consumed
+        self.head = parts.head
 
     def pull(self) -> None:
         """Tokenise the text pieces that arrived since the last call."""
@@ -199,7 +241,8 @@ class TextTrack:
     def _items(self) -> list[int]:
         if not self.streaming:
             return []
-        return [*self.ids[1:], *([self.eos_id] if self.ended and self.ids else [])]
+        eos = [self.eos_id] if self.ended and self.ids else []
+        return [*self.head, *self.ids[self.skip :], *eos]
 
     def __len__(self) -> int:
         self.pull()
@@ -212,8 +255,9 @@ class TextTrack:
 
 class TalkerTextLoop(Qwen3TTSTalkerLoop):
     """The talker loop of the card: its prompt is built once the text allows (streaming
-    layout: the first word is final; non-streaming: the text ended), and its text track is the
-    request's ``TEXT_INPUT_SLOT`` through ``TextTrack``."""
+    layout: the first word is final, or with a cloned voice ``clone_text_needed`` ids, or the
+    text ended; non-streaming: the text ended), and its text track is the request's
+    ``TEXT_INPUT_SLOT`` through ``TextTrack``."""
 
     def __init__(
         self,
@@ -242,15 +286,22 @@ class TalkerTextLoop(Qwen3TTSTalkerLoop):
     def next(self, state: Qwen3TTSTalkerState) -> WorkPlan | Done | Pending:
         if isinstance(state.prompt, Qwen3TTSVoice):
             track: TextTrack = state.track  # type: ignore[assignment]
-            ready = track.ended if self.non_streaming else track.first is not None
+            voice = state.prompt
+            ended = track.ended
+            if self.non_streaming:
+                ready = ended
+            elif voice.clone is not None:
+                ready = ended or len(track.ids) >= clone_text_needed(voice.clone, voice.ref_ids)
+            else:
+                ready = track.first is not None
             if not ready:
-                if track.ended:
+                if ended:
                     raise InvalidRequestError("the input text is empty", param="input")
                 return Pending("waiting for the text")
             if not track.ids:
                 raise InvalidRequestError("the input text is empty", param="input")
-            voice = state.prompt
-            text = track.ids if self.non_streaming else track.ids[:1]
+            whole = self.non_streaming or voice.clone is not None
+            text = track.ids if whole else track.ids[:1]
             parts = build_prompt(
                 self.qwen,
                 [*self.role_ids, *text, *([0] * TAIL_IDS)],
@@ -258,13 +309,19 @@ class TalkerTextLoop(Qwen3TTSTalkerLoop):
                 voice.language,
                 voice.instruct_ids,
                 non_streaming=self.non_streaming,
+                clone=voice.clone,
+                ref_ids=voice.ref_ids,
+                text_complete=ended,
             )
+            track.configure(parts)
             state.prompt = parts.prompt
         return super().next(state)
 
 
 class _Frontend:
-    """The ``frontend`` kernel node: voice, language and instructions, checked at submission."""
+    """The ``frontend`` kernel node: voice, language and instructions, checked at submission;
+    binds ``voice`` (a ``Qwen3TTSVoice``) and ``codec_prefix`` (a cloned voice's reference
+    codes as a ``CodecPrefix``, else None)."""
 
     def __init__(self, config: Qwen3TTSConfig, tokenizer: Any):
         self.config = config
@@ -273,6 +330,56 @@ class _Frontend:
         self.default_speaker = next((s for s in DEFAULT_SPEAKERS if s in config.spk_id), None)
         if self.default_speaker is None and speakers:
             self.default_speaker = speakers[0]
+        self.clones = config.tts_model_type == "base"
+        self._parse_clone = functools.lru_cache(maxsize=CLONE_CACHE_SIZE)(self._clone_of_spec)
+
+    def _clone_of_spec(self, spec: str) -> tuple[CloneRows, tuple[int, ...], CodecPrefix]:
+        """A cloned voice's prompt rows, transcript ids and codec prefix from its spec.
+
+        Raises:
+            InvalidRequestError: param "voice": not a spec, a damaged one, or one made with a
+                checkpoint of other sizes.
+        """
+        try:
+            prompt = VoiceClonePrompt.from_spec(spec)
+        except InvalidRequestError:
+            raise InvalidRequestError(
+                f"unknown voice '{spec[:64]}': this Qwen3-TTS Base model speaks only in cloned "
+                "voices; create one with POST /v1/audio/voices (a reference clip and its "
+                "transcript) and name it",
+                param="voice",
+                code="unknown_voice",
+            ) from None
+        talker = self.config.talker
+        codebook = min(
+            talker.code_predictor.vocab_size, self.config.speech_tokenizer.decoder.codebook_size
+        )
+        prompt.check_fits(talker.hidden_size, talker.num_code_groups, codebook)
+        if prompt.num_frames < 1:
+            raise InvalidRequestError("this cloned voice has no reference frames", param="voice")
+        ids = self.tokenizer.encode(ref_text(prompt.ref_text), add_special_tokens=False)
+        ref_ids = tuple(int(i) for i in ids[ROLE_IDS:-REF_TAIL_IDS])
+        if not ref_ids:
+            raise InvalidRequestError("this cloned voice has an empty transcript", param="voice")
+        rows = CloneRows(prompt.speaker_embedding, prompt.ref_codes)
+        return rows, ref_ids, CodecPrefix(torch.from_numpy(prompt.ref_codes.copy()))
+
+    def clone(self, voice: str | None) -> tuple[CloneRows, tuple[int, ...], CodecPrefix]:
+        """A Base request's cloned voice (see ``_clone_of_spec``; parsed specs are cached).
+
+        Raises:
+            InvalidRequestError: no voice (code ``missing_required_parameter``), or a voice
+                that is not a cloned voice of this model.
+        """
+        if not voice:
+            raise InvalidRequestError(
+                "this Qwen3-TTS Base model speaks only in cloned voices: create one with "
+                "POST /v1/audio/voices (multipart: name, model, audio_sample, transcript) and "
+                "name it in 'voice'",
+                param="voice",
+                code="missing_required_parameter",
+            )
+        return self._parse_clone(voice)
 
     def speaker(self, voice: str | None) -> str | None:
         if self.config.tts_model_type != "custom_voice":
@@ -293,8 +400,12 @@ class _Frontend:
         return voice.lower()
 
     def check_voice(self, voice: str) -> None:
-        """The card's ``voice_validator``: raises InvalidRequestError for a voice it rejects."""
-        self.speaker(voice)
+        """The card's ``voice_validator``: raises InvalidRequestError for a voice it rejects
+        (Base: anything but a cloned voice's spec that fits this checkpoint)."""
+        if self.clones:
+            self.clone(voice)
+        else:
+            self.speaker(voice)
 
     def instruct_ids(self, req: Request) -> tuple[int, ...] | None:
         instructions = (req.instructions or "").strip()
@@ -305,17 +416,25 @@ class _Frontend:
                 param="instructions",
                 code="missing_required_parameter",
             )
-        if not instructions or (kind == "custom_voice" and self.config.tts_model_size == "0b6"):
+        if not instructions or kind == "base":
+            return None  # upstream's clone path takes no instructions
+        if kind == "custom_voice" and self.config.tts_model_size == "0b6":
             return None
         ids = self.tokenizer.encode(instruct_text(instructions), add_special_tokens=False)
         return tuple(int(i) for i in ids)
 
     def __call__(self, ctx: ProgramContext) -> None:
         req = ctx.request
-        voice = Qwen3TTSVoice(self.speaker(req.voice), req.language or "auto", None)
+        language = req.language or "auto"
+        if self.clones:
+            clone, ref_ids, prefix = self.clone(req.voice)
+            voice = Qwen3TTSVoice(None, language, None, clone, ref_ids)
+        else:
+            voice, prefix = Qwen3TTSVoice(self.speaker(req.voice), language, None), None
         # the prompt layout's checks (speaker, language) now, with a stand-in text id
         build_prompt(self.config, [0] * (ROLE_IDS + 1 + TAIL_IDS), voice.speaker, voice.language)
         ctx.slots["voice"] = dataclasses.replace(voice, instruct_ids=self.instruct_ids(req))
+        ctx.slots["codec_prefix"] = prefix
 
 
 def make_sampling(config: Qwen3TTSConfig):
@@ -341,6 +460,12 @@ def make_sampling(config: Qwen3TTSConfig):
     return build
 
 
+def _enroll(model: ModelInstance, audio: Any, sample_rate: int, transcript: str) -> str:
+    """The Base card's ``voice_enroller``: the ``encoder`` component's ``enroll`` (a clone
+    spec), through ``call_component`` (so also when the component is a remote actor)."""
+    return call_component(model.components["encoder"], "enroll", audio, sample_rate, transcript)
+
+
 def _usage(tokenizer: Any):
     """The ``usage`` node: input text ids and output frames."""
 
@@ -355,10 +480,10 @@ def _usage(tokenizer: Any):
 def build_card(
     path: str | None = None, options: Qwen3TTSOptions | None = None, **overrides
 ) -> ModelCard:
-    """The Qwen3-TTS card on a published folder ``path`` (CustomVoice or VoiceDesign).
+    """The Qwen3-TTS card on a published folder ``path`` (CustomVoice, VoiceDesign or Base).
 
     Raises:
-        InvalidRequestError: no path given, or a Base (voice-clone) folder.
+        InvalidRequestError: no path given.
         Qwen3TTSCheckpointError: a missing or malformed file (named).
     """
     if path is None:
@@ -371,10 +496,11 @@ def build_card(
     config = checkpoint.config
     if config.tts_model_type not in SERVED_VARIANTS:
         raise InvalidRequestError(
-            f"{path}: Qwen3-TTS '{config.tts_model_type}' folders (voice cloning) are not served "
-            f"yet; use a {' or '.join(SERVED_VARIANTS)} folder",
+            f"{path}: Qwen3-TTS '{config.tts_model_type}' folders are not served; use a "
+            f"{', '.join(SERVED_VARIANTS)} folder",
             param="model",
         )
+    base = config.tts_model_type == "base"
     tokenizer = checkpoint.tokenizer()
     role_ids = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
     if len(role_ids) != ROLE_IDS:
@@ -407,6 +533,12 @@ def build_card(
         decoder = codec_from_checkpoint(checkpoint, device, opts.dtype)
         return CodecDecoderComponent(decoder, opts.batch_invariant)
 
+    def build_encoder(device: str) -> VoiceCloneComponent:
+        check_device(device)
+        return VoiceCloneComponent(
+            VoiceCloneEncoder.from_checkpoint(checkpoint, device, opts.dtype)
+        )
+
     decode = ARDecodeConfig(
         loop_id="decode",
         component="talker",
@@ -429,11 +561,12 @@ def build_card(
         max_chunk=opts.max_chunk,
         bucket_frames=opts.bucket_frames,
         sample_rate=sample_rate,
+        extras_slot="codec_prefix",
     )
     program = Program(
         inputs=("request", TEXT_INPUT_SLOT),
         nodes=(
-            KernelNode("frontend", frontend, needs=("request",), binds=("voice",)),
+            KernelNode("frontend", frontend, needs=("request",), binds=("voice", "codec_prefix")),
             LoopNode(
                 "decode",
                 "decode",
@@ -441,18 +574,25 @@ def build_card(
                 binds="codes",
                 streams=("codes_stream",),
             ),
-            LoopNode("vocode", "vocode", needs=("codes_stream",), binds="samples"),
+            LoopNode("vocode", "vocode", needs=("codes_stream", "codec_prefix"), binds="samples"),
             KernelNode("usage", _usage(tokenizer), needs=("codes", "samples")),
         ),
     )
     voices = tuple(sorted(config.spk_id)) if config.tts_model_type == "custom_voice" else ()
+    components = (
+        ComponentSpec("talker", build_talker, opts.max_batch_size, "talker + code predictor"),
+        ComponentSpec("codec", build_codec, opts.max_batch_size, "12 Hz codec decoder"),
+    )
+    capabilities = {Capability.TEXT_TO_SPEECH, Capability.STREAMING_TEXT_INPUT}
+    if base:
+        components += (
+            ComponentSpec("encoder", build_encoder, 1, "speaker + speech-tokenizer encoders"),
+        )
+        capabilities.add(Capability.VOICE_CLONING)
     return ModelCard(
         card_id=CARD_ID,
         family="qwen3_tts",
-        components=(
-            ComponentSpec("talker", build_talker, opts.max_batch_size, "talker + code predictor"),
-            ComponentSpec("codec", build_codec, opts.max_batch_size, "12 Hz codec decoder"),
-        ),
+        components=components,
         loops=(
             LoopSpec(
                 "decode",
@@ -472,11 +612,12 @@ def build_card(
             ),
         ),
         program=program,
-        capabilities=frozenset({Capability.TEXT_TO_SPEECH, Capability.STREAMING_TEXT_INPUT}),
+        capabilities=frozenset(capabilities),
         sample_rate=sample_rate,
         voices=voices + tuple(v for v in OPENAI_VOICES if v in OPENAI_SPEAKERS and voices),
         default_voice=frontend.default_speaker,
         voice_validator=frontend.check_voice,
+        voice_enroller=_enroll if base else None,
         parity=frozenset({"C0", "C1", "C2", "C3", "stream", "reference"}),
         description=f"Qwen3-TTS 12Hz {config.tts_model_type} ({config.tts_model_size}): talker "
         "+ code predictor -> causal codec decoder, 24 kHz; text streams into running requests.",

@@ -415,3 +415,36 @@ def compute_clone_prompt(
         ref_codes=codes.numpy().astype(np.int64),
         ref_text=text,
     )
+
+
+# ----------------------------------------------------------------------------- the component
+
+
+class VoiceCloneComponent:
+    """The Base card's ``encoder`` component: the two clone encoders, built once on the
+    device; no loop runs units on it, the card's ``voice_enroller`` calls ``enroll`` (through
+    ``omnistep.core.call_component``, so it also runs where the component is a remote actor).
+
+    Attributes:
+        encoder: the loaded ``VoiceCloneEncoder``.
+    """
+
+    def __init__(self, encoder: VoiceCloneEncoder):
+        self.encoder = encoder
+
+    def execute(self, kind: Any, payloads: Any) -> list[Any]:
+        """Runs no units (voices are enrolled through ``enroll``).
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError("the voice-clone encoder runs no work units; call enroll()")
+
+    def enroll(self, audio: Any, sample_rate: Any, transcript: Any) -> str:
+        """``compute_clone_prompt(audio, sample_rate, transcript).to_spec()``: a saved
+        voice's text.
+
+        Raises:
+            InvalidRequestError: a bad clip or transcript (``check_clip``, ``check_transcript``).
+        """
+        return compute_clone_prompt(audio, sample_rate, transcript, self.encoder).to_spec()

@@ -14,7 +14,10 @@ the widths differ, one ``lm_head`` per codebook).
 Every talker input row is ``codec part + text_projection(text_embedding(text id))``:
 
 - prompt rows (``Qwen3TTSPrompt``, built by ``omnistep.models.qwen3_tts.prompt``): a text id per
-  row, plus a codec id's ``codec_embedding`` row where the layout has one;
+  row, plus a codec id's ``codec_embedding`` row where the layout has one; a cloned voice
+  (``CloneRows``, Base checkpoints) adds a row whose codec part is its speaker embedding (the
+  x-vector, upstream ``generate_speaker_prompt``) and one row per reference frame whose codec
+  part is the frame's 16 codebook embeddings summed (upstream ``generate_icl_prompt``);
 - the row of generated frame ``k`` (fed by the AR_TOKEN unit that samples frame ``k + 1``): the
   frame's 16 codebook embeddings summed (``codec_embedding`` for code 0, the predictor's
   ``codec_embedding[j - 1]`` for code ``j``) plus the text track's id for step ``k`` (upstream
@@ -45,16 +48,25 @@ Prefill/decode, KV admission, preemption and batching are the shared
 ``omnistep.layers.paged_ar.PagedARModel``'s; this module configures its inputs and head and
 replaces its per-frame sampling with the two-stage one above.
 
+Prefix sharing: ``_prefix_key`` is the prompt's content key, the cloned voice included
+(``CloneRows.key``), so the samples of one group (``Request.group``) with one voice and one text
+share one prefill. Requests of one cloned voice with different texts do not share its rows yet:
+the voice-only rows (role, codec prefix with the x-vector, and the ICL rows under the
+transcript's ids) are a prefix of each prompt, but ``PagedARModel`` caches whole prompts only
+(what a cross-request prefix cache would need is in the issue note).
+
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``layers``, ``loops``, ``sampling``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -94,6 +106,12 @@ from omnistep.sampling import SamplingRow, policy_logprobs, recompute_logprobs, 
 NEG_INF = float("-inf")
 NO_CODEC = -1
 """``Qwen3TTSPrompt.codec_ids`` entry of a row without a codec part."""
+SPEAKER_ROW = -2
+"""``Qwen3TTSPrompt.codec_ids`` entry of the row whose codec part is the cloned voice's speaker
+embedding (``CloneRows.speaker_embedding``)."""
+REF_FRAME_ROW = -3
+"""``Qwen3TTSPrompt.codec_ids`` entry of a row whose codec part is the next reference frame of
+the cloned voice (``CloneRows.ref_codes``, in order), its 16 codebook embeddings summed."""
 SUPPRESSED_TOP_IDS = 1024
 """Upstream ``generate`` suppresses the top 1024 talker ids (the control codes) except EOS."""
 
@@ -182,6 +200,44 @@ class Qwen3TTSSampling:
 
 
 # ---------------------------------------------------------------- payloads
+@dataclass(frozen=True, eq=False)
+class CloneRows:
+    """What a cloned voice puts in the talker's prompt (upstream ``VoiceClonePromptItem`` in ICL
+    mode, without its transcript, which the prompt holds as text ids).
+
+    Attributes:
+        speaker_embedding: float32 ``[hidden]``, the x-vector (cast to the talker's dtype).
+        ref_codes: int64 ``[T, num_code_groups]``, the reference clip's codes.
+        key: a content digest of both (sha256 hex), for prompt keys; computed.
+
+    Raises:
+        ValueError: wrong ranks or dtypes.
+    """
+
+    speaker_embedding: np.ndarray
+    ref_codes: np.ndarray
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        emb = np.ascontiguousarray(self.speaker_embedding)
+        codes = np.ascontiguousarray(self.ref_codes)
+        if emb.dtype != np.float32 or emb.ndim != 1:
+            raise ValueError("speaker_embedding must be float32 [hidden]")
+        if codes.dtype != np.int64 or codes.ndim != 2:
+            raise ValueError("ref_codes must be int64 [T, num_code_groups]")
+        digest = hashlib.sha256(emb.tobytes())
+        digest.update(np.asarray(codes.shape, dtype=np.int64).tobytes())
+        digest.update(codes.tobytes())
+        object.__setattr__(self, "speaker_embedding", emb)
+        object.__setattr__(self, "ref_codes", codes)
+        object.__setattr__(self, "key", digest.hexdigest())
+
+    @property
+    def num_frames(self) -> int:
+        """T, the reference frames."""
+        return int(self.ref_codes.shape[0])
+
+
 @dataclass(frozen=True, slots=True)
 class Qwen3TTSPrompt:
     """The PREFILL prompt of one talker sequence (built by ``prompt.build_prompt``).
@@ -189,16 +245,23 @@ class Qwen3TTSPrompt:
     Attributes:
         text_ids: one text-vocab id per prompt row (its projected embedding is the row's text
             part).
-        codec_ids: one per prompt row: a talker codec id whose embedding is added, or
-            ``NO_CODEC``.
+        codec_ids: one per prompt row: a talker codec id whose embedding is added,
+            ``NO_CODEC``, ``SPEAKER_ROW`` or ``REF_FRAME_ROW`` (those two need ``clone``).
         replay_text: the text-track ids of decode steps already run (step ``k`` fed frame
             ``k``): a re-prefill after a preemption, or a scored trajectory, replays generated
             frame ``k`` with ``replay_text[k]``; it needs one per replayed frame.
+        clone: the cloned voice whose embedding and reference frames the ``SPEAKER_ROW`` /
+            ``REF_FRAME_ROW`` rows carry (one ``REF_FRAME_ROW`` per reference frame), or None.
+
+    Raises:
+        ValueError: lengths that differ, marker rows without a clone, or a reference-row count
+            other than the clone's frames.
     """
 
     text_ids: tuple[int, ...]
     codec_ids: tuple[int, ...]
     replay_text: tuple[int, ...] = ()
+    clone: CloneRows | None = None
 
     def __post_init__(self) -> None:
         if not self.text_ids or len(self.text_ids) != len(self.codec_ids):
@@ -206,6 +269,20 @@ class Qwen3TTSPrompt:
                 f"a prompt needs as many codec ids as text ids (>= 1), got "
                 f"{len(self.text_ids)} and {len(self.codec_ids)}"
             )
+        speaker_rows = self.codec_ids.count(SPEAKER_ROW)
+        ref_rows = self.codec_ids.count(REF_FRAME_ROW)
+        if self.clone is None and (speaker_rows or ref_rows):
+            raise ValueError("speaker or reference-frame rows need the prompt's clone")
+        if self.clone is not None and (speaker_rows > 1 or ref_rows != self.clone.num_frames):
+            raise ValueError(
+                f"a cloned voice's prompt has at most one speaker row and one row per reference "
+                f"frame ({self.clone.num_frames}), got {speaker_rows} and {ref_rows}"
+            )
+
+    def key(self) -> tuple:
+        """A content key: equal keys give equal talker inputs (the voice included)."""
+        clone = None if self.clone is None else self.clone.key
+        return self.text_ids, self.codec_ids, clone
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,16 +604,48 @@ class Qwen3TTSTalker(PagedARModel):
                 f"{len(prompt.replay_text)}"
             )
         vocab = self.config.talker.vocab_size
-        if any(not NO_CODEC <= c < vocab for c in prompt.codec_ids):
+        if any(not REF_FRAME_ROW <= c < vocab for c in prompt.codec_ids):
             raise ValueError(f"prompt codec id outside [0, {vocab})")
         codec_ids = torch.tensor(prompt.codec_ids, dtype=torch.long, device=self.device)
-        has_codec = (codec_ids != NO_CODEC)[:, None]
+        has_codec = (codec_ids >= 0)[:, None]
         codec = torch.where(has_codec, self.codec_embedding[codec_ids.clamp(min=0)], 0.0)
+        if prompt.clone is not None:
+            codec = self._clone_rows(codec, codec_ids, prompt.clone)
         text_ids = list(prompt.text_ids)
         if unit.generated:
             codec = torch.cat([codec, self._frame_sums(self._frames(unit.generated))])
             text_ids += prompt.replay_text[: len(unit.generated)]
         return torch.cat([codec, self._text_part(text_ids)], dim=1)
+
+    def _clone_rows(
+        self, codec: torch.Tensor, codec_ids: torch.Tensor, clone: CloneRows
+    ) -> torch.Tensor:
+        """``codec`` ``[L, hidden]`` with the speaker row set to the clone's x-vector (cast to
+        the talker's dtype, as upstream ``generate_speaker_prompt``) and the reference rows to
+        the reference frames' codebook embeddings, stacked and summed over the 16 codebooks as
+        upstream ``generate_icl_prompt`` does (``cat(...).sum(1)``).
+
+        Raises:
+            ValueError: an embedding of another width, or malformed reference frames.
+        """
+        hidden = self.config.talker.hidden_size
+        if clone.speaker_embedding.shape[0] != hidden:
+            raise ValueError(
+                f"the cloned voice's speaker embedding is {clone.speaker_embedding.shape[0]} "
+                f"wide; the talker's hidden size is {hidden}"
+            )
+        codec = codec.clone()
+        speaker = (codec_ids == SPEAKER_ROW).nonzero()[:, 0]
+        if speaker.numel():
+            embedding = torch.from_numpy(clone.speaker_embedding).to(self.device, self.dtype)
+            codec[speaker] = embedding
+        rows = (codec_ids == REF_FRAME_ROW).nonzero()[:, 0]
+        if rows.numel():
+            frames = self._frames(clone.ref_codes.tolist())
+            tables = [self.codec_embedding, *self.predictor.codec_embedding]
+            parts = [table[frames[:, j]] for j, table in enumerate(tables)]
+            codec[rows] = torch.stack(parts, dim=1).sum(1)
+        return codec
 
     def _step_inputs(self, units: Sequence[Qwen3TTSStepInput]) -> torch.Tensor:
         codec = self._frame_sums(self._frames([u.last for u in units]))
@@ -565,7 +674,7 @@ class Qwen3TTSTalker(PagedARModel):
         return logits.index_fill(-1, self._suppressed, NEG_INF)
 
     def _prefix_key(self, prompt: Qwen3TTSPrompt) -> tuple:
-        return prompt.text_ids, prompt.codec_ids
+        return prompt.key()
 
     # ------------------------------------------------------------ sampling
     def _sample(
