@@ -250,6 +250,39 @@ class Qwen3TTSSizes:
 
 TINY_SIZES = Qwen3TTSSizes()
 
+PUBLISHED_0B6_SIZES = dataclasses.replace(
+    TINY_SIZES,
+    hidden=1024,
+    intermediate=3072,
+    layers=28,
+    heads=16,
+    kv_heads=8,
+    head_dim=128,
+    mrope_section=(24, 20, 20),
+    text_hidden=2048,
+    cp_hidden_1b7=1024,
+    cp_intermediate=3072,
+    cp_layers=5,
+    cp_heads=16,
+    cp_kv_heads=8,
+    cp_head_dim=128,
+    dec_codebook_dim=512,
+    dec_latent_dim=1024,
+    dec_hidden=512,
+    dec_intermediate=1024,
+    dec_layers=8,
+    dec_heads=16,
+    dec_kv_heads=16,
+    dec_head_dim=64,
+    dec_decoder_dim=1536,
+)
+"""The published Qwen3-TTS-12Hz-0.6B widths and depths of the talker, its code predictor and
+the speech tokenizer's decoder (the values in ``Qwen3TTSSizes``' comments; the decoder's are
+``omnistep.models.qwen3_tts.codec.PUBLISHED_DECODER``). The speaker encoder and the speech
+tokenizer's Mimi encoder keep the tiny sizes (neither runs when speaking a CustomVoice voice);
+the text vocabulary stays the tiny BPE. ``bench/qwen3_tts.py`` writes it with fewer layers
+(``dataclasses.replace(PUBLISHED_0B6_SIZES, layers=..., cp_layers=..., dec_layers=...)``)."""
+
 
 @dataclass(frozen=True)
 class Qwen3TTSTokenIds:

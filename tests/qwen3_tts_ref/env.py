@@ -14,6 +14,10 @@ Usage::
 
     from tests.qwen3_tts_ref.env import call_reference
     codes = call_reference("tests.qwen3_tts_ref.upstream:generate", root=path, text="hi")
+
+    with ReferenceSession() as ref:  # one process for many calls (a model loaded once)
+        ref.call("tests.qwen3_tts_ref.upstream_bench:load", root=path, threads=2)
+        out = ref.call("tests.qwen3_tts_ref.upstream_bench:synthesize", text="hi", ...)
 """
 
 from __future__ import annotations
@@ -66,18 +70,14 @@ def call_reference(target: str, timeout: float = 600.0, **kwargs: Any) -> Any:
         FileNotFoundError: the overlay ``.ref/qwen-tts`` is not installed (``make install-test``).
         ReferenceRunError: the function raised or the subprocess died (message: its stderr).
     """
-    if not (REF_DIR / "qwen_tts").is_dir():
-        raise FileNotFoundError(f"{REF_DIR} has no qwen_tts: run `make install-test` first")
+    _check_overlay()
     with tempfile.TemporaryDirectory(prefix="qwen3-ref-") as tmp:
         args_path, out_path = Path(tmp) / "args.pkl", Path(tmp) / "out.pkl"
         args_path.write_bytes(pickle.dumps((target, kwargs)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REF_DIR), str(REPO)])
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
         proc = subprocess.run(
             [sys.executable, "-m", "tests.qwen3_tts_ref.env", str(args_path), str(out_path)],
             cwd=REPO,
-            env=env,
+            env=_child_env(),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -86,6 +86,116 @@ def call_reference(target: str, timeout: float = 600.0, **kwargs: Any) -> Any:
             tail = proc.stderr[-4000:]
             raise ReferenceRunError(f"{target} failed (rc={proc.returncode}):\n{tail}")
         return pickle.loads(out_path.read_bytes())
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REF_DIR), str(REPO)])
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def _check_overlay() -> None:
+    if not (REF_DIR / "qwen_tts").is_dir():
+        raise FileNotFoundError(f"{REF_DIR} has no qwen_tts: run `make install-test` first")
+
+
+class ReferenceSession:
+    """A long-lived reference subprocess: ``call`` runs functions in it one after another, and
+    what they keep in module globals (a loaded model) stays between calls (``call_reference``
+    starts a new process per call). The subprocess waits on its stdin between calls (no CPU).
+
+    Requests and replies are pickled over the subprocess's stdin and a duplicate of its
+    original stdout; its own prints go to its stderr, which is kept in a temporary file and
+    quoted when a call fails. Use as a context manager (or call ``close``).
+
+    Raises (from ``__init__``): FileNotFoundError: the overlay ``.ref/qwen-tts`` is missing.
+    """
+
+    def __init__(self) -> None:
+        _check_overlay()
+        # kept open for the session's life (the subprocess writes to it); closed by close()
+        self._stderr = tempfile.TemporaryFile(prefix="qwen3-ref-session-")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.qwen3_tts_ref.env", "--serve"],
+            cwd=REPO,
+            env=_child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr_tail(self, chars: int = 4000) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-chars:]
+
+    def call(self, target: str, **kwargs: Any) -> Any:
+        """Run ``target`` (``"package.module:function"``) with ``kwargs`` in the subprocess.
+
+        Raises:
+            ReferenceRunError: the function raised (its traceback) or the subprocess died (its
+                stderr tail).
+        """
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            pickle.dump((target, kwargs), self.proc.stdin)
+            self.proc.stdin.flush()
+            status, value = pickle.load(self.proc.stdout)
+        except (BrokenPipeError, EOFError, pickle.UnpicklingError) as exc:
+            self.proc.wait(timeout=30)
+            raise ReferenceRunError(
+                f"{target}: the reference subprocess died (rc={self.proc.returncode}, "
+                f"{type(exc).__name__}):\n{self.stderr_tail()}"
+            ) from exc
+        if status != "ok":
+            raise ReferenceRunError(f"{target} failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        """End the subprocess (EOF on its stdin; killed if it has not ended after 30 s)."""
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> ReferenceSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve() -> None:
+    """The ``ReferenceSession`` side: answer pickled ``(target, kwargs)`` requests until EOF."""
+    import importlib
+    import traceback
+
+    install_stubs()
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # prints of the reference (fd 1) go to stderr, never into the replies
+    requests = sys.stdin.buffer
+    while True:
+        try:
+            target, kwargs = pickle.load(requests)
+        except EOFError:
+            break
+        try:
+            module_name, _, func_name = target.partition(":")
+            func = getattr(importlib.import_module(module_name), func_name)
+            reply = ("ok", func(**kwargs))
+        except Exception:
+            reply = ("error", traceback.format_exc())
+        pickle.dump(reply, replies)
+        replies.flush()
 
 
 def _main(args_path: str, out_path: str) -> None:
@@ -100,4 +210,7 @@ def _main(args_path: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--serve"]:
+        _serve()
+    else:
+        _main(sys.argv[1], sys.argv[2])
