@@ -394,9 +394,11 @@ def test_stream_decode_is_exact_in_float64() -> None:
 
 def test_stream_batch_of_different_positions_equals_each_alone(model, codes, whole) -> None:
     """Streams at different positions (cache lengths), with chunks of different sizes, some
-    new, in one forward: each row's samples and next state equal the stream decoded alone."""
+    new, in one forward: each row's samples and next state equal the stream decoded alone
+    (the 40-frame chunk runs the conv stack in 2 pieces, where the others have 0 frames
+    left in the second)."""
     hop = model.hop_length
-    plan = [(0, 0, 2), (1, 3, 8), (0, 30, 1), (1, 0, 5), (0, 12, 16)]  # (row, chunk start, n)
+    plan = [(0, 0, 2), (1, 3, 8), (0, 30, 1), (1, 0, 5), (0, 12, 40)]  # (row, chunk start, n)
     streams = []
     for row, start, _ in plan:  # bring each stream to its position alone, in 3-frame chunks
         stream = DecoderStream()
@@ -661,7 +663,8 @@ class _FeedState(LoopState):
 class _FeedLoop:
     """A stand-in talker: one AR_TOKEN unit per frame, which the echo component returns and
     the loop puts on the codes stream (frames arrive one engine step at a time), after
-    ``3 * (seed % 4)`` idle steps (so requests reach the vocoder at different phases)."""
+    ``8 * (seed % 4)`` idle steps: a chunk of 8 frames apart, so chunks of different requests at
+    different positions are ready at the same step and batch."""
 
     loop_id = "feed"
     kind = LoopKind.AR_DECODE
@@ -673,7 +676,7 @@ class _FeedLoop:
             profile=req.profile,
             frames=ctx.slots["all_codes"],
             channel=ctx.slots["codes_stream"],
-            delay=3 * (int(req.seed) % 4),
+            delay=8 * (int(req.seed) % 4),
         )
 
     def next(self, state: _FeedState):
@@ -871,3 +874,6 @@ def test_cuda_decode_matches_cpu(model, codes, whole) -> None:
     assert out.device.type == "cuda" and out.dtype == torch.float32
     assert max_diff(out.cpu(), whole) <= PARITY_TOL
     assert max_diff(gpu.chunked_decode(codes.to("cuda"), [1, 4]).cpu(), whole) <= PARITY_TOL
+    streamed = gpu.streamed_decode(codes.to("cuda"), [1, 2, 8])
+    assert streamed.device.type == "cuda"
+    assert max_diff(streamed.cpu(), whole) <= PARITY_TOL
