@@ -79,6 +79,44 @@ def test_plan_carries_left_context_and_lookahead():
     assert isinstance(loop.next(empty), Pending)
 
 
+def test_stream_state_sends_new_frames_with_the_stream_id_and_frees_on_release():
+    """``stream_state``: units carry only the chunk's frames, ``left`` 0, the request's
+    ``seq_id`` and the chunk's start; batching keys are bucketed chunk sizes; ``release`` frees
+    the component's state (once) and a component without ``free_sequence`` is fine."""
+
+    class Owner:
+        freed: list[str] = []
+
+        def free_sequence(self, seq_id: str) -> None:
+            self.freed.append(seq_id)
+
+    with pytest.raises(ValueError, match="stream_state needs left_context 0"):
+        _loop(stream_state=True)
+    loop = _loop(left_context=0, lookahead=0, stream_state=True, window_buckets=(2, 4))
+    channel = Channel()
+    for i in range(9):
+        channel.put(i)
+    channel.close()
+    owner = Owner()
+    model = type("M", (), {"components": {"v": owner}})()
+    ctx = type("Ctx", (), {"slots": {"s": channel}})()
+    state = loop.init(Request("m", text="x", request_id="r1"), model, ctx)
+    state.decoded, state.step = 6, 2
+    plan = loop.next(state)  # the last chunk: 3 frames (the channel is closed at 9)
+    assert plan.payload.frames == (6, 7, 8)
+    assert (plan.payload.left, plan.payload.chunk, plan.payload.start) == (0, 3, 6)
+    assert plan.payload.seq_id == "r1/a" and plan.shape.dims == (4,)
+    loop.release(state)
+    loop.release(state)
+    assert owner.freed == ["r1/a"]
+    stateless = _loop()
+    plain = stateless.init(Request("m", text="x", request_id="r2"), None, ctx)
+    assert plain.seq_id is None and stateless.next(plain).payload.seq_id is None
+    stateless.release(plain)  # nothing to free, no component needed
+    bare = type("M", (), {"components": {"v": object()}})()
+    loop.release(loop.init(Request("m", text="x"), bare, ctx))  # no free_sequence: fine
+
+
 def test_trimming_drops_only_edges():
     rng = np.random.default_rng(0)
     pieces = [

@@ -215,7 +215,7 @@ async def test_rollout_logprobs_are_reproduced_by_score(folders):
         await engine.shutdown()
 
 
-async def test_aborted_requests_leave_no_kv_blocks(custom):
+async def test_aborted_requests_leave_no_kv_blocks_or_codec_streams(custom):
     streams = [
         custom.add_request(Request("qwen3-tts", text=TEXT, seed=i, voice="ryan")) for i in range(50)
     ]
@@ -231,6 +231,7 @@ async def test_aborted_requests_leave_no_kv_blocks(custom):
             break
         await asyncio.sleep(0.05)
     assert custom.stats() == dict.fromkeys(custom.stats(), 0)
+    assert custom.resolve("qwen3-tts").components["codec"].num_streams == 0
 
 
 async def test_custom_voice_cannot_clone(custom):

@@ -36,6 +36,7 @@ from omnistep.core import (
     ModelInstance,
     Program,
     Request,
+    RequestAbortedError,
     ShapeSignature,
     WorkPlan,
     WorkUnitKind,
@@ -50,6 +51,7 @@ from omnistep.models.qwen3_tts.codec import (
     CodecDecoderConfig,
     CodecPrefix,
     DecodeRow,
+    DecoderStream,
     codec_decode_config,
     codec_from_checkpoint,
     load_codec_decoder,
@@ -362,6 +364,91 @@ def test_bad_codes_and_windows_raise(model) -> None:
     assert model.decode(torch.zeros(2, 0, 16, dtype=torch.long)).shape == (2, 0)
 
 
+# --- streams: per-request state kept between chunks ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [[1], [2, 8, 16, 32, 64], [3], [5, 13, 2, 9, 1, 30], [60]],
+    ids=["every-frame", "card-schedule", "threes", "irregular", "one-chunk"],
+)
+def test_stream_decode_equals_whole(model, codes, whole, schedule) -> None:
+    """Chunks that keep each stream's KV cache and conv inputs instead of re-reading their
+    left context give the whole decode's samples, also in 1-frame chunks."""
+    streamed = model.streamed_decode(codes, schedule)
+    assert streamed.shape == whole.shape
+    assert max_diff(streamed, whole) <= CHUNK_TOL
+
+
+def test_stream_decode_is_exact_in_float64() -> None:
+    """float64: the kept state gives the whole decode's samples up to rounding (~1e-15); a
+    stream whose state is dropped mid-way (a new ``DecoderStream`` at frame 25, positions
+    kept) differs far above it."""
+    model = tiny_model(torch.float64, layer_scale=1.0)
+    codes = random_codes(1, 50, seed=4)
+    whole = model.decode(codes)
+    assert max_diff(model.streamed_decode(codes, [1, 3, 7]), whole) <= 1e-12
+    _, (stream,) = model.decode_stream([codes[0, :25]], [DecoderStream()])
+    (kept,), _ = model.decode_stream([codes[0, 25:30]], [stream])
+    (dropped,), _ = model.decode_stream([codes[0, 25:30]], [DecoderStream(frames=25)])
+    hop = model.hop_length
+    assert max_diff(kept, whole[0, 25 * hop : 30 * hop]) <= 1e-12
+    assert max_diff(dropped, whole[0, 25 * hop : 30 * hop]) > 1e-3
+
+
+def test_stream_batch_of_different_positions_equals_each_alone(model, codes, whole) -> None:
+    """Streams at different positions (cache lengths), with chunks of different sizes, some
+    new, in one forward: each row's samples and next state equal the stream decoded alone
+    (the 40-frame chunk runs the conv stack in 2 pieces, where the others have 0 frames
+    left in the second)."""
+    hop = model.hop_length
+    plan = [(0, 0, 2), (1, 3, 8), (0, 30, 1), (1, 0, 5), (0, 12, 40)]  # (row, chunk start, n)
+    streams = []
+    for row, start, _ in plan:  # bring each stream to its position alone, in 3-frame chunks
+        stream = DecoderStream()
+        for s in range(0, start, 3):
+            _, (stream,) = model.decode_stream([codes[row, s : min(start, s + 3)]], [stream])
+        streams.append(stream)
+    chunks = [codes[row, s : s + n] for row, s, n in plan]
+    together, after = model.decode_stream(chunks, streams)
+    for i, (row, s, n) in enumerate(plan):
+        (alone,), (state,) = model.decode_stream([chunks[i]], [streams[i]])
+        assert together[i].shape == (n * hop,)
+        assert max_diff(together[i], alone) <= CHUNK_TOL
+        assert max_diff(alone, whole[row, s * hop : (s + n) * hop]) <= CHUNK_TOL
+        assert after[i].frames == state.frames == s + n
+        for a, b in zip(
+            after[i].latents + after[i].waves, state.latents + state.waves, strict=True
+        ):
+            assert a.shape == b.shape and max_diff(a, b) <= CHUNK_TOL
+        nxt = codes[row, s + n : s + n + 4]  # the next chunk from the batched state
+        (wave,), _ = model.decode_stream([nxt], [after[i]])
+        assert max_diff(wave, whole[row, (s + n) * hop : (s + n + 4) * hop]) <= CHUNK_TOL
+    assert streams[0].latents is None, "decode_stream must not change the states it is given"
+
+
+def test_stream_state_holds_the_window_and_conv_inputs(model) -> None:
+    """What a stream keeps: pre_conv's 2 inputs, sliding_window - 1 keys and values per layer,
+    the convs' carried inputs; the same sizes whatever the chunk."""
+    c = model.config
+    _, (one,) = model.decode_stream([random_codes(1, 1)[0]], [DecoderStream()])
+    _, (many,) = model.decode_stream([random_codes(1, 9)[0]], [one])
+    assert [tuple(t.shape) for t in one.latents] == [(c.codebook_dim, 2)] + [
+        (c.num_key_value_heads, c.sliding_window - 1, c.head_dim)
+    ] * (2 * c.num_hidden_layers)
+    assert [t.shape for t in one.waves] == [t.shape for t in many.waves]
+    assert (one.frames, many.frames) == (1, 10) and many.nbytes == one.nbytes > 0
+
+
+def test_bad_stream_chunks_raise(model) -> None:
+    with pytest.raises(ValueError, match="frames >= 1"):
+        model.decode_stream([torch.zeros(0, 16, dtype=torch.long)], [DecoderStream()])
+    with pytest.raises(ValueError, match="codes must lie"):
+        model.decode_stream([torch.full((2, 16), 64)], [DecoderStream()])
+    with pytest.raises(ValueError, match="2 chunks for 1 streams"):
+        model.decode_stream([torch.zeros(1, 16, dtype=torch.long)] * 2, [DecoderStream()])
+
+
 # --- loading ---------------------------------------------------------------------------------
 
 
@@ -430,7 +517,7 @@ def test_prefix_codes_are_context_only(model, codes) -> None:
 
 def test_loop_config_uses_exact_context_and_buckets() -> None:
     config = CodecDecoderConfig.from_dict(PUBLISHED_DECODER)
-    loop = codec_decode_config(config)
+    loop = codec_decode_config(config, stream_state=False)
     assert (loop.left_context, loop.lookahead, loop.sample_rate) == (580, 0, 24000)
     assert [loop.chunk_size(i) for i in range(6)] == [2, 8, 16, 32, 64, 64]
     assert loop.window_buckets[0] == 64 and loop.window_buckets[-1] >= 580 + 64
@@ -453,6 +540,120 @@ def test_loop_config_uses_exact_context_and_buckets() -> None:
     assert plan.shape.dims == (16, 64) and plan.payload.left == 40  # window 56 -> bucket 64
 
 
+def test_loop_config_with_stream_state_sends_only_new_frames() -> None:
+    """The card's default: no left context, the stream id on every unit, chunks keyed by their
+    size rounded up to a size of the schedule."""
+    loop = codec_decode_config(CodecDecoderConfig.from_dict(PUBLISHED_DECODER))
+    assert loop.stream_state and (loop.left_context, loop.lookahead) == (0, 0)
+    assert loop.window_buckets == (2, 8, 16, 32, 64)
+    plan_loop = AudioDecodeLoop(loop)
+    channel = Channel()
+    for i in range(45):
+        channel.put(i)
+    channel.close()
+    owner = CodecDecoderComponent(tiny_model())
+    state = plan_loop.init(
+        Request("m", text="x", seed=0, request_id="req"),
+        type("Model", (), {"components": {"codec": owner}})(),
+        type("Ctx", (), {"slots": {"codes_stream": channel}})(),
+    )
+    state.decoded, state.step = 26, 3  # chunk 3 (32 frames) is cut at 45 (closed): 19 frames
+    plan = plan_loop.next(state)
+    assert plan.payload.frames == tuple(range(26, 45)) and plan.payload.left == 0
+    assert (plan.payload.seq_id, plan.payload.start, plan.payload.chunk) == ("req/vocode", 26, 19)
+    assert plan.shape.dims == (32,)
+
+
+# --- the vocoder component with stream state -------------------------------------------------
+
+
+def stream_unit(codes: torch.Tensor, seq_id: str, s: int, n: int, extras=None) -> AudioChunkInput:
+    """The stateful loop's payload for chunk [s, s + n) of stream ``seq_id``."""
+    frames = tuple(tuple(int(c) for c in frame) for frame in codes[s : s + n])
+    return AudioChunkInput(frames, 0, n, extras, seq_id, s)
+
+
+def test_component_streams_at_different_positions_batch_like_alone(model, codes, whole) -> None:
+    """Two requests chunk by chunk, their chunks at different positions (and a stateless
+    window) in each batch: every chunk equals the same chunk run alone (on another component)
+    and the whole decode; bit-identical with batch_invariant. The state lives until freed."""
+    hop = model.hop_length
+    sizes = {"a": (0, [2, 8, 1, 16, 4]), "b": (1, [5, 1, 3, 12, 9])}
+    batched, alone = CodecDecoderComponent(model), CodecDecoderComponent(model)
+    invariant, invariant_alone = (CodecDecoderComponent(model, True) for _ in range(2))
+    position, got = {"a": 0, "b": 0}, {"a": [], "b": []}
+    run = WorkUnitKind.AUDIO_CHUNK
+    for step in range(5):
+        units = []
+        for seq_id, (row, schedule) in sizes.items():
+            units.append(stream_unit(codes[row], seq_id, position[seq_id], schedule[step]))
+            position[seq_id] += schedule[step]
+        window = unit(codes[1], 10, 40, 3)  # a stateless unit in the same batch
+        outs = batched.execute(run, [*units, window])
+        singles = [alone.execute(run, [u])[0] for u in units]
+        fixed = invariant.execute(run, [window, *units])[1:]
+        fixed_alone = [invariant_alone.execute(run, [u])[0] for u in units]
+        assert max_diff(outs[-1], whole[1, 40 * hop : 43 * hop]) <= CHUNK_TOL
+        for u, out, single, f, fa in zip(
+            units, outs[:-1], singles, fixed, fixed_alone, strict=True
+        ):
+            assert out.dtype == np.float32 and out.shape == (u.chunk * hop,)
+            assert max_diff(out, single) <= CHUNK_TOL
+            assert np.array_equal(f, fa)
+            got[u.seq_id].append(out)
+    assert position == {"a": 31, "b": 30} and batched.num_streams == 2
+    for seq_id, (row, _) in sizes.items():
+        assert max_diff(np.concatenate(got[seq_id]), whole[row, : position[seq_id] * hop]) <= (
+            CHUNK_TOL
+        )
+    batched.free_sequence("a")
+    batched.free_sequence("a")
+    batched.free_sequence("never-seen")
+    assert batched.num_streams == 1
+
+
+def test_component_stream_errors_change_no_state(model, codes, whole) -> None:
+    """A chunk that does not continue its stream raises, naming it; a batch that raises
+    leaves every state as it was, so the unit-by-unit rerun continues correctly."""
+    hop, run = model.hop_length, WorkUnitKind.AUDIO_CHUNK
+    component = CodecDecoderComponent(model)
+    component.execute(run, [stream_unit(codes[0], "a", 0, 4)])
+    with pytest.raises(ValueError, match="'a': a chunk from frame 6, but .* state at frame 4"):
+        component.execute(run, [stream_unit(codes[0], "a", 6, 2)])
+    with pytest.raises(ValueError, match="'b': a chunk from frame 3, but the decoder holds no"):
+        component.execute(run, [stream_unit(codes[1], "b", 3, 2)])
+    bad = AudioChunkInput(((64,) * 16,), 0, 1, None, "c", 0)  # a code out of range
+    with pytest.raises(ValueError, match="codes must lie"):
+        component.execute(run, [stream_unit(codes[0], "a", 4, 4), bad])
+    with pytest.raises(ValueError, match="two chunks of one stream"):
+        component.execute(run, [stream_unit(codes[0], "a", 4, 4)] * 2)
+    with pytest.raises(TypeError, match="CodecPrefix"):
+        component.execute(run, [stream_unit(codes[0], "d", 0, 2, extras={"x": 1})])
+    assert component.num_streams == 1
+    (out,) = component.execute(run, [stream_unit(codes[0], "a", 4, 4)])
+    assert max_diff(out, whole[0, 4 * hop : 8 * hop]) <= CHUNK_TOL
+    (again,) = component.execute(run, [stream_unit(codes[0], "a", 0, 3)])  # frame 0: new stream
+    assert max_diff(again, whole[0, : 3 * hop]) <= CHUNK_TOL
+
+
+def test_prefix_codes_prime_a_stream(model, codes) -> None:
+    """Voice cloning with stream state: the reference codes (longer than the left context)
+    prime the stream once; the request's chunks then equal the whole decode of reference +
+    own codes, cut."""
+    hop, ref, own = model.hop_length, codes[0, :40], codes[1, :30]
+    assert ref.shape[0] > model.left_context_frames
+    reference = model.decode(torch.cat([ref, own])[None])[0, 40 * hop :]
+    component, prefix = CodecDecoderComponent(model), CodecPrefix(ref)
+    pieces, start = [], 0
+    for n in (2, 4, 8, 16):
+        unit_ = stream_unit(own, "clone", start, n, prefix)
+        pieces.append(component.execute(WorkUnitKind.AUDIO_CHUNK, [unit_])[0])
+        start += n
+    assert max_diff(np.concatenate(pieces), reference) <= CHUNK_TOL
+    (plain,) = component.execute(WorkUnitKind.AUDIO_CHUNK, [stream_unit(own, "plain", 0, 2)])
+    assert max_diff(plain, pieces[0]) > 1e-3, "the prefix must matter at the start"
+
+
 # --- through the engine: streamed, batched across requests ---------------------------------
 
 
@@ -466,7 +667,8 @@ class _FeedState(LoopState):
 class _FeedLoop:
     """A stand-in talker: one AR_TOKEN unit per frame, which the echo component returns and
     the loop puts on the codes stream (frames arrive one engine step at a time), after
-    ``3 * (seed % 4)`` idle steps (so requests reach the vocoder at different phases)."""
+    ``8 * (seed % 4)`` idle steps: a chunk of 8 frames apart, so chunks of different requests at
+    different positions are ready at the same step and batch."""
 
     loop_id = "feed"
     kind = LoopKind.AR_DECODE
@@ -478,7 +680,7 @@ class _FeedLoop:
             profile=req.profile,
             frames=ctx.slots["all_codes"],
             channel=ctx.slots["codes_stream"],
-            delay=3 * (int(req.seed) % 4),
+            delay=8 * (int(req.seed) % 4),
         )
 
     def next(self, state: _FeedState):
@@ -511,12 +713,12 @@ class _Echo:
 
 
 class _Recording(CodecDecoderComponent):
-    """The component, recording each call's window lengths."""
+    """The component, recording each call's (first chunk frame, window length) per unit."""
 
-    calls: list[list[int]] = []
+    calls: list[list[tuple[int, int]]] = []
 
     def execute(self, kind, payloads):
-        type(self).calls.append([len(p.frames) for p in payloads])
+        type(self).calls.append([(p.start + p.left, len(p.frames)) for p in payloads])
         return super().execute(kind, payloads)
 
 
@@ -525,7 +727,9 @@ def request_codes(seed: int) -> list[tuple[int, ...]]:
     return [tuple(f) for f in random_codes(1, frames, seed=100 + seed)[0].tolist()]
 
 
-def engine_card(model: CodecDecoder, streamed: bool, batch_invariant: bool = False) -> ModelCard:
+def engine_card(
+    model: CodecDecoder, streamed: bool, batch_invariant: bool = False, stateful: bool = True
+) -> ModelCard:
     def codes_node(ctx) -> None:
         frames = request_codes(int(ctx.request.seed))
         if streamed:
@@ -538,7 +742,13 @@ def engine_card(model: CodecDecoder, streamed: bool, batch_invariant: bool = Fal
             ctx.slots["codes_stream"] = channel
 
     vocode = codec_decode_config(  # one bucket of 40: windows are at most 27 + 8 frames
-        model.config, first_chunk=2, chunk=4, chunk_growth=2.0, max_chunk=8, bucket_frames=40
+        model.config,
+        first_chunk=2,
+        chunk=4,
+        chunk_growth=2.0,
+        max_chunk=8,
+        bucket_frames=40,
+        stream_state=stateful,
     )
     feed_nodes = (
         (LoopNode("feed", "feed", needs=("all_codes",), binds="n", streams=("codes_stream",)),)
@@ -589,18 +799,29 @@ async def run_requests(card: ModelCard, seeds: list[int], together: bool) -> lis
     return [o.audio for o in outs]
 
 
-@pytest.mark.parametrize("batch_invariant", [False, True])
-async def test_streamed_batched_requests_equal_whole_decode(model, batch_invariant) -> None:
+@pytest.mark.parametrize(
+    ("stateful", "batch_invariant"),
+    [(True, False), (True, True), (False, False), (False, True)],
+    ids=["state", "state-invariant", "windows", "windows-invariant"],
+)
+async def test_streamed_batched_requests_equal_whole_decode(
+    model, stateful, batch_invariant
+) -> None:
     """Four requests whose frames arrive one step at a time, decoded together (chunks of
-    different requests and window lengths in one forward), against each request's frames given
-    whole and decoded alone: equal within 1e-5, bit-identical in batch-invariant mode; and
-    against the whole-utterance decode."""
+    different requests at different positions, or windows of different lengths, in one
+    forward), against each request's frames given whole and decoded alone: equal within 1e-5,
+    bit-identical in batch-invariant mode; and against the whole-utterance decode."""
     seeds = [1, 2, 3, 4]
     _Recording.calls = []
-    streamed = await run_requests(engine_card(model, True, batch_invariant), seeds, True)
+    card = engine_card(model, True, batch_invariant, stateful)
+    streamed = await run_requests(card, seeds, True)
     batches = list(_Recording.calls)
-    whole_alone = await run_requests(engine_card(model, False, batch_invariant), seeds, False)
-    assert any(len(b) > 1 and len(set(b)) > 1 for b in batches), "mixed windows must batch"
+    card = engine_card(model, False, batch_invariant, stateful)
+    whole_alone = await run_requests(card, seeds, False)
+    varied = 0 if stateful else 1  # positions differ / window lengths differ
+    assert any(len(b) > 1 and len({u[varied] for u in b}) > 1 for b in batches), batches
+    if stateful:
+        assert all(w <= 8 for b in batches for _, w in b), "only new frames are sent"
     for seed, s, w in zip(seeds, streamed, whole_alone, strict=True):
         codes = torch.tensor([request_codes(seed)])
         assert s.shape == w.shape == (codes.shape[1] * model.hop_length,)
@@ -610,12 +831,44 @@ async def test_streamed_batched_requests_equal_whole_decode(model, batch_invaria
         assert max_diff(s, model.decode(codes)[0]) <= CHUNK_TOL
 
 
-async def test_streamed_alone_is_bit_identical_to_non_streamed(model) -> None:
+@pytest.mark.parametrize("stateful", [True, False], ids=["state", "windows"])
+async def test_streamed_alone_is_bit_identical_to_non_streamed(model, stateful) -> None:
     """Alone, the frames arriving one by one or all at once give the same chunks, so the same
     bytes."""
-    streamed = await run_requests(engine_card(model, True), [5], False)
-    whole = await run_requests(engine_card(model, False), [5], False)
+    streamed = await run_requests(engine_card(model, True, stateful=stateful), [5], False)
+    whole = await run_requests(engine_card(model, False, stateful=stateful), [5], False)
     assert streamed[0].tobytes() == whole[0].tobytes()
+
+
+async def test_aborted_requests_leave_no_stream_state(model) -> None:
+    """50 requests aborted while decoding (each has had audio, so its state exists): the loop's
+    release frees every stream in the component, and the engine is left idle."""
+    instance = ModelInstance.load(engine_card(model, True))
+    component = instance.components["codec"]
+    engine = AsyncEngine([instance])
+    try:
+        streams = [engine.add_request(Request("codec-test", text="x", seed=s)) for s in range(50)]
+        for stream in streams:  # until each request's first audio
+            await anext(stream)
+        held = component.num_streams
+        for stream in streams:
+            stream.cancel()
+        aborted = 0
+        for stream in streams:  # a request may have finished before its cancel
+            try:
+                async for _ in stream:
+                    pass
+            except RequestAbortedError:
+                aborted += 1
+        for _ in range(200):  # a batch still running when they were aborted folds, then frees
+            if not engine.stats()["running_batches"]:
+                break
+            await asyncio.sleep(0.02)
+        assert held > 10 and aborted > 10, "requests must be aborted mid-stream"
+        assert component.num_streams == 0
+        assert engine.stats() == dict.fromkeys(engine.stats(), 0)
+    finally:
+        await engine.shutdown()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -625,3 +878,6 @@ def test_cuda_decode_matches_cpu(model, codes, whole) -> None:
     assert out.device.type == "cuda" and out.dtype == torch.float32
     assert max_diff(out.cpu(), whole) <= PARITY_TOL
     assert max_diff(gpu.chunked_decode(codes.to("cuda"), [1, 4]).cpu(), whole) <= PARITY_TOL
+    streamed = gpu.streamed_decode(codes.to("cuda"), [1, 2, 8])
+    assert streamed.device.type == "cuda"
+    assert max_diff(streamed.cpu(), whole) <= PARITY_TOL

@@ -370,6 +370,46 @@ async def test_chattts_on_ray_equals_in_process_with_sticky_replicas(
         assert a.audio.tobytes() == b.audio.tobytes()
 
 
+async def test_qwen3_tts_codec_streams_stay_on_their_replica_and_are_freed(
+    ray_cluster, qwen3_tts_root, tmp_path
+):
+    """The qwen3_tts codec keeps each request's decoder state in the actor that ran its first
+    chunk: with 2 codec replicas, every later chunk of a request is routed there (its
+    ``seq_id``), so concurrent requests give the same bytes as in process (batch-invariant);
+    a request aborted mid-stream frees its stream through the stand-in."""
+    spec = f"qwen3_tts={qwen3_tts_root}"
+    options = {"kv_cache_gb": 0.01, "batch_invariant": True, "max_new_tokens": 24}
+    reqs = [Request("qwen3-tts", text="Hello there.", seed=s, voice="ryan") for s in (1, 2, 3)]
+    expected, _ = await _in_process(spec, reqs, **options)
+    deploy = _deploy(
+        tmp_path,
+        "qwen3_tts",
+        {"talker": "num_cpus: 0.5", "codec": "num_cpus: 0.5, replicas: 2"},
+    )
+    engine = load_engine([spec], "cpu", 8, executor="ray", deploy=deploy, **options)
+    executor = engine._executor
+    try:
+        got = await run_interleaved(engine, reqs)
+        batches = executor.replica_batches("qwen3-tts", "codec")
+        assert executor.replica_sequences("qwen3-tts", "codec") == [0, 0]
+        long = Request("qwen3-tts", text="Hello there, " * 8, seed=4, voice="ryan")
+        stream = engine.add_request(long)
+        async for chunk in stream:  # its first audio: the codec holds its stream now
+            if chunk.audio is not None:
+                break
+        assert sum(executor.replica_sequences("qwen3-tts", "codec")) == 1
+        stream.cancel()
+        await _until_idle(engine)
+        assert executor.replica_sequences("qwen3-tts", "codec") == [0, 0]
+        assert engine.stats() == dict.fromkeys(engine.stats(), 0)
+    finally:
+        await engine.shutdown()
+    assert min(batches) > 0, batches
+    for a, b in zip(expected, got, strict=True):
+        assert a.audio.size > 1920 * 4
+        assert a.audio.tobytes() == b.audio.tobytes()
+
+
 @pytest.fixture(scope="module")
 def qwen_root(tmp_path_factory):
     from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
@@ -467,17 +507,31 @@ def _case(name: str, request) -> tuple[str, list[Request], dict]:
         sampling = SamplingParams(max_new_tokens=20)
         reqs = [Request("chattts", text="hello", seed=5, sampling=sampling)]
         return f"chattts={root}", reqs, {"kv_cache_gb": 0.02}
+    if name == "qwen3_tts":
+        root = request.getfixturevalue("qwen3_tts_root")
+        reqs = [Request("qwen3-tts", text="Hello there.", seed=s, voice="ryan") for s in (1, 2)]
+        return f"qwen3_tts={root}", reqs, {"kv_cache_gb": 0.01, "max_new_tokens": 20}
     root = request.getfixturevalue("qwen_root")
     options = {"kv_cache_gb": 0.02, "talker_max_new_tokens": 16}
     return f"qwen2_5_omni={root}", _qwen_requests()[:1], options
 
 
-@pytest.mark.parametrize("name", ["toy", "piper", "chattts", "qwen2_5_omni"])
+@pytest.fixture(scope="module")
+def qwen3_tts_root(tmp_path_factory):
+    from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
+
+    root = tmp_path_factory.mktemp("qwen3_tts") / "custom_voice"
+    write_tiny_qwen3_tts(root, "custom_voice", 0)
+    return root
+
+
+@pytest.mark.parametrize("name", ["toy", "piper", "chattts", "qwen2_5_omni", "qwen3_tts"])
 async def test_cards_serve_with_stand_ins_for_every_component(name, request):
     """Every card serves from a ``ModelInstance`` whose components are all ``RemoteComponent``
     stand-ins (which raise on anything but ``free_sequence`` and ``kv_blocks``), with the same
     outputs as in process: its loops and program nodes read nothing of a built component.
-    The AR cards free their sequences through the stand-ins."""
+    The AR cards free their sequences through the stand-ins, and so does qwen3_tts's codec
+    (its per-request decoder state)."""
     spec, reqs, options = _case(name, request)
     expected = await _run_in_process(spec, reqs, options)
     executor = _ElsewhereExecutor(ModelInstance.load(build_card(spec, **options)))
@@ -493,7 +547,17 @@ async def test_cards_serve_with_stand_ins_for_every_component(name, request):
         assert a.text == b.text
         assert a.audio.size > 0 and a.audio.tobytes() == b.audio.tobytes()
     freed = {component for component, _ in executor.freed}
-    assert freed == {"chattts": {"gpt"}, "qwen2_5_omni": {"thinker", "talker"}}.get(name, set())
+    expected_freed = {
+        "chattts": {"gpt"},
+        "qwen2_5_omni": {"thinker", "talker"},
+        "qwen3_tts": {"talker", "codec"},
+    }
+    assert freed == expected_freed.get(name, set())
+    if name == "qwen3_tts":  # every request's stream freed in the component that held it
+        codec = executor.built.components["codec"]
+        assert codec.num_streams == 0
+        streams = {s for c, s in executor.freed if c == "codec"}
+        assert len(streams) == len(reqs) and all(s.endswith("/vocode") for s in streams)
 
 
 async def _run_in_process(spec: str, reqs: list[Request], options: dict) -> list:

@@ -22,7 +22,8 @@ card's ``ModelInstance`` with a ``RemoteComponent`` for every component
 take everything they need from the card, never from a built component. Then all the serving
 process needs of a component is generic, and is what ``RemoteComponent`` has:
 
-- ``free_sequence(seq_id)``: the AR loops' ``SequenceOwner``, called on finish and abort;
+- ``free_sequence(seq_id)``: the AR loops' ``SequenceOwner``, called on finish and abort (and
+  the stateful audio loops', which free a vocoder's per-request decoder state the same way);
 - KV usage for ``engine.stats()`` and the metrics (``kv_blocks()``);
 - nothing else. ``execute`` and any other attribute raise, naming the component, so a card
   that reads a component from a loop fails at its first request, not silently.
@@ -49,15 +50,18 @@ and then its one component; the serving process builds each card once. So each a
 own component's load (a thinker actor reads the thinker's weights, a piper actor opens the ONNX
 session) plus the card's light parts, once per replica.
 
-Per-request state of AR components (the ChatTTS GPT, the Qwen thinker and talker):
+Per-request state of AR components (the ChatTTS GPT, the Qwen thinker and talker) and of
+stateful vocoders (the Qwen3-TTS codec):
 
 - KV blocks live in the actor that ran the sequence's prefill. A payload with a ``seq_id``
   attribute is routed by it: every unit of a sequence goes to the replica holding its blocks,
   a new sequence to the replica holding the fewest sequences (then the fewest batches in
   flight), so a batch whose sequences live on different replicas is split and its parts run
-  at once. Payloads without ``seq_id`` (vocoder chunks, ODE steps) go as one batch to the
-  least busy replica. A preempted sequence (the actor freed it to make room) stays routed to
-  its replica and recomputes there.
+  at once. Payloads without ``seq_id`` (stateless vocoder chunks, ODE steps) go as one batch
+  to the least busy replica. A stateful vocoder's chunks (``AudioChunkInput.seq_id``, e.g.
+  qwen3_tts's codec, which keeps each request's KV cache and conv inputs) are routed like a
+  sequence: to the replica holding the request's decoder state. A preempted sequence (the
+  actor freed it to make room) stays routed to its replica and recomputes there.
 - The ``RemoteComponent`` in the driver's ``ModelInstance.components`` is the loops'
   ``SequenceOwner``: its ``free_sequence`` (called by the loop on finish and abort) reaches the
   replica holding the sequence, and ``kv_blocks()`` reports the actors' KV usage to

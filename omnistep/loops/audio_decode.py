@@ -13,6 +13,15 @@ number of frames, never on timing: a chunk is cut when its look-ahead has arrive
 is closed, so streamed and non-streamed requests decode the same chunks and give the same
 samples.
 
+Stateful vocoders (``AudioDecodeConfig.stream_state``): a component that keeps each request's
+decoder state between chunks (a KV cache, the last inputs of its causal convs) needs no left
+context: each unit carries only the chunk's new frames, ``left`` 0, and the request's stream id
+(``AudioChunkInput.seq_id``, also what the Ray executor routes a request's units by, to the
+replica holding its state). The state is the component's, like an AR component's KV blocks: it
+is made at the request's first chunk, and ``release`` (called by the engine when the loop
+finishes, fails or is aborted) frees it through the component's ``free_sequence(seq_id)`` when
+it has one. Components without state ignore ``seq_id``.
+
 Silence trimming touches only the edges: leading samples with ``|x| <= trim_threshold`` are
 dropped until the first louder sample; trailing quiet samples are held back until louder audio
 follows (then they are interior and emitted) or the stream ends (then they are dropped).
@@ -52,6 +61,11 @@ class AudioChunkInput:
         left: frames of left context before the chunk.
         chunk: frames whose samples this unit outputs.
         extras: per-request data the component needs (e.g. a speaker); None if unused.
+        seq_id: the request's stream id when the loop runs a stateful component
+            (``AudioDecodeConfig.stream_state``): the key of the state the component keeps
+            between this request's chunks; None otherwise.
+        start: index of ``frames[0]`` in the request's stream of frames (the chunk starts at
+            frame ``start + left``).
 
     The component returns float32 samples for the ``chunk`` frames only.
     """
@@ -60,6 +74,8 @@ class AudioChunkInput:
     left: int
     chunk: int
     extras: Any = None
+    seq_id: str | None = None
+    start: int = 0
 
     @property
     def right(self) -> int:
@@ -89,7 +105,11 @@ class AudioDecodeConfig:
             length past the last), so windows of different lengths batch together. Only for a
             causal component that right-pads the windows of a batch (its samples never depend
             on later frames); needs ``lookahead`` 0. Empty: windows batch only with equal
-            shapes.
+            shapes. With ``stream_state`` the key is the chunk size rounded up to a bucket (the
+            component right-pads chunks of different sizes).
+        stream_state: the component keeps each request's state between chunks (see the
+            module docstring): units carry only new frames and the request's ``seq_id``, and
+            ``release`` frees the state; needs ``left_context`` and ``lookahead`` 0.
     """
 
     loop_id: str
@@ -105,6 +125,7 @@ class AudioDecodeConfig:
     trim_threshold: float | None = None
     extras_slot: str | None = None
     window_buckets: tuple[int, ...] = ()
+    stream_state: bool = False
 
     def __post_init__(self) -> None:
         for name in ("first_chunk", "chunk"):
@@ -123,6 +144,11 @@ class AudioDecodeConfig:
             raise ValueError(f"window_buckets must be increasing positive ints, got {buckets}")
         if buckets and self.lookahead:
             raise ValueError("window_buckets need lookahead 0 (a causal component)")
+        if self.stream_state and (self.left_context or self.lookahead):
+            raise ValueError(
+                "stream_state needs left_context 0 and lookahead 0 (the component keeps the "
+                f"context), got {self.left_context} and {self.lookahead}"
+            )
 
     def window_bucket(self, frames: int) -> int:
         """The smallest of ``window_buckets`` >= ``frames``, or ``frames`` past the last."""
@@ -147,6 +173,8 @@ class AudioDecodeState(LoopState):
     started: bool = False
     held: list[np.ndarray] = field(default_factory=list)
     extras: Any = None
+    seq_id: str | None = None
+    owner: Any = None
 
 
 class AudioDecodeLoop:
@@ -159,12 +187,15 @@ class AudioDecodeLoop:
         self.loop_id = config.loop_id
 
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> AudioDecodeState:
+        stateful = self.config.stream_state
         return AudioDecodeState(
             request_id=req.request_id,
             loop_id=self.loop_id,
             profile=req.profile,
             channel=ctx.slots[self.config.in_slot],
             extras=ctx.slots.get(self.config.extras_slot or ""),
+            seq_id=f"{req.request_id}/{self.loop_id}" if stateful else None,
+            owner=model.components[self.config.component] if stateful else None,
         )
 
     def chunk_bounds(
@@ -192,9 +223,13 @@ class AudioDecodeLoop:
             state.decoded - start,
             end - state.decoded,
             state.extras,
+            state.seq_id,
+            start,
         )
-        dims = (len(unit.frames), unit.left, unit.chunk)
-        if self.config.window_buckets:
+        dims: tuple[int, ...] = (len(unit.frames), unit.left, unit.chunk)
+        if self.config.stream_state:
+            dims = (self.config.window_bucket(unit.chunk),)
+        elif self.config.window_buckets:
             dims = (unit.chunk, self.config.window_bucket(len(unit.frames)))
         return WorkPlan(
             WorkUnitKind.AUDIO_CHUNK,
@@ -243,4 +278,9 @@ class AudioDecodeLoop:
         )
 
     def release(self, state: AudioDecodeState) -> None:
-        """Nothing outside the state to free."""
+        """Free the request's state in a stateful component (``stream_state``); idempotent.
+        A stateless loop holds nothing outside its state."""
+        free = getattr(state.owner, "free_sequence", None)
+        if free is not None and state.seq_id is not None:
+            free(state.seq_id)
+            state.owner = None

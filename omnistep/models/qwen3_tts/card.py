@@ -6,8 +6,9 @@ request (``Capability.STREAMING_TEXT_INPUT``).
 Program: ``frontend`` (voice, language, instructions -> ``Qwen3TTSVoice``; checked at
 submission) -> ``decode`` (``TalkerTextLoop`` on the ``talker`` component: one PREFILL unit,
 then one AR_TOKEN unit per frame; each frame's 16 codes go on ``codes_stream``) and, at the same
-time, ``vocode`` (an AudioDecodeLoop on the ``codec`` component: chunks of frames with the
-decoder's exact left context, no look-ahead: ``codec.codec_decode_config``) -> ``usage``.
+time, ``vocode`` (an AudioDecodeLoop on the ``codec`` component: chunks of new frames, the
+component keeping each request's decoder state between them; no look-ahead:
+``codec.codec_decode_config``) -> ``usage``.
 
 Text: the request's text arrives on ``TEXT_INPUT_SLOT`` (whole, or in pieces with
 ``Request.text_input``); ``IncrementalTokenizer`` turns it into the same ids tokenizing the whole
@@ -155,6 +156,10 @@ class Qwen3TTSOptions:
         max_new_tokens: cap on generated frames (None: ``generation_config.json``'s).
         first_chunk, chunk, chunk_growth, max_chunk, bucket_frames: the vocoder's chunk
             schedule in frames (1 frame = 1920 samples = 80 ms); see ``codec_decode_config``.
+        codec_stream_state: the codec keeps each request's decoder state (KV cache, conv
+            inputs) between chunks, so a chunk costs its own frames only; False: every chunk
+            re-reads its exact left context (580 frames published; the same samples, slower;
+            ``bucket_frames`` applies only then).
         non_streaming_text: upstream's non-streaming layout (whole text in the prompt); text
             that streams in then starts speaking only once it is complete.
         dtype: talker/codec compute dtype.
@@ -170,6 +175,7 @@ class Qwen3TTSOptions:
     chunk_growth: float = 2.0
     max_chunk: int = 64
     bucket_frames: int = 64
+    codec_stream_state: bool = True
     non_streaming_text: bool = False
     dtype: torch.dtype = torch.float32
 
@@ -562,6 +568,7 @@ def build_card(
         bucket_frames=opts.bucket_frames,
         sample_rate=sample_rate,
         extras_slot="codec_prefix",
+        stream_state=opts.codec_stream_state,
     )
     program = Program(
         inputs=("request", TEXT_INPUT_SLOT),

@@ -43,6 +43,14 @@ context returns the whole-utterance decode's samples; it runs the cheap transfor
 full context but the expensive conv stack only over ``conv_context_frames`` before the chunk.
 Upstream's own ``chunked_decode`` keeps 25 frames of left context, an approximation.
 
+Streams (``decode_stream``, what the serving component runs): instead of re-reading its left
+context, a stream keeps what its next chunk reads, as an AR model keeps its KV cache: every
+transformer layer's keys (after RoPE) and values of its last ``sliding_window - 1`` positions,
+positions continuing from the stream's first frame as in the whole decode; pre_conv's and
+every causal conv's last ``(kernel - 1) * dilation`` inputs (the whole decode's zero padding
+at the start); every overlapping transposed conv's last input. A chunk then computes only its
+own frames, and its samples are the whole decode's within float rounding.
+
 State-dict names equal the ``decoder.*`` tensors of ``speech_tokenizer/model.safetensors``
 without that prefix (``load_codec_decoder`` takes the file's names as they are). The quantizers'
 ``input_proj`` weights (encoder side, never used to decode) are not held.
@@ -56,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +90,8 @@ CONVNEXT_KERNEL = 7
 DECODER_KERNEL = 7
 """Kernel of the decoder's first and last convs and of every residual unit's dilated conv."""
 RESIDUAL_DILATIONS = (1, 3, 9)
+CONV_PIECE_FRAMES = 32
+"""Most frames a stream's chunk runs through the conv stack at once (``decode_stream``)."""
 CODEBOOK_EPS = 1e-5
 """``EuclideanCodebook.epsilon``: cluster usage is clamped at this before dividing."""
 UNUSED_TENSORS = ("quantizer.rvq_first.input_proj.weight", "quantizer.rvq_rest.input_proj.weight")
@@ -247,6 +258,86 @@ def _transposed_conv_reach(lo: int, kernel: int, stride: int) -> int:
     return -((kernel - 1 - lo) // stride)
 
 
+class StreamPass:
+    """The carried state of one batched forward over chunks of streams
+    (``CodecDecoder.decode_stream``).
+
+    Each stateful op (a causal conv's padding, a transposed conv's overlap, an attention
+    layer's keys and values) calls ``carry`` once per pass, in forward order: the same order
+    in every pass, so the i-th ``carry`` of a pass reads what the i-th of the stream's previous
+    pass saved. Rows are right-padded to the longest chunk (``frames[i]`` real frames in row
+    i); along time, ``x`` holds ``max(frames) * rate`` steps at the op's rate.
+
+    Args:
+        frames: real frames of each row's chunk (0 keeps a row's state as it is; the
+            largest >= 1).
+        states: each row's saved tensors (``DecoderStream``), or None for a stream's first
+            chunk (the carried inputs are then zeros: the whole decode's causal padding).
+    """
+
+    def __init__(self, frames: Sequence[int], states: Sequence[Sequence[torch.Tensor] | None]):
+        self.frames = list(frames)
+        self.max_frames = max(self.frames)
+        self.states = list(states)
+        self.saved: list[torch.Tensor] = []
+
+    def carry(self, x: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
+        """``x`` ``[B, ..., T, ...]`` with each row's saved last ``n`` steps before it along
+        ``dim`` (``n + T`` steps); saves each row's last ``n`` real steps for the next pass."""
+        if n == 0:
+            return x
+        index = len(self.saved)
+        shape = (*x.shape[1:dim], n, *x.shape[dim + 1 :])
+        past = [x.new_zeros(shape) if s is None else s[index] for s in self.states]
+        xs = torch.cat([torch.stack(past), x], dim)
+        rate = x.shape[dim] // self.max_frames
+        ends = [f * rate for f in self.frames]  # real steps of each row's x
+        if len(set(ends)) == 1:
+            self.saved.append(xs.narrow(dim, ends[0], n))
+        else:
+            self.saved.append(
+                torch.stack([xs[i].narrow(dim - 1, e, n) for i, e in enumerate(ends)])
+            )
+        return xs
+
+    def rows(self) -> list[tuple[torch.Tensor, ...]]:
+        """Each row's saved tensors (own copies, not views of the batch)."""
+        return [tuple(t[i].clone() for t in self.saved) for i in range(len(self.frames))]
+
+
+def _run(layer: nn.Module, x: torch.Tensor, sp: StreamPass | None) -> torch.Tensor:
+    """``layer(x)``, or its ``stream(x, sp)`` on a chunk when it carries state."""
+    stream = getattr(layer, "stream", None)
+    return layer(x) if sp is None or stream is None else stream(x, sp)
+
+
+@dataclass(frozen=True, eq=False)
+class DecoderStream:
+    """One stream's decoder state between chunks (what ``CodecDecoder.decode_stream`` reads
+    and returns); the per-request cache of the vocoder component.
+
+    Attributes:
+        frames: code frames the stream has decoded (its next frame's RoPE position).
+        latents: pre_conv's last ``PRE_CONV_KERNEL - 1`` inputs, then every layer's last
+            ``sliding_window - 1`` keys (after RoPE) and values ``[kv_heads, window - 1,
+            head_dim]``; None before the first chunk.
+        waves: the conv stack's carried inputs (each causal conv's last ``(kernel - 1) *
+            dilation`` inputs, each overlapping transposed conv's last input); None before
+            the first chunk.
+    """
+
+    frames: int = 0
+    latents: tuple[torch.Tensor, ...] | None = None
+    waves: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensors held (about 5 MB at the published size in float32)."""
+        return sum(
+            t.numel() * t.element_size() for t in (*(self.latents or ()), *(self.waves or ()))
+        )
+
+
 class CausalConv1d(nn.Module):
     """``Qwen3TTSTokenizerV2CausalConvNet`` at stride 1: ``(kernel - 1) * dilation`` zeros on
     the left, none on the right; ``[B, C_in, T]`` -> ``[B, C_out, T]``."""
@@ -258,6 +349,10 @@ class CausalConv1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(F.pad(x, (self.pad, 0)))
+
+    def stream(self, x: torch.Tensor, sp: StreamPass) -> torch.Tensor:
+        """The same on a chunk: the stream's last ``pad`` inputs replace the zero padding."""
+        return self.conv(sp.carry(x, self.pad))
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -273,6 +368,14 @@ class CausalConvTranspose1d(nn.Module):
         y = self.conv(x)
         return y[..., : y.shape[-1] - self.trim] if self.trim else y
 
+    def stream(self, x: torch.Tensor, sp: StreamPass) -> torch.Tensor:
+        """The same on a chunk: outputs of the chunk's inputs also read the ``ceil(trim /
+        stride)`` inputs before them (the overlap), carried from the previous chunk."""
+        stride = self.conv.stride[0]
+        carried = -(-self.trim // stride)
+        y = self.conv(sp.carry(x, carried))
+        return y[..., carried * stride : (carried + x.shape[-1]) * stride]
+
 
 class ConvNeXtBlock(nn.Module):
     """``Qwen3TTSTokenizerV2ConvNeXtBlock``: x + gamma * pw2(gelu(pw1(LN(causal dwconv(x)))));
@@ -287,10 +390,12 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = PackedLinear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.dwconv(x).transpose(1, 2)  # [B, T, dim]
-        y = self.pwconv2(self.act(self.pwconv1(self.norm(y))))
+    def forward(self, x: torch.Tensor, sp: StreamPass | None = None) -> torch.Tensor:
+        y = (self.dwconv(x) if sp is None else self.dwconv.stream(x, sp)).transpose(1, 2)
+        y = self.pwconv2(self.act(self.pwconv1(self.norm(y))))  # [B, T, dim]
         return x + (self.gamma * y).transpose(1, 2)
+
+    stream = forward
 
 
 class LayerScale(nn.Module):
@@ -328,17 +433,28 @@ class SlidingAttention(nn.Module):
         self.o_proj = PackedLinear(
             c.num_attention_heads * c.head_dim, c.hidden_size, c.attention_bias
         )
+        self.cached = c.sliding_window - 1
+        """Key/value positions a stream keeps per layer between chunks."""
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        sp: StreamPass | None = None,
     ) -> torch.Tensor:
-        """``cos``/``sin`` ``[T, head_dim]``; ``mask`` bool ``[T, T]`` (True: may attend)."""
+        """``cos``/``sin`` ``[1 or B, T, head_dim]``; ``mask`` bool, True where a query may
+        attend: ``[T, T]``, or with ``sp`` (a chunk of a stream) ``[B, 1, T, window - 1 + T]``
+        over the stream's cached keys (the last ``sliding_window - 1`` positions, after RoPE)
+        and the chunk's own."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, k, cos, sin)  # cos [T, D] broadcasts over batch and heads
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # [B, heads, T, D]
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, k, cos, sin)  # [B, heads, T, D]; cos [B|1, 1, T, D] there
+        if sp is not None:
+            k, v = sp.carry(k, self.cached), sp.carry(v, self.cached)
         if self.num_kv_heads != self.num_heads:
             repeat = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
@@ -373,16 +489,22 @@ class TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(config.hidden_size)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        sp: StreamPass | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, mask, sp)
+        x = x + self.self_attn_layer_scale(attn)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
 class CodecTransformer(nn.Module):
     """``Qwen3TTSTokenizerV2DecoderTransformerModel``: ``[B, T, latent]`` -> same; positions
-    0..T-1 in every call (upstream's as well: RoPE sees only offsets, so a window's positions
-    need not be the utterance's)."""
+    0..T-1 in a whole call, as upstream's (a window cut from an utterance may restart at 0:
+    RoPE sees only offsets), or continuing a stream's positions (``stream``)."""
 
     def __init__(self, config: CodecDecoderConfig):
         super().__init__()
@@ -397,13 +519,31 @@ class CodecTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.config
         h = self.input_proj(x)
-        t = h.shape[1]
-        positions = torch.arange(t, device=h.device)
+        positions = torch.arange(h.shape[1], device=h.device)
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, h.dtype, h.device)
         offset = positions[:, None] - positions[None, :]  # query - key
         mask = (offset >= 0) & (offset < c.sliding_window)
         for layer in self.layers:
-            h = layer(h, cos, sin, mask)
+            h = layer(h, cos[None], sin[None], mask)
+        return self.output_proj(self.norm(h))
+
+    def stream(self, x: torch.Tensor, start: torch.Tensor, sp: StreamPass) -> torch.Tensor:
+        """A chunk of each row's stream: ``x`` ``[B, T, latent]`` (rows right-padded),
+        ``start`` int64 ``[B]`` the position of each row's first frame (frames the stream has
+        seen before); every layer attends to the stream's cached keys and values (``sp``)."""
+        c = self.config
+        h = self.input_proj(x)
+        b, t = h.shape[:2]
+        steps = torch.arange(t, device=h.device)
+        positions = start[:, None] + steps  # [B, T]
+        cos, sin = rope_cos_sin(positions.reshape(-1), c.head_dim, c.rope_theta, h.dtype, h.device)
+        cos, sin = cos.view(b, t, -1), sin.view(b, t, -1)
+        cached = c.sliding_window - 1
+        keys = start[:, None] - cached + torch.arange(cached + t, device=h.device)  # [B, S]
+        offset = positions[:, :, None] - keys[:, None, :]  # [B, T, S]: query - key
+        mask = (keys[:, None, :] >= 0) & (offset >= 0) & (offset < c.sliding_window)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask[:, None], sp)
         return self.output_proj(self.norm(h))
 
 
@@ -418,8 +558,12 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+    def forward(self, x: torch.Tensor, sp: StreamPass | None = None) -> torch.Tensor:
+        y = self.act1(x)
+        y = self.conv1(y) if sp is None else self.conv1.stream(y, sp)
+        return x + self.conv2(self.act2(y))
+
+    stream = forward
 
 
 class DecoderBlock(nn.Module):
@@ -436,10 +580,12 @@ class DecoderBlock(nn.Module):
             ]
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, sp: StreamPass | None = None) -> torch.Tensor:
         for layer in self.block:
-            x = layer(x)
+            x = _run(layer, x, sp)
         return x
+
+    stream = forward
 
 
 class _Codebook(nn.Module):
@@ -556,15 +702,132 @@ class CodecDecoder(nn.Module):
         x = self.pre_conv(x.transpose(1, 2)).transpose(1, 2)
         return self.pre_transformer(x)
 
-    def waveform(self, latents: torch.Tensor) -> torch.Tensor:
+    def waveform(self, latents: torch.Tensor, sp: StreamPass | None = None) -> torch.Tensor:
         """Upsamplers and decoder: ``[B, T, latent_dim]`` -> ``[B, T * hop]`` in [-1, 1], float32
-        (float64 for a float64 model)."""
+        (float64 for a float64 model). With ``sp``, chunks continuing their streams."""
         x = latents.transpose(1, 2)
         for up, block in self.upsample:
-            x = block(up(x))
+            x = block(_run(up, x, sp), sp)
         for layer in self.decoder:
-            x = layer(x)
+            x = _run(layer, x, sp)
         return x[:, 0].clamp(-1.0, 1.0).to(torch.promote_types(x.dtype, torch.float32))
+
+    def _stream_latents(
+        self, codes: torch.Tensor, frames: Sequence[int], streams: Sequence[DecoderStream]
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, ...]]]:
+        """``latents`` of chunks continuing ``streams``: codes ``[B, T, Q]`` (row i's first
+        ``frames[i]`` real) -> ``[B, T, latent_dim]`` and each row's new ``latents`` state."""
+        sp = StreamPass(frames, [s.latents for s in streams])
+        x = self.quantizer.decode(codes).transpose(1, 2)  # [B, codebook_dim, T]
+        x = self.pre_conv.stream(x, sp).transpose(1, 2)
+        start = torch.tensor([s.frames for s in streams], device=codes.device)
+        return self.pre_transformer.stream(x, start, sp), sp.rows()
+
+    @torch.inference_mode()
+    def decode_stream(
+        self, chunks: Sequence[torch.Tensor], streams: Sequence[DecoderStream]
+    ) -> tuple[list[torch.Tensor], list[DecoderStream]]:
+        """Decode the next chunk of each stream, all in one batch.
+
+        Each stream keeps what its next chunk reads (``DecoderStream``): the last
+        ``sliding_window - 1`` keys and values of every layer, positions continuing from the
+        stream's first frame, and the last inputs of every causal conv; so a chunk costs its
+        own frames only, and consecutive chunks give the whole decode's samples (within float
+        rounding: 1e-5 in float32). Rows are right-padded to the longest chunk (causal: padding
+        never reaches a real sample); a row's samples equal its decode alone within rounding.
+
+        The conv stack runs over pieces of at most ``CONV_PIECE_FRAMES`` frames (exact, the
+        state carries across): on a CPU its activations then stay in cache (published size,
+        one thread: 45 ms per frame in 32-frame pieces, 62 in 64-frame ones).
+
+        Args:
+            chunks: each stream's next codes, int ``[frames, Q]`` (>= 1 frame, any device).
+            streams: each stream's state (``DecoderStream()`` for a new stream); not changed.
+
+        Returns:
+            Each chunk's samples, float32 ``[frames * hop]`` on the model's device, and each
+            stream's state after its chunk.
+
+        Raises:
+            ValueError: bad shapes or codes out of range, or ``chunks`` and ``streams`` of
+                different lengths.
+        """
+        if len(chunks) != len(streams):
+            raise ValueError(f"{len(chunks)} chunks for {len(streams)} streams")
+        if not chunks:
+            return [], []
+        codes, frames = self._stack_chunks(chunks)
+        latents, latent_states = self._stream_latents(codes, frames, streams)
+        conv_states: list[Sequence[torch.Tensor] | None] = [s.waves for s in streams]
+        pieces = []
+        for lo in range(0, max(frames), CONV_PIECE_FRAMES):  # a row may have 0 frames left
+            part = [min(max(n - lo, 0), CONV_PIECE_FRAMES) for n in frames]
+            sp = StreamPass(part, conv_states)
+            pieces.append(self.waveform(latents[:, lo : lo + max(part)], sp))
+            conv_states = sp.rows()  # type: ignore[assignment]
+        wave = torch.cat(pieces, dim=1)  # [B, max(frames) * hop]
+        hop = self.hop_length
+        new = [
+            DecoderStream(s.frames + n, lat, conv)
+            for s, n, lat, conv in zip(streams, frames, latent_states, conv_states, strict=True)
+        ]
+        return [wave[i, : n * hop] for i, n in enumerate(frames)], new
+
+    @torch.inference_mode()
+    def prime_stream(self, codes: torch.Tensor) -> DecoderStream:
+        """A new stream's state after ``codes`` ``[P, Q]`` decoded as context only (voice
+        cloning's reference codes), without producing their samples: the transformer runs over
+        the last ``left_context_frames`` of them, the conv stack over the last
+        ``conv_context_frames`` (the receptive field of what the next chunk reads), so the
+        stream's next samples equal those of the whole decode of ``codes`` + the stream's
+        codes (within float rounding).
+
+        Raises:
+            ValueError: bad shape or codes out of range.
+        """
+        if codes.dim() != 2 or codes.shape[0] == 0:
+            raise ValueError(f"prefix codes must be [frames >= 1, Q], got {tuple(codes.shape)}")
+        codes, frames = self._stack_chunks([codes[-self.left_context_frames :]])
+        latents, (latent_state,) = self._stream_latents(codes, frames, [DecoderStream()])
+        tail = latents[:, -self.config.conv_context_frames :]
+        sp = StreamPass([tail.shape[1]], [None])
+        self.waveform(tail, sp)
+        (conv_state,) = sp.rows()
+        return DecoderStream(frames[0], latent_state, conv_state)
+
+    def _stack_chunks(self, chunks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+        """Chunks ``[frames_i, Q]`` as one right-padded int64 batch on the model's device."""
+        device = self.pre_conv.conv.weight.device
+        q = self.config.num_quantizers
+        for chunk in chunks:
+            if chunk.dim() != 2 or chunk.shape[1] != q or chunk.shape[0] == 0:
+                raise ValueError(
+                    f"a chunk's codes must be [frames >= 1, {q}], got {tuple(chunk.shape)}"
+                )
+            self._check_codes(chunk[None])
+        frames = [int(chunk.shape[0]) for chunk in chunks]
+        codes = torch.zeros(len(chunks), max(frames), q, dtype=torch.long, device=device)
+        for i, chunk in enumerate(chunks):
+            codes[i, : frames[i]] = chunk
+        return codes, frames
+
+    @torch.inference_mode()
+    def streamed_decode(self, codes: torch.Tensor, chunks: int | Sequence[int]) -> torch.Tensor:
+        """The whole decode done chunk by chunk through ``decode_stream`` (one stream per
+        row): codes ``[B, T, Q]`` -> float32 ``[B, T * hop]``.
+
+        Args:
+            chunks: frames per chunk: one size for all, or a schedule whose last size repeats.
+        """
+        self._check_codes(codes)
+        streams = [DecoderStream() for _ in range(codes.shape[0])]
+        pieces = []
+        for start, end in _schedule(codes.shape[1], chunks):
+            waves, streams = self.decode_stream(list(codes[:, start:end]), streams)
+            pieces.append(torch.stack(waves))
+        if not pieces:
+            return torch.zeros(codes.shape[0], 0, device=codes.device)
+        return torch.cat(pieces, dim=1)
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -653,16 +916,11 @@ class CodecDecoder(nn.Module):
             left_context: frames of context per chunk; None: ``left_context_frames`` (exact).
         """
         self._check_codes(codes)
-        sizes = [chunks] if isinstance(chunks, int) else list(chunks)
-        if not sizes or any(s < 1 for s in sizes):
-            raise ValueError(f"chunk sizes must be >= 1, got {chunks!r}")
         context = self.left_context_frames if left_context is None else left_context
-        pieces, start, index = [], 0, 0
-        while start < codes.shape[1]:
-            end = min(codes.shape[1], start + sizes[min(index, len(sizes) - 1)])
+        pieces = []
+        for start, end in _schedule(codes.shape[1], chunks):
             first = max(0, start - context)
             pieces.append(self.decode_chunk(codes[:, first:end], start - first, end - start))
-            start, index = end, index + 1
         if not pieces:
             return torch.zeros(codes.shape[0], 0, device=codes.device)
         return torch.cat(pieces, dim=1)
@@ -680,6 +938,20 @@ class CodecDecoder(nn.Module):
                 f"codes must lie in [0, {c.codebook_size}), got values in "
                 f"[{int(codes.min())}, {int(codes.max())}]"
             )
+
+
+def _schedule(frames: int, chunks: int | Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of each chunk of a schedule over ``frames`` frames: one size for all, or
+    sizes whose last repeats. Raises ValueError for sizes < 1."""
+    sizes = [chunks] if isinstance(chunks, int) else list(chunks)
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"chunk sizes must be >= 1, got {chunks!r}")
+    bounds, start = [], 0
+    while start < frames:
+        end = min(frames, start + sizes[min(len(bounds), len(sizes) - 1)])
+        bounds.append((start, end))
+        start = end
+    return bounds
 
 
 def load_codec_decoder(
@@ -765,39 +1037,117 @@ class CodecDecoderComponent:
     each: tuples, lists, arrays or int tensors), ``extras`` None or a ``CodecPrefix``; returns
     float32 numpy ``[chunk * hop]`` at 24 kHz per unit.
 
-    Units of any window lengths run as one batch (``CodecDecoder.decode_rows``: right-padded,
+    Two kinds of unit, both exact (the whole decode's samples within float rounding):
+
+    - Stateful (``seq_id`` set; the loop's ``stream_state``, the card's default): the component
+      keeps each stream's ``DecoderStream`` (KV cache of the last ``sliding_window - 1``
+      positions of every layer, every causal conv's last inputs; about 5 MB at the published
+      size), made at the stream's first chunk (``start + left == 0``; primed with a
+      ``CodecPrefix``'s codes) and freed by ``free_sequence(seq_id)``, which the audio loop
+      calls when the request finishes, fails or is aborted. A chunk then costs its own frames
+      only. A unit whose first chunk frame is not where its stream stands raises ValueError
+      (its state was lost or it skipped frames).
+    - Stateless (``seq_id`` None): the window carries its own left context; the loop must
+      give ``left_context >= decoder.left_context_frames`` (a ``CodecPrefix`` is prepended to
+      windows that start at the request's frame 0, which with that context are the windows with
+      ``left < left_context_frames``).
+
+    Units run as one batch (stateful and stateless ones in one batch each; rows right-padded,
     exact for this causal decoder); a batched row differs from the row alone only by float
     rounding (CPU and GPU kernels pick algorithms by shape). ``batch_invariant`` runs every row
-    alone, so its samples are bit-identical whatever else is in the batch.
-
-    The loop feeding it must give ``left_context >= decoder.left_context_frames`` (exactness;
-    a ``CodecPrefix`` is only prepended to windows that start at the request's frame 0, which
-    with that context are the windows with ``left < left_context_frames``).
+    alone, so its samples are bit-identical whatever else is in the batch. A batch that raises
+    changes no stream's state (states are replaced only once the whole batch has run), so the
+    executor's unit-by-unit rerun sees them as they were.
     """
 
     def __init__(self, decoder: CodecDecoder, batch_invariant: bool = False):
         self.decoder = decoder
         self.batch_invariant = batch_invariant
+        self._streams: dict[str, tuple[int, DecoderStream]] = {}  # seq_id -> (next frame, state)
+        self._lock = threading.Lock()  # free_sequence may come from another thread
+
+    @property
+    def num_streams(self) -> int:
+        """Streams whose state is held (0 when no request is decoding)."""
+        return len(self._streams)
+
+    def free_sequence(self, seq_id: str) -> None:
+        """Drop the state of stream ``seq_id``; idempotent (an unknown id is a no-op)."""
+        with self._lock:
+            self._streams.pop(seq_id, None)
 
     def execute(self, kind: WorkUnitKind, payloads: Sequence[AudioChunkInput]) -> list[np.ndarray]:
         """Decode every unit's chunk.
 
         Raises:
-            ValueError: ``kind`` is not AUDIO_CHUNK, or a unit's frames are not ``Q`` codes in
-                ``[0, codebook_size)``.
+            ValueError: ``kind`` is not AUDIO_CHUNK; a unit's frames are not ``Q`` codes in
+                ``[0, codebook_size)``; a stateful unit does not continue its stream (or two
+                units of one stream in a batch).
             TypeError: ``extras`` neither None nor a ``CodecPrefix``.
         """
         if kind is not WorkUnitKind.AUDIO_CHUNK:
             raise ValueError(f"the Qwen3-TTS codec decoder runs AUDIO_CHUNK units, got {kind}")
-        rows = [self._row(p) for p in payloads]
+        out: list[np.ndarray | None] = [None] * len(payloads)
+        stateless = [i for i, p in enumerate(payloads) if p.seq_id is None]
+        stateful = [i for i, p in enumerate(payloads) if p.seq_id is not None]
+        if stateless:
+            rows = [self._row(payloads[i]) for i in stateless]
+            if self.batch_invariant:
+                waves = [self.decoder.decode_rows([row])[0] for row in rows]
+            else:
+                waves = self.decoder.decode_rows(rows)
+            for i, wave in zip(stateless, waves, strict=True):
+                out[i] = _numpy(wave)
+        if stateful:
+            units = [payloads[i] for i in stateful]
+            for i, wave in zip(stateful, self._decode_streams(units), strict=True):
+                out[i] = _numpy(wave)
+        return out  # type: ignore[return-value]
+
+    def _decode_streams(self, units: Sequence[AudioChunkInput]) -> list[torch.Tensor]:
+        ids = [u.seq_id for u in units]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"two chunks of one stream in a batch: {sorted(ids)}")  # type: ignore[arg-type]
+        chunks, streams = [], []
+        with self._lock:
+            held = {i: self._streams.get(i) for i in ids}  # type: ignore[index]
+        for unit in units:
+            first = unit.start + unit.left
+            codes = _codes(unit.frames[unit.left : unit.left + unit.chunk])
+            if first == 0:
+                stream = self._new_stream(unit.extras)
+            else:
+                entry = held[unit.seq_id]  # type: ignore[index]
+                if entry is None or entry[0] != first:
+                    where = "no state" if entry is None else f"its state at frame {entry[0]}"
+                    raise ValueError(
+                        f"stream {unit.seq_id!r}: a chunk from frame {first}, but the decoder "
+                        f"holds {where}"
+                    )
+                stream = entry[1]
+            chunks.append(codes)
+            streams.append(stream)
         if self.batch_invariant:
-            waves = [self.decoder.decode_rows([row])[0] for row in rows]
+            pairs = [
+                self.decoder.decode_stream([c], [s]) for c, s in zip(chunks, streams, strict=True)
+            ]
+            waves, new = [w for (w,), _ in pairs], [s for _, (s,) in pairs]
         else:
-            waves = self.decoder.decode_rows(rows)
-        return [np.ascontiguousarray(w.cpu().numpy()) for w in waves]
+            waves, new = self.decoder.decode_stream(chunks, streams)
+        with self._lock:
+            for unit, state in zip(units, new, strict=True):
+                self._streams[unit.seq_id] = (unit.start + unit.left + unit.chunk, state)  # type: ignore[index]
+        return waves
+
+    def _new_stream(self, extras: Any) -> DecoderStream:
+        if extras is not None and not isinstance(extras, CodecPrefix):
+            raise TypeError(f"extras must be None or a CodecPrefix, got {type(extras).__name__}")
+        if extras is None or not extras.codes.shape[0]:
+            return DecoderStream()
+        return self.decoder.prime_stream(torch.as_tensor(extras.codes, dtype=torch.long))
 
     def _row(self, unit: AudioChunkInput) -> DecodeRow:
-        codes = torch.as_tensor(np.asarray([np.asarray(f) for f in unit.frames]), dtype=torch.long)
+        codes = _codes(unit.frames)
         left = unit.left
         prefix = unit.extras
         if prefix is not None and not isinstance(prefix, CodecPrefix):
@@ -807,6 +1157,15 @@ class CodecDecoderComponent:
             ref = torch.as_tensor(prefix.codes, dtype=torch.long)[-need:]
             codes, left = torch.cat([ref, codes]), left + ref.shape[0]
         return DecodeRow(codes, left, unit.chunk)
+
+
+def _codes(frames: Sequence[Any]) -> torch.Tensor:
+    """Code frames (tuples, lists, arrays or int tensors of ``Q`` ints) as int64 ``[T, Q]``."""
+    return torch.as_tensor(np.asarray([np.asarray(f) for f in frames]), dtype=torch.long)
+
+
+def _numpy(wave: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(wave.cpu().numpy())
 
 
 def codec_decode_config(
@@ -823,22 +1182,28 @@ def codec_decode_config(
     trim_threshold: float | None = None,
     extras_slot: str | None = None,
     sample_rate: int = SAMPLE_RATE,
+    stream_state: bool = True,
 ) -> AudioDecodeConfig:
-    """The audio loop's settings for this decoder: exact left context
-    (``left_context_frames``), no look-ahead (causal), windows bucketed to multiples of
-    ``bucket_frames`` so chunks of different requests batch (same chunk size, window lengths
-    in one bucket).
+    """The audio loop's settings for this decoder: no look-ahead (causal), and either
+
+    - ``stream_state`` (default): the component keeps each request's decoder state between
+      chunks (``CodecDecoderComponent``), so units carry only their new frames and the
+      request's stream id; chunks batch across requests whatever their positions, keyed by
+      their size rounded up to one of the schedule's sizes (a short last chunk joins the
+      others); or
+    - stateless: every window carries the exact left context (``left_context_frames``, 580
+      frames published), windows bucketed to multiples of ``bucket_frames`` so chunks of
+      different requests batch (same chunk size, window lengths in one bucket).
 
     ``sample_rate``: the speech tokenizer's ``output_sample_rate`` (24000 published).
 
     Defaults: a 2-frame first chunk (160 ms of audio: first audio as soon as the talker has
-    2 frames), then 8 frames doubling up to 64 (5.1 s): each chunk recomputes the conv stack
-    over ``conv_context_frames`` (10) frames of context, 1.25x the chunk at 8 frames, 0.16x at
-    64; the transformer's context (570 frames) is cheap per frame.
+    2 frames), then 8 frames doubling up to 64 (5.1 s). With stream state a chunk costs its
+    own frames only; stateless, each chunk reruns the transformer over its 570 frames of
+    context and the conv stack over ``conv_context_frames`` (10) before the chunk (1.25x the
+    chunk at 8 frames). Figures: ``bench/qwen3_tts_codec_stream.py``.
     """
-    left = decoder_config.left_context_frames
-    buckets = tuple(range(bucket_frames, left + max_chunk + bucket_frames, bucket_frames))
-    return AudioDecodeConfig(
+    config = AudioDecodeConfig(
         loop_id=loop_id,
         component=component,
         in_slot=in_slot,
@@ -847,9 +1212,14 @@ def codec_decode_config(
         chunk=chunk,
         chunk_growth=chunk_growth,
         max_chunk=max_chunk,
-        left_context=left,
         lookahead=0,
         trim_threshold=trim_threshold,
         extras_slot=extras_slot,
-        window_buckets=buckets,
+        stream_state=stream_state,
     )
+    if stream_state:  # chunk_size's exponent stops at 64: these indices give every size
+        sizes = tuple(sorted({config.chunk_size(i) for i in range(66)}))
+        return dataclasses.replace(config, window_buckets=sizes)
+    left = decoder_config.left_context_frames
+    buckets = tuple(range(bucket_frames, left + max_chunk + bucket_frames, bucket_frames))
+    return dataclasses.replace(config, left_context=left, window_buckets=buckets)
