@@ -85,7 +85,6 @@ import logging
 import os
 import platform
 import shutil
-import statistics
 import sys
 import time
 import traceback
@@ -100,6 +99,7 @@ from omnistep.models.chattts.card import ChatTTSOptions, build_card, make_sampli
 from omnistep.sampling import sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import load_avg, median, union_seconds  # noqa: E402
 from device_timing import DEVICES, device_info, now, resolve_device  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,14 +134,6 @@ TEXTS = (
     "small hand and large home at the port",
     "time to show every good line again",
 )
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def _med(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
 
 
 # ----------------------------------------------------------------------------- checkpoint
@@ -255,15 +247,6 @@ class ExecTimer:
         return out
 
 
-def _union_seconds(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
-
-
 def floor_reps(device: torch.device | str) -> int:
     """Timed repetitions of a GEMM floor: 3 on the CPU (tens of ms each), 50 on CUDA (a step's
     GEMMs take well under a millisecond there, so more are averaged)."""
@@ -355,8 +338,8 @@ class Ours:
         res["tag"] = tag
         res["exec"] = {n: t.summary() for n, t in self.timers.items()}
         calls = {n: [(s, e) for _, _, s, e in t.outer()] for n, t in self.timers.items()}
-        busy = _union_seconds([iv for ivs in calls.values() for iv in ivs])
-        res["busy_s"] = {n: round(_union_seconds(ivs), 3) for n, ivs in calls.items()}
+        busy = union_seconds([iv for ivs in calls.values() for iv in ivs])
+        res["busy_s"] = {n: round(union_seconds(ivs), 3) for n, ivs in calls.items()}
         res["busy_s"]["any"] = round(busy, 3)
         res["idle_s"] = round(res["wall_s"] - busy, 3)  # no component running
         res["overlap_s"] = round(sum(res["busy_s"][n] for n in calls) - busy, 3)
@@ -412,9 +395,9 @@ class Ours:
             "frames": frames,
             "all_exact": all(p["frames"] == tokens for p in per),
             "tok_s": frames / wall,
-            "ttfa_p50_s": _med(ttfa),
+            "ttfa_p50_s": median(ttfa),
             "ttfa_max_s": max(ttfa, default=float("nan")),
-            "total_p50_s": _med([p["total_s"] for p in per]),
+            "total_p50_s": median([p["total_s"] for p in per]),
             "total_max_s": max(p["total_s"] for p in per),
             "requests": per,
             "loadavg": load_avg(),
@@ -661,7 +644,7 @@ def _row(side: str, config: str, c: int, runs: list[dict[str, Any]]) -> dict[str
     nan = float("nan")
 
     def med(key: str) -> float:
-        return _med([r[key] for r in runs if r.get(key) is not None])
+        return median([r[key] for r in runs if r.get(key) is not None])
 
     return {
         "side": side,
@@ -737,12 +720,12 @@ def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> 
             f"{r['load1']:>9}"
         )
 
-    single = _med([s["tok_s"] for s in up_single])
-    batch = _med([b["tok_s"] for b in up_batch])
-    ttfa = _med([s["ttfa_s"] for s in up_stream])
-    ours_lo = _med([b["tok_s"] for b in ours_by_c[lo]])
-    ours_hi = _med([b["tok_s"] for b in ours_by_c[hi]])
-    ours_ttfa = _med([b["ttfa_p50_s"] for b in ours_by_c[lo]])
+    single = median([s["tok_s"] for s in up_single])
+    batch = median([b["tok_s"] for b in up_batch])
+    ttfa = median([s["ttfa_s"] for s in up_stream])
+    ours_lo = median([b["tok_s"] for b in ours_by_c[lo]])
+    ours_hi = median([b["tok_s"] for b in ours_by_c[hi]])
+    ours_ttfa = median([b["ttfa_p50_s"] for b in ours_by_c[lo]])
 
     def paired(fn: Any) -> list[float]:
         return [fn(r) for r in rounds]
@@ -781,8 +764,8 @@ def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> 
     ]
     bi_cost = {}
     for c, b in res["batch_invariant"].get("bursts", {}).items():
-        base = _med([x["tok_s"] for x in ours_by_c[int(c)]])
-        base_cpu = _med([x["cpu_ms_per_token"] for x in ours_by_c[int(c)]])
+        base = median([x["tok_s"] for x in ours_by_c[int(c)]])
+        base_cpu = median([x["cpu_ms_per_token"] for x in ours_by_c[int(c)]])
         bi_cost[c] = {
             "default_tok_s": base,
             "batch_invariant_tok_s": b["tok_s"],
@@ -801,7 +784,7 @@ def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> 
         f"upstream _infer_code {up['gpt_only']['tok_s']:.1f} tok/s"
     )
     floors = {
-        m: _med([r["gemm_floor"][m]["ms_per_step"] for r in rounds])
+        m: median([r["gemm_floor"][m]["ms_per_step"] for r in rounds])
         for m in rounds[0]["gemm_floor"]
     }
     ceiling = {m: int(m) * 1000 / ms for m, ms in floors.items()}

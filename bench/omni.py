@@ -75,7 +75,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -90,11 +89,13 @@ from omnistep.core import (
     ModelInstance,
     Request,
     SamplingParams,
-    WorkUnitKind,
 )
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen2_5_omni.card import QwenOmniOptions, build_card
 from omnistep.sampling import SamplingRow
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ExecTimer, load_avg, median, union_seconds  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = Path("/tmp/omnistep-qwen-bench")
@@ -153,14 +154,6 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def _med(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
 def _import_test_helpers() -> None:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
@@ -215,47 +208,6 @@ def _numel(shape: list[int]) -> int:
 
 
 # ----------------------------------------------------------------------------- omnistep
-
-
-class ExecTimer:
-    """Wraps a component's ``execute`` (instance attribute) to log kind, batch and interval."""
-
-    def __init__(self, component: Any):
-        self.log: list[tuple[str, int, float, float]] = []
-        inner = component.execute
-
-        def execute(kind: WorkUnitKind, payloads: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return inner(kind, payloads)
-            finally:
-                self.log.append((kind.value, len(payloads), start, time.perf_counter()))
-
-        component.execute = execute
-
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for kind in sorted({k for k, _, _, _ in self.log}):
-            rows = [(b, e - s) for k, b, s, e in self.log if k == kind]
-            seconds = sum(t for _, t in rows)
-            out[kind] = {
-                "calls": len(rows),
-                "units": sum(b for b, _ in rows),
-                "seconds": round(seconds, 3),
-                "ms_per_call": round(1000 * seconds / len(rows), 2),
-                "max_batch": max(b for b, _ in rows),
-                "mean_batch": round(sum(b for b, _ in rows) / len(rows), 2),
-            }
-        return out
-
-
-def _union_seconds(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
 
 
 class Ours:
@@ -353,8 +305,8 @@ class Ours:
         res["tag"] = tag
         res["exec"] = {n: t.summary() for n, t in self.timers.items()}
         calls = {n: [(s, e) for _, _, s, e in t.log] for n, t in self.timers.items()}
-        res["busy_s"] = {n: round(_union_seconds(iv), 3) for n, iv in calls.items()}
-        res["busy_s"]["any"] = round(_union_seconds([x for iv in calls.values() for x in iv]), 3)
+        res["busy_s"] = {n: round(union_seconds(iv), 3) for n, iv in calls.items()}
+        res["busy_s"]["any"] = round(union_seconds([x for iv in calls.values() for x in iv]), 3)
         res["loadavg"] = load_avg()
         if not quiet:
             print_run("omnistep", tag, res)
@@ -395,9 +347,9 @@ def aggregate(c: int, wall: float, per: list[dict[str, Any]]) -> dict[str, Any]:
         "tok_s": (think + talk) / wall,
         "audio_s_per_s": audio / wall,
         "ttfa_first_s": per[0]["ttfa_s"],
-        "ttfa_p50_s": _med(ttfa),
+        "ttfa_p50_s": median(ttfa),
         "ttfa_max_s": max(ttfa, default=float("nan")),
-        "total_p50_s": _med([p["total_s"] for p in per]),
+        "total_p50_s": median([p["total_s"] for p in per]),
         "total_max_s": max(p["total_s"] for p in per),
         "requests": per,
     }
@@ -587,7 +539,7 @@ def ratio_line(name: str, value: float, op: str, target: float, paired: list[flo
 
 def _row(side: str, c: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     def med(key: str) -> float:
-        return _med([r[key] for r in runs])
+        return median([r[key] for r in runs])
 
     keys = (
         "wall_s",
@@ -605,7 +557,7 @@ def _row(side: str, c: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["thinker_tokens"] = runs[0]["thinker_tokens"]
     row["talker_tokens"] = runs[0]["talker_tokens"]
     row["audio_s"] = runs[0]["audio_s"]
-    row["cpu_s_per_audio_s"] = _med([r["cpu_s"] / r["audio_s"] for r in runs])
+    row["cpu_s_per_audio_s"] = median([r["cpu_s"] / r["audio_s"] for r in runs])
     row["load1_max"] = max(r["loadavg"][0] for r in runs)
     return row
 
@@ -648,7 +600,7 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
         return [fn(i) for i in range(len(rounds))]
 
     def hi_ratio(key: str) -> float:
-        return _med([x[key] for x in ours[hi]]) / _med([x[key] for x in ref[hi]])
+        return median([x[key] for x in ours[hi]]) / median([x[key] for x in ref[hi]])
 
     print()
     print("targets (headline = medians over rounds; paired = same round):")
@@ -669,13 +621,14 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
         ),
         ratio_line(
             f"(b) C={lo} TTFA: omnistep / transformers first generate",
-            _med([x["ttfa_p50_s"] for x in ours[lo]]) / _med([x["ttfa_p50_s"] for x in ref[lo]]),
+            median([x["ttfa_p50_s"] for x in ours[lo]])
+            / median([x["ttfa_p50_s"] for x in ref[lo]]),
             "<",
             1.0,
             paired(lambda i: ours[lo][i]["ttfa_p50_s"] / ref[lo][i]["ttfa_p50_s"]),
         ),
     ]
-    cpu_ratio = _med([x["cpu_s"] / x["audio_s"] for x in ref[hi]]) / _med(
+    cpu_ratio = median([x["cpu_s"] / x["audio_s"] for x in ref[hi]]) / median(
         [x["cpu_s"] / x["audio_s"] for x in ours[hi]]
     )
     print(
@@ -722,16 +675,16 @@ def _busy_summary(ours: dict[int, list[dict[str, Any]]]) -> dict[str, dict[str, 
     out = {}
     for c, runs in ours.items():
         names = runs[0]["busy_s"].keys()
-        out[str(c)] = {n: round(_med([r["busy_s"][n] for r in runs]), 3) for n in names}
-        out[str(c)]["wall"] = round(_med([r["wall_s"] for r in runs]), 3)
+        out[str(c)] = {n: round(median([r["busy_s"][n] for r in runs]), 3) for n in names}
+        out[str(c)]["wall"] = round(median([r["wall_s"] for r in runs]), 3)
     return out
 
 
 def _phase_summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
     reqs = [q for r in rounds for q in r["ref_sequential"]["requests"]]
     names = sorted({k for q in reqs for k in q["phases_s"]})
-    out = {n: round(_med([q["phases_s"].get(n, 0.0) for q in reqs]), 3) for n in names}
-    out["generate"] = round(_med([q["seconds"] for q in reqs]), 3)
+    out = {n: round(median([q["phases_s"].get(n, 0.0) for q in reqs]), 3) for n in names}
+    out["generate"] = round(median([q["seconds"] for q in reqs]), 3)
     return out
 
 

@@ -88,7 +88,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -103,10 +102,12 @@ from omnistep.core import (
     ModelInstance,
     Request,
     SamplingParams,
-    WorkUnitKind,
 )
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ExecTimer, load_avg, median, union_seconds  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the checkpoint writer and the reference live in tests/
@@ -134,15 +135,6 @@ TEXTS = (
     "Remember to water the plants and feed the cat while I am away this weekend.",
 )
 """The requests' texts (request i speaks ``TEXTS[i % 8]``); 14-16 words each."""
-
-
-def load_avg() -> list[float]:
-    """The 1-, 5- and 15-minute load averages, rounded."""
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def _med(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -211,43 +203,6 @@ def parameter_counts(root: Path) -> dict[str, int]:
 # ----------------------------------------------------------------------------- omnistep
 
 
-class ExecTimer:
-    """Wraps a component's ``execute`` (instance attribute) and logs (kind, batch, start, end)."""
-
-    def __init__(self, component: Any):
-        self.log: list[tuple[str, int, float, float]] = []
-        inner = component.execute
-
-        def execute(kind: WorkUnitKind, payloads: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return inner(kind, payloads)
-            finally:
-                self.log.append((kind.value, len(payloads), start, time.perf_counter()))
-
-        component.execute = execute
-
-    def seconds(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for kind, _, s, e in self.log:
-            out[kind] = out.get(kind, 0.0) + e - s
-        return out
-
-    def calls(self) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {}
-        for kind in sorted({k for k, _, _, _ in self.log}):
-            rows = [(b, e - s) for k, b, s, e in self.log if k == kind]
-            total = sum(t for _, t in rows)
-            out[kind] = {
-                "calls": len(rows),
-                "units": sum(b for b, _ in rows),
-                "seconds": round(total, 3),
-                "ms_per_call": round(1000 * total / len(rows), 2),
-                "max_batch": max(b for b, _ in rows),
-            }
-        return out
-
-
 class PredictorTimer:
     """Times ``CodePredictor.run`` (the 15 sub-steps inside each talker step)."""
 
@@ -263,15 +218,6 @@ class PredictorTimer:
                 self.seconds += time.perf_counter() - start
 
         predictor.run = run
-
-
-def _union_seconds(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
 
 
 class Ours:
@@ -367,8 +313,8 @@ class Ours:
         talker_s = sum(talker.values())
         codec_s = sum(codec.values())
         intervals = {n: [(s, e) for _, _, s, e in t.log] for n, t in self.timers.items()}
-        busy = {n: round(_union_seconds(iv), 3) for n, iv in intervals.items()}
-        busy["any"] = round(_union_seconds([x for iv in intervals.values() for x in iv]), 3)
+        busy = {n: round(union_seconds(iv), 3) for n, iv in intervals.items()}
+        busy["any"] = round(union_seconds([x for iv in intervals.values() for x in iv]), 3)
         ttfa = [p["ttfa_s"] for p in per if p["ttfa_s"] is not None]
         res = {
             "concurrency": c,
@@ -381,7 +327,7 @@ class Ours:
             "ttfa_p50_s": _pct(ttfa, 50),
             "ttfa_p99_s": _pct(ttfa, 99),
             "ttfa_max_s": max(ttfa, default=float("nan")),
-            "total_p50_s": _med([p["total_s"] for p in per]),
+            "total_p50_s": median([p["total_s"] for p in per]),
             "cpu_s": cpu,
             "cpu_ms_per_frame": 1000 * cpu / max(frames, 1),
             "split_s": {
@@ -389,7 +335,7 @@ class Ours:
                 "code_predictor": self.predictor.seconds,
                 "codec": codec_s,
             },
-            "exec": {n: t.calls() for n, t in self.timers.items()},
+            "exec": {n: t.summary() for n, t in self.timers.items()},
             "busy_s": busy,
             "loadavg_before": load,
             "loadavg": load_avg(),
@@ -573,14 +519,14 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
                 "rounds": len(runs),
                 "ttfa_p50_s": _pct(ttfa, 50),
                 "ttfa_p99_s": _pct(ttfa, 99),
-                "total_p50_s": _med([r["total_p50_s"] for r in runs]),
-                "wall_s": _med([r["wall_s"] for r in runs]),
+                "total_p50_s": median([r["total_p50_s"] for r in runs]),
+                "wall_s": median([r["wall_s"] for r in runs]),
                 "frames": runs[0]["frames"],
-                "frames_per_s": _med([r["frames_per_s"] for r in runs]),
-                "rtf": _med([r["rtf"] for r in runs]),
-                "cpu_ms_per_frame": _med([r["cpu_ms_per_frame"] for r in runs]),
+                "frames_per_s": median([r["frames_per_s"] for r in runs]),
+                "rtf": median([r["rtf"] for r in runs]),
+                "cpu_ms_per_frame": median([r["cpu_ms_per_frame"] for r in runs]),
                 "split_ms_per_frame": _per_frame_ms(
-                    {k: _med([r["split_s"][k] for r in runs]) for k in runs[0]["split_s"]},
+                    {k: median([r["split_s"][k] for r in runs]) for k in runs[0]["split_s"]},
                     runs[0]["frames"],
                 ),
                 "load1_max": max(r["loadavg"][0] for r in runs),
@@ -591,16 +537,16 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
             "side": "qwen-tts",
             "C": f"seq {len(TEXTS)}",
             "rounds": len(ref),
-            "ttfa_p50_s": _med([r["first_utterance_s"] for r in ref]),
+            "ttfa_p50_s": median([r["first_utterance_s"] for r in ref]),
             "ttfa_p99_s": float("nan"),
-            "total_p50_s": _med([q["seconds"] for r in ref for q in r["requests"]]),
-            "wall_s": _med([r["wall_s"] for r in ref]),
+            "total_p50_s": median([q["seconds"] for r in ref for q in r["requests"]]),
+            "wall_s": median([r["wall_s"] for r in ref]),
             "frames": ref[0]["frames"],
-            "frames_per_s": _med([r["frames_per_s"] for r in ref]),
-            "rtf": _med([r["rtf"] for r in ref]),
-            "cpu_ms_per_frame": _med([r["cpu_ms_per_frame"] for r in ref]),
+            "frames_per_s": median([r["frames_per_s"] for r in ref]),
+            "rtf": median([r["rtf"] for r in ref]),
+            "cpu_ms_per_frame": median([r["cpu_ms_per_frame"] for r in ref]),
             "split_ms_per_frame": _per_frame_ms(
-                {k: _med([r["split_s"][k] for r in ref]) for k in ref[0]["split_s"]},
+                {k: median([r["split_s"][k] for r in ref]) for k in ref[0]["split_s"]},
                 ref[0]["frames"],
             ),
             "load1_max": max(r["loadavg"][0] for r in ref),
