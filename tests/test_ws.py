@@ -568,3 +568,27 @@ def test_text_input_model_speaks_each_turn_as_one_request_fed_as_text_arrives(st
         for t, text in enumerate(turns)
     ]
     assert first == expected[0] and second == expected[1] and first != second
+
+
+def test_text_after_the_turns_speech_ended_is_dropped_with_one_warning(streaming):
+    """The turn's request stops at max_new_tokens before its text ends: later pieces get one
+    ``turn_ended`` warning, the session goes on, and the next turn speaks normally."""
+    with _open(streaming) as ws:
+        _send(ws, "session.config", model="toy_stream", seed=5, max_new_tokens=5)
+        _send(ws, "input.text", text="Hello world, here we go")
+        assert _recv(ws)["type"] == "audio.start"
+        assert isinstance(_recv(ws), bytes)
+        time.sleep(0.5)  # the 5 steps are done: the turn's request has ended
+        for piece in [" and more", " and more"]:
+            _send(ws, "input.text", text=piece)
+        _send(ws, "input.done")
+        frames, _ = _until(ws, "audio.done")
+        warnings = [f for f in frames if isinstance(f, dict) and f["type"] == "error"]
+        assert [w["error"]["code"] for w in warnings] == ["turn_ended"], frames
+        assert frames[-1]["segments"] == 1
+        _send(ws, "input.text", text="Second turn")
+        _send(ws, "input.done")
+        frames, audio = _until(ws, "audio.done")
+        assert audio == _speech_pcm(
+            streaming, "Second turn", segment_seed(5, 1), model="toy_stream", max_new_tokens=5
+        )

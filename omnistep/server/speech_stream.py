@@ -66,7 +66,7 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from omnistep.audio import OUTPUT_SAMPLE_RATE, make_encoder
-from omnistep.core import Capability, Modality, OmnistepError
+from omnistep.core import Capability, InvalidRequestError, Modality, OmnistepError
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, PlaybackClock, RequestStream
 from omnistep.server.errors import ApiError, api_error, validation_message
@@ -278,6 +278,7 @@ class SpeechSession:
         self.text_input = Capability.STREAMING_TEXT_INPUT in card.capabilities
         self.turn: _Segment | None = None  # the running turn's request (text_input models)
         self.turn_chars = 0
+        self.turn_dropped = False  # the running turn's request ended before its text
         self._send_lock = asyncio.Lock()  # reader (warnings) and writer both send
 
     async def run(self) -> None:
@@ -355,7 +356,9 @@ class SpeechSession:
             )
             return
         if self.text_input:
-            self._feed_turn(text)
+            warning = self._feed_turn(text)
+            if warning is not None:
+                await self._warn(warning, param="text", code="turn_ended")
             return
         await self._queue(self.buffer.feed(text))
         pending = self.buffer.pending.strip()
@@ -397,9 +400,9 @@ class SpeechSession:
             self.items.put_nowait(segment)
         self._submit_ready()
 
-    def _feed_turn(self, text: str) -> None:
+    def _feed_turn(self, text: str) -> str | None:
         """Send a piece into the turn's request; the first piece with something to speak
-        starts it.
+        starts it. Returns a warning to send when the piece was dropped, else None.
 
         Raises:
             SessionEnd: the engine refused the turn, or the turn's text is over
@@ -416,11 +419,16 @@ class SpeechSession:
             )
         try:
             if self.turn is not None:
-                self.turn.stream.append_text(text)  # type: ignore[union-attr]
-                return
+                try:
+                    self.turn.stream.append_text(text)  # type: ignore[union-attr]
+                except InvalidRequestError as exc:
+                    if exc.code != "not_running":
+                        raise
+                    return self._turn_over()
+                return None
             if not any(c.isalnum() for c in text):
                 self.turn_chars = 0
-                return  # nothing to speak yet: leading space or punctuation
+                return None  # nothing to speak yet: leading space or punctuation
             segment = _Segment(self.next_index, text)
             body = self.config.model_copy(
                 update={"input": text, "seed": segment_seed(self.seed, segment.index)}
@@ -437,10 +445,22 @@ class SpeechSession:
         self.clock = segment.stream.clock
         self.in_flight.append(segment)
         self.items.put_nowait(segment)
+        return None
+
+    def _turn_over(self) -> str | None:
+        """The turn's request ended before its text did (``max_new_tokens`` reached, or it
+        failed: the writer reports that): the text is dropped, with one warning per turn."""
+        if self.turn_dropped:
+            return None
+        self.turn_dropped = True
+        return (
+            "The turn's speech already ended (max_new_tokens reached) before its text did; "
+            "the rest of this turn's text is dropped until input.done."
+        )
 
     def _end_turn(self) -> None:
         """``input.done`` in a text_input session: the turn's request gets no more text."""
-        turn, self.turn, self.turn_chars = self.turn, None, 0
+        turn, self.turn, self.turn_chars, self.turn_dropped = self.turn, None, 0, False
         if turn is not None and turn.stream is not None and not turn.stream.finished:
             with contextlib.suppress(OmnistepError):  # it already ended (failed: the writer says)
                 turn.stream.end_text()

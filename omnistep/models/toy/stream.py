@@ -6,7 +6,8 @@ The ``track`` loop (AR_DECODE) consumes one input byte per step: step ``k`` feed
 after the text ends a pad (0) for ``TAIL_STEPS`` more steps. It reads the bytes from the
 request's ``TEXT_INPUT_SLOT`` channel and returns ``Pending`` while byte ``k`` has not arrived
 and the text is still open, so a request runs as far as its text allows and nothing runs while
-it waits; the request ends ``TAIL_STEPS`` after the text's last byte. Tokens go on
+it waits; the request ends ``TAIL_STEPS`` after the text's last byte (or at the request's
+``max_new_tokens``). Tokens go on
 ``token_stream`` to the ``toy`` card's sine vocoder. The same text
 (whole, or in any pieces) and seed give the same tokens and audio.
 """
@@ -61,6 +62,7 @@ class TrackState(LoopState):
 
     seed: int = 0
     temperature: float = 1.0
+    max_new_tokens: int | None = None
     text: Channel = field(default_factory=Channel)
     read: int = 0  # channel pieces consumed into ``ids``
     ids: list[int] = field(default_factory=list)
@@ -86,6 +88,7 @@ class TrackLoop:
             profile=req.profile,
             seed=int(req.seed or 0),
             temperature=req.sampling.or_default("temperature", 1.0),
+            max_new_tokens=req.sampling.max_new_tokens,
             text=text,
             out=ctx.slots["token_stream"],
         )
@@ -95,6 +98,8 @@ class TrackLoop:
             state.ids.extend(byte_ids(state.text[state.read]))
             state.read += 1
         step = state.step
+        if state.max_new_tokens is not None and step >= state.max_new_tokens:
+            return Done()
         if step < len(state.ids):
             text_id = state.ids[step]
         elif not state.text.closed:
