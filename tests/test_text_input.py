@@ -159,3 +159,29 @@ def test_capability_and_program_input_go_together():
             capabilities=frozenset(card.capabilities)
             - {c for c in card.capabilities if c.value == "streaming_text_input"},
         ).validate()
+
+
+async def test_a_request_waiting_for_its_text_does_not_hold_admission():
+    """Under EDF admission, a stream whose audio ran out because its client has not sent more
+    text is not a stream running low: new requests are admitted at once, not after the
+    admission wait."""
+    from omnistep.engine import EngineConfig
+
+    engine = AsyncEngine(
+        [ModelInstance.load(toy_stream.build_card()), ModelInstance.load(toy.build_card())],
+        EngineConfig(scheduling="edf"),
+    )
+    try:
+        idle = engine.add_request(Request("toy_stream", text="abcdefgh", seed=1, text_input=True))
+        first = await idle.__anext__()  # its bytes are spoken (tens of ms of audio) ...
+        while first.audio is None:
+            first = await idle.__anext__()
+        await asyncio.sleep(0.3)  # ... which ran out long ago: it waits for its client
+        assert engine.stats()["queued_units"] == 0
+        fresh = engine.add_request(Request("toy", text="hello", seed=2))
+        assert engine.stats()["waiting_requests"] == 0, "held behind a client that is silent"
+        assert [c async for c in fresh]
+        idle.end_text()
+        assert [c async for c in idle]
+    finally:
+        await engine.shutdown()

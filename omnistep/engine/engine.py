@@ -647,10 +647,21 @@ class AsyncEngine:
             if r.held is None
             and r.clock is not None
             and Modality.AUDIO in r.ctx.request.output_modalities
+            and not self._awaits_client_text(r)
         }.values()
         limit = run.model.card.max_starting
         rate = self._capacity.rate(self._parallel(run.model)) if limit is not None else None
         return self._admission.may_admit(now, run.waiting_since, clocks, limit, rate)
+
+    @staticmethod
+    def _awaits_client_text(run: _RequestRun) -> bool:
+        """Whether the request has nothing to compute until its client sends more text (its
+        text input is open and every live loop is parked): its audio running out is then the
+        client's pause, not a stream the engine is late for, so admission does not wait on it."""
+        text_input = run.ctx.slots.get(TEXT_INPUT_SLOT)
+        if text_input is None or text_input.closed:
+            return False
+        return not any(live.queued or live.in_flight for live in run.live.values())
 
     def _parallel(self, model: ModelInstance) -> int:
         """Batches of ``model`` that can run at once: its most concurrent component's

@@ -56,7 +56,7 @@ from omnistep.audio.decode import AudioDecodeError, decode_audio
 from omnistep.core import Capability, InvalidRequestError, ModelCard, Request
 from omnistep.engine import AsyncEngine
 from omnistep.server.errors import error_response
-from omnistep.server.protocol import OpenAIBody
+from omnistep.server.protocol import OpenAIBody, control_characters
 
 log = logging.getLogger("omnistep.server")
 
@@ -451,6 +451,26 @@ def _text_field(form: object, field: str, required: bool = True) -> str | None:
     return value
 
 
+MAX_TRANSCRIPT_CHARS = 4096
+"""Longest transcript of a voice sample (``/v1/audio/speech``'s input limit)."""
+
+
+def _check_transcript(text: str | None) -> str:
+    """The transcript, held to ``/v1/audio/speech``'s rules for ``input``: at most
+    ``MAX_TRANSCRIPT_CHARS`` characters, no control characters but tab and newlines, and
+    something speakable (a letter or a digit). Raises InvalidRequestError (param
+    ``transcript``)."""
+    assert text is not None  # _text_field(required=True)
+    if len(text) > MAX_TRANSCRIPT_CHARS:
+        raise _bad(f"'transcript' is over {MAX_TRANSCRIPT_CHARS} characters", "transcript")
+    bad = control_characters(text)
+    if bad:
+        raise _bad(f"'transcript' contains control characters {', '.join(bad[:5])}", "transcript")
+    if not any(c.isalnum() for c in text):
+        raise _bad("'transcript' has nothing spoken in it (no letter or digit)", "transcript")
+    return text
+
+
 async def _create_from_upload(http: HttpRequest) -> JSONResponse:
     """The multipart form of ``POST /v1/audio/voices`` (see the module docstring)."""
     async with http.form(max_files=1, max_fields=16) as form:
@@ -470,8 +490,8 @@ async def _create_from_upload(http: HttpRequest) -> JSONResponse:
         if not isinstance(upload, UploadFile):
             what = "is required" if upload is None else "must be a file"
             raise _bad(f"'{AUDIO_SAMPLE}' {what}", AUDIO_SAMPLE, "missing_required_parameter")
-        transcript = _text_field(form, "transcript")
-        assert transcript is not None and model_id is not None
+        transcript = _check_transcript(_text_field(form, "transcript"))
+        assert model_id is not None
         taken = await run_in_threadpool(_name_taken, http, card, name)
         if taken is not None:
             return taken

@@ -398,8 +398,8 @@ class _Frontend:
         if voice.lower() not in self.config.spk_id:
             known = ", ".join(sorted(self.config.spk_id))
             raise InvalidRequestError(
-                f"unknown voice '{voice}'; this model's speakers: {known} (or an OpenAI voice "
-                "name)",
+                f"unknown voice '{voice}'; this model's speakers: {known}; or one of the "
+                f"OpenAI names {', '.join(OPENAI_SPEAKERS)}",
                 param="voice",
                 code="unknown_voice",
             )

@@ -248,7 +248,9 @@ def check_clip(
     if x.shape[0] == 0:
         raise InvalidRequestError("the reference audio is empty", param="audio")
     if not np.isfinite(x).all():
-        raise InvalidRequestError("the reference audio has NaN or infinite samples", param="audio")
+        raise InvalidRequestError(
+            "the reference audio has NaN or infinite samples", param="audio", code="invalid_audio"
+        )
     seconds = x.shape[0] / sample_rate
     if seconds < min_seconds:
         raise InvalidRequestError(
