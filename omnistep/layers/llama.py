@@ -73,6 +73,26 @@ class LlamaConfigLite:
     qkv_bias: bool = False
     qk_norm: bool = False
 
+    SIZE_FIELDS = (
+        "hidden_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "rope_theta",
+        "max_position_embeddings",
+    )
+    """The fields ``of`` reads from a family's config (the transformers config key names)."""
+
+    @classmethod
+    def of(cls, cfg: Any, **flags: Any) -> LlamaConfigLite:
+        """The stack whose sizes are ``cfg``'s ``SIZE_FIELDS`` (any object with those
+        attributes, e.g. a family's parsed config), with ``flags`` (``qkv_bias``,
+        ``qk_norm``, ...) on top."""
+        return cls(**{name: getattr(cfg, name) for name in cls.SIZE_FIELDS}, **flags)
+
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)

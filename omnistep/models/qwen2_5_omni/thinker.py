@@ -100,18 +100,7 @@ def qwen2_stack(cfg: Any) -> LlamaConfigLite:
     """A Qwen2 decoder stack (q/k/v bias, no o or MLP bias) from a config with the Llama size
     fields (hidden_size, heads, layers, intermediate_size, kv heads, head_dim, eps, rope_theta,
     max_position_embeddings): shared by the thinker and the talker."""
-    return LlamaConfigLite(
-        hidden_size=cfg.hidden_size,
-        num_attention_heads=cfg.num_attention_heads,
-        num_hidden_layers=cfg.num_hidden_layers,
-        intermediate_size=cfg.intermediate_size,
-        num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta,
-        max_position_embeddings=cfg.max_position_embeddings,
-        qkv_bias=True,
-    )
+    return LlamaConfigLite.of(cfg, qkv_bias=True)
 
 
 @dataclass(frozen=True)

@@ -134,18 +134,7 @@ def qwen3_stack(cfg: TalkerConfig | CodePredictorConfig) -> LlamaConfigLite:
         raise ValueError(f"{what}: hidden_act must be 'silu', got {cfg.hidden_act!r}")
     if cfg.attention_bias:
         raise ValueError(f"{what}: attention_bias=True is not supported")
-    return LlamaConfigLite(
-        hidden_size=cfg.hidden_size,
-        num_attention_heads=cfg.num_attention_heads,
-        num_hidden_layers=cfg.num_hidden_layers,
-        intermediate_size=cfg.intermediate_size,
-        num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta,
-        max_position_embeddings=cfg.max_position_embeddings,
-        qk_norm=True,
-    )
+    return LlamaConfigLite.of(cfg, qk_norm=True)
 
 
 def suppressed_ids(config: Qwen3TTSConfig) -> list[int]:
