@@ -1,8 +1,12 @@
-"""Helpers the in-process benchmarks share (``bench/omni.py``, ``bench/qwen3_tts.py``): machine
-load, medians, and a timer around a component's ``execute``.
+"""Helpers the benchmarks share: machine load, medians, a timer around a component's
+``execute`` (``bench/omni.py``, ``bench/qwen3_tts.py``), a process's CPU seconds, the pooling of
+HTTP bursts measured by ``omnistep.bench.client`` (TTFA, throughput, underruns of its simulated
+real-time player; ``bench/speech.py``, ``bench/scheduling.py``) and target rows in the form
+``bench/compare.py`` reads.
 
-Standard library only (the component is duck-typed), so any bench script can import it: a
-script run as ``python bench/x.py`` has ``bench/`` first on its path.
+Standard library only at import (the component is duck-typed; ``pool_bursts`` imports
+``omnistep.bench.client`` when called), so any bench script can import it: a script run as
+``python bench/x.py`` has ``bench/`` first on its path.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import math
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -73,3 +78,77 @@ class ExecTimer:
                 "mean_batch": round(sum(b for b, _ in rows) / len(rows), 2),
             }
         return out
+
+
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads, from ``/proc/PID/stat``);
+    None if unknown (no pid, no such process, no ``/proc``)."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # fields 3.. of proc(5); utime, stime are 14, 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pool_bursts(levels: list[dict]) -> dict:
+    """Pool several bursts of one concurrency level into one row.
+
+    Args:
+        levels: ``omnistep.bench.client.summarize_level`` dicts (each with its ``results``
+            per request and ``audio_s_per_s``), one per burst.
+
+    Returns:
+        ``requests`` and ``errors`` (summed); over the successful requests of all bursts:
+        TTFA p50/p90/p99/max (``ttfa_p50_s`` ...), end-to-end p50/max (``e2e_p50_s``,
+        ``e2e_max_s``), the median audio seconds per request, the simulated player's
+        ``underruns`` (count) and ``underrun_s`` (seconds); ``audio_s_per_s``, the median over
+        bursts of each burst's audio seconds per wall second, and ``audio_s_per_s_pooled``, all
+        bursts' audio over all their wall time. Percentiles are numpy's linear interpolation;
+        a figure with no request behind it is None.
+    """
+    from omnistep.bench.client import percentile
+
+    results = [r for level in levels for r in level["results"] if r.get("error") is None]
+    ttfa = sorted(r["ttfa_s"] for r in results if r.get("ttfa_s") is not None)
+    e2e = sorted(r["e2e_s"] for r in results if r.get("e2e_s") is not None)
+    runs = [u for r in results for u in r.get("underruns_s", [])]
+    rates = [level["audio_s_per_s"] for level in levels if level.get("audio_s_per_s")]
+    wall = sum(level.get("wall_s") or 0.0 for level in levels)
+    return {
+        "requests": sum(level["requests"] for level in levels),
+        "errors": sum(level["errors"] for level in levels),
+        "ttfa_p50_s": percentile(ttfa, 50),
+        "ttfa_p90_s": percentile(ttfa, 90),
+        "ttfa_p99_s": percentile(ttfa, 99),
+        "ttfa_max_s": ttfa[-1] if ttfa else None,
+        "e2e_p50_s": percentile(e2e, 50),
+        "e2e_max_s": e2e[-1] if e2e else None,
+        "audio_s_per_request": statistics.median(r["audio_s"] for r in results)
+        if results
+        else None,
+        "underruns": len(runs),
+        "underrun_s": float(sum(runs)),
+        "audio_s_per_s": statistics.median(rates) if rates else None,
+        "audio_s_per_s_pooled": sum(level.get("audio_s") or 0.0 for level in levels) / wall
+        if wall > 0
+        else None,
+    }
+
+
+def target_row(name: str, value: float | None, op: str, target: float, paired: list) -> dict:
+    """One target as ``bench/compare.py`` reads it: ``name``, ``value``, ``op`` (``"<="`` or
+    ``">="``), ``target``, ``met`` (False when ``value`` is None or NaN) and ``paired`` (the
+    same figure per round; None where a round has none)."""
+    known = value is not None and not math.isnan(value)
+    met = known and (value <= target if op == "<=" else value >= target)
+    return {
+        "name": name,
+        "value": round(value, 4) if known else None,
+        "op": op,
+        "target": target,
+        "met": bool(met),
+        "paired": [None if p is None else round(p, 4) for p in paired],
+    }

@@ -42,6 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import pool_bursts  # noqa: E402
 
 from omnistep.bench import client  # noqa: E402
 from omnistep.server.launcher import launch_server  # noqa: E402
@@ -107,25 +110,6 @@ def run_config(args: tuple[str, ...], levels: list[int], seed: int) -> dict[int,
     return out
 
 
-def pooled(levels: list[dict]) -> dict:
-    """Pool the requests of several bursts of one level."""
-    results = [r for level in levels for r in level["results"] if r.get("error") is None]
-    ttfa = sorted(r["ttfa_s"] for r in results if r.get("ttfa_s") is not None)
-    runs = [u for r in results for u in r.get("underruns_s", [])]
-    return {
-        "requests": sum(level["requests"] for level in levels),
-        "errors": sum(level["errors"] for level in levels),
-        "ttfa_p50_s": client.percentile(ttfa, 50) if ttfa else None,
-        "ttfa_p99_s": client.percentile(ttfa, 99) if ttfa else None,
-        "ttfa_max_s": ttfa[-1] if ttfa else None,
-        "underruns": len(runs),
-        "underrun_s": float(sum(runs)),
-        "audio_s_per_s": statistics.median(
-            level["audio_s_per_s"] for level in levels if level["audio_s_per_s"]
-        ),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", default="8,16")
@@ -146,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             for level, summary in run_config(CONFIGS[name], levels, 1000 * round_index).items():
                 raw[name][level].append(summary)
     piper_s = statistics.median(piper)
-    table = {n: {c: pooled(raw[n][c]) for c in levels} for n in names}
+    table = {n: {c: pool_bursts(raw[n][c]) for c in levels} for n in names}
     print(f"\npiper's own first sentence alone: median {piper_s:.3f} s ({len(piper)} runs)")
     print(
         f"{'config':15} {'C':>3} {'TTFA p50':>9} {'p99':>7} {'max':>7} {'xPiper':>7} "

