@@ -5,7 +5,8 @@ What it measures
 Nothing of its own. The per-card benchmarks already run omnistep and the alternative side by side
 in alternating rounds and write their target ratios to JSON:
 
-* ``speech``: the embedded voice, omnistep over HTTP vs. piper's own ``PiperVoice`` (``speech.py``);
+* ``speech``: the sentence voices (hibari, kokoro, piper), omnistep over HTTP vs. each voice's own
+  runtime (``Hibari``, kokoro-onnx's ``Kokoro``, ``PiperVoice``) (``speech.py``);
 * ``ar_decode``: the ``chattts`` card vs. the upstream ``chattts`` package (``ar_decode.py``);
 * ``omni``: the ``qwen2.5-omni`` card vs. transformers' ``generate`` (``omni.py``).
 
@@ -19,9 +20,10 @@ failed with the tail of its stderr; the others still run. The table goes to
 ``bench/results/compare.json`` (``--json``).
 
 Defaults are the quick ones: ``--rounds 2`` for every benchmark (their own defaults: speech 3,
-ar_decode 2, omni 3), speech at C = 1,8, ar_decode at C = 1,16 (no target uses its C = 4 level);
-everything else is the benchmark's default. ``--args NAME=ARGS`` appends arguments to one
-benchmark's command line (later flags win); ``--out`` is always set by this script.
+ar_decode 2, omni 3), speech at C = 1,8,16 (its default), ar_decode at C = 1,16 (no target uses
+its C = 4 level); everything else is the benchmark's default. ``--args NAME=ARGS`` appends
+arguments to one benchmark's command line (later flags win); ``--out`` is always set by this
+script.
 
 How to run
 ----------
@@ -54,11 +56,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT_DIR = ROOT / "bench" / "results" / "compare"
 DEFAULT_JSON = ROOT / "bench" / "results" / "compare.json"
 CARDS = {  # benchmark name -> (card, alternative)
-    "speech": ("embedded voice (piper joe-medium)", "piper's own PiperVoice.synthesize"),
+    "speech": (
+        "sentence voices (hibari, kokoro, piper)",
+        "each voice's own runtime (Hibari, kokoro-onnx Kokoro, PiperVoice)",
+    ),
     "ar_decode": ("chattts", "upstream chattts Chat.infer"),
     "omni": ("qwen2.5-omni", "transformers generate"),
 }
-QUICK_ARGS = {"speech": ["--concurrency", "1,8"], "ar_decode": ["--concurrency", "1,16"]}
+QUICK_ARGS = {"speech": ["--concurrency", "1,8,16"], "ar_decode": ["--concurrency", "1,16"]}
 TAIL_LINES = 15
 
 
@@ -100,29 +105,11 @@ def run_benchmark(cmd: list[str], json_path: Path, log_path: Path) -> dict:
 
 
 def targets_of(data: dict) -> list[dict]:
-    """The target rows of one benchmark JSON: name, value, op, target, met, paired."""
-    if "targets" in data:  # ar_decode.py, omni.py: a list of ratio_line() dicts
-        keys = ("name", "value", "op", "target", "met", "paired")
-        return [{k: t.get(k) for k in keys} for t in data["targets"]]
-    # speech.py: "ratios" {name: {value, target: "<= 1.2", pass}}; the paired lists are in
-    # "diagnostics" as "paired per round, <what> / ..." with <what> = the ratio's numerator.
-    paired = {k: v for k, v in data.get("diagnostics", {}).items() if k.startswith("paired")}
-    rows = []
-    for name, r in data["ratios"].items():
-        what = name.removeprefix("omnistep ").split(" / ")[0]
-        match = [v for k, v in paired.items() if k.startswith(f"paired per round, {what} /")]
-        op, _, target = r["target"].partition(" ")
-        rows.append(
-            {
-                "name": name,
-                "value": r["value"],
-                "op": op,
-                "target": float(target),
-                "met": r["pass"],
-                "paired": match[0] if match else [],
-            }
-        )
-    return rows
+    """The target rows of one benchmark JSON (its ``targets``, a list of dicts as
+    ``bench/common.py``'s ``target_row`` and ``ratio_line`` of ar_decode.py / omni.py build
+    them): name, value, op, target, met, paired."""
+    keys = ("name", "value", "op", "target", "met", "paired")
+    return [{k: t.get(k) for k in keys} for t in data["targets"]]
 
 
 def file_loadavg(data: dict) -> tuple[list | None, list | None]:

@@ -20,33 +20,23 @@ _spec.loader.exec_module(compare)
 def speech_json() -> dict:
     """The keys of bench/speech.py's result the table uses, as that script builds them."""
     return {
-        "paragraph": "...",
-        "omnistep": [{"concurrency": 1, "ttfa_p50_s": 1.75}, {"concurrency": 8}],
-        "piper": {"repetitions": 8, "first_chunk_s": 2.38},
-        "ratios": {
-            "omnistep TTFA p50 (C=1) / piper first sentence": {
-                "value": 0.7324,
-                "target": "<= 1.2",
-                "pass": True,
-            },
-            "omnistep audio-s/s (C=8) / piper sequential audio-s/s": {
-                "value": 0.91,
-                "target": ">= 1.0",
-                "pass": False,
-            },
-        },
-        "diagnostics": {
-            "paired per round, TTFA p50 (C=1) / piper first sentence": [0.82, 0.73, 0.71],
-            "paired per round, audio-s/s (C=8) / piper audio-s/s": [1.07, 0.85, 0.91],
-            "CPU per audio second, omnistep server (C=8) / piper": 0.77,
-        },
+        "text": "...",
+        "voices": [{"voice": "piper", "levels": [{"concurrency": 1, "ttfa_p50_s": 1.75}]}],
+        "targets": [
+            target("piper: TTFA p50 (C=1) / own first sentence", 0.7324, "<=", 1.1, True,
+                   [0.82, 0.73, 0.71]),
+            target("piper: audio-s/s (C=8) / own sequential audio-s/s", 0.91, ">=", 1.0, False,
+                   [1.07, 0.85, 0.91]),
+            target("piper: underruns (C=8, EDF)", 0.0, "<=", 0, True, [0.0, 0.0, 0.0]),
+        ],
         "loadavg": {"start": [3.66, 2.82, 3.18], "end": [6.06, 4.81, 3.93]},
         "machine": {"cpus": 2},
-    }
+    }  # fmt: skip
 
 
 def target(name: str, value: float | None, op: str, goal: float, met: bool, paired: list) -> dict:
-    """One entry of ar_decode.py's / omni.py's ``targets`` (their ``ratio_line``)."""
+    """One entry of a ``targets`` list (ar_decode.py / omni.py ``ratio_line``, common.py's
+    ``target_row``)."""
     return {"name": name, "value": value, "op": op, "target": goal, "met": met, "paired": paired}
 
 
@@ -110,17 +100,8 @@ def test_report_only_reads_every_benchmark(tmp_path, capsys):
     assert all(b["status"] == "ok" and b["error"] is None for b in benches.values())
 
     speech = benches["speech"]["targets"]
-    assert [t["name"] for t in speech] == list(speech_json()["ratios"])
-    assert speech[0] == {
-        "name": "omnistep TTFA p50 (C=1) / piper first sentence",
-        "value": 0.7324,
-        "op": "<=",
-        "target": 1.2,
-        "met": True,
-        "paired": [0.82, 0.73, 0.71],
-    }
-    assert (speech[1]["op"], speech[1]["target"], speech[1]["met"]) == (">=", 1.0, False)
-    assert speech[1]["paired"] == [1.07, 0.85, 0.91]
+    assert speech == speech_json()["targets"]
+    assert [t["met"] for t in speech] == [True, False, True]
     assert benches["speech"]["loadavg_before"] == [3.66, 2.82, 3.18]
     assert benches["speech"]["loadavg_after"] == [6.06, 4.81, 3.93]
 
@@ -133,39 +114,11 @@ def test_report_only_reads_every_benchmark(tmp_path, capsys):
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if "(b) ours C=16 tok/s / upstream batch 8" in x)
     assert "1.474  >= 2.5" in line and line.endswith("MISSED  1.40, 1.50")
-    assert "0.732  <= 1.2" in text and "met" in text
+    assert "0.732  <= 1.1" in text and "met" in text
+    assert "piper: underruns (C=8, EDF)" in text
     assert "before 3.66 2.82 3.18, after 6.06 4.81 3.93" in text
     assert "0.99, -, 0.59" in text  # a missing paired value
     assert "FAILED" not in text
-
-
-def test_speech_paired_values_follow_the_ratio_not_the_order():
-    data = speech_json()
-    data["diagnostics"] = dict(reversed(list(data["diagnostics"].items())))
-    rows = compare.targets_of(data)
-    assert rows[0]["paired"] == [0.82, 0.73, 0.71]
-    assert rows[1]["paired"] == [1.07, 0.85, 0.91]
-    # one level only (--concurrency 1): both ratios at C=1, still told apart
-    one = {
-        "ratios": {
-            "omnistep TTFA p50 (C=1) / piper first sentence": {
-                "value": 0.5,
-                "target": "<= 1.2",
-                "pass": True,
-            },
-            "omnistep audio-s/s (C=1) / piper sequential audio-s/s": {
-                "value": 1.1,
-                "target": ">= 1.0",
-                "pass": True,
-            },
-        },
-        "diagnostics": {
-            "paired per round, TTFA p50 (C=1) / piper first sentence": [0.5],
-            "paired per round, audio-s/s (C=1) / piper audio-s/s": [1.1],
-            "CPU per audio second, omnistep server (C=1) / piper": None,
-        },
-    }
-    assert [r["paired"] for r in compare.targets_of(one)] == [[0.5], [1.1]]
 
 
 def test_a_failed_benchmark_is_reported_and_the_others_still_run(tmp_path, capsys):
@@ -201,7 +154,7 @@ def test_a_failed_benchmark_is_reported_and_the_others_still_run(tmp_path, capsy
         assert b["seconds"] >= 0 and b["command"] == commands[b["name"]]
 
     text = capsys.readouterr().out
-    assert "speech: embedded voice" in text and "[failed" in text
+    assert "speech: sentence voices" in text and "[failed" in text
     assert "FAILED: exit status 3" in text and "  | RuntimeError: boom" in text
     assert "(a) C=8 audio-s/s: omnistep / transformers sequential" in text
 
@@ -251,7 +204,7 @@ def test_command_lines(tmp_path):
         "--out", str(out),
     ]  # fmt: skip
     speech = compare.bench_command("speech", 1, tmp_path / "s.json", [])
-    assert speech[2:6] == ["--rounds", "1", "--concurrency", "1,8"]
+    assert speech[2:6] == ["--rounds", "1", "--concurrency", "1,8,16"]
     assert compare.bench_command("omni", 3, tmp_path / "o.json", [])[2:4] == ["--rounds", "3"]
     extra = compare.parse_extra(["speech=--baseline-reps 1 --concurrency 1"], ["speech"])
     assert extra == {"speech": ["--baseline-reps", "1", "--concurrency", "1"]}
