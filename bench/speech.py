@@ -99,7 +99,8 @@ How to run
 N`` sends ceil(N / C) instead. ``--url`` benchmarks an already running server (one voice only:
 the one it serves). It prints a table per voice and writes everything (per-request numbers,
 load averages, versions) to ``bench/results/speech.json`` (``--out``; ``bench/results/`` is
-git-ignored): ``voices`` (per voice: levels, baseline, WER, targets) and ``targets`` (all
+git-ignored): ``voices`` (per voice: levels, baseline, WER, targets; or its ``error`` when it
+failed, after which the other voices still run and the exit status is 1) and ``targets`` (all
 voices' target rows, the form ``bench/compare.py`` reads). Numbers depend on the machine and on
 whatever else runs on it: the load averages (``os.getloadavg``) are stored with each burst and
 baseline run.
@@ -719,7 +720,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cpus {os.cpu_count()}, load average at start {load_start}", flush=True)
     results = []
     for name in args.voices:
-        results.append(bench_voice(make_voice(name, args), args, text))
+        try:
+            results.append(bench_voice(make_voice(name, args), args, text))
+        except Exception as exc:  # one voice failing leaves the others' figures standing
+            error = f"{type(exc).__name__}: {exc}"
+            print(f"\n== {name}: FAILED: {error}", file=sys.stderr, flush=True)
+            results.append({"voice": name, "error": error, "targets": []})
+            continue
         print(flush=True)
         print(format_voice(results[-1]), flush=True)
     load_end = load_avg()
@@ -745,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
-    return 0
+    return 1 if any("error" in r for r in results) else 0
 
 
 if __name__ == "__main__":
