@@ -58,13 +58,13 @@ CASES = {
         ("May 2024", "May twenty twenty four"),
     ],
     "times": [
-        ("3:45 pm", "three forty five p m"),
-        ("3:45PM", "three forty five p m"),
+        ("3:45 pm", "three forty five p.m."),
+        ("3:45PM", "three forty five p.m."),
         ("15:30", "fifteen thirty"),
-        ("8:05 a.m.", "eight oh five a m."),
+        ("8:05 a.m.", "eight oh five a.m."),
         ("12:00", "twelve o'clock"),
         ("15:00", "fifteen hundred"),
-        ("at 3 pm", "at three p m"),
+        ("at 3 pm", "at three p.m."),
     ],
     "currency": [
         ("$12.50", "twelve dollars and fifty cents"),
@@ -125,7 +125,7 @@ def test_messy_paragraph():
     text = "Dr. Smith paid $12.50 on 2024-03-15 at 3:45 pm; 45% of 1,234 people agreed, e.g. me."
     assert normalize(text) == (
         "Doctor Smith paid twelve dollars and fifty cents on March fifteenth, twenty twenty four "
-        "at three forty five p m; forty five percent of one thousand two hundred thirty four "
+        "at three forty five p.m.; forty five percent of one thousand two hundred thirty four "
         "people agreed, for example me."
     )
 
@@ -254,7 +254,7 @@ def test_piper_frontend_normalizes_then_splits(frontend):
     text = "Dr. Smith paid $12.50. Then he left at 3 pm."
     assert frontend.texts(text) == [
         "Doctor Smith paid twelve dollars and fifty cents.",
-        "Then he left at three p m.",
+        "Then he left at three p.m.",
     ]
     assert len(frontend.sentences(text)) == 2  # espeak alone cuts after "Dr." too
     raw = PiperFrontend(frontend.config, normalize_text=False)
