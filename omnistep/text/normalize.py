@@ -2,43 +2,106 @@
 
 ``normalize`` rewrites the spans a speech model cannot read reliably and leaves every other
 character of the text as it is (words, punctuation, newlines), so sentence splitting still works
-on its output. Number words come from ``num2words`` (American style: no "and", no hyphens, no
-commas: ``"one hundred five"``, ``"forty two"``).
+on its output. Number words come from ``omnistep.text.numbers`` over ``num2words`` (American
+style: no "and", no hyphens, no commas: ``"one hundred five"``, ``"forty two"``). Numbers are read
+as people say them, which depends on what the digits are: an amount, a year, a phone number, a
+range, a version.
 
 What it covers, in the order the passes run:
 
 - abbreviations: titles (``Dr.`` -> Doctor, ``Mr.`` -> Mister, ``Mrs.`` -> Missus, ``Ms.`` ->
   Miz, ``Prof.`` -> Professor, ``St.`` -> Saint, ``Mt.`` -> Mount); ``St.`` after a capitalised
-  word and not before one -> Street (``Dr.`` -> Drive only before punctuation or the end:
-  ``"Mulholland Dr."``); ``e.g.`` -> for example, ``i.e.`` -> that is, ``vs.`` -> versus,
-  ``etc.`` -> et cetera, ``Jr.``/``Sr.``, ``No. 5`` -> number five. An abbreviation that can end
-  a sentence (``etc.``, ``Jr.``, Street) keeps its period before a word that is not lower-case,
-  so ``"... etc. Then"`` still ends a sentence there. ``"Main St. Then"`` is read "Main Saint
-  Then": a capitalised word after ``St.`` makes it a title.
+  word or an ordinal (``5th St.``) and not before a capitalised word -> Street (``Dr.`` -> Drive
+  only before punctuation or the end: ``"Mulholland Dr."``); ``e.g.`` -> for example, ``i.e.``
+  -> that is, ``vs.`` -> versus, ``etc.`` -> et cetera, ``Jr.``/``Sr.``; before a number ``No.
+  5``, ``#5`` and ``number #5`` -> number five (``Nos.`` -> numbers), ``ext. 12`` -> extension
+  twelve. An abbreviation that can end a sentence (``etc.``, ``Jr.``, Street) keeps its period
+  before a word that is not lower-case, so ``"... etc. Then"`` still ends a sentence there.
+  ``"Main St. Then"`` is read "Main Saint Then": a capitalised word after ``St.`` makes it a
+  title. A digit next to an abbreviation counts as a word boundary (``"5Dr. Lee"``), as it does
+  once the digit is read, so normalising twice changes nothing more.
+- phone numbers, read digit by digit in their groups with a comma (a pause) between groups, zero
+  as "zero": US forms ``555-867-5309``, ``(555) 867-5309``, ``555.867.5309``, ``555 867 5309``,
+  ``+1 555 ...``, ``1-800-...`` -> ``"five five five, eight six seven, five three zero nine"``; an
+  area code N00 is said as a number (``1-800-555-0199`` -> ``"one eight hundred, five five five,
+  zero one nine nine"``); ``+44 20 7946 0958`` (and ``+44 (0)20 ...``) -> ``"plus four four, two
+  zero, seven nine four six, zero nine five eight"`` (8 to 15 digits, E.164); national numbers
+  with their leading zero (``020 7946 0958``, 10 or 11 digits); the local ``867-5309`` unless it
+  looks like a range of round numbers (``500-1000``) with no cue word (call, phone, tel, dial,
+  fax, number, ...) before it. The same digit-by-digit reading for ZIP codes (after ``ZIP``/``zip
+  code`` or a state code: ``CA 90210``; ``90210-1234`` anywhere), PINs (``PIN 1234``) and
+  three-digit dialling codes after call/dial/text (``dial 911`` -> ``"dial nine one one"``).
+  Not phone numbers: ``10-20``, ``1999-2000``, ``2024-03-15``, a bare ``90210``.
 - dates: ISO ``2024-03-15``; ``03/15/2024`` read as **US month/day/year** (``15/03/2024``, where
-  the first number cannot be a month, is read day/month); ``March 15, 2024``, ``Mar. 15``,
-  ``15 March 2024`` -> ``"March fifteenth, twenty twenty four"`` / ``"the fifteenth of March"``.
-- times: ``3:45 pm`` -> ``"three forty five p.m."``, ``15:30`` -> ``"fifteen thirty"``, ``8:05`` ->
-  ``"eight oh five"``, ``12:00`` -> ``"twelve o'clock"``, ``3 pm`` -> ``"three p.m."``.
+  the first number cannot be a month, is read day/month); ``15.03.2024`` day.month.year;
+  ``March 15, 2024``, ``Mar. 15``, ``March 10-15``, ``15 March 2024``, ``10th-12th of May`` ->
+  ``"March fifteenth, twenty twenty four"`` / ``"the fifteenth of March"``. A "the" already
+  before the date is kept and not said twice (``on the 4th of May`` -> ``"on the fourth of
+  May"``, ``the 2024-03-15`` -> ``"the fifteenth of March, twenty twenty four"``), nor is one
+  added after and/or/to (``the 1st and 2nd of June``).
+- versions and addresses: ``v2.0.1`` / ``version 3.10`` -> ``"version two point zero point one"``
+  / ``"version three point ten"`` (each part a whole number); three or more dotted parts
+  (``3.2.1``) the same without "version"; four parts up to 255 are an IPv4 address read with
+  "dot". ``Python 3.12`` stays a decimal ("three point one two").
+- ranges: a hyphen or en dash between two numbers is read "to" (``10-20`` -> ``"ten to
+  twenty"``, also scores: ``3-2`` -> ``"three to two"``), each side an amount, time, percentage,
+  ordinal or decade (``$5-10``, ``9am-5pm``, ``5-10%``, ``1st-3rd``, ``1990s-2000s``); a range of
+  years reads as years (``1939-1945``, ``1990-95`` -> ``"nineteen ninety to ninety five"``,
+  ``2024-03`` -> ``"March twenty twenty four"``). A chain (``1-2-3``) is no range.
+- fractions: ``3/4`` -> ``"three quarters"``, ``2 1/2`` -> ``"two and a half"``, ``½``, ``2½``;
+  a proper fraction with a denominator up to 10 (or 12, 16, 32, 64, 100). After on/by/until/...
+  ``3/4`` is a date ("on March fourth"); other pairs read as two numbers (``24/7`` -> ``"twenty
+  four seven"``, ``50/50``, ``9/11``).
+- times: ``3:45 pm`` -> ``"three forty five p.m."``, ``15:30`` -> ``"fifteen thirty"``, ``8:05``
+  -> ``"eight oh five"``, ``12:00`` -> ``"twelve o'clock"``, ``3 pm`` -> ``"three p.m."``,
+  ``23:59:59`` -> ``"twenty three fifty nine and fifty nine seconds"``, ``24:00`` -> ``"twenty
+  four hundred"``. A colon pair that is no time is a duration when the second number has two
+  digits (``45:30`` -> ``"forty five thirty"``) and a ratio otherwise (``16:9``, ``3:1``,
+  ``100:1`` -> ``"sixteen to nine"``).
+- heights ``5'10"`` -> ``"five foot ten"``; dimensions ``1920x1080`` -> ``"nineteen twenty by ten
+  eighty"`` (three- and four-digit sizes in pairs, as said), ``2x4`` -> ``"two by four"``, "times"
+  before ``=``; multipliers ``3x``, ``10X``, ``2.5x``, ``3×`` -> ``"three times"`` and ``x2`` ->
+  ``"times two"``, but not hexadecimal (``0x1F``), ``x86``/``x64``, or algebra (``2x + 3``);
+  video resolutions ``1080p`` -> ``"ten eighty p"``.
 - currency: ``$``, ``€``, ``£``, ``¥`` before an amount, with an optional scale (``$1.5 million``,
-  ``$5k``): ``$12.50`` -> ``"twelve dollars and fifty cents"``, ``€3`` -> ``"three euros"``.
-- percentages (``45%``), ordinals (``21st``), measurements after a number (``5 km``, ``10kg``,
-  ``1 ft`` -> ``"one foot"``), decades (``1990s``), years after a preposition or a month
-  (``in 1999`` -> ``"in nineteen ninety nine"``).
+  ``$5k``): ``$12.50`` -> ``"twelve dollars and fifty cents"``, ``€3`` -> ``"three euros"``; a
+  currency word written after it is said once (``$5 dollars`` -> ``"five dollars"``); ``50¢``.
+- decades (``1990s``; ``'90s``, and ``90s`` after the/his/early/mid/... -> ``"nineties"``;
+  ``30s`` alone stays thirty seconds), two-digit years after a year word (``class of '99``),
+  eras (``500 BC``, ``AD 1066``), percentages (``45%``, a ``percent`` after it said once),
+  ordinals (``21st``), measurements after a number (``5 km``, ``10kg``, ``1 ft`` -> ``"one
+  foot"``; singular as an adjective: ``a 10 km run``, ``10-km run`` -> ``"ten kilometer run"``),
+  years after a preposition, a month, ``Q3``/``H1``/``FY`` (``in 1999`` -> ``"in nineteen
+  ninety nine"``; ``from 1990 to 2000`` reads both).
 - every other number: cardinals with sign, thousands separators and decimals (``-1,234.5`` ->
-  ``"minus one thousand two hundred thirty four point five"``); numbers with a leading zero or
-  more than 15 digits are read digit by digit; digits stuck to letters are read too (``mp3`` ->
-  ``"mp three"``). No ASCII digit is left in the output.
+  ``"minus one thousand two hundred thirty four point five"``, ``.5`` -> ``"point five"``);
+  numbers with a leading zero or more than 15 digits are read digit by digit; digits stuck to
+  letters are read too (``mp3`` -> ``"mp three"``). No ASCII digit is left in the output.
+
+Left as they are (a reading needs more than the digits): a bare four-digit number is an amount
+(``2024 was`` -> "two thousand twenty four"); model and room numbers are amounts (``Boeing 747``
+-> "seven hundred forty seven", ``room 101``); ``Genesis 1:1`` is a ratio ("one to one");
+``10x engineers`` -> "ten times engineers"; European number formats (``1.000.000``, ``2,5``);
+scientific notation (``1e6``); arithmetic signs (``+``, ``=``, ``^``) stay for the phonemizer.
 
 Measured against espeak-ng (which the piper card's phonemizer runs): espeak already reads
 cardinals, decimals, thousands separators, negatives, percentages and most ordinals, but reads
 ``$12.50`` as "dollar twelve point five zero", ``2024-03-15`` as "two thousand twenty four dash
 zero three dash fifteen", ``12:00`` as "twelve zero zero", ``km`` and ``vs.`` letter by letter,
-``100th`` as "one hundred th", and ends a sentence at ``Dr.``/``Mr.``. Everything is normalised
-here all the same: one normaliser for every card (ChatTTS has none of its own), and the output of
-a card then does not depend on what its phonemizer happens to know.
+``100th`` as "one hundred th", ``555-867-5309`` as "five hundred fifty five dash eight hundred
+...", ``10-20`` as "ten dash twenty", ``3/4`` as "three slash four", ``16:9`` as "sixteen colon
+nine", ``3x``/``1920x1080`` with "ex", and ends a sentence at ``Dr.``/``Mr.``. Against hibari's
+G2P (a port of misaki, the hibari and kokoro cards' phonemizer, whose own normaliser runs after
+this one): on raw text it reads ``555-867-5309`` as "five hundred fifty five eight sixty seven
+fifty three oh nine", ``(555) 867-5309`` and ``+44 20 7946 0958`` as amounts, ``3x`` and ``2x4``
+with "ex", ``v2.0.1`` as "vee two zero one", ``5'10"`` as "five ten", ``9am`` as "nine um"; it
+reads ``10-20``, ``3/4``, ``'90s`` and dates as this module does. Both phonemizers read "a m" (the
+old output for ``am``) as the article "uh" and "em", and hibari reads "AM" before "to" as the
+word "am"; "a.m." is read as the two letters by both. Everything is normalised here all the same:
+one normaliser for every card (ChatTTS has none of its own), and the output of a card then does
+not depend on what its phonemizer happens to know.
 
-Imports: stdlib and ``num2words`` only.
+Imports: stdlib and ``num2words`` (through ``omnistep.text.numbers``) only.
 
 Examples:
     >>> normalize("Dr. Smith paid $12.50 on 2024-03-15.")
@@ -596,37 +659,49 @@ _RANGE_NUMBER = (
 _THE = r"(?P<the>\b[Tt][Hh][Ee]\s+)?"
 """A "the" before a date, kept so that the reading does not add a second one."""
 
+_NO_LETTER_BEFORE = r"(?<![^\W\d_])"
+"""An abbreviation starts after anything but a letter: a digit counts as a boundary, as it does
+once the digit is read ("5Dr. Lee" -> "five Doctor Lee" in one pass, so normalising twice gives
+the same text)."""
+
 _Pass = tuple[re.Pattern[str], Callable[[re.Match[str]], str] | str]
 
 _PASSES: tuple[_Pass, ...] = (
     # abbreviations (before numbers: "No. 5")
     (
         re.compile(
-            r"\b(?P<name>[A-Z][a-z]+|[0-9]+(?:st|nd|rd|th))\s+(?P<abbr>St)\b(?P<dot>\.)?+"
-            r"(?!\s+[A-Z]|\w)"
+            _NO_LETTER_BEFORE
+            + r"(?P<name>[A-Z][a-z]+|[0-9]+(?:st|nd|rd|th))\s+(?P<abbr>St)(?![^\W\d_])(?P<dot>\.)?+"
+            r"(?!\s+[A-Z]|[^\W\d_])"
         ),
         _street,
     ),
     (  # "Mulholland Dr." but "My Dr. said": Drive only before punctuation or the end
-        re.compile(r"\b(?P<name>[A-Z][a-z]+)\s+(?P<abbr>Dr)\b(?P<dot>\.)?+(?!\s+[A-Za-z]|\w)"),
+        re.compile(
+            _NO_LETTER_BEFORE + r"(?P<name>[A-Z][a-z]+)\s+(?P<abbr>Dr)(?![^\W\d_])(?P<dot>\.)?+"
+            r"(?!\s+[A-Za-z]|[^\W\d_])"
+        ),
         _street,
     ),
     (
         re.compile(
-            r"\b(?P<abbr>" + "|".join(_TITLES) + r")\b"
+            _NO_LETTER_BEFORE + r"(?P<abbr>" + "|".join(_TITLES) + r")(?![^\W\d_])"
             r"(?:(?P<dot>\.)(?P<word>(?=\s+[A-Za-z]))?|(?P<cap>(?=\s+[A-Z])))?"
         ),
         _title,
     ),
-    (re.compile(r"\b[Ee]\.\s?[Gg]\.(?!\w)"), "for example"),
-    (re.compile(r"\b[Ii]\.\s?[Ee]\.(?!\w)"), "that is"),
-    (re.compile(r"\b(?:vs|Vs|VS)\b\.?"), "versus"),
-    (re.compile(r"\b(?P<abbr>etc|Etc|Jr|Sr)\b(?P<dot>\.)?+"), _abbreviation),
-    (re.compile(r"\b(?:Nos|nos)\.\s*(?=[0-9])"), "numbers "),
-    (re.compile(r"\b(?:No|no)\.\s*(?=[0-9])"), "number "),
+    (re.compile(_NO_LETTER_BEFORE + r"[Ee]\.\s?[Gg]\.(?!\w)"), "for example"),
+    (re.compile(_NO_LETTER_BEFORE + r"[Ii]\.\s?[Ee]\.(?!\w)"), "that is"),
+    (re.compile(_NO_LETTER_BEFORE + r"(?:vs|Vs|VS)(?![^\W\d_])\.?"), "versus"),
+    (
+        re.compile(_NO_LETTER_BEFORE + r"(?P<abbr>etc|Etc|Jr|Sr)(?![^\W\d_])(?P<dot>\.)?+"),
+        _abbreviation,
+    ),
+    (re.compile(_NO_LETTER_BEFORE + r"(?:Nos|nos)\.\s*(?=[0-9])"), "numbers "),
+    (re.compile(_NO_LETTER_BEFORE + r"(?:No|no)\.\s*(?=[0-9])"), "number "),
     # "#1", "number #2", "No. #3" -> "number one": "number" said once
     (re.compile(r"(?:\b(?i:number|no\.?)\s*|(?<![\w&#]))#\s?(?=[0-9])"), "number "),
-    (re.compile(r"\b[Ee]xt\.?\s*(?=[0-9])"), "extension "),
+    (re.compile(_NO_LETTER_BEFORE + r"[Ee]xt\.?\s*(?=[0-9])"), "extension "),
     # phone numbers, ZIP codes, PINs (before dates and ranges: "555-867-5309" is no range)
     (
         re.compile(
@@ -736,7 +811,7 @@ _PASSES: tuple[_Pass, ...] = (
         _slash_pair,
     ),
     (
-        re.compile(r"(?<![\w.])(?:(?P<whole>[0-9]+)\s?)?(?P<v>[¼½¾⅐⅑⅒⅓⅔⅕⅖⅗⅘⅙⅚⅛⅜⅝⅞])"),
+        re.compile(r"(?:(?<![\w.])(?P<whole>[0-9]+)\s?)?(?<![^\W\d_])(?P<v>[¼½¾⅐⅑⅒⅓⅔⅕⅖⅗⅘⅙⅚⅛⅜⅝⅞])"),
         _vulgar_fraction,
     ),
     # times, then the colon pairs that are no time (durations, ratios)
