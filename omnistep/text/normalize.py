@@ -293,6 +293,39 @@ _NO_DIGIT_AFTER = r"(?![\w]|[-.,][0-9])"
 """The end of a digit group: no word character, and no separator that goes on with digits."""
 
 
+_BEFORE_WINDOW = 40
+"""Characters looked at before a match for a cue word ("call", "the", "ZIP")."""
+
+
+def _before(m: re.Match[str], cue: re.Pattern[str]) -> bool:
+    """Whether ``cue`` (a pattern anchored with ``$``) ends right where ``m`` starts. Cue words
+    are looked up here instead of inside the passes' patterns: a pattern that starts with an
+    optional word is tried at every character of the text and made plain text 4x slower."""
+    return cue.search(m.string, max(0, m.start() - _BEFORE_WINDOW), m.start()) is not None
+
+
+_THE_BEFORE = re.compile(r"(?<![^\W\d_])[Tt][Hh][Ee]\s+$")
+_NO_THE_AFTER = re.compile(r"(?<![^\W\d_])(?i:the|and|or|to|through|till|until)\s+$")
+"""A day-month date after one of these words gets no "the" of its own: "the 4th of May" -> "the
+fourth of May", "the 1st and 2nd of June" -> "the first and second of June"."""
+_DATE_WORD_BEFORE = re.compile(
+    r"(?<![^\W\d_])(?i:on|by|until|till|from|since|before|after|through|due|dated)\s+$"
+)
+_ARTICLE_BEFORE = re.compile(r"(?<![^\W\d_])[Aa]n?\s+$")
+_DECADE_CUE_BEFORE = re.compile(
+    r"(?<![^\W\d_])(?i:the|his|her|their|my|your|our|its|early|mid|late)(?:\s+|-)$"
+)
+_NUMBER_WORD_BEFORE = re.compile(r"(?<![^\W\d_])(?i:number)\s*$")
+_ZIP_CUE_BEFORE = re.compile(
+    r"(?:(?<![^\W\d_])(?:ZIP|Zip|zip)(?:\s*\+\s*4)?(?:\s+[Cc]ode)?:?\s*"
+    rf"|(?<![^\W\d_])(?:{_US_STATE_RE})\s+)$"
+)
+_PIN_CUE_BEFORE = re.compile(r"(?<![^\W\d_])PIN:?\s*$")
+_DIAL_CUE_BEFORE = re.compile(
+    r"(?<![^\W\d_])(?i:call|calling|dial|dialing|dialled|dialed|ring|text)\s+$"
+)
+
+
 def _valid_day(day: int) -> bool:
     return 1 <= day <= 31
 
@@ -302,12 +335,12 @@ def _month_day_year(month: int, day: int, year_digits: str | None) -> str:
     return f"{words}, {year(year_digits)}" if year_digits else words
 
 
-def _the_date(the: str | None, month: int, day: int, year_digits: str | None) -> str:
-    """A numeric date; after "the" it reads "the fifteenth of March" so "the" is not doubled
-    ("on the 2024-03-15" -> "on the fifteenth of March, twenty twenty four")."""
-    if not the:
+def _the_date(m: re.Match[str], month: int, day: int, year_digits: str | None) -> str:
+    """A numeric date; after "the" it reads "fifteenth of March" so "the" is not doubled ("on
+    the 2024-03-15" -> "on the fifteenth of March, twenty twenty four")."""
+    if not _before(m, _THE_BEFORE):
         return _month_day_year(month, day, year_digits)
-    words = f"{the}{ordinal(str(day))} of {MONTHS[month - 1]}"
+    words = f"{ordinal(str(day))} of {MONTHS[month - 1]}"
     return f"{words}, {year(year_digits)}" if year_digits else words
 
 
@@ -315,7 +348,7 @@ def _iso_date(m: re.Match[str]) -> str:
     month, day = int(m["month"]), int(m["day"])
     if not (1 <= month <= 12 and _valid_day(day)):
         return m[0]
-    return _the_date(m["the"], month, day, m["year"])
+    return _the_date(m, month, day, m["year"])
 
 
 def _slash_date(m: re.Match[str]) -> str:
@@ -326,14 +359,14 @@ def _slash_date(m: re.Match[str]) -> str:
         month, day = b, a
     else:
         return m[0]
-    return _the_date(m["the"], month, day, m["year"])
+    return _the_date(m, month, day, m["year"])
 
 
 def _dotted_date(m: re.Match[str]) -> str:
     day, month = int(m["day"]), int(m["month"])
     if not (1 <= month <= 12 and _valid_day(day)):
         return m[0]
-    return _the_date(m["the"], month, day, m["year"])
+    return _the_date(m, month, day, m["year"])
 
 
 def _month_name_date(m: re.Match[str]) -> str:
@@ -348,19 +381,12 @@ def _month_name_date(m: re.Match[str]) -> str:
     return f"{words}, {year(m['year'])}" if m["year"] else words
 
 
-_NO_THE_AFTER = re.compile(r"\b(?i:the|and|or|to|through|till|until)\s+$")
-"""A day-month date after one of these words gets no "the" of its own: "the 1st and 2nd of June"
--> "the first and second of June"."""
-
-
 def _day_month_date(m: re.Match[str]) -> str:
     day = int(m["day"])
     if not _valid_day(day) or (m["day1"] and not 1 <= int(m["day1"]) < day):
         return m[0]
     month = MONTHS[_MONTH_OF[m["month"]] - 1]
-    the = m["the"]
-    if the is None:
-        the = "" if _NO_THE_AFTER.search(m.string, 0, m.start()) else "the "
+    the = "" if _before(m, _NO_THE_AFTER) else "the "
     first = f"{ordinal(m['day1'])} to " if m["day1"] else ""
     words = f"{the}{first}{ordinal(str(day))} of {month}"
     return f"{words}, {year(m['year'])}" if m["year"] else words
@@ -413,10 +439,16 @@ def _local_phone(m: re.Match[str]) -> str:
     return _phone_groups([exchange, line])
 
 
-def _code(m: re.Match[str]) -> str:
-    """A ZIP code, PIN or short dialling code: its cue as written, then digit by digit."""
-    groups = [m["code"]] + ([m["plus4"]] if m["plus4"] else [])
-    return m["cue"] + _phone_groups(groups)
+def _zip_code(m: re.Match[str]) -> str:
+    """``90210-1234`` anywhere, ``90210`` after ``ZIP`` or a state code: digit by digit."""
+    if m["plus4"]:
+        return _phone_groups([m["code"], m["plus4"]])
+    return _phone_groups([m["code"]]) if _before(m, _ZIP_CUE_BEFORE) else m[0]
+
+
+def _cued_code(cue: re.Pattern[str]) -> Callable[[re.Match[str]], str]:
+    """A PIN or dialling code: digit by digit after its ``cue``, else left to later passes."""
+    return lambda m: digits(m[0]) if _before(m, cue) else m[0]
 
 
 # --- versions, ranges, fractions, ratios, dimensions, multipliers ---------------------------
@@ -472,12 +504,12 @@ def _slash_pair(m: re.Match[str]) -> str:
     """``3/4`` -> "three quarters", ``2 1/2`` -> "two and a half", ``on 3/4`` -> "on March
     fourth", ``24/7`` and ``50/50`` -> the two numbers ("twenty four seven", "fifty fifty")."""
     n, d = int(m["n"]), int(m["d"])
-    pre, whole = m["pre"] or "", m["whole"]
-    if pre and whole is None and 1 <= n <= 12 and _valid_day(d):
-        return pre + _month_day_year(n, d, None)
+    whole = m["whole"]
+    if whole is None and 1 <= n <= 12 and _valid_day(d) and _before(m, _DATE_WORD_BEFORE):
+        return _month_day_year(n, d, None)
     if 0 < n < d and (d <= 10 or d in (12, 16, 32, 64, 100)):
-        return pre + fraction(n, d, whole)
-    return pre + (f"{whole} " if whole else "") + f"{m['n']} {m['d']}"
+        return fraction(n, d, whole)
+    return (f"{whole} " if whole else "") + f"{m['n']} {m['d']}"
 
 
 def _vulgar_fraction(m: re.Match[str]) -> str:
@@ -629,13 +661,26 @@ def _measure(m: re.Match[str]) -> str:
     ``10-km run`` -> "ten kilometer run"."""
     one, many = _UNITS[m["unit"]]
     exactly_one = m["int"] == "1" and not m["frac"] and not m["sign"]
-    adjective = m["sep"] == "-" or (m["art"] and m["noun"])
-    return f"{m['art'] or ''}{_number(m)} {one if exactly_one or adjective else many}"
+    adjective = m["sep"] == "-" or (m["noun"] and _before(m, _ARTICLE_BEFORE))
+    return f"{_number(m)} {one if exactly_one or adjective else many}"
 
 
 def _year(m: re.Match[str]) -> str:
-    words = f"{m['pre']}{m['space'] or ' '}{year(m['year'])}"
+    """A year after a year word (``in 1999``, ``May 2024``, ``Q3 2024``, ``FY2024``), and a
+    second one joined to it (``from 1990 to 2000``)."""
+    if not _before(m, _YEAR_WORD_BEFORE):
+        return m[0]
+    space = " " if m.start() and m.string[m.start() - 1].isalpha() else ""  # "FY2024"
+    words = space + year(m["year"])
     return words + (f"{m['mid']}{year(m['year2'])}" if m["year2"] else "")
+
+
+def _short_decade_after_cue(m: re.Match[str]) -> str:
+    return _short_decade(m["d"]) if _before(m, _DECADE_CUE_BEFORE) else m[0]
+
+
+def _two_digit_year_after_cue(m: re.Match[str]) -> str:
+    return _two_digit_year(m["y"]) if _before(m, _APOSTROPHE_YEAR_BEFORE) else m[0]
 
 
 def _leftover_digits(m: re.Match[str]) -> str:
@@ -656,8 +701,10 @@ _RANGE_NUMBER = (
 )
 """One side of a range: an amount, a time, a percentage, an ordinal or a decade."""
 
-_THE = r"(?P<the>\b[Tt][Hh][Ee]\s+)?"
-"""A "the" before a date, kept so that the reading does not add a second one."""
+_YEAR_WORD_BEFORE = re.compile(
+    rf"(?<![^\W\d_])(?:{_YEAR_CONTEXT}|{_MONTH_RE}|Q[1-4]|H[12])\s+$|(?<![^\W\d_])[FC]Y\s*$"
+)
+_APOSTROPHE_YEAR_BEFORE = re.compile(rf"(?<![^\W\d_])(?:{_YEAR_CONTEXT}|[Tt]he|[Cc]lass)\s+$")
 
 _NO_LETTER_BEFORE = r"(?<![^\W\d_])"
 """An abbreviation starts after anything but a letter: a digit counts as a boundary, as it does
@@ -666,7 +713,7 @@ the same text)."""
 
 _Pass = tuple[re.Pattern[str], Callable[[re.Match[str]], str] | str]
 
-_PASSES: tuple[_Pass, ...] = (
+_WORD_PASSES: tuple[_Pass, ...] = (
     # abbreviations (before numbers: "No. 5")
     (
         re.compile(
@@ -698,10 +745,17 @@ _PASSES: tuple[_Pass, ...] = (
         _abbreviation,
     ),
     (re.compile(_NO_LETTER_BEFORE + r"(?:Nos|nos)\.\s*(?=[0-9])"), "numbers "),
-    (re.compile(_NO_LETTER_BEFORE + r"(?:No|no)\.\s*(?=[0-9])"), "number "),
+    (re.compile(_NO_LETTER_BEFORE + r"(?:No|no)\.\s*#?\s*(?=[0-9])"), "number "),
     # "#1", "number #2", "No. #3" -> "number one": "number" said once
-    (re.compile(r"(?:\b(?i:number|no\.?)\s*|(?<![\w&#]))#\s?(?=[0-9])"), "number "),
+    (
+        re.compile(r"(?<![\w&#])#\s?(?=[0-9])"),
+        lambda m: "" if _before(m, _NUMBER_WORD_BEFORE) else "number ",
+    ),
     (re.compile(_NO_LETTER_BEFORE + r"[Ee]xt\.?\s*(?=[0-9])"), "extension "),
+)
+"""The passes that also rewrite text without a number: abbreviations."""
+
+_NUMBER_PASSES: tuple[_Pass, ...] = (
     # phone numbers, ZIP codes, PINs (before dates and ranges: "555-867-5309" is no range)
     (
         re.compile(
@@ -724,27 +778,13 @@ _PASSES: tuple[_Pass, ...] = (
         _national_phone,
     ),
     (
-        re.compile(
-            r"(?P<cue>\b(?:ZIP|Zip|zip)(?:\s*\+\s*4)?(?:\s+[Cc]ode)?:?\s*"
-            r"|\b(?:" + _US_STATE_RE + r")\s+|(?<![\w.,-]))"
-            r"(?P<code>[0-9]{5})(?:-(?P<plus4>[0-9]{4}))" + _NO_DIGIT_AFTER
-        ),
-        _code,
+        re.compile(r"(?<![\w.,-])(?P<code>[0-9]{5})(?:-(?P<plus4>[0-9]{4}))?" + _NO_DIGIT_AFTER),
+        _zip_code,
     ),
+    (re.compile(r"(?<![\w.,-])[0-9]{4,8}" + _NO_DIGIT_AFTER), _cued_code(_PIN_CUE_BEFORE)),
     (
-        re.compile(
-            r"(?P<cue>\b(?:ZIP|Zip|zip)(?:\s+[Cc]ode)?:?\s*|\b(?:" + _US_STATE_RE + r")\s+)"
-            r"(?P<code>[0-9]{5})(?P<plus4>)" + _NO_DIGIT_AFTER
-        ),
-        _code,
-    ),
-    (re.compile(r"(?P<cue>\bPIN:?\s*)(?P<code>[0-9]{4,8})(?P<plus4>)" + _NO_DIGIT_AFTER), _code),
-    (
-        re.compile(
-            r"(?P<cue>\b(?i:call|calling|dial|dialing|dialled|dialed|ring|text)\s+)"
-            r"(?P<code>[2-9]11|999|112)(?P<plus4>)" + _NO_DIGIT_AFTER
-        ),
-        _code,
+        re.compile(r"(?<![\w.,-])(?:[2-9]11|999|112)" + _NO_DIGIT_AFTER),
+        _cued_code(_DIAL_CUE_BEFORE),
     ),
     (
         re.compile(r"(?<![\w.+-])(?P<exchange>[2-9][0-9]{2})-(?P<line>[0-9]{4})" + _NO_DIGIT_AFTER),
@@ -753,20 +793,18 @@ _PASSES: tuple[_Pass, ...] = (
     # dates
     (
         re.compile(
-            _THE + r"(?<![\w-])(?P<year>1[0-9]{3}|20[0-9]{2})-(?P<month>[0-9]{1,2})"
+            r"(?<![\w-])(?P<year>1[0-9]{3}|20[0-9]{2})-(?P<month>[0-9]{1,2})"
             r"-(?P<day>[0-9]{1,2})(?![\w-])"
         ),
         _iso_date,
     ),
     (
-        re.compile(
-            _THE + r"(?<![\w/])(?P<a>[0-9]{1,2})/(?P<b>[0-9]{1,2})/(?P<year>[0-9]{4})(?![\w/])"
-        ),
+        re.compile(r"(?<![\w/])(?P<a>[0-9]{1,2})/(?P<b>[0-9]{1,2})/(?P<year>[0-9]{4})(?![\w/])"),
         _slash_date,
     ),
     (
         re.compile(
-            _THE + r"(?<![\w.])(?P<day>[0-9]{1,2})\.(?P<month>[0-9]{1,2})\.(?P<year>[0-9]{4})"
+            r"(?<![\w.])(?P<day>[0-9]{1,2})\.(?P<month>[0-9]{1,2})\.(?P<year>[0-9]{4})"
             r"(?!\w|\.[0-9])"
         ),
         _dotted_date,
@@ -781,7 +819,7 @@ _PASSES: tuple[_Pass, ...] = (
     ),
     (
         re.compile(
-            _THE + r"(?<![\w.,])(?:(?P<day1>[0-9]{1,2})(?:st|nd|rd|th)?\s?[-–]\s?)?"
+            r"(?<![\w.,])(?:(?P<day1>[0-9]{1,2})(?:st|nd|rd|th)?\s?[-–]\s?)?"
             rf"(?P<day>[0-9]{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?"
             rf"(?P<month>{_MONTH_RE})\b(?:\.?,?\s+(?P<year>[0-9]{{4}})(?![\w]))?"
         ),
@@ -804,7 +842,6 @@ _PASSES: tuple[_Pass, ...] = (
     ),
     (
         re.compile(
-            r"(?P<pre>\b(?i:on|by|until|till|from|since|before|after|through|due|dated)\s+)?"
             r"(?<![\w./])(?:(?P<whole>[0-9]{1,3})\s+)?(?P<n>[0-9]+)/(?P<d>[0-9]+)"
             r"(?![0-9]|/[0-9]|[.,][0-9])"
         ),
@@ -871,20 +908,8 @@ _PASSES: tuple[_Pass, ...] = (
         lambda m: decade(m["y"]),
     ),
     (re.compile(r"(?<![\w'’])['’](?P<d>[0-9]0)s\b"), lambda m: _short_decade(m["d"])),
-    (
-        re.compile(
-            r"(?P<pre>\b(?i:the|his|her|their|my|your|our|its|early|mid|late)(?:\s+|-))"
-            r"(?P<d>[1-9]0)s\b"
-        ),
-        lambda m: m["pre"] + _short_decade(m["d"]),
-    ),
-    (
-        re.compile(
-            rf"(?P<pre>\b(?:{_YEAR_CONTEXT}|[Tt]he|[Cc]lass)\s+)['’](?P<y>[0-9]{{2}})"
-            r"(?![\w'’]|[.,][0-9])"
-        ),
-        lambda m: m["pre"] + _two_digit_year(m["y"]),
-    ),
+    (re.compile(r"(?<![\w'’])(?P<d>[1-9]0)s\b"), _short_decade_after_cue),
+    (re.compile(r"(?<![\w'’])['’](?P<y>[0-9]{2})(?![\w'’]|[.,][0-9])"), _two_digit_year_after_cue),
     (
         re.compile(
             r"(?<![\w.])(?P<y>[0-9]{1,4})(?P<space>\s?)(?P<era>BCE|BC|CE|AD|B\.C\.|A\.D\.)(?!\w)"
@@ -899,18 +924,14 @@ _PASSES: tuple[_Pass, ...] = (
     (re.compile(r"(?<![\w])(?P<int>" + _INT + r")(?i:st|nd|rd|th)" + _END), _ordinal),
     (
         re.compile(
-            r"(?P<art>\b[Aa]n?\s+)?"
-            + _START
-            + _NUM
-            + rf"(?P<sep>\s?|-)(?P<unit>{_UNIT_RE})(?![\w/])(?=(?P<noun>\s+[a-z]))?"
+            _START + _NUM + rf"(?P<sep>\s?|-)(?P<unit>{_UNIT_RE})(?![\w/])(?=(?P<noun>\s+[a-z]))?"
         ),
         _measure,
     ),
     # years
     (
         re.compile(
-            rf"\b(?P<pre>{_YEAR_CONTEXT}|{_MONTH_RE}|Q[1-4]|H[12]|FY|CY)(?P<space>\s+|(?<=Y))"
-            r"(?P<year>1[0-9]{3}|20[0-9]{2})(?![\w]|[.,][0-9])"
+            r"(?:(?<![\w])|(?<=[FC]Y))(?P<year>1[0-9]{3}|20[0-9]{2})(?![\w]|[.,][0-9])"
             r"(?:(?P<mid>\s+(?:to|and|or|through|until|till)\s+)"
             r"(?P<year2>1[0-9]{3}|20[0-9]{2})(?![\w]|[.,][0-9]))?"
         ),
@@ -924,6 +945,9 @@ _PASSES: tuple[_Pass, ...] = (
     (re.compile(_START + _NUM + _END), _number),
     (re.compile(r"[0-9]+"), _leftover_digits),
 )
+"""The passes that read numbers: each needs an ASCII digit or a vulgar fraction (``½``)."""
+
+_HAS_NUMBER = re.compile(r"[0-9¼½¾⅐-⅞]")
 
 
 def normalize(text: str) -> str:
@@ -942,6 +966,9 @@ three point five and zero zero seven.'
     'Call five five five, eight six seven, five three zero nine on the fourth of May for a three \
 times faster start.'
     """
-    for pattern, replacement in _PASSES:
+    for pattern, replacement in _WORD_PASSES:
         text = pattern.sub(replacement, text)
+    if _HAS_NUMBER.search(text):  # most text has none: skip the number passes
+        for pattern, replacement in _NUMBER_PASSES:
+            text = pattern.sub(replacement, text)
     return text
