@@ -17,7 +17,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from omnistep.core import OPENAI_VOICES, InvalidRequestError, ModelFilesError
+from omnistep.models import registry
 from omnistep.models.kokoro import loader
+from omnistep.models.kokoro.card import kokoro_frontend
 from omnistep.models.kokoro.loader import (
     MODEL_FILES,
     VOICES_FILE,
@@ -25,6 +27,7 @@ from omnistep.models.kokoro.loader import (
     kokoro_files,
     load_voice_packs,
 )
+from omnistep.models.kokoro.voice import KokoroSettings
 from omnistep.models.kokoro.voices import (
     OPENAI_VOICE_MAP,
     BlendTerm,
@@ -276,3 +279,126 @@ def test_style_row_is_phoneme_count_minus_one():
     # hexgrad/kokoro: pack[len(ps) - 1], ps without the pads (kokoro-onnx: one row further)
     assert [style_row(n) for n in (1, 2, 42, 510)] == [0, 1, 41, 509]
     assert style_row(0) == 0 and style_row(600) == 509
+
+
+# ---------------------------------------------------------------- the card's front-end
+
+
+def test_units_take_the_style_row_of_their_phoneme_count(kokoro_folder):
+    bank = VoiceBank(load_voice_packs(kokoro_folder / VOICES_FILE))
+    settings = KokoroSettings(bank)
+    for sentence in kokoro_frontend().sentences("Hi. The quick brown fox jumps over the dog."):
+        unit = settings.make_unit(sentence, seed=5, speed=1.0, voice="jm_kumo", all_cores=False)
+        num_phonemes = len(sentence.phoneme_ids) - 2  # without the two 0 pads
+        np.testing.assert_array_equal(unit.style, bank._packs["jm_kumo"][num_phonemes - 1])
+        assert unit.phoneme_ids == sentence.phoneme_ids and unit.phoneme_ids[0] == 0
+
+
+def test_long_input_is_cut_at_510_phonemes_without_losing_one():
+    # acronyms are spelled out, so this 300-character piece makes ~590 phonemes
+    text = (
+        "We met the FBI CIA NSA IRS EPA FDA DOJ DHS NIH CDC FAA FCC SEC FTC DOD, and then the "
+        "UN EU WHO IMF WTO BBC CNN NBC CBS ABC PBS NPR HBO ESPN MTV, and then the IBM HP AMD AWS "
+        "GCP SQL CSS PHP XML JSON HTML HTTP HTTPS FTP SSH SSL TLS DNS VPN LAN WAN USB CPU GPU RAM "
+        "ROM SSD HDD, and then the NBA NFL NHL MLB FIFA UEFA PGA."
+    )
+    frontend = kokoro_frontend(first_chunk_chars=None)
+    assert frontend.max_phonemes == 510
+    texts = frontend.texts(text)
+    whole = [frontend.phonemes(t).strip() for t in texts]
+    assert max(len(p) for p in whole) > 510
+    sentences = frontend.sentences(text)
+    assert len(sentences) > len(texts)  # a piece was cut by phoneme count
+    assert all(len(s.phonemes) <= 510 and len(s.phoneme_ids) <= 512 for s in sentences)
+    assert sentences[0].phonemes.endswith(",")  # cut after a clause, not inside a word
+    assert " ".join(s.phonemes for s in sentences) == " ".join(whole)
+
+
+# ---------------------------------------------------------------- the real weights, served
+
+
+SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Our library opens at nine in the morning.",
+    "Please close the window before the rain starts tonight.",
+)
+WER_VOICE = "jm_kumo"
+"""The voice of the test packs that the recognizer hears best (WER 0.00 on 9 sentences; the
+Japanese packs read English phonemes, jf_alpha least clearly)."""
+MAX_WER = 0.10
+
+
+@pytest.fixture(scope="module")
+def omni(kokoro_folder):
+    from omnistep.offline import OmniEngine
+
+    with OmniEngine(f"kokoro={kokoro_folder}") as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def spoken(omni):
+    return omni.generate(list(SENTENCES), voice=WER_VOICE, seed=7, progress=False)
+
+
+def test_registry_builds_the_kokoro_card(kokoro_folder):
+    assert registry.FAMILIES["kokoro"] == "omnistep.models.kokoro.card"
+    assert registry.EXTRAS["kokoro"] == "voice"
+    card = registry.build_card(f"kokoro={kokoro_folder}")
+    assert card.card_id == "kokoro" and card.sample_rate == 24000
+    assert card.voices[: len(kokoro_weights.JA_VOICES)] == kokoro_weights.JA_VOICES
+    assert card.default_voice == "jf_alpha"
+    with pytest.raises(ModelFilesError, match="--model kokoro=/path/to/folder"):
+        registry.build_card("kokoro")
+
+
+def test_real_weights_speak_recognisable_english(asr, spoken):
+    for sentence, out in zip(SENTENCES, spoken, strict=True):
+        assert out.sample_rate == 24000 and 1.5 < out.duration_s < 6.0
+        assert 0.05 < float(np.abs(out.audio).max()) <= 1.0
+        heard = asr.transcribe(out.audio, out.sample_rate)
+        assert asr.wer(sentence, heard) <= MAX_WER, f"{sentence!r} -> {heard!r}"
+
+
+def test_same_seed_gives_the_same_bytes_and_blends_and_speed_change_the_audio(omni, spoken):
+    # the graph draws no noise: the audio is the same for any seed
+    again = omni.generate([SENTENCES[0]] * 2, voice=WER_VOICE, seed=7, progress=False)
+    assert again[0].seed == 7 and again[1].seed == 8
+    assert again[0].audio.tobytes() == spoken[0].audio.tobytes()
+    assert again[1].audio.tobytes() == spoken[0].audio.tobytes()
+    blend = omni.generate([SENTENCES[0]], voice=f"{WER_VOICE}(2)+jf_nezumi(1)", progress=False)[0]
+    assert blend.audio.size != spoken[0].audio.size or not np.array_equal(
+        blend.audio, spoken[0].audio
+    )
+    fast = omni.generate([SENTENCES[0]], voice=WER_VOICE, speed=2.0, progress=False)[0]
+    assert 0.4 < fast.audio.size / spoken[0].audio.size < 0.65
+
+
+async def test_unknown_and_malformed_voices_answer_400(kokoro_folder, tmp_path):
+    import httpx
+
+    from omnistep.core import ModelInstance
+    from omnistep.engine import AsyncEngine
+    from omnistep.server import ServerConfig, build_app
+
+    card = registry.build_card(f"kokoro={kokoro_folder}")
+    engine = AsyncEngine([ModelInstance.load(card)])
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test/") as client:
+            for voice, code in [
+                ("af_nobody", "unknown_voice"),
+                ("jm_kumo+af_nobody", "unknown_voice"),
+                ("jm_kumo++jf_alpha", "invalid_voice"),
+                ("jm_kumo(0)", "invalid_voice"),
+            ]:
+                body = {"model": "kokoro", "input": "Hello there.", "voice": voice}
+                r = await client.post("/v1/audio/speech", json=body)
+                assert r.status_code == 400, (voice, r.text)
+                error = r.json()["error"]
+                assert (error["param"], error["code"]) == ("voice", code), voice
+            r = await client.get("/v1/audio/voices")
+            assert r.status_code == 200 and "jm_kumo" in r.text
+    finally:
+        await engine.shutdown()

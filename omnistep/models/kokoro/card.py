@@ -24,6 +24,7 @@ from omnistep.core import ModelCard, ModelFilesError
 from omnistep.models.kokoro.loader import (
     MAX_PHONEMES,
     MODEL_FILES,
+    SAMPLE_RATE,
     VOICES_FILE,
     check_graph,
     kokoro_files,
@@ -32,13 +33,31 @@ from omnistep.models.kokoro.loader import (
 )
 from omnistep.models.kokoro.voices import VoiceBank
 from omnistep.models.misaki import MisakiFrontend
-from omnistep.models.sentence_voice import first_unit_threads, sentence_card, session_threads
+from omnistep.models.sentence_voice import (
+    FIRST_CHUNK_CHARS,
+    first_unit_threads,
+    sentence_card,
+    session_threads,
+)
 
 CARD_ID = "kokoro"
 
 
-def build_card(path: str | None = None) -> ModelCard:
+def kokoro_frontend(first_chunk_chars: int | None = FIRST_CHUNK_CHARS) -> MisakiFrontend:
+    """The card's front-end: American English G2P (hibari's), Kokoro's vocab, sentences cut to
+    at most ``MAX_PHONEMES`` (510) phonemes; the first sentence cut at clauses to
+    ``first_chunk_chars`` characters (0 or None: kept whole)."""
+    return MisakiFrontend(
+        kokoro_vocab(), max_phonemes=MAX_PHONEMES, first_chunk_chars=first_chunk_chars or None
+    )
+
+
+def build_card(
+    path: str | None = None, *, first_chunk_chars: int | None = FIRST_CHUNK_CHARS
+) -> ModelCard:
     """The kokoro card on the Kokoro v1.0 folder (or ``.onnx`` file) at ``path``.
+
+    ``first_chunk_chars``: see ``kokoro_frontend`` (``--first-chunk-chars``).
 
     Raises:
         ModelFilesError: no ``path`` (the family has no embedded weights); missing or wrong
@@ -70,11 +89,12 @@ def build_card(path: str | None = None) -> ModelCard:
     return sentence_card(
         card_id=CARD_ID,
         family="kokoro",
-        frontend=MisakiFrontend(kokoro_vocab(), max_phonemes=MAX_PHONEMES),
+        frontend=kokoro_frontend(first_chunk_chars),
         settings=settings,
         build_voice=build_voice,
         voices=bank.voices,
         default_voice=bank.default_voice,
+        sample_rate=SAMPLE_RATE,
         check_voice=bank.check,
         description=(
             f"Kokoro-82M v1.0 ({files.model.name}), {len(bank.names)} voices; blends as "

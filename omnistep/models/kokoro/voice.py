@@ -39,8 +39,9 @@ class KokoroUnit:
     """One sentence to synthesize: the payload of an AUDIO_CHUNK unit.
 
     Attributes:
-        ids: the model's ``tokens``: phoneme ids with a 0 pad at both ends, 3 to 512 of them.
-        style: float32 ``[256]``, the voice's style for ``len(ids) - 2`` phonemes.
+        phoneme_ids: the model's ``tokens``: phoneme ids with a 0 pad at both ends, 3 to 512 of
+            them (``Sentence.phoneme_ids``).
+        style: float32 ``[256]``, the voice's style for ``len(phoneme_ids) - 2`` phonemes.
         speed: > 0; the model divides durations by it.
         all_cores: run on the pool's all-core session (a request's first unit), see
             ``SessionPool``; part of the unit because the thread count changes the last bits.
@@ -49,17 +50,17 @@ class KokoroUnit:
         ValueError: a field out of range (the message names it).
     """
 
-    ids: tuple[int, ...]
+    phoneme_ids: tuple[int, ...]
     style: np.ndarray
     speed: float
     all_cores: bool = False
 
     def __post_init__(self) -> None:
-        style = self.style
+        style, ids = self.style, self.phoneme_ids
         checks = [
             (
-                "ids",
-                3 <= len(self.ids) <= MAX_PHONEMES + 2 and self.ids[0] == 0 == self.ids[-1],
+                "phoneme_ids",
+                3 <= len(ids) <= MAX_PHONEMES + 2 and ids[0] == 0 == ids[-1],
             ),
             (
                 "style",
@@ -105,8 +106,10 @@ class KokoroSettings:
         return KokoroUnit(ids, style, float(speed), all_cores)
 
     def finish(self, audio: np.ndarray) -> np.ndarray:
-        """The model's audio as is (Kokoro's output is already in [-1, 1]; no normalisation)."""
-        return audio
+        """The model's audio clipped to [-1, 1] (float32 ``[samples]``). Kokoro's output is not
+        bounded (measured: peaks up to ~1.0015 on plain sentences); Kokoro-FastAPI clips when it
+        converts to int16 (``AudioNormalizer.normalize``); no gain is applied."""
+        return np.clip(audio, -1.0, 1.0)
 
 
 class KokoroVoiceComponent:
@@ -149,7 +152,7 @@ class KokoroVoiceComponent:
     def run(self, unit: KokoroUnit) -> np.ndarray:
         """One onnxruntime call for ``unit``: float32 ``[num_samples]``."""
         feed = {
-            "tokens": np.asarray([unit.ids], dtype=np.int64),
+            "tokens": np.asarray([unit.phoneme_ids], dtype=np.int64),
             "style": unit.style.reshape(1, STYLE_DIM),
             "speed": np.asarray([unit.speed], dtype=np.float32),
         }
