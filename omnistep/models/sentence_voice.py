@@ -195,6 +195,13 @@ class SessionPool:
         """The session of ordinary (not ``all_cores``) units: for reading inputs and outputs."""
         return self._sessions[False, False]
 
+    def warm_up(self, fn: Callable[[ort.InferenceSession], object]) -> None:
+        """``fn(session)`` once on every distinct session (e.g. a short sentence), so that the
+        first request does not pay onnxruntime's first-run costs (memory planning, kernel
+        selection)."""
+        for session in {id(s): s for s in self._sessions.values()}.values():
+            fn(session)
+
     def run(self, all_cores: bool, fn: Callable[[ort.InferenceSession], T]) -> T:
         """``fn(session)`` on the session for a unit with ``all_cores``; returns its result."""
         with self._lock:
