@@ -402,3 +402,22 @@ async def test_unknown_and_malformed_voices_answer_400(kokoro_folder, tmp_path):
             assert r.status_code == 200 and "jm_kumo" in r.text
     finally:
         await engine.shutdown()
+
+
+def test_british_voices_are_read_with_the_british_g2p(bank):
+    """Kokoro-FastAPI picks the G2P's language from the voice name's first letter (the first
+    voice of a blend); an OpenAI name reads as the pack it maps to."""
+    assert [bank.is_british(v) for v in ("bf_emma", "af_bella", "bf_emma+af_sky", None)] == [
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert not bank.is_british("af_sky+bf_emma") and not bank.is_british("no_such_voice")
+    frontend = kokoro_frontend(bank=bank)
+    text = "Hello there, the tomato is in the garage."
+    us, gb = (frontend.sentences(text, voice=v)[0].phonemes for v in ("af_bella", "bf_emma"))
+    assert us != gb
+    assert us == frontend.phonemes(frontend.texts(text)[0], british=False)
+    assert gb == frontend.phonemes(frontend.texts(text)[0], british=True)
+    assert frontend.sentences(text)[0].phonemes == us  # no voice: the default af_heart

@@ -4,7 +4,8 @@ have it (``--model kokoro=/path/to/folder``; see ``loader`` for the layout).
 Program (``sentence_voice.sentence_card``): the frontend node checks the request's voice (a
 pack's name, an OpenAI name, or a Kokoro-FastAPI blend, see ``voices``), then English text ->
 sentences -> Kokoro phoneme ids with hibari's G2P (a port of misaki's English rules and
-lexicons, no espeak: ``misaki.MisakiFrontend``); a sentence whose phonemes exceed the model's
+lexicons, no espeak: ``misaki.MisakiFrontend``; British for ``b*`` voices, as Kokoro-FastAPI
+picks the language from the voice name's first letter); a sentence whose phonemes exceed the model's
 510 is cut at clause punctuation, else at a space (``max_phonemes=510``: the 512 positions of
 Kokoro's text encoder less the two 0 pads; hexgrad/kokoro ``KModel.forward``'s
 ``len(input_ids) + 2 <= context_length``, kokoro-onnx ``MAX_PHONEME_LENGTH = 510``). Then one
@@ -43,12 +44,18 @@ from omnistep.models.sentence_voice import (
 CARD_ID = "kokoro"
 
 
-def kokoro_frontend(first_chunk_chars: int | None = FIRST_CHUNK_CHARS) -> MisakiFrontend:
-    """The card's front-end: American English G2P (hibari's), Kokoro's vocab, sentences cut to
-    at most ``MAX_PHONEMES`` (510) phonemes; the first sentence cut at clauses to
+def kokoro_frontend(
+    first_chunk_chars: int | None = FIRST_CHUNK_CHARS, bank: VoiceBank | None = None
+) -> MisakiFrontend:
+    """The card's front-end: English G2P (hibari's; British for the voices ``bank`` calls
+    British, ``VoiceBank.is_british``; American without a bank), Kokoro's vocab, sentences cut
+    to at most ``MAX_PHONEMES`` (510) phonemes; the first sentence cut at clauses to
     ``first_chunk_chars`` characters (0 or None: kept whole)."""
     return MisakiFrontend(
-        kokoro_vocab(), max_phonemes=MAX_PHONEMES, first_chunk_chars=first_chunk_chars or None
+        kokoro_vocab(),
+        max_phonemes=MAX_PHONEMES,
+        british=False if bank is None else bank.is_british,
+        first_chunk_chars=first_chunk_chars or None,
     )
 
 
@@ -89,7 +96,7 @@ def build_card(
     return sentence_card(
         card_id=CARD_ID,
         family="kokoro",
-        frontend=kokoro_frontend(first_chunk_chars),
+        frontend=kokoro_frontend(first_chunk_chars, bank),
         settings=settings,
         build_voice=build_voice,
         voices=bank.voices,

@@ -169,6 +169,18 @@ class VoiceBank:
             code="unknown_voice",
         )
 
+    def is_british(self, spec: str | None) -> bool:
+        """Whether voice ``spec`` speaks British English: its (first) pack's name starts with
+        ``b`` (``bf_emma``, ``bm_george``), as Kokoro-FastAPI picks the G2P's language from the
+        voice name's first letter (American ``a``; for a blend, the first voice's). A bad
+        ``spec`` is not British (``check`` reports it)."""
+        if spec is None:
+            return self.default_voice.startswith("b")
+        try:
+            return self.pack_name(parse_blend(spec)[0].name).startswith("b")
+        except InvalidRequestError:
+            return False
+
     def check(self, spec: str | None) -> None:
         """Raise ``InvalidRequestError`` (param ``voice``) unless ``spec`` is None or a valid
         name or blend (see ``parse_blend`` and ``pack_name``)."""
