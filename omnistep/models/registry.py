@@ -16,6 +16,7 @@ FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",
     "toy_stream": "omnistep.models.toy.stream",
     "piper": "omnistep.models.piper.card",
+    "kokoro": "omnistep.models.kokoro.card",
     "chattts": "omnistep.models.chattts.card",
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",
     "qwen3_tts": "omnistep.models.qwen3_tts.card",
@@ -24,6 +25,7 @@ FAMILIES: dict[str, str] = {
 
 EXTRAS: dict[str, str] = {
     "piper": "voice",
+    "kokoro": "voice",
     "chattts": "chattts",
     "qwen2_5_omni": "chattts",
     "qwen3_tts": "chattts",
