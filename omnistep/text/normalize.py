@@ -273,9 +273,9 @@ def _title(m: re.Match[str]) -> str:
     return words if m["cap"] is not None else m[0]  # "Dr Smith" without a period, not a bare "St"
 
 
-_PHONE_CUE = re.compile(
-    r"\b(?i:call|calling|phone|tel|telephone|dial|fax|text|mobile|cell|ring|contact|reach"
-    r"|number|hotline)\b[^0-9]{0,12}$"
+_PHONE_CUE_BEFORE = re.compile(
+    r"(?<![^\W\d_])(?i:call|calling|phone|tel|telephone|dial|fax|text|mobile|cell|ring|contact"
+    r"|reach|number|hotline)(?![^\W\d_])[^0-9]{0,12}$"
 )
 """Words that make a ``NXX-XXXX`` that looks like a range (``200-1000``) a phone number."""
 
@@ -434,7 +434,7 @@ def _national_phone(m: re.Match[str]) -> str:
 def _local_phone(m: re.Match[str]) -> str:
     exchange, line = m["exchange"], m["line"]
     looks_like_range = int(exchange) % 10 == 0 and int(line) % 10 == 0 and int(line) > int(exchange)
-    if looks_like_range and not _PHONE_CUE.search(m.string, 0, m.start()):
+    if looks_like_range and not _before(m, _PHONE_CUE_BEFORE):
         return m[0]  # "500-1000 words" is a range
     return _phone_groups([exchange, line])
 
@@ -537,7 +537,7 @@ def _dimensions(m: re.Match[str]) -> str:
     a, b, c = m["a"], m["b"], m["c"]
     if a == "0" and not m["s"] and m["op"] in "xX":
         return m[0]  # hexadecimal 0x1F
-    word = " times " if re.match(r"\s*=", m.string[m.end() :]) else " by "
+    word = " times " if _EQUALS_AFTER.match(m.string, m.end()) else " by "
     numbers = [n for n in (a, b, c) if n]
     last = numbers[-1]
     if _UNIT_AFTER.match(m.string, m.end()) is None:
@@ -694,6 +694,7 @@ def _leftover_digits(m: re.Match[str]) -> str:
 
 
 _UNIT_AFTER = re.compile(rf"\s?(?:{_UNIT_RE})(?![\w/])")
+_EQUALS_AFTER = re.compile(r"\s*=")
 
 _RANGE_NUMBER = (
     r"[$€£¥]?[0-9]+(?:,[0-9]{3})*(?:\.[0-9]+)?(?::[0-5][0-9])?"
@@ -717,8 +718,8 @@ _WORD_PASSES: tuple[_Pass, ...] = (
     # abbreviations (before numbers: "No. 5")
     (
         re.compile(
-            _NO_LETTER_BEFORE
-            + r"(?P<name>[A-Z][a-z]+|[0-9]+(?:st|nd|rd|th))\s+(?P<abbr>St)(?![^\W\d_])(?P<dot>\.)?+"
+            _NO_LETTER_BEFORE + r"(?P<name>[A-Z][a-z]+|(?<![0-9])[0-9]+(?:st|nd|rd|th))"
+            r"\s+(?P<abbr>St)(?![^\W\d_])(?P<dot>\.)?+"
             r"(?!\s+[A-Z]|[^\W\d_])"
         ),
         _street,
