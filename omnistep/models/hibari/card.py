@@ -106,7 +106,7 @@ def build_card(
     """
     model_path = embedded_model_path() if path is None else Path(path)
     if not model_path.is_file():
-        what = "a folder" if model_path.is_dir() else "not found"
+        what = "is a folder" if model_path.is_dir() else "not found"
         raise ModelFilesError(
             f"hibari voice {model_path} {what} (expected a hibari .onnx file, e.g. "
             f"{embedded_model_path().name} of hibari-tts)"
