@@ -149,9 +149,10 @@ def test_all_cores_units_run_on_their_own_session_alone_or_concurrently(voice, s
         outs = list(pool.map(lambda u: two.execute(CHUNK, [u])[0], [first, *rest, first]))
     assert np.array_equal(outs[0], expected) and np.array_equal(outs[-1], expected)
     # alone it ran on the spinning twin; a twin without spinning gives the same samples
-    assert two._sessions[True, True] is not two._sessions[True, False]
-    plain = dict.fromkeys(two._sessions, two._sessions[True, False])
-    two._sessions = plain | {(False, False): two._sessions[False, False]}
+    pool = two._sessions._sessions  # SessionPool: (all_cores, spinning) -> session
+    assert pool[True, True] is not pool[True, False]
+    plain = dict.fromkeys(pool, pool[True, False])
+    two._sessions._sessions = plain | {(False, False): pool[False, False]}
     assert np.array_equal(two.execute(CHUNK, [first])[0], expected)
     for out, ref in zip(outs[1:-1], alone[1:], strict=True):
         assert np.array_equal(out, ref)  # the half-core session: the 1-thread voice's samples

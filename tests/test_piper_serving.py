@@ -87,8 +87,9 @@ async def test_first_unit_runs_on_every_core_alone_or_interleaved(engine, model,
     samples do not depend on the load."""
     voice = model.components["voice"]
     calls: list[tuple[bool, bool]] = []
-    sessions = {k: _RecordingSession(s, k, calls) for k, s in voice._sessions.items()}
-    monkeypatch.setattr(voice, "_sessions", sessions)
+    pool = voice._sessions  # the voice's SessionPool
+    sessions = {k: _RecordingSession(s, k, calls) for k, s in pool._sessions.items()}
+    monkeypatch.setattr(pool, "_sessions", sessions)
     reqs = [Request("piper", text=PARAGRAPH, seed=i) for i in range(3)]
     alone = await run_alone(engine, reqs)
     assert calls == [(True, True), (False, False), (False, False)] * 3

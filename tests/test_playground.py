@@ -1,11 +1,15 @@
 """The playground page at ``GET /`` in a real browser (Debian's chromium, driven by playwright).
 
 Chromium is not downloaded by playwright: ``.ci/run`` installs Debian's package, so a missing
-``/usr/bin/chromium`` fails these tests instead of skipping them. The test keeps a screenshot
-at ``tests/artifacts/playground.png`` (git-ignored).
+``/usr/bin/chromium`` fails these tests instead of skipping them. One server serves the default
+card (``DEFAULT_MODEL``, first in the model picker, so the page opens on it) and the toy card
+(exact, seeded audio). The test of the default card keeps a screenshot at
+``tests/artifacts/playground.png`` (git-ignored).
 """
 
 import io
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -14,6 +18,7 @@ import pytest
 import soundfile as sf
 from playwright.sync_api import sync_playwright
 
+from omnistep.models.registry import DEFAULT_MODEL
 from tests.serving import running_server
 
 CHROMIUM = "/usr/bin/chromium"
@@ -25,11 +30,24 @@ TEXT = (
 )
 SEED = "1"
 TIMEOUT_MS = 15_000
+# Three sentences: the default card streams them as separate chunks.
+DEFAULT_TEXT = "The playground draws this. It streams in parts. Then it stops."
+
+# Per canvas column (x): the height in pixels of what is drawn (alpha > 0: the canvas is
+# transparent where nothing is drawn, the background is its CSS's).
+INK_HEIGHTS_JS = """(canvas) => {
+  const {width: w, height: h} = canvas;
+  const px = canvas.getContext("2d").getImageData(0, 0, w, h).data;
+  const heights = new Array(w).fill(0);
+  for (let y = 0; y < h; y++)
+    for (let x = 0; x < w; x++) if (px[4 * (y * w + x) + 3] > 0) heights[x] += 1;
+  return heights;
+}"""
 
 
 @pytest.fixture(scope="module")
 def base():
-    with running_server("--model", "toy") as url:
+    with running_server("--model", DEFAULT_MODEL, "--model", "toy") as url:
         yield url
 
 
@@ -70,7 +88,7 @@ def page(browser, base):
 def test_speak_streams_and_plays_at_least_a_second(page, tmp_path):
     assert page.title() == "omnistep playground"
     models = page.eval_on_selector_all("#model option", "os => os.map(o => o.value)")
-    assert set(models) == {"toy", "toy-tts"}
+    assert {"toy", "toy-tts", DEFAULT_MODEL} <= set(models)
     page.select_option("#model", "toy")
     page.wait_for_function("document.querySelectorAll('#voices option').length > 0")
     assert page.eval_on_selector_all("#voices option", "os => os.map(o => o.value)") == ["default"]
@@ -89,6 +107,69 @@ def test_speak_streams_and_plays_at_least_a_second(page, tmp_path):
         timeout=30,
     )
     assert stats["playedSeconds"] == pytest.approx(len(direct.content) / 2 / 24000, abs=1e-3)
+    assert page.problems == []
+
+
+def test_default_model_voices_waveform_and_figures(page, base, tmp_path):
+    models = httpx.get(base + "/v1/models").json()["data"]
+    default = models[0]["id"]
+    assert DEFAULT_MODEL in {m["id"] for m in models if m["root"] == models[0]["root"]}
+    assert page.input_value("#model") == default
+    # the voice suggestions are the default card's voices, as the API lists them
+    listed = httpx.get(base + "/v1/audio/voices", params={"model": default}).json()["data"]
+    builtin = [v["name"] for v in listed if v["builtin"]]
+    assert builtin, listed
+    page.wait_for_function("document.querySelectorAll('#voices option').length > 0")
+    options = page.eval_on_selector_all("#voices option", "os => os.map(o => o.value)")
+    assert options == [v["name"] for v in listed]
+    voice = builtin[-1]
+    page.fill("#voice", voice)
+    page.fill("#text", DEFAULT_TEXT)
+    page.fill("#seed", "")
+    # every redraw (one per chunk), the number of canvas columns with something drawn
+    page.evaluate(
+        """(inkHeights) => {
+          const canvas = document.getElementById("wave");
+          const heights = eval(inkHeights);
+          window.inkedColumns = [];
+          canvas.addEventListener("drawn", () =>
+            window.inkedColumns.push(heights(canvas).filter((n) => n > 0).length));
+        }""",
+        INK_HEIGHTS_JS,
+    )
+    with page.expect_request(
+        lambda r: r.url.endswith("/v1/audio/speech") and r.method == "POST"
+    ) as sent:
+        page.click("#speak")
+    assert json.loads(sent.value.post_data)["voice"] == voice
+    page.wait_for_function("window.playground.done", timeout=TIMEOUT_MS)
+    stats = page.evaluate("window.playground")
+    assert stats["lastError"] is None and page.inner_text("#error") == ""
+    assert stats["playedSeconds"] > 1.0, stats
+
+    # the drawn waveform: a signal (columns taller than the 1-pixel silence line) across the
+    # canvas, in proportion to the audio received (it spans MIN_SPAN = 4 s, or all the audio)
+    heights = page.eval_on_selector("#wave", INK_HEIGHTS_JS)
+    inked = sum(1 for n in heights if n > 0)
+    expected = len(heights) * min(1.0, stats["playedSeconds"] / 4)
+    assert inked == pytest.approx(expected, abs=2), (inked, expected)
+    assert sum(1 for n in heights if n >= 5) >= len(heights) // 10, heights
+    assert max(heights) >= 20
+    # ... drawn as it streamed in: redrawn at each chunk, growing
+    grown = page.evaluate("window.inkedColumns")
+    assert len(grown) == stats["chunks"] >= 2, (grown, stats["chunks"])
+    assert grown == sorted(grown) and grown[0] < grown[-1] == inked, grown
+
+    # the figures: time to first audio < the whole request's time; RTF = that time / audio
+    ttfa, total, rtf = stats["firstChunkMs"], stats["totalMs"], stats["rtf"]
+    assert 0 < ttfa < total < TIMEOUT_MS, stats
+    assert rtf == pytest.approx(total / 1000 / stats["playedSeconds"], rel=1e-9)
+    assert re.fullmatch(r"\d+ ms", page.inner_text("#ttfa"))
+    assert int(page.inner_text("#ttfa").split()[0]) == round(ttfa)
+    shown_rtf = re.fullmatch(r"(\d+\.\d{3}) \((\d+\.\d)× real time\)", page.inner_text("#rtf"))
+    assert shown_rtf, page.inner_text("#rtf")
+    assert float(shown_rtf[1]) == pytest.approx(rtf, abs=5e-4)
+    assert float(shown_rtf[2]) == pytest.approx(1 / rtf, abs=0.051)
     shot = tmp_path / "playground.png"
     page.screenshot(path=shot, full_page=True)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -113,6 +194,7 @@ def test_download_saves_a_file_that_decodes(page, tmp_path):
 
 
 def test_errors_from_the_server_show_in_the_page(page):
+    page.select_option("#model", "toy")
     page.fill("#voice", "nobody")
     page.click("#speak")
     page.wait_for_function("window.playground.lastError", timeout=TIMEOUT_MS)

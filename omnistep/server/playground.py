@@ -23,5 +23,6 @@ def page() -> str:
 
 @router.get("/", include_in_schema=False)
 async def playground() -> HTMLResponse:
-    """Text box, model and voice, Speak (streamed pcm, played as it arrives) and Download."""
+    """Text box, model and voice, Speak (streamed pcm, played and its waveform drawn as it
+    arrives; then the time to first audio and the real-time factor) and Download."""
     return HTMLResponse(page())

