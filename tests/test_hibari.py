@@ -24,7 +24,7 @@ from omnistep.models import registry
 from omnistep.models.hibari import dsp
 from omnistep.models.hibari.card import HibariSettings, build_card
 from omnistep.models.hibari.voice import HibariUnit, HibariVoiceComponent, embedded_model_path
-from omnistep.models.sentence_voice import Sentence
+from omnistep.models.sentence_voice import Sentence, sentence_seed
 from omnistep.offline import OmniEngine
 from omnistep.parity import collect, run_alone, run_interleaved
 from tests.serving import running_server
@@ -171,6 +171,19 @@ async def test_seeded_and_one_chunk_per_sentence(engine):
     assert a.audio.tobytes() == b.audio.tobytes(), "same text and seed, same bytes"
     assert a.audio.shape == c.audio.shape and not np.array_equal(a.audio, c.audio)
     assert 5.0 < a.audio.size / 24000 < 12.0
+
+
+async def test_served_sentences_equal_hibaris_own(engine, model, reference):
+    """Every unit runs on one thread, as hibari's own session: a served sentence is hibari's
+    ``from_phonemes`` on the same phonemes with the sentence's seed."""
+    assert model.components["voice"].pool.intra_op_threads == {False: 1, True: 1}
+    out = await collect(engine, Request("hibari", text=PARAGRAPH, seed=21))
+    assert len(out.chunks) == len(SENTENCES)
+    for k, (chunk, text) in enumerate(zip(out.chunks, SENTENCES, strict=True)):
+        (phonemes,) = reference.phonemize(text)
+        theirs = reference.from_phonemes(phonemes, 1.0, seed=sentence_seed(21, k))
+        assert chunk.audio.shape == theirs.shape
+        assert np.abs(chunk.audio - theirs).max() <= 1e-4, text
 
 
 async def test_every_openai_voice_is_heart(engine):
