@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnistep.core import OPENAI_VOICES, InvalidRequestError, ModelCard, ModelFilesError
+from omnistep.core import OPENAI_VOICES, ModelCard, ModelFilesError
 from omnistep.models.hibari import dsp
 from omnistep.models.hibari.voice import (
     HibariUnit,
@@ -135,15 +135,6 @@ def build_card(
             all_core_threads=THREADS,
         )
 
-    def check_voice(voice: str) -> None:
-        if voice not in VOICES:
-            raise InvalidRequestError(
-                f"unknown voice '{voice}' for model 'hibari'; it has one voice, '{SPEAKER}', "
-                f"and accepts the OpenAI voice names ({', '.join(OPENAI_VOICES)}) for it",
-                param="voice",
-                code="unknown_voice",
-            )
-
     source = "embedded voice heart" if path is None else f"voice file {model_path.name}"
     return sentence_card(
         card_id=CARD_ID,
@@ -153,7 +144,6 @@ def build_card(
         build_voice=build_voice,
         voices=VOICES,
         default_voice=SPEAKER,
-        check_voice=check_voice,
         sample_rate=dsp.SAMPLE_RATE,
         description=(
             "Embedded English voice: hibari heart (hibari-tts, Apache-2.0, distilled from "
