@@ -17,6 +17,7 @@ FAMILIES: dict[str, str] = {
     "toy_stream": "omnistep.models.toy.stream",
     "hibari": "omnistep.models.hibari.card",
     "piper": "omnistep.models.piper.card",
+    "kokoro": "omnistep.models.kokoro.card",
     "chattts": "omnistep.models.chattts.card",
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",
     "qwen3_tts": "omnistep.models.qwen3_tts.card",
@@ -26,6 +27,7 @@ FAMILIES: dict[str, str] = {
 EXTRAS: dict[str, str] = {
     "hibari": "voice",
     "piper": "piper",
+    "kokoro": "voice",
     "chattts": "chattts",
     "qwen2_5_omni": "chattts",
     "qwen3_tts": "chattts",
