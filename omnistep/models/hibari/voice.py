@@ -42,6 +42,14 @@ _ORT_LOAD_ERRORS = (
     ort.capi.onnxruntime_pybind11_state.InvalidGraph,
 )
 """What onnxruntime raises for a file that is not a loadable graph."""
+_ORT_RUN_ERRORS = (
+    ort.capi.onnxruntime_pybind11_state.Fail,
+    ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+    ort.capi.onnxruntime_pybind11_state.RuntimeException,
+)
+"""What onnxruntime raises for a graph that loads but cannot run a sentence."""
+WARM_UP_IDS = (0, 50, 83, 54, 156, 31, 4, 0)
+"""``"həlˈO."`` in hibari's vocab, with the pads: the sentence each session runs once at load."""
 MIN_IDS = 3
 """Fewer ids (pads only, or one phoneme) give no audio, as in hibari's ``from_ids``."""
 
@@ -154,6 +162,12 @@ class HibariVoiceComponent:
             )
         self.model_path = path
         self.device = device
+        # the first run of a session costs ~10 ms more (onnxruntime's memory planning, the
+        # DSP's cached windows): pay it at load, not in the first request's time to audio
+        try:
+            self.pool.warm_up(lambda s: self._synthesize(s, HibariUnit(WARM_UP_IDS, 1.0, 0)))
+        except _ORT_RUN_ERRORS as exc:
+            raise ModelFilesError(f"hibari voice {path} failed a test sentence: {exc}") from None
 
     def execute(self, kind: WorkUnitKind, payloads: Sequence[HibariUnit]) -> list[np.ndarray]:
         """Synthesize each payload; returns float32 ``[samples]`` at 24000 Hz per payload.
@@ -165,18 +179,20 @@ class HibariVoiceComponent:
             raise ValueError(f"HibariVoiceComponent runs AUDIO_CHUNK units, got {kind}")
         return [self.synthesize(unit) for unit in payloads]
 
-    def frames(self, unit: HibariUnit) -> list[np.ndarray]:
-        """The graph's outputs for ``unit`` without the batch axis, in ``OUTPUTS`` order:
-        five float32 [601, F] and f0 float32 [F]."""
+    def synthesize(self, unit: HibariUnit) -> np.ndarray:
+        """One unit -> float32 ``[samples]`` at 24000 Hz (empty under ``MIN_IDS`` ids), on the
+        session the unit picks (``SessionPool.run``)."""
+        if len(unit.phoneme_ids) < MIN_IDS:
+            return np.zeros(0, np.float32)
+        return self.pool.run(unit.all_cores, lambda session: self._synthesize(session, unit))
+
+    @staticmethod
+    def _synthesize(session: ort.InferenceSession, unit: HibariUnit) -> np.ndarray:
+        """``unit`` on ``session``: the graph's outputs (batch axis dropped: five float32
+        [601, F], f0 float32 [F]), then ``dsp.synthesize`` with ``default_rng(unit.seed)``."""
         feeds = {
             "ids": np.asarray([unit.phoneme_ids], dtype=np.int64),
             "speed": np.asarray([unit.speed], dtype=np.float32),
         }
-        outputs = self.pool.run(unit.all_cores, lambda s: s.run(list(OUTPUTS), feeds))
-        return [o[0] for o in outputs]
-
-    def synthesize(self, unit: HibariUnit) -> np.ndarray:
-        """One unit -> float32 ``[samples]`` at 24000 Hz (empty under ``MIN_IDS`` ids)."""
-        if len(unit.phoneme_ids) < MIN_IDS:
-            return np.zeros(0, np.float32)
-        return dsp.synthesize(*self.frames(unit), np.random.default_rng(unit.seed))
+        frames = [o[0] for o in session.run(list(OUTPUTS), feeds)]
+        return dsp.synthesize(*frames, np.random.default_rng(unit.seed))
