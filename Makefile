@@ -54,7 +54,7 @@ $(QWEN_TTS_REF_MARK): | $(BIN)/python
 	touch $@
 
 install-test: $(BIN)/python system-deps $(QWEN_TTS_REF_MARK)
-	$(BIN)/pip install -q -e '.[voice,chattts,test,dev]'
+	$(BIN)/pip install -q -e '.[voice,piper,chattts,test,dev]'
 	$(BIN)/pip install -q --no-deps $(REFERENCE_PKGS)
 
 run: install

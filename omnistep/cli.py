@@ -547,8 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--first-chunk-chars",
         type=_non_negative_int,
         metavar="N",
-        help="piper: cut the first sentence at a clause within N characters, so audio "
-        "starts sooner (default 80; 0 keeps it whole)",
+        help="hibari, piper, kokoro: cut the first sentence at a clause within N characters, so "
+        "audio starts sooner (default 80; 0 keeps it whole)",
     )
     serve.add_argument(
         "--kv-cache-gb",

@@ -26,8 +26,8 @@ Log-prob modes: ``"processed"``, the distribution actually sampled (temperature,
 penalty, top-p/top-k, EOS mask); ``"policy"``, ``log_softmax(logits / temperature)`` with no
 truncation, what a PPO/GRPO importance ratio uses.
 
-A product-plane module: imports engine, core, launch (and safetensors for weight files; torch
-only through the components ``score`` calls).
+A product-plane module: imports engine, core, launch, the registry's ``DEFAULT_MODEL`` (and
+safetensors for weight files; torch only through the components ``score`` calls).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from omnistep.core import (
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine
 from omnistep.launch import load_engine
+from omnistep.models.registry import DEFAULT_MODEL
 from omnistep.parity import Collected, collect
 
 LOGPROB_MODES = ("processed", "policy")
@@ -171,7 +172,7 @@ class AsyncOmniEngine:
     @classmethod
     def from_specs(
         cls,
-        models: str | Sequence[str] = "piper",
+        models: str | Sequence[str] = DEFAULT_MODEL,
         device: str = "cpu",
         *,
         max_batch_size: int = 64,
@@ -420,7 +421,9 @@ class OmniEngine:
     Args: as ``AsyncOmniEngine.from_specs``. Use it as a context manager, or call ``close``.
     """
 
-    def __init__(self, models: str | Sequence[str] = "piper", device: str = "cpu", **kwargs: Any):
+    def __init__(
+        self, models: str | Sequence[str] = DEFAULT_MODEL, device: str = "cpu", **kwargs: Any
+    ):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="omnistep-offline", daemon=True

@@ -101,6 +101,8 @@ def _piper_folder(tmp: Path) -> str:
         ("piper", lambda t: "/nonexistent.onnx", ["/nonexistent.onnx", "VOICE.onnx.json"]),
         ("piper", _piper_folder, ["is a folder", "it holds a.onnx"]),
         ("piper", _piper_without_config, ["voice.onnx.json", "beside it"]),
+        ("hibari", lambda t: "/nonexistent.onnx", ["/nonexistent.onnx", "hibari .onnx"]),
+        ("hibari", _piper_folder, ["is a folder", "hibari .onnx"]),
     ],
     ids=[
         "chattts-missing",
@@ -109,6 +111,8 @@ def _piper_folder(tmp: Path) -> str:
         "piper-missing",
         "piper-folder",
         "piper-no-config",
+        "hibari-missing",
+        "hibari-folder",
     ],
 )
 def test_missing_weights_are_one_line(tmp_path, family, make_path, fragments):
@@ -396,7 +400,7 @@ def test_say_takes_the_names_the_server_answers_to(tmp_path, name, capsys):
     out = tmp_path / "x.wav"
     assert _say("Hi.", "--model", name, "-o", str(out), "--seed", "3") == 0
     assert sf.info(str(out)).frames > 0
-    assert registry.resolve_model_spec(name) == "piper"
+    assert registry.resolve_model_spec(name) == "hibari"  # the default voice
 
 
 def test_model_names_resolve_through_the_default_card():

@@ -1,4 +1,5 @@
-"""The embedded voice end to end: engine parity gates, the real server, the OpenAI client, ASR."""
+"""The piper voice (`--model piper`) end to end: engine parity gates, the real server, the OpenAI
+client, ASR."""
 
 import base64
 import io
@@ -40,7 +41,7 @@ async def engine(model):
 
 @pytest.fixture(scope="module")
 def base():
-    with running_server() as url:  # default: the embedded voice
+    with running_server("--model", "piper") as url:
         yield url
 
 

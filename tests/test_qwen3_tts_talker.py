@@ -34,7 +34,7 @@ from omnistep.core import (
 )
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.rope import RotaryEmbedding, apply_rope
-from omnistep.loops.ar_decode import ARDecodeConfig, ARPrefillInput
+from omnistep.loops.ar_decode import ARDecodeConfig, ARPrefillInput, ARStepInput
 from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
 from omnistep.models.qwen3_tts.prompt import (
     TalkerPromptParts,
@@ -44,7 +44,6 @@ from omnistep.models.qwen3_tts.prompt import (
 )
 from omnistep.models.qwen3_tts.talker import (
     Qwen3TTSSampling,
-    Qwen3TTSStepInput,
     Qwen3TTSTalker,
     Qwen3TTSTalkerLoop,
     suppressed_ids,
@@ -394,8 +393,8 @@ def test_aborted_sequences_leave_no_kv_blocks(tiny, tok):
     live = {f"s{i}": o.tokens for i, o in enumerate(outs)}
     for step in range(1, 4):  # a few decode steps, aborting some sequences after each
         steps = [
-            Qwen3TTSStepInput(
-                s, last, step, (last,), sampling, gens[int(s[1:])], config.ids.tts_pad
+            ARStepInput(
+                s, last, step, (last,), sampling, gens[int(s[1:])], extra=config.ids.tts_pad
             )
             for s, last in live.items()
         ]

@@ -29,7 +29,6 @@ from omnistep.models.qwen2_5_omni.talker import (
     QwenTalker,
     TalkerConfig,
     TalkerPrompt,
-    TalkerStepInput,
     condition_for_step,
     load_talker,
 )
@@ -274,9 +273,14 @@ def _run_talker(talker, prompts, replies, steps, sampling=GREEDY, seeds=None, se
     logprobs = [[o.logprobs] for o in outs]
     for step in range(1, steps + 1):
         units = [
-            TalkerStepInput.from_step(
-                ARStepInput(ids[i], frames[i][-1], step, tuple(frames[i][-16:]), sampling, gens[i]),
-                condition_for_step(step, replies[i], thinker_done=True),
+            ARStepInput(
+                ids[i],
+                frames[i][-1],
+                step,
+                tuple(frames[i][-16:]),
+                sampling,
+                gens[i],
+                extra=condition_for_step(step, replies[i], thinker_done=True),
             )
             for i in range(n)
         ]

@@ -502,6 +502,8 @@ def _case(name: str, request) -> tuple[str, list[Request], dict]:
         return "toy", _toy_requests(3), {}
     if name == "piper":
         return "piper", [Request("piper", text="One sentence. Then a longer one.", seed=3)], {}
+    if name == "hibari":
+        return "hibari", [Request("hibari", text="One sentence. Then a longer one.", seed=3)], {}
     if name == "chattts":
         root = request.getfixturevalue("chattts_root")
         sampling = SamplingParams(max_new_tokens=20)
@@ -525,7 +527,7 @@ def qwen3_tts_root(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("name", ["toy", "piper", "chattts", "qwen2_5_omni", "qwen3_tts"])
+@pytest.mark.parametrize("name", ["toy", "hibari", "piper", "chattts", "qwen2_5_omni", "qwen3_tts"])
 async def test_cards_serve_with_stand_ins_for_every_component(name, request):
     """Every card serves from a ``ModelInstance`` whose components are all ``RemoteComponent``
     stand-ins (which raise on anything but ``free_sequence`` and ``kv_blocks``), with the same

@@ -90,6 +90,9 @@ class ARStepInput:
         num_generated: frames generated so far (``last`` included).
         history: the last ``penalty_window`` generated frames.
         sampling, generator, record: as in ARPrefillInput.
+        extra: what the family's component needs besides the last frame for this step, set by
+            its loop's ``plan`` (Qwen2.5-Omni's talker: the step's ``TalkerCondition``;
+            Qwen3-TTS: the text-track id added to the step's input); None for the others.
     """
 
     seq_id: str
@@ -99,6 +102,7 @@ class ARStepInput:
     sampling: Any
     generator: Any
     record: bool = False
+    extra: Any = None
 
 
 @dataclass(frozen=True, slots=True)

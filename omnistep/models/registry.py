@@ -15,7 +15,9 @@ from omnistep.core import InvalidRequestError, MissingDependencyError, ModelCard
 FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",
     "toy_stream": "omnistep.models.toy.stream",
+    "hibari": "omnistep.models.hibari.card",
     "piper": "omnistep.models.piper.card",
+    "kokoro": "omnistep.models.kokoro.card",
     "chattts": "omnistep.models.chattts.card",
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",
     "qwen3_tts": "omnistep.models.qwen3_tts.card",
@@ -23,15 +25,19 @@ FAMILIES: dict[str, str] = {
 """Family name -> module that defines ``build_card(path: str | None) -> ModelCard``."""
 
 EXTRAS: dict[str, str] = {
-    "piper": "voice",
+    "hibari": "voice",
+    "piper": "piper",
+    "kokoro": "voice",
     "chattts": "chattts",
     "qwen2_5_omni": "chattts",
     "qwen3_tts": "chattts",
 }
 """Family -> the ``pip install 'omnistep[EXTRA]'`` extra holding its dependencies."""
 
-DEFAULT_MODEL = "piper"
-"""The family served when no ``--model`` is given: the embedded voice."""
+DEFAULT_MODEL = "hibari"
+"""The family served when no ``--model`` is given: the embedded voice (hibari ``heart``, in the
+``voice`` extra, Apache-2.0; piper, whose phonemizer bundles GPL espeak-ng, is ``--model piper``
+with the ``piper`` extra)."""
 
 
 def parse_model_spec(spec: str) -> tuple[str, str | None]:

@@ -195,6 +195,13 @@ class SessionPool:
         """The session of ordinary (not ``all_cores``) units: for reading inputs and outputs."""
         return self._sessions[False, False]
 
+    def warm_up(self, fn: Callable[[ort.InferenceSession], object]) -> None:
+        """``fn(session)`` once on every distinct session (e.g. a short sentence), so that the
+        first request does not pay onnxruntime's first-run costs (memory planning, kernel
+        selection)."""
+        for session in {id(s): s for s in self._sessions.values()}.values():
+            fn(session)
+
     def run(self, all_cores: bool, fn: Callable[[ort.InferenceSession], T]) -> T:
         """``fn(session)`` on the session for a unit with ``all_cores``; returns its result."""
         with self._lock:
@@ -226,9 +233,13 @@ class Sentence:
 class SentenceFrontend(Protocol):
     """Text -> sentences of phoneme ids, on the serving thread."""
 
-    def sentences(self, text: str, normalize_text: bool | None = None) -> list[Sentence]:
+    def sentences(
+        self, text: str, normalize_text: bool | None = None, voice: str | None = None
+    ) -> list[Sentence]:
         """The sentences of ``text`` in reading order; ``normalize_text`` overrides the
-        front-end's own setting (None keeps it).
+        front-end's own setting (None keeps it); ``voice``: the request's (already checked)
+        voice, for front-ends whose reading depends on it (Kokoro's British voices), else
+        ignored.
 
         Raises:
             InvalidRequestError: (``param="input"``) nothing speakable.
@@ -342,7 +353,9 @@ def _frontend_node(
     def frontend_fn(ctx: ProgramContext) -> None:
         if ctx.request.voice is not None:
             check_voice(ctx.request.voice)
-        sentences = frontend.sentences(ctx.request.text, ctx.request.normalize_text)
+        sentences = frontend.sentences(
+            ctx.request.text, ctx.request.normalize_text, voice=ctx.request.voice
+        )
         ctx.slots["sentences"] = sentences
         ctx.usage["input_tokens"] = sum(len(s.phoneme_ids) for s in sentences)
 

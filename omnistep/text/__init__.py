@@ -6,7 +6,7 @@ clauses, else between words); ``SentenceBuffer`` does the splitting for text tha
 pieces. Imports stdlib and ``num2words`` only (no torch, no phonemizer).
 
 >>> prepare("Dr. Smith paid $12.50. He left at 3 pm.")
-['Doctor Smith paid twelve dollars and fifty cents.', 'He left at three p m.']
+['Doctor Smith paid twelve dollars and fifty cents.', 'He left at three p.m.']
 """
 
 from omnistep.text.normalize import normalize

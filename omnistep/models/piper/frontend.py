@@ -117,9 +117,11 @@ class PiperFrontend:
             pieces[:1] = split_clauses(pieces[0], limit)
         return pieces
 
-    def sentences(self, text: str, normalize_text: bool | None = None) -> list[Sentence]:
+    def sentences(
+        self, text: str, normalize_text: bool | None = None, voice: str | None = None
+    ) -> list[Sentence]:
         """Split ``text`` into sentences of phoneme ids, in reading order (``normalize_text``:
-        see ``texts``).
+        see ``texts``; ``voice`` is not read: the voice has one speaker).
 
         Raises:
             InvalidRequestError: (``param="input"``) nothing speakable: the text is empty after

@@ -64,7 +64,6 @@ from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
 from omnistep.models.qwen2_5_omni.talker import (
     TALKER_GENERATE_DEFAULTS,
     TalkerPrompt,
-    TalkerStepInput,
     condition_for_step,
     load_talker,
 )
@@ -196,7 +195,7 @@ class TalkerLoop(ARDecodeLoop):
         cond = condition_for_step(len(state.frames), replies, rows.closed)
         if cond is None:
             return Pending()
-        plan.payload = TalkerStepInput.from_step(plan.payload, cond)
+        plan.payload = dataclasses.replace(plan.payload, extra=cond)
         return plan
 
     def finalize(self, state: TalkerState) -> LoopResult:

@@ -263,45 +263,13 @@ class TalkerPrompt:
     replay: tuple[TalkerCondition, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class TalkerStepInput:
-    """AR_TOKEN payload of the talker: ``ARStepInput``'s fields plus this step's condition.
-
-    Attributes:
-        seq_id, last, num_generated, history, sampling, generator, record: as in
-            ``ARStepInput`` (``last`` = ``(c_{t-1},)``).
-        condition: ``cond_t`` (``condition_for_step``).
-    """
-
-    seq_id: str
-    last: tuple[int, ...]
-    num_generated: int
-    history: tuple[tuple[int, ...], ...]
-    sampling: Any
-    generator: Any
-    condition: TalkerCondition
-    record: bool = False
-
-    @classmethod
-    def from_step(cls, step: ARStepInput, condition: TalkerCondition) -> TalkerStepInput:
-        return cls(
-            step.seq_id,
-            step.last,
-            step.num_generated,
-            step.history,
-            step.sampling,
-            step.generator,
-            condition,
-            step.record,
-        )
-
-
 # ---------------------------------------------------------------- the component
 class QwenTalker(PagedARModel):
     """The talker component (see module docstring).
 
     PREFILL payloads are ``ARPrefillInput`` with a ``TalkerPrompt``; AR_TOKEN payloads are
-    ``TalkerStepInput``. Frames are 1-tuples of codec ids; outputs carry no ``hidden``.
+    ``ARStepInput`` whose ``extra`` is the step's ``TalkerCondition``. Frames are 1-tuples of
+    codec ids; outputs carry no ``hidden``.
 
     Attributes:
         codec_embed: ``[vocab, embedding_size]`` (``model.embed_tokens.weight``).
@@ -411,7 +379,7 @@ class QwenTalker(PagedARModel):
         head = () if incremental else frames
         first = ARPrefillInput(seq_id, prompt, head, (), None, None)
         steps = [
-            TalkerStepInput(seq_id, f, i + 1, (), None, None, prompt.replay[i])
+            ARStepInput(seq_id, f, i + 1, (), None, None, extra=prompt.replay[i])
             for i, f in enumerate(frames)
         ]
         return self._teacher_forced(first, steps if incremental else [])
@@ -456,9 +424,9 @@ class QwenTalker(PagedARModel):
             rows.append(self.codec_embed[codes] + conditions)
         return torch.cat(rows)
 
-    def _step_inputs(self, units: Sequence[TalkerStepInput]) -> torch.Tensor:
+    def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
         codes = self._frame_ids([tuple(u.last) for u in units], self.config.vocab_size)
-        return self.codec_embed[codes] + self._conditions([u.condition for u in units])
+        return self.codec_embed[codes] + self._conditions([u.extra for u in units])
 
     def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
         """``thinker_to_talker_proj`` ``[N, embedding_size] -> [N, hidden]``."""

@@ -23,7 +23,7 @@ Every talker input row is ``codec part + text_projection(text_embedding(text id)
   ``codec_embedding[j - 1]`` for code ``j``) plus the text track's id for step ``k`` (upstream
   ``trailing_text_hidden[:, generation_step]``): text token ``k + 1`` of the utterance in
   streaming-text mode, then ``tts_eos``, then ``tts_pad`` for every later step. The id comes
-  with the step (``Qwen3TTSStepInput.text_id``), from the loop's text track
+  with the step (``ARStepInput.extra``), from the loop's text track
   (``Qwen3TTSTalkerLoop``), so text can stream into a running request.
 
 One unit (PREFILL or AR_TOKEN) = one frame: talker forward -> ``codec_head`` -> sample codebook 0
@@ -274,41 +274,6 @@ class Qwen3TTSPrompt:
         return self.text_ids, self.codec_ids, clone
 
 
-@dataclass(frozen=True, slots=True)
-class Qwen3TTSStepInput:
-    """AR_TOKEN payload of the talker: ``ARStepInput``'s fields plus the text track's id.
-
-    Attributes:
-        seq_id, last, num_generated, history, sampling, generator, record: as in
-            ``ARStepInput`` (``last``: the 16 ids of frame ``num_generated - 1``; ``sampling``:
-            a ``Qwen3TTSSampling``).
-        text_id: the text-track id of step ``num_generated - 1`` (a text token, tts_eos or
-            tts_pad).
-    """
-
-    seq_id: str
-    last: tuple[int, ...]
-    num_generated: int
-    history: tuple[tuple[int, ...], ...]
-    sampling: Any
-    generator: Any
-    text_id: int
-    record: bool = False
-
-    @classmethod
-    def from_step(cls, step: ARStepInput, text_id: int) -> Qwen3TTSStepInput:
-        return cls(
-            step.seq_id,
-            step.last,
-            step.num_generated,
-            step.history,
-            step.sampling,
-            step.generator,
-            text_id,
-            step.record,
-        )
-
-
 # ---------------------------------------------------------------- the code predictor
 class CodePredictor:
     """Codebooks 1..G-1 of a frame from the talker's hidden state and code 0, batched over
@@ -458,9 +423,10 @@ class Qwen3TTSTalker(PagedARModel):
     """The talker component (see module docstring).
 
     PREFILL payloads are ``ARPrefillInput`` with a ``Qwen3TTSPrompt``; AR_TOKEN payloads are
-    ``Qwen3TTSStepInput``; ``sampling`` is a ``Qwen3TTSSampling``. Frames are ``num_code_groups``
-    ids; outputs carry no ``hidden``. Input rows are ``[codec part (hidden) | text embedding
-    (text_hidden)]``; ``_lm_inputs`` projects the text part and adds.
+    ``ARStepInput`` whose ``extra`` is the text-track id; ``sampling`` is a
+    ``Qwen3TTSSampling``. Frames are ``num_code_groups`` ids; outputs carry no ``hidden``.
+    Input rows are ``[codec part (hidden) | text embedding (text_hidden)]``; ``_lm_inputs``
+    projects the text part and adds.
 
     Attributes:
         codec_embedding: ``[vocab, hidden]``; text_embedding: ``[text_vocab, text_hidden]``;
@@ -636,9 +602,9 @@ class Qwen3TTSTalker(PagedARModel):
             codec[rows] = torch.stack(parts, dim=1).sum(1)
         return codec
 
-    def _step_inputs(self, units: Sequence[Qwen3TTSStepInput]) -> torch.Tensor:
+    def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
         codec = self._frame_sums(self._frames([u.last for u in units]))
-        return torch.cat([codec, self._text_part([u.text_id for u in units])], dim=1)
+        return torch.cat([codec, self._text_part([u.extra for u in units])], dim=1)
 
     def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
         """``codec part + text_projection(text part)``, ``[N, hidden]`` (row-chunked by the
@@ -877,7 +843,7 @@ class Qwen3TTSTalkerLoop(ARDecodeLoop):
         text_id = text_for_step(step, state.track, state.track.closed, self.pad_id)
         if text_id is None:
             return Pending("waiting for text")
-        plan.payload = Qwen3TTSStepInput.from_step(plan.payload, text_id)
+        plan.payload = dataclasses.replace(plan.payload, extra=text_id)
         return plan
 
     def finalize(self, state: Qwen3TTSTalkerState) -> LoopResult:

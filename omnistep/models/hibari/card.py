@@ -1,0 +1,153 @@
+"""The ``hibari`` card: the embedded default voice (hibari-tts, Apache-2.0, shipped on PyPI).
+
+hibari-tts 0.2.1 ships one English voice, ``heart`` (American English, female, distilled from
+Kokoro-82M's ``af_heart``), as a 7.9 MB int8 ONNX graph inside the package, and a complete
+English G2P without espeak (a port of misaki's rules and lexicons): ``pip install
+'omnistep[voice]'`` serves it with no other download and no GPL component.
+
+Program (``sentence_card``): ``frontend`` (voice check; ``MisakiFrontend``: normalisation,
+sentences and clauses, hibari's G2P, at most 400 phonemes per piece as hibari's
+``MAX_PHONEMES``) then the ``sentences`` loop: one AUDIO_CHUNK unit per sentence on the ``voice``
+component (``HibariVoiceComponent``: one ONNX call, then our DSP ``dsp.synthesize``), each
+streamed as soon as it is synthesized, two at once, each on one onnxruntime thread
+(``THREADS``: unlike piper, hibari's first unit does not get every core; see there).
+
+Seeds: sentence ``i`` of a request seeded ``s`` draws its noise from
+``numpy.random.default_rng(sentence_seed(s, i))``: the same text, speed and seed give the same
+bytes. ``speed`` is the graph's own ``speed`` input (2.0 about halves the duration).
+
+Voices: the card has one voice, ``heart``. Every OpenAI voice name (alloy, ash, ballad, coral,
+echo, fable, onyx, nova, sage, shimmer, verse, marin, cedar) is accepted and maps to ``heart``
+(the same samples as ``heart`` for the same seed), so OpenAI clients work unchanged. hibari's
+other voices (downloaded by hibari at run time) are not served by name; a downloaded ``.onnx``
+can be served with ``--model hibari=/path/to/voice.onnx`` (it is then still called ``heart``).
+
+Source: hibari-tts 0.2.1 ``hibari/tts.py`` (``MAX_PHONEMES``, ``vocab.json``, ``from_ids``),
+``hibari/voices.py`` (``heart`` in the package).
+
+Imports: stdlib, ``omnistep.core``, ``omnistep.models``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from omnistep.core import OPENAI_VOICES, ModelCard, ModelFilesError
+from omnistep.models.hibari import dsp
+from omnistep.models.hibari.voice import (
+    HibariUnit,
+    HibariVoiceComponent,
+    check_speed,
+    embedded_model_path,
+)
+from omnistep.models.misaki import MisakiFrontend
+from omnistep.models.sentence_voice import (
+    FIRST_CHUNK_CHARS,
+    Sentence,
+    sentence_card,
+)
+
+CARD_ID = "hibari"
+SPEAKER = "heart"
+VOICES: tuple[str, ...] = (SPEAKER, *OPENAI_VOICES)
+"""Voice names the card accepts; all are the one voice ``heart``."""
+THREADS = 1
+"""onnxruntime intra-op threads of every hibari unit, the first one included (where piper's
+first unit gets every core, ``sentence_voice.first_unit_threads``). A sentence is one ~20 ms call
+on one thread, too short for a second thread to pay: measured on the 2-core CI machine while
+other jobs ran (load 3-4), a request alone through the engine reached its first sentence in 30
+ms (median of 40) with one thread against 50 ms with the all-core session, and finished three
+sentences in 77 against 100 ms; hibari's own runtime (1 thread, its default) took 30 ms. With
+the machine quieter (load 1.5), hibari's own runtime on 2 threads (spinning allowed) was 13%
+faster than on 1, and our all-core session without spinning 10% slower. One thread also keeps
+two sentences at once (``MAX_CONCURRENT_SENTENCES``) from oversubscribing two cores. The unit
+still picks its session (``HibariUnit.all_cores``); with equal counts there is one session."""
+MAX_PHONEMES = 400
+"""Phonemes per unit at most (hibari's ``tts.MAX_PHONEMES``): longer pieces are cut."""
+
+
+def vocab_path() -> Path:
+    """hibari's phoneme vocabulary, ``hibari/assets/vocab.json`` (character -> id, 0 = pad)."""
+    return embedded_model_path().parent / "vocab.json"
+
+
+@dataclass(frozen=True)
+class HibariSettings:
+    """The card-side settings of the voice (a ``SentenceVoice``): no ONNX session here.
+
+    Attributes:
+        sample_rate: 24000 Hz.
+        batched: False: each unit runs alone (hibari's graph takes one sentence per call).
+    """
+
+    sample_rate: int = dsp.SAMPLE_RATE
+    batched: bool = False
+
+    def make_unit(
+        self, sentence: Sentence, *, seed: int, speed: float, voice: str | None, all_cores: bool
+    ) -> HibariUnit:
+        """The unit of ``sentence``; ``voice`` is ignored (every accepted name is ``heart``).
+
+        Raises:
+            InvalidRequestError: (``param="speed"``) speed not finite and > 0.
+        """
+        return HibariUnit(sentence.phoneme_ids, check_speed(speed), seed, all_cores)
+
+    def finish(self, audio: np.ndarray) -> np.ndarray:
+        """The component's audio as is (hibari does not normalize)."""
+        return audio
+
+
+def build_card(
+    path: str | None = None, *, first_chunk_chars: int | None = FIRST_CHUNK_CHARS
+) -> ModelCard:
+    """The hibari card on the embedded voice ``heart`` (``path`` None), or on another hibari
+    ``.onnx`` at ``path`` with the same inputs and outputs (e.g. a voice hibari downloaded).
+
+    ``first_chunk_chars``: the first sentence is cut at clauses into pieces of at most this many
+    characters (shorter first unit, sooner first audio); 0 or None keeps it whole.
+
+    Raises:
+        ModelFilesError: ``path`` is not a file (the message names it).
+    """
+    model_path = embedded_model_path() if path is None else Path(path)
+    if not model_path.is_file():
+        what = "is a folder" if model_path.is_dir() else "not found"
+        raise ModelFilesError(
+            f"hibari voice {model_path} {what} (expected a hibari .onnx file, e.g. "
+            f"{embedded_model_path().name} of hibari-tts)"
+        )
+    with open(vocab_path(), encoding="utf-8") as f:
+        vocab = json.load(f)
+    frontend = MisakiFrontend(
+        vocab, max_phonemes=MAX_PHONEMES, first_chunk_chars=first_chunk_chars or None
+    )
+
+    def build_voice(device: str) -> HibariVoiceComponent:
+        return HibariVoiceComponent(
+            model_path,
+            device,
+            num_threads=THREADS,
+            all_core_threads=THREADS,
+        )
+
+    source = "embedded voice heart" if path is None else f"voice file {model_path.name}"
+    return sentence_card(
+        card_id=CARD_ID,
+        family="hibari",
+        frontend=frontend,
+        settings=HibariSettings(),
+        build_voice=build_voice,
+        voices=VOICES,
+        default_voice=SPEAKER,
+        sample_rate=dsp.SAMPLE_RATE,
+        description=(
+            "Embedded English voice: hibari heart (hibari-tts, Apache-2.0, distilled from "
+            "Kokoro-82M af_heart), 24 kHz."
+        ),
+        component_description=f"hibari (ONNX int8) + spectral DSP, {source}",
+    )
