@@ -174,5 +174,8 @@ def test_baseline_run_counts_audio_and_times_the_first_sentence_apart():
     runtime = speech.Runtime("fake", 24000, chunks, first_sentence_alone=True)
     run = speech.baseline_run(runtime, speech.PARAGRAPH)
     assert calls == [speech.PARAGRAPH, speech.first_sentence(speech.PARAGRAPH)]
+    calls.clear()
+    speech.baseline_run(runtime, speech.SENTENCE)  # one sentence: its first chunk is the time
+    assert calls == [speech.SENTENCE]
     summary = speech.summarize_baseline([[run], [run, run]])
     assert summary["repetitions"] == 3 and summary["audio_s"] == pytest.approx(0.4)
