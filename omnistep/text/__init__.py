@@ -23,6 +23,20 @@ __all__ = [
 ]
 
 
-def prepare(text: str, max_chars: int = 300) -> list[str]:
-    """``split_text(normalize(text), max_chars)``: the pieces a card synthesises in order."""
-    return split_text(normalize(text), max_chars)
+def prepare(
+    text: str,
+    max_chars: int = 300,
+    first_chunk_chars: int | None = None,
+    normalize_text: bool = True,
+) -> list[str]:
+    """``split_text(normalize(text), max_chars)``: the pieces a card synthesises in order.
+
+    ``first_chunk_chars``: a first piece longer than this is cut at clauses (else spaces)
+    into pieces of at most this many characters (``split_clauses``), so that the first unit,
+    which sets the time to first audio, is short; None keeps it. ``normalize_text=False``
+    splits the text as given.
+    """
+    pieces = split_text(normalize(text) if normalize_text else text, max_chars)
+    if pieces and first_chunk_chars is not None and len(pieces[0]) > first_chunk_chars:
+        pieces[:1] = split_clauses(pieces[0], first_chunk_chars)
+    return pieces

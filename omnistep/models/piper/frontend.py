@@ -38,7 +38,7 @@ from piper.voice import PiperVoice
 
 from omnistep.core.errors import InvalidRequestError
 from omnistep.models.sentence_voice import Sentence, split_long, strip_spaces
-from omnistep.text import normalize, split_clauses, split_text
+from omnistep.text import prepare
 
 __all__ = ["PiperFrontend", "Sentence", "split_long"]
 
@@ -109,13 +109,9 @@ class PiperFrontend:
         Example: ``texts("Dr. Smith paid $12.50. Then he left.")`` is ``["Doctor Smith paid
         twelve dollars and fifty cents.", "Then he left."]``.
         """
-        if self.normalize_text if normalize_text is None else normalize_text:
-            text = normalize(text)
-        pieces = split_text(text, self.max_chars)
-        limit = self.first_chunk_chars
-        if pieces and limit is not None and len(pieces[0]) > limit:
-            pieces[:1] = split_clauses(pieces[0], limit)
-        return pieces
+        if normalize_text is None:
+            normalize_text = self.normalize_text
+        return prepare(text, self.max_chars, self.first_chunk_chars, normalize_text)
 
     def sentences(
         self, text: str, normalize_text: bool | None = None, voice: str | None = None
