@@ -162,6 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_queued=args.max_queued,
             scheduling=args.scheduling,
             request_timeout=args.request_timeout,
+            admission_max_wait=args.admission_max_wait,
             kv_cache_gb=args.kv_cache_gb,
             batch_invariant=args.batch_invariant or None,
             first_chunk_chars=args.first_chunk_chars,
@@ -502,6 +503,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=EngineConfig().scheduling,
         help="edf: earliest playback deadline first, new requests' first audio ahead of "
         "buffered streams, admission held while streams run low; fcfs: in arrival order",
+    )
+    serve.add_argument(
+        "--admission-max-wait",
+        type=_seconds_or_zero,
+        default=EngineConfig().admission_max_wait_s,
+        metavar="SECONDS",
+        help="edf: the longest a new request waits for admission while the running streams "
+        "could not spare the audio; then it starts regardless (default: %(default)s)",
     )
     serve.add_argument(
         "--max-queued",

@@ -18,6 +18,7 @@ def load_engine(
     max_queued: int | None = None,
     scheduling: str | None = None,
     request_timeout: float | None = None,
+    admission_max_wait: float | None = None,
     executor: str = "inprocess",
     deploy: str | None = None,
     ray_address: str | None = None,
@@ -32,7 +33,9 @@ def load_engine(
 
     ``max_queued`` bounds the unfinished requests (more get HTTP 429; None: the engine's
     default); ``scheduling`` is ``"edf"`` or ``"fcfs"`` (None: the engine's default, EDF);
-    ``request_timeout`` aborts requests running longer (seconds; None: no limit).
+    ``request_timeout`` aborts requests running longer (seconds; None: no limit);
+    ``admission_max_wait``: the longest a request waits for admission under EDF (seconds;
+    None: the engine's default).
     ``options`` are card options (``kv_cache_gb``, ``batch_invariant``) for families that
     take them.
 
@@ -55,7 +58,11 @@ def load_engine(
         raise OmnistepError(f"unknown executor '{executor}'; choose one of {', '.join(EXECUTORS)}")
     if deploy is not None and executor != "ray":
         raise OmnistepError("--deploy needs --executor ray")
-    settings: dict[str, object] = {"max_queued": max_queued, "scheduling": scheduling}
+    settings: dict[str, object] = {
+        "max_queued": max_queued,
+        "scheduling": scheduling,
+        "admission_max_wait_s": admission_max_wait,
+    }
     runner = None
     names = served_names or [None] * len(specs)
     cards = [

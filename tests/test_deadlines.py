@@ -105,3 +105,17 @@ def test_unit_cost_meter_learns_seconds_per_token():
     meter.observe(key, 0, 9.0)  # units that count no tokens teach nothing
     assert meter.estimate(key, 10) == pytest.approx(0.075)
     assert meter.estimate(("other",), 10) == 0.0
+
+
+def test_admission_counts_each_streams_next_unit_on_top_of_the_guard():
+    """A stream must hold the guard plus its next unit's expected run time (a Kokoro sentence
+    takes seconds): with 2 s buffered and a 1.8 s unit next, a newcomer waits."""
+    policy = AdmissionPolicy(guard_s=0.5, max_wait_s=100.0)
+    stream = PlaybackClock(0.0, 0.5)
+    stream.on_audio(0.0, 2.0)  # dry at 2.0
+    assert policy.may_admit(0.0, 0.0, [stream])
+    assert policy.may_admit(0.0, 0.0, [stream], leads=[1.5])  # 2.0 >= 0.5 + 1.5
+    assert not policy.may_admit(0.0, 0.0, [stream], leads=[1.8])
+    assert policy.may_admit(100.0, 0.0, [stream], leads=[1.8])  # waited max_wait_s
+    with pytest.raises(ValueError):
+        policy.may_admit(0.0, 0.0, [stream], leads=[])  # one lead per stream

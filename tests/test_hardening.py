@@ -17,6 +17,7 @@ import pytest
 from omnistep.cli import build_parser, server_config
 from omnistep.core import EngineOverloadedError, ModelInstance, OmnistepError, Request
 from omnistep.engine import AsyncEngine, EngineConfig
+from omnistep.launch import load_engine
 from omnistep.models.toy.card import build_card
 from omnistep.server import ServerConfig
 from tests.serving import running_server
@@ -504,3 +505,17 @@ def test_max_queued_flag():
     assert _serve_args("--max-queued", "3").max_queued == 3
     with pytest.raises(SystemExit):
         _serve_args("--max-queued", "0")
+
+
+async def test_admission_max_wait_flag_reaches_the_engine():
+    assert _serve_args().admission_max_wait == EngineConfig().admission_max_wait_s == 120.0
+    assert _serve_args("--admission-max-wait", "0").admission_max_wait == 0.0
+    for bad in ("-1", "inf", "soon"):
+        with pytest.raises(SystemExit):
+            _serve_args("--admission-max-wait", bad)
+    engine = load_engine(["toy"], "cpu", 8, admission_max_wait=7.5)
+    try:
+        assert engine.config.admission_max_wait_s == 7.5
+        assert engine._admission.max_wait_s == 7.5
+    finally:
+        await engine.shutdown()

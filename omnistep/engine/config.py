@@ -30,7 +30,12 @@ class EngineConfig:
             ``admission_max_wait_s``) while a started stream holds less than this much
             buffered audio, or while its card's ``max_starting`` admitted requests have no
             audio yet; None admits every request at once.
-        admission_max_wait_s: the longest a request waits for admission, seconds.
+        admission_max_wait_s: the longest a request waits for admission, seconds; then it
+            starts regardless, and if the machine cannot feed it in real time, it and the
+            streams beside it run dry. 120 s: Kokoro-82M int8 makes ~6 s of audio per second on
+            the 2-core CI machine, so a burst of 16 requests of 24 s of audio needs ~65 s to
+            start its last one without a gap; with 30 s, 8 such requests had 1 underrun and 16
+            had 77 (``bench/speech.py``). Waiting adds to the time to first audio instead.
         request_timeout: seconds a request may run, from admission to its last chunk; a request
             still unfinished then is aborted with ``RequestTimeoutError`` (HTTP 504) and its
             loops are freed. None: no limit.
@@ -43,7 +48,7 @@ class EngineConfig:
     scheduling: str = "edf"
     first_audio_s: float = 1.0
     admission_guard_s: float | None = 0.5
-    admission_max_wait_s: float = 30.0
+    admission_max_wait_s: float = 120.0
     request_timeout: float | None = None
 
     def __post_init__(self) -> None:

@@ -17,7 +17,10 @@ the buffers that admission had judged safe.
 
 Admission (``may_admit``): a new request costs every admitted stream the time of its first
 chunk, and once playing it needs audio as fast as the others. It is admitted while every started
-stream has at least ``guard_s`` of audio buffered and, where its card sets ``max_starting``,
+stream has at least ``guard_s`` of audio buffered beyond the expected run time of its next unit
+(``leads``: a Kokoro sentence takes seconds, so a bare ``guard_s`` of 0.5 s let newcomers in
+while streams were already too short to get their next sentence in time: 5 underruns in a
+burst of 8 on the 2-core CI machine) and, where its card sets ``max_starting``,
 fewer than that many admitted requests still wait for their first audio; otherwise it waits,
 for at most ``max_wait_s``. Requests that do not ask for audio neither wait nor hold others.
 Above all, each admitted audio request needs audio as fast as it plays, so for such cards
@@ -95,7 +98,7 @@ class AdmissionPolicy:
     """
 
     guard_s: float = 0.5
-    max_wait_s: float = 30.0
+    max_wait_s: float = 120.0
     utilization: float = 0.65
 
     def __post_init__(self) -> None:
@@ -109,22 +112,26 @@ class AdmissionPolicy:
         streams: Iterable[PlaybackClock],
         max_starting: int | None = None,
         rate: float | None = None,
+        leads: Iterable[float] | None = None,
     ) -> bool:
         """Whether a request waiting since ``waiting_since`` may start, given the clocks of the
-        admitted unfinished audio requests, its card's ``max_starting`` (None: no limit) and the
-        measured production ``rate`` (audio seconds per busy second; None: not known yet)."""
+        admitted unfinished audio requests, its card's ``max_starting`` (None: no limit), the
+        measured production ``rate`` (audio seconds per busy second; None: not known yet) and
+        ``leads``: per stream, in the order of ``streams``, the expected seconds its next unit
+        takes, which it must have buffered on top of ``guard_s`` (None: 0 each)."""
         if now - waiting_since >= self.max_wait_s:
             return True
         streams = list(streams)
         if rate is not None and streams and len(streams) + 1 > self.utilization * rate:
             return False
         starting = 0
-        for clock in streams:
+        leads = [0.0] * len(streams) if leads is None else list(leads)
+        for clock, lead in zip(streams, leads, strict=True):
             if not clock.started:
                 starting += 1
                 if max_starting is not None and starting >= max_starting:
                     return False
-            elif clock.buffered(now) < self.guard_s:
+            elif clock.buffered(now) < self.guard_s + lead:
                 return False
         return True
 

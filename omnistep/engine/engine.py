@@ -40,6 +40,7 @@ from omnistep.core import (
     RequestTimeoutError,
     StepResult,
     StreamChunk,
+    WorkPlan,
     check_text,
 )
 from omnistep.core.request import MAX_SEED
@@ -641,17 +642,41 @@ class AsyncEngine:
     def _may_admit(self, run: _RequestRun, now: float) -> bool:
         """The admission policy's answer for ``run`` given the admitted audio requests."""
         assert self._admission is not None
-        clocks = {  # by identity: the runs of one stream share a clock
-            id(r.clock): r.clock
-            for r in self._runs.values()
-            if r.held is None
-            and r.clock is not None
-            and Modality.AUDIO in r.ctx.request.output_modalities
-            and not self._awaits_client_text(r)
-        }.values()
+        clocks: dict[int, PlaybackClock] = {}  # by identity: the runs of one stream share one
+        leads: dict[int, float] = {}  # clock id -> its next unit's expected seconds (the most)
+        for r in self._runs.values():
+            if (
+                r.held is None
+                and r.clock is not None
+                and Modality.AUDIO in r.ctx.request.output_modalities
+                and not self._awaits_client_text(r)
+            ):
+                key = id(r.clock)
+                clocks[key] = r.clock
+                leads[key] = max(leads.get(key, 0.0), self._next_unit_seconds(r))
         limit = run.model.card.max_starting
         rate = self._capacity.rate(self._parallel(run.model)) if limit is not None else None
-        return self._admission.may_admit(now, run.waiting_since, clocks, limit, rate)
+        return self._admission.may_admit(
+            now, run.waiting_since, clocks.values(), limit, rate, leads.values()
+        )
+
+    def _next_unit_seconds(self, run: _RequestRun) -> float:
+        """The expected run time of the run's queued units, the longest (0.0: none queued)."""
+        return max(
+            (
+                self._unit_seconds(live.model_id, live.plan)
+                for live in run.live.values()
+                if live.plan is not None
+            ),
+            default=0.0,
+        )
+
+    def _unit_seconds(self, model_id: str, plan: WorkPlan) -> float:
+        """A unit's expected run time: its ``resources.est_seconds`` when the loop gives one,
+        else its ``num_tokens`` times the measured seconds per token of its component."""
+        return plan.resources.est_seconds or self._unit_cost.estimate(
+            (model_id, plan.component, plan.kind), plan.resources.num_tokens
+        )
 
     @staticmethod
     def _awaits_client_text(run: _RequestRun) -> bool:
@@ -700,11 +725,7 @@ class AsyncEngine:
             return None
         if live is None or live.plan is None:
             return run.clock.deadline()
-        plan = live.plan
-        estimate = plan.resources.est_seconds or self._unit_cost.estimate(
-            (live.model_id, plan.component, plan.kind), plan.resources.num_tokens
-        )
-        return run.clock.deadline() - estimate
+        return run.clock.deadline() - self._unit_seconds(live.model_id, live.plan)
 
     def _step_done(self, task: asyncio.Task) -> None:
         self._steps.discard(task)

@@ -14,6 +14,7 @@ Usage::
 
     from tests.qwen3_tts_ref.env import call_reference
     codes = call_reference("tests.qwen3_tts_ref.upstream:generate", root=path, text="hi")
+    # (every call_reference shares one subprocess for the whole run)
 
     with ReferenceSession() as ref:  # one process for many calls (a model loaded once)
         ref.call("tests.qwen3_tts_ref.upstream_bench:load", root=path, threads=2)
@@ -22,6 +23,7 @@ Usage::
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import subprocess
@@ -60,8 +62,12 @@ def install_stubs() -> None:
         sys.modules[name] = module
 
 
-def call_reference(target: str, timeout: float = 600.0, **kwargs: Any) -> Any:
-    """Call ``target`` (``"package.module:function"``) with ``kwargs`` in the reference subprocess.
+def call_reference(target: str, **kwargs: Any) -> Any:
+    """Call ``target`` (``"package.module:function"``) with ``kwargs`` in the reference
+    subprocess shared by the whole test run (``shared_session``): importing torch, transformers
+    and qwen_tts costs ~5 s per process, which the 13 call sites of the suite paid each before.
+    The functions called this way keep nothing in module globals between calls (each loads its
+    model from ``root`` and seeds torch itself), so sharing the process changes no result.
 
     Returns:
         The function's return value (unpickled).
@@ -70,22 +76,22 @@ def call_reference(target: str, timeout: float = 600.0, **kwargs: Any) -> Any:
         FileNotFoundError: the overlay ``.ref/qwen-tts`` is not installed (``make install-test``).
         ReferenceRunError: the function raised or the subprocess died (message: its stderr).
     """
-    _check_overlay()
-    with tempfile.TemporaryDirectory(prefix="qwen3-ref-") as tmp:
-        args_path, out_path = Path(tmp) / "args.pkl", Path(tmp) / "out.pkl"
-        args_path.write_bytes(pickle.dumps((target, kwargs)))
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.qwen3_tts_ref.env", str(args_path), str(out_path)],
-            cwd=REPO,
-            env=_child_env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if proc.returncode != 0 or not out_path.exists():
-            tail = proc.stderr[-4000:]
-            raise ReferenceRunError(f"{target} failed (rc={proc.returncode}):\n{tail}")
-        return pickle.loads(out_path.read_bytes())
+    return shared_session().call(target, **kwargs)
+
+
+_SHARED: ReferenceSession | None = None
+
+
+def shared_session() -> ReferenceSession:
+    """The process-wide ``ReferenceSession`` (started on first use, a new one if the last
+    died; closed at exit)."""
+    global _SHARED
+    if _SHARED is None or _SHARED.proc.poll() is not None:
+        if _SHARED is not None:
+            _SHARED.close()
+        _SHARED = ReferenceSession()
+        atexit.register(_SHARED.close)
+    return _SHARED
 
 
 def _child_env() -> dict[str, str]:
@@ -198,19 +204,5 @@ def _serve() -> None:
         replies.flush()
 
 
-def _main(args_path: str, out_path: str) -> None:
-    import importlib
-
-    install_stubs()
-    target, kwargs = pickle.loads(Path(args_path).read_bytes())
-    module_name, _, func_name = target.partition(":")
-    func = getattr(importlib.import_module(module_name), func_name)
-    result = func(**kwargs)
-    Path(out_path).write_bytes(pickle.dumps(result))
-
-
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        _serve()
-    else:
-        _main(sys.argv[1], sys.argv[2])
+    _serve()
