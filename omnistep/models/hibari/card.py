@@ -9,8 +9,13 @@ Program (``sentence_card``): ``frontend`` (voice check; ``MisakiFrontend``: norm
 sentences and clauses, hibari's G2P, at most 400 phonemes per piece as hibari's
 ``MAX_PHONEMES``) then the ``sentences`` loop: one AUDIO_CHUNK unit per sentence on the ``voice``
 component (``HibariVoiceComponent``: one ONNX call, then our DSP ``dsp.synthesize``), each
-streamed as soon as it is synthesized, two at once, each on one onnxruntime thread
-(``THREADS``: unlike piper, hibari's first unit does not get every core; see there).
+streamed as soon as it is synthesized, two at once on half the cores each, a request's first
+unit on every core with its spinning session when it runs alone (``sentence_voice.SessionPool``).
+Measured on the quiet 2-core CI machine (one 15-word sentence, 30 requests in a row, client
+time to first audio): 20.4 ms with the first unit on 2 threads against 25.0 ms with every unit
+on one (hibari's own ``Hibari()``, 1 thread by default: 21 ms). On a loaded machine (load 3-4)
+the one-thread session was faster (30 against 50 ms): spinning threads then compete with other
+jobs.
 
 Seeds: sentence ``i`` of a request seeded ``s`` draws its noise from
 ``numpy.random.default_rng(sentence_seed(s, i))``: the same text, speed and seed give the same
@@ -48,24 +53,15 @@ from omnistep.models.misaki import MisakiFrontend
 from omnistep.models.sentence_voice import (
     FIRST_CHUNK_CHARS,
     Sentence,
+    first_unit_threads,
     sentence_card,
+    session_threads,
 )
 
 CARD_ID = "hibari"
 SPEAKER = "heart"
 VOICES: tuple[str, ...] = (SPEAKER, *OPENAI_VOICES)
 """Voice names the card accepts; all are the one voice ``heart``."""
-THREADS = 1
-"""onnxruntime intra-op threads of every hibari unit, the first one included (where piper's
-first unit gets every core, ``sentence_voice.first_unit_threads``). A sentence is one ~20 ms call
-on one thread, too short for a second thread to pay: measured on the 2-core CI machine while
-other jobs ran (load 3-4), a request alone through the engine reached its first sentence in 30
-ms (median of 40) with one thread against 50 ms with the all-core session, and finished three
-sentences in 77 against 100 ms; hibari's own runtime (1 thread, its default) took 30 ms. With
-the machine quieter (load 1.5), hibari's own runtime on 2 threads (spinning allowed) was 13%
-faster than on 1, and our all-core session without spinning 10% slower. One thread also keeps
-two sentences at once (``MAX_CONCURRENT_SENTENCES``) from oversubscribing two cores. The unit
-still picks its session (``HibariUnit.all_cores``); with equal counts there is one session."""
 MAX_PHONEMES = 400
 """Phonemes per unit at most (hibari's ``tts.MAX_PHONEMES``): longer pieces are cut."""
 
@@ -131,8 +127,8 @@ def build_card(
         return HibariVoiceComponent(
             model_path,
             device,
-            num_threads=THREADS,
-            all_core_threads=THREADS,
+            num_threads=session_threads(),
+            all_core_threads=first_unit_threads(),
         )
 
     source = "embedded voice heart" if path is None else f"voice file {model_path.name}"
