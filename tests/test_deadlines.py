@@ -60,16 +60,31 @@ def test_capacity_meter_measures_audio_per_worker_second():
     meter.on_audio(1.0, 3.0)
     meter.on_audio(5.0, 0.0)  # idle time is not busy time
     assert meter.rate() == pytest.approx(5.0)  # 7 audio-s in 1.4 worker-s
-    assert meter.rate(parallel=2) == pytest.approx(10.0)
+    # 1.4 batches ran at once on average (1.4 worker-s in 1 busy s): 7 audio-s/s measured, and
+    # the 0.6 of a worker never seen beside them is credited 0.6 of a worker's 5 audio-s/s
+    assert meter.rate(parallel=2) == pytest.approx(5.0 * (1.4 + 0.6 * 0.6))
 
 
-def test_capacity_of_a_lone_batch_counts_for_every_worker():
-    """A burst's first batch runs alone: the rate with two workers is twice what one made."""
-    meter = CapacityMeter(half_life_s=1e9, min_busy_s=0.1)
+def test_capacity_of_a_lone_batch_credits_the_other_workers_in_part():
+    """A burst's first batch runs alone: a second worker is credited ``unseen_credit`` of what
+    the first made (two batches at once slow each other down); once two have run together,
+    what they made is the rate."""
+    meter = CapacityMeter(half_life_s=1e9, min_busy_s=0.1, unseen_credit=0.6)
     meter.batch_started(0.0)
     meter.on_audio(0.5, 3.0)
     meter.batch_finished(0.5)
-    assert meter.rate(parallel=2) == pytest.approx(12.0)
+    assert meter.rate(parallel=2) == pytest.approx(6.0 * 1.6)
+    assert CapacityMeter(unseen_credit=1.0).unseen_credit == 1.0
+    together = CapacityMeter(half_life_s=1e9, min_busy_s=0.1, unseen_credit=0.6)
+    together.batch_started(0.0)
+    together.batch_started(0.0)
+    together.on_audio(1.0, 5.0)
+    together.batch_finished(1.0)
+    together.batch_finished(1.0)
+    assert together.rate(parallel=2) == pytest.approx(5.0)  # 5 audio-s in 1 s, two at once
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            CapacityMeter(unseen_credit=bad)
 
 
 def test_capacity_meter_forgets_old_figures():
