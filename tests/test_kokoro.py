@@ -228,7 +228,8 @@ def test_parse_blend():
     "spec",
     ["", "  ", "+af_bella", "af_bella+", "af_bella++af_sky", "af_bella+-af_sky", "af_bella(2",
      "af_bella(0)", "af_bella(x)", "af_bella(-1)", "af_bella(inf)", "af_bella(nan)", "(2)",
-     "af_bella()", "af_bella(1)(2)"],
+     "af_bella()", "af_bella(1)(2)", "af_bella(0x10)", "af_bella(1_0)", "af_bella(２)",
+     "af_bella(1e309)"],
 )  # fmt: skip
 def test_malformed_blends_are_invalid_voice(bank, spec):
     with pytest.raises(InvalidRequestError) as err:
@@ -258,6 +259,15 @@ def test_blends_normalise_weights_by_their_sum(bank):
         atol=1e-6,
     )
     assert bank.style("af_bella+af_sky", 42).dtype == np.float32
+    # a weight's exponent may carry a sign; huge weights are scaled before they are summed
+    np.testing.assert_allclose(
+        bank.style("af_bella(1e-300)+af_sky(2e-300)", 42), 1 / 3 * bella + 2 / 3 * sky, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        bank.style("af_bella(1e308)+af_sky(1e308)", 42), (bella + sky) / 2, atol=1e-6
+    )
+    with pytest.raises(InvalidRequestError, match="positive"):
+        parse_blend("af_bella(-1)")
 
 
 def test_openai_names_map_as_kokoro_fastapi_with_the_default_as_fallback(bank):

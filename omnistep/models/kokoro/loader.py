@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import TensorProto
 
 from omnistep.core.errors import ModelFilesError
 
@@ -162,9 +164,6 @@ def check_graph(model_path: str | Path) -> None:
         ModelFilesError: unreadable ONNX; other inputs or dtypes (e.g. the ``input_ids`` /
             int32 ``speed`` exports); random ops (the message names them).
     """
-    import onnx
-    from onnx import TensorProto
-
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError, OSError, ...

@@ -62,6 +62,10 @@ PREFERRED_DEFAULT = "af_heart"
 """The default voice when the folder has it (Kokoro-FastAPI's ``default_voice``)."""
 
 _ITEM = re.compile(r"(?P<name>[^()]+)(?:\((?P<weight>[^()]*)\))?")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+"""A weight as written: a sign, digits, a decimal point and an exponent (no hex, no ``_``)."""
+_SEPARATOR = re.compile(r"([+-])(?![^()]*\))")
+"""A ``+`` or ``-`` between items, not one inside a weight's brackets (``a(1e-3)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,7 @@ def parse_blend(spec: str) -> tuple[BlendTerm, ...]:
         raise _invalid("the voice is empty")
     if text[0] in "+-" or text[-1] in "+-" or re.search(r"[+-]{2,}", text):
         raise _invalid(f"voice '{spec}' has an empty item in its blend")
-    parts = re.split(r"([+-])", text)
+    parts = _SEPARATOR.split(text)
     terms: list[BlendTerm] = []
     for k in range(0, len(parts), 2):
         item = parts[k]
@@ -102,12 +106,11 @@ def parse_blend(spec: str) -> tuple[BlendTerm, ...]:
             raise _invalid(f"voice item '{item}' is not a voice name or name(weight)")
         weight = 1.0
         if match.group("weight") is not None:
-            try:
-                weight = float(match.group("weight"))
-            except ValueError:
-                weight = math.nan
+            if not _NUMBER.fullmatch(match.group("weight")):
+                raise _invalid(f"voice item '{item}': the weight is not a number")
+            weight = float(match.group("weight"))
             if not math.isfinite(weight) or weight <= 0:
-                raise _invalid(f"voice item '{item}' must have a positive weight")
+                raise _invalid(f"voice item '{item}' must have a positive finite weight")
         sign = -1 if k > 0 and parts[k - 1] == "-" else 1
         terms.append(BlendTerm(match.group("name"), weight, sign))
     return tuple(terms)
@@ -204,10 +207,12 @@ class VoiceBank:
         terms = parse_blend(spec)
         if len(terms) == 1:
             return self._packs[self.pack_name(terms[0].name)][row].copy()
-        total = sum(t.weight for t in terms)
+        largest = max(t.weight for t in terms)  # scaled first: 1e308 + 1e308 is inf
+        total = sum(t.weight / largest for t in terms)
         out = np.zeros(self._packs[self.names[0]].shape[1], np.float32)
         for term in terms:
-            vector = self._packs[self.pack_name(term.name)][row] * np.float32(term.weight / total)
+            share = term.weight / largest / total
+            vector = self._packs[self.pack_name(term.name)][row] * np.float32(share)
             out = out + vector if term.sign > 0 else out - vector
         return out
 
