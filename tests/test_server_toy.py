@@ -209,6 +209,14 @@ def test_errors_keep_the_connection_usable(base):
         )
         assert bad.status_code == 400 and bad.json()["error"]["param"] is None
         assert "not valid JSON" in bad.json()["error"]["message"]
+        latin = client.post(
+            SPEECH,
+            content=b'{"model": "toy", "input": "\xff\xfe"}',
+            headers={"content-type": "application/json"},
+        )
+        assert latin.status_code == 400, latin.text
+        assert latin.json()["error"]["code"] == "invalid_value"
+        assert "UTF-8" in latin.json()["error"]["message"]
         voice = client.post(SPEECH, json={"model": "toy", "input": "hi", "voice": {"id": ""}})
         assert "constrained" not in voice.json()["error"]["message"]
         ok = client.post(SPEECH, json={"model": "toy", "input": "hi", "seed": 1})

@@ -175,6 +175,10 @@ _FIELD_NAMES = frozenset(
 )
 
 
+UNREADABLE_BODY = "There was an error parsing the body"
+"""FastAPI's ``HTTPException`` detail for a body it could not decode (invalid UTF-8)."""
+
+
 def _is_json(content_type: str | None) -> bool:
     media = (content_type or "").split(";", 1)[0].strip().lower()
     return media == "application/json" or media.endswith("+json")
@@ -214,6 +218,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == UNREADABLE_BODY:  # e.g. not UTF-8
+            message = "The request body could not be read as JSON text (is it UTF-8?)."
+            return error_response(400, message, code="invalid_value")
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return error_response(
             exc.status_code, str(exc.detail), type_=type_, headers=getattr(exc, "headers", None)
