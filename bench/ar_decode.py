@@ -99,7 +99,7 @@ from omnistep.models.chattts.card import ChatTTSOptions, build_card, make_sampli
 from omnistep.sampling import sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_avg, median, union_seconds  # noqa: E402
+from common import call_summary, load_avg, median, union_seconds  # noqa: E402
 from device_timing import DEVICES, device_info, now, resolve_device  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,19 +232,8 @@ class ExecTimer:
         return [(k, b, s, e) for k, b, s, e, d in self.log if d == 0]
 
     def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        calls = self.outer()
-        for kind in sorted({k for k, _, _, _ in calls}):
-            rows = [(b, e - s) for k, b, s, e in calls if k == kind]
-            seconds = sum(t for _, t in rows)
-            out[kind] = {
-                "calls": len(rows),
-                "units": sum(b for b, _ in rows),
-                "seconds": round(seconds, 3),
-                "ms_per_call": round(1000 * seconds / len(rows), 2),
-                "max_batch": max(b for b, _ in rows),
-            }
-        return out
+        """``call_summary`` of the top-level calls."""
+        return call_summary(self.outer())
 
 
 def floor_reps(device: torch.device | str) -> int:

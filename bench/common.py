@@ -64,20 +64,26 @@ class ExecTimer:
         return out
 
     def summary(self) -> dict[str, dict[str, float]]:
-        """Per unit kind: calls, units, seconds, ms per call, largest and mean batch."""
-        out: dict[str, dict[str, float]] = {}
-        for kind in sorted({k for k, _, _, _ in self.log}):
-            rows = [(b, e - s) for k, b, s, e in self.log if k == kind]
-            total = sum(t for _, t in rows)
-            out[kind] = {
-                "calls": len(rows),
-                "units": sum(b for b, _ in rows),
-                "seconds": round(total, 3),
-                "ms_per_call": round(1000 * total / len(rows), 2),
-                "max_batch": max(b for b, _ in rows),
-                "mean_batch": round(sum(b for b, _ in rows) / len(rows), 2),
-            }
-        return out
+        """``call_summary`` of the logged calls."""
+        return call_summary(self.log)
+
+
+def call_summary(calls: list[tuple[str, int, float, float]]) -> dict[str, dict[str, float]]:
+    """Per unit kind of ``(kind, batch size, start, end)`` calls: calls, units, seconds, ms
+    per call, largest and mean batch."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in sorted({k for k, _, _, _ in calls}):
+        rows = [(b, e - s) for k, b, s, e in calls if k == kind]
+        total = sum(t for _, t in rows)
+        out[kind] = {
+            "calls": len(rows),
+            "units": sum(b for b, _ in rows),
+            "seconds": round(total, 3),
+            "ms_per_call": round(1000 * total / len(rows), 2),
+            "max_batch": max(b for b, _ in rows),
+            "mean_batch": round(sum(b for b, _ in rows) / len(rows), 2),
+        }
+    return out
 
 
 def process_cpu_seconds(pid: int | None) -> float | None:

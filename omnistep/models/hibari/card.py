@@ -46,7 +46,6 @@ from omnistep.models.hibari import dsp
 from omnistep.models.hibari.voice import (
     HibariUnit,
     HibariVoiceComponent,
-    check_speed,
     embedded_model_path,
 )
 from omnistep.models.misaki import MisakiFrontend
@@ -91,7 +90,7 @@ class HibariSettings:
         Raises:
             InvalidRequestError: (``param="speed"``) speed not finite and > 0.
         """
-        return HibariUnit(sentence.phoneme_ids, check_speed(speed), seed, all_cores)
+        return HibariUnit(sentence.phoneme_ids, speed, seed, all_cores)  # the unit checks speed
 
     def finish(self, audio: np.ndarray) -> np.ndarray:
         """The component's audio as is (hibari does not normalize)."""
