@@ -1,12 +1,18 @@
-"""A generic denoise loop: one DENOISE_STEP WorkUnit per ODE / diffusion step.
+"""A generic denoise loop: one DENOISE_STEP WorkUnit per ODE / diffusion step, chunk by chunk.
 
-The loop waits until its input Channel is closed (the whole code sequence exists), then asks
-the component for one solver step per unit: the first unit carries a ``start`` (codes and
-per-request conditioning, from which the component builds the initial state with the request's
-own seeded noise), every later unit the state returned by the previous one. Units of different
-requests with the same ShapeSignature (same number of frames) step together in one batch. When
-the component reports the state done, the result (``[frames, dim]``) is put frame by frame on
-the loop's stream Channel for the next stage (a vocoder loop).
+The input Channel (e.g. codec ids, ``frames_per_item`` output frames each) is denoised in
+windows the card's schedule gives (``DenoiseConfig.next_window``): each window covers some
+left context, the chunk it outputs and some look-ahead, and can start once the items up to its
+end exist (or the input is closed). Per window the component builds an initial state from a
+``start`` payload (the window's items, per-request conditioning, its noise), then every later
+unit carries the state the previous one returned; when the component reports the state done,
+the chunk's frames (``[out_start, out_end)`` of the window) go in order onto the stream
+Channel for the next stage (a vocoder loop), and the next window starts. The default schedule
+(``whole_utterance``) is one window over everything once the input is closed. Units of
+different requests with the same ShapeSignature (window frames) step together in one batch.
+
+Under ROLLOUT, a component that records its steps returns each step's record in
+``DenoiseOutput.record``; the loop keeps them, in order, as its trajectory.
 
 Imports: ``omnistep.core`` only.
 """
@@ -20,6 +26,7 @@ from typing import Any
 from omnistep.core import (
     Channel,
     Done,
+    ExecutionProfile,
     LoopKind,
     LoopResult,
     LoopState,
@@ -36,19 +43,44 @@ from omnistep.core import (
 
 @dataclass(frozen=True, slots=True)
 class DenoiseInput:
-    """Payload of one DENOISE_STEP unit: exactly one of ``start`` (first step) or ``state``."""
+    """Payload of one DENOISE_STEP unit: exactly one of ``start`` (a window's first step) or
+    ``state``; ``record``: the component returns the step's record (ROLLOUT)."""
 
     start: Any = None
     state: Any = None
+    record: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class DenoiseOutput:
-    """What the component returns: the new ``state``; ``result`` ``[frames, dim]`` once done."""
+    """What the component returns: the new ``state``; ``result`` ``[window frames, dim]`` once
+    done; ``record``: the step's record when the input asked for one."""
 
     state: Any
     done: bool = False
     result: Any = None
+    record: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Frames ``[start, end)`` are denoised together; ``[out_start, out_end)`` are kept."""
+
+    start: int
+    out_start: int
+    out_end: int
+    end: int
+
+    @property
+    def frames(self) -> int:
+        return self.end - self.start
+
+
+def whole_utterance(out_start: int, available: int, complete: bool) -> Window | None:
+    """The schedule of one window over the whole input, once it is complete."""
+    if not complete or out_start >= available:
+        return None
+    return Window(0, 0, available, available)
 
 
 @dataclass(frozen=True)
@@ -58,29 +90,39 @@ class DenoiseConfig:
     Attributes:
         loop_id: the loop's id in the card.
         component: the component that runs DENOISE_STEP units.
-        in_slot: the input Channel (e.g. codec ids), consumed whole once closed.
-        stream_slot: the Channel that receives the result's frames.
-        make_start: ``make_start(request, ctx, items) -> start payload`` (codes, speaker,
-            seed...), or None when there is nothing to denoise (the loop then ends).
-        frames_of: ``frames_of(start or state) -> int``, the batching dimension (frames).
+        in_slot: the input Channel (e.g. codec ids).
+        stream_slot: the Channel that receives the kept frames.
+        make_start: ``make_start(request, ctx, items, window) -> start payload`` for the
+            window (``items``: every input item so far), or None when there is nothing to
+            denoise (the loop then ends).
+        frames_per_item: output frames per input item (Qwen2.5-Omni: 2 mel frames per code).
+        next_window: ``next_window(out_start, available, complete) -> window or None``: the
+            window of the chunk that starts at output frame ``out_start`` when ``available``
+            frames' items exist (``complete``: no more will come), None while it must wait or
+            after the last chunk. Any object with ``start``, ``out_start``, ``out_end`` and
+            ``end`` is a window. It must depend on frame positions only (not timing), so
+            every run of a request denoises the same windows.
     """
 
     loop_id: str
     component: str
     in_slot: str
     stream_slot: str
-    make_start: Callable[[Request, ProgramContext, list[Any]], Any]
-    frames_of: Callable[[Any], int]
+    make_start: Callable[[Request, ProgramContext, list[Any], Any], Any]
+    frames_per_item: int = 1
+    next_window: Callable[[int, int, bool], Any] = whole_utterance
 
 
 @dataclass
 class DenoiseState(LoopState):
-    """Per-request denoise state."""
+    """Per-request denoise state: the window in flight and its solver state."""
 
     source: Channel = field(default_factory=Channel)
     out: Channel = field(default_factory=Channel)
+    window: Any = None
     ode: Any = None
-    frames: int = 0
+    emitted: int = 0
+    chunks: int = 0
     finished: bool = False
     request: Request | None = None
     ctx: ProgramContext | None = None
@@ -109,39 +151,57 @@ class DenoiseLoop:
     def next(self, state: DenoiseState) -> WorkPlan | Done | Pending:
         if state.finished:
             return Done()
+        record = state.profile is ExecutionProfile.ROLLOUT
         if state.ode is None:
-            if not state.source.closed:
-                return Pending()
-            start = self.config.make_start(state.request, state.ctx, list(state.source[:]))
+            complete = state.source.closed
+            items = list(state.source[:])
+            available = len(items) * self.config.frames_per_item
+            window = self.config.next_window(state.emitted, available, complete)
+            if window is None:
+                return Done() if complete else Pending()
+            start = self.config.make_start(state.request, state.ctx, items, window)
             if start is None:
                 return Done()
-            unit = DenoiseInput(start=start)
-            frames = self.config.frames_of(start)
+            unit = DenoiseInput(start=start, record=record)
         else:
-            unit = DenoiseInput(state=state.ode)
-            frames = state.frames
+            window = state.window
+            unit = DenoiseInput(state=state.ode, record=record)
+        frames = window.end - window.start
         shape = ShapeSignature(WorkUnitKind.DENOISE_STEP, (frames,))
         return WorkPlan(
             WorkUnitKind.DENOISE_STEP,
             self.config.component,
             shape,
             unit,
-            label=f"{self.loop_id}.step{state.step}",
+            label=f"{self.loop_id}.chunk{state.chunks}.step{state.step}",
         )
 
     def advance(self, state: DenoiseState, result: StepResult) -> DenoiseState:
         out: DenoiseOutput = result.output
+        if state.window is None:
+            # The step began the window ``next`` computed: the same one, as a window depends
+            # on its output start only (items that arrived since only let it exist; the end of
+            # a complete input cuts it, and once complete stays complete).
+            available = len(state.source) * self.config.frames_per_item
+            state.window = self.config.next_window(state.emitted, available, state.source.closed)
         state.ode = out.state
-        state.frames = self.config.frames_of(out.state)
         state.step += 1
+        if out.record is not None:
+            state.trajectory.append(out.record)
         if out.done:
-            state.finished = True
-            for frame in out.result:
+            w = state.window
+            for frame in out.result[w.out_start - w.start : w.out_end - w.start]:
                 state.out.put(frame)
+            state.emitted = w.out_end
+            state.chunks += 1
+            state.window = state.ode = None
         return state
 
     def finalize(self, state: DenoiseState) -> LoopResult:
-        return LoopResult(state.frames, {"ode_steps": float(state.step)})
+        metrics = {"ode_steps": float(state.step), "chunks": float(state.chunks)}
+        if state.profile is not ExecutionProfile.ROLLOUT:
+            return LoopResult(state.emitted, metrics)
+        return LoopResult(state.emitted, metrics, state.trajectory, {"seed": state.request.seed})
 
     def release(self, state: DenoiseState) -> None:
         """Nothing outside the state to free."""

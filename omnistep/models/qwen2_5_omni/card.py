@@ -44,6 +44,7 @@ from omnistep.core import (
     LoopSpec,
     Modality,
     ModelCard,
+    ModelFilesError,
     ModelInstance,
     Pending,
     Program,
@@ -57,9 +58,15 @@ from omnistep.kv import KVCacheConfig
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
-from omnistep.loops.denoise import DenoiseConfig, DenoiseInput, DenoiseLoop, DenoiseOutput
+from omnistep.loops.denoise import (
+    DenoiseConfig,
+    DenoiseInput,
+    DenoiseLoop,
+    DenoiseOutput,
+    whole_utterance,
+)
 from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN
-from omnistep.models.qwen2_5_omni.dit import DiT
+from omnistep.models.qwen2_5_omni.dit import DiT, DiTChunking, DiTConfig, FrameNoise
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
 from omnistep.models.qwen2_5_omni.talker import (
     TALKER_GENERATE_DEFAULTS,
@@ -86,6 +93,9 @@ class QwenOmniOptions:
         first_chunk, chunk: BigVGAN chunk sizes in mel frames (240 samples each).
         vocoder_context: mel frames of context on each side of a BigVGAN chunk (its receptive
             field is 34 frames each side for the official geometry).
+        dit_chunking: the DiT's chunk schedule (``DiTChunking``: chunk sizes, left context
+            and look-ahead in DiT blocks); None denoises the whole utterance once the talker
+            is done (upstream's offline ``token2wav``).
         talker_sampling: fixed talker sampling settings (None: transformers' defaults; tests
             use greedy).
         dtype: compute dtype.
@@ -100,6 +110,7 @@ class QwenOmniOptions:
     first_chunk: int = 20
     chunk: int = 300
     vocoder_context: int = 34
+    dit_chunking: DiTChunking | None = field(default_factory=DiTChunking)
     dtype: torch.dtype = torch.float32
 
 
@@ -262,13 +273,16 @@ class _Frontend:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Token2WavStart:
-    """First DENOISE_STEP payload: codec ids ``[T]``, the voice's ``cond`` ``[1, enc_emb_dim]``
-    and ``ref_mel`` ``[1, L, mel_dim]``, and the request seed (the initial noise's)."""
+    """A window's first DENOISE_STEP payload: its codec ids ``[n]``, the voice's ``cond``
+    ``[1, enc_emb_dim]`` and ``ref_mel`` ``[1, L, mel_dim]``, the window's initial noise
+    float32 ``[repeats n, mel_dim]`` (``frame_noise`` of the request seed, CPU) and its first
+    mel frame ``offset`` in the utterance."""
 
     codes: tuple[int, ...]
     cond: torch.Tensor
     ref_mel: torch.Tensor
-    seed: int
+    noise: torch.Tensor
+    offset: int = 0
 
 
 class DiTComponent:
@@ -290,11 +304,13 @@ class DiTComponent:
         return outputs
 
     def _start(self, start: Token2WavStart):
-        device = next(self.dit.parameters()).device
-        generator = torch.Generator(device=device).manual_seed(start.seed)
-        codes = torch.tensor([start.codes], device=device)
+        device = self.dit.device
         return self.dit.initial_state(
-            codes, start.cond.to(device), start.ref_mel.to(device), generator=generator
+            torch.tensor([start.codes], device=device),
+            start.cond.to(device),
+            start.ref_mel.to(device),
+            noise=start.noise.unsqueeze(0),
+            offset=start.offset,
         )
 
 
@@ -314,17 +330,29 @@ class BigVGANComponent:
         return [row.float().cpu().numpy() for row in audio]
 
 
-def _token2wav_start(req: Request, ctx: ProgramContext, items: list[Any]) -> Any:
-    codes = tuple(int(frame[0]) for frame in items)
-    if not codes:
-        return None
-    speaker = ctx.slots["speaker"]
-    return Token2WavStart(
-        codes,
-        torch.as_tensor(speaker["cond"]).float(),
-        torch.as_tensor(speaker["ref_mel"]).float(),
-        int(req.seed or 0),
-    )
+def token2wav_starts(repeats: int, mel_dim: int):
+    """``make_start`` of the denoise loop: a window's codes, the voice, and the window's rows
+    of the request's ``frame_noise`` (drawn once per request, as far as the windows reach,
+    kept in the request's ``dit_noise`` slot): a frame's noise depends on the seed and its
+    position only, whatever the chunk schedule."""
+
+    def make_start(req: Request, ctx: ProgramContext, items: list[Any], window: Any) -> Any:
+        if not items:
+            return None
+        noise = ctx.slots.get("dit_noise")
+        if noise is None:
+            noise = ctx.slots["dit_noise"] = FrameNoise(int(req.seed or 0), mel_dim)
+        speaker = ctx.slots["speaker"]
+        codes = items[window.start // repeats : window.end // repeats]
+        return Token2WavStart(
+            tuple(int(frame[0]) for frame in codes),
+            torch.as_tensor(speaker["cond"]).float(),
+            torch.as_tensor(speaker["ref_mel"]).float(),
+            noise.rows(window.start, window.end),
+            window.start,
+        )
+
+    return make_start
 
 
 def _usage(ctx: ProgramContext) -> None:
@@ -388,13 +416,20 @@ def build_card(
         state = files.tensors("token2wav.code2wav_bigvgan_model.")
         return BigVGANComponent(load_token2wav_part("bigvgan", state, config, device))
 
-    repeats = int(config["token2wav_config"]["dit_config"].get("repeats", 2))
+    dit_config = DiTConfig.from_dict(config["token2wav_config"].get("dit_config") or {})
+    if opts.dit_chunking is None:
+        next_window = whole_utterance
+    else:
+        if dit_config.block_size % dit_config.repeats:
+            raise ModelFilesError(
+                f"token2wav dit_config.block_size ({dit_config.block_size}) must be a multiple "
+                f"of repeats ({dit_config.repeats}) to stream the DiT in chunks"
+            )
 
-    def frames_of(item: Any) -> int:
-        """Mel frames of a start (``repeats`` per code) or of an ODE state."""
-        if isinstance(item, Token2WavStart):
-            return len(item.codes) * repeats
-        return item.num_frames
+        def next_window(out_start: int, available: int, complete: bool):
+            return opts.dit_chunking.next_window(
+                out_start, available, complete, dit_config.block_size
+            )
 
     def build_talker(device: str):
         check_device(device)
@@ -447,8 +482,9 @@ def build_card(
         component="dit",
         in_slot="codec_stream",
         stream_slot="mel_stream",
-        make_start=_token2wav_start,
-        frames_of=frames_of,
+        make_start=token2wav_starts(dit_config.repeats, dit_config.mel_dim),
+        frames_per_item=dit_config.repeats,
+        next_window=next_window,
     )
     vocode = AudioDecodeConfig(
         loop_id="vocode",

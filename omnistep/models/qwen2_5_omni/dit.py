@@ -188,6 +188,132 @@ class SolverConfig:
         return t
 
 
+@dataclass(frozen=True)
+class ChunkWindow:
+    """One chunk of streamed token2wav, in utterance mel frames (``repeats`` per code).
+
+    The DiT integrates the whole ODE on ``[start, end)`` (left context, the chunk, look-ahead)
+    and keeps ``[out_start, out_end)``. ``start`` and ``out_start`` lie on the block grid.
+    """
+
+    start: int
+    out_start: int
+    out_end: int
+    end: int
+
+    @property
+    def frames(self) -> int:
+        """Frames the DiT runs on (``end - start``)."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class DiTChunking:
+    """The chunk schedule of streamed token2wav, in whole DiT attention blocks.
+
+    Chunk ``k`` outputs frames ``[s_k, s_k + n_k)`` with ``n_0 = first_chunk_blocks`` blocks
+    and ``n_k = chunk_blocks`` after (the last chunk ends with the utterance); the DiT runs the
+    whole ODE on the chunk plus ``left_context_blocks`` before it and ``lookahead_blocks``
+    after it (cut at the utterance's ends) and keeps the chunk. The schedule depends on frame
+    positions only, never on timing, so streamed and non-streamed responses run the same
+    windows. A chunk can start once the codes up to its window's end exist (or the codes are
+    complete).
+
+    One DiT forward reaches ``len(look_backward_layers)`` blocks back and
+    ``len(look_ahead_layers)`` ahead (one each per such layer, ``DiTAttention``'s block mask);
+    an RK4 step evaluates the DiT 4 times in sequence and the solver takes ``num_steps - 1``
+    steps, so the output of a frame depends on inputs up to ``4 (num_steps - 1)`` times those
+    reaches away: ``exact`` gives that setting, at which chunked equals whole up to float
+    rounding (72 blocks back, 36 ahead for the official model: 17 s and 8.6 s). Smaller
+    settings trade exactness for latency; the defaults (upstream's streaming
+    ``Qwen2Code2wav``: chunk 3 blocks, 2 blocks of past, 1 of future) are measured in
+    ``bench/dit_joins.py``.
+    """
+
+    first_chunk_blocks: int = 3
+    chunk_blocks: int = 3
+    left_context_blocks: int = 2
+    lookahead_blocks: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("first_chunk_blocks", "chunk_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DiTChunking.{name} must be an int >= 1, got {value!r}")
+        for name in ("left_context_blocks", "lookahead_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"DiTChunking.{name} must be an int >= 0, got {value!r}")
+
+    @classmethod
+    def exact(
+        cls, config: DiTConfig, solver: SolverConfig | None = None, chunk_blocks: int = 3
+    ) -> DiTChunking:
+        """The context and look-ahead at which chunks equal the whole decode up to rounding:
+        the ODE's whole receptive field (see the class docstring)."""
+        solver = solver or SolverConfig()
+        layers = range(config.num_hidden_layers)
+        evaluations = 4 * (solver.num_steps - 1)
+        back = sum(1 for i in config.look_backward_layers if i in layers)
+        ahead = sum(1 for i in config.look_ahead_layers if i in layers)
+        return cls(chunk_blocks, chunk_blocks, evaluations * back, evaluations * ahead)
+
+    def next_window(
+        self, out_start: int, available: int, complete: bool, block_size: int
+    ) -> ChunkWindow | None:
+        """The window of the chunk that outputs from frame ``out_start`` (a chunk boundary),
+        or None while its codes are missing (``available`` frames exist; ``complete``: no more
+        will come) or when ``out_start`` is the end of a complete utterance."""
+        if complete and out_start >= available:
+            return None
+        blocks = self.first_chunk_blocks if out_start == 0 else self.chunk_blocks
+        out_end = out_start + blocks * block_size
+        end = out_end + self.lookahead_blocks * block_size
+        if complete:
+            out_end, end = min(out_end, available), min(end, available)
+        elif end > available:
+            return None
+        start = max(0, out_start - self.left_context_blocks * block_size)
+        return ChunkWindow(start, out_start, out_end, end)
+
+    def windows(self, frames: int, block_size: int) -> list[ChunkWindow]:
+        """Every window of a complete utterance of ``frames`` mel frames, in order."""
+        out, start = [], 0
+        while (window := self.next_window(start, frames, True, block_size)) is not None:
+            out.append(window)
+            start = window.out_end
+        return out
+
+
+def frame_noise(seed: int, frames: int, mel_dim: int) -> torch.Tensor:
+    """The ODE's initial noise of an utterance, float32 ``[frames, mel_dim]`` on the CPU.
+
+    Row ``f`` depends on ``seed`` and ``f`` only: ``torch.randn`` on a CPU generator seeded
+    with ``seed`` fills rows in order, and drawing ``[a, mel_dim]`` then ``[b, mel_dim]``
+    equals drawing ``[a + b, mel_dim]`` (rows of 80 are whole 16-value Box-Muller groups), so
+    a chunk's noise does not depend on the chunk schedule. Equal to upstream's
+    ``torch.manual_seed(seed); torch.randn([1, frames, mel_dim])`` (tested). ``FrameNoise``
+    draws it incrementally.
+    """
+    return FrameNoise(seed, mel_dim).rows(0, frames)
+
+
+class FrameNoise:
+    """A request's ``frame_noise``, drawn as far as asked (one CPU generator per request)."""
+
+    def __init__(self, seed: int, mel_dim: int):
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self.mel_dim = mel_dim
+        self.drawn = torch.empty(0, mel_dim)
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """Noise of frames ``[start, end)``, float32 ``[end - start, mel_dim]``."""
+        if end > self.drawn.shape[0]:
+            more = torch.randn((end - self.drawn.shape[0], self.mel_dim), generator=self.generator)
+            self.drawn = torch.cat([self.drawn, more])
+        return self.drawn[start:end]
+
+
 # ------------------------------------------------------------------------------ DiT: transformer
 
 
@@ -269,9 +395,11 @@ class DiTRotaryEmbedding(nn.Module):
         """Recompute ``inv_freq`` on ``device`` (after building on the meta device)."""
         self.inv_freq = self._inv_freq().to(device)
 
-    def forward(self, num_frames: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[1, num_frames, head_dim]`` for positions 0..num_frames-1."""
-        positions = torch.arange(num_frames, device=self.inv_freq.device)[None, :]
+    def forward(
+        self, num_frames: int, dtype: torch.dtype, offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[1, num_frames, head_dim]`` for positions offset..offset+num_frames-1."""
+        positions = torch.arange(offset, offset + num_frames, device=self.inv_freq.device)[None, :]
         freqs = positions[..., None].float() * self.inv_freq.to(dtype=torch.float)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -420,6 +548,9 @@ class ODEState:
     """g of f = c + (c - u) g; the state is guided when g >= 1e-5."""
     step: int = 0
     """Solver steps taken; the next one integrates ``times[step] -> times[step + 1]``."""
+    offset: int = 0
+    """Utterance frame index of ``x[:, 0]``: 0 for a whole utterance, a chunk window's first
+    frame (a multiple of ``block_size``) when streaming; RoPE positions start there."""
 
     @property
     def batch_size(self) -> int:
@@ -457,7 +588,7 @@ class _StepBatch:
     row_ranges: list[tuple[int, int]]  # x rows of each state in the stacked [R, N, mel_dim]
     features: torch.Tensor  # [R_model, N, cond_features], zero-padded to N frames
     masks: list[torch.Tensor]  # per layer, bool [R_model, H, N, N]
-    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [1, N, head_dim]
+    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [1 or R_model, N, head_dim]
 
 
 class DiT(nn.Module):
@@ -507,6 +638,7 @@ class DiT(nn.Module):
         noise: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         solver: SolverConfig | None = None,
+        offset: int = 0,
     ) -> ODEState:
         """Noise and conditioning of B rows that will step together (usually one request).
 
@@ -521,8 +653,19 @@ class DiT(nn.Module):
                 which is what upstream draws from the global RNG.
             generator: the RNG for ``noise`` (ignored when ``noise`` is given).
             solver: time schedule and guidance (defaults: upstream's).
+            offset: the utterance frame of ``codes[:, 0]``'s first mel frame when ``codes`` is
+                a chunk window (``DiTChunking``): a multiple of ``block_size``, so the window's
+                attention blocks are the utterance's; RoPE positions start there.
+
+        Raises:
+            ValueError: bad codes, noise shape, or an offset off the block grid.
         """
         solver = solver or SolverConfig()
+        if offset < 0 or offset % self.config.block_size:
+            raise ValueError(
+                f"offset must be a non-negative multiple of block_size "
+                f"({self.config.block_size}), got {offset}"
+            )
         codes = self._check_codes(codes)
         b, frames = codes.shape[0], codes.shape[1] * self.config.repeats
         cond = cond.to(self.device, self.dtype).expand(b, -1)
@@ -537,6 +680,7 @@ class DiT(nn.Module):
             features=self._conditioning(codes, cond, ref_mel, solver.guided),
             times=solver.time_points(self.dtype, self.device),
             guidance_scale=float(solver.guidance_scale),
+            offset=offset,
         )
 
     def _check_codes(self, codes: torch.Tensor) -> torch.Tensor:
@@ -664,12 +808,26 @@ class DiT(nn.Module):
             lengths = torch.tensor(
                 [s.num_frames for s in states for _ in range(s.model_rows)], device=self.device
             )
+        offsets = {s.offset for s in states}
+        if len(offsets) == 1:
+            rope = self.rotary_embed(frames, self.dtype, offsets.pop())
+        else:  # chunk windows at different places: each row its own positions
+            per_state = [self.rotary_embed(frames, self.dtype, s.offset) for s in states]
+            rope = tuple(
+                torch.cat(
+                    [
+                        part[i].expand(s.model_rows, -1, -1)
+                        for part, s in zip(per_state, states, strict=True)
+                    ]
+                )
+                for i in (0, 1)
+            )
         return _StepBatch(
             states=states,
             row_ranges=row_ranges,
             features=features,
             masks=self._masks(frames, features.shape[0], lengths),
-            rope=self.rotary_embed(frames, self.dtype),
+            rope=rope,
         )
 
     def _masks(self, frames: int, rows: int, lengths: torch.Tensor | None) -> list[torch.Tensor]:
@@ -723,6 +881,40 @@ class DiT(nn.Module):
         while not state.done:
             (state,) = self.ode_step([state])
         return self.finalize(state)
+
+    @torch.inference_mode()
+    def sample_chunked(
+        self,
+        codes: torch.Tensor,
+        cond: torch.Tensor,
+        ref_mel: torch.Tensor,
+        noise: torch.Tensor,
+        chunking: DiTChunking,
+        solver: SolverConfig | None = None,
+    ) -> torch.Tensor:
+        """The streamed decode offline: each ``chunking`` window's ODE alone, in order, and the
+        chunks' frames concatenated: mel ``[B, mel_dim, 2T]``, what the ``qwen2_5_omni``
+        card streams (``DiTComponent``). ``noise`` ``[B, 2T, mel_dim]`` is the utterance's
+        (each window takes its rows)."""
+        codes = self._check_codes(codes)
+        repeats, block = self.config.repeats, self.config.block_size
+        if block % repeats:
+            raise ValueError(f"block_size ({block}) must be a multiple of repeats ({repeats})")
+        frames = codes.shape[1] * repeats
+        pieces = []
+        for w in chunking.windows(frames, block):
+            state = self.initial_state(
+                codes[:, w.start // repeats : w.end // repeats],
+                cond,
+                ref_mel,
+                noise[:, w.start : w.end],
+                solver=solver,
+                offset=w.start,
+            )
+            while not state.done:
+                (state,) = self.ode_step([state])
+            pieces.append(state.x[:, w.out_start - w.start : w.out_end - w.start])
+        return torch.cat(pieces, dim=1).permute(0, 2, 1)
 
 
 def _pad_frames(x: torch.Tensor, frames: int) -> torch.Tensor:
