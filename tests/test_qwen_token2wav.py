@@ -27,7 +27,14 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 )
 
 from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
-from omnistep.models.qwen2_5_omni.dit import DiTConfig, SolverConfig
+from omnistep.models.qwen2_5_omni.dit import (
+    ChunkWindow,
+    DiTChunking,
+    DiTConfig,
+    FrameNoise,
+    SolverConfig,
+    frame_noise,
+)
 from omnistep.models.qwen2_5_omni.token2wav import (
     Token2Wav,
     Token2WavConfig,
@@ -291,6 +298,94 @@ def test_ode_misuse_raises(models) -> None:
     (state,) = dit.ode_step([state])
     with pytest.raises(ValueError, match="all its solver steps"):
         dit.ode_step([state])
+
+
+# ------------------------------------------------------------------------------ chunked DiT
+
+
+def test_frame_noise_is_upstreams_draw_and_position_only() -> None:
+    """Frame noise equals ``torch.manual_seed(s); torch.randn([1, F, mel])`` (upstream's draw)
+    and row f does not depend on how far or in what pieces it was drawn."""
+    torch.manual_seed(11)
+    upstream = torch.randn([1, 40, 80])
+    assert torch.equal(frame_noise(11, 40, 80), upstream[0])
+    pieces = FrameNoise(11, 80)
+    assert torch.equal(pieces.rows(8, 16), upstream[0, 8:16])  # draws 0..16 first
+    assert torch.equal(pieces.rows(0, 40), upstream[0])
+    assert not torch.equal(frame_noise(12, 40, 80), upstream[0])
+
+
+def test_chunk_schedule() -> None:
+    """Windows on the block grid: the chunk plus 2 blocks before and 1 after, cut at the
+    utterance's ends; a chunk waits for its window's codes unless the codes are complete."""
+    c = DiTChunking(first_chunk_blocks=1, chunk_blocks=2, left_context_blocks=2, lookahead_blocks=1)
+    assert c.windows(50, 4) == [
+        ChunkWindow(0, 0, 4, 8),
+        ChunkWindow(0, 4, 12, 16),
+        ChunkWindow(4, 12, 20, 24),
+        ChunkWindow(12, 20, 28, 32),
+        ChunkWindow(20, 28, 36, 40),
+        ChunkWindow(28, 36, 44, 48),
+        ChunkWindow(36, 44, 50, 50),
+    ]
+    assert c.next_window(4, 15, False, 4) is None  # needs frames up to 16
+    assert c.next_window(4, 16, False, 4) == ChunkWindow(0, 4, 12, 16)
+    assert c.next_window(4, 9, True, 4) == ChunkWindow(0, 4, 9, 9)
+    assert c.next_window(9, 9, True, 4) is None
+    assert DiTChunking().windows(0, 24) == []
+    assert DiTChunking().windows(30, 4)[0] == ChunkWindow(0, 0, 12, 16)  # None: chunk_blocks
+    assert DiTChunking().covering(54, 24).first_chunk_blocks == 3  # BigVGAN's 20 + 34 frames
+    assert DiTChunking().covering(54, 8).first_chunk_blocks == 7
+    assert DiTChunking(first_chunk_blocks=2).covering(54, 8).first_chunk_blocks == 2
+    config = DiTConfig.from_dict(TINY["dit_config"])  # look back in 2 layers, ahead in 1
+    assert DiTChunking.exact(config) == DiTChunking(3, 3, 72, 36)
+    assert DiTChunking.exact(config, SolverConfig(num_steps=3)) == DiTChunking(3, 3, 16, 8)
+    for bad in ({"chunk_blocks": 0}, {"left_context_blocks": -1}, {"first_chunk_blocks": 1.5}):
+        with pytest.raises(ValueError, match="DiTChunking"):
+            DiTChunking(**bad)
+
+
+@pytest.mark.parametrize("num_steps", [3, 10])
+def test_chunked_dit_at_the_exact_setting_equals_whole(models, num_steps) -> None:
+    """At ``DiTChunking.exact`` (the ODE's whole receptive field: 4 evaluations per RK4 step,
+    2 blocks back and 1 ahead per evaluation) chunked equals the whole decode within 1e-5; a
+    smaller context does not (the joins show)."""
+    dit = models[1].code2wav_dit_model
+    solver = SolverConfig(num_steps=num_steps)
+    req = request(21, tokens=90 if num_steps == 3 else 180)
+    noise = frame_noise(21, 2 * req["codes"].shape[1], MEL_DIM)[None]
+    whole = dit.sample(**req, noise=noise, solver=solver)
+    exact = DiTChunking.exact(dit.config, solver)
+    assert len(exact.windows(whole.shape[-1], dit.config.block_size)) > 3  # real joins
+    chunked = dit.sample_chunked(**req, noise=noise, chunking=exact, solver=solver)
+    short = dit.sample_chunked(**req, noise=noise, chunking=DiTChunking(), solver=solver)
+    print(
+        f"\n{num_steps} points: exact {exact}: max diff {max_diff(chunked, whole):.3g}; "
+        f"default: {max_diff(short, whole):.3g}"
+    )
+    assert chunked.shape == whole.shape and max_diff(chunked, whole) <= CHUNK_TOL
+    assert max_diff(short, whole) > CHUNK_TOL
+
+
+def test_windows_at_different_offsets_batch(models) -> None:
+    """Windows of two requests at different places (RoPE from each window's first frame)
+    stepped together equal each alone; an offset off the block grid is refused."""
+    dit = models[1].code2wav_dit_model
+    block = dit.config.block_size
+    states = []
+    for seed, offset in ((31, 0), (32, 3 * block)):
+        req = request(seed, tokens=2 * block)
+        noise = frame_noise(seed, 4 * block, MEL_DIM)[None]
+        states.append(dit.initial_state(**req, noise=noise, offset=offset))
+    alone = [run_alone(dit, s) for s in states]
+    together = states
+    while not together[0].done:
+        together = dit.ode_step(together)
+    diffs = [max_diff(dit.finalize(s), a) for s, a in zip(together, alone, strict=True)]
+    assert max(diffs) <= BATCH_TOL
+    assert max_diff(alone[0], alone[1]) > 0.1
+    with pytest.raises(ValueError, match="offset"):
+        dit.initial_state(**request(1, tokens=4), offset=block - 2)
 
 
 # ------------------------------------------------------------------------------------- BigVGAN

@@ -34,6 +34,7 @@ from omnistep.core import (
     Pending,
     ProgramContext,
     Request,
+    ResourceRequest,
     ShapeSignature,
     StepResult,
     WorkPlan,
@@ -173,6 +174,7 @@ class DenoiseLoop:
             self.config.component,
             shape,
             unit,
+            ResourceRequest(num_tokens=frames),  # the window's frames: what the cost scales with
             label=f"{self.loop_id}.chunk{state.chunks}.step{state.step}",
         )
 
@@ -199,8 +201,8 @@ class DenoiseLoop:
 
     def finalize(self, state: DenoiseState) -> LoopResult:
         metrics = {"ode_steps": float(state.step), "chunks": float(state.chunks)}
-        if state.profile is not ExecutionProfile.ROLLOUT:
-            return LoopResult(state.emitted, metrics)
+        if state.profile is not ExecutionProfile.ROLLOUT or not state.trajectory:
+            return LoopResult(state.emitted, metrics)  # nothing recorded (an ODE: no policy)
         return LoopResult(state.emitted, metrics, state.trajectory, {"seed": state.request.seed})
 
     def release(self, state: DenoiseState) -> None:

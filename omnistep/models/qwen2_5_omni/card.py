@@ -94,8 +94,9 @@ class QwenOmniOptions:
         vocoder_context: mel frames of context on each side of a BigVGAN chunk (its receptive
             field is 34 frames each side for the official geometry).
         dit_chunking: the DiT's chunk schedule (``DiTChunking``: chunk sizes, left context
-            and look-ahead in DiT blocks); None denoises the whole utterance once the talker
-            is done (upstream's offline ``token2wav``).
+            and look-ahead in DiT blocks; a first chunk of None holds BigVGAN's first chunk
+            and its context, ``first_chunk + vocoder_context`` frames); None denoises the whole
+            utterance once the talker is done (upstream's offline ``token2wav``).
         talker_sampling: fixed talker sampling settings (None: transformers' defaults; tests
             use greedy).
         dtype: compute dtype.
@@ -286,19 +287,26 @@ class Token2WavStart:
 
 
 class DiTComponent:
-    """Runs DENOISE_STEP units: a start builds the ODE state (speaker features, seeded noise),
-    then every unit is one solver step, all units of a call in the same DiT forwards."""
+    """Runs DENOISE_STEP units: a window's start builds its ODE state (speaker features, the
+    window's noise), then every unit is one solver step, all units of a call in the same DiT
+    forwards (``batch_invariant``: each unit alone, so its numbers never depend on the batch;
+    batched forwards differ from one unit's by float rounding, ~1e-6)."""
 
-    def __init__(self, dit: DiT):
+    def __init__(self, dit: DiT, batch_invariant: bool = False):
         self.dit = dit
+        self.batch_invariant = batch_invariant
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: list[DenoiseInput]) -> list[DenoiseOutput]:
         if kind is not WorkUnitKind.DENOISE_STEP:
             raise ValueError(f"the DiT cannot run {kind}")
         states = [p.state if p.state is not None else self._start(p.start) for p in payloads]
+        if self.batch_invariant:
+            stepped = [new for state in states for new in self.dit.ode_step([state])]
+        else:
+            stepped = self.dit.ode_step(states)
         outputs = []
-        for new in self.dit.ode_step(states):
+        for new in stepped:
             result = DiT.finalize(new)[0].T.contiguous() if new.done else None  # [frames, mel]
             outputs.append(DenoiseOutput(new, new.done, result))
         return outputs
@@ -315,15 +323,19 @@ class DiTComponent:
 
 
 class BigVGANComponent:
-    """Runs AUDIO_CHUNK units over mel frames (``[mel_dim]`` each): ``240 * chunk`` samples."""
+    """Runs AUDIO_CHUNK units over mel frames (``[mel_dim]`` each): ``240 * chunk`` samples
+    (``batch_invariant``: each unit alone)."""
 
-    def __init__(self, bigvgan: BigVGAN):
+    def __init__(self, bigvgan: BigVGAN, batch_invariant: bool = False):
         self.bigvgan = bigvgan
+        self.batch_invariant = batch_invariant
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: list[AudioChunkInput]) -> list:
         if kind is not WorkUnitKind.AUDIO_CHUNK:
             raise ValueError(f"BigVGAN cannot run {kind}")
+        if self.batch_invariant and len(payloads) > 1:
+            return [out for p in payloads for out in self.execute(kind, [p])]
         first = payloads[0]
         mel = torch.stack([torch.stack(list(p.frames)) for p in payloads]).transpose(1, 2)
         audio = self.bigvgan.decode_chunk(mel, first.left, first.chunk)  # [B, samples]
@@ -409,12 +421,14 @@ def build_card(
     def build_dit(device: str) -> DiTComponent:
         check_device(device)
         state = files.tensors("token2wav.code2wav_dit_model.")
-        return DiTComponent(load_token2wav_part("dit", state, config, device))
+        dit = load_token2wav_part("dit", state, config, device)
+        return DiTComponent(dit, opts.batch_invariant)
 
     def build_bigvgan(device: str) -> BigVGANComponent:
         check_device(device)
         state = files.tensors("token2wav.code2wav_bigvgan_model.")
-        return BigVGANComponent(load_token2wav_part("bigvgan", state, config, device))
+        bigvgan = load_token2wav_part("bigvgan", state, config, device)
+        return BigVGANComponent(bigvgan, opts.batch_invariant)
 
     dit_config = DiTConfig.from_dict(config["token2wav_config"].get("dit_config") or {})
     if opts.dit_chunking is None:
@@ -426,10 +440,12 @@ def build_card(
                 f"of repeats ({dit_config.repeats}) to stream the DiT in chunks"
             )
 
+        chunking = opts.dit_chunking.covering(
+            opts.first_chunk + opts.vocoder_context, dit_config.block_size
+        )
+
         def next_window(out_start: int, available: int, complete: bool):
-            return opts.dit_chunking.next_window(
-                out_start, available, complete, dit_config.block_size
-            )
+            return chunking.next_window(out_start, available, complete, dit_config.block_size)
 
     def build_talker(device: str):
         check_device(device)

@@ -212,12 +212,12 @@ class DiTChunking:
     """The chunk schedule of streamed token2wav, in whole DiT attention blocks.
 
     Chunk ``k`` outputs frames ``[s_k, s_k + n_k)`` with ``n_0 = first_chunk_blocks`` blocks
-    and ``n_k = chunk_blocks`` after (the last chunk ends with the utterance); the DiT runs the
-    whole ODE on the chunk plus ``left_context_blocks`` before it and ``lookahead_blocks``
-    after it (cut at the utterance's ends) and keeps the chunk. The schedule depends on frame
-    positions only, never on timing, so streamed and non-streamed responses run the same
-    windows. A chunk can start once the codes up to its window's end exist (or the codes are
-    complete).
+    (None: see ``covering``) and ``n_k = chunk_blocks`` after (the last chunk ends with the
+    utterance); the DiT runs the whole ODE on the chunk plus ``left_context_blocks`` before it
+    and ``lookahead_blocks`` after it (cut at the utterance's ends) and keeps the chunk. The
+    schedule depends on frame positions only, never on timing, so streamed and non-streamed
+    responses run the same windows. A chunk can start once the codes up to its window's end
+    exist (or the codes are complete).
 
     One DiT forward reaches ``len(look_backward_layers)`` blocks back and
     ``len(look_ahead_layers)`` ahead (one each per such layer, ``DiTAttention``'s block mask);
@@ -226,11 +226,14 @@ class DiTChunking:
     reaches away: ``exact`` gives that setting, at which chunked equals whole up to float
     rounding (72 blocks back, 36 ahead for the official model: 17 s and 8.6 s). Smaller
     settings trade exactness for latency; the defaults (upstream's streaming
-    ``Qwen2Code2wav``: chunk 3 blocks, 2 blocks of past, 1 of future) are measured in
-    ``bench/dit_joins.py``.
+    ``Qwen2Code2wav``: chunks of 3 blocks, 2 blocks of past, 1 of future; the first chunk
+    sized for BigVGAN's first chunk and look-ahead, 20 + 34 frames: 3 official blocks) are
+    measured in ``bench/dit_joins.py``.
     """
 
-    first_chunk_blocks: int = 3
+    first_chunk_blocks: int | None = None
+    """None: ``chunk_blocks``, or, in the card, the fewest blocks that hold the vocoder's first
+    chunk and its look-ahead (``covering``), so the first DiT chunk alone makes first audio."""
     chunk_blocks: int = 3
     left_context_blocks: int = 2
     lookahead_blocks: int = 1
@@ -238,6 +241,8 @@ class DiTChunking:
     def __post_init__(self) -> None:
         for name in ("first_chunk_blocks", "chunk_blocks"):
             value = getattr(self, name)
+            if name == "first_chunk_blocks" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DiTChunking.{name} must be an int >= 1, got {value!r}")
         for name in ("left_context_blocks", "lookahead_blocks"):
@@ -258,6 +263,15 @@ class DiTChunking:
         ahead = sum(1 for i in config.look_ahead_layers if i in layers)
         return cls(chunk_blocks, chunk_blocks, evaluations * back, evaluations * ahead)
 
+    def covering(self, frames: int, block_size: int) -> DiTChunking:
+        """This schedule with ``first_chunk_blocks`` set, when None, to the fewest blocks
+        holding ``frames`` mel frames (at least one): a vocoder that needs ``frames`` frames
+        for its first chunk (BigVGAN: its first chunk plus its look-ahead) then starts on the
+        first DiT chunk."""
+        if self.first_chunk_blocks is not None:
+            return self
+        return replace(self, first_chunk_blocks=max(1, -(-frames // block_size)))
+
     def next_window(
         self, out_start: int, available: int, complete: bool, block_size: int
     ) -> ChunkWindow | None:
@@ -266,7 +280,8 @@ class DiTChunking:
         will come) or when ``out_start`` is the end of a complete utterance."""
         if complete and out_start >= available:
             return None
-        blocks = self.first_chunk_blocks if out_start == 0 else self.chunk_blocks
+        first = self.first_chunk_blocks or self.chunk_blocks
+        blocks = first if out_start == 0 else self.chunk_blocks
         out_end = out_start + blocks * block_size
         end = out_end + self.lookahead_blocks * block_size
         if complete:
