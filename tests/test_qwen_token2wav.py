@@ -34,6 +34,8 @@ from omnistep.models.qwen2_5_omni.dit import (
     FrameNoise,
     SolverConfig,
     frame_noise,
+    sde_noise,
+    sde_terms,
 )
 from omnistep.models.qwen2_5_omni.token2wav import (
     Token2Wav,
@@ -386,6 +388,137 @@ def test_windows_at_different_offsets_batch(models) -> None:
     assert max_diff(alone[0], alone[1]) > 0.1
     with pytest.raises(ValueError, match="offset"):
         dit.initial_state(**request(1, tokens=4), offset=block - 2)
+
+
+# ---------------------------------------------------------------- SDE steps (Flow-GRPO)
+
+
+def test_noise_level_zero_is_the_ode_path_exactly(models) -> None:
+    dit = models[1].code2wav_dit_model
+    req = request(41, tokens=12)
+    noise = frame_noise(41, 24, MEL_DIM)[None]
+    ode = dit.sample(**req, noise=noise)
+    assert torch.equal(dit.sample(**req, noise=noise, noise_level=0.0, sde_seed=3), ode)
+    sde = dit.sample(**req, noise=noise, noise_level=0.7, sde_seed=3)
+    assert max_diff(sde, ode) > 0.1
+    assert torch.equal(dit.sample(**req, noise=noise, noise_level=0.7, sde_seed=3), sde)
+
+
+def test_sde_step_is_flow_grpos_transition(models) -> None:
+    """Each SDE step: x_next = mean + std * (the step's noise by position), with mean and std
+    as Flow-GRPO's ``sde_step_with_logprob`` computes them in its own time convention
+    (t' = 1 - t, v = -u), the Euler move x + h u replaced by the RK4 step; the log-prob is
+    the Gaussian density summed over elements."""
+    import math as m
+
+    dit = models[1].code2wav_dit_model
+    req = request(42, tokens=12)
+    a, seed = 0.7, 17
+    state = dit.initial_state(**req, noise=frame_noise(42, 24, MEL_DIM)[None], noise_level=a)
+    state = replace_state(state, sde_seed=seed)
+    times = state.times
+    while not state.done:
+        k = state.step
+        ode = dit.ode_step([replace_state(state, noise_level=0.0)])[0].x  # x + RK4 step
+        k1 = velocity(dit, state)
+        (nxt,) = dit.ode_step([state])
+        rec = nxt.last
+        # Flow-GRPO, in its time: sigma = 1 - t, dt = sigma_next - sigma (< 0), sigma_max =
+        # its first sigma below 1 (1 - t_1), model_output v = -u.
+        sigma, sigma_next = 1 - float(times[k]), 1 - float(times[k + 1])
+        sigma_max = 1 - float(times[1])
+        dt = sigma_next - sigma
+        std_dev_t = m.sqrt(sigma / (1 - (sigma_max if sigma == 1 else sigma))) * a
+        v = -k1
+        theirs = (
+            state.x * (1 + std_dev_t**2 / (2 * sigma) * dt)
+            + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
+        )
+        euler = state.x + (-dt) * k1
+        assert rec.std == pytest.approx(std_dev_t * m.sqrt(-dt), rel=1e-6)
+        assert max_diff(rec.mean - (ode - euler), theirs) <= 1e-5
+        eps = sde_noise(seed, k, 0, 24, dit.config.block_size, MEL_DIM)
+        assert max_diff(rec.x_next[0], rec.mean[0] + rec.std * eps) <= 1e-5
+        z = (rec.x_next.double() - rec.mean.double()) / rec.std
+        manual = -0.5 * (z**2).sum() - z.numel() * (m.log(rec.std) + 0.5 * m.log(2 * m.pi))
+        assert float(rec.logprob[0]) == pytest.approx(float(manual), rel=1e-9)
+        state = nxt
+    assert sde_terms(times, 0, 0.0) == (0.0, 0.0)
+
+
+def test_step_logprob_recomputes_the_recorded_with_gradients(models) -> None:
+    """train = serve: a recorded step's log-prob recomputed with autograd equals the recorded
+    one (alone: to the bit; stepped in a batch of two: within 1e-5 relative), and its gradient
+    reaches the DiT's weights."""
+    dit = models[1].code2wav_dit_model
+    reqs = [request(seed, tokens=10) for seed in (43, 44)]
+    states = [
+        dit.initial_state(**r, noise=frame_noise(s, 20, MEL_DIM)[None], noise_level=0.7, sde_seed=s)
+        for r, s in zip(reqs, (43, 44), strict=True)
+    ]
+    records = [[], []]
+    while not states[0].done:
+        states = dit.ode_step(states)
+        for i, s in enumerate(states):
+            records[i].append(s.last)
+    worst = 0.0
+    for r, recs in zip(reqs, records, strict=True):
+        for rec in recs:
+            lp = dit.step_logprob(r["codes"], r["cond"], r["ref_mel"], rec, 0.7)
+            worst = max(
+                worst, abs(float(lp[0]) - float(rec.logprob[0])) / abs(float(rec.logprob[0]))
+            )
+    print(f"\nSDE step log-probs, batch of 2 vs recomputed: max relative diff {worst:.3g}")
+    assert worst <= 1e-5
+    alone = dit.initial_state(**reqs[0], noise=frame_noise(43, 20, MEL_DIM)[None], noise_level=0.7)
+    (alone,) = dit.ode_step([alone])
+    lp = dit.step_logprob(reqs[0]["codes"], reqs[0]["cond"], reqs[0]["ref_mel"], alone.last, 0.7)
+    assert float(lp[0]) == float(alone.last.logprob[0])
+    params = dict(dit.named_parameters())
+    for p in params.values():
+        p.grad = None
+    lp.sum().backward()
+    for name in (
+        "proj_out.weight",
+        "transformer_blocks.0.attn.to_q.weight",
+        "text_embed.codec_embed.weight",
+    ):
+        assert params[name].grad is not None and params[name].grad.abs().sum() > 0, name
+    for p in params.values():
+        p.grad = None
+
+
+def test_sde_noise_is_by_position_so_exact_chunks_equal_whole(models) -> None:
+    dit = models[1].code2wav_dit_model
+    solver = SolverConfig(num_steps=3)
+    req = request(45, tokens=90)
+    noise = frame_noise(45, 180, MEL_DIM)[None]
+    whole = dit.sample(**req, noise=noise, solver=solver, noise_level=0.5, sde_seed=8)
+    exact = DiTChunking.exact(dit.config, solver)
+    chunked = dit.sample_chunked(
+        **req, noise=noise, chunking=exact, solver=solver, noise_level=0.5, sde_seed=8
+    )
+    assert max_diff(chunked, whole) <= CHUNK_TOL
+    block = dit.config.block_size
+    assert torch.equal(
+        sde_noise(8, 1, 5, 30, block, MEL_DIM), sde_noise(8, 1, 0, 40, block, MEL_DIM)[5:30]
+    )
+    assert not torch.equal(
+        sde_noise(8, 1, 0, 8, block, MEL_DIM), sde_noise(8, 2, 0, 8, block, MEL_DIM)
+    )
+
+
+def replace_state(state, **changes):
+    import dataclasses
+
+    return dataclasses.replace(state, **changes)
+
+
+def velocity(dit, state) -> torch.Tensor:
+    """u(t, x) of the state's step start (the guided velocity, RK4's k1)."""
+    batch = dit._step_batch([state])
+    with torch.inference_mode():
+        return dit._velocity(batch, state.times[state.step].expand(1), state.x)
 
 
 # ------------------------------------------------------------------------------------- BigVGAN

@@ -205,5 +205,26 @@ class DenoiseLoop:
             return LoopResult(state.emitted, metrics)  # nothing recorded (an ODE: no policy)
         return LoopResult(state.emitted, metrics, state.trajectory, {"seed": state.request.seed})
 
+    def score_steps(self, model: ModelInstance, records: list[Any]) -> Any:
+        """Recompute the log-probs of SDE steps this loop recorded (``DenoiseStepRecord``)
+        with the component's ``score_steps`` (autograd on when the caller's grad mode is).
+
+        Returns:
+            The component's log-probs, one per record (a torch float64 ``[S]`` tensor).
+
+        Raises:
+            NotImplementedError: the component cannot score here (no ``score_steps``, or a
+                stand-in for a component running in another process).
+        """
+        component = model.components[self.config.component]
+        scorer = getattr(component, "score_steps", None)
+        if scorer is None:
+            raise NotImplementedError(
+                f"component '{self.config.component}' cannot score here: it has no "
+                "score_steps in this process (with the Ray executor components run in "
+                "actors; score needs the in-process executor)"
+            )
+        return scorer(list(records))
+
     def release(self, state: DenoiseState) -> None:
         """Nothing outside the state to free."""
