@@ -353,6 +353,48 @@ def test_chat_completions_with_audio_through_the_server(root):
         listed = [m.id for m in client.models.list()]
         assert listed == ["qwen2.5-omni", "qwen2_5_omni"]
         assert client.models.retrieve("qwen2_5_omni").root == "qwen2.5-omni"
+        _rollouts_return_dit_sde_steps(base)
+
+
+def _rollouts_return_dit_sde_steps(base: str) -> None:
+    """``POST /v1/rollouts`` with ``flow_noise_level``: each sample carries its DiT's SDE
+    steps (JSON and safetensors agree); out-of-range noise levels are 400s."""
+    import httpx
+    from safetensors.numpy import load
+
+    body = {"model": "qwen2.5-omni", "inputs": ["hello there"], "n": 2, "seed": 4,
+            "max_new_tokens": 6, "flow_noise_level": 0.7, "voice": "Chelsie",
+            "audio_format": "wav"}  # fmt: skip
+    reply = httpx.post(base + "/v1/rollouts", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    samples = reply.json()["groups"][0]["samples"]
+    for sample in samples:
+        steps = sample["denoise"]["denoise"]
+        assert steps["noise_level"] == 0.7 and steps["num_steps"] % 9 == 0
+        assert len(steps["logprobs"]) == len(steps["x"]) == len(steps["t"]) == steps["num_steps"]
+        start, _, _, end = steps["window"][0]
+        assert np.asarray(steps["x_next"][0]).shape == (end - start, 80)
+        assert all(0 <= t < u <= 1 for t, u in zip(steps["t"], steps["t_next"], strict=True))
+    assert (
+        samples[0]["denoise"]["denoise"]["logprobs"] != samples[1]["denoise"]["denoise"]["logprobs"]
+    )
+    tensors = httpx.post(
+        base + "/v1/rollouts", json=body, headers={"Accept": "application/x-safetensors"},
+        timeout=120,
+    )  # fmt: skip
+    assert tensors.status_code == 200, tensors.text
+    arrays = load(tensors.content)
+    for k, sample in enumerate(samples):
+        steps = sample["denoise"]["denoise"]
+        np.testing.assert_array_equal(arrays[f"g0.s{k}.denoise.logprobs"], steps["logprobs"])
+        np.testing.assert_array_equal(
+            arrays[f"g0.s{k}.denoise.0.mean"], np.float32(steps["mean"][0])
+        )
+    for bad in (-0.1, 4.5, "loud"):
+        reply = httpx.post(
+            base + "/v1/rollouts", json={**body, "flow_noise_level": bad}, timeout=60
+        )
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "flow_noise_level"
 
 
 async def test_chat_token_cap_limits_text_not_speech(model):

@@ -465,9 +465,7 @@ def test_step_logprob_recomputes_the_recorded_with_gradients(models) -> None:
     for r, recs in zip(reqs, records, strict=True):
         for rec in recs:
             lp = dit.step_logprob(r["codes"], r["cond"], r["ref_mel"], rec, 0.7)
-            worst = max(
-                worst, abs(float(lp[0]) - float(rec.logprob[0])) / abs(float(rec.logprob[0]))
-            )
+            worst = max(worst, abs(lp.item() - rec.logprob.item()) / abs(rec.logprob.item()))
     print(f"\nSDE step log-probs, batch of 2 vs recomputed: max relative diff {worst:.3g}")
     assert worst <= 1e-5
     alone = dit.initial_state(**reqs[0], noise=frame_noise(43, 20, MEL_DIM)[None], noise_level=0.7)
