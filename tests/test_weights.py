@@ -215,3 +215,58 @@ async def test_qwen_thinker_embedding_update_refreshes_the_talker_rows(tmp_path)
     for token_id, row in talker.text_embeds.items():
         assert torch.equal(row, new[token_id] * 3)
     await engine.shutdown()
+
+
+async def test_qwen_dit_update_equals_a_fresh_engine_and_versions_its_sde_steps(tmp_path):
+    """The DiT takes updates by the checkpoint's names (what a Flow-GRPO trainer sends): the
+    audio after it equals a fresh engine on the new checkpoint, and the SDE steps recorded
+    after it carry the new version."""
+    import json
+
+    from omnistep.core import ChatMessage, ExecutionProfile, Modality, SamplingParams
+    from omnistep.models.qwen2_5_omni.card import QwenOmniOptions
+    from omnistep.models.qwen2_5_omni.card import build_card as build_qwen
+    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+
+    root = write_tiny_qwen_omni(tmp_path / "old")
+    new_root = tmp_path / "new"
+    shutil.copytree(root, new_root)
+    index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
+    prefix = "token2wav.code2wav_dit_model."
+    update: dict[str, torch.Tensor] = {}
+    for shard in sorted({f for n, f in index.items() if n.startswith(prefix)}):
+        state = load_file(root / shard)
+        generator = torch.Generator().manual_seed(len(update))
+        for name, t in state.items():
+            if name.startswith(prefix) and t.dim() >= 2:
+                state[name] = t + 0.05 * t.std() * torch.randn(t.shape, generator=generator)
+                update[name] = state[name].float()
+        save_file(state, new_root / shard)
+
+    def load(path):
+        opts = QwenOmniOptions(kv_cache_gb=0.02, talker_max_new_tokens=24)
+        return ModelInstance.load(build_qwen(str(path), opts))
+
+    def request(noise: float | None = None) -> Request:
+        return Request(
+            "qwen2.5-omni",
+            messages=(ChatMessage("user", "hello weights"),),
+            seed=9,
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=8, flow_noise_level=noise),
+            profile=ExecutionProfile.ROLLOUT,
+            output_modalities=frozenset({Modality.TEXT, Modality.AUDIO}),
+        )
+
+    model, fresh = load(root), load(new_root)
+    assert set(update) <= set(model.weight_specs()) and len(update) > 20
+    engine, fresh_engine = AsyncEngine([model]), AsyncEngine([fresh])
+    before = await collect(engine, request())
+    assert await engine.update_weights("qwen2.5-omni", update, version=5) == 5
+    assert model.components["dit"].weight_version == 5
+    after, want = await collect(engine, request()), await collect(fresh_engine, request())
+    assert not np.array_equal(before.audio, after.audio)
+    assert np.array_equal(after.audio, want.audio)
+    sde = await collect(engine, request(0.7))
+    assert {r.weight_version for r in sde.trajectories["denoise"]} == {5}
+    await engine.shutdown()
+    await fresh_engine.shutdown()

@@ -111,6 +111,11 @@ class AudioDecodeConfig:
         stream_state: the component keeps each request's state between chunks (see the
             module docstring): units carry only new frames and the request's ``seq_id``, and
             ``release`` frees the state; needs ``left_context`` and ``lookahead`` 0.
+        report_frames: each unit reports its input frames as ``num_tokens``, so EDF measures
+            the vocoder's cost and a chunk is as urgent as its length makes it. Off: a chunk
+            has no cost estimate, waits behind its request's other units and batches with
+            other requests' chunks (what TTS cards want); a cascade whose thinker and talker
+            would otherwise keep both workers busy (Qwen2.5-Omni) turns it on.
     """
 
     loop_id: str
@@ -127,6 +132,7 @@ class AudioDecodeConfig:
     extras_slot: str | None = None
     window_buckets: tuple[int, ...] = ()
     stream_state: bool = False
+    report_frames: bool = False
 
     def __post_init__(self) -> None:
         for name in ("first_chunk", "chunk"):
@@ -237,7 +243,7 @@ class AudioDecodeLoop:
             self.config.component,
             ShapeSignature(WorkUnitKind.AUDIO_CHUNK, dims),
             unit,
-            ResourceRequest(num_tokens=len(unit.frames)),  # frames in: what the cost scales with
+            ResourceRequest(num_tokens=len(unit.frames) if self.config.report_frames else 0),
             label=f"{self.loop_id}.chunk{state.step}",
         )
 

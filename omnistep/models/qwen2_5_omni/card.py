@@ -293,6 +293,10 @@ class Token2WavStart:
     sde_seed: int = 0
 
 
+DIT_PREFIX = "token2wav.code2wav_dit_model."
+"""The official checkpoint's prefix of the DiT's tensors."""
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class WindowState:
     """The DiT's state of one window between DENOISE_STEP units: the ODE state and the start
@@ -366,6 +370,38 @@ class DiTComponent:
             weight_version=self.weight_version,
             conditioning=start,
         )
+
+    # -- weights (checkpoint names: ``token2wav.code2wav_dit_model.*``)
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {DIT_PREFIX + name: p for name, p in self.dit.named_parameters()}
+
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``name -> (shape, dtype)`` of every DiT tensor a weight update may change, by the
+        official checkpoint's names."""
+        return {name: (tuple(t.shape), str(t.dtype)) for name, t in self._weights().items()}
+
+    @torch.no_grad()
+    def update_weights(self, tensors: Mapping[str, Any]) -> None:
+        """Copy checked tensors (``ModelInstance.check_weights``) into the DiT in place; the
+        pre-packed CPU linears repack on their next call (their weights' versions changed)."""
+        targets = self._weights()
+        for name, value in tensors.items():
+            targets[name].copy_(torch.as_tensor(value))
+
+    def trainable_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """The DiT's live parameters by checkpoint name (all when ``names`` is None), set to
+        require grad: what a Flow-GRPO trainer's optimizer takes (``score_steps`` computes
+        from them).
+
+        Raises:
+            KeyError: a name the DiT does not have.
+        """
+        weights = self._weights()
+        chosen = {n: weights[n] for n in (weights if names is None else names)}
+        for tensor in chosen.values():
+            tensor.requires_grad_(True)
+        return chosen
 
     def score_steps(self, records: list[DenoiseStepRecord]) -> torch.Tensor:
         """The log-probs of recorded SDE steps recomputed (``DiT.step_logprob``: the same code
@@ -496,7 +532,7 @@ def build_card(
     # them (a Ray actor) holds only its weights.
     def build_dit(device: str) -> DiTComponent:
         check_device(device)
-        state = files.tensors("token2wav.code2wav_dit_model.")
+        state = files.tensors(DIT_PREFIX)
         dit = load_token2wav_part("dit", state, config, device)
         return DiTComponent(dit, opts.batch_invariant)
 
@@ -587,6 +623,7 @@ def build_card(
         chunk=opts.chunk,
         left_context=opts.vocoder_context,
         lookahead=opts.vocoder_context,
+        report_frames=True,  # else it waits behind thinker and talker steps (EDF)
     )
     wants_audio = lambda req: Modality.AUDIO in req.output_modalities  # noqa: E731
     frontend = _Frontend(tokenizer, speakers)
