@@ -48,6 +48,7 @@ import numpy as np
 from omnistep.core import (
     Capability,
     ChatMessage,
+    DenoiseStepRecord,
     ExecutionProfile,
     InvalidRequestError,
     Modality,
@@ -119,6 +120,35 @@ class LoopActions:
 
 
 @dataclass(frozen=True)
+class DenoiseSteps:
+    """The SDE steps one denoise loop sampled for one rollout sample (Flow-GRPO policy steps:
+    Qwen2.5-Omni's DiT with ``SamplingParams.flow_noise_level`` > 0), window by window and
+    step by step, in the order they ran.
+
+    Attributes:
+        steps: the ``DenoiseStepRecord`` of each step: ``t``, ``t_next``, ``x``, ``mean``,
+            ``x_next`` (float32 ``[frames, mel_dim]`` of its window), ``std``, ``logprob``,
+            ``window`` and ``weight_version``; what ``score`` replays.
+        noise_level: the SDE's noise scale ``a``.
+        seed: the request seed (the initial noise's and the SDE noise's).
+    """
+
+    steps: tuple[DenoiseStepRecord, ...]
+    noise_level: float
+    seed: int
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        """float64 ``[S]``: each step's Gaussian log-prob summed over its window's elements."""
+        return np.array([r.logprob for r in self.steps], dtype=np.float64)
+
+    @property
+    def weight_versions(self) -> np.ndarray:
+        """int64 ``[S]``: the weight version each step ran under."""
+        return np.array([r.weight_version for r in self.steps], dtype=np.int64)
+
+
+@dataclass(frozen=True)
 class RolloutSample:
     """One sample of a group.
 
@@ -132,6 +162,8 @@ class RolloutSample:
         sampling: the request's ``SamplingParams``: ``score`` rebuilds each loop's sampling
             row from it with the card's ``make_sampling``, as the loop did.
         model: the card id the sample ran on.
+        denoise: the SDE steps of each denoise loop that sampled some (cascade cards asked
+            for ``flow_noise_level`` > 0), by program node name; empty otherwise.
     """
 
     index: int
@@ -142,6 +174,7 @@ class RolloutSample:
     sample_rate: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model: str = ""
+    denoise: dict[str, DenoiseSteps] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -533,9 +566,16 @@ def score_samples(
             frame); ``False`` one causal attention call over the whole sequence (faster on a
             GPU, equal within ~1e-5).
 
+    A denoise loop's SDE steps (``RolloutSample.denoise``, Flow-GRPO) are scored the same
+    way: each step's mean recomputed by the component's own code (the window's conditioning,
+    the RK4 step and the SDE drift) with autograd on, then its Gaussian log-prob at the
+    recorded ``x_next``; equal to the recorded ``DenoiseSteps.logprobs`` within float32
+    rounding of the mean (relative ~1e-7; bit-equal for a step that ran alone).
+
     Returns:
         One dict per sample, in order: loop name -> log-probs ``[T, num_codebooks]``
-        float32 (the shape of ``LoopActions.logprobs``), row ``i`` for recorded frame ``i``.
+        float32 (the shape of ``LoopActions.logprobs``), row ``i`` for recorded frame ``i``;
+        a denoise loop -> float64 ``[S]``, one per recorded step.
         torch families (ChatTTS ``decode``/``refine``, Qwen ``think`` and ``talk``): a
         ``torch.Tensor`` on the component's device with a graph to the weights when grad
         is enabled. The numpy toy: an ``np.ndarray`` (no autograd).
@@ -562,19 +602,22 @@ def score_samples(
             profile=ExecutionProfile.ROLLOUT,
         )
         nodes = {node.name: node for node in model.card.program.nodes}
-        if loops is None:
-            names = list(sample.loops)
-        else:  # one loop name, or several
+        recorded = [*sample.loops, *sample.denoise]
+        names = recorded  # by default every loop the sample recorded
+        if loops is not None:  # one loop name, or several
             names = [loops] if isinstance(loops, str) else list(loops)
         scored: dict[str, Any] = {}
         for name in names:
-            if name not in sample.loops:
+            if name not in recorded:
                 raise InvalidRequestError(
-                    f"the sample has no loop '{name}' (it has {', '.join(sample.loops)})",
+                    f"the sample has no loop '{name}' (it has {', '.join(recorded)})",
                     param="loops",
                 )
-            actions = sample.loops[name]
             loop = model.loops[nodes[name].loop_id]
+            if name in sample.denoise:
+                scored[name] = loop.score_steps(model, list(sample.denoise[name].steps))
+                continue
+            actions = sample.loops[name]
             scorer = getattr(loop, "score", None)
             if scorer is None:
                 raise NotImplementedError(f"loop '{name}' of '{card_id}' cannot score")
@@ -609,10 +652,13 @@ def _flatten(
 
 
 def _sample(k: int, request: Request, done: Collected, mode: str, audio: bool) -> RolloutSample:
-    loops = {
-        name: _actions(records, done.rollout_info.get(name, {}), mode)
-        for name, records in done.trajectories.items()
-    }
+    loops, denoise = {}, {}
+    for name, records in done.trajectories.items():
+        if records and isinstance(records[0], DenoiseStepRecord):
+            level = request.sampling.flow_noise_level or 0.0
+            denoise[name] = DenoiseSteps(tuple(records), float(level), int(request.seed or 0))
+        else:
+            loops[name] = _actions(records, done.rollout_info.get(name, {}), mode)
     return RolloutSample(
         index=k,
         seed=int(request.seed or 0),
@@ -622,6 +668,7 @@ def _sample(k: int, request: Request, done: Collected, mode: str, audio: bool) -
         sample_rate=done.sample_rate if audio else 0,
         sampling=request.sampling,
         model=request.model,
+        denoise=denoise,
     )
 
 
@@ -698,6 +745,7 @@ def _progress_bar(total: int, label: str, show: bool | None) -> Any:
 __all__ = [
     "LOGPROB_MODES",
     "AsyncOmniEngine",
+    "DenoiseSteps",
     "LoopActions",
     "OmniEngine",
     "RolloutGroup",

@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -372,7 +373,8 @@ async def test_edf_priority_is_the_deadline_less_the_units_expected_time():
         kind = WorkUnitKind.AUDIO_CHUNK
         shape = ShapeSignature(kind, ())
         live.plan = WorkPlan(kind, "vocoder", shape, None, ResourceRequest(num_tokens=40))
-        assert engine._priority(run, live) == deadline  # nothing measured yet
+        # never measured: first (a 0 estimate would leave it behind every measured unit)
+        assert engine._priority(run, live) == -math.inf
         engine._unit_cost.observe((live.model_id, "vocoder", kind), 100, 0.5)
         assert engine._priority(run, live) == pytest.approx(deadline - 0.2)
         live.plan = WorkPlan(kind, "vocoder", shape, None, ResourceRequest(est_seconds=0.7))

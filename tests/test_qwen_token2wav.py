@@ -27,7 +27,16 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 )
 
 from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
-from omnistep.models.qwen2_5_omni.dit import DiTConfig, SolverConfig
+from omnistep.models.qwen2_5_omni.dit import (
+    ChunkWindow,
+    DiTChunking,
+    DiTConfig,
+    FrameNoise,
+    SolverConfig,
+    frame_noise,
+    sde_noise,
+    sde_terms,
+)
 from omnistep.models.qwen2_5_omni.token2wav import (
     Token2Wav,
     Token2WavConfig,
@@ -291,6 +300,223 @@ def test_ode_misuse_raises(models) -> None:
     (state,) = dit.ode_step([state])
     with pytest.raises(ValueError, match="all its solver steps"):
         dit.ode_step([state])
+
+
+# ------------------------------------------------------------------------------ chunked DiT
+
+
+def test_frame_noise_is_upstreams_draw_and_position_only() -> None:
+    """Frame noise equals ``torch.manual_seed(s); torch.randn([1, F, mel])`` (upstream's draw)
+    and row f does not depend on how far or in what pieces it was drawn."""
+    torch.manual_seed(11)
+    upstream = torch.randn([1, 40, 80])
+    assert torch.equal(frame_noise(11, 40, 80), upstream[0])
+    pieces = FrameNoise(11, 80)
+    assert torch.equal(pieces.rows(8, 16), upstream[0, 8:16])  # draws 0..16 first
+    assert torch.equal(pieces.rows(0, 40), upstream[0])
+    assert not torch.equal(frame_noise(12, 40, 80), upstream[0])
+
+
+def test_chunk_schedule() -> None:
+    """Windows on the block grid: the chunk plus 2 blocks before and 1 after, cut at the
+    utterance's ends; a chunk waits for its window's codes unless the codes are complete."""
+    c = DiTChunking(first_chunk_blocks=1, chunk_blocks=2, left_context_blocks=2, lookahead_blocks=1)
+    assert c.windows(50, 4) == [
+        ChunkWindow(0, 0, 4, 8),
+        ChunkWindow(0, 4, 12, 16),
+        ChunkWindow(4, 12, 20, 24),
+        ChunkWindow(12, 20, 28, 32),
+        ChunkWindow(20, 28, 36, 40),
+        ChunkWindow(28, 36, 44, 48),
+        ChunkWindow(36, 44, 50, 50),
+    ]
+    assert c.next_window(4, 15, False, 4) is None  # needs frames up to 16
+    assert c.next_window(4, 16, False, 4) == ChunkWindow(0, 4, 12, 16)
+    assert c.next_window(4, 9, True, 4) == ChunkWindow(0, 4, 9, 9)
+    assert c.next_window(9, 9, True, 4) is None
+    assert DiTChunking().windows(0, 24) == []
+    assert DiTChunking().windows(30, 4)[0] == ChunkWindow(0, 0, 12, 16)  # None: chunk_blocks
+    assert DiTChunking().covering(54, 24).first_chunk_blocks == 3  # BigVGAN's 20 + 34 frames
+    assert DiTChunking().covering(54, 8).first_chunk_blocks == 7
+    assert DiTChunking(first_chunk_blocks=2).covering(54, 8).first_chunk_blocks == 2
+    config = DiTConfig.from_dict(TINY["dit_config"])  # look back in 2 layers, ahead in 1
+    assert DiTChunking.exact(config) == DiTChunking(3, 3, 72, 36)
+    assert DiTChunking.exact(config, SolverConfig(num_steps=3)) == DiTChunking(3, 3, 16, 8)
+    for bad in ({"chunk_blocks": 0}, {"left_context_blocks": -1}, {"first_chunk_blocks": 1.5}):
+        with pytest.raises(ValueError, match="DiTChunking"):
+            DiTChunking(**bad)
+
+
+@pytest.mark.parametrize("num_steps", [3, 10])
+def test_chunked_dit_at_the_exact_setting_equals_whole(models, num_steps) -> None:
+    """At ``DiTChunking.exact`` (the ODE's whole receptive field: 4 evaluations per RK4 step,
+    2 blocks back and 1 ahead per evaluation) chunked equals the whole decode within 1e-5; a
+    smaller context does not (the joins show)."""
+    dit = models[1].code2wav_dit_model
+    solver = SolverConfig(num_steps=num_steps)
+    req = request(21, tokens=90 if num_steps == 3 else 180)
+    noise = frame_noise(21, 2 * req["codes"].shape[1], MEL_DIM)[None]
+    whole = dit.sample(**req, noise=noise, solver=solver)
+    exact = DiTChunking.exact(dit.config, solver)
+    assert len(exact.windows(whole.shape[-1], dit.config.block_size)) > 3  # real joins
+    chunked = dit.sample_chunked(**req, noise=noise, chunking=exact, solver=solver)
+    short = dit.sample_chunked(**req, noise=noise, chunking=DiTChunking(), solver=solver)
+    print(
+        f"\n{num_steps} points: exact {exact}: max diff {max_diff(chunked, whole):.3g}; "
+        f"default: {max_diff(short, whole):.3g}"
+    )
+    assert chunked.shape == whole.shape and max_diff(chunked, whole) <= CHUNK_TOL
+    assert max_diff(short, whole) > CHUNK_TOL
+
+
+def test_windows_at_different_offsets_batch(models) -> None:
+    """Windows of two requests at different places (RoPE from each window's first frame)
+    stepped together equal each alone; an offset off the block grid is refused."""
+    dit = models[1].code2wav_dit_model
+    block = dit.config.block_size
+    states = []
+    for seed, offset in ((31, 0), (32, 3 * block)):
+        req = request(seed, tokens=2 * block)
+        noise = frame_noise(seed, 4 * block, MEL_DIM)[None]
+        states.append(dit.initial_state(**req, noise=noise, offset=offset))
+    alone = [run_alone(dit, s) for s in states]
+    together = states
+    while not together[0].done:
+        together = dit.ode_step(together)
+    diffs = [max_diff(dit.finalize(s), a) for s, a in zip(together, alone, strict=True)]
+    assert max(diffs) <= BATCH_TOL
+    assert max_diff(alone[0], alone[1]) > 0.1
+    with pytest.raises(ValueError, match="offset"):
+        dit.initial_state(**request(1, tokens=4), offset=block - 2)
+
+
+# ---------------------------------------------------------------- SDE steps (Flow-GRPO)
+
+
+def test_noise_level_zero_is_the_ode_path_exactly(models) -> None:
+    dit = models[1].code2wav_dit_model
+    req = request(41, tokens=12)
+    noise = frame_noise(41, 24, MEL_DIM)[None]
+    ode = dit.sample(**req, noise=noise)
+    assert torch.equal(dit.sample(**req, noise=noise, noise_level=0.0, sde_seed=3), ode)
+    sde = dit.sample(**req, noise=noise, noise_level=0.7, sde_seed=3)
+    assert max_diff(sde, ode) > 0.1
+    assert torch.equal(dit.sample(**req, noise=noise, noise_level=0.7, sde_seed=3), sde)
+
+
+def test_sde_step_is_flow_grpos_transition(models) -> None:
+    """Each SDE step: x_next = mean + std * (the step's noise by position), with mean and std
+    as Flow-GRPO's ``sde_step_with_logprob`` computes them in its own time convention
+    (t' = 1 - t, v = -u), the Euler move x + h u replaced by the RK4 step; the log-prob is
+    the Gaussian density summed over elements."""
+    import math as m
+
+    dit = models[1].code2wav_dit_model
+    req = request(42, tokens=12)
+    a, seed = 0.7, 17
+    state = dit.initial_state(**req, noise=frame_noise(42, 24, MEL_DIM)[None], noise_level=a)
+    state = replace_state(state, sde_seed=seed)
+    times = state.times
+    while not state.done:
+        k = state.step
+        ode = dit.ode_step([replace_state(state, noise_level=0.0)])[0].x  # x + RK4 step
+        k1 = velocity(dit, state)
+        (nxt,) = dit.ode_step([state])
+        rec = nxt.last
+        # Flow-GRPO, in its time: sigma = 1 - t, dt = sigma_next - sigma (< 0), sigma_max =
+        # its first sigma below 1 (1 - t_1), model_output v = -u.
+        sigma, sigma_next = 1 - float(times[k]), 1 - float(times[k + 1])
+        sigma_max = 1 - float(times[1])
+        dt = sigma_next - sigma
+        std_dev_t = m.sqrt(sigma / (1 - (sigma_max if sigma == 1 else sigma))) * a
+        v = -k1
+        theirs = (
+            state.x * (1 + std_dev_t**2 / (2 * sigma) * dt)
+            + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
+        )
+        euler = state.x + (-dt) * k1
+        assert rec.std == pytest.approx(std_dev_t * m.sqrt(-dt), rel=1e-6)
+        assert max_diff(rec.mean - (ode - euler), theirs) <= 1e-5
+        eps = sde_noise(seed, k, 0, 24, dit.config.block_size, MEL_DIM)
+        assert max_diff(rec.x_next[0], rec.mean[0] + rec.std * eps) <= 1e-5
+        z = (rec.x_next.double() - rec.mean.double()) / rec.std
+        manual = -0.5 * (z**2).sum() - z.numel() * (m.log(rec.std) + 0.5 * m.log(2 * m.pi))
+        assert float(rec.logprob[0]) == pytest.approx(float(manual), rel=1e-9)
+        state = nxt
+    assert sde_terms(times, 0, 0.0) == (0.0, 0.0)
+
+
+def test_step_logprob_recomputes_the_recorded_with_gradients(models) -> None:
+    """train = serve: a recorded step's log-prob recomputed with autograd equals the recorded
+    one (alone: to the bit; stepped in a batch of two: within 1e-5 relative), and its gradient
+    reaches the DiT's weights."""
+    dit = models[1].code2wav_dit_model
+    reqs = [request(seed, tokens=10) for seed in (43, 44)]
+    states = [
+        dit.initial_state(**r, noise=frame_noise(s, 20, MEL_DIM)[None], noise_level=0.7, sde_seed=s)
+        for r, s in zip(reqs, (43, 44), strict=True)
+    ]
+    records = [[], []]
+    while not states[0].done:
+        states = dit.ode_step(states)
+        for i, s in enumerate(states):
+            records[i].append(s.last)
+    worst = 0.0
+    for r, recs in zip(reqs, records, strict=True):
+        for rec in recs:
+            lp = dit.step_logprob(r["codes"], r["cond"], r["ref_mel"], rec, 0.7)
+            worst = max(worst, abs(lp.item() - rec.logprob.item()) / abs(rec.logprob.item()))
+    print(f"\nSDE step log-probs, batch of 2 vs recomputed: max relative diff {worst:.3g}")
+    assert worst <= 1e-5
+    alone = dit.initial_state(**reqs[0], noise=frame_noise(43, 20, MEL_DIM)[None], noise_level=0.7)
+    (alone,) = dit.ode_step([alone])
+    lp = dit.step_logprob(reqs[0]["codes"], reqs[0]["cond"], reqs[0]["ref_mel"], alone.last, 0.7)
+    assert float(lp[0]) == float(alone.last.logprob[0])
+    params = dict(dit.named_parameters())
+    for p in params.values():
+        p.grad = None
+    lp.sum().backward()
+    for name in (
+        "proj_out.weight",
+        "transformer_blocks.0.attn.to_q.weight",
+        "text_embed.codec_embed.weight",
+    ):
+        assert params[name].grad is not None and params[name].grad.abs().sum() > 0, name
+    for p in params.values():
+        p.grad = None
+
+
+def test_sde_noise_is_by_position_so_exact_chunks_equal_whole(models) -> None:
+    dit = models[1].code2wav_dit_model
+    solver = SolverConfig(num_steps=3)
+    req = request(45, tokens=90)
+    noise = frame_noise(45, 180, MEL_DIM)[None]
+    whole = dit.sample(**req, noise=noise, solver=solver, noise_level=0.5, sde_seed=8)
+    exact = DiTChunking.exact(dit.config, solver)
+    chunked = dit.sample_chunked(
+        **req, noise=noise, chunking=exact, solver=solver, noise_level=0.5, sde_seed=8
+    )
+    assert max_diff(chunked, whole) <= CHUNK_TOL
+    block = dit.config.block_size
+    assert torch.equal(
+        sde_noise(8, 1, 5, 30, block, MEL_DIM), sde_noise(8, 1, 0, 40, block, MEL_DIM)[5:30]
+    )
+    assert not torch.equal(
+        sde_noise(8, 1, 0, 8, block, MEL_DIM), sde_noise(8, 2, 0, 8, block, MEL_DIM)
+    )
+
+
+def replace_state(state, **changes):
+    import dataclasses
+
+    return dataclasses.replace(state, **changes)
+
+
+def velocity(dit, state) -> torch.Tensor:
+    """u(t, x) of the state's step start (the guided velocity, RK4's k1)."""
+    batch = dit._step_batch([state])
+    with torch.inference_mode():
+        return dit._velocity(batch, state.times[state.step].expand(1), state.x)
 
 
 # ------------------------------------------------------------------------------------- BigVGAN

@@ -6,6 +6,7 @@ neither. The default mode's figures are printed (``-s``) and checked against a l
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -257,6 +258,73 @@ def test_qwen_default_mode_figures(qwen_root):
             for loop in ("think", "talk"):
                 deltas = _deltas(scores, [group], loop)
                 assert _report(f"qwen {loop} default mode {mode}", deltas) <= DEFAULT_MODE
+
+
+QWEN_SDE = dataclasses.replace(QWEN_SAMPLING, flow_noise_level=0.7)
+
+
+def _sde_rel_deltas(scores: list[dict], groups: list[RolloutGroup]) -> np.ndarray:
+    samples = [s for g in groups for s in g.samples]
+    out = []
+    for scored, sample in zip(scores, samples, strict=True):
+        recorded = sample.denoise["denoise"].logprobs
+        got = scored["denoise"].detach().cpu().numpy()
+        out.append(np.abs(got - recorded) / np.abs(recorded))
+    return np.concatenate(out)
+
+
+def test_qwen_dit_sde_steps_are_recorded_and_scored(qwen):
+    """Flow-GRPO on the DiT through the rollout API: with ``flow_noise_level`` every solver
+    step of every window is a recorded policy step; ``score`` recomputes each step's
+    log-prob (batch-invariant: to the bit) and its gradient reaches the DiT's weights; the
+    same seed samples the same SDE path; noise level 0 records nothing and equals the ODE."""
+    [group] = qwen.rollout(
+        ["tell me about the sea"], n=3, seed=5, voice="Chelsie", sampling=QWEN_SDE,
+        audio=True, progress=False,
+    )  # fmt: skip
+    sample = group.samples[0]
+    steps = sample.denoise["denoise"]
+    windows = sorted({r.window for r in steps.steps})
+    assert steps.noise_level == 0.7 and steps.seed == 5
+    assert len(steps.steps) == 9 * len(windows) and len(windows) >= 1
+    assert [r.step for r in steps.steps[:9]] == list(range(9))
+    assert all(r.x.shape == r.x_next.shape == (r.window[3] - r.window[0], 80) for r in steps.steps)
+    assert (steps.weight_versions == 0).all()
+    scores = qwen.score(group)
+    rel = _sde_rel_deltas(scores, [group])
+    assert _report("qwen DiT SDE steps batch-invariant (relative)", rel) <= EXACT
+    dit = qwen.engine.models["qwen2.5-omni"].components["dit"].dit
+    params = dict(dit.named_parameters())
+    try:
+        [scored] = qwen.score(sample, loops="denoise")
+        scored["denoise"].sum().backward()
+        for name in ("proj_out.weight", "transformer_blocks.0.ff.ff.0.weight"):
+            assert params[name].grad is not None and params[name].grad.abs().sum() > 0, name
+    finally:
+        for p in params.values():
+            p.grad = None
+    [again] = qwen.rollout(
+        ["tell me about the sea"], n=1, seed=5, voice="Chelsie", sampling=QWEN_SDE,
+        audio=True, progress=False,
+    )  # fmt: skip
+    assert np.array_equal(again.samples[0].audio, sample.audio)
+    [ode] = qwen.rollout(
+        ["tell me about the sea"], n=1, seed=5, voice="Chelsie", sampling=QWEN_SAMPLING,
+        audio=True, progress=False,
+    )  # fmt: skip
+    assert ode.samples[0].denoise == {} and not np.array_equal(ode.samples[0].audio, sample.audio)
+
+
+def test_qwen_dit_sde_default_mode_figures(qwen_root):
+    """The default (batched) mode: the 8 samples' DiT windows step together; the recomputed
+    log-probs are within 1e-5 relative of the recorded ones."""
+    with _qwen_engine(qwen_root, False) as engine:
+        [group] = engine.rollout(
+            ["tell me about the sea"], n=8, seed=5, voice="Chelsie", sampling=QWEN_SDE,
+            audio=True, progress=False,
+        )  # fmt: skip
+        rel = _sde_rel_deltas(engine.score(group), [group])
+    assert _report("qwen DiT SDE steps default mode (relative)", rel) <= 1e-5
 
 
 # ---------------------------------------------------------------- toy

@@ -14,6 +14,7 @@ from omnistep.core.card import (
 from omnistep.core.contracts import (
     ActionRecord,
     Component,
+    DenoiseStepRecord,
     Done,
     Loop,
     LoopResult,
@@ -56,13 +57,21 @@ from omnistep.core.program import (
     Program,
     ProgramContext,
 )
-from omnistep.core.request import ChatMessage, Request, SamplingParams, check_text
+from omnistep.core.request import (
+    ChatMessage,
+    Request,
+    SamplingParams,
+    check_text,
+    derived_seed,
+)
 
 __all__ = [
     "call_component",
     "check_text",
+    "derived_seed",
     "dtype_name",
     "ActionRecord",
+    "DenoiseStepRecord",
     "OPENAI_TTS_MODELS",
     "OPENAI_VOICES",
     "TEXT_INPUT_SLOT",

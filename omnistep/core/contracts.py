@@ -151,7 +151,8 @@ class LoopState:
         profile: SERVE, or ROLLOUT to record ``trajectory``.
         step: number of units advanced so far.
         outbox: chunks produced by the last ``advance``; the engine publishes and clears them.
-        trajectory: per-step records under ROLLOUT (``ActionRecord`` for AR loops).
+        trajectory: per-step records under ROLLOUT (``ActionRecord`` for AR loops,
+            ``DenoiseStepRecord`` for a denoise loop's SDE steps).
     """
 
     request_id: str
@@ -179,6 +180,40 @@ class ActionRecord:
     logprobs: tuple[float, ...]
     policy_logprobs: tuple[float, ...]
     weight_version: int = 0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DenoiseStepRecord:
+    """One sampled step of a denoise loop's SDE (a Flow-GRPO policy step), as recorded under
+    ROLLOUT when the request asks for SDE noise (``SamplingParams.flow_noise_level``).
+
+    The step is the Gaussian transition ``x_next ~ N(mean, std^2 I)`` of window ``window``
+    at solver step ``step``, from time ``t`` to ``t_next`` (0 = noise, 1 = data).
+
+    Attributes:
+        step: the solver step within its window.
+        t, t_next: the step's times.
+        x, mean, x_next: float32 ``[frames, dim]`` (the window's frames): the state before the
+            step, the transition's mean, the sampled state after it (numpy arrays).
+        std: the transition's standard deviation.
+        logprob: ``log N(x_next; mean, std^2 I)`` summed over the window's elements.
+        window: ``(start, out_start, out_end, end)`` utterance frames of the step's window.
+        weight_version: the version of the component's weights the step ran under.
+        conditioning: what a replay of the step needs besides the above (the window's codes
+            and voice; the family's own type), for the loop's ``score``.
+    """
+
+    step: int
+    t: float
+    t_next: float
+    x: Any
+    mean: Any
+    std: float
+    x_next: Any
+    logprob: float
+    window: tuple[int, int, int, int]
+    weight_version: int = 0
+    conditioning: Any = None
 
 
 @dataclass(slots=True)

@@ -7,10 +7,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from omnistep.core.enums import ExecutionProfile, Modality
 from omnistep.core.errors import InvalidRequestError
 
 MAX_SEED = 2**63 - 1
+MAX_FLOW_NOISE = 4.0
+"""The largest ``SamplingParams.flow_noise_level`` (Flow-GRPO trains with 0.7)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,11 @@ class SamplingParams:
         repetition_penalty: >= 1; 1 disables.
         max_new_tokens: upper bound on generated tokens.
         min_new_tokens: EOS is masked before this many tokens.
+        flow_noise_level: the noise scale ``a`` of a flow-matching decoder's SDE sampler
+            (Flow-GRPO, arXiv 2505.05470: each solver step a Gaussian transition around the
+            ODE step, std ``a sqrt((1 - t) / t)`` per unit time), in [0, ``MAX_FLOW_NOISE``];
+            None or 0 runs the deterministic ODE. Cards without one (every card but
+            Qwen2.5-Omni's DiT) ignore it.
 
     Raises:
         InvalidRequestError: a value out of range (``param`` names the field).
@@ -36,9 +45,11 @@ class SamplingParams:
     repetition_penalty: float | None = None
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
+    flow_noise_level: float | None = None
 
     def __post_init__(self) -> None:
         checks = {
+            "flow_noise_level": lambda v: math.isfinite(v) and 0 <= v <= MAX_FLOW_NOISE,
             "temperature": lambda v: math.isfinite(v) and v >= 0,
             "top_p": lambda v: math.isfinite(v) and 0 < v <= 1,
             "top_k": lambda v: v >= 0,
@@ -57,6 +68,14 @@ class SamplingParams:
         """The field's value, or ``default`` when the request left it unset."""
         value = getattr(self, name)
         return default if value is None else value
+
+
+def derived_seed(seed: int, *keys: int) -> int:
+    """A seed in [0, 2**63) for the random draws that ``keys`` name (a sentence index; a solver
+    step and a block) of a request seeded ``seed``: ``numpy.random.SeedSequence([seed,
+    *keys])``'s first 64-bit word, halved; independent streams for different keys."""
+    state = np.random.SeedSequence([seed, *keys]).generate_state(1, dtype=np.uint64)[0]
+    return int(state >> np.uint64(1))
 
 
 def new_request_id() -> str:

@@ -242,6 +242,10 @@ class UnitCostMeter:
         old = self.per_token.get(key)
         self.per_token[key] = value if old is None else old + self.alpha * (value - old)
 
+    def known(self, key: object) -> bool:
+        """Whether a batch of ``key`` was observed."""
+        return key in self.per_token
+
     def estimate(self, key: object, tokens: int) -> float:
         """Expected seconds for a unit of ``tokens`` tokens; 0.0 before any observation."""
         return self.per_token.get(key, 0.0) * max(tokens, 0)

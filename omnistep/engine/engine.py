@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections import Counter, deque
@@ -720,12 +721,20 @@ class AsyncEngine:
         """The scheduler priority of the loop's next unit under EDF: the request's playback
         deadline less the unit's expected run time (its ``resources.est_seconds`` when the
         loop gives one, else its ``num_tokens`` times the measured seconds per token of its
-        component); None (ready order) under FCFS."""
+        component); None (ready order) under FCFS. A unit of a kind never measured yet goes
+        first (-inf): with a cost estimate of 0 it would wait behind every measured unit of
+        its request, possibly until they end (a cascade's DiT behind its thinker and talker),
+        and it would never be measured."""
         if not self._edf or run.clock is None:
             return None
         if live is None or live.plan is None:
             return run.clock.deadline()
-        return run.clock.deadline() - self._unit_seconds(live.model_id, live.plan)
+        plan = live.plan
+        key = (live.model_id, plan.component, plan.kind)
+        measurable = not plan.resources.est_seconds and plan.resources.num_tokens > 0
+        if measurable and not self._unit_cost.known(key):
+            return -math.inf
+        return run.clock.deadline() - self._unit_seconds(live.model_id, plan)
 
     def _step_done(self, task: asyncio.Task) -> None:
         self._steps.discard(task)

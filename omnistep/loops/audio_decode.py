@@ -44,6 +44,7 @@ from omnistep.core import (
     Pending,
     ProgramContext,
     Request,
+    ResourceRequest,
     ShapeSignature,
     StepResult,
     StreamChunk,
@@ -236,6 +237,7 @@ class AudioDecodeLoop:
             self.config.component,
             ShapeSignature(WorkUnitKind.AUDIO_CHUNK, dims),
             unit,
+            ResourceRequest(num_tokens=len(unit.frames)),  # frames in: what the cost scales with
             label=f"{self.loop_id}.chunk{state.step}",
         )
 

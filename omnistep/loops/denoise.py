@@ -34,6 +34,7 @@ from omnistep.core import (
     Pending,
     ProgramContext,
     Request,
+    ResourceRequest,
     ShapeSignature,
     StepResult,
     WorkPlan,
@@ -173,6 +174,7 @@ class DenoiseLoop:
             self.config.component,
             shape,
             unit,
+            ResourceRequest(num_tokens=frames),  # the window's frames: what the cost scales with
             label=f"{self.loop_id}.chunk{state.chunks}.step{state.step}",
         )
 
@@ -199,9 +201,30 @@ class DenoiseLoop:
 
     def finalize(self, state: DenoiseState) -> LoopResult:
         metrics = {"ode_steps": float(state.step), "chunks": float(state.chunks)}
-        if state.profile is not ExecutionProfile.ROLLOUT:
-            return LoopResult(state.emitted, metrics)
+        if state.profile is not ExecutionProfile.ROLLOUT or not state.trajectory:
+            return LoopResult(state.emitted, metrics)  # nothing recorded (an ODE: no policy)
         return LoopResult(state.emitted, metrics, state.trajectory, {"seed": state.request.seed})
+
+    def score_steps(self, model: ModelInstance, records: list[Any]) -> Any:
+        """Recompute the log-probs of SDE steps this loop recorded (``DenoiseStepRecord``)
+        with the component's ``score_steps`` (autograd on when the caller's grad mode is).
+
+        Returns:
+            The component's log-probs, one per record (a torch float64 ``[S]`` tensor).
+
+        Raises:
+            NotImplementedError: the component cannot score here (no ``score_steps``, or a
+                stand-in for a component running in another process).
+        """
+        component = model.components[self.config.component]
+        scorer = getattr(component, "score_steps", None)
+        if scorer is None:
+            raise NotImplementedError(
+                f"component '{self.config.component}' cannot score here: it has no "
+                "score_steps in this process (with the Ray executor components run in "
+                "actors; score needs the in-process executor)"
+            )
+        return scorer(list(records))
 
     def release(self, state: DenoiseState) -> None:
         """Nothing outside the state to free."""

@@ -66,6 +66,7 @@ from omnistep.core import (
     StreamChunk,
     WorkPlan,
     WorkUnitKind,
+    derived_seed,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -100,8 +101,7 @@ def first_unit_threads() -> int:
 
 def sentence_seed(seed: int, index: int) -> int:
     """The noise seed of sentence ``index`` of a request seeded ``seed``: in [0, 2**63)."""
-    state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
-    return int(state >> np.uint64(1))
+    return derived_seed(seed, index)
 
 
 def execution_providers(device: str) -> list[str | tuple[str, dict[str, object]]]:

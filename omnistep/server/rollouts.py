@@ -9,8 +9,12 @@ Rollout responses are JSON (``object: "rollout"``), or, when the client asks wit
 application/x-safetensors``, one safetensors body (JSON floats are large): per sample and loop
 the tensors ``g{i}.s{k}.{loop}.tokens`` (int64 ``[T, num_codebooks]``), ``.logprobs`` (float32
 ``[T, num_codebooks]``) and ``.weight_versions`` (int64 ``[T]``), and ``g{i}.s{k}.audio``
-(float32 ``[samples]``) when audio was asked for; everything else (inputs, seeds, stop reasons,
-texts, sample rates) is the JSON string in the header's ``__metadata__["rollout"]``.
+(float32 ``[samples]``) when audio was asked for; a denoise loop's SDE steps (cascade cards
+with ``flow_noise_level``) as ``g{i}.s{k}.{loop}.logprobs`` (float64 ``[S]``),
+``.weight_versions`` (int64 ``[S]``) and ``.{j}.x`` / ``.{j}.mean`` / ``.{j}.x_next`` (float32
+``[frames, mel_dim]`` of step ``j``'s window); everything else (inputs, seeds, stop reasons,
+texts, sample rates, each step's ``t``, ``t_next``, ``std`` and window) is the JSON string in
+the header's ``__metadata__["rollout"]``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Awaitable
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -32,7 +37,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field, StrictInt, ValidationError, field_validator
 
 from omnistep.audio import encode_all
-from omnistep.core import InvalidRequestError, RequestAbortedError
+from omnistep.core import InvalidRequestError, RequestAbortedError, SamplingParams
+from omnistep.core.request import MAX_FLOW_NOISE
 from omnistep.engine import AsyncEngine
 from omnistep.offline import MAX_GROUP_SIZE, AsyncOmniEngine, RolloutGroup
 from omnistep.server.protocol import (
@@ -62,9 +68,11 @@ class RolloutBody(SamplingFields):
     Fields: ``model``; ``inputs`` (1..64 texts: speech inputs, or one user message each for a
     chat card); ``n`` (samples per input, 1..256; inputs x n <= 1024); ``seed`` (sample ``k``
     of every input runs with ``seed + k``); ``voice``; sampling fields (``temperature``,
-    ``top_p``, ``top_k``, ``repetition_penalty``, ``max_new_tokens``); ``logprobs``
-    (``processed`` or ``policy``); ``audio_format`` (one of the speech formats: each sample's
-    audio, base64 in JSON; None: no audio).
+    ``top_p``, ``top_k``, ``repetition_penalty``, ``max_new_tokens``); ``flow_noise_level``
+    (0..4: a flow-matching decoder's SDE noise scale, Flow-GRPO; cascade cards asked for
+    audio then return each DiT solver step as a policy step under ``denoise``);
+    ``logprobs`` (``processed`` or ``policy``); ``audio_format`` (one of the speech formats:
+    each sample's audio, base64 in JSON; None: no audio).
     """
 
     model: str = Field(min_length=1, max_length=200)
@@ -74,6 +82,13 @@ class RolloutBody(SamplingFields):
     voice: str | None = Field(default=None, min_length=1, max_length=MAX_VOICE_CHARS)
     logprobs: Literal["processed", "policy"] = "processed"
     audio_format: ResponseFormat | None = None
+    flow_noise_level: float | None = Field(
+        default=None, ge=0, le=MAX_FLOW_NOISE, allow_inf_nan=False
+    )
+
+    def sampling(self) -> SamplingParams:
+        """The sampling fields' ``SamplingParams``, with ``flow_noise_level``."""
+        return replace(super().sampling(), flow_noise_level=self.flow_noise_level)
 
     @field_validator("inputs")
     @classmethod
@@ -182,7 +197,7 @@ def _wants_safetensors(accept: str) -> bool:
 
 
 def _sample_meta(sample) -> dict:
-    return {
+    meta = {
         "index": sample.index,
         "seed": sample.seed,
         "text": sample.text,
@@ -192,6 +207,25 @@ def _sample_meta(sample) -> dict:
             for name, a in sample.loops.items()
         },
     }
+    if sample.denoise:
+        meta["denoise"] = {
+            name: {
+                "noise_level": d.noise_level,
+                "seed": d.seed,
+                "num_steps": len(d.steps),
+                "step": [r.step for r in d.steps],
+                "t": [r.t for r in d.steps],
+                "t_next": [r.t_next for r in d.steps],
+                "std": [r.std for r in d.steps],
+                "window": [list(r.window) for r in d.steps],
+            }
+            for name, d in sample.denoise.items()
+        }
+    return meta
+
+
+DENOISE_TENSORS = ("x", "mean", "x_next")
+"""Per recorded SDE step, the float32 ``[frames, mel_dim]`` arrays a rollout returns."""
 
 
 def _json(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
@@ -205,6 +239,12 @@ def _json(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
                     tokens=actions.tokens.tolist(),
                     logprobs=actions.logprobs.tolist(),
                     weight_versions=actions.weight_versions.tolist(),
+                )
+            for name, steps in sample.denoise.items():
+                entry["denoise"][name].update(
+                    logprobs=steps.logprobs.tolist(),
+                    weight_versions=steps.weight_versions.tolist(),
+                    **{k: [getattr(r, k).tolist() for r in steps.steps] for k in DENOISE_TENSORS},
                 )
             entry["audio"] = (
                 base64.b64encode(
@@ -242,6 +282,13 @@ def _safetensors(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) ->
                 tensors[f"{prefix}.{name}.tokens"] = actions.tokens
                 tensors[f"{prefix}.{name}.logprobs"] = actions.logprobs
                 tensors[f"{prefix}.{name}.weight_versions"] = actions.weight_versions
+            for name, steps in sample.denoise.items():
+                tensors[f"{prefix}.{name}.logprobs"] = steps.logprobs
+                tensors[f"{prefix}.{name}.weight_versions"] = steps.weight_versions
+                for j, record in enumerate(steps.steps):
+                    for key in DENOISE_TENSORS:
+                        array = np.ascontiguousarray(getattr(record, key), np.float32)
+                        tensors[f"{prefix}.{name}.{j}.{key}"] = array
             if sample.audio is not None:
                 tensors[f"{prefix}.audio"] = np.ascontiguousarray(sample.audio, np.float32)
             samples.append(_sample_meta(sample))

@@ -34,6 +34,7 @@ from omnistep.core import (
     Capability,
     Channel,
     ComponentSpec,
+    DenoiseStepRecord,
     Done,
     ExecutionProfile,
     InvalidRequestError,
@@ -66,7 +67,7 @@ from omnistep.loops.denoise import (
     whole_utterance,
 )
 from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN
-from omnistep.models.qwen2_5_omni.dit import DiT, DiTChunking, DiTConfig, FrameNoise
+from omnistep.models.qwen2_5_omni.dit import DiT, DiTChunking, DiTConfig, FlowStep, FrameNoise
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
 from omnistep.models.qwen2_5_omni.talker import (
     TALKER_GENERATE_DEFAULTS,
@@ -94,8 +95,9 @@ class QwenOmniOptions:
         vocoder_context: mel frames of context on each side of a BigVGAN chunk (its receptive
             field is 34 frames each side for the official geometry).
         dit_chunking: the DiT's chunk schedule (``DiTChunking``: chunk sizes, left context
-            and look-ahead in DiT blocks); None denoises the whole utterance once the talker
-            is done (upstream's offline ``token2wav``).
+            and look-ahead in DiT blocks; a first chunk of None holds BigVGAN's first chunk
+            and its context, ``first_chunk + vocoder_context`` frames); None denoises the whole
+            utterance once the talker is done (upstream's offline ``token2wav``).
         talker_sampling: fixed talker sampling settings (None: transformers' defaults; tests
             use greedy).
         dtype: compute dtype.
@@ -275,55 +277,137 @@ class _Frontend:
 class Token2WavStart:
     """A window's first DENOISE_STEP payload: its codec ids ``[n]``, the voice's ``cond``
     ``[1, enc_emb_dim]`` and ``ref_mel`` ``[1, L, mel_dim]``, the window's initial noise
-    float32 ``[repeats n, mel_dim]`` (``frame_noise`` of the request seed, CPU) and its first
-    mel frame ``offset`` in the utterance."""
+    float32 ``[repeats n, mel_dim]`` (``frame_noise`` of the request seed, CPU), its first
+    mel frame ``offset`` in the utterance and the frames it keeps ``[out_start, out_end)``;
+    the SDE's ``noise_level`` (``SamplingParams.flow_noise_level``; 0: the ODE) and
+    ``sde_seed`` (the request seed)."""
 
     codes: tuple[int, ...]
     cond: torch.Tensor
     ref_mel: torch.Tensor
     noise: torch.Tensor
     offset: int = 0
+    out_start: int = 0
+    out_end: int = 0
+    noise_level: float = 0.0
+    sde_seed: int = 0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WindowState:
+    """The DiT's state of one window between DENOISE_STEP units: the ODE state and the start
+    it came from (what a recorded step's replay needs)."""
+
+    ode: Any
+    start: Token2WavStart
 
 
 class DiTComponent:
-    """Runs DENOISE_STEP units: a start builds the ODE state (speaker features, seeded noise),
-    then every unit is one solver step, all units of a call in the same DiT forwards."""
+    """Runs DENOISE_STEP units: a window's start builds its ODE state (speaker features, the
+    window's noise), then every unit is one solver step, all units of a call in the same DiT
+    forwards (``batch_invariant``: each unit alone, so its numbers never depend on the batch;
+    batched forwards differ from one unit's by float rounding, ~1e-6).
 
-    def __init__(self, dit: DiT):
+    With SDE noise (the start's ``noise_level`` > 0) each step is a Flow-GRPO policy step
+    (``omnistep.models.qwen2_5_omni.dit.sde_terms``); a unit that asks for its record gets a
+    ``DenoiseStepRecord`` (``score_steps`` recomputes its log-prob).
+    """
+
+    def __init__(self, dit: DiT, batch_invariant: bool = False):
         self.dit = dit
+        self.batch_invariant = batch_invariant
+        self.weight_version = 0
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: list[DenoiseInput]) -> list[DenoiseOutput]:
         if kind is not WorkUnitKind.DENOISE_STEP:
             raise ValueError(f"the DiT cannot run {kind}")
-        states = [p.state if p.state is not None else self._start(p.start) for p in payloads]
+        windows = [p.state if p.state is not None else self._start(p.start) for p in payloads]
+        states = [w.ode for w in windows]
+        if self.batch_invariant:
+            stepped = [new for state in states for new in self.dit.ode_step([state])]
+        else:
+            stepped = self.dit.ode_step(states)
         outputs = []
-        for new in self.dit.ode_step(states):
+        for payload, window, new in zip(payloads, windows, stepped, strict=True):
             result = DiT.finalize(new)[0].T.contiguous() if new.done else None  # [frames, mel]
-            outputs.append(DenoiseOutput(new, new.done, result))
+            record = None
+            if payload.record and new.last is not None:
+                record = self._record(new.last, window.start)
+            outputs.append(DenoiseOutput(WindowState(new, window.start), new.done, result, record))
         return outputs
 
-    def _start(self, start: Token2WavStart):
+    def _start(self, start: Token2WavStart) -> WindowState:
         device = self.dit.device
-        return self.dit.initial_state(
+        ode = self.dit.initial_state(
             torch.tensor([start.codes], device=device),
             start.cond.to(device),
             start.ref_mel.to(device),
             noise=start.noise.unsqueeze(0),
             offset=start.offset,
+            noise_level=start.noise_level,
+            sde_seed=start.sde_seed,
         )
+        return WindowState(ode, start)
+
+    def _record(self, step: FlowStep, start: Token2WavStart) -> DenoiseStepRecord:
+        frames = step.x.shape[1]
+        window = (start.offset, start.out_start, start.out_end, start.offset + frames)
+        return DenoiseStepRecord(
+            step=step.step,
+            t=step.t,
+            t_next=step.t_next,
+            x=step.x[0].numpy(),
+            mean=step.mean[0].numpy(),
+            std=step.std,
+            x_next=step.x_next[0].numpy(),
+            logprob=float(step.logprob[0]),
+            window=window,
+            weight_version=self.weight_version,
+            conditioning=start,
+        )
+
+    def score_steps(self, records: list[DenoiseStepRecord]) -> torch.Tensor:
+        """The log-probs of recorded SDE steps recomputed (``DiT.step_logprob``: the same code
+        as serving, autograd on when the caller's grad mode is), float64 ``[S]`` in the
+        records' order."""
+        out = []
+        for r in records:
+            start: Token2WavStart = r.conditioning
+            step = FlowStep(
+                step=r.step,
+                t=r.t,
+                t_next=r.t_next,
+                x=torch.as_tensor(r.x)[None],
+                mean=torch.as_tensor(r.mean)[None],
+                std=r.std,
+                x_next=torch.as_tensor(r.x_next)[None],
+                logprob=torch.tensor([r.logprob], dtype=torch.float64),
+                offset=start.offset,
+            )
+            codes = torch.tensor([start.codes], device=self.dit.device)
+            out.append(
+                self.dit.step_logprob(codes, start.cond, start.ref_mel, step, start.noise_level)
+            )
+        if not out:
+            return torch.zeros(0, dtype=torch.float64, device=self.dit.device)
+        return torch.cat(out)
 
 
 class BigVGANComponent:
-    """Runs AUDIO_CHUNK units over mel frames (``[mel_dim]`` each): ``240 * chunk`` samples."""
+    """Runs AUDIO_CHUNK units over mel frames (``[mel_dim]`` each): ``240 * chunk`` samples
+    (``batch_invariant``: each unit alone)."""
 
-    def __init__(self, bigvgan: BigVGAN):
+    def __init__(self, bigvgan: BigVGAN, batch_invariant: bool = False):
         self.bigvgan = bigvgan
+        self.batch_invariant = batch_invariant
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: list[AudioChunkInput]) -> list:
         if kind is not WorkUnitKind.AUDIO_CHUNK:
             raise ValueError(f"BigVGAN cannot run {kind}")
+        if self.batch_invariant and len(payloads) > 1:
+            return [out for p in payloads for out in self.execute(kind, [p])]
         first = payloads[0]
         mel = torch.stack([torch.stack(list(p.frames)) for p in payloads]).transpose(1, 2)
         audio = self.bigvgan.decode_chunk(mel, first.left, first.chunk)  # [B, samples]
@@ -350,6 +434,10 @@ def token2wav_starts(repeats: int, mel_dim: int):
             torch.as_tensor(speaker["ref_mel"]).float(),
             noise.rows(window.start, window.end),
             window.start,
+            window.out_start,
+            window.out_end,
+            float(req.sampling.flow_noise_level or 0.0),
+            int(req.seed or 0),
         )
 
     return make_start
@@ -409,12 +497,14 @@ def build_card(
     def build_dit(device: str) -> DiTComponent:
         check_device(device)
         state = files.tensors("token2wav.code2wav_dit_model.")
-        return DiTComponent(load_token2wav_part("dit", state, config, device))
+        dit = load_token2wav_part("dit", state, config, device)
+        return DiTComponent(dit, opts.batch_invariant)
 
     def build_bigvgan(device: str) -> BigVGANComponent:
         check_device(device)
         state = files.tensors("token2wav.code2wav_bigvgan_model.")
-        return BigVGANComponent(load_token2wav_part("bigvgan", state, config, device))
+        bigvgan = load_token2wav_part("bigvgan", state, config, device)
+        return BigVGANComponent(bigvgan, opts.batch_invariant)
 
     dit_config = DiTConfig.from_dict(config["token2wav_config"].get("dit_config") or {})
     if opts.dit_chunking is None:
@@ -426,10 +516,12 @@ def build_card(
                 f"of repeats ({dit_config.repeats}) to stream the DiT in chunks"
             )
 
+        chunking = opts.dit_chunking.covering(
+            opts.first_chunk + opts.vocoder_context, dit_config.block_size
+        )
+
         def next_window(out_start: int, available: int, complete: bool):
-            return opts.dit_chunking.next_window(
-                out_start, available, complete, dit_config.block_size
-            )
+            return chunking.next_window(out_start, available, complete, dit_config.block_size)
 
     def build_talker(device: str):
         check_device(device)

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistep.core import derived_seed
 from omnistep.layers.ecapa_tdnn import SpeakerEncoder
 from omnistep.layers.linear import PackedLinear
 from omnistep.models.qwen2_5_omni.config_fields import check_positive_ints, known_fields
@@ -212,12 +213,12 @@ class DiTChunking:
     """The chunk schedule of streamed token2wav, in whole DiT attention blocks.
 
     Chunk ``k`` outputs frames ``[s_k, s_k + n_k)`` with ``n_0 = first_chunk_blocks`` blocks
-    and ``n_k = chunk_blocks`` after (the last chunk ends with the utterance); the DiT runs the
-    whole ODE on the chunk plus ``left_context_blocks`` before it and ``lookahead_blocks``
-    after it (cut at the utterance's ends) and keeps the chunk. The schedule depends on frame
-    positions only, never on timing, so streamed and non-streamed responses run the same
-    windows. A chunk can start once the codes up to its window's end exist (or the codes are
-    complete).
+    (None: see ``covering``) and ``n_k = chunk_blocks`` after (the last chunk ends with the
+    utterance); the DiT runs the whole ODE on the chunk plus ``left_context_blocks`` before it
+    and ``lookahead_blocks`` after it (cut at the utterance's ends) and keeps the chunk. The
+    schedule depends on frame positions only, never on timing, so streamed and non-streamed
+    responses run the same windows. A chunk can start once the codes up to its window's end
+    exist (or the codes are complete).
 
     One DiT forward reaches ``len(look_backward_layers)`` blocks back and
     ``len(look_ahead_layers)`` ahead (one each per such layer, ``DiTAttention``'s block mask);
@@ -226,11 +227,14 @@ class DiTChunking:
     reaches away: ``exact`` gives that setting, at which chunked equals whole up to float
     rounding (72 blocks back, 36 ahead for the official model: 17 s and 8.6 s). Smaller
     settings trade exactness for latency; the defaults (upstream's streaming
-    ``Qwen2Code2wav``: chunk 3 blocks, 2 blocks of past, 1 of future) are measured in
-    ``bench/dit_joins.py``.
+    ``Qwen2Code2wav``: chunks of 3 blocks, 2 blocks of past, 1 of future; the first chunk
+    sized for BigVGAN's first chunk and look-ahead, 20 + 34 frames: 3 official blocks) are
+    measured in ``bench/dit_joins.py``.
     """
 
-    first_chunk_blocks: int = 3
+    first_chunk_blocks: int | None = None
+    """None: ``chunk_blocks``, or, in the card, the fewest blocks that hold the vocoder's first
+    chunk and its look-ahead (``covering``), so the first DiT chunk alone makes first audio."""
     chunk_blocks: int = 3
     left_context_blocks: int = 2
     lookahead_blocks: int = 1
@@ -238,6 +242,8 @@ class DiTChunking:
     def __post_init__(self) -> None:
         for name in ("first_chunk_blocks", "chunk_blocks"):
             value = getattr(self, name)
+            if name == "first_chunk_blocks" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DiTChunking.{name} must be an int >= 1, got {value!r}")
         for name in ("left_context_blocks", "lookahead_blocks"):
@@ -258,6 +264,15 @@ class DiTChunking:
         ahead = sum(1 for i in config.look_ahead_layers if i in layers)
         return cls(chunk_blocks, chunk_blocks, evaluations * back, evaluations * ahead)
 
+    def covering(self, frames: int, block_size: int) -> DiTChunking:
+        """This schedule with ``first_chunk_blocks`` set, when None, to the fewest blocks
+        holding ``frames`` mel frames (at least one): a vocoder that needs ``frames`` frames
+        for its first chunk (BigVGAN: its first chunk plus its look-ahead) then starts on the
+        first DiT chunk."""
+        if self.first_chunk_blocks is not None:
+            return self
+        return replace(self, first_chunk_blocks=max(1, -(-frames // block_size)))
+
     def next_window(
         self, out_start: int, available: int, complete: bool, block_size: int
     ) -> ChunkWindow | None:
@@ -266,7 +281,8 @@ class DiTChunking:
         will come) or when ``out_start`` is the end of a complete utterance."""
         if complete and out_start >= available:
             return None
-        blocks = self.first_chunk_blocks if out_start == 0 else self.chunk_blocks
+        first = self.first_chunk_blocks or self.chunk_blocks
+        blocks = first if out_start == 0 else self.chunk_blocks
         out_end = out_start + blocks * block_size
         end = out_end + self.lookahead_blocks * block_size
         if complete:
@@ -412,16 +428,16 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _apply_rope_head0(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> None:
-    """In place on head 0 of ``q``, ``k`` ``[R, H, N, head_dim]``: de-interleave (the checkpoint's
-    interleaved RoPE layout) then rotate half, as ``DiTAttention.forward``."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q``, ``k`` ``[R, H, N, head_dim]`` with head 0 de-interleaved (the checkpoint's
+    interleaved RoPE layout) and rotated half, as ``DiTAttention.forward``; the other heads
+    as they are. New tensors (not in place), so autograd can run through it (``score``)."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q0 = torch.cat((q[:, :1, ..., 0::2], q[:, :1, ..., 1::2]), dim=-1)
     k0 = torch.cat((k[:, :1, ..., 0::2], k[:, :1, ..., 1::2]), dim=-1)
-    q[:, :1], k[:, :1] = (
-        (q0 * cos) + (_rotate_half(q0) * sin),
-        (k0 * cos) + (_rotate_half(k0) * sin),
-    )
+    q = torch.cat(((q0 * cos) + (_rotate_half(q0) * sin), q[:, 1:]), dim=1)
+    k = torch.cat(((k0 * cos) + (_rotate_half(k0) * sin), k[:, 1:]), dim=1)
+    return q, k
 
 
 class DiTAttention(nn.Module):
@@ -445,7 +461,7 @@ class DiTAttention(nn.Module):
         q = self.to_q(x).view(r, -1, self.heads, self.head_dim).transpose(1, 2)
         k = self.to_k(x).view(r, -1, self.heads, self.head_dim).transpose(1, 2)
         v = self.to_v(x).view(r, -1, self.heads, self.head_dim).transpose(1, 2)
-        _apply_rope_head0(q, k, *rope)
+        q, k = _apply_rope_head0(q, k, *rope)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0)
         out = out.transpose(1, 2).contiguous().reshape(r, -1, self.heads * self.head_dim)
         return self.to_out[0](out.to(q.dtype))
@@ -530,6 +546,82 @@ class DiTDecoderLayer(nn.Module):
 # ------------------------------------------------------------------------------------- DiT: ODE
 
 
+@dataclass(frozen=True, eq=False)
+class FlowStep:
+    """One SDE solver step of a window, as sampled (a Flow-GRPO policy step).
+
+    The transition is ``x_next ~ N(mean, std^2 I)`` with ``mean`` the ODE step plus the SDE's
+    drift correction (``FlowSDE``); ``logprob`` is its Gaussian log-density at ``x_next``
+    summed over the window's elements (float64, per row). Tensors are float32 on the CPU.
+
+    Attributes:
+        step: the solver step (0 .. num_steps - 2).
+        t, t_next: its start and end time (0 = noise, 1 = mel).
+        x: ``[B, frames, mel_dim]`` the state before the step.
+        mean: ``[B, frames, mel_dim]`` the transition's mean.
+        std: its standard deviation (one scalar for the step).
+        x_next: ``[B, frames, mel_dim]`` the sampled next state.
+        logprob: ``[B]`` float64 ``log N(x_next; mean, std^2 I)`` summed over frames and bins.
+        offset: the window's first utterance frame.
+    """
+
+    step: int
+    t: float
+    t_next: float
+    x: torch.Tensor
+    mean: torch.Tensor
+    std: float
+    x_next: torch.Tensor
+    logprob: torch.Tensor
+    offset: int = 0
+
+
+def sde_terms(times: torch.Tensor, step: int, noise_level: float) -> tuple[float, float]:
+    """``(drift, std)`` of SDE step ``step`` of a schedule ``times`` at noise scale ``a``.
+
+    Flow-GRPO (arXiv 2505.05470, eq. 9; its ``sde_step_with_logprob``) samples a rectified
+    flow's reverse SDE ``dx = [v + sigma_t^2 / (2 t') (x + (1 - t') v)] dt' + sigma_t dw`` with
+    ``sigma_t = a sqrt(t' / (1 - t'))`` in its time ``t'`` (1 = noise). In ours (``t = 1 - t'``,
+    velocity ``u = -v``), over a step of length ``h`` from ``t``::
+
+        mean = x + h u + drift (t u - x),  drift = sigma^2 h / (2 (1 - t)),
+        std  = sigma sqrt(h),              sigma = a sqrt((1 - t) / max(t, t_1))
+
+    ``t_1`` (the first time after 0) stands in for ``t = 0``, where ``(1 - t) / t`` diverges,
+    as Flow-GRPO substitutes its ``sigma_max``. Here ``x + h u`` is this solver's RK4 step and
+    ``u`` the velocity at the step's start (RK4's ``k1``). ``a = 0``: ``(0.0, 0.0)``.
+    """
+    if noise_level <= 0:
+        return 0.0, 0.0
+    t, t_next, t_first = (float(times[i]) for i in (step, step + 1, 1))
+    h = t_next - t
+    sigma = noise_level * math.sqrt((1.0 - t) / max(t, t_first))
+    return sigma * sigma * h / (2.0 * (1.0 - t)), sigma * math.sqrt(h)
+
+
+def sde_noise(seed: int, step: int, start: int, end: int, block: int, mel_dim: int) -> torch.Tensor:
+    """The SDE noise of solver step ``step`` for utterance frames ``[start, end)``, float32
+    ``[end - start, mel_dim]`` on the CPU: each attention block ``j`` of ``block`` frames draws
+    ``torch.randn((block, mel_dim))`` from a CPU generator seeded ``derived_seed(seed, step,
+    j)``, so a frame's noise depends on the seed, the step and its position only (not on the
+    chunk schedule or the device)."""
+    first, last = start // block, -(-end // block)
+    rows = [
+        torch.randn(
+            (block, mel_dim), generator=torch.Generator().manual_seed(derived_seed(seed, step, j))
+        )
+        for j in range(first, last)
+    ]
+    return torch.cat(rows)[start - first * block : end - first * block]
+
+
+def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
+    """``log N(x; mean, std^2 I)`` summed over all but the first dim, float64 ``[B]``."""
+    z = (x.double() - mean.double()) / std
+    n = z[0].numel()
+    return -0.5 * z.square().flatten(1).sum(1) - n * (math.log(std) + 0.5 * math.log(2 * math.pi))
+
+
 @dataclass(frozen=True)
 class ODEState:
     """One request's flow-matching ODE between solver steps (B rows that step together).
@@ -551,6 +643,12 @@ class ODEState:
     offset: int = 0
     """Utterance frame index of ``x[:, 0]``: 0 for a whole utterance, a chunk window's first
     frame (a multiple of ``block_size``) when streaming; RoPE positions start there."""
+    noise_level: float = 0.0
+    """The SDE's noise scale ``a`` (``FlowSDE``); 0 integrates the ODE."""
+    sde_seed: int = 0
+    """Seeds the SDE's noise (``sde_noise``)."""
+    last: FlowStep | None = None
+    """The SDE transition that made this state (None at the start and for the ODE)."""
 
     @property
     def batch_size(self) -> int:
@@ -639,6 +737,8 @@ class DiT(nn.Module):
         generator: torch.Generator | None = None,
         solver: SolverConfig | None = None,
         offset: int = 0,
+        noise_level: float = 0.0,
+        sde_seed: int = 0,
     ) -> ODEState:
         """Noise and conditioning of B rows that will step together (usually one request).
 
@@ -656,6 +756,10 @@ class DiT(nn.Module):
             offset: the utterance frame of ``codes[:, 0]``'s first mel frame when ``codes`` is
                 a chunk window (``DiTChunking``): a multiple of ``block_size``, so the window's
                 attention blocks are the utterance's; RoPE positions start there.
+            noise_level: the SDE's ``a`` (``sde_terms``; each step then records a
+                ``FlowStep`` in the new state's ``last``); 0 integrates the ODE.
+            sde_seed: seeds the SDE noise (``sde_noise``; row ``i`` of B uses
+                ``sde_seed + i``).
 
         Raises:
             ValueError: bad codes, noise shape, or an offset off the block grid.
@@ -681,6 +785,8 @@ class DiT(nn.Module):
             times=solver.time_points(self.dtype, self.device),
             guidance_scale=float(solver.guidance_scale),
             offset=offset,
+            noise_level=float(noise_level),
+            sde_seed=int(sde_seed),
         )
 
     def _check_codes(self, codes: torch.Tensor) -> torch.Tensor:
@@ -736,17 +842,103 @@ class DiT(nn.Module):
             return []
         if any(s.done for s in states):
             raise ValueError("ode_step got a state that has taken all its solver steps")
-        batch = self._step_batch(list(states))
+        means = self._step_means(list(states))
+        out = []
+        for s, mean in zip(states, means, strict=True):
+            if s.noise_level <= 0:
+                out.append(replace(s, x=mean, step=s.step + 1, last=None))
+                continue
+            _, std = sde_terms(s.times, s.step, s.noise_level)
+            end = s.offset + s.num_frames
+            eps = torch.stack(
+                [
+                    sde_noise(
+                        s.sde_seed + row,
+                        s.step,
+                        s.offset,
+                        end,
+                        self.config.block_size,
+                        self.config.mel_dim,
+                    )
+                    for row in range(s.batch_size)
+                ]
+            ).to(mean.device, mean.dtype)
+            x_next = mean + std * eps
+            record = FlowStep(
+                step=s.step,
+                t=float(s.times[s.step]),
+                t_next=float(s.times[s.step + 1]),
+                x=s.x.float().cpu(),
+                mean=mean.float().cpu(),
+                std=std,
+                x_next=x_next.float().cpu(),
+                logprob=gaussian_logprob(x_next, mean, std).cpu(),
+                offset=s.offset,
+            )
+            out.append(replace(s, x=x_next, step=s.step + 1, last=record))
+        return out
+
+    def _step_means(self, states: list[ODEState]) -> list[torch.Tensor]:
+        """Each state's next ODE value (noise level 0) or SDE transition mean, ``[B, frames,
+        mel_dim]``; differentiable when called with grad enabled (``step_logprob``)."""
+        batch = self._step_batch(states)
         frames = batch.features.shape[1]
         y0 = torch.cat([_pad_frames(s.x, frames) for s in states])  # [R, N, mel_dim]
         t0 = torch.cat([s.times[s.step].expand(s.batch_size) for s in states])  # [R]
         t1 = torch.cat([s.times[s.step + 1].expand(s.batch_size) for s in states])
         dt = t1 - t0
-        y1 = y0 + self._rk4_delta(batch, t0, dt, t1, y0)
-        return [
-            replace(s, x=y1[a:b, : s.num_frames], step=s.step + 1)
-            for s, (a, b) in zip(states, batch.row_ranges, strict=True)
-        ]
+        delta, k1 = self._rk4_delta(batch, t0, dt, t1, y0)
+        y1 = y0 + delta
+        means = []
+        for s, (a, b) in zip(states, batch.row_ranges, strict=True):
+            mean = y1[a:b, : s.num_frames]
+            if s.noise_level > 0:  # the SDE's drift correction (``sde_terms``)
+                drift, _ = sde_terms(s.times, s.step, s.noise_level)
+                t = s.times[s.step]
+                mean = mean + drift * (t * k1[a:b, : s.num_frames] - y0[a:b, : s.num_frames])
+            means.append(mean)
+        return means
+
+    def step_logprob(
+        self,
+        codes: torch.Tensor,
+        cond: torch.Tensor,
+        ref_mel: torch.Tensor,
+        record: FlowStep,
+        noise_level: float,
+        solver: SolverConfig | None = None,
+    ) -> torch.Tensor:
+        """A recorded SDE step's log-prob recomputed (train = serve): the window's
+        conditioning and the step's mean by the same code as serving (``_step_means``), with
+        autograd on when the caller's grad mode is (no ``inference_mode``), then
+        ``gaussian_logprob(record.x_next; mean, record.std)``.
+
+        Args:
+            codes: int ``[B, n]`` the window's codec ids; ``cond``, ``ref_mel``: the voice, as
+                ``initial_state`` takes them.
+            record: the ``FlowStep`` serving recorded.
+            noise_level: the request's ``a``.
+            solver: the schedule serving used.
+
+        Returns:
+            float64 ``[B]``, with a graph to the DiT's weights when grad is enabled.
+        """
+        solver = solver or SolverConfig()
+        codes = self._check_codes(codes)
+        b = codes.shape[0]
+        cond = cond.to(self.device, self.dtype).expand(b, -1)
+        ref_mel = ref_mel.to(self.device, self.dtype).expand(b, -1, -1)
+        state = ODEState(
+            x=record.x.to(self.device, self.dtype),
+            features=self._conditioning(codes, cond, ref_mel, solver.guided),
+            times=solver.time_points(self.dtype, self.device),
+            guidance_scale=float(solver.guidance_scale),
+            step=record.step,
+            offset=record.offset,
+            noise_level=noise_level,
+        )
+        (mean,) = self._step_means([state])
+        return gaussian_logprob(record.x_next.to(self.device), mean, record.std)
 
     def _rk4_delta(
         self,
@@ -755,15 +947,16 @@ class DiT(nn.Module):
         dt: torch.Tensor,
         t1: torch.Tensor,
         y0: torch.Tensor,
-    ) -> torch.Tensor:
-        """``RungeKutta4ODESolver._rk4_step`` with per-row times (same expressions, same order)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``RungeKutta4ODESolver._rk4_step`` with per-row times (same expressions, same order):
+        the step's increment and ``k1``, the velocity at its start."""
         third, two_thirds = 1 / 3, 2 / 3
         h = dt[:, None, None]
         k1 = self._velocity(batch, t0, y0)
         k2 = self._velocity(batch, t0 + dt * third, y0 + h * k1 * third)
         k3 = self._velocity(batch, t0 + dt * two_thirds, y0 + h * (k2 - k1 * third))
         k4 = self._velocity(batch, t1, y0 + h * (k1 - k2 + k3))
-        return (k1 + 3 * (k2 + k3) + k4) * h / 8
+        return (k1 + 3 * (k2 + k3) + k4) * h / 8, k1
 
     def _velocity(self, batch: _StepBatch, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Guided velocity ``[R, N, mel_dim]`` at times ``t`` ``[R]`` (the ``ode_function`` of
@@ -875,9 +1068,14 @@ class DiT(nn.Module):
         noise: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         solver: SolverConfig | None = None,
+        noise_level: float = 0.0,
+        sde_seed: int = 0,
     ) -> torch.Tensor:
-        """``initial_state``, ``ode_step`` until done, ``finalize``: mel ``[B, mel_dim, 2T]``."""
-        state = self.initial_state(codes, cond, ref_mel, noise, generator, solver)
+        """``initial_state``, ``ode_step`` until done, ``finalize``: mel ``[B, mel_dim, 2T]``
+        (``noise_level`` > 0: the SDE sampler, see ``initial_state``)."""
+        state = self.initial_state(
+            codes, cond, ref_mel, noise, generator, solver, 0, noise_level, sde_seed
+        )
         while not state.done:
             (state,) = self.ode_step([state])
         return self.finalize(state)
@@ -891,6 +1089,8 @@ class DiT(nn.Module):
         noise: torch.Tensor,
         chunking: DiTChunking,
         solver: SolverConfig | None = None,
+        noise_level: float = 0.0,
+        sde_seed: int = 0,
     ) -> torch.Tensor:
         """The streamed decode offline: each ``chunking`` window's ODE alone, in order, and the
         chunks' frames concatenated: mel ``[B, mel_dim, 2T]``, what the ``qwen2_5_omni``
@@ -910,6 +1110,8 @@ class DiT(nn.Module):
                 noise[:, w.start : w.end],
                 solver=solver,
                 offset=w.start,
+                noise_level=noise_level,
+                sde_seed=sde_seed,
             )
             while not state.done:
                 (state,) = self.ode_step([state])
