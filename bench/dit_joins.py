@@ -116,17 +116,21 @@ def grid(chunks: list[int], lefts: list[int], aheads: list[int]) -> list[DiTChun
 
 
 def parse_setting(text: str) -> DiTChunking:
-    """``"first/chunk/left/ahead"`` (blocks) -> ``DiTChunking``; raises ValueError."""
-    parts = text.strip().split("/")
+    """``"first/chunk/left/ahead"`` (blocks; first ``auto``: None, which the card sets to the
+    fewest blocks holding BigVGAN's first chunk, ``DiTChunking.covering``) -> ``DiTChunking``;
+    raises ValueError."""
+    parts = [p.strip() for p in text.strip().split("/")]
     if len(parts) != 4:
         raise ValueError(f"a setting is first/chunk/left/ahead in blocks, got {text!r}")
-    return DiTChunking(*(int(p) for p in parts))
+    first = None if parts[0] == "auto" else int(parts[0])
+    return DiTChunking(first, *(int(p) for p in parts[1:]))
 
 
 def label(chunking: DiTChunking) -> str:
-    """``first/chunk/left/ahead`` in blocks."""
+    """``first/chunk/left/ahead`` in blocks (first ``auto`` when None)."""
     c = chunking
-    return f"{c.first_chunk_blocks}/{c.chunk_blocks}/{c.left_context_blocks}/{c.lookahead_blocks}"
+    first = "auto" if c.first_chunk_blocks is None else c.first_chunk_blocks
+    return f"{first}/{c.chunk_blocks}/{c.left_context_blocks}/{c.lookahead_blocks}"
 
 
 def join_frames(windows: list[ChunkWindow]) -> list[int]:

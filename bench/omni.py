@@ -860,7 +860,8 @@ def main() -> None:
     ap.add_argument(
         "--dit-chunking",
         default=None,
-        help="the chunked variant's first/chunk/left/ahead blocks (default: DiTChunking()'s)",
+        help="the chunked variant's first/chunk/left/ahead blocks, first may be auto "
+        "(default: DiTChunking(), auto/3/2/1)",
     )
     ap.add_argument(
         "--skip-transformers", action="store_true", help="omnistep only (no transformers side)"
