@@ -29,6 +29,13 @@ request on both sides.
   aggregate thinker tok/s, talker tok/s and audio-s/s over the burst's wall time (first submit
   -> last chunk), the process CPU seconds, and each component's ``execute`` calls (kind, batch,
   seconds) with the busy time per component.
+  Two DiT variants (``--dit``, default ``both``), each its own model and engine in this process:
+  ``chunked``, ``dit_chunking=DiTChunking()`` (the card's default: the DiT denoises windows of
+  whole attention blocks as the talker produces codes; ``--dit-chunking first/chunk/left/ahead``
+  changes it) and ``whole``, ``dit_chunking=None`` (the whole utterance once the talker is done,
+  the card before issue 15). Both run the same prompts and seeds at every level of every round,
+  back to back (their order alternates between rounds), and must produce the same thinker
+  tokens and talker codes (``dit_variant_check``).
 * **transformers 5.24**, ``Qwen2_5OmniForConditionalGeneration`` loaded by
   ``tests.qwen_omni_ref.reference.load_reference`` (float32, eager attention), driven by
   ``reference.generate_audio`` (``model.generate`` after ``torch.manual_seed(seed)``,
@@ -43,15 +50,19 @@ Note: transformers 5.24's unpadded ``generate`` does not add the codec pad/bos e
 talker prefill (see ``reference.py``), omnistep does (the official behaviour), so greedy talker
 codes can differ between the sides; the token counts normalise the throughput numbers.
 
-Order: ``--rounds`` rounds (default 3) of ``omnistep C=<lowest>``, ``transformers sequential
-max(C)``, ``omnistep C=<other levels>``, after one unmeasured warm-up on each side. Headline
-numbers are medians over rounds; "paired" ratios compare numbers of the same round.
+Order: ``--rounds`` rounds (default 3) of ``omnistep C=<lowest>`` (each DiT variant),
+``transformers sequential max(C)`` (unless ``--skip-transformers``), ``omnistep C=<other
+levels>`` (each variant), after one unmeasured warm-up on each side. Headline numbers are
+medians over rounds; "paired" ratios compare numbers of the same round.
 
 Targets
 -------
 (a) at the highest level (8): omnistep aggregate audio-s/s >= 4x transformers' sequential
 audio-s/s (the same ratio in thinker+talker tokens/s is printed beside it);
-(b) at the lowest level (1): omnistep TTFA < transformers' time to its first audio.
+(b) at the lowest level (1): omnistep TTFA < transformers' time to its first audio;
+(a) and (b) use the chunked variant when it runs. With both variants (issue 15, item 2):
+(c) at the lowest level: TTFA of DiT chunked <= 0.5x DiT whole;
+(d) at the highest level: aggregate audio-s/s of DiT chunked >= DiT whole.
 
 How to run
 ----------
@@ -59,6 +70,7 @@ How to run
 
     .venv/bin/python bench/omni.py                          # C = 1,8, tiny sizes, 3 rounds
     .venv/bin/python bench/omni.py --concurrency 1,8 --root /tmp/omnistep-qwen-bench
+    .venv/bin/python bench/omni.py --skip-transformers --dit both   # (c) and (d) only
 
 It prints a table and the ratios and writes everything to ``bench/results/omni.json``
 (``--out``). Wall-clock numbers depend on other load on the machine: ``os.getloadavg()`` and the
@@ -82,6 +94,7 @@ from typing import Any
 
 import torch
 
+from omnistep.bench.client import simulate_playback
 from omnistep.core import (
     ChatMessage,
     ExecutionProfile,
@@ -92,10 +105,12 @@ from omnistep.core import (
 )
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen2_5_omni.card import QwenOmniOptions, build_card
+from omnistep.models.qwen2_5_omni.dit import DiTChunking
 from omnistep.sampling import SamplingRow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ExecTimer, load_avg, median, union_seconds  # noqa: E402
+from dit_joins import parse_setting  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = Path("/tmp/omnistep-qwen-bench")
@@ -210,18 +225,33 @@ def _numel(shape: list[int]) -> int:
 # ----------------------------------------------------------------------------- omnistep
 
 
+# ``--dit`` variants: the DiT's chunk schedule of each (``QwenOmniOptions.dit_chunking``).
+DIT_VARIANTS: dict[str, DiTChunking | None] = {"chunked": DiTChunking(), "whole": None}
+
+
 class Ours:
-    """One loaded omnistep model with its engine (all bursts on one event loop)."""
+    """One loaded omnistep model with its engine (all bursts on one event loop).
+
+    ``dit_chunking``: the card's DiT chunk schedule (``DiTChunking``: streamed token2wav;
+    None: the whole utterance once the talker is done); ``name`` labels its results."""
 
     def __init__(
-        self, root: Path, thinker_tokens: int, talker_tokens: int, chunk: int | None = None
+        self,
+        root: Path,
+        thinker_tokens: int,
+        talker_tokens: int,
+        chunk: int | None = None,
+        dit_chunking: DiTChunking | None = None,
+        name: str = "omnistep",
     ):
         extra = {} if chunk is None else {"chunk": chunk}
+        self.name = name
         self.options = QwenOmniOptions(
             kv_cache_gb=0.25,
             thinker_max_new_tokens=thinker_tokens,
             talker_max_new_tokens=talker_tokens,
             talker_sampling=GREEDY_TALKER,
+            dit_chunking=dit_chunking,
             **extra,
         )
         start = time.perf_counter()
@@ -230,25 +260,31 @@ class Ours:
         self.timers = {n: ExecTimer(c) for n, c in self.model.components.items()}
         self.engine = AsyncEngine([self.model])
         self.eos = set(self.model.loops["talk"].config.eos_token_ids)
-        print(f"omnistep: loaded in {self.load_s:.1f}s", flush=True)
+        print(f"{name}: loaded in {self.load_s:.1f}s (dit_chunking={dit_chunking})", flush=True)
 
     def info(self) -> dict[str, Any]:
         opts = dataclasses.asdict(self.options)
         opts["dtype"] = str(opts["dtype"])
         return {
+            "name": self.name,
             "options": opts,
             "load_s": round(self.load_s, 2),
             "engine_config": dataclasses.asdict(self.engine.config),
         }
 
-    async def close(self) -> None:
-        await self.engine.shutdown()
-        # The step loop leaves its pending ``Event.wait`` waiter behind after shutdown.
+    @staticmethod
+    async def close_all(models: list[Ours]) -> None:
+        """Shut every engine down, then cancel what their step loops leave behind (a pending
+        ``Event.wait`` waiter each; cancelling after all shutdowns, as it cancels every task
+        of the event loop)."""
+        for m in models:
+            await m.engine.shutdown()
         leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in leftovers:
             task.cancel()
         await asyncio.gather(*leftovers, return_exceptions=True)
-        del self.engine, self.model, self.timers
+        for m in models:
+            del m.engine, m.model, m.timers
         gc.collect()
 
     def request(self, i: int, seed: int, sampling: SamplingParams | None = None) -> Request:
@@ -274,16 +310,20 @@ class Ours:
             streams.append(self.engine.add_request(r))
 
         async def consume(i: int) -> dict[str, Any]:
-            first, samples = None, 0
+            first, samples, arrivals, durations = None, 0, [], []
             async for chunk in streams[i]:
                 if (
                     chunk.modality is Modality.AUDIO
                     and chunk.audio is not None
                     and chunk.audio.size
                 ):
-                    first = first or time.perf_counter()
+                    now = time.perf_counter()
+                    first = first or now
                     samples += chunk.audio.size
+                    arrivals.append(now - submitted[i])
+                    durations.append(chunk.audio.size / SAMPLE_RATE)
             end = time.perf_counter()
+            playback = simulate_playback(arrivals, durations)
             traj = streams[i].trajectories
             talk = [int(r.tokens[0]) for r in traj.get("talk", [])]
             return {
@@ -294,6 +334,9 @@ class Ours:
                 "talker_tokens": len(talk),
                 "talker_eos": any(x in self.eos for x in talk),
                 "audio_s": samples / SAMPLE_RATE,
+                "audio_chunks": len(arrivals),
+                "underruns": playback.count,
+                "underrun_s": playback.total_s,
                 "think": [int(r.tokens[0]) for r in traj.get("think", [])],
                 "talk": talk,
             }
@@ -309,7 +352,7 @@ class Ours:
         res["busy_s"]["any"] = round(union_seconds([x for iv in calls.values() for x in iv]), 3)
         res["loadavg"] = load_avg()
         if not quiet:
-            print_run("omnistep", tag, res)
+            print_run(self.name, tag, res)
         return res
 
     async def request_cap_check(self, n: int) -> dict[str, Any]:
@@ -336,6 +379,7 @@ def aggregate(c: int, wall: float, per: list[dict[str, Any]]) -> dict[str, Any]:
     talk = sum(p["talker_tokens"] for p in per)
     audio = sum(p["audio_s"] for p in per)
     ttfa = [p["ttfa_s"] for p in per if p["ttfa_s"] is not None]
+    stalls = [p["underrun_s"] for p in per if "underrun_s" in p]  # streamed (omnistep) only
     return {
         "concurrency": c,
         "wall_s": wall,
@@ -351,13 +395,15 @@ def aggregate(c: int, wall: float, per: list[dict[str, Any]]) -> dict[str, Any]:
         "ttfa_max_s": max(ttfa, default=float("nan")),
         "total_p50_s": median([p["total_s"] for p in per]),
         "total_max_s": max(p["total_s"] for p in per),
+        "underrun_s_p50": median(stalls),
+        "underrun_s_max": max(stalls, default=float("nan")),
         "requests": per,
     }
 
 
 def print_run(side: str, tag: str, r: dict[str, Any]) -> None:
     print(
-        f"  {side:<12} {tag:<10} C={r['concurrency']:<2} wall {r['wall_s']:6.2f}s  "
+        f"  {side:<16} {tag:<10} C={r['concurrency']:<2} wall {r['wall_s']:6.2f}s  "
         f"TTFA p50 {r['ttfa_p50_s']:6.2f}s  think {r['thinker_tok_s']:6.1f} tok/s  "
         f"talk {r['talker_tok_s']:6.1f} tok/s  audio {r['audio_s_per_s']:5.2f} s/s  "
         f"cpu {r['cpu_s']:5.1f}s  load {r['loadavg'][0]}",
@@ -482,37 +528,60 @@ class Reference:
 # ----------------------------------------------------------------------------- driver
 
 
-async def run_ours(ours: Ours, levels: list[int], rnd: int, first: bool) -> dict[str, Any]:
+def variant_order(names: list[str], rnd: int) -> list[str]:
+    """The DiT variants in the order round ``rnd`` runs them at each level: as given in odd
+    rounds, reversed in even ones (so neither always runs first after the other's burst)."""
+    return list(names) if rnd % 2 else list(reversed(names))
+
+
+async def run_ours(
+    ours: dict[str, Ours], levels: list[int], rnd: int, first: bool
+) -> dict[str, dict[str, Any]]:
+    """Bursts of the lowest level (``first``) or the others, every DiT variant at each level
+    back to back: ``{variant: {str(C): burst}}``."""
     picked = levels[:1] if first else levels[1:]
-    return {str(c): await ours.burst(c, f"round {rnd}") for c in picked}
+    out: dict[str, dict[str, Any]] = {name: {} for name in ours}
+    for c in picked:
+        for name in variant_order(list(ours), rnd):
+            out[name][str(c)] = await ours[name].burst(c, f"round {rnd}")
+    return out
 
 
-def run_all(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+def run_all(args: argparse.Namespace, levels: list[int], variants: list[str]) -> dict[str, Any]:
     n, t = args.thinker_tokens, args.talker_tokens
-    ref = Reference(args.root, n, t, args.threads)
-    ref.one(0, seed=1)  # warm-up
+    ref = None
+    if not args.skip_transformers:
+        ref = Reference(args.root, n, t, args.threads)
+        ref.one(0, seed=1)  # warm-up
     loop = asyncio.new_event_loop()
     try:
-        ours = Ours(args.root, n, t, args.vocoder_chunk)
-        loop.run_until_complete(ours.burst(2, quiet=True))  # warm-up
-        cap_check = loop.run_until_complete(ours.request_cap_check(n))
+        ours = {
+            v: Ours(args.root, n, t, args.vocoder_chunk, DIT_VARIANTS[v], f"omnistep {v}")
+            for v in variants
+        }
+        for o in ours.values():
+            loop.run_until_complete(o.burst(2, quiet=True))  # warm-up
+        cap_check = loop.run_until_complete(ours[variants[0]].request_cap_check(n))
         print(f"request-cap check: {cap_check}", flush=True)
         rounds = []
         for r in range(1, args.rounds + 1):
             print(f"round {r}/{args.rounds}", flush=True)
-            rnd: dict[str, Any] = {"ours": {}}
-            rnd["ours"].update(loop.run_until_complete(run_ours(ours, levels, r, True)))
-            rnd["ref_sequential"] = ref.sequential(levels[-1], f"round {r}")
-            rnd["ours"].update(loop.run_until_complete(run_ours(ours, levels, r, False)))
+            rnd: dict[str, Any] = {"ours": {v: {} for v in variants}}
+            for v, runs in loop.run_until_complete(run_ours(ours, levels, r, True)).items():
+                rnd["ours"][v].update(runs)
+            if ref is not None:
+                rnd["ref_sequential"] = ref.sequential(levels[-1], f"round {r}")
+            for v, runs in loop.run_until_complete(run_ours(ours, levels, r, False)).items():
+                rnd["ours"][v].update(runs)
             rounds.append(rnd)
-        info = ours.info()
-        loop.run_until_complete(ours.close())
+        info = {v: o.info() for v, o in ours.items()}
+        loop.run_until_complete(Ours.close_all(list(ours.values())))
     finally:
         loop.close()
     return {
         "rounds": rounds,
         "omnistep": info,
-        "transformers": {"load_s": round(ref.load_s, 2)},
+        "transformers": None if ref is None else {"load_s": round(ref.load_s, 2)},
         "request_cap_check": cap_check,
     }
 
@@ -521,7 +590,7 @@ def run_all(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
 
 
 def ratio_line(name: str, value: float, op: str, target: float, paired: list[float]) -> dict:
-    ok = value >= target if op == ">=" else value < target
+    ok = {">=": value >= target, "<=": value <= target, "<": value < target}[op]
     pair = ", ".join(f"{p:.2f}" for p in paired)
     print(
         f"  {name:<58} {value:7.3f}  (target {op} {target:<4}) {'MET   ' if ok else 'MISSED'}"
@@ -551,6 +620,8 @@ def _row(side: str, c: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "tok_s",
         "audio_s_per_s",
         "cpu_s",
+        "underrun_s_p50",
+        "underrun_s_max",
     )
     row: dict[str, Any] = {"side": side, "C": c, "runs": len(runs)}
     row.update({k: med(k) for k in keys})
@@ -569,77 +640,113 @@ def _fmt(x: float, spec: str) -> str:
 def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
     lo, hi = levels[0], levels[-1]
     rounds = res["rounds"]
-    ours = {c: [r["ours"][str(c)] for r in rounds] for c in levels}
-    ref = {c: [Reference.level(r["ref_sequential"], c) for r in rounds] for c in levels}
-    rows = [_row("omnistep", c, ours[c]) for c in levels]
-    rows += [_row("transformers", c, ref[c]) for c in levels]
+    variants = list(rounds[0]["ours"])
+    # the transformers comparisons use the card's default (chunked) when it ran
+    main = "chunked" if "chunked" in variants else variants[0]
+    runs = {v: {c: [r["ours"][v][str(c)] for r in rounds] for c in levels} for v in variants}
+    ours = runs[main]
+    has_ref = "ref_sequential" in rounds[0]
+    ref = (
+        {c: [Reference.level(r["ref_sequential"], c) for r in rounds] for c in levels}
+        if has_ref
+        else {}
+    )
+    rows = [_row(f"omnistep {v}", c, runs[v][c]) for v in variants for c in levels]
+    rows += [_row("transformers", c, ref[c]) for c in levels if has_ref]
 
     print()
     head = (
-        f"{'side':<12} {'C':>2} {'TTFA p50':>8} {'TTFA max':>8} {'total p50':>9} {'wall':>6} "
+        f"{'side':<16} {'C':>2} {'TTFA p50':>8} {'TTFA max':>8} {'total p50':>9} {'wall':>6} "
         f"{'think tok/s':>11} {'talk tok/s':>10} {'audio s/s':>9} {'think/talk tok':>14} "
-        f"{'audio s':>7} {'cpu s':>6} {'cpu/aud':>7} {'load1':>5}"
+        f"{'audio s':>7} {'cpu s':>6} {'cpu/aud':>7} {'stall p50':>9} {'stall max':>9} "
+        f"{'load1':>5}"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['side']:<12} {r['C']:>2} {_fmt(r['ttfa_p50_s'], '8.2f')} "
+            f"{r['side']:<16} {r['C']:>2} {_fmt(r['ttfa_p50_s'], '8.2f')} "
             f"{_fmt(r['ttfa_max_s'], '8.2f')} {_fmt(r['total_p50_s'], '9.2f')} "
             f"{r['wall_s']:6.2f} {r['thinker_tok_s']:11.1f} {r['talker_tok_s']:10.1f} "
             f"{r['audio_s_per_s']:9.3f} {r['thinker_tokens']:>6}/{r['talker_tokens']:<7} "
             f"{r['audio_s']:7.2f} {r['cpu_s']:6.1f} {r['cpu_s_per_audio_s']:7.2f} "
+            f"{_fmt(r['underrun_s_p50'], '9.2f')} {_fmt(r['underrun_s_max'], '9.2f')} "
             f"{r['load1_max']:>5}"
         )
     print(
-        "(transformers: sequential; its TTFA = the first request's whole generate time. "
-        "cpu/aud: process CPU seconds per audio second, less sensitive to other load)"
+        "(omnistep chunked: dit_chunking=DiTChunking() (the card's default), whole: "
+        "dit_chunking=None; transformers: sequential, its TTFA = the first request's whole "
+        "generate time. cpu/aud: process CPU seconds per audio second, less sensitive to other "
+        "load. stall: seconds a real-time player of the stream waits after its first audio "
+        "(omnistep.bench.client.simulate_playback), per request)"
     )
 
     def paired(fn: Any) -> list[float]:
         return [fn(i) for i in range(len(rounds))]
 
-    def hi_ratio(key: str) -> float:
-        return median([x[key] for x in ours[hi]]) / median([x[key] for x in ref[hi]])
+    def med(xs: list[dict[str, Any]], key: str) -> float:
+        return median([x[key] for x in xs])
 
     print()
     print("targets (headline = medians over rounds; paired = same round):")
-    targets = [
-        ratio_line(
-            f"(a) C={hi} audio-s/s: omnistep / transformers sequential",
-            hi_ratio("audio_s_per_s"),
-            ">=",
-            4.0,
-            paired(lambda i: ours[hi][i]["audio_s_per_s"] / ref[hi][i]["audio_s_per_s"]),
-        ),
-        ratio_line(
-            f"(a') C={hi} thinker+talker tok/s: omnistep / transformers",
-            hi_ratio("tok_s"),
-            ">=",
-            4.0,
-            paired(lambda i: ours[hi][i]["tok_s"] / ref[hi][i]["tok_s"]),
-        ),
-        ratio_line(
-            f"(b) C={lo} TTFA: omnistep / transformers first generate",
-            median([x["ttfa_p50_s"] for x in ours[lo]])
-            / median([x["ttfa_p50_s"] for x in ref[lo]]),
-            "<",
-            1.0,
-            paired(lambda i: ours[lo][i]["ttfa_p50_s"] / ref[lo][i]["ttfa_p50_s"]),
-        ),
-    ]
-    cpu_ratio = median([x["cpu_s"] / x["audio_s"] for x in ref[hi]]) / median(
-        [x["cpu_s"] / x["audio_s"] for x in ours[hi]]
-    )
-    print(
-        f"  (info) C={hi} CPU seconds per audio second, transformers / omnistep: "
-        f"{cpu_ratio:.3f}  ((a) if both sides got the same CPU time)"
-    )
+    targets = []
+    if has_ref:
+        print(f"  omnistep = omnistep {main}")
+        targets += [
+            ratio_line(
+                f"(a) C={hi} audio-s/s: omnistep / transformers sequential",
+                med(ours[hi], "audio_s_per_s") / med(ref[hi], "audio_s_per_s"),
+                ">=",
+                4.0,
+                paired(lambda i: ours[hi][i]["audio_s_per_s"] / ref[hi][i]["audio_s_per_s"]),
+            ),
+            ratio_line(
+                f"(a') C={hi} thinker+talker tok/s: omnistep / transformers",
+                med(ours[hi], "tok_s") / med(ref[hi], "tok_s"),
+                ">=",
+                4.0,
+                paired(lambda i: ours[hi][i]["tok_s"] / ref[hi][i]["tok_s"]),
+            ),
+            ratio_line(
+                f"(b) C={lo} TTFA: omnistep / transformers first generate",
+                med(ours[lo], "ttfa_p50_s") / med(ref[lo], "ttfa_p50_s"),
+                "<",
+                1.0,
+                paired(lambda i: ours[lo][i]["ttfa_p50_s"] / ref[lo][i]["ttfa_p50_s"]),
+            ),
+        ]
+    if {"chunked", "whole"} <= set(variants):
+        chunked, whole = runs["chunked"], runs["whole"]
+        targets += [
+            ratio_line(
+                f"(c) C={lo} TTFA: DiT chunked / DiT whole",
+                med(chunked[lo], "ttfa_p50_s") / med(whole[lo], "ttfa_p50_s"),
+                "<=",
+                0.5,
+                paired(lambda i: chunked[lo][i]["ttfa_p50_s"] / whole[lo][i]["ttfa_p50_s"]),
+            ),
+            ratio_line(
+                f"(d) C={hi} audio-s/s: DiT chunked / DiT whole",
+                med(chunked[hi], "audio_s_per_s") / med(whole[hi], "audio_s_per_s"),
+                ">=",
+                1.0,
+                paired(lambda i: chunked[hi][i]["audio_s_per_s"] / whole[hi][i]["audio_s_per_s"]),
+            ),
+        ]
+    cpu_ratio = None
+    if has_ref:
+        cpu_ratio = median([x["cpu_s"] / x["audio_s"] for x in ref[hi]]) / median(
+            [x["cpu_s"] / x["audio_s"] for x in ours[hi]]
+        )
+        print(
+            f"  (info) C={hi} CPU seconds per audio second, transformers / omnistep: "
+            f"{cpu_ratio:.3f}  ((a) if both sides got the same CPU time)"
+        )
     # same greedy work on both sides? (thinker tokens must match; talker codes may differ)
     same = []
-    for r in rounds:
+    for r in rounds if has_ref else []:
         seq = r["ref_sequential"]["requests"]
-        burst = r["ours"][str(hi)]["requests"]
+        burst = r["ours"][main][str(hi)]["requests"]
         for a, b in zip(burst, seq, strict=False):
             same.append(
                 {
@@ -649,26 +756,56 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
                     "talker_tokens": [a["talker_tokens"], b["talker_tokens"]],
                 }
             )
-    n_think = sum(s["thinker_equal"] for s in same)
-    n_talk = sum(s["talker_equal"] for s in same)
-    print(
-        f"  greedy work check at C={hi}: thinker tokens equal in {n_think}/{len(same)} requests, "
-        f"talker codes equal in {n_talk}/{len(same)}"
-    )
-    busy = _busy_summary(ours)
-    for c, b in busy.items():
-        shares = ", ".join(f"{k} {v:.2f}s" for k, v in b.items())
-        print(f"  omnistep C={c} component busy seconds (median): {shares}")
-    phases = _phase_summary(rounds)
-    print(f"  transformers per request (median s): {phases}")
+    if same:
+        n_think = sum(s["thinker_equal"] for s in same)
+        n_talk = sum(s["talker_equal"] for s in same)
+        print(
+            f"  greedy work check at C={hi}: thinker tokens equal in {n_think}/{len(same)} "
+            f"requests, talker codes equal in {n_talk}/{len(same)}"
+        )
+    variant_check = _variant_check(rounds, variants, hi)
+    if variant_check is not None:
+        print(
+            f"  DiT variants at C={hi}: same thinker tokens and talker codes in "
+            f"{variant_check['equal']}/{variant_check['requests']} requests, same audio "
+            f"seconds in {variant_check['same_audio_s']}/{variant_check['requests']}"
+        )
+    busy = {v: _busy_summary(runs[v]) for v in variants}
+    for v, by_level in busy.items():
+        for c, b in by_level.items():
+            shares = ", ".join(f"{k} {x:.2f}s" for k, x in b.items())
+            print(f"  omnistep {v} C={c} component busy seconds (median): {shares}")
+    phases = _phase_summary(rounds) if has_ref else {}
+    if has_ref:
+        print(f"  transformers per request (median s): {phases}")
     return {
         "table": rows,
         "targets": targets,
         "cpu_efficiency_ratio": cpu_ratio,
         "work_check": same,
+        "dit_variant_check": variant_check,
         "omnistep_busy_s": busy,
         "transformers_phases_s": phases,
     }
+
+
+def _variant_check(
+    rounds: list[dict[str, Any]], variants: list[str], c: int
+) -> dict[str, int] | None:
+    """Do the DiT variants do the same greedy work at level ``c``? (The DiT does not feed
+    back into the LMs, so thinker tokens and talker codes must be equal.) None with one
+    variant."""
+    if len(variants) < 2:
+        return None
+    equal = same_audio = total = 0
+    for r in rounds:
+        per = [r["ours"][v][str(c)]["requests"] for v in variants]
+        for reqs in zip(*per, strict=True):
+            total += 1
+            first = reqs[0]
+            equal += all(q["think"] == first["think"] and q["talk"] == first["talk"] for q in reqs)
+            same_audio += all(abs(q["audio_s"] - reqs[0]["audio_s"]) < 1e-9 for q in reqs)
+    return {"requests": total, "equal": equal, "same_audio_s": same_audio}
 
 
 def _busy_summary(ours: dict[int, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
@@ -711,7 +848,23 @@ def main() -> None:
         "--vocoder-chunk",
         type=int,
         default=None,
-        help="omnistep BigVGAN chunk in mel frames after the first (default: the card's, 100)",
+        help="omnistep BigVGAN chunk in mel frames after the first (default: the card's)",
+    )
+    ap.add_argument(
+        "--dit",
+        choices=("both", "chunked", "whole"),
+        default="both",
+        help="omnistep DiT: chunked (QwenOmniOptions(dit_chunking=DiTChunking()), the default "
+        "card), whole (dit_chunking=None), or both in the same rounds",
+    )
+    ap.add_argument(
+        "--dit-chunking",
+        default=None,
+        help="the chunked variant's first/chunk/left/ahead blocks, first may be auto "
+        "(default: DiTChunking(), auto/3/2/1)",
+    )
+    ap.add_argument(
+        "--skip-transformers", action="store_true", help="omnistep only (no transformers side)"
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
@@ -728,7 +881,10 @@ def main() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    res = run_all(args, levels)
+    variants = ["chunked", "whole"] if args.dit == "both" else [args.dit]
+    if args.dit_chunking:
+        DIT_VARIANTS["chunked"] = parse_setting(args.dit_chunking)
+    res = run_all(args, levels, variants)
     summary = report(levels, res)
     elapsed = time.perf_counter() - t_start
     print(f"load average now {load_avg()}; bench took {elapsed:.0f}s")
