@@ -226,7 +226,7 @@ async def test_streamed_dit_chunks_equal_the_offline_chunked_decode(long_model):
     chunking = LONG_OPTIONS.dit_chunking.covering(20 + 34, block)  # the vocoder's first chunk
     assert chunking.first_chunk_blocks == 7  # 56 frames of 8
     windows = chunking.windows(2 * len(codes), block)
-    assert len(codes) >= 48 and len(windows) == len(results) >= 4
+    assert len(codes) >= 48 and len(windows) == len(results) >= 3
     streamed = torch.cat(
         [
             r[w.out_start - w.start : w.out_end - w.start]

@@ -335,7 +335,7 @@ def test_chunk_schedule() -> None:
     assert c.next_window(4, 9, True, 4) == ChunkWindow(0, 4, 9, 9)
     assert c.next_window(9, 9, True, 4) is None
     assert DiTChunking().windows(0, 24) == []
-    assert DiTChunking().windows(30, 4)[0] == ChunkWindow(0, 0, 12, 16)  # None: chunk_blocks
+    assert DiTChunking().windows(30, 4)[0] == ChunkWindow(0, 0, 24, 28)  # None: chunk_blocks
     assert DiTChunking().covering(54, 24).first_chunk_blocks == 3  # BigVGAN's 20 + 34 frames
     assert DiTChunking().covering(54, 8).first_chunk_blocks == 7
     assert DiTChunking(first_chunk_blocks=2).covering(54, 8).first_chunk_blocks == 2

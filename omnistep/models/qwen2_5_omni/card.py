@@ -91,7 +91,10 @@ class QwenOmniOptions:
         max_batch_size: most units per forward.
         batch_invariant: bit-identical outputs whatever the batch (slower).
         thinker_max_new_tokens, talker_max_new_tokens: caps (transformers' generate: 4096).
-        first_chunk, chunk: BigVGAN chunk sizes in mel frames (240 samples each).
+        first_chunk, chunk: BigVGAN chunk sizes in mel frames (240 samples each); a chunk of
+            None follows the DiT's (``dit_chunking.chunk_blocks`` blocks; 300 frames with the
+            whole-utterance DiT), so each DiT chunk is voiced as it lands (a larger vocoder
+            chunk would stall playback until enough DiT chunks piled up).
         vocoder_context: mel frames of context on each side of a BigVGAN chunk (its receptive
             field is 34 frames each side for the official geometry).
         dit_chunking: the DiT's chunk schedule (``DiTChunking``: chunk sizes, left context
@@ -110,7 +113,7 @@ class QwenOmniOptions:
     talker_max_new_tokens: int = 4096
     talker_sampling: SamplingRow | None = None
     first_chunk: int = 20
-    chunk: int = 300
+    chunk: int | None = None
     vocoder_context: int = 34
     dit_chunking: DiTChunking | None = field(default_factory=DiTChunking)
     dtype: torch.dtype = torch.float32
@@ -543,8 +546,10 @@ def build_card(
         return BigVGANComponent(bigvgan, opts.batch_invariant)
 
     dit_config = DiTConfig.from_dict(config["token2wav_config"].get("dit_config") or {})
+    vocoder_chunk = opts.chunk
     if opts.dit_chunking is None:
         next_window = whole_utterance
+        vocoder_chunk = vocoder_chunk or 300
     else:
         if dit_config.block_size % dit_config.repeats:
             raise ModelFilesError(
@@ -555,6 +560,7 @@ def build_card(
         chunking = opts.dit_chunking.covering(
             opts.first_chunk + opts.vocoder_context, dit_config.block_size
         )
+        vocoder_chunk = vocoder_chunk or chunking.chunk_blocks * dit_config.block_size
 
         def next_window(out_start: int, available: int, complete: bool):
             return chunking.next_window(out_start, available, complete, dit_config.block_size)
@@ -620,7 +626,7 @@ def build_card(
         in_slot="mel_stream",
         sample_rate=24000,
         first_chunk=opts.first_chunk,
-        chunk=opts.chunk,
+        chunk=vocoder_chunk,
         left_context=opts.vocoder_context,
         lookahead=opts.vocoder_context,
         report_frames=True,  # else it waits behind thinker and talker steps (EDF)
