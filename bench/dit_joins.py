@@ -116,21 +116,21 @@ def grid(chunks: list[int], lefts: list[int], aheads: list[int]) -> list[DiTChun
 
 
 def parse_setting(text: str) -> DiTChunking:
-    """``"first/chunk/left/ahead"`` (blocks; first ``auto``: None, which the card sets to the
-    fewest blocks holding BigVGAN's first chunk, ``DiTChunking.covering``) -> ``DiTChunking``;
-    raises ValueError."""
+    """``"first/chunk/left/ahead"`` (blocks; first or chunk ``auto``: None, which the card
+    sets to the fewest blocks holding BigVGAN's first chunk, or ``CHUNK_FRAMES``,
+    ``DiTChunking.covering``) -> ``DiTChunking``; raises ValueError."""
     parts = [p.strip() for p in text.strip().split("/")]
     if len(parts) != 4:
         raise ValueError(f"a setting is first/chunk/left/ahead in blocks, got {text!r}")
-    first = None if parts[0] == "auto" else int(parts[0])
-    return DiTChunking(first, *(int(p) for p in parts[1:]))
+    first, chunk = (None if p == "auto" else int(p) for p in parts[:2])
+    return DiTChunking(first, chunk, *(int(p) for p in parts[2:]))
 
 
 def label(chunking: DiTChunking) -> str:
-    """``first/chunk/left/ahead`` in blocks (first ``auto`` when None)."""
+    """``first/chunk/left/ahead`` in blocks (``auto`` for None)."""
     c = chunking
-    first = "auto" if c.first_chunk_blocks is None else c.first_chunk_blocks
-    return f"{first}/{c.chunk_blocks}/{c.left_context_blocks}/{c.lookahead_blocks}"
+    first, chunk = ("auto" if v is None else v for v in (c.first_chunk_blocks, c.chunk_blocks))
+    return f"{first}/{chunk}/{c.left_context_blocks}/{c.lookahead_blocks}"
 
 
 def join_frames(windows: list[ChunkWindow]) -> list[int]:
@@ -354,7 +354,7 @@ def measure(
     rows = []
     for chunking in settings:
         windows = chunking.windows(frames, cfg.block_size)
-        exact = chunking == DiTChunking.exact(cfg, solver, chunking.chunk_blocks)
+        exact = chunking == DiTChunking.exact(cfg, solver, chunking.chunk_size(cfg.block_size))
         start = time.perf_counter()
         mel = dit.sample_chunked(*args, setup.noise, chunking, solver)
         seconds = time.perf_counter() - start

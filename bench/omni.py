@@ -861,7 +861,7 @@ def main() -> None:
         "--dit-chunking",
         default=None,
         help="the chunked variant's first/chunk/left/ahead blocks, first may be auto "
-        "(default: DiTChunking(), auto/6/2/1)",
+        "(default: DiTChunking(), auto/auto/2/1)",
     )
     ap.add_argument(
         "--skip-transformers", action="store_true", help="omnistep only (no transformers side)"

@@ -25,8 +25,9 @@ def test_grid_and_settings() -> None:
     assert len(settings) == 60 and len(set(settings)) == 60
     assert settings[0] == DiTChunking(1, 1, 0, 0) and settings[-1] == DiTChunking(6, 6, 8, 4)
     assert dit_joins.parse_setting(" 3/3/2/1") == DiTChunking(3, 3, 2, 1)
-    assert dit_joins.parse_setting("auto/6/2/1") == DiTChunking()  # the card's default
-    assert dit_joins.label(DiTChunking()) == "auto/6/2/1"
+    assert dit_joins.parse_setting("auto/auto/2/1") == DiTChunking()  # the card's default
+    assert dit_joins.label(DiTChunking()) == "auto/auto/2/1"
+    assert dit_joins.parse_setting("auto/6/2/1") == DiTChunking(None, 6, 2, 1)
     assert dit_joins.label(DiTChunking(6, 3, 0, 2)) == "6/3/0/2"
     with pytest.raises(ValueError, match="first/chunk/left/ahead"):
         dit_joins.parse_setting("3/3/2")

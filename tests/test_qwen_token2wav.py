@@ -335,9 +335,12 @@ def test_chunk_schedule() -> None:
     assert c.next_window(4, 9, True, 4) == ChunkWindow(0, 4, 9, 9)
     assert c.next_window(9, 9, True, 4) is None
     assert DiTChunking().windows(0, 24) == []
-    assert DiTChunking().windows(30, 4)[0] == ChunkWindow(0, 0, 24, 28)  # None: chunk_blocks
-    assert DiTChunking().covering(54, 24).first_chunk_blocks == 3  # BigVGAN's 20 + 34 frames
-    assert DiTChunking().covering(54, 8).first_chunk_blocks == 7
+    assert DiTChunking().windows(300, 24)[:2] == [  # None: CHUNK_FRAMES, 6 blocks of 24
+        ChunkWindow(0, 0, 144, 168),
+        ChunkWindow(96, 144, 288, 300),
+    ]
+    assert DiTChunking().covering(54, 24) == DiTChunking(3, 6, 2, 1)  # BigVGAN's 20 + 34
+    assert DiTChunking().covering(54, 8) == DiTChunking(7, 18, 2, 1)
     assert DiTChunking(first_chunk_blocks=2).covering(54, 8).first_chunk_blocks == 2
     config = DiTConfig.from_dict(TINY["dit_config"])  # look back in 2 layers, ahead in 1
     assert DiTChunking.exact(config) == DiTChunking(3, 3, 72, 36)

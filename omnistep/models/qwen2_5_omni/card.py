@@ -92,7 +92,7 @@ class QwenOmniOptions:
         batch_invariant: bit-identical outputs whatever the batch (slower).
         thinker_max_new_tokens, talker_max_new_tokens: caps (transformers' generate: 4096).
         first_chunk, chunk: BigVGAN chunk sizes in mel frames (240 samples each); a chunk of
-            None follows the DiT's (``dit_chunking.chunk_blocks`` blocks; 300 frames with the
+            None follows the DiT's (its chunk's frames, 144 by default; 300 frames with the
             whole-utterance DiT), so each DiT chunk is voiced as it lands (a larger vocoder
             chunk would stall playback until enough DiT chunks piled up).
         vocoder_context: mel frames of context on each side of a BigVGAN chunk (its receptive
@@ -560,7 +560,7 @@ def build_card(
         chunking = opts.dit_chunking.covering(
             opts.first_chunk + opts.vocoder_context, dit_config.block_size
         )
-        vocoder_chunk = vocoder_chunk or chunking.chunk_blocks * dit_config.block_size
+        vocoder_chunk = vocoder_chunk or chunking.chunk_blocks * dit_config.block_size  # set
 
         def next_window(out_start: int, available: int, complete: bool):
             return chunking.next_window(out_start, available, complete, dit_config.block_size)

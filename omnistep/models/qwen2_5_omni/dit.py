@@ -208,17 +208,21 @@ class ChunkWindow:
         return self.end - self.start
 
 
+CHUNK_FRAMES = 144
+"""Mel frames of a streamed DiT chunk by default (1.44 s: 6 official blocks of 24)."""
+
+
 @dataclass(frozen=True)
 class DiTChunking:
     """The chunk schedule of streamed token2wav, in whole DiT attention blocks.
 
     Chunk ``k`` outputs frames ``[s_k, s_k + n_k)`` with ``n_0 = first_chunk_blocks`` blocks
-    (None: see ``covering``) and ``n_k = chunk_blocks`` after (the last chunk ends with the
-    utterance); the DiT runs the whole ODE on the chunk plus ``left_context_blocks`` before it
-    and ``lookahead_blocks`` after it (cut at the utterance's ends) and keeps the chunk. The
-    schedule depends on frame positions only, never on timing, so streamed and non-streamed
-    responses run the same windows. A chunk can start once the codes up to its window's end
-    exist (or the codes are complete).
+    (None: see ``covering``) and ``n_k = chunk_blocks`` after (None: ``CHUNK_FRAMES``' worth;
+    the last chunk ends with the utterance); the DiT runs the whole ODE on the chunk plus
+    ``left_context_blocks`` before it and ``lookahead_blocks`` after it (cut at the utterance's
+    ends) and keeps the chunk. The schedule depends on frame positions only, never on timing, so
+    streamed and non-streamed responses run the same windows. A chunk can start once the codes
+    up to its window's end exist (or the codes are complete).
 
     One DiT forward reaches ``len(look_backward_layers)`` blocks back and
     ``len(look_ahead_layers)`` ahead (one each per such layer, ``DiTAttention``'s block mask);
@@ -230,22 +234,24 @@ class DiTChunking:
     full-width DiT with random weights, 150 codes): 2 blocks of past and 1 of future
     (upstream's streaming ``Qwen2Code2wav``; less of either costs 30-55 dB), the first chunk
     sized for BigVGAN's first chunk and look-ahead (20 + 34 frames: 3 official blocks, 48 codes
-    before the first audio), later chunks of 6 blocks (the same error per join as 3, DiT work
-    1.48x the whole decode's instead of 1.92x): near joins max 2.9e-4 in a mel of std 1.8,
-    elsewhere 2e-6, 96-98 dB SNR in the wave.
+    before the first audio), later chunks of ``CHUNK_FRAMES`` (6 official blocks: the same
+    error per join as 3, DiT work 1.48x the whole decode's instead of 1.92x; sized in frames so
+    a checkpoint with small blocks does not run many tiny windows): near joins max 2.9e-4 in a
+    mel of std 1.8, elsewhere 2e-6, 96-98 dB SNR in the wave.
     """
 
     first_chunk_blocks: int | None = None
     """None: ``chunk_blocks``, or, in the card, the fewest blocks that hold the vocoder's first
     chunk and its look-ahead (``covering``), so the first DiT chunk alone makes first audio."""
-    chunk_blocks: int = 6
+    chunk_blocks: int | None = None
+    """None: the fewest blocks holding ``CHUNK_FRAMES`` (1.44 s; 6 official blocks)."""
     left_context_blocks: int = 2
     lookahead_blocks: int = 1
 
     def __post_init__(self) -> None:
         for name in ("first_chunk_blocks", "chunk_blocks"):
             value = getattr(self, name)
-            if name == "first_chunk_blocks" and value is None:
+            if value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DiTChunking.{name} must be an int >= 1, got {value!r}")
@@ -268,13 +274,17 @@ class DiTChunking:
         return cls(chunk_blocks, chunk_blocks, evaluations * back, evaluations * ahead)
 
     def covering(self, frames: int, block_size: int) -> DiTChunking:
-        """This schedule with ``first_chunk_blocks`` set, when None, to the fewest blocks
-        holding ``frames`` mel frames (at least one): a vocoder that needs ``frames`` frames
-        for its first chunk (BigVGAN: its first chunk plus its look-ahead) then starts on the
-        first DiT chunk."""
-        if self.first_chunk_blocks is not None:
-            return self
-        return replace(self, first_chunk_blocks=max(1, -(-frames // block_size)))
+        """This schedule for blocks of ``block_size`` frames, every size set: a None
+        ``first_chunk_blocks`` becomes the fewest blocks holding ``frames`` mel frames (at
+        least one; a vocoder that needs ``frames`` frames for its first chunk, BigVGAN's first
+        chunk plus its look-ahead, then starts on the first DiT chunk), a None
+        ``chunk_blocks`` the fewest holding ``CHUNK_FRAMES``."""
+        first = self.first_chunk_blocks or max(1, -(-frames // block_size))
+        return replace(self, first_chunk_blocks=first, chunk_blocks=self.chunk_size(block_size))
+
+    def chunk_size(self, block_size: int) -> int:
+        """Blocks of every chunk after the first (``chunk_blocks``, or ``CHUNK_FRAMES``'s)."""
+        return self.chunk_blocks or max(1, -(-CHUNK_FRAMES // block_size))
 
     def next_window(
         self, out_start: int, available: int, complete: bool, block_size: int
@@ -284,8 +294,8 @@ class DiTChunking:
         will come) or when ``out_start`` is the end of a complete utterance."""
         if complete and out_start >= available:
             return None
-        first = self.first_chunk_blocks or self.chunk_blocks
-        blocks = first if out_start == 0 else self.chunk_blocks
+        chunk = self.chunk_size(block_size)
+        blocks = (self.first_chunk_blocks or chunk) if out_start == 0 else chunk
         out_end = out_start + blocks * block_size
         end = out_end + self.lookahead_blocks * block_size
         if complete:
