@@ -133,6 +133,12 @@ def test_a_second_request_of_the_voice_computes_only_its_text_rows(ckpt, tok):
         assert table[full] != prefix_table[full]
     assert all(talker.blocks.ref_count(b) == 3 for b in prefix_table[:full])
     assert talker.blocks.ref_count(prefix_table[full]) == 1
+    # a replay after a preemption (a generated frame) splits the same way
+    replay = dataclasses.replace(prompts[1], replay_text=(talker.config.ids.tts_pad,))
+    unit = dataclasses.replace(_unit(talker, replay, "b"), generated=(out.tokens,))
+    [again] = talker.execute(WorkUnitKind.PREFILL, [unit])
+    assert not again.preempted and talker.lengths["b"] == sizes[1] + 1
+    assert counter.prefixes == [[n]] and counter.prefills[-1] == [sizes[1] + 1 - n]
     # two samples of one group with a third text: one suffix prefill, the second forks it
     group = [_unit(talker, _parts(talker, tok, voice, TEXTS[2]).prompt, s) for s in "cd"]
     group = [dataclasses.replace(u, share_group="g") for u in group]
@@ -274,3 +280,24 @@ def test_a_full_pool_evicts_kept_prefixes_instead_of_failing(ckpt, tok):
     assert got[0].logprobs == want[0].logprobs
     assert tight.num_kept_prefixes == 0 and roomy.num_kept_prefixes == 1
     assert tight.blocks.num_used_blocks == 2
+
+
+def test_score_replays_the_split_prefill(ckpt, tok):
+    """Train = serve: ``score_logprobs`` (``match_serving``) runs the prompt in the same two
+    pieces (voice rows, then the rest) and reproduces a cloned-voice rollout's recorded
+    log-probs of all 16 codebooks bit for bit under ``batch_invariant``."""
+    talker = _talker(ckpt)
+    voice = _voice(ckpt, 1)
+    jobs = [
+        Job(_parts(talker, tok, voice, t), seed=9, max_new_tokens=6, rollout=True)
+        for t in TEXTS[:2]
+    ]
+    for run in drive(talker, jobs):
+        result = run["result"]
+        frames = [r.tokens for r in result.trajectory]
+        recorded = torch.tensor([r.logprobs for r in result.trajectory], dtype=torch.float32)
+        sampling = Qwen3TTSSampling.from_defaults(talker.config)
+        with torch.no_grad():
+            scored = talker.score_logprobs(result.info["prompt"], frames, sampling)
+        assert scored.shape == (6, 16)
+        assert torch.equal(scored.float(), recorded)
