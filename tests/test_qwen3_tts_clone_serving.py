@@ -24,6 +24,7 @@ from omnistep.core import (
     Modality,
     ModelInstance,
     Request,
+    RequestAbortedError,
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine
@@ -210,6 +211,32 @@ async def test_text_streamed_into_a_cloned_voice_equals_the_whole_text(base, spe
 
     await asyncio.gather(feed(), read())
     np.testing.assert_array_equal(np.concatenate(audio), whole.audio)
+    # both prefilled the voice's rows apart; the second forked the rows the first kept
+    assert base.resolve("qwen3-tts").components["talker"].num_kept_prefixes == 1
+
+
+async def test_aborted_cloned_voice_requests_leave_no_kv_blocks(base, spec):
+    """50 requests of one cloned voice with different texts, aborted: the engine reports no
+    KV block held (the voice's kept rows count as free) and nothing else live."""
+    streams = [
+        base.add_request(Request("qwen3-tts", text=f"Call {i} of fifty.", voice=spec, seed=i))
+        for i in range(50)
+    ]
+    await asyncio.sleep(0.3)
+    for stream in streams:
+        stream.cancel()
+    for stream in streams:
+        with pytest.raises(RequestAbortedError):
+            async for _ in stream:
+                pass
+    for _ in range(200):  # a batch still running when they were aborted folds, then frees
+        if not base.stats()["running_batches"]:
+            break
+        await asyncio.sleep(0.05)
+    assert base.stats() == dict.fromkeys(base.stats(), 0)
+    talker = base.resolve("qwen3-tts").components["talker"]
+    assert talker.num_kept_prefixes == 1 and talker.kept_prefix_blocks > 0
+    assert talker.drop_prefixes() == 1 and talker.blocks.num_used_blocks == 0
 
 
 async def test_cloned_voice_rollout_is_rescored(folders, spec):

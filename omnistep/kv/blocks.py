@@ -409,6 +409,38 @@ class SequenceTable:
                 writers[table[length // self.blocks.block_size]] += 1
         return new + sum(min(n, self.blocks.ref_count(b) - 1) for b, n in writers.items())
 
+    def blocks_to_grow(self, seq_ids: Iterable[Hashable]) -> int:
+        """Free blocks ``grow(seq_ids)`` takes (new blocks and private copies of shared ones)."""
+        return self._blocks_to_write(seq_ids)
+
+    def extend_cost(self, seq_id: Hashable, num_tokens: int) -> int:
+        """Free blocks ``extend(seq_id, num_tokens)`` takes: the blocks past the sequence's
+        table, plus a private copy of the shared block its first new token lands in."""
+        length = self.lengths[seq_id]
+        missing = self.blocks.blocks_needed(num_tokens) - len(self.blocks.block_table(seq_id))
+        copy = num_tokens > length and self.blocks.is_shared(seq_id, length)
+        return max(0, missing) + int(copy)
+
+    def extend(self, seq_id: Hashable, num_tokens: int) -> bool:
+        """Grow a sequence to ``num_tokens`` tokens at once (a prefill continuing the tokens it
+        holds, e.g. the rest of a prompt after a forked prefix): a private copy of the shared
+        block its first new token lands in (the pair waits in ``take_copies()``), then the new
+        blocks. False, and nothing changed, when ``extend_cost`` blocks are not free.
+
+        Raises:
+            KeyError: the sequence holds no table.
+        """
+        if self.extend_cost(seq_id, num_tokens) > self.blocks.num_free_blocks:
+            return False
+        length = self.lengths[seq_id]
+        if num_tokens > length and self.blocks.is_shared(seq_id, length):
+            pair = self.blocks.copy_on_write(seq_id, length)
+            if pair is not None:
+                self._copies.append(pair)
+        self.blocks.allocate(seq_id, num_tokens)
+        self.lengths[seq_id] = max(length, num_tokens)
+        return True
+
     def free(self, seq_id: Hashable) -> None:
         """Release the sequence's blocks (those no other sequence shares go back to the pool)
         and forget it (idempotent)."""

@@ -216,7 +216,7 @@ class LlamaAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        prefill_len: int | None = None,
+        prefill_len: int | Sequence[int] | None = None,
         plans: RowPlans = NO_ROW_PLANS,
     ) -> torch.Tensor:
         """One whole sequence ``x`` ``[N, hidden]`` -> ``[N, hidden]``, no cache (autograd
@@ -298,7 +298,7 @@ class LlamaDecoderLayer(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        prefill_len: int | None = None,
+        prefill_len: int | Sequence[int] | None = None,
         plans: RowPlans = NO_ROW_PLANS,
     ) -> torch.Tensor:
         """One whole sequence, no cache (see ``LlamaModel.forward_dense``)."""
@@ -403,7 +403,7 @@ class LlamaModel(nn.Module):
         self,
         inputs_embeds: torch.Tensor,
         positions: torch.Tensor | None = None,
-        prefill_len: int | None = None,
+        prefill_len: int | Sequence[int] | None = None,
         batch_invariant: bool = False,
     ) -> torch.Tensor:
         """Teacher-forced forward of one whole sequence with no KV cache: the same layers,
@@ -422,6 +422,8 @@ class LlamaModel(nn.Module):
                 (``causal_attention``): each row's result equals serving's to the bit when
                 the rest matches too (``batch_invariant`` below, or kernels that are
                 batch-invariant by themselves).
+                A sequence of ints: the prompt was prefilled in those consecutive pieces
+                (a cached prefix, then the rest; ``PagedARModel``'s split prefill).
             batch_invariant: chunk the row-wise work as batch-invariant serving did for such
                 a sequence (prefill rows in ``prefill_rows`` chunks, decode rows in
                 ``decode_rows`` chunks; see ``RowChunking``).
@@ -439,7 +441,8 @@ class LlamaModel(nn.Module):
             positions = torch.arange(num_tokens, device=device)
         if positions.shape != (num_tokens,):
             raise ValueError(f"positions {tuple(positions.shape)} for {num_tokens} rows")
-        if prefill_len is not None and not 1 <= prefill_len <= num_tokens:
+        pieces = (prefill_len,) if isinstance(prefill_len, int) else prefill_len
+        if pieces is not None and (not pieces or min(pieces) < 1 or sum(pieces) > num_tokens):
             raise ValueError(f"prefill_len={prefill_len} outside [1, {num_tokens}]")
         if num_tokens > self.rotary_emb.max_positions:
             raise ValueError(
@@ -449,7 +452,7 @@ class LlamaModel(nn.Module):
         if prefill_len is None:
             query_lens = [num_tokens]
         else:
-            query_lens = [prefill_len] + [1] * (num_tokens - prefill_len)
+            query_lens = [*pieces] + [1] * (num_tokens - sum(pieces))
         plans = self.row_plans(inputs_embeds, query_lens, batch_invariant)
         cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
         hidden = inputs_embeds

@@ -31,6 +31,23 @@ from the prompt's kept last hidden state, and a block it shares is copied before
 first computes, the others fork from it. The kept prompt lives as long as the sequence that
 computed it.
 
+Prefixes (``_prompt_prefix``, across requests): a family may name a prefix of a prompt's rows
+that depends on a key only (Qwen3-TTS: a cloned voice's rows, whatever the text). A prefill of
+such a prompt (fresh, or a replay after a preemption) always runs split, whether or not the
+prefix is kept, so a request's numbers never depend on what ran before it: the prefix's K/V come
+from a kept prefix sequence (computed once by a prefill of the prefix rows alone, positions
+``0..n-1``), the request's sequence forks it (full blocks shared by reference, the partly filled
+last one copied before the request writes there), and a suffix prefill computes the remaining
+rows (positions ``n..``, attending to prefix + suffix). Kept prefixes live in an LRU of at most
+``max_kept_prefixes``; when an admission (a prefill, or a decode step's growth, before it
+preempts anyone) lacks blocks, the least recently used are evicted (never one a fork of the same
+batch uses), and as a last resort a request takes its prefix's blocks over (the prefix is then
+no longer kept): a request never needs more blocks than its whole prefill. ``kv_blocks``
+reports blocks only kept prefixes hold as free (the engine's ``kv_blocks_used`` counts blocks
+requests hold); ``drop_prefixes`` frees them; a weight update drops them all. Scoring with
+``match_serving`` runs the same two prefill pieces. Families with ``stream_prompt_rows`` are not
+split. Groups work on top: a group's first member computes (split), the others fork it whole.
+
 Streams (``ARStepOutput.hidden``): with ``stream_prompt_rows`` (the Qwen thinker, whose every fed
 token conditions the talker) a fresh prefill streams one row per prompt row and a replay after a
 preemption only its last row; otherwise every output streams its last row only (ChatTTS: the
@@ -53,7 +70,8 @@ Imports torch, ``omnistep.core``, ``omnistep.kv``, the AR loop's payload types
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +79,7 @@ import torch
 import torch.nn.functional as F
 
 from omnistep.core import WorkUnitKind
-from omnistep.kv import BlockManager, KVCacheConfig, SequenceTable
+from omnistep.kv import BlockManager, KVCacheConfig, KVCacheFullError, SequenceTable
 from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
 from omnistep.layers.paged_attention import AttentionMetadata
@@ -80,6 +98,14 @@ class _SharedPrompt:
     num_tokens: int
     last_hidden: torch.Tensor  # [hidden], the final hidden state of the prompt's last row
     stream: Any  # what the computing sequence's prefill output streamed
+
+
+@dataclass(frozen=True)
+class _KeptPrefix:
+    """A prompt prefix computed once (``_prompt_prefix``), kept for later prompts with it."""
+
+    seq_id: str  # the sequence holding its blocks
+    num_tokens: int
 
 
 class PagedARModel:
@@ -103,6 +129,9 @@ class PagedARModel:
     stream_prompt_rows: bool = False
     """A fresh prefill streams one row per prompt row (else only the last row)."""
 
+    max_kept_prefixes: int = 16
+    """Prompt prefixes (``_prompt_prefix``) kept at most; the least recently used go first."""
+
     def __init__(
         self,
         llama: LlamaConfigLite,
@@ -123,6 +152,9 @@ class PagedARModel:
         self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
         self._teacher_ids = itertools.count()
         self._shared: dict[Hashable, _SharedPrompt] = {}  # (group, prompt key) -> prompt
+        # (prefix key, rows) -> kept prefix, least recently used first
+        self._prefixes: OrderedDict[Hashable, _KeptPrefix] = OrderedDict()
+        self._prefix_ids = itertools.count()
         self.weight_version = 0
 
     # ------------------------------------------------------------ subclass hooks
@@ -178,7 +210,45 @@ class PagedARModel:
         a group's members may share one prefill. None (the default) never shares."""
         return None
 
+    def _prompt_prefix(self, prompt: Any) -> tuple[Hashable, int] | None:
+        """``(key, num_rows)``: the prompt's first ``num_rows`` input rows depend on ``key``
+        only (prompts with equal keys have equal first rows, so equal K/V there), and are
+        prefilled apart from the rest and kept for other requests (the module docstring's
+        "Prefixes"). None (the default): the prompt is prefilled whole."""
+        return None
+
     # ------------------------------------------------------------ Component API
+    def kv_blocks(self) -> tuple[int, int]:
+        """``(used, free)`` KV blocks as the engine reports them (``omnistep.kv.kv_usage``):
+        blocks only kept prefixes hold count as free (they are evicted when an admission
+        needs them); blocks a request holds, shared with a kept prefix or not, as used."""
+        cached = self.kept_prefix_blocks
+        return self.blocks.num_used_blocks - cached, self.blocks.num_free_blocks + cached
+
+    @property
+    def kept_prefix_blocks(self) -> int:
+        """Blocks held by kept prefixes and by no request (what ``drop_prefixes`` frees)."""
+        return sum(
+            1
+            for kept in self._prefixes.values()
+            for block in self.blocks.block_table(kept.seq_id)
+            if self.blocks.ref_count(block) == 1
+        )
+
+    @property
+    def num_kept_prefixes(self) -> int:
+        """Prompt prefixes kept now."""
+        return len(self._prefixes)
+
+    def drop_prefixes(self, match: Callable[[Hashable], bool] | None = None) -> int:
+        """Forget kept prefixes (all, or those whose family key ``match`` accepts: the key
+        ``_prompt_prefix`` gave) and free their blocks (those requests share stay with the
+        requests). Call between steps. Returns how many were dropped."""
+        keys = [k for k in self._prefixes if match is None or match(k[0])]
+        for key in keys:
+            self._drop_prefix(key)
+        return len(keys)
+
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks (those it shares stay with their other holders) and
         forget a group prompt it computed (idempotent)."""
@@ -219,6 +289,7 @@ class PagedARModel:
         for name, value in tensors.items():  # numpy arrays too (check_weights accepts them)
             targets[name].copy_(torch.as_tensor(value))
         self._weights_updated(set(tensors))
+        self.drop_prefixes()  # their K/V came from the old weights
 
     def trainable_weights(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """The live weights by checkpoint name (``weight_specs``' names; all when ``names`` is
@@ -287,9 +358,11 @@ class PagedARModel:
         rows = self._prefill_inputs(unit)  # [prompt_len + T - 1, in_dim]
         num_rows = rows.shape[0]
         prompt_len = num_rows - (len(frames) - 1)
-        if match_serving:
-            query_lens = [prompt_len] + [1] * (len(frames) - 1)
-            prefill_len: int | None = prompt_len
+        if match_serving:  # the prompt as serving prefilled it: whole, or prefix then rest
+            split = self._split(prompt, prompt_len)
+            pieces = [prompt_len] if split is None else [split[1], prompt_len - split[1]]
+            query_lens = pieces + [1] * (len(frames) - 1)
+            prefill_len: list[int] | None = pieces
         else:
             query_lens, prefill_len = [num_rows], None
         embeds = self._lm_inputs(rows, query_lens)
@@ -354,24 +427,36 @@ class PagedARModel:
         keys = [self._share_key(unit) for unit in units]
         computing: set[Hashable] = set()
         run, forks, inputs = [], [], {}
+        prefixes: dict[Hashable, tuple[torch.Tensor, list[int]]] = {}  # computed in this batch
+        pinned: set[Hashable] = set()  # kept prefixes this batch forks: never evicted in it
         for i, unit in enumerate(units):
             if keys[i] is not None and (keys[i] in computing or self._live_shared(keys[i])):
                 forks.append(i)
                 continue
-            inputs[i] = self._prefill_inputs(unit)  # validates before admitting
-            if self.table.admit_prefill(unit.seq_id, inputs[i].shape[0]):
+            rows = self._prefill_inputs(unit)  # validates before admitting
+            split = self._split(unit.prompt, rows.shape[0])
+            if split is None:
+                admitted = self._admit(unit.seq_id, rows.shape[0], pinned)
+            else:
+                admitted = self._admit_split(unit.seq_id, rows, split, prefixes, pinned)
+            if admitted:
+                inputs[i] = rows if split is None else rows[split[1] :]  # the rows to compute
                 run.append(i)
                 if keys[i] is not None:
                     computing.add(keys[i])
+        self._trim_prefixes(pinned)
         rows_out: dict[int, tuple[torch.Tensor, Any]] = {}
         if run:
+            if prefixes:
+                self._compute_prefixes(list(prefixes.values()))
+            self.cache.copy_blocks(self.table.take_copies())  # forks writing past a prefix
             computed = self._compute_prefills([units[i] for i in run], [inputs[i] for i in run])
             rows_out = dict(zip(run, computed, strict=True))
             for i in run:
                 if keys[i] is not None:
                     last, stream = rows_out[i]
                     self._shared[keys[i]] = _SharedPrompt(
-                        units[i].seq_id, inputs[i].shape[0], last.clone(), stream
+                        units[i].seq_id, self.lengths[units[i].seq_id], last.clone(), stream
                     )
         for i in forks:
             shared = self._shared[keys[i]]
@@ -390,18 +475,117 @@ class PagedARModel:
     def _compute_prefills(
         self, units: list[ARPrefillInput], inputs: list[torch.Tensor]
     ) -> list[tuple[torch.Tensor, Any]]:
-        """One varlen forward over admitted prefills: per unit, the final hidden state of its
-        last row ``[hidden]`` and what its output streams."""
+        """One varlen forward over admitted prefills: each unit's ``inputs`` are its last rows
+        (all of them, or those past a forked prefix: positions continue from the tokens its
+        sequence already holds). Per unit, the final hidden state of its last row ``[hidden]``
+        and what its output streams."""
         for unit in units:
             self._on_admit(unit)
         lens = [x.shape[0] for x in inputs]
         rows = torch.cat(inputs)
-        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        ends_at = [self.lengths[u.seq_id] for u in units]
+        positions = torch.cat(
+            [torch.arange(e - n, e, device=self.device) for n, e in zip(lens, ends_at, strict=True)]
+        )
         hidden = self._forward(rows, positions, [u.seq_id for u in units], lens)
         ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
         whole = [self.stream_prompt_rows and not u.generated for u in units]
         streams = self._streams(rows, hidden, lens, whole)
         return list(zip(hidden[ends], streams, strict=True))
+
+    # ------------------------------------------------------------ kept prefixes
+    def _split(self, prompt: Any, num_rows: int) -> tuple[Hashable, int] | None:
+        """``(prefix key, n)`` of a prefill of ``num_rows`` rows whose first ``n`` rows come
+        from a kept prefix (``_prompt_prefix``, at most ``num_rows - 1`` rows so the last row
+        is computed), else None (also for ``stream_prompt_rows`` families)."""
+        if self.stream_prompt_rows:
+            return None
+        prefix = self._prompt_prefix(prompt)
+        if prefix is None:
+            return None
+        key, n = prefix
+        n = min(int(n), num_rows - 1)
+        return None if n < 1 else ((key, n), n)
+
+    def _admit(self, seq_id: str, num_tokens: int, pinned: set[Hashable]) -> bool:
+        """``SequenceTable.admit_prefill``, evicting kept prefixes when the blocks are short."""
+        if self.table.admit_prefill(seq_id, num_tokens):
+            return True
+        needed = self.blocks.blocks_needed(num_tokens)
+        return self._make_room(needed, pinned) and self.table.admit_prefill(seq_id, num_tokens)
+
+    def _admit_split(
+        self,
+        seq_id: str,
+        rows: torch.Tensor,
+        split: tuple[Hashable, int],
+        prefixes: dict[Hashable, tuple[torch.Tensor, list[int]]],
+        pinned: set[Hashable],
+    ) -> bool:
+        """Admit a prefill of ``rows`` whose first ``n`` rows are the kept prefix ``key``: the
+        sequence forks the prefix (made now, and queued in ``prefixes`` for this batch to
+        compute, if it is not kept) and grows to all its rows. Kept prefixes are evicted when
+        blocks are short; last, the sequence takes its prefix's blocks over (the prefix is no
+        longer kept), so it needs no more blocks than a whole prefill. False: not admitted
+        (nothing held)."""
+        key, n = split
+        num_rows = rows.shape[0]
+        blocks = self.blocks
+        self.table.free(seq_id)
+        whole = blocks.blocks_needed(num_rows)
+        if whole > blocks.num_blocks:
+            raise KVCacheFullError(seq_id, whole, blocks.num_blocks)
+        pinned.add(key)
+        kept = self._prefixes.get(key)
+        created = kept is None
+        if kept is None:
+            keeping = blocks.blocks_needed(n) + whole - n // blocks.block_size
+            if not self._make_room(keeping, pinned) and not self._make_room(whole, pinned):
+                return False
+            kept = _KeptPrefix(f"prefix/{type(self).__name__}/{next(self._prefix_ids)}", n)
+            self.table.admit_prefill(kept.seq_id, n)
+            self._prefixes[key] = kept
+            prefixes[key] = (rows[:n], blocks.block_table(kept.seq_id))
+        self._prefixes.move_to_end(key)
+        self.table.fork(kept.seq_id, seq_id, n)
+        if not self._make_room(self.table.extend_cost(seq_id, num_rows), pinned):
+            self._drop_prefix(key)  # take its blocks over: no private copy of the last one
+        if self.table.extend(seq_id, num_rows):
+            return True
+        self.table.free(seq_id)
+        if created:
+            self._drop_prefix(key)
+            del prefixes[key]
+        return False
+
+    def _compute_prefixes(self, prefixes: list[tuple[torch.Tensor, list[int]]]) -> None:
+        """One varlen forward of prefixes alone (rows ``[n, in_dim]``, positions ``0..n-1``)
+        into their blocks."""
+        lens = [r.shape[0] for r, _ in prefixes]
+        rows = torch.cat([r for r, _ in prefixes])
+        positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
+        self._forward_tables(rows, positions, lens, lens, [t for _, t in prefixes])
+
+    def _make_room(self, num_blocks: int, pinned: set[Hashable]) -> bool:
+        """Evict kept prefixes (least recently used first, none in ``pinned``) until
+        ``num_blocks`` blocks are free; whether they are."""
+        while self.blocks.num_free_blocks < num_blocks:
+            victim = next((k for k in self._prefixes if k not in pinned), None)
+            if victim is None:
+                return False
+            self._drop_prefix(victim)
+        return True
+
+    def _trim_prefixes(self, pinned: set[Hashable]) -> None:
+        """Evict the least recently used kept prefixes beyond ``max_kept_prefixes``."""
+        extra = len(self._prefixes) - self.max_kept_prefixes
+        for key in [k for k in self._prefixes if k not in pinned][: max(0, extra)]:
+            self._drop_prefix(key)
+
+    def _drop_prefix(self, key: Hashable) -> None:
+        kept = self._prefixes.pop(key, None)
+        if kept is not None:
+            self.table.free(kept.seq_id)
 
     def _share_key(self, unit: ARPrefillInput) -> Hashable | None:
         """``(group, prompt key)`` of a fresh prefill that may share, else None."""
@@ -438,7 +622,10 @@ class PagedARModel:
         return list(stream.split([len(rng) for rng in picked]))
 
     def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
-        keep = self.table.grow([u.seq_id for u in units])
+        seq_ids = [u.seq_id for u in units]
+        if self._prefixes and all(s in self.lengths for s in seq_ids):
+            self._make_room(self.table.blocks_to_grow(seq_ids), set())  # before preempting
+        keep = self.table.grow(seq_ids)
         self.cache.copy_blocks(self.table.take_copies())  # shared blocks written this step
         results = [ARStepOutput(preempted=True)] * len(units)
         if not keep:
@@ -463,6 +650,17 @@ class PagedARModel:
     ) -> torch.Tensor:
         """Final normed hidden states ``[N, hidden]`` of input rows ``[N, in_dim]``."""
         context_lens, block_tables = self.table.context(seq_ids)
+        return self._forward_tables(rows, positions, query_lens, context_lens, block_tables)
+
+    def _forward_tables(
+        self,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+    ) -> torch.Tensor:
+        """``_forward`` on explicit context lengths and block tables."""
         meta = AttentionMetadata.build(
             query_lens,
             context_lens,

@@ -31,6 +31,7 @@ Two execution paths:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -350,7 +351,7 @@ def causal_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     scale: float,
-    prefill_len: int | None = None,
+    prefill_len: int | Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of one whole sequence without a cache; differentiable.
 
@@ -361,7 +362,10 @@ def causal_attention(
             ``prefill_len`` rows and then decoded one row at a time: one causal call over
             rows ``[0, prefill_len)``, then one call per later row ``i`` over keys
             ``0..i``, on keys laid out as the cache holds them; so each row's result equals
-            the per-sequence serving path's to the bit (same kernels, same shapes).
+            the per-sequence serving path's to the bit (same kernels, same shapes). A
+            sequence of ints (summing to at most N): the prompt was prefilled in consecutive
+            pieces (a cached prefix, then the rest): one call per piece over the keys up to
+            its end, then the decode rows.
 
     Returns:
         ``[N, H, D]`` in ``q.dtype``.
@@ -371,8 +375,12 @@ def causal_attention(
     values = v.transpose(0, 1).unsqueeze(0)
     if prefill_len is None:
         return _attend_seq(q, keys, values, scale)
-    n = prefill_len
-    out = [_attend_seq(q[:n], keys[:, :, :n], values[:, :, :n], scale)]
+    pieces = (prefill_len,) if isinstance(prefill_len, int) else tuple(prefill_len)
+    out, n = [], 0
+    for piece in pieces:
+        end = n + piece
+        out.append(_attend_seq(q[n:end], keys[:, :, :end], values[:, :, :end], scale))
+        n = end
     for i in range(n, num_tokens):
         out.append(_attend_seq(q[i : i + 1], keys[:, :, : i + 1], values[:, :, : i + 1], scale))
     return torch.cat(out)

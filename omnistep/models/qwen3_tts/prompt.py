@@ -44,6 +44,10 @@ embeddings summed). Rows::
     t                                 | codec_pad each
     tts_pad                           | k            text track: empty (tts_pad)
 
+The voice's rows (``Qwen3TTSPrompt.voice_rows``): the rows before the ICL block and the ICL rows
+whose text id is the transcript's (``min(len(ref), len(k))`` streaming, ``len(ref)``
+non-streaming); they do not depend on the text, so requests of one voice share their K/V.
+
 So with a cloned voice the first ``len(k) - len(ref)`` text ids sit in the prompt; a card whose
 text streams in waits for that many (or for the end of the text) before its prefill
 (``clone_text_needed``). Instructions are not used (upstream's clone path takes none); only ICL
@@ -236,13 +240,17 @@ def _icl_prompt(
     """The prefix rows plus upstream ``generate_icl_prompt``'s block (module docstring)."""
     eos, pad = ids_.tts_eos, ids_.tts_pad
     k = [ids_.codec_bos, *([REF_FRAME_ROW] * clone.num_frames)]
+    # the voice's rows: the prefix rows, then the ICL rows whose text id is the transcript's
+    header = len(text_ids)
+    voice = {"clone": clone, "voice_rows": header + min(len(ref), len(k))}
     if non_streaming:
         if not text_complete:
             raise ValueError("the non-streaming layout needs the whole text")
         t = [*ref, *text, eos]
         text_ids += [*t, *([pad] * len(k))]
         codec_ids += [ids_.codec_pad] * len(t) + k
-        prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids), clone=clone)
+        voice["voice_rows"] = header + len(ref)
+        prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids), **voice)
         return TalkerPromptParts(prompt, (), eos, pad, len(text), (), False)
     needed = max(0, len(k) - len(ref))
     longer = len(ref) + len(text) + 1 > len(k)
@@ -257,10 +265,10 @@ def _icl_prompt(
         codec_ids += k
         rest_ref = tuple(ref[len(k) :])
         trailing = (*rest_ref, *text[needed:], eos)
-        prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids), clone=clone)
+        prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids), **voice)
         return TalkerPromptParts(prompt, trailing, eos, pad, needed, rest_ref, True)
     t = [*ref, *text, eos]
     text_ids += [*t, *([pad] * (len(k) - len(t)))]
     codec_ids += k
-    prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids), clone=clone)
+    prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids), **voice)
     return TalkerPromptParts(prompt, (), eos, pad, len(text), (), False)

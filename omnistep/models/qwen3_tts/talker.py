@@ -50,10 +50,13 @@ replaces its per-frame sampling with the two-stage one above.
 
 Prefix sharing: ``_prefix_key`` is the prompt's content key, the cloned voice included
 (``CloneRows.key``), so the samples of one group (``Request.group``) with one voice and one text
-share one prefill. Requests of one cloned voice with different texts do not share its rows yet:
-the voice-only rows (role, codec prefix with the x-vector, and the ICL rows under the
-transcript's ids) are a prefix of each prompt, but ``PagedARModel`` caches whole prompts only
-(what a cross-request prefix cache would need is in the issue note).
+share one prefill. Across requests, a cloned voice's rows (``Qwen3TTSPrompt.voice_rows``: role,
+codec prefix with the x-vector, and the ICL rows that pair the transcript's ids with the
+reference frames) are the same whatever the text, so ``_prompt_prefix`` names them (keyed by the
+clone's content key and those rows' ids, which hold the language and the layout): every request
+of the voice prefills them apart from its text rows, computed once and kept by
+``PagedARModel`` (its "Prefixes"); the other requests fork their blocks and compute only the
+rest. ``drop_voice`` forgets a voice's kept rows.
 
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``layers``, ``loops``, ``sampling``.
 """
@@ -241,16 +244,21 @@ class Qwen3TTSPrompt:
             frame ``k`` with ``replay_text[k]``; it needs one per replayed frame.
         clone: the cloned voice whose embedding and reference frames the ``SPEAKER_ROW`` /
             ``REF_FRAME_ROW`` rows carry (one ``REF_FRAME_ROW`` per reference frame), or None.
+        voice_rows: the first rows that depend on the cloned voice and the layout only, not
+            on the text to speak (``build_prompt`` sets it; 0: none): requests of one voice
+            share their K/V (``Qwen3TTSTalker._prompt_prefix``).
 
     Raises:
-        ValueError: lengths that differ, marker rows without a clone, or a reference-row count
-            other than the clone's frames.
+        ValueError: lengths that differ, marker rows without a clone, a reference-row count
+            other than the clone's frames, or ``voice_rows`` outside ``[0, rows]`` or set
+            without a clone.
     """
 
     text_ids: tuple[int, ...]
     codec_ids: tuple[int, ...]
     replay_text: tuple[int, ...] = ()
     clone: CloneRows | None = None
+    voice_rows: int = 0
 
     def __post_init__(self) -> None:
         if not self.text_ids or len(self.text_ids) != len(self.codec_ids):
@@ -267,11 +275,27 @@ class Qwen3TTSPrompt:
                 f"a cloned voice's prompt has at most one speaker row and one row per reference "
                 f"frame ({self.clone.num_frames}), got {speaker_rows} and {ref_rows}"
             )
+        if not 0 <= self.voice_rows <= len(self.text_ids) or (
+            self.voice_rows and self.clone is None
+        ):
+            raise ValueError(
+                f"voice_rows must be in [0, {len(self.text_ids)}] and need a clone, got "
+                f"{self.voice_rows}"
+            )
 
     def key(self) -> tuple:
-        """A content key: equal keys give equal talker inputs (the voice included)."""
+        """A content key: equal keys give equal talker inputs (the voice included) and equal
+        prefill pieces (``voice_rows``)."""
         clone = None if self.clone is None else self.clone.key
-        return self.text_ids, self.codec_ids, clone
+        return self.text_ids, self.codec_ids, clone, self.voice_rows
+
+    def voice_key(self) -> tuple | None:
+        """The key of the first ``voice_rows`` rows (None without them): the clone's content
+        key and those rows' text and codec ids (role ids, language, layout, transcript)."""
+        if not self.voice_rows or self.clone is None:
+            return None
+        n = self.voice_rows
+        return self.clone.key, self.text_ids[:n], self.codec_ids[:n]
 
 
 # ---------------------------------------------------------------- the code predictor
@@ -630,6 +654,16 @@ class Qwen3TTSTalker(PagedARModel):
 
     def _prefix_key(self, prompt: Qwen3TTSPrompt) -> tuple:
         return prompt.key()
+
+    def _prompt_prefix(self, prompt: Qwen3TTSPrompt) -> tuple[tuple, int] | None:
+        """A cloned voice's rows (``Qwen3TTSPrompt.voice_rows``, keyed by ``voice_key``)."""
+        key = prompt.voice_key()
+        return None if key is None else (key, prompt.voice_rows)
+
+    def drop_voice(self, clone_key: str) -> int:
+        """Forget the kept prefixes of the cloned voice with content key ``clone_key``
+        (``CloneRows.key``); returns how many were dropped."""
+        return self.drop_prefixes(lambda key: key[0] == clone_key)
 
     # ------------------------------------------------------------ sampling
     def _sample(
