@@ -690,49 +690,35 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
     print()
     print("targets (headline = medians over rounds; paired = same round):")
     targets = []
+
+    def compare(label: str, num: dict, den: dict, level: int, key: str, op: str, bound: float):
+        """A target on the ratio of two runs' ``key`` at ``level`` (medians; paired rounds)."""
+        return ratio_line(
+            label,
+            med(num[level], key) / med(den[level], key),
+            op,
+            bound,
+            paired(lambda i: num[level][i][key] / den[level][i][key]),
+        )
+
     if has_ref:
         print(f"  omnistep = omnistep {main}")
         targets += [
-            ratio_line(
-                f"(a) C={hi} audio-s/s: omnistep / transformers sequential",
-                med(ours[hi], "audio_s_per_s") / med(ref[hi], "audio_s_per_s"),
-                ">=",
-                4.0,
-                paired(lambda i: ours[hi][i]["audio_s_per_s"] / ref[hi][i]["audio_s_per_s"]),
-            ),
-            ratio_line(
-                f"(a') C={hi} thinker+talker tok/s: omnistep / transformers",
-                med(ours[hi], "tok_s") / med(ref[hi], "tok_s"),
-                ">=",
-                4.0,
-                paired(lambda i: ours[hi][i]["tok_s"] / ref[hi][i]["tok_s"]),
-            ),
-            ratio_line(
-                f"(b) C={lo} TTFA: omnistep / transformers first generate",
-                med(ours[lo], "ttfa_p50_s") / med(ref[lo], "ttfa_p50_s"),
-                "<",
-                1.0,
-                paired(lambda i: ours[lo][i]["ttfa_p50_s"] / ref[lo][i]["ttfa_p50_s"]),
-            ),
-        ]
+            compare(f"(a) C={hi} audio-s/s: omnistep / transformers sequential", ours, ref, hi,
+                    "audio_s_per_s", ">=", 4.0),
+            compare(f"(a') C={hi} thinker+talker tok/s: omnistep / transformers", ours, ref, hi,
+                    "tok_s", ">=", 4.0),
+            compare(f"(b) C={lo} TTFA: omnistep / transformers first generate", ours, ref, lo,
+                    "ttfa_p50_s", "<", 1.0),
+        ]  # fmt: skip
     if {"chunked", "whole"} <= set(variants):
         chunked, whole = runs["chunked"], runs["whole"]
         targets += [
-            ratio_line(
-                f"(c) C={lo} TTFA: DiT chunked / DiT whole",
-                med(chunked[lo], "ttfa_p50_s") / med(whole[lo], "ttfa_p50_s"),
-                "<=",
-                0.5,
-                paired(lambda i: chunked[lo][i]["ttfa_p50_s"] / whole[lo][i]["ttfa_p50_s"]),
-            ),
-            ratio_line(
-                f"(d) C={hi} audio-s/s: DiT chunked / DiT whole",
-                med(chunked[hi], "audio_s_per_s") / med(whole[hi], "audio_s_per_s"),
-                ">=",
-                1.0,
-                paired(lambda i: chunked[hi][i]["audio_s_per_s"] / whole[hi][i]["audio_s_per_s"]),
-            ),
-        ]
+            compare(f"(c) C={lo} TTFA: DiT chunked / DiT whole", chunked, whole, lo,
+                    "ttfa_p50_s", "<=", 0.5),
+            compare(f"(d) C={hi} audio-s/s: DiT chunked / DiT whole", chunked, whole, hi,
+                    "audio_s_per_s", ">=", 1.0),
+        ]  # fmt: skip
     cpu_ratio = None
     if has_ref:
         cpu_ratio = median([x["cpu_s"] / x["audio_s"] for x in ref[hi]]) / median(

@@ -16,13 +16,13 @@ from omnistep.core import (
     Modality,
     ModelInstance,
     Request,
-    RequestAbortedError,
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.parity import collect
 from tests.qwen3_tts_ref.env import call_reference
+from tests.serving import abort_all
 
 TEXT = "Please leave the package by the blue door."
 HOP = 1920
@@ -219,17 +219,7 @@ async def test_aborted_requests_leave_no_kv_blocks_or_codec_streams(custom):
     streams = [
         custom.add_request(Request("qwen3-tts", text=TEXT, seed=i, voice="ryan")) for i in range(50)
     ]
-    await asyncio.sleep(0.3)
-    for stream in streams:
-        stream.cancel()
-    for stream in streams:
-        with pytest.raises(RequestAbortedError):
-            async for _ in stream:
-                pass
-    for _ in range(200):  # a batch still running when they were aborted folds, then frees
-        if not custom.stats()["running_batches"]:
-            break
-        await asyncio.sleep(0.05)
+    await abort_all(custom, streams, 0.3)
     assert custom.stats() == dict.fromkeys(custom.stats(), 0)
     assert custom.resolve("qwen3-tts").components["codec"].num_streams == 0
 

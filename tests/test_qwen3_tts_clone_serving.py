@@ -24,7 +24,6 @@ from omnistep.core import (
     Modality,
     ModelInstance,
     Request,
-    RequestAbortedError,
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine
@@ -38,6 +37,7 @@ from omnistep.parity import collect
 from omnistep.server import ServerConfig, build_app
 from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
 from tests.qwen3_tts_ref.env import call_reference
+from tests.serving import abort_all
 from tests.test_qwen3_tts_clone import chirp
 
 REF = "tests.qwen3_tts_ref.upstream_clone"
@@ -222,17 +222,7 @@ async def test_aborted_cloned_voice_requests_leave_no_kv_blocks(base, spec):
         base.add_request(Request("qwen3-tts", text=f"Call {i} of fifty.", voice=spec, seed=i))
         for i in range(50)
     ]
-    await asyncio.sleep(0.3)
-    for stream in streams:
-        stream.cancel()
-    for stream in streams:
-        with pytest.raises(RequestAbortedError):
-            async for _ in stream:
-                pass
-    for _ in range(200):  # a batch still running when they were aborted folds, then frees
-        if not base.stats()["running_batches"]:
-            break
-        await asyncio.sleep(0.05)
+    await abort_all(base, streams, 0.3)
     assert base.stats() == dict.fromkeys(base.stats(), 0)
     talker = base.resolve("qwen3-tts").components["talker"]
     assert talker.num_kept_prefixes == 1 and talker.kept_prefix_blocks > 0

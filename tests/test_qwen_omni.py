@@ -15,7 +15,6 @@ from omnistep.core import (
     Modality,
     ModelInstance,
     Request,
-    RequestAbortedError,
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine, EngineConfig
@@ -25,6 +24,7 @@ from omnistep.parity import collect
 from omnistep.sampling import SamplingRow
 from tests.qwen_omni_ref import reference
 from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+from tests.serving import abort_all
 
 MESSAGES = [{"role": "user", "content": "hello there, how are you today?"}]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
@@ -290,17 +290,7 @@ async def test_aborted_requests_free_everything(long_model):
         eng.add_request(dataclasses.replace(_request(audio=True, seed=i), sampling=LONG))
         for i in range(50)
     ]
-    await asyncio.sleep(0.5)
-    for stream in streams:
-        stream.cancel()
-    for stream in streams:
-        with pytest.raises(RequestAbortedError):
-            async for _ in stream:
-                pass
-    for _ in range(200):
-        if not eng.stats()["running_batches"]:
-            break
-        await asyncio.sleep(0.05)
+    await abort_all(eng, streams, 0.5)
     assert eng.stats() == dict.fromkeys(eng.stats(), 0)
     await eng.shutdown()
     for name in ("thinker", "talker"):

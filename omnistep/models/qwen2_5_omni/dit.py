@@ -57,6 +57,7 @@ from torch import nn
 from omnistep.core import derived_seed
 from omnistep.layers.ecapa_tdnn import SpeakerEncoder
 from omnistep.layers.linear import PackedLinear
+from omnistep.loops.denoise import Window
 from omnistep.models.qwen2_5_omni.config_fields import check_positive_ints, known_fields
 
 DEFAULT_ROPE_THETA = 10000.0
@@ -189,23 +190,11 @@ class SolverConfig:
         return t
 
 
-@dataclass(frozen=True)
-class ChunkWindow:
-    """One chunk of streamed token2wav, in utterance mel frames (``repeats`` per code).
-
-    The DiT integrates the whole ODE on ``[start, end)`` (left context, the chunk, look-ahead)
-    and keeps ``[out_start, out_end)``. ``start`` and ``out_start`` lie on the block grid.
-    """
-
-    start: int
-    out_start: int
-    out_end: int
-    end: int
-
-    @property
-    def frames(self) -> int:
-        """Frames the DiT runs on (``end - start``)."""
-        return self.end - self.start
+ChunkWindow = Window
+"""One chunk of streamed token2wav, in utterance mel frames (``repeats`` per code): the DiT
+integrates the whole ODE on ``[start, end)`` (left context, the chunk, look-ahead) and keeps
+``[out_start, out_end)``; ``start`` and ``out_start`` lie on the block grid. The denoise loop's
+``Window``."""
 
 
 CHUNK_FRAMES = 144
