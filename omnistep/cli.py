@@ -573,7 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--batch-invariant",
         action="store_true",
-        help="bit-identical outputs whatever the batch (slower; AR models); default: off",
+        help="bit-identical outputs whatever the batch (slower; AR models and Qwen2.5-Omni's "
+        "DiT and BigVGAN); default: off",
     )
     serve.add_argument(
         "--executor",
