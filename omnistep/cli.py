@@ -86,18 +86,23 @@ def _usage_banner(host: str, port: int, engine: AsyncEngine, auth: str | None = 
     as pasted (``auth``: the quoted Authorization header, None without a key)."""
     cards = [m.card for m in engine.models.values()]
     card = next((c for c in cards if Capability.TEXT_TO_SPEECH in c.capabilities), cards[0])
-    body = {"model": card.card_id, "input": "Hello from omnistep."}
-    voice = _banner_voice(card)
-    if voice is not None:
-        body["voice"] = voice
+    if Capability.TEXT_TO_SPEECH in card.capabilities:
+        route, out = "/v1/audio/speech", " -o hello.mp3"
+        body = {"model": card.card_id, "input": "Hello from omnistep."}
+        voice = _banner_voice(card)
+        if voice is not None:
+            body["voice"] = voice
+    else:  # chat cards only (Qwen2.5-Omni): /v1/audio/speech would refuse them
+        route, out = "/v1/chat/completions", ""
+        body = {"model": card.card_id, "messages": [{"role": "user", "content": "Hello!"}]}
     local = WILDCARD_HOSTS.get(host, host)  # a wildcard address is reached on loopback too
     base = f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
     where = " (and on every other interface)" if local != host else ""
     auth_flag = f"-H {auth} " if auth else ""
     return (
         f"omnistep is serving {', '.join(engine.models)} on {base}{where}\n"
-        f"  curl {base}/v1/audio/speech {auth_flag}-H 'Content-Type: application/json' \\\n"
-        f"    -d {shlex.quote(json.dumps(body))} -o hello.mp3\n"
+        f"  curl {base}{route} {auth_flag}-H 'Content-Type: application/json' \\\n"
+        f"    -d {shlex.quote(json.dumps(body))}{out}\n"
         f"  models: {base}/v1/models   health: {base}/health   docs: {base}/docs"
     )
 
@@ -568,7 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--batch-invariant",
         action="store_true",
-        help="bit-identical outputs whatever the batch (slower; AR models); default: off",
+        help="bit-identical outputs whatever the batch (slower; AR models and Qwen2.5-Omni's "
+        "DiT and BigVGAN); default: off",
     )
     serve.add_argument(
         "--executor",

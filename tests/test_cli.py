@@ -314,6 +314,23 @@ def test_banner_comes_once_listening_and_its_curl_line_works(host, key_from, war
     assert stderr.count("without an API key") == warnings, stderr
 
 
+def test_a_chat_only_server_banner_asks_chat_completions():
+    """(A Qwen2.5-Omni server printed a /v1/audio/speech line, which refuses chat cards.)"""
+    from types import SimpleNamespace
+
+    from omnistep.core import Capability
+    from omnistep.server.chat import ChatCompletionRequest
+
+    chat = frozenset({Capability.CHAT_TEXT, Capability.CHAT_AUDIO})
+    card = SimpleNamespace(card_id="qwen2.5-omni", capabilities=chat)
+    engine = SimpleNamespace(models={"qwen2.5-omni": SimpleNamespace(card=card)})
+    banner = omnistep.cli._usage_banner("127.0.0.1", 8000, engine).splitlines()
+    argv = _paste("\n".join(banner[1:3]).lstrip()[len("curl ") :], dict(os.environ))
+    assert argv[0] == "http://127.0.0.1:8000/v1/chat/completions" and "-o" not in argv
+    request = ChatCompletionRequest.model_validate_json(argv[argv.index("-d") + 1]).to_request()
+    assert request.model == "qwen2.5-omni" and request.messages[0].content == "Hello!"
+
+
 def test_loopback_hosts():
     for host in ("127.0.0.1", "127.1.2.3", "::1", "localhost", "[::1]"):
         assert is_loopback(host), host

@@ -46,6 +46,13 @@ def test_request_ids_are_unique():
         ("repetition_penalty", 0.9),
         ("max_new_tokens", 0),
         ("min_new_tokens", -2),
+        ("flow_noise_level", -1.0),
+        ("flow_noise_level", 4.01),
+        ("flow_noise_level", float("nan")),
+        ("flow_noise_level", True),  # not a noise level of 1.0
+        ("flow_noise_level", "0.7"),  # was a TypeError from math.isfinite
+        ("temperature", "1"),
+        ("max_new_tokens", 8.5),  # was accepted, then broke the card's int() uses
     ],
 )
 def test_sampling_params_name_the_bad_field(field, value):

@@ -117,6 +117,23 @@ def test_bad_rollouts_are_4xx_and_hold_nothing(base, body, status, param):
     assert httpx.get(base + "/health").json()["live_requests"] == 0
 
 
+@pytest.mark.parametrize("level", [-1, 4.01, "0.7", True, [], 1e309])
+def test_a_bad_flow_noise_level_is_a_400_naming_it(base, level):
+    """(``true`` was taken as noise 1.0 and ``"0.7"`` as 0.7; the message said 'body'.)"""
+    reply = _roll(base, flow_noise_level=level)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "flow_noise_level"
+    assert "Invalid value for 'flow_noise_level'" in error["message"]
+
+
+def test_a_card_without_a_flow_decoder_ignores_flow_noise_level(base):
+    reply = _roll(base, flow_noise_level=0.7, audio_format="wav")
+    assert reply.status_code == 200, reply.text
+    samples = [s for g in reply.json()["groups"] for s in g["samples"]]
+    assert samples and all("denoise" not in s and s["audio"] for s in samples)
+
+
 def test_weights_from_a_path_and_an_upload(tmp_path):
     table = ToyLM().table
     save_file({"table": np.ascontiguousarray(table[::-1])}, str(tmp_path / "w1.safetensors"))

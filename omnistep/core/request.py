@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,7 +37,9 @@ class SamplingParams:
             Qwen2.5-Omni's DiT) ignore it.
 
     Raises:
-        InvalidRequestError: a value out of range (``param`` names the field).
+        InvalidRequestError: a value out of range or of the wrong type (a bool, a string; a
+            float for ``top_k``, ``max_new_tokens``, ``min_new_tokens``); ``param`` names the
+            field.
     """
 
     temperature: float | None = None
@@ -57,9 +60,14 @@ class SamplingParams:
             "max_new_tokens": lambda v: v >= 1,
             "min_new_tokens": lambda v: v >= 0,
         }
+        integers = ("top_k", "max_new_tokens", "min_new_tokens")
         for name, ok in checks.items():
             value = getattr(self, name)
-            if value is not None and not ok(value):
+            kind = numbers.Integral if name in integers else numbers.Real
+            # a bool is an int to Python but never a sampling value; a str would fail in ok()
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, kind) or not ok(value)
+            ):
                 raise InvalidRequestError(
                     f"Invalid value for '{name}': {value!r}", param=name, code="invalid_value"
                 )

@@ -142,6 +142,7 @@ _FIELD_NAMES = frozenset(
         "top_k",
         "repetition_penalty",
         "max_new_tokens",
+        "flow_noise_level",
         "normalization_options",
         "normalize",
         "unit_normalization",

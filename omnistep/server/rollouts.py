@@ -83,7 +83,7 @@ class RolloutBody(SamplingFields):
     logprobs: Literal["processed", "policy"] = "processed"
     audio_format: ResponseFormat | None = None
     flow_noise_level: float | None = Field(
-        default=None, ge=0, le=MAX_FLOW_NOISE, allow_inf_nan=False
+        default=None, ge=0, le=MAX_FLOW_NOISE, allow_inf_nan=False, strict=True
     )
 
     def sampling(self) -> SamplingParams:
