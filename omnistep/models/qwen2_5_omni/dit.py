@@ -602,19 +602,26 @@ def sde_terms(times: torch.Tensor, step: int, noise_level: float) -> tuple[float
 
 
 def sde_noise(seed: int, step: int, start: int, end: int, block: int, mel_dim: int) -> torch.Tensor:
-    """The SDE noise of solver step ``step`` for utterance frames ``[start, end)``, float32
-    ``[end - start, mel_dim]`` on the CPU: each attention block ``j`` of ``block`` frames draws
-    ``torch.randn((block, mel_dim))`` from a CPU generator seeded ``derived_seed(seed, step,
-    j)``, so a frame's noise depends on the seed, the step and its position only (not on the
-    chunk schedule or the device)."""
+    """The SDE noise of solver step ``step`` of the window of utterance frames ``[start,
+    end)`` (``start`` on the block grid), float32 ``[end - start, mel_dim]`` on the CPU: block
+    ``j`` draws ``torch.randn((block, mel_dim))`` from a CPU generator seeded
+    ``derived_seed(seed, start // block, step, j)`` (not on the device: the same numbers on
+    CPU and CUDA).
+
+    Windows draw independent noise, also for the frames two overlapping windows both denoise
+    (a left context, a look-ahead): the steps of different windows are then independent
+    Gaussian transitions, and the sum of a sample's step log-probs is the log-density of what
+    was sampled, what a Flow-GRPO ratio needs (with shared noise the windows' overlapping
+    transitions would be one draw counted twice)."""
     first, last = start // block, -(-end // block)
     rows = [
         torch.randn(
-            (block, mel_dim), generator=torch.Generator().manual_seed(derived_seed(seed, step, j))
+            (block, mel_dim),
+            generator=torch.Generator().manual_seed(derived_seed(seed, first, step, j)),
         )
         for j in range(first, last)
     ]
-    return torch.cat(rows)[start - first * block : end - first * block]
+    return torch.cat(rows)[: end - start]
 
 
 def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
