@@ -113,6 +113,9 @@ def test_stream_ends_with_done(base):
         (_body(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages"),
         (_body(audio={"voice": "x", "format": "ogg"}, modalities=["text", "audio"]), 400, "audio"),
         (_body(temperature=-1), 400, "temperature"),
+        (_body(temperature=True), 400, "temperature"),
+        (_body(top_p="0.9"), 400, "top_p"),
+        (_body(max_tokens="16"), 400, "max_tokens"),
         (_body(n=2), 400, "n"),
     ],
 )

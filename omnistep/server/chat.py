@@ -97,10 +97,11 @@ class ChatCompletionRequest(OpenAIBody):
     audio: AudioOutput | None = None
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    max_tokens: int | None = Field(default=None, ge=1, le=32768)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
+    # strict: JSON numbers only (a bool or a numeric string is a 400, as OpenAI answers)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False, strict=True)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, strict=True)
+    max_tokens: int | None = Field(default=None, ge=1, le=32768, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768, strict=True)
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     n: int = Field(default=1, ge=1, le=1)
 

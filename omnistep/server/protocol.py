@@ -98,11 +98,14 @@ class SamplingFields(OpenAIBody):
     """The sampling fields of omnistep's speech and rollout bodies (cards without a sampler
     ignore them); unset ones keep the card's defaults."""
 
-    temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(default=None, ge=0, le=10000)
-    repetition_penalty: float | None = Field(default=None, ge=1, le=10, allow_inf_nan=False)
-    max_new_tokens: int | None = Field(default=None, ge=1, le=8192)
+    # strict: JSON numbers only (a bool or a numeric string is a 400, as OpenAI answers)
+    temperature: float | None = Field(default=None, ge=0, le=5, allow_inf_nan=False, strict=True)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False, strict=True)
+    top_k: int | None = Field(default=None, ge=0, le=10000, strict=True)
+    repetition_penalty: float | None = Field(
+        default=None, ge=1, le=10, allow_inf_nan=False, strict=True
+    )
+    max_new_tokens: int | None = Field(default=None, ge=1, le=8192, strict=True)
 
     def sampling(self) -> SamplingParams:
         """The ``SamplingParams`` of the fields that were given."""
