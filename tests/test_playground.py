@@ -31,7 +31,13 @@ TEXT = (
 SEED = "1"
 TIMEOUT_MS = 15_000
 # Three sentences: the default card streams them as separate chunks.
-DEFAULT_TEXT = "The playground draws this. It streams in parts. Then it stops."
+# Twelve sentences: synthesis of the whole takes a few hundred ms, longer than the page's start
+# of reading can lag on a loaded machine, so the stream reaches it in several reads (three
+# short sentences were made in ~60 ms and once arrived in one read: one chunk drawn).
+DEFAULT_TEXT = " ".join(
+    ["The playground draws this.", "It streams in parts.", "Then it stops.",
+     "Each part is one sentence of speech."] * 3
+)  # fmt: skip
 
 # Per canvas column (x): the height in pixels of what is drawn (alpha > 0: the canvas is
 # transparent where nothing is drawn, the background is its CSS's).
