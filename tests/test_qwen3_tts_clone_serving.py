@@ -229,6 +229,21 @@ async def test_aborted_cloned_voice_requests_leave_no_kv_blocks(base, spec):
     assert talker.drop_prefixes() == 1 and talker.blocks.num_used_blocks == 0
 
 
+async def test_forgetting_a_voice_drops_its_kept_prefix(base, spec):
+    """What DELETE /v1/audio/voices runs after deleting a saved clone: the engine pauses the
+    model and the card drops the voice's kept rows; a later request of the voice still runs
+    (and keeps them again); an unreadable spec is ignored."""
+    talker = base.resolve("qwen3-tts").components["talker"]
+    await _run(base, text="Keep my voice.", voice=spec, seed=1)
+    assert talker.num_kept_prefixes == 1
+    await base.forget_voice("qwen3-tts", "not a voice spec")
+    assert talker.num_kept_prefixes == 1
+    await base.forget_voice("qwen3-tts", spec)
+    assert talker.num_kept_prefixes == 0 and talker.blocks.num_used_blocks == 0
+    again = await _run(base, text="Keep my voice.", voice=spec, seed=1)
+    assert again.audio.size > 0 and talker.num_kept_prefixes == 1
+
+
 async def test_cloned_voice_rollout_is_rescored(folders, spec):
     engine = _engine(folders["base"], batch_invariant=True)
     try:

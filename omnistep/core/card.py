@@ -112,6 +112,10 @@ class ModelCard:
             event loop (``AsyncEngine.clone_voice``) and reaches its components with
             ``call_component``; it raises InvalidRequestError for a clip or transcript it
             rejects. Set with ``Capability.VOICE_CLONING``; None: the card cannot clone.
+        voice_forgetter: ``voice_forgetter(model, spec)`` when a saved voice is deleted: frees
+            what the card keeps for it (Qwen3-TTS: the voice's kept prompt prefix in the
+            talker's KV cache). Run between steps (``AsyncEngine.forget_voice``), reaching its
+            components with ``call_component``; None: the card keeps nothing per voice.
     """
 
     card_id: str
@@ -132,6 +136,9 @@ class ModelCard:
         default=None, compare=False, repr=False
     )
     voice_enroller: Callable[[ModelInstance, object, int, str], str] | None = field(
+        default=None, compare=False, repr=False
+    )
+    voice_forgetter: Callable[[ModelInstance, str], None] | None = field(
         default=None, compare=False, repr=False
     )
 

@@ -442,6 +442,29 @@ class AsyncEngine:
         log.info("model %s now runs weight version %d", card_id, new_version)
         return new_version
 
+    async def forget_voice(self, model_id: str, spec: str) -> None:
+        """Free what the card keeps for a voice that was deleted (its ``voice_forgetter``;
+        nothing when the card keeps nothing): the model's units pause, running batches finish,
+        the card forgets, work resumes. A spec the card cannot read is ignored (nothing of it
+        can be kept).
+
+        Raises:
+            ModelNotFoundError: unknown model id.
+        """
+        model = self.resolve(model_id)
+        forget = model.card.voice_forgetter
+        if forget is None:
+            return
+        card_id = model.card.card_id
+        async with self._weight_locks.setdefault(card_id, asyncio.Lock()):
+            try:
+                self._paused.add(card_id)
+                await self._wait_until(lambda: not self._model_busy(card_id))
+                await asyncio.to_thread(forget, model, spec)
+            finally:
+                self._paused.discard(card_id)
+                self._wake.set()
+
     async def clone_voice(
         self, model_id: str, audio: Any, sample_rate: int, transcript: str
     ) -> str:

@@ -521,11 +521,27 @@ async def _create_from_upload(http: HttpRequest) -> JSONResponse:
 
 
 @router.delete("/v1/audio/voices/{name}")
-def delete_voice(name: str, http: HttpRequest, model: str | None = None) -> JSONResponse:
+async def delete_voice(name: str, http: HttpRequest, model: str | None = None) -> JSONResponse:
     """Forget the saved voice ``name`` of ``model``; ``model`` may be omitted when one served
-    model has a voice of that name. 404 no such voice, 409 a built-in voice, 400 ambiguous."""
+    model has a voice of that name. 404 no such voice, 409 a built-in voice, 400 ambiguous.
+    The card then frees what it kept for the voice (``AsyncEngine.forget_voice``: a Qwen3-TTS
+    cloned voice's kept prompt prefix)."""
     store = _require_store(http)
     engine = _engine(http)
+    outcome = await run_in_threadpool(_delete_saved, store, engine, name, model)
+    if isinstance(outcome, JSONResponse):
+        return outcome
+    card_id, spec = outcome
+    await engine.forget_voice(card_id, spec)
+    body = {"object": "audio.voice.deleted", "name": name, "model": card_id, "deleted": True}
+    return JSONResponse(body)
+
+
+def _delete_saved(
+    store: VoiceStore, engine: AsyncEngine, name: str, model: str | None
+) -> JSONResponse | tuple[str, str]:
+    """Delete the saved voice (``delete_voice``'s checks, on a worker thread: SQLite):
+    ``(card id, spec)`` of the voice deleted, or the error response."""
     if model:
         card = engine.resolve(model).card
         candidates = [card.card_id]
@@ -546,10 +562,10 @@ def delete_voice(name: str, http: HttpRequest, model: str | None = None) -> JSON
                 "model",
                 "ambiguous_voice",
             )
-    if not NAME_RE.fullmatch(name) or not candidates or not store.delete(candidates[0], name):
+    saved = store.get(candidates[0], name) if candidates and NAME_RE.fullmatch(name) else None
+    if saved is None or not store.delete(candidates[0], name):
         where = f" for model '{candidates[0]}'" if model else ""
         return error_response(
             404, f"no saved voice named {name[:80]!r}{where}", param="name", code="voice_not_found"
         )
-    body = {"object": "audio.voice.deleted", "name": name, "model": candidates[0], "deleted": True}
-    return JSONResponse(body)
+    return candidates[0], saved.voice

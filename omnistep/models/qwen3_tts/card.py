@@ -472,6 +472,21 @@ def _enroll(model: ModelInstance, audio: Any, sample_rate: int, transcript: str)
     return call_component(model.components["encoder"], "enroll", audio, sample_rate, transcript)
 
 
+def _forget(frontend: _Frontend):
+    """The Base card's ``voice_forgetter``: drop the talker's kept prompt prefixes of the
+    deleted voice (``PagedARModel`` keeps a cloned voice's rows for the requests that use it;
+    they would otherwise age out of its LRU). A spec the card cannot read is ignored."""
+
+    def forget(model: ModelInstance, spec: str) -> None:
+        try:
+            rows, _, _ = frontend.clone(spec)
+        except InvalidRequestError:
+            return
+        call_component(model.components["talker"], "drop_voice", rows.key)
+
+    return forget
+
+
 def _usage(tokenizer: Any):
     """The ``usage`` node: input text ids and output frames."""
 
@@ -625,6 +640,7 @@ def build_card(
         default_voice=frontend.default_speaker,
         voice_validator=frontend.check_voice,
         voice_enroller=_enroll if base else None,
+        voice_forgetter=_forget(frontend) if base else None,
         parity=frozenset({"C0", "C1", "C2", "C3", "stream", "reference"}),
         description=f"Qwen3-TTS 12Hz {config.tts_model_type} ({config.tts_model_size}): talker "
         "+ code predictor -> causal codec decoder, 24 kHz; text streams into running requests.",
