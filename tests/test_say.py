@@ -118,7 +118,9 @@ def test_a_failing_sentence_leaves_no_output(tmp_path, capsys):
     book = tmp_path / "book.txt"
     book.write_text("Fine here. <fail-late> this one breaks along the way. More.", "utf-8")
     out = tmp_path / "out.wav"
-    assert _say("--file", str(book), "-o", str(out)) == 2
+    # a fixed seed: with a drawn one the toy sometimes ended that sentence before step 20,
+    # where <fail-late> raises, and nothing failed (1 run in 4 here)
+    assert _say("--file", str(book), "-o", str(out), "--seed", "0") == 2
     assert "injected fault" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == [book]
 
