@@ -10,6 +10,7 @@ from omnistep.core.card import (
     ModelInstance,
     call_component,
     dtype_name,
+    local_method,
 )
 from omnistep.core.contracts import (
     ActionRecord,
@@ -70,6 +71,7 @@ __all__ = [
     "check_text",
     "derived_seed",
     "dtype_name",
+    "local_method",
     "ActionRecord",
     "DenoiseStepRecord",
     "OPENAI_TTS_MODELS",

@@ -27,6 +27,24 @@ def call_component(component: Component, method: str, *args: object) -> object:
     return getattr(component, method)(*args)
 
 
+def local_method(component: Component, method: str, name: str) -> Callable[..., object]:
+    """``component.<method>`` when this process holds the component itself: what needs the
+    component's tensors here (``score``'s forwards with autograd) rather than on a replica.
+
+    Raises:
+        NotImplementedError: the component has no such method (another family, or a stand-in
+            for a component running in another process, as with the Ray executor); ``name``
+            is the component's name in the card, for the message.
+    """
+    bound = getattr(component, method, None)
+    if bound is None:
+        raise NotImplementedError(
+            f"component '{name}' cannot score here: it has no {method} in this process (with "
+            "the Ray executor components run in actors; score needs the in-process executor)"
+        )
+    return bound
+
+
 def dtype_name(dtype: object) -> str:
     """A dtype's name without its library: ``torch.float32`` and numpy's ``float32`` are both
     ``"float32"`` (weight updates compare them)."""

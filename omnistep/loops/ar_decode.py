@@ -38,6 +38,7 @@ from omnistep.core import (
     StreamChunk,
     WorkPlan,
     WorkUnitKind,
+    local_method,
 )
 from omnistep.sampling import make_generator
 
@@ -333,14 +334,8 @@ class ARDecodeLoop:
             NotImplementedError: the component has no ``score_logprobs`` (another family, or
                 a stand-in for a component running in another process).
         """
-        component = model.components[self.config.component]
-        scorer = getattr(component, "score_logprobs", None)
-        if scorer is None:
-            raise NotImplementedError(
-                f"component '{self.config.component}' cannot score here: it has no "
-                "teacher-forced forward in this process (with the Ray executor components run "
-                "in actors; score needs the in-process executor)"
-            )
+        name = self.config.component
+        scorer = local_method(model.components[name], "score_logprobs", name)
         frames = [tuple(int(t) for t in frame) for frame in tokens]
         row = self.config.make_sampling(req)
         return scorer(prompt, frames, row, mode, self.config.penalty_window, match_serving)

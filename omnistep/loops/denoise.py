@@ -39,6 +39,7 @@ from omnistep.core import (
     StepResult,
     WorkPlan,
     WorkUnitKind,
+    local_method,
 )
 
 
@@ -155,11 +156,11 @@ class DenoiseLoop:
         record = state.profile is ExecutionProfile.ROLLOUT
         if state.ode is None:
             complete = state.source.closed
-            items = list(state.source[:])
-            available = len(items) * self.config.frames_per_item
+            available = len(state.source) * self.config.frames_per_item
             window = self.config.next_window(state.emitted, available, complete)
-            if window is None:
+            if window is None:  # polled after every step of the request: no copy of the items
                 return Done() if complete else Pending()
+            items = list(state.source[:])
             start = self.config.make_start(state.request, state.ctx, items, window)
             if start is None:
                 return Done()
@@ -216,15 +217,8 @@ class DenoiseLoop:
             NotImplementedError: the component cannot score here (no ``score_steps``, or a
                 stand-in for a component running in another process).
         """
-        component = model.components[self.config.component]
-        scorer = getattr(component, "score_steps", None)
-        if scorer is None:
-            raise NotImplementedError(
-                f"component '{self.config.component}' cannot score here: it has no "
-                "score_steps in this process (with the Ray executor components run in "
-                "actors; score needs the in-process executor)"
-            )
-        return scorer(list(records))
+        name = self.config.component
+        return local_method(model.components[name], "score_steps", name)(list(records))
 
     def release(self, state: DenoiseState) -> None:
         """Nothing outside the state to free."""
