@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from omnistep.core import (
+    ComponentSpec,
     ExecutionProfile,
     InvalidRequestError,
     ModelInstance,
@@ -20,7 +21,7 @@ from omnistep.core import (
     WorkUnitKind,
 )
 from omnistep.engine import AsyncEngine, EngineConfig
-from omnistep.models.toy.card import ToyLM, build_card
+from omnistep.models.toy.card import ToyLM, ToyVocoder, build_card
 from omnistep.parity import collect, run_alone, run_interleaved
 
 
@@ -436,3 +437,71 @@ async def test_a_request_given_a_streams_clock_continues_that_stream():
     added = sum(c.audio.size / c.sample_rate for c in more if c.audio is not None)
     assert added > 0 and clock.audio_sent_s == pytest.approx(made + added)
     assert engine.metrics.ttfa["toy"].count == 3
+
+
+class _TimedLM(ToyLM):
+    """The toy LM, logging when each of its batches starts."""
+
+    starts: list[float] = []
+
+    def execute(self, kind, payloads):
+        type(self).starts.append(time.monotonic())
+        return super().execute(kind, payloads)
+
+
+class _SlowVocoder(ToyVocoder):
+    """The toy vocoder taking 50 ms a chunk, logging each chunk's (start, end)."""
+
+    calls: list[tuple[float, float]] = []
+
+    def execute(self, kind, payloads):
+        start = time.monotonic()
+        time.sleep(0.05)
+        out = super().execute(kind, payloads)
+        type(self).calls.append((start, time.monotonic()))
+        return out
+
+
+@pytest.mark.parametrize("alone", [True, False])
+async def test_first_audio_alone_holds_the_requests_lm_during_its_first_chunk(alone):
+    """``ModelCard.first_audio_alone``: while the first chunk is made, none of the request's
+    LM units starts (with the flag off, it decodes on beside it); after the first audio the
+    two stages overlap again, and the audio is the same either way."""
+    card = build_card()
+    card = dataclasses.replace(
+        card,
+        components=(
+            ComponentSpec("lm", _TimedLM, max_batch_size=8),
+            ComponentSpec("vocoder", _SlowVocoder, max_batch_size=8),
+        ),
+        first_audio_alone=alone,
+    )
+    request = Request(
+        "toy",
+        text="<slow> hello there, first audio",
+        seed=3,
+        sampling=SamplingParams(max_new_tokens=24),
+    )
+    _TimedLM.starts, _SlowVocoder.calls = [], []
+    engine = AsyncEngine([ModelInstance.load(card)])
+    try:
+        got = await collect(engine, request)
+    finally:
+        await engine.shutdown()
+    assert len(_SlowVocoder.calls) >= 3
+
+    def lm_starts_during(call: tuple[float, float]) -> int:
+        return sum(call[0] < t < call[1] for t in _TimedLM.starts)
+
+    first, later = _SlowVocoder.calls[0], _SlowVocoder.calls[1:]
+    if alone:
+        assert lm_starts_during(first) == 0
+    else:
+        assert lm_starts_during(first) > 0
+    assert sum(lm_starts_during(c) for c in later) > 0
+    reference = AsyncEngine([ModelInstance.load(build_card())])
+    try:
+        expected = await collect(reference, request)
+    finally:
+        await reference.shutdown()
+    assert np.array_equal(got.audio, expected.audio)

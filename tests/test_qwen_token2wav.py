@@ -593,3 +593,32 @@ def test_each_half_loads_alone_and_equals_the_whole(models):
             load_token2wav_part(part, state, TINY)
     with pytest.raises(ValueError, match="part must be"):
         load_token2wav_part("vocoder", {}, TINY)
+
+
+def test_kept_time_conditioning_follows_the_weights(models) -> None:
+    """``DiT.time_conditioning`` keeps its per-time values without autograd: they equal the
+    values computed with autograd on, rows with different times get their own, and an
+    in-place change of a weight they read (an optimizer step) is seen at the next call."""
+    dit = load_token2wav(models[0].state_dict(), TINY).code2wav_dit_model  # a copy to change
+    t = torch.tensor([0.25, 0.5, 0.25], dtype=dit.dtype)
+
+    def both() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        with torch.inference_mode():
+            mods, final = dit.time_conditioning(t)
+            kept = [*mods, final]
+        with torch.enable_grad():
+            mods, final = dit.time_conditioning(t)
+            fresh = [m.detach() for m in (*mods, final)]
+        return kept, fresh
+
+    kept, fresh = both()
+    assert len(kept) == len(dit.transformer_blocks) + 1
+    for k, f in zip(kept, fresh, strict=True):
+        assert torch.equal(k, f)
+        assert torch.equal(k[0], k[2]) and not torch.equal(k[0], k[1])
+    with torch.no_grad():
+        dit.transformer_blocks[1].attn_norm.linear.weight.mul_(1.5)
+        dit.time_embed.time_mlp[0].bias.add_(0.1)
+    again, fresh = both()
+    for a, k, f in zip(again, kept, fresh, strict=True):
+        assert torch.equal(a, f) and not torch.equal(a, k)

@@ -115,6 +115,15 @@ class ModelCard:
             Set by cards whose units gain nothing from batching (a burst then starts a few
             at a time, each group once the previous has audio to spare); None (batched AR
             models, where starting together is cheaper) admits a burst at once.
+        first_audio_alone: under deadline-aware scheduling, while a request has published no
+            audio and a unit of one of its audio stages (its DENOISE and AUDIO_DECODE loops:
+            the unit that makes its first chunk, or one on the way to it) is queued or
+            running, its AR units wait: the first chunk runs without the request's own
+            thinker or talker beside it, which only work ahead of playback then. Set by the
+            Qwen2.5-Omni cascade: with the talker beside it, the DiT's first window took 2.4x
+            longer on the 2-core CPU (both run Python between their kernels), time to first
+            audio 0.34-0.42 s against 0.24-0.26 s alone (tiny checkpoint, ``bench/omni.py``).
+            False: a request's units run beside each other whenever workers are free.
         voice_validator: ``voice_validator(voice)`` raises InvalidRequestError (param
             ``voice``) for a voice the card would reject, without running a request; None
             accepts exactly ``voices``. Set by cards that accept more than their named voices
@@ -149,6 +158,7 @@ class ModelCard:
     parity: frozenset[str] = field(default_factory=frozenset)
     description: str = ""
     max_starting: int | None = None
+    first_audio_alone: bool = False
     voice_validator: Callable[[str], object] | None = field(default=None, compare=False, repr=False)
     on_weights_updated: Callable[[ModelInstance, Mapping[str, object]], None] | None = field(
         default=None, compare=False, repr=False

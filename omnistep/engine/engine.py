@@ -29,6 +29,7 @@ from omnistep.core import (
     EngineOverloadedError,
     InvalidRequestError,
     KernelNode,
+    LoopKind,
     LoopNode,
     Modality,
     ModelInstance,
@@ -62,6 +63,8 @@ ADMISSION_POLL_S = 0.05
 WEIGHT_UPDATE_POLL_S = 0.005
 """Seconds between checks while a weight update waits for batches or requests to finish."""
 WEIGHT_UPDATE_MODES = ("pause", "drain")
+_AUDIO_STAGES = (LoopKind.DENOISE, LoopKind.AUDIO_DECODE)
+"""Loop kinds that turn a request's codes into audio (``ModelCard.first_audio_alone``)."""
 
 log = logging.getLogger("omnistep.engine")
 
@@ -160,6 +163,7 @@ class _RequestRun:
     parked: list[LiveLoop] = field(default_factory=list)
     clock: PlaybackClock | None = None  # its deadlines' clock, maybe shared with other runs
     held: list[LiveLoop] | None = None  # plans of a request waiting for admission
+    held_for_audio: list[LiveLoop] = field(default_factory=list)  # see _first_audio_pending
     waiting_since: float = 0.0  # when it was added (admission's max wait counts from here)
     audio_s: float = 0.0  # seconds of audio it published (its own, for the metrics)
     next_seq: int = 0
@@ -817,6 +821,7 @@ class AsyncEngine:
             self._schedule(run, live)
             if run.parked:
                 self._repoll(run)
+            self._release_held_for_audio(run)
         except Exception as exc:  # noqa: BLE001 - a loop bug fails its request only
             self._fail(run, exc, plan.label if plan else live.node.name)
 
@@ -870,8 +875,36 @@ class AsyncEngine:
             if run.held is not None:  # waiting for admission
                 run.held.append(live)
                 return
+            if live.loop.kind is LoopKind.AR_DECODE and self._first_audio_pending(run):
+                run.held_for_audio.append(live)
+                return
             self._scheduler.enqueue(live, self._priority(run, live))
             self._wake.set()
+
+    def _first_audio_pending(self, run: _RequestRun) -> bool:
+        """Whether the run's AR units wait (``ModelCard.first_audio_alone``): EDF, no audio
+        published yet, and a unit of one of its audio stages queued or running."""
+        return (
+            self._edf
+            and run.model.card.first_audio_alone
+            and run.clock is not None
+            and not run.clock.started
+            and any(
+                (live.queued or live.in_flight) and live.loop.kind in _AUDIO_STAGES
+                for live in run.live.values()
+            )
+        )
+
+    def _release_held_for_audio(self, run: _RequestRun) -> None:
+        """Queue the AR plans that waited for the first audio, once it is out or no audio
+        stage has a unit queued or running (it waits for their output)."""
+        if not run.held_for_audio or run.finished or self._first_audio_pending(run):
+            return
+        held, run.held_for_audio = run.held_for_audio, []
+        for live in held:
+            if live.plan is not None and not live.queued:
+                self._scheduler.enqueue(live, self._priority(run, live))
+        self._wake.set()
 
     def _finish_loop(self, run: _RequestRun, live: LiveLoop) -> None:
         result = live.loop.finalize(live.state)
@@ -898,6 +931,7 @@ class AsyncEngine:
                 self._schedule(run, live)
             if len(run.parked) == len(parked):
                 break
+        self._release_held_for_audio(run)
         self._check_progress(run)
 
     @staticmethod

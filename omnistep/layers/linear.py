@@ -111,7 +111,10 @@ class PackedLinear(nn.Linear):
             and w.dtype == torch.float32
         )
 
-    def _version_key(self) -> tuple[int, ...]:
+    def version_key(self) -> tuple[int, ...]:
+        """Identifies the current weight and bias values: each tensor, its storage and its
+        in-place version counter (an optimizer step or ``copy_`` bumps it). A copy derived
+        from them is fresh while this key is unchanged."""
         w, b = self.weight, self.bias
         key = (id(w), w.data_ptr(), w._version)
         return key if b is None else (*key, id(b), b.data_ptr(), b._version)
@@ -119,7 +122,7 @@ class PackedLinear(nn.Linear):
     def packed_weight(self) -> torch.Tensor | None:
         """The oneDNN-packed weight (an mkldnn tensor), made or refreshed if stale; None when
         packing is not possible here."""
-        key = self._version_key()
+        key = self.version_key()
         if self._packed is not None and self._packed_key == key:
             return self._packed
         with _PACK_LOCK:

@@ -103,6 +103,8 @@ class QwenOmniOptions:
             utterance once the talker is done (upstream's offline ``token2wav``).
         talker_sampling: fixed talker sampling settings (None: transformers' defaults; tests
             use greedy).
+        first_audio_alone: a request's thinker and talker wait while its first audio chunk is
+            being made (``ModelCard.first_audio_alone``; EDF scheduling only).
         dtype: compute dtype.
     """
 
@@ -116,6 +118,7 @@ class QwenOmniOptions:
     chunk: int | None = None
     vocoder_context: int = 34
     dit_chunking: DiTChunking | None = field(default_factory=DiTChunking)
+    first_audio_alone: bool = True
     dtype: torch.dtype = torch.float32
 
 
@@ -706,6 +709,7 @@ def build_card(
         default_voice=next(iter(speakers)),
         voice_validator=frontend.speaker_name,
         on_weights_updated=_refresh_talker_text_rows,
+        first_audio_alone=opts.first_audio_alone,
         parity=frozenset({"C0", "C1", "C3", "reference"}),
         description="Qwen2.5-Omni: thinker -> talker -> token2wav (DiT + BigVGAN), 24 kHz.",
     )

@@ -458,7 +458,9 @@ class DiTAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor
     ) -> torch.Tensor:
-        """``x`` ``[R, N, hidden]``, ``mask`` bool ``[R, H, N, N]`` (True = attend) -> same as x."""
+        """``x`` ``[R, N, hidden]``, ``mask`` ``[R, H, N, N]``, bool (True = attend) or
+        additive float (0 or -inf; the same result, and SDPA skips converting it) -> same
+        shape as x."""
         r = x.shape[0]
         q = self.to_q(x).view(r, -1, self.heads, self.head_dim).transpose(1, 2)
         k = self.to_k(x).view(r, -1, self.heads, self.head_dim).transpose(1, 2)
@@ -479,8 +481,13 @@ class AdaLayerNormZero(nn.Module):
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        emb = self.linear(self.silu(emb))
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = torch.chunk(emb, 6, dim=1)
+        """``x`` ``[R, N, dim]``, time embedding ``emb`` ``[R, dim]``."""
+        return self.modulate(x, self.linear(self.silu(emb)))
+
+    def modulate(self, x: torch.Tensor, mod: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``forward`` given ``mod`` = ``linear(silu(emb))`` ``[R, 6 * dim]`` (it depends on
+        the time only: ``DiT.time_conditioning``)."""
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = torch.chunk(mod, 6, dim=1)
         x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
         return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
@@ -495,7 +502,12 @@ class AdaLayerNormZeroFinal(nn.Module):
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        scale, shift = torch.chunk(self.linear(self.silu(emb)), 2, dim=1)
+        """``x`` ``[R, N, dim]``, time embedding ``emb`` ``[R, dim]``."""
+        return self.modulate(x, self.linear(self.silu(emb)))
+
+    def modulate(self, x: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
+        """``forward`` given ``mod`` = ``linear(silu(emb))`` ``[R, 2 * dim]``."""
+        scale, shift = torch.chunk(mod, 2, dim=1)
         return self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]
 
 
@@ -535,11 +547,14 @@ class DiTDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        temb: torch.Tensor,
+        mod: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor,
     ) -> torch.Tensor:
-        norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, emb=temb)
+        """``x`` ``[R, N, hidden]``; ``mod`` ``[R, 6 * hidden]``: ``attn_norm.linear`` of
+        SiLU(time embedding) (``DiT.time_conditioning``); ``mask``: additive float
+        ``[R, H, N, N]`` (0 = attend, -inf = not)."""
+        norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm.modulate(x, mod)
         x = x + gate_msa.unsqueeze(1) * self.attn(norm, rope, mask)
         norm = self.ff_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
         return x + gate_mlp.unsqueeze(1) * self.ff(norm)
@@ -694,7 +709,7 @@ class _StepBatch:
     states: list[ODEState]
     row_ranges: list[tuple[int, int]]  # x rows of each state in the stacked [R, N, mel_dim]
     features: torch.Tensor  # [R_model, N, cond_features], zero-padded to N frames
-    masks: list[torch.Tensor]  # per layer, bool [R_model, H, N, N]
+    masks: list[torch.Tensor]  # per layer, additive float [R_model, H, N, N]
     rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [1 or R_model, N, head_dim]
 
 
@@ -992,11 +1007,58 @@ class DiT(nn.Module):
         ``x`` ``[R, N, mel_dim]`` noisy mel and ``t`` ``[R]`` times of the rows of
         ``batch.features`` ``[R, N, cond_features]`` -> predicted velocity ``[R, N, mel_dim]``.
         """
-        temb = self.time_embed(t)
+        mods, final = self.time_conditioning(t)
         h = self.input_embed(x, batch.features)
-        for block, mask in zip(self.transformer_blocks, batch.masks, strict=True):
-            h = block(h, temb, batch.rope, mask)
-        return self.proj_out(self.norm_out(h, temb))
+        for block, mod, mask in zip(self.transformer_blocks, mods, batch.masks, strict=True):
+            h = block(h, mod, batch.rope, mask)
+        return self.proj_out(self.norm_out.modulate(h, final))
+
+    def time_conditioning(self, t: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """What the times ``t`` ``[R]`` feed into the blocks: per block its AdaLN-zero input
+        ``attn_norm.linear(silu(time_embed(t)))`` ``[R, 6 * hidden]``, and ``norm_out``'s
+        ``[R, 2 * hidden]``. They depend on t alone, so they are computed once per distinct
+        time (a 1-row batch each, whatever R, so a row's values never depend on the batch)
+        and, without autograd, kept until a weight they read changes (``PackedLinear``
+        version keys): an RK4 solve of 10 points evaluates 36 times, the same for every
+        request, and this was 7 GEMMs and ~25 small ops of each of its DiT forwards. With
+        autograd on (``step_logprob``) the same per-time values are recomputed, with a graph.
+        """
+        values = t.tolist()
+        distinct = list(dict.fromkeys(values))
+        cache = None if torch.is_grad_enabled() else self._time_cache()
+        per_time = []
+        for value in distinct:
+            got = None if cache is None else cache.get(value)
+            if got is None:
+                one = torch.tensor([value], dtype=t.dtype, device=t.device)
+                temb = self.time_embed(one)
+                got = [b.attn_norm.linear(b.attn_norm.silu(temb)) for b in self.transformer_blocks]
+                got.append(self.norm_out.linear(self.norm_out.silu(temb)))
+                if cache is not None:
+                    cache[value] = got
+            per_time.append(got)
+        rows = len(values)
+        if len(distinct) == 1:
+            out = [m.expand(rows, -1) for m in per_time[0]]
+        else:
+            index = torch.tensor([distinct.index(v) for v in values], device=t.device)
+            out = [
+                torch.cat([p[i] for p in per_time]).index_select(0, index)
+                for i in range(len(per_time[0]))
+            ]
+        return out[:-1], out[-1]
+
+    def _time_cache(self) -> dict[float, list[torch.Tensor]]:
+        """``time_conditioning``'s kept values, emptied when a weight they read changed (its
+        version key: the tensor, its storage, its in-place version) or after 256 times."""
+        linears = [self.time_embed.time_mlp[0], self.time_embed.time_mlp[2], self.norm_out.linear]
+        linears += [b.attn_norm.linear for b in self.transformer_blocks]
+        key = tuple(m.version_key() for m in linears)
+        cache = self.__dict__.get("_time_values")
+        if cache is None or cache[0] != key or len(cache[1]) > 256:
+            cache = (key, {})
+            self.__dict__["_time_values"] = cache
+        return cache[1]
 
     def _step_batch(self, states: list[ODEState]) -> _StepBatch:
         frames = max(s.num_frames for s in states)
@@ -1033,7 +1095,8 @@ class DiT(nn.Module):
         )
 
     def _masks(self, frames: int, rows: int, lengths: torch.Tensor | None) -> list[torch.Tensor]:
-        """Per layer, bool ``[rows, heads, N, N]``: query i may see key j when j's block is at
+        """Per layer, additive float ``[rows, heads, N, N]`` (0 where query i may see key j,
+        -inf elsewhere): query i may see key j when j's block is at
         most ``look_backward_block`` before and ``look_ahead_block`` after i's
         (``_create_block_diff``); with ``lengths`` also only keys j < length (or j == i, so a
         padded query row is never empty)."""
@@ -1051,7 +1114,11 @@ class DiT(nn.Module):
             if key not in cache:
                 mask = (diff >= -float(key[0])) & (diff <= float(key[1]))
                 mask = mask[None, None] if keep is None else mask & keep
-                cache[key] = mask.expand(rows, self.config.num_attention_heads, frames, frames)
+                # Additive, made once per step: SDPA would turn a bool mask into this in each
+                # of its 4 x layers calls (bit-identical results either way).
+                additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device)
+                additive.masked_fill_(~mask, float("-inf"))
+                cache[key] = additive.expand(rows, self.config.num_attention_heads, frames, frames)
             masks.append(cache[key])
         return masks
 
