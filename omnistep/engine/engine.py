@@ -992,6 +992,7 @@ class AsyncEngine:
         if run.timer is not None:
             run.timer.cancel()
         run.parked.clear()
+        run.held_for_audio.clear()
         for live in run.live.values():
             self._scheduler.remove(live)
             if not live.in_flight:  # in-flight loops are released when their batch returns
