@@ -400,6 +400,13 @@ class DiTComponent:
         require grad: what a Flow-GRPO trainer's optimizer takes (``score_steps`` computes
         from them).
 
+        Changing them in place changes what serving computes: its kept copies (pre-packed
+        linears, ``DiT.time_conditioning``'s per-time values) notice through the tensors'
+        in-place version counters, which plain and ``foreach`` optimizer steps bump. A
+        ``fused=True`` optimizer step does not bump them (torch 2.13): after one, call
+        ``update_weights`` with the new values, which refreshes every copy and records a
+        version.
+
         Raises:
             KeyError: a name the DiT does not have.
         """
