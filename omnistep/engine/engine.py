@@ -820,8 +820,9 @@ class AsyncEngine:
                 self._publish(run, state.outbox)
             self._schedule(run, live)
             if run.parked:
-                self._repoll(run)
-            self._release_held_for_audio(run)
+                self._repoll(run)  # releases what waited for the first audio, when it may
+            else:
+                self._release_held_for_audio(run)
         except Exception as exc:  # noqa: BLE001 - a loop bug fails its request only
             self._fail(run, exc, plan.label if plan else live.node.name)
 
@@ -902,8 +903,7 @@ class AsyncEngine:
             return
         held, run.held_for_audio = run.held_for_audio, []
         for live in held:
-            if live.plan is not None and not live.queued:
-                self._scheduler.enqueue(live, self._priority(run, live))
+            self._scheduler.enqueue(live, self._priority(run, live))
         self._wake.set()
 
     def _finish_loop(self, run: _RequestRun, live: LiveLoop) -> None:

@@ -480,13 +480,14 @@ class AdaLayerNormZero(nn.Module):
         self.linear = PackedLinear(dim, dim * 6)
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
 
-    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``x`` ``[R, N, dim]``, time embedding ``emb`` ``[R, dim]``."""
-        return self.modulate(x, self.linear(self.silu(emb)))
+    def time_input(self, emb: torch.Tensor) -> torch.Tensor:
+        """Time embedding ``emb`` ``[R, dim]`` -> ``linear(silu(emb))`` ``[R, 6 * dim]`` (it
+        depends on the time only: ``DiT.time_conditioning`` keeps it)."""
+        return self.linear(self.silu(emb))
 
-    def modulate(self, x: torch.Tensor, mod: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``forward`` given ``mod`` = ``linear(silu(emb))`` ``[R, 6 * dim]`` (it depends on
-        the time only: ``DiT.time_conditioning``)."""
+    def forward(self, x: torch.Tensor, mod: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``x`` ``[R, N, dim]``, ``mod`` = ``time_input(emb)`` ``[R, 6 * dim]`` (upstream
+        computes it inside: the same expressions)."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = torch.chunk(mod, 6, dim=1)
         x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
         return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
@@ -501,12 +502,12 @@ class AdaLayerNormZeroFinal(nn.Module):
         self.linear = PackedLinear(dim, dim * 2)
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
 
-    def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[R, N, dim]``, time embedding ``emb`` ``[R, dim]``."""
-        return self.modulate(x, self.linear(self.silu(emb)))
+    def time_input(self, emb: torch.Tensor) -> torch.Tensor:
+        """Time embedding ``emb`` ``[R, dim]`` -> ``linear(silu(emb))`` ``[R, 2 * dim]``."""
+        return self.linear(self.silu(emb))
 
-    def modulate(self, x: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
-        """``forward`` given ``mod`` = ``linear(silu(emb))`` ``[R, 2 * dim]``."""
+    def forward(self, x: torch.Tensor, mod: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[R, N, dim]``, ``mod`` = ``time_input(emb)`` ``[R, 2 * dim]``."""
         scale, shift = torch.chunk(mod, 2, dim=1)
         return self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]
 
@@ -554,7 +555,7 @@ class DiTDecoderLayer(nn.Module):
         """``x`` ``[R, N, hidden]``; ``mod`` ``[R, 6 * hidden]``: ``attn_norm.linear`` of
         SiLU(time embedding) (``DiT.time_conditioning``); ``mask``: additive float
         ``[R, H, N, N]`` (0 = attend, -inf = not)."""
-        norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm.modulate(x, mod)
+        norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, mod)
         x = x + gate_msa.unsqueeze(1) * self.attn(norm, rope, mask)
         norm = self.ff_norm(x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
         return x + gate_mlp.unsqueeze(1) * self.ff(norm)
@@ -1011,7 +1012,7 @@ class DiT(nn.Module):
         h = self.input_embed(x, batch.features)
         for block, mod, mask in zip(self.transformer_blocks, mods, batch.masks, strict=True):
             h = block(h, mod, batch.rope, mask)
-        return self.proj_out(self.norm_out.modulate(h, final))
+        return self.proj_out(self.norm_out(h, final))
 
     def time_conditioning(self, t: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """What the times ``t`` ``[R]`` feed into the blocks: per block its AdaLN-zero input
@@ -1032,8 +1033,8 @@ class DiT(nn.Module):
             if got is None:
                 one = torch.tensor([value], dtype=t.dtype, device=t.device)
                 temb = self.time_embed(one)
-                got = [b.attn_norm.linear(b.attn_norm.silu(temb)) for b in self.transformer_blocks]
-                got.append(self.norm_out.linear(self.norm_out.silu(temb)))
+                got = [b.attn_norm.time_input(temb) for b in self.transformer_blocks]
+                got.append(self.norm_out.time_input(temb))
                 if cache is not None:
                     cache[value] = got
             per_time.append(got)
