@@ -57,6 +57,7 @@ from omnistep.core import (
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine
+from omnistep.engine.openmp import release_openmp_team, releasing
 from omnistep.launch import load_engine
 from omnistep.models.registry import DEFAULT_MODEL
 from omnistep.parity import Collected, collect
@@ -418,7 +419,12 @@ class AsyncOmniEngine:
         """``score_samples`` on a worker thread (the event loop keeps serving meanwhile);
         see there. The tensors' graphs work from any thread."""
         return await asyncio.to_thread(
-            score_samples, self.engine, samples, mode=mode, loops=loops, match_serving=match_serving
+            releasing(score_samples),
+            self.engine,
+            samples,
+            mode=mode,
+            loops=loops,
+            match_serving=match_serving,
         )
 
     async def update_weights(
@@ -438,7 +444,7 @@ class AsyncOmniEngine:
             InvalidRequestError: a file that is not safetensors.
             WeightUpdateError: an unknown name, a wrong shape or dtype (nothing changed).
         """
-        tensors = await asyncio.to_thread(_read_weights, weights)
+        tensors = await asyncio.to_thread(releasing(_read_weights), weights)
         return await self.engine.update_weights(self.card_id(model), tensors, version, mode)
 
     async def close(self) -> None:
@@ -519,7 +525,9 @@ class OmniEngine:
         if not self._thread.is_alive():
             coro.close()  # never awaited: close it (no "never awaited" warning)
             raise RuntimeError("this OmniEngine is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        release_openmp_team()  # the caller's thread waits: its idle team would slow the engine's
+        return future.result()  # type: ignore[arg-type]
 
     def _stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -529,7 +537,7 @@ class OmniEngine:
 async def _build(models, device, kwargs) -> AsyncOmniEngine:
     """``AsyncOmniEngine.from_specs`` on the background loop (models load off the caller's
     thread; the engine's asyncio objects belong to that loop)."""
-    return await asyncio.to_thread(AsyncOmniEngine.from_specs, models, device, **kwargs)
+    return await asyncio.to_thread(releasing(AsyncOmniEngine.from_specs), models, device, **kwargs)
 
 
 def score_samples(

@@ -55,6 +55,7 @@ from omnistep.engine.deadlines import (
 )
 from omnistep.engine.executor import Executor, InProcessExecutor, Outcome
 from omnistep.engine.metrics import EngineMetrics, Occupancy
+from omnistep.engine.openmp import releasing
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 from omnistep.kv import kv_usage
 
@@ -437,7 +438,7 @@ class AsyncEngine:
                     await self._wait_until(lambda: not self._drain_pending(card_id))
                 self._paused.add(card_id)
                 await self._wait_until(lambda: not self._model_busy(card_id))
-                await asyncio.to_thread(model.update_weights, tensors, new_version)
+                await asyncio.to_thread(releasing(model.update_weights), tensors, new_version)
                 self.weight_versions[card_id] = new_version
             finally:
                 self._paused.discard(card_id)
@@ -464,7 +465,7 @@ class AsyncEngine:
             try:
                 self._paused.add(card_id)
                 await self._wait_until(lambda: not self._model_busy(card_id))
-                await asyncio.to_thread(forget, model, spec)
+                await asyncio.to_thread(releasing(forget), model, spec)
             finally:
                 self._paused.discard(card_id)
                 self._wake.set()
@@ -514,7 +515,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         enroller = card.voice_enroller
         spec = await loop.run_in_executor(
-            self._enroll_pool, enroller, model, samples, sample_rate, transcript
+            self._enroll_pool, releasing(enroller), model, samples, sample_rate, transcript
         )
         log.info(
             "cloned a voice for model %s (%.1f s of audio)",

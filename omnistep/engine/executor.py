@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from omnistep.core import Component, ModelInstance, StepResult, WorkUnitKind
+from omnistep.engine.openmp import release_openmp_team, releasing
 
 Outcome = StepResult | Exception
 
@@ -74,7 +75,12 @@ class Executor(Protocol):
 
 
 class InProcessExecutor:
-    """Runs batches on ``num_workers`` worker threads of this process."""
+    """Runs batches on ``num_workers`` worker threads of this process.
+
+    A worker frees its OpenMP team after each batch, and the event loop's thread frees its own
+    before handing a batch over (``omnistep.engine.openmp``): idle teams would cut every
+    team's spin-wait and slow a lone batch's small parallel regions by up to ~1.8x on CPU.
+    """
 
     def __init__(self, num_workers: int = 1) -> None:
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="omnistep-exec")
@@ -91,7 +97,10 @@ class InProcessExecutor:
         """Execute one batch in a worker thread; see ``execute_isolated``. ``model_id`` and
         ``name`` (which component of which card) are not needed here: ``component`` is local."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, execute_isolated, component, kind, payloads)
+        release_openmp_team()  # the loop's thread computes nothing while the batch runs
+        return await loop.run_in_executor(
+            self._pool, releasing(execute_isolated), component, kind, payloads
+        )
 
     def capacity(self, model_id: str, name: str, per_instance: int) -> int:
         """One instance of each component: ``per_instance`` batches at once."""
