@@ -90,8 +90,12 @@ CONVNEXT_KERNEL = 7
 DECODER_KERNEL = 7
 """Kernel of the decoder's first and last convs and of every residual unit's dilated conv."""
 RESIDUAL_DILATIONS = (1, 3, 9)
-CONV_PIECE_FRAMES = 32
-"""Most frames a stream's chunk runs through the conv stack at once (``decode_stream``)."""
+CONV_PIECE_ROW_FRAMES = 16
+"""Most frames x rows of a batch that run through the conv stack at once (``decode_stream``):
+a batch of B chunks runs in pieces of ``max(1, 16 // B)`` frames, so the output-rate
+activations (``[B, 96, 1920 frames]`` float32: 12 MB at 16) stay in cache. Published size, 2
+threads, chunks 2, 8, 16 frames, ms per frame: B = 8 24 (2-frame pieces) vs 42 (32-frame
+pieces); B = 4 24 vs 29; B = 1 28 either way (16 or 32)."""
 CODEBOOK_EPS = 1e-5
 """``EuclideanCodebook.epsilon``: cluster usage is clamped at this before dividing."""
 UNUSED_TENSORS = ("quantizer.rvq_first.input_proj.weight", "quantizer.rvq_rest.input_proj.weight")
@@ -736,9 +740,9 @@ class CodecDecoder(nn.Module):
         rounding: 1e-5 in float32). Rows are right-padded to the longest chunk (causal: padding
         never reaches a real sample); a row's samples equal its decode alone within rounding.
 
-        The conv stack runs over pieces of at most ``CONV_PIECE_FRAMES`` frames (exact, the
-        state carries across): on a CPU its activations then stay in cache (published size,
-        one thread: 45 ms per frame in 32-frame pieces, 62 in 64-frame ones).
+        The conv stack runs over pieces of ``CONV_PIECE_ROW_FRAMES // B`` frames (at least 1;
+        exact, the state carries across): on a CPU its activations then stay in cache (see
+        there; one row, one thread: 45 ms per frame in 32-frame pieces, 62 in 64-frame ones).
 
         Args:
             chunks: each stream's next codes, int ``[frames, Q]`` (>= 1 frame, any device).
@@ -760,8 +764,9 @@ class CodecDecoder(nn.Module):
         latents, latent_states = self._stream_latents(codes, frames, streams)
         conv_states: list[Sequence[torch.Tensor] | None] = [s.waves for s in streams]
         pieces = []
-        for lo in range(0, max(frames), CONV_PIECE_FRAMES):  # a row may have 0 frames left
-            part = [min(max(n - lo, 0), CONV_PIECE_FRAMES) for n in frames]
+        piece = max(1, CONV_PIECE_ROW_FRAMES // len(frames))
+        for lo in range(0, max(frames), piece):  # a row may have 0 frames left
+            part = [min(max(n - lo, 0), piece) for n in frames]
             sp = StreamPass(part, conv_states)
             pieces.append(self.waveform(latents[:, lo : lo + max(part)], sp))
             conv_states = sp.rows()  # type: ignore[assignment]
