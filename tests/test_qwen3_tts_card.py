@@ -5,6 +5,7 @@ request, voices and instructions, rollouts scored, aborts."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -222,6 +223,48 @@ async def test_aborted_requests_leave_no_kv_blocks_or_codec_streams(custom):
     await abort_all(custom, streams, 0.3)
     assert custom.stats() == dict.fromkeys(custom.stats(), 0)
     assert custom.resolve("qwen3-tts").components["codec"].num_streams == 0
+
+
+@pytest.mark.parametrize("alone", [True, False])
+async def test_first_codec_chunk_runs_without_the_requests_talker(folders, alone):
+    """``Qwen3TTSOptions.first_audio_alone``: the talker's second step becomes ready in the
+    same fold as the first codec chunk (both wait on the prefill's frame); with the flag it
+    is taken back out of the queue, so no talker step starts before the first chunk is
+    decoded; without it the step runs beside the chunk. The audio is the same either way."""
+    engine = _engine(folders["custom_voice"], first_audio_alone=alone)
+    model = engine.resolve("qwen3-tts")
+    calls: dict[str, list[tuple[str, float, float]]] = {"talker": [], "codec": []}
+    for name, log in calls.items():
+        component = model.components[name]
+        inner = component.execute
+
+        def execute(kind, payloads, inner=inner, log=log):
+            start = time.perf_counter()
+            try:
+                return inner(kind, payloads)
+            finally:
+                log.append((kind.value, start, time.perf_counter()))
+
+        component.execute = execute
+    request = Request("qwen3-tts", text=TEXT, voice="ryan", seed=5,
+                      sampling=SamplingParams(max_new_tokens=6))  # fmt: skip
+    try:
+        got = await collect(engine, request)
+    finally:
+        await engine.shutdown()
+    (_, chunk_start, chunk_end), *_ = calls["codec"]
+    steps = [start for kind, start, _ in calls["talker"] if kind == "ar_token"]
+    assert len(steps) >= 4
+    if alone:
+        assert min(steps) >= chunk_end
+    else:
+        assert min(steps) < chunk_end
+    reference = _engine(folders["custom_voice"], first_audio_alone=not alone)
+    try:
+        expected = await collect(reference, request)
+    finally:
+        await reference.shutdown()
+    assert np.array_equal(got.audio, expected.audio) and got.audio.size >= 6 * HOP // 2
 
 
 async def test_custom_voice_cannot_clone(custom):

@@ -823,7 +823,7 @@ class AsyncEngine:
             if run.parked:
                 self._repoll(run)  # releases what waited for the first audio, when it may
             else:
-                self._release_held_for_audio(run)
+                self._update_held_for_audio(run)
         except Exception as exc:  # noqa: BLE001 - a loop bug fails its request only
             self._fail(run, exc, plan.label if plan else live.node.name)
 
@@ -897,10 +897,22 @@ class AsyncEngine:
             )
         )
 
-    def _release_held_for_audio(self, run: _RequestRun) -> None:
-        """Queue the AR plans that waited for the first audio, once it is out or no audio
-        stage has a unit queued or running (it waits for their output)."""
-        if not run.held_for_audio or run.finished or self._first_audio_pending(run):
+    def _update_held_for_audio(self, run: _RequestRun) -> None:
+        """Hold or release the run's AR plans for its first audio (``first_audio_alone``):
+        queue the AR plans that waited for the first audio, once it is out or no audio
+        stage has a unit queued or running (it waits for their output). While it is pending,
+        AR plans queued before the audio unit (in the fold whose codes made the audio unit
+        ready: Qwen3-TTS's talker feeds its codec directly) leave the queue for the held list,
+        so that the first chunk runs without them."""
+        if run.finished:
+            return
+        if self._first_audio_pending(run):
+            for live in run.live.values():
+                if live.queued and live.loop.kind is LoopKind.AR_DECODE:
+                    self._scheduler.remove(live)
+                    run.held_for_audio.append(live)
+            return
+        if not run.held_for_audio:
             return
         held, run.held_for_audio = run.held_for_audio, []
         for live in held:
@@ -932,7 +944,7 @@ class AsyncEngine:
                 self._schedule(run, live)
             if len(run.parked) == len(parked):
                 break
-        self._release_held_for_audio(run)
+        self._update_held_for_audio(run)
         self._check_progress(run)
 
     @staticmethod

@@ -156,6 +156,14 @@ class Qwen3TTSOptions:
         max_new_tokens: cap on generated frames (None: ``generation_config.json``'s).
         first_chunk, chunk, chunk_growth, max_chunk, bucket_frames: the vocoder's chunk
             schedule in frames (1 frame = 1920 samples = 80 ms); see ``codec_decode_config``.
+            The first chunk is the prefill's own frame: audio starts after one talker forward
+            and one codec frame (``bench/qwen3_tts.py``, issue 13 notes: TTFA at C=1 0.07x of
+            qwen-tts's first utterance with it against 0.11x with 2 frames, and TTFA p99 at
+            C=8 / C=4 1.32 against 1.57: the codec's first chunk, linear in the batch, is
+            half as large beside the same fixed prefill).
+        first_audio_alone: a request's talker waits while its first codec chunk is decoded
+            (``ModelCard.first_audio_alone``; EDF scheduling only): the chunk then has both
+            cores (bench: TTFA p50 at C=4 0.57-0.69 s against 0.92-1.05 s beside the talker).
         codec_stream_state: the codec keeps each request's decoder state (KV cache, conv
             inputs) between chunks, so a chunk costs its own frames only; False: every chunk
             re-reads its exact left context (580 frames published; the same samples, slower;
@@ -170,13 +178,14 @@ class Qwen3TTSOptions:
     max_batch_size: int = 32
     batch_invariant: bool = False
     max_new_tokens: int | None = None
-    first_chunk: int = 2
+    first_chunk: int = 1
     chunk: int = 8
     chunk_growth: float = 2.0
     max_chunk: int = 64
     bucket_frames: int = 64
     codec_stream_state: bool = True
     non_streaming_text: bool = False
+    first_audio_alone: bool = True
     dtype: torch.dtype = torch.float32
 
 
@@ -634,6 +643,7 @@ def build_card(
             ),
         ),
         program=program,
+        first_audio_alone=opts.first_audio_alone,
         capabilities=frozenset(capabilities),
         sample_rate=sample_rate,
         voices=voices + tuple(v for v in OPENAI_VOICES if v in OPENAI_SPEAKERS and voices),
