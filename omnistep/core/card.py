@@ -124,18 +124,6 @@ class ModelCard:
             longer on the 2-core CPU (both run Python between their kernels), time to first
             audio 0.34-0.42 s against 0.24-0.26 s alone (tiny checkpoint, ``bench/omni.py``).
             False: a request's units run beside each other whenever workers are free.
-            The hold applies to AR plans that become ready while the audio unit is queued or
-            running; the plan the AR loop queued in the fold whose codes made the audio unit
-            ready still runs beside it, unless ``first_audio_strict``.
-        first_audio_strict: with ``first_audio_alone``, AR plans already queued when an
-            audio-stage unit becomes ready are taken back too, so the first chunk runs with
-            none of the request's AR units. Set by Qwen3-TTS, whose first chunk is the
-            prefill's own frame (the talker's second step and the first codec chunk become
-            ready in one fold): TTFA p50 0.20-0.23 s at C=1 and 0.32-0.33 s at C=4 against
-            0.28-0.30 s and 0.41-0.51 s without it (``bench/qwen3_tts.py``, paired runs, same
-            frames/s). Not by Qwen2.5-Omni: on its bench (``bench/omni.py``, C=8)
-            taking back the talker's queued step at every request's first window idled the
-            talker, chunked/whole audio-s/s 0.84-1.02 against 0.93-1.27 without.
         voice_validator: ``voice_validator(voice)`` raises InvalidRequestError (param
             ``voice``) for a voice the card would reject, without running a request; None
             accepts exactly ``voices``. Set by cards that accept more than their named voices
@@ -171,7 +159,6 @@ class ModelCard:
     description: str = ""
     max_starting: int | None = None
     first_audio_alone: bool = False
-    first_audio_strict: bool = False
     voice_validator: Callable[[str], object] | None = field(default=None, compare=False, repr=False)
     on_weights_updated: Callable[[ModelInstance, Mapping[str, object]], None] | None = field(
         default=None, compare=False, repr=False

@@ -900,17 +900,17 @@ class AsyncEngine:
     def _update_held_for_audio(self, run: _RequestRun) -> None:
         """Hold or release the run's AR plans for its first audio (``first_audio_alone``):
         queue the AR plans that waited for the first audio, once it is out or no audio
-        stage has a unit queued or running (it waits for their output). While it is pending
-        and the card is ``first_audio_strict``, AR plans queued before the audio unit (in the
-        fold whose codes made it ready) leave the queue for the held list too."""
+        stage has a unit queued or running (it waits for their output). While it is pending,
+        AR plans queued before the audio unit (in the fold whose codes made the audio unit
+        ready: Qwen3-TTS's talker feeds its codec directly) leave the queue for the held list,
+        so that the first chunk runs without them."""
         if run.finished:
             return
         if self._first_audio_pending(run):
-            if run.model.card.first_audio_strict:
-                for live in run.live.values():
-                    if live.queued and live.loop.kind is LoopKind.AR_DECODE:
-                        self._scheduler.remove(live)
-                        run.held_for_audio.append(live)
+            for live in run.live.values():
+                if live.queued and live.loop.kind is LoopKind.AR_DECODE:
+                    self._scheduler.remove(live)
+                    run.held_for_audio.append(live)
             return
         if not run.held_for_audio:
             return
