@@ -124,6 +124,12 @@ class ModelCard:
             longer on the 2-core CPU (both run Python between their kernels), time to first
             audio 0.34-0.42 s against 0.24-0.26 s alone (tiny checkpoint, ``bench/omni.py``).
             False: a request's units run beside each other whenever workers are free.
+            AR plans already queued when an audio-stage unit becomes ready are taken back too
+            (the fold whose codes made it ready queues the AR loop's next plan first): on
+            ``bench/omni.py`` (C=1 chunked/whole TTFA, paired runs) 0.40-0.45 against
+            0.45-0.56 when that step ran beside the first window, C=8 throughput the same
+            within noise; Qwen3-TTS (whose talker's second step and first codec chunk both
+            wait on the prefill's frame) TTFA p50 0.20-0.23 s at C=1 against 0.28-0.30 s.
         voice_validator: ``voice_validator(voice)`` raises InvalidRequestError (param
             ``voice``) for a voice the card would reject, without running a request; None
             accepts exactly ``voices``. Set by cards that accept more than their named voices
