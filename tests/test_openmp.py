@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
@@ -105,3 +107,44 @@ def test_idle_threads_keep_no_openmp_team():
     assert out["loop_team"] == base + 1
     assert out["results"] == [[value, value + 10], [value + 1, value + 11]]
     assert out["executor_idle"] == base + 2
+
+
+SECOND_COPY = r"""
+import ctypes, json, os, sys
+import torch
+from omnistep.engine.openmp import release_openmp_team
+
+torch.set_num_threads(2)
+ctypes.CDLL(sys.argv[1])  # a second libgomp, as a wheel vendors one (ctranslate2)
+base = len(os.listdir("/proc/self/task"))
+x = torch.ones(1 << 22)
+x.mul_(3.0)  # 2-thread regions: the main thread gets a team in torch's libgomp
+team = len(os.listdir("/proc/self/task"))
+released = release_openmp_team()
+print(json.dumps([base, team, released, len(os.listdir("/proc/self/task"))]))
+"""
+
+
+def test_torchs_team_is_freed_beside_another_libgomp(tmp_path):
+    """A second libgomp in the process (faster-whisper's ctranslate2 vendors
+    ``libgomp-<hash>.so``, whose path sorts before torch's) must not take the place of
+    torch's: the team torch's libgomp made is the one freed."""
+    import torch
+
+    torch_gomp = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+    if not torch_gomp.exists():
+        pytest.skip("this torch does not ship libgomp")
+    copy = tmp_path / "a" / "libgomp-copy.so.1"
+    copy.parent.mkdir()
+    copy.write_bytes(torch_gomp.read_bytes())
+    result = subprocess.run(
+        [sys.executable, "-c", SECOND_COPY, str(copy)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    base, team, released, after = json.loads(result.stdout.strip().splitlines()[-1])
+    assert team == base + 1 and released is True
+    assert after == base

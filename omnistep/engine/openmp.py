@@ -39,56 +39,59 @@ T = TypeVar("T")
 
 _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t, omp.h (libgomp frees the team either way)
 _lock = threading.Lock()
-_gomp: ctypes.CDLL | None = None
+_gomps: tuple[ctypes.CDLL, ...] = ()
 _looked = False
 
 
-def _loaded_libgomp() -> ctypes.CDLL | None:
-    """The libgomp this process has loaded (torch's copy), found in ``/proc/self/maps``; None
-    when there is none (torch not imported yet, another OpenMP runtime, not Linux)."""
+def _loaded_libgomps() -> tuple[ctypes.CDLL, ...]:
+    """Every libgomp this process has loaded, found in ``/proc/self/maps``: torch's copy, and
+    any other a wheel vendors (ctranslate2's ``libgomp-<hash>.so``, loaded with faster-whisper,
+    sorts before torch's); empty when there is none (torch not imported yet, another OpenMP
+    runtime, not Linux)."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             paths = {line.split()[-1] for line in maps if "libgomp" in line and "/" in line}
     except OSError:
-        return None
+        return ()
+    libs = []
     for path in sorted(paths):
         try:
             lib = ctypes.CDLL(path)  # already mapped: dlopen returns the loaded copy
             lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
             lib.omp_pause_resource_all.restype = ctypes.c_int
-            return lib
+            libs.append(lib)
         except (OSError, AttributeError):  # not loadable, or a libgomp older than GCC 9
             continue
-    return None
+    return tuple(libs)
 
 
-def _libgomp() -> ctypes.CDLL | None:
-    """``_loaded_libgomp`` looked up once, after torch is imported (before that, no team can
+def _libgomps() -> tuple[ctypes.CDLL, ...]:
+    """``_loaded_libgomps`` looked up once, after torch is imported (before that, no team can
     exist: the engine's own libraries do not use OpenMP)."""
-    global _gomp, _looked
+    global _gomps, _looked
     if _looked:
-        return _gomp
+        return _gomps
     if "torch" not in sys.modules:
-        return None
+        return ()
     with _lock:
         if not _looked:
-            _gomp = _loaded_libgomp()
+            _gomps = _loaded_libgomps()
             _looked = True
-    return _gomp
+    return _gomps
 
 
 def release_openmp_team() -> bool:
     """Free the calling thread's idle libgomp team (see the module docstring).
 
-    Call it on a thread that has finished its torch work for now. Returns True when libgomp
+    Call it on a thread that has finished its torch work for now. Every loaded libgomp frees
+    the thread's team in it (each copy counts its own threads). Returns True when libgomp
     was found and freed the team (or the thread had none), False when there is no libgomp to
     call or the thread is inside a parallel region (libgomp refuses; nothing changes).
     Never raises.
     """
-    lib = _libgomp()
-    if lib is None:
-        return False
-    return lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0
+    libs = _libgomps()
+    results = [lib.omp_pause_resource_all(_OMP_PAUSE_SOFT) == 0 for lib in libs]
+    return bool(results) and all(results)
 
 
 def releasing(fn: Callable[P, T]) -> Callable[P, T]:
