@@ -120,6 +120,7 @@ from typing import Any
 
 from omnistep.core import Component, ModelCard, ModelInstance, OmnistepError, WorkUnitKind
 from omnistep.engine.executor import Outcome, execute_isolated
+from omnistep.engine.openmp import releasing
 from omnistep.kv import kv_usage
 
 PLACEMENT_KEYS = ("num_cpus", "num_gpus", "resources", "replicas", "device")
@@ -381,9 +382,11 @@ class ComponentWorker:
 
     def run(self, blob: bytes) -> bytes:
         """Run a pickled ``(kind, payloads)`` batch with ``execute_isolated``; returns a pickled
-        ``BatchReply`` (exceptions made picklable; outputs that do not pickle become errors)."""
+        ``BatchReply`` (exceptions made picklable; outputs that do not pickle become errors).
+        The calling thread's OpenMP team is freed after the batch, as in-process: an actor
+        with ``max_concurrency`` > 1 runs batches on several threads."""
         kind, payloads = pickle.loads(blob)
-        outcomes = execute_isolated(self.component, kind, payloads)
+        outcomes = releasing(execute_isolated)(self.component, kind, payloads)
         outcomes = [_picklable(o) if isinstance(o, Exception) else o for o in outcomes]
         states = [[(n, v.get_state()) for n, v in stateful_fields(p)] for p in payloads]
         try:
