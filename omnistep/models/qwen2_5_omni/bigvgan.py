@@ -147,7 +147,7 @@ class SnakeBeta(nn.Module):
         alpha = torch.exp(self.alpha.unsqueeze(0).unsqueeze(-1))
         beta = torch.exp(self.beta.unsqueeze(0).unsqueeze(-1))
         inv_beta = 1.0 / (beta + self.no_div_by_zero)
-        if torch.is_grad_enabled() and (x.requires_grad or self.alpha.requires_grad):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (x, self.alpha, self.beta)):
             return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
         out = torch.mul(x, alpha).sin_().pow_(2)
         return out.mul_(inv_beta).add_(x)

@@ -161,9 +161,11 @@ class Qwen3TTSOptions:
             qwen-tts's first utterance with it against 0.11x with 2 frames, and TTFA p99 at
             C=8 / C=4 1.32 against 1.57: the codec's first chunk, linear in the batch, is
             half as large beside the same fixed prefill).
-        first_audio_alone: a request's talker waits while its first codec chunk is decoded
-            (``ModelCard.first_audio_alone``; EDF scheduling only): the chunk then has both
-            cores (bench: TTFA p50 at C=4 0.57-0.69 s against 0.92-1.05 s beside the talker).
+        first_audio_alone: a request's talker waits while its first codec chunk is decoded,
+            its second step included (``ModelCard.first_audio_alone``; EDF scheduling only):
+            the chunk then has both cores. Bench TTFA p50: with 2-frame first chunks, C=4
+            0.57-0.69 s against 0.92-1.05 s beside the talker; with 1-frame ones, C=1
+            0.20-0.23 s against 0.28-0.30 s when only later steps waited.
         codec_stream_state: the codec keeps each request's decoder state (KV cache, conv
             inputs) between chunks, so a chunk costs its own frames only; False: every chunk
             re-reads its exact left context (580 frames published; the same samples, slower;
