@@ -46,6 +46,7 @@ from omnistep.loops import AudioChunkInput, AudioDecodeLoop
 from omnistep.models.qwen3_tts.codec import (
     PUBLISHED_DECODER,
     UNUSED_TENSORS,
+    CausalConvTranspose1d,
     CodecDecoder,
     CodecDecoderComponent,
     CodecDecoderConfig,
@@ -177,6 +178,39 @@ def upstream_wave(model, codes) -> np.ndarray:
 
 
 # --- config and geometry ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "kernel", "stride", "batch", "steps", "as_linear"),
+    [
+        (48, 24, 16, 8, 1, 5, True),  # batch 1, short: PyTorch's native kernel otherwise
+        (48, 24, 16, 8, 3, 9, True),
+        (32, 32, 2, 2, 1, 3, True),  # kernel = stride: no overlap
+        (12, 6, 6, 3, 4, 200, False),  # long input on a small weight: the conv itself
+    ],
+)
+def test_transposed_conv_as_packed_linear_equals_the_conv(
+    c_in, c_out, kernel, stride, batch, steps, as_linear
+) -> None:
+    """``CausalConvTranspose1d._transposed`` (a packed linear and an overlap-add where the
+    weight outweighs the input) equals ``nn.ConvTranspose1d`` within float32 rounding, and
+    follows an in-place change of the conv's weight."""
+    torch.manual_seed(0)
+    layer = CausalConvTranspose1d(c_in, c_out, kernel, stride)
+    x = torch.randn(batch, c_in, steps)
+    with torch.inference_mode():
+        for _ in range(2):  # the second pass after the weight changed in place
+            want = layer.conv(x)
+            got = layer._transposed(x)
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert ("_as_linear" in layer.__dict__) == as_linear
+            with torch.inference_mode(False), torch.no_grad():
+                layer.conv.weight.mul_(-0.5)
+    with torch.enable_grad():  # autograd: the conv itself, differentiable
+        xg = x.clone().requires_grad_()
+        layer._transposed(xg).sum().backward()
+        assert xg.grad is not None and layer.conv.weight.grad is not None
 
 
 def test_published_geometry_receptive_field_and_hop() -> None:
