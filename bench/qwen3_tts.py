@@ -26,7 +26,7 @@ Both sides run float32 with the same torch intra-op thread count (``--threads``,
 
 * **omnistep, in-process** (not the HTTP server): ``AsyncEngine([ModelInstance.load(
   build_card(root, Qwen3TTSOptions(kv_cache_gb=0.25)))])`` with the default ``EngineConfig`` and
-  the card's default vocoder chunks (first chunk 2 frames). Requests: ``SamplingParams(
+  the card's default vocoder chunks (first chunk 1 frame). Requests: ``SamplingParams(
   temperature=0, max_new_tokens=N)``, a different text and seed each. A burst of C submits C
   requests at once and streams them to the end. Per request: TTFA (``add_request`` -> its first
   non-empty AUDIO ``StreamChunk``: the first streamed audio bytes), total seconds, frames

@@ -1256,7 +1256,8 @@ def codec_decode_config(
     ``sample_rate``: the speech tokenizer's ``output_sample_rate`` (24000 published).
 
     Defaults: a 2-frame first chunk (160 ms of audio: first audio as soon as the talker has
-    2 frames), then 8 frames doubling up to 64 (5.1 s). With stream state a chunk costs its
+    2 frames), then 8 frames doubling up to 64 (5.1 s); the card starts with 1 frame, the
+    prefill's own (``Qwen3TTSOptions.first_chunk``). With stream state a chunk costs its
     own frames only; stateless, each chunk reruns the transformer over its 570 frames of
     context and the conv stack over ``conv_context_frames`` (10) before the chunk (1.25x the
     chunk at 8 frames). Figures: ``bench/qwen3_tts_codec_stream.py``.
