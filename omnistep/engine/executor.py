@@ -42,6 +42,10 @@ def execute_isolated(
     return [StepResult(out, batch_size=len(payloads), seconds=seconds) for out in outputs]
 
 
+execute_released = releasing(execute_isolated)
+"""``execute_isolated`` that then frees its thread's OpenMP team (for executor threads)."""
+
+
 class Executor(Protocol):
     """What the engine needs of an executor (``InProcessExecutor``, ``RayExecutor``)."""
 
@@ -98,9 +102,7 @@ class InProcessExecutor:
         ``name`` (which component of which card) are not needed here: ``component`` is local."""
         loop = asyncio.get_running_loop()
         release_openmp_team()  # the loop's thread computes nothing while the batch runs
-        return await loop.run_in_executor(
-            self._pool, releasing(execute_isolated), component, kind, payloads
-        )
+        return await loop.run_in_executor(self._pool, execute_released, component, kind, payloads)
 
     def capacity(self, model_id: str, name: str, per_instance: int) -> int:
         """One instance of each component: ``per_instance`` batches at once."""

@@ -119,8 +119,7 @@ from pathlib import Path
 from typing import Any
 
 from omnistep.core import Component, ModelCard, ModelInstance, OmnistepError, WorkUnitKind
-from omnistep.engine.executor import Outcome, execute_isolated
-from omnistep.engine.openmp import releasing
+from omnistep.engine.executor import Outcome, execute_released
 from omnistep.kv import kv_usage
 
 PLACEMENT_KEYS = ("num_cpus", "num_gpus", "resources", "replicas", "device")
@@ -386,7 +385,7 @@ class ComponentWorker:
         The calling thread's OpenMP team is freed after the batch, as in-process: an actor
         with ``max_concurrency`` > 1 runs batches on several threads."""
         kind, payloads = pickle.loads(blob)
-        outcomes = releasing(execute_isolated)(self.component, kind, payloads)
+        outcomes = execute_released(self.component, kind, payloads)
         outcomes = [_picklable(o) if isinstance(o, Exception) else o for o in outcomes]
         states = [[(n, v.get_state()) for n, v in stateful_fields(p)] for p in payloads]
         try:

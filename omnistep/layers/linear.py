@@ -55,6 +55,13 @@ def _mkldnn_linear_available() -> bool:
 _AVAILABLE = _mkldnn_linear_available()
 
 
+def tensor_version(t: torch.Tensor) -> tuple[int, int, int]:
+    """Identifies a tensor's current values: the tensor, its storage and its in-place version
+    counter (an optimizer step, ``copy_`` or ``load_state_dict`` bumps it; a ``fused=True``
+    optimizer step does not, torch 2.13). Keys of copies derived from weights."""
+    return (id(t), t.data_ptr(), t._version)
+
+
 class _PackedLinearFn(torch.autograd.Function):
     """The packed oneDNN kernel forward, the plain linear gradient backward."""
 
@@ -112,12 +119,10 @@ class PackedLinear(nn.Linear):
         )
 
     def version_key(self) -> tuple[int, ...]:
-        """Identifies the current weight and bias values: each tensor, its storage and its
-        in-place version counter (an optimizer step or ``copy_`` bumps it). A copy derived
-        from them is fresh while this key is unchanged."""
-        w, b = self.weight, self.bias
-        key = (id(w), w.data_ptr(), w._version)
-        return key if b is None else (*key, id(b), b.data_ptr(), b._version)
+        """Identifies the current weight and bias values (``tensor_version`` of each). A copy
+        derived from them is fresh while this key is unchanged."""
+        key = tensor_version(self.weight)
+        return key if self.bias is None else (*key, *tensor_version(self.bias))
 
     def packed_weight(self) -> torch.Tensor | None:
         """The oneDNN-packed weight (an mkldnn tensor), made or refreshed if stale; None when

@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistep.core import ModelFilesError, WorkUnitKind
-from omnistep.layers.linear import PackedLinear
+from omnistep.layers.linear import PackedLinear, tensor_version
 from omnistep.layers.norm import RMSNorm
 from omnistep.layers.rope import apply_rope, rope_cos_sin
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig
@@ -400,7 +400,7 @@ class CausalConvTranspose1d(nn.Module):
             or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
         ):
             return conv(x)
-        key = (w.data_ptr(), w._version, w.device, w.dtype)
+        key = (*tensor_version(w), w.device, w.dtype)
         cached = self.__dict__.get("_as_linear")
         if cached is None or cached[0] != key:
             c_in, c_out, _ = w.shape
