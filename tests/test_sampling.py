@@ -339,3 +339,53 @@ def test_policy_logprobs_ignore_truncation_penalty_and_mask():
     assert torch.equal(out.policy_logprobs, policy_logprobs(logits, rows, out.tokens))
     with pytest.raises(ValueError, match="rows"):
         policy_logprobs(logits, rows[:2], tokens)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_k_without_top_p_skips_the_sort_and_cuts_the_same_tokens(device):
+    """Rows with ``top_p == 1`` take ``torch.topk`` instead of a full sort: the same logits
+    bit for bit as the sorted path, on ordinary, peaked (probabilities that underflow to 0),
+    suppressed (-inf) and tied rows, per-row k (none, below ``min_keep``, more than the
+    positive-probability tokens); a row with fewer positive-probability tokens than
+    ``min_keep`` goes back to the sort."""
+    from dataclasses import replace
+
+    from omnistep.sampling import apply_top_p_top_k, build_params
+
+    g = torch.Generator().manual_seed(3)
+    batch, vocab = 6, 3072
+    x = torch.randn(batch, 2, vocab, generator=g) * 4
+    x[1, :, :1500] -= 300.0  # 1500 ids of probability 0 (float32 underflow), not -inf
+    x[2, :, :1024] = -math.inf  # suppressed ids (Qwen3-TTS's codebook-0 head)
+    x[3] = torch.randint(0, 4, (2, vocab), generator=g).float()  # heavy ties at the k-th
+    x[4, :, 7:] -= 200.0  # 7 ids of positive probability, top-k 50 keeps all of them
+    x = x.to(device)
+    rows = [
+        SamplingRow(top_k=50),
+        SamplingRow(top_k=50),
+        SamplingRow(top_k=2),  # below min_keep 3: keeps 3
+        SamplingRow(top_k=50),
+        SamplingRow(top_k=50),
+        SamplingRow(top_k=0),  # no top-k: only zero-probability ids are cut
+    ]
+    params = build_params(rows, [0] * batch, 2, vocab, x.device)
+    assert params.sort_free_k == 50
+    fast = apply_top_p_top_k(x, params)
+    sorted_path = apply_top_p_top_k(x, replace(params, sort_free_k=None))
+    assert torch.equal(fast, sorted_path)
+    assert torch.isneginf(fast[1, :, :1500]).all() and torch.isfinite(fast[4, :, :7]).all()
+    assert (torch.isfinite(fast[0]).sum(-1) == 50).all()
+    assert (torch.isfinite(fast[2]).sum(-1) == 3).all()
+
+    # one row with 2 ids of positive probability (< min_keep 3): the sort decides
+    x[0, :, 2:] -= 300.0
+    fast = apply_top_p_top_k(x, params)
+    assert torch.equal(fast, apply_top_p_top_k(x, replace(params, sort_free_k=None)))
+    assert (torch.isfinite(fast[0]).sum(-1) == 3).all()
+
+    # any row with top-p < 1, or a large top-k, keeps the sorted path
+    assert (
+        build_params([*rows[:5], SamplingRow(top_p=0.9)], [0] * batch, 2, vocab, "cpu").sort_free_k
+        is None
+    )
+    assert build_params([SamplingRow(top_k=300)], [0], 2, vocab, "cpu").sort_free_k is None
