@@ -118,3 +118,33 @@ def test_batch_invariance_probe_is_truthful():
     assert linears_batch_invariant(nn.Sequential(layer, nn.ReLU(), _layer(512, 8)))
     assert not linears_batch_invariant(nn.Sequential(layer, nn.Linear(512, 8)))
     assert not linears_batch_invariant(nn.ReLU())
+
+
+def test_functional_linear_packs_a_plain_weight_like_packed_linear():
+    """``linear(x, w, b)``: bit-identical to a ``PackedLinear`` holding ``w``, within float32
+    rounding of ``F.linear``; one packed copy per weight, made again after an in-place change,
+    dropped with the weight; autograd reaches the plain tensors with ``F.linear``'s gradient."""
+    from omnistep.layers import linear as module
+
+    layer = _layer()
+    w, b = layer.weight.detach().clone(), layer.bias.detach().clone()
+    x = torch.randn(5, 96)
+    with torch.inference_mode():
+        got = module.linear(x, w, b)
+        assert torch.equal(got, layer(x))
+        torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    assert id(w) in module._PACKS
+    packed = module._PACKS[id(w)][2]
+    module.linear(x, w, b)
+    assert module._PACKS[id(w)][2] is packed  # kept while the weight is unchanged
+    w.mul_(2.0)
+    torch.testing.assert_close(module.linear(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    assert module._PACKS[id(w)][2] is not packed
+    w.requires_grad_(True)
+    module.linear(x, w, b).square().sum().backward()
+    ref = w.detach().clone().requires_grad_(True)
+    F.linear(x, ref, b).square().sum().backward()
+    torch.testing.assert_close(w.grad, ref.grad, atol=1e-4, rtol=1e-5)
+    ident = id(w)
+    del w
+    assert ident not in module._PACKS

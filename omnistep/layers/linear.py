@@ -28,6 +28,7 @@ whose backward is the plain linear gradient (``grad_x = g @ W``, ``grad_W = g^T 
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +85,58 @@ class _PackedLinearFn(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g.sum(0)
         return grad_x, grad_w, grad_b, None
+
+
+def _run_packed(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor
+) -> torch.Tensor:
+    """The packed kernel on ``x``; through ``_PackedLinearFn`` when autograd needs a graph."""
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias)
+    ):
+        return _PackedLinearFn.apply(x, weight, bias, packed)
+    bias = None if bias is None else bias.detach()
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+#: ``linear``'s packed copies: ``id(weight)`` -> (weak reference to it, its version, packed).
+_PACKS: dict[int, tuple[weakref.ref, tuple[int, int, int], torch.Tensor]] = {}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for weights held as plain tensors (heads, projections,
+    per-codebook tables), on a oneDNN pre-packed copy of ``weight`` where ``PackedLinear``
+    would use one (CPU float32, oneDNN present): ``[..., in]`` -> ``[..., out]``, the same
+    values as ``PackedLinear`` with that weight (autograd included).
+
+    The packed copy is kept per weight tensor (by identity; dropped when the tensor is freed)
+    and made again when the tensor changes in place (``tensor_version``). A 2048 x 1024 head
+    at 4 rows: 0.2 ms instead of 0.7-0.9 ms through ``F.linear`` (this project's AVX-512 box).
+    """
+    if not (
+        _AVAILABLE
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and not weight.is_inference()  # no version counter: in-place changes go unseen
+    ):
+        return F.linear(x, weight, bias)
+    key = tensor_version(weight)
+    entry = _PACKS.get(key[0])
+    if entry is None or entry[0]() is not weight or entry[1] != key:
+        with _PACK_LOCK:
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(
+                    weight.detach().contiguous(), PACK_ROWS
+                )
+            except RuntimeError:  # a CPU without the kernels this dtype needs
+                return F.linear(x, weight, bias)
+            ident = key[0]
+            ref = weakref.ref(weight, lambda _, ident=ident: _PACKS.pop(ident, None))
+            entry = (ref, key, packed)
+            _PACKS[ident] = entry
+    return _run_packed(x, weight, bias, entry[2])
 
 
 class PackedLinear(nn.Linear):
@@ -148,13 +201,7 @@ class PackedLinear(nn.Linear):
         if self._packable(x):
             packed = self.packed_weight()
             if packed is not None:
-                bias = self.bias
-                if torch.is_grad_enabled() and any(
-                    t is not None and t.requires_grad for t in (x, self.weight, bias)
-                ):
-                    return _PackedLinearFn.apply(x, self.weight, bias, packed)
-                bias = None if bias is None else bias.detach()
-                return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+                return _run_packed(x, self.weight, self.bias, packed)
         return F.linear(x, self.weight, self.bias)
 
     @torch.inference_mode()

@@ -76,11 +76,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from omnistep.core import WorkUnitKind
 from omnistep.kv import BlockManager, KVCacheConfig, KVCacheFullError, SequenceTable
 from omnistep.layers.batch_invariant import map_row_chunks
+from omnistep.layers.linear import linear
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
 from omnistep.layers.paged_attention import AttentionMetadata
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
@@ -678,8 +678,9 @@ class PagedARModel:
     def _linear_rows(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``F.linear`` over rows ``[B, in]`` (row-chunked in batch-invariant mode)."""
-        return self._rows(lambda rows: F.linear(rows, weight, bias), x)
+        """``layers.linear.linear`` (``F.linear`` on a pre-packed CPU weight) over rows
+        ``[B, in]`` (row-chunked in batch-invariant mode)."""
+        return self._rows(lambda rows: linear(rows, weight, bias), x)
 
     def _sample(
         self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
