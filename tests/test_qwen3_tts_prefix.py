@@ -104,8 +104,14 @@ def test_the_voice_rows_are_the_text_independent_prefix(ckpt, tok):
     other_voice = _parts(talker, tok, _voice(ckpt, 2), TEXTS[0]).prompt
     keys = {p.voice_key() for p in (a, other_lang, non_streaming, other_voice)}
     assert len(keys) == 4
-    cv = build_prompt(talker.config, tok(assistant_text(TEXTS[0]))["input_ids"]).prompt
-    assert cv.voice_rows == 0 and talker._prompt_prefix(cv) is None
+    # without a clone (a speaker, an instruction, or neither) the rows before the text
+    plain = [
+        build_prompt(talker.config, tok(assistant_text(t))["input_ids"]).prompt for t in TEXTS[:2]
+    ]
+    assert [p.voice_rows for p in plain] == [7, 7]  # role (3), 3 think rows, tts_bos
+    assert len(plain[0].text_ids) == 8  # streaming: one text row
+    assert plain[0].voice_key() == plain[1].voice_key() != a.voice_key()
+    assert talker._prompt_prefix(plain[0]) == (plain[0].voice_key(), 7)
 
 
 def test_a_second_request_of_the_voice_computes_only_its_text_rows(ckpt, tok):
@@ -154,6 +160,36 @@ def test_a_second_request_of_the_voice_computes_only_its_text_rows(ckpt, tok):
     assert talker.drop_voice("no such voice") == 0
     assert talker.drop_voice(voice.key) == 1
     assert talker.blocks.num_used_blocks == 0 and not talker.lengths
+
+
+def test_a_speakers_requests_share_the_rows_before_their_text(qwen3_tts_folders, tok):
+    """CustomVoice: the rows before the first text id (role, think rows with the language,
+    the speaker's codec id, tts_bos) are kept once per speaker and language; a streaming-layout
+    request then computes its one text row, in a batch too; another speaker or language is
+    another prefix."""
+    custom = Qwen3TTSCheckpoint.open(qwen3_tts_folders["custom_voice"].root)
+    talker = Qwen3TTSTalker.from_checkpoint(
+        custom, KVCacheConfig(num_blocks=64, block_size=BLOCK), batch_invariant=False
+    )
+    speakers = sorted(talker.config.spk_id)
+
+    def prompt(text: str, speaker: str = speakers[0], language: str = "english"):
+        ids = tok(assistant_text(text))["input_ids"]
+        return build_prompt(talker.config, ids, speaker=speaker, language=language).prompt
+
+    prompts = [prompt(t) for t in TEXTS]
+    n = prompts[0].voice_rows
+    assert n == 9 and all(len(p.text_ids) == n + 1 for p in prompts)
+    counter = _RowCounter(talker)
+    outs = talker.execute(WorkUnitKind.PREFILL, [_unit(talker, prompts[0], "a")])
+    assert counter.prefixes == [[n]] and counter.prefills == [[1]]
+    units = [_unit(talker, p, f"b{i}") for i, p in enumerate(prompts[1:])]
+    outs += talker.execute(WorkUnitKind.PREFILL, units)
+    assert not any(o.preempted for o in outs)
+    assert counter.prefixes == [[n]] and counter.prefills[-1] == [1, 1, 1]
+    others = [prompt(TEXTS[0], speaker=speakers[1]), prompt(TEXTS[0], language="auto")]
+    talker.execute(WorkUnitKind.PREFILL, [_unit(talker, p, f"o{i}") for i, p in enumerate(others)])
+    assert counter.prefixes[-1] == [n, n - 1] and talker.num_kept_prefixes == 3
 
 
 def test_a_request_is_bit_identical_fresh_after_its_voice_and_batched(ckpt, tok):

@@ -308,6 +308,15 @@ def _vd(talker: Qwen3TTSTalker, tok: Any, text: str = VD_TEXT) -> TalkerPromptPa
     return build_prompt(talker.config, _ids(tok, assistant_text(text)), instruct_ids=instruct)
 
 
+def _assert_holds_only_kept_prefixes(talker: Qwen3TTSTalker) -> None:
+    """No request holds a block: what is used belongs to kept voice prefixes (reported free),
+    and dropping them empties the pool."""
+    assert talker.kv_blocks()[0] == 0
+    assert talker.blocks.num_used_blocks == talker.kept_prefix_blocks
+    talker.drop_prefixes()
+    assert talker.blocks.num_used_blocks == 0
+
+
 def test_same_seed_same_codes_other_seed_other_codes(tiny, tok):
     parts = _cv(tiny, tok)
     a, b, c = drive(tiny, [Job(parts, seed=5), Job(parts, seed=5), Job(parts, seed=6)])
@@ -316,7 +325,7 @@ def test_same_seed_same_codes_other_seed_other_codes(tiny, tok):
     # every codebook is sampled (not only codebook 0)
     codes = np.array(a["frames"])
     assert all(len(set(codes[:, j])) > 4 for j in range(16))
-    assert tiny.blocks.num_used_blocks == 0
+    _assert_holds_only_kept_prefixes(tiny)
 
 
 def _spy(talker: Qwen3TTSTalker) -> list[tuple[list[str], torch.Tensor, torch.Tensor]]:
@@ -371,7 +380,7 @@ def test_codes_alone_equal_codes_batched_with_three_others(folders, tok, batch_i
     batched = drive(talker, [others[0], target, *others[1:]])
     assert batched[1]["frames"] == alone["frames"]
     assert len(alone["frames"]) == 24
-    assert talker.blocks.num_used_blocks == 0
+    _assert_holds_only_kept_prefixes(talker)
     if batch_invariant:
         batched_logits = _rows_of(log, "r1/talker")
         assert torch.equal(batched_logits[0], alone_logits[0])
@@ -408,7 +417,8 @@ def test_aborted_sequences_leave_no_kv_blocks(tiny, tok):
         tiny.free_sequence(s)
     for i in range(50):
         tiny.free_sequence(f"s{i}")  # idempotent
-    assert tiny.blocks.num_used_blocks == 0 and not tiny.lengths
+    _assert_holds_only_kept_prefixes(tiny)
+    assert not tiny.lengths
 
 
 def test_preempted_requests_resume_with_their_text_track(folders, tok):
@@ -422,7 +432,7 @@ def test_preempted_requests_resume_with_their_text_track(folders, tok):
     assert tight.num_preemptions > 0
     for a, b in zip(expected, got, strict=True):
         assert a["frames"] == b["frames"]
-    assert tight.blocks.num_used_blocks == 0
+    _assert_holds_only_kept_prefixes(tight)
 
 
 def test_text_streamed_word_by_word_equals_text_sent_whole(tiny, tok):

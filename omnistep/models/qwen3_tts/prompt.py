@@ -44,9 +44,11 @@ embeddings summed). Rows::
     t                                 | codec_pad each
     tts_pad                           | k            text track: empty (tts_pad)
 
-The voice's rows (``Qwen3TTSPrompt.voice_rows``): the rows before the ICL block and the ICL rows
-whose text id is the transcript's (``min(len(ref), len(k))`` streaming, ``len(ref)``
-non-streaming); they do not depend on the text, so requests of one voice share their K/V.
+The voice's rows (``Qwen3TTSPrompt.voice_rows``): everything before the first text id (the
+instruction, role and codec control rows, ending at ``tts_bos | codec_pad``), and with a cloned
+voice also the ICL rows whose text id is the transcript's (``min(len(ref), len(k))`` streaming,
+``len(ref)`` non-streaming); they do not depend on the text, so requests of one voice share
+their K/V.
 
 So with a cloned voice the first ``len(k) - len(ref)`` text ids sit in the prompt; a card whose
 text streams in waits for that many (or for the end of the text) before its prefill
@@ -216,14 +218,15 @@ def build_prompt(
             non_streaming,
             text_complete,
         )
+    voice_rows = len(text_ids)  # what precedes the text: the same for every text
     if non_streaming:
         text_ids += [*text, eos, pad]
         codec_ids += [ids_.codec_pad] * (len(text) + 1) + [ids_.codec_bos]
-        prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids))
+        prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids), voice_rows=voice_rows)
         return TalkerPromptParts(prompt, (), eos, pad, len(text), (), False)
     text_ids.append(text[0])
     codec_ids.append(ids_.codec_bos)
-    prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids))
+    prompt = Qwen3TTSPrompt(tuple(text_ids), tuple(codec_ids), voice_rows=voice_rows)
     return TalkerPromptParts(prompt, (*text[1:], eos), eos, pad)
 
 

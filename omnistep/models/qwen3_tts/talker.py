@@ -50,13 +50,14 @@ replaces its per-frame sampling with the two-stage one above.
 
 Prefix sharing: ``_prefix_key`` is the prompt's content key, the cloned voice included
 (``CloneRows.key``), so the samples of one group (``Request.group``) with one voice and one text
-share one prefill. Across requests, a cloned voice's rows (``Qwen3TTSPrompt.voice_rows``: role,
-codec prefix with the x-vector, and the ICL rows that pair the transcript's ids with the
-reference frames) are the same whatever the text, so ``_prompt_prefix`` names them (keyed by the
-clone's content key and those rows' ids, which hold the language and the layout): every request
-of the voice prefills them apart from its text rows, computed once and kept by
-``PagedARModel`` (its "Prefixes"); the other requests fork their blocks and compute only the
-rest. ``drop_voice`` forgets a voice's kept rows.
+share one prefill. Across requests, a voice's rows (``Qwen3TTSPrompt.voice_rows``: the
+instruction if any, the role ids, the codec control rows with the language and the speaker id,
+or a cloned voice's x-vector and the ICL rows that pair its transcript's ids with its reference
+frames) are the same whatever the text, so ``_prompt_prefix`` names them (keyed by the clone's
+content key, if any, and those rows' ids): every request of the voice prefills them apart from its
+text rows, computed once and kept by ``PagedARModel`` (its "Prefixes"); the other requests fork
+their blocks and compute only the rest (a CustomVoice prompt in the streaming layout: 1 of its
+9-10 rows). ``drop_voice`` forgets a cloned voice's kept rows.
 
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``layers``, ``loops``, ``sampling``.
 """
@@ -86,6 +87,7 @@ from omnistep.core import (
 )
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.batch_invariant import map_row_groups
+from omnistep.layers.linear import linear
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
 from omnistep.layers.paged_ar import SCORE_MODES, PagedARModel
 from omnistep.layers.paged_attention import repeat_kv
@@ -244,14 +246,14 @@ class Qwen3TTSPrompt:
             frame ``k`` with ``replay_text[k]``; it needs one per replayed frame.
         clone: the cloned voice whose embedding and reference frames the ``SPEAKER_ROW`` /
             ``REF_FRAME_ROW`` rows carry (one ``REF_FRAME_ROW`` per reference frame), or None.
-        voice_rows: the first rows that depend on the cloned voice and the layout only, not
-            on the text to speak (``build_prompt`` sets it; 0: none): requests of one voice
-            share their K/V (``Qwen3TTSTalker._prompt_prefix``).
+        voice_rows: the first rows that depend on the voice (speaker, instruction or cloned
+            voice), the language and the layout only, not on the text to speak
+            (``build_prompt`` sets it; 0: none): requests of one voice share their K/V
+            (``Qwen3TTSTalker._prompt_prefix``).
 
     Raises:
         ValueError: lengths that differ, marker rows without a clone, a reference-row count
-            other than the clone's frames, or ``voice_rows`` outside ``[0, rows]`` or set
-            without a clone.
+            other than the clone's frames, or ``voice_rows`` outside ``[0, rows]``.
     """
 
     text_ids: tuple[int, ...]
@@ -275,12 +277,9 @@ class Qwen3TTSPrompt:
                 f"a cloned voice's prompt has at most one speaker row and one row per reference "
                 f"frame ({self.clone.num_frames}), got {speaker_rows} and {ref_rows}"
             )
-        if not 0 <= self.voice_rows <= len(self.text_ids) or (
-            self.voice_rows and self.clone is None
-        ):
+        if not 0 <= self.voice_rows <= len(self.text_ids):
             raise ValueError(
-                f"voice_rows must be in [0, {len(self.text_ids)}] and need a clone, got "
-                f"{self.voice_rows}"
+                f"voice_rows must be in [0, {len(self.text_ids)}], got {self.voice_rows}"
             )
 
     def key(self) -> tuple:
@@ -291,11 +290,13 @@ class Qwen3TTSPrompt:
 
     def voice_key(self) -> tuple | None:
         """The key of the first ``voice_rows`` rows (None without them): the clone's content
-        key and those rows' text and codec ids (role ids, language, layout, transcript)."""
-        if not self.voice_rows or self.clone is None:
+        key (None for a speaker or an instruction) and those rows' text and codec ids
+        (instruction, role ids, language, speaker id, layout, transcript)."""
+        if not self.voice_rows:
             return None
         n = self.voice_rows
-        return self.clone.key, self.text_ids[:n], self.codec_ids[:n]
+        clone = None if self.clone is None else self.clone.key
+        return clone, self.text_ids[:n], self.codec_ids[:n]
 
 
 # ---------------------------------------------------------------- the code predictor
@@ -352,8 +353,9 @@ class CodePredictor:
     def _linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``F.linear`` over rows, in fixed 16-row chunks in batch-invariant mode."""
-        fn = lambda rows: F.linear(rows, weight, bias)  # noqa: E731
+        """``layers.linear.linear`` (``F.linear`` on a pre-packed CPU weight) over rows, in
+        fixed 16-row chunks in batch-invariant mode."""
+        fn = lambda rows: linear(rows, weight, bias)  # noqa: E731
         if not self.batch_invariant:
             return fn(x)
         plan = self.llama.row_chunking.plan([1] * x.shape[0], x.device)
@@ -363,7 +365,7 @@ class CodePredictor:
         """``small_to_mtp_projection`` of rows ``[N, talker_hidden]``."""
         if self.proj_weight is None:
             return x
-        fn = lambda rows: F.linear(rows, self.proj_weight, self.proj_bias)  # noqa: E731
+        fn = lambda rows: linear(rows, self.proj_weight, self.proj_bias)  # noqa: E731
         if not self.batch_invariant:
             return fn(x)
         query_lens = [rows_per_seq] * (x.shape[0] // rows_per_seq)
@@ -636,8 +638,8 @@ class Qwen3TTSTalker(PagedARModel):
         hidden = self.config.talker.hidden_size
 
         def project(x: torch.Tensor) -> torch.Tensor:
-            inner = F.silu(F.linear(x[:, hidden:], self.fc1_weight, self.fc1_bias))
-            return x[:, :hidden] + F.linear(inner, self.fc2_weight, self.fc2_bias)
+            inner = F.silu(linear(x[:, hidden:], self.fc1_weight, self.fc1_bias))
+            return x[:, :hidden] + linear(inner, self.fc2_weight, self.fc2_bias)
 
         rows = rows.to(self.dtype)
         if not self.batch_invariant:
@@ -656,7 +658,7 @@ class Qwen3TTSTalker(PagedARModel):
         return prompt.key()
 
     def _prompt_prefix(self, prompt: Qwen3TTSPrompt) -> tuple[tuple, int] | None:
-        """A cloned voice's rows (``Qwen3TTSPrompt.voice_rows``, keyed by ``voice_key``)."""
+        """The voice's rows (``Qwen3TTSPrompt.voice_rows``, keyed by ``voice_key``)."""
         key = prompt.voice_key()
         return None if key is None else (key, prompt.voice_rows)
 
