@@ -133,18 +133,17 @@ def test_functional_linear_packs_a_plain_weight_like_packed_linear():
         got = module.linear(x, w, b)
         assert torch.equal(got, layer(x))
         torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
-    assert id(w) in module._PACKS
-    packed = module._PACKS[id(w)][2]
+    slot = (id(w), "linear")
+    packed = module._COPIES[slot][2]
     module.linear(x, w, b)
-    assert module._PACKS[id(w)][2] is packed  # kept while the weight is unchanged
+    assert module._COPIES[slot][2] is packed  # kept while the weight is unchanged
     w.mul_(2.0)
     torch.testing.assert_close(module.linear(x, w, b), F.linear(x, w, b), atol=1e-5, rtol=1e-5)
-    assert module._PACKS[id(w)][2] is not packed
+    assert module._COPIES[slot][2] is not packed
     w.requires_grad_(True)
     module.linear(x, w, b).square().sum().backward()
     ref = w.detach().clone().requires_grad_(True)
     F.linear(x, ref, b).square().sum().backward()
     torch.testing.assert_close(w.grad, ref.grad, atol=1e-4, rtol=1e-5)
-    ident = id(w)
     del w
-    assert ident not in module._PACKS
+    assert slot not in module._COPIES

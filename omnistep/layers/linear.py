@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -99,44 +101,62 @@ def _run_packed(
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-#: ``linear``'s packed copies: ``id(weight)`` -> (weak reference to it, its version, packed).
-_PACKS: dict[int, tuple[weakref.ref, tuple[int, int, int], torch.Tensor]] = {}
+#: ``derived_copy``'s copies: (``id(weight)``, tag) -> (weak reference to it, its version, copy).
+_COPIES: dict[tuple[int, Hashable], tuple[weakref.ref, tuple[int, int, int], Any]] = {}
+
+
+def derived_copy(weight: torch.Tensor, tag: Hashable, make: Callable[[torch.Tensor], Any]) -> Any:
+    """``make(weight.detach())`` (a packed layout of a weight), kept per weight tensor and
+    ``tag`` (by identity; dropped when the tensor is freed) and made again when the tensor
+    changes in place (``tensor_version``).
+
+    Raises:
+        whatever ``make`` raises (nothing is kept then).
+    """
+    version = tensor_version(weight)
+    slot = (version[0], tag)
+    entry = _COPIES.get(slot)
+    if entry is None or entry[0]() is not weight or entry[1] != version:
+        with _PACK_LOCK:
+            copy = make(weight.detach())
+            ref = weakref.ref(weight, lambda _, slot=slot: _COPIES.pop(slot, None))
+            entry = (ref, version, copy)
+            _COPIES[slot] = entry
+    return entry[2]
+
+
+def packs_on_cpu(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x`` and ``weight`` can take a oneDNN pre-packed path: CPU float32, oneDNN
+    present, a weight with a version counter (not an inference tensor)."""
+    return (
+        _AVAILABLE
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not weight.is_inference()  # no version counter: in-place changes go unseen
+    )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for weights held as plain tensors (heads, projections,
     per-codebook tables), on a oneDNN pre-packed copy of ``weight`` where ``PackedLinear``
-    would use one (CPU float32, oneDNN present): ``[..., in]`` -> ``[..., out]``, the same
-    values as ``PackedLinear`` with that weight (autograd included).
+    would use one (``packs_on_cpu``): ``[..., in]`` -> ``[..., out]``, the same values as
+    ``PackedLinear`` with that weight (autograd included).
 
-    The packed copy is kept per weight tensor (by identity; dropped when the tensor is freed)
-    and made again when the tensor changes in place (``tensor_version``). A 2048 x 1024 head
-    at 4 rows: 0.2 ms instead of 0.7-0.9 ms through ``F.linear`` (this project's AVX-512 box).
+    The packed copy is a ``derived_copy``. A 2048 x 1024 head at 4 rows: 0.2 ms instead of
+    0.7-0.9 ms through ``F.linear`` (this project's AVX-512 box).
     """
-    if not (
-        _AVAILABLE
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and weight.dim() == 2
-        and not weight.is_inference()  # no version counter: in-place changes go unseen
-    ):
+    if not (packs_on_cpu(x, weight) and weight.dim() == 2):
         return F.linear(x, weight, bias)
-    key = tensor_version(weight)
-    entry = _PACKS.get(key[0])
-    if entry is None or entry[0]() is not weight or entry[1] != key:
-        with _PACK_LOCK:
-            try:
-                packed = torch.ops.mkldnn._reorder_linear_weight(
-                    weight.detach().contiguous(), PACK_ROWS
-                )
-            except RuntimeError:  # a CPU without the kernels this dtype needs
-                return F.linear(x, weight, bias)
-            ident = key[0]
-            ref = weakref.ref(weight, lambda _, ident=ident: _PACKS.pop(ident, None))
-            entry = (ref, key, packed)
-            _PACKS[ident] = entry
-    return _run_packed(x, weight, bias, entry[2])
+    try:
+        packed = derived_copy(
+            weight,
+            "linear",
+            lambda w: torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS),
+        )
+    except RuntimeError:  # a CPU without the kernels this dtype needs
+        return F.linear(x, weight, bias)
+    return _run_packed(x, weight, bias, packed)
 
 
 class PackedLinear(nn.Linear):
