@@ -214,47 +214,37 @@ def test_transposed_conv_as_packed_linear_equals_the_conv(
 
 
 @pytest.mark.parametrize(
-    "c_in, c_out, kernel, dilation, groups, batch, steps, path",
+    "c_in, c_out, kernel, dilation, groups, batch, steps, packed",
     [
-        (64, 96, 7, 1, 1, 2, 4, "packed"),  # weight outweighs the input: pre-packed
-        (48, 48, 7, 9, 1, 3, 20, "packed"),
-        (32, 32, 7, 1, 32, 1, 5, "packed"),  # depthwise (ConvNeXt)
-        (16, 16, 1, 1, 1, 4, 300, "matmul"),  # long kernel-1: a batched matmul
-        (16, 16, 7, 3, 1, 4, 300, "conv"),  # long input, small weight: the conv itself
+        (64, 96, 7, 1, 1, 2, 4, True),
+        (48, 48, 7, 9, 1, 3, 20, True),
+        (32, 32, 7, 1, 32, 1, 5, True),  # depthwise (ConvNeXt)
+        (16, 16, 7, 3, 1, 4, 300, True),
+        (16, 16, 1, 1, 1, 4, 300, False),  # kernel 1: the conv itself
     ],
 )
 def test_causal_conv_paths_equal_the_conv(
-    c_in, c_out, kernel, dilation, groups, batch, steps, path
+    c_in, c_out, kernel, dilation, groups, batch, steps, packed
 ) -> None:
-    """``CausalConv1d._conv``: the pre-packed conv (``layers.conv.conv1d``), the batched
-    matmul and the plain conv equal ``nn.Conv1d`` within float32 rounding; the packed copy
-    follows an in-place change of the weight; autograd takes the conv."""
-    from omnistep.layers import conv as conv_module
+    """``CausalConv1d._conv``: the pre-packed conv (``layers.conv.conv1d``, every kernel
+    longer than 1) and the plain conv equal ``nn.Conv1d`` within float32 rounding; the packed
+    copy follows an in-place change of the weight; autograd takes the conv."""
     from omnistep.layers import linear as linear_module
     from omnistep.models.qwen3_tts.codec import CausalConv1d
 
     torch.manual_seed(0)
     layer = CausalConv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
     x = torch.randn(batch, c_in, steps + layer.pad)
-    calls = []
-    packed, matmul = conv_module.conv1d, torch.baddbmm
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(
-            "omnistep.models.qwen3_tts.codec.conv1d",
-            lambda *a, **k: calls.append("packed") or packed(*a, **k),
-        )
-        mp.setattr(torch, "baddbmm", lambda *a, **k: calls.append("matmul") or matmul(*a, **k))
-        with torch.inference_mode():
-            for _ in range(2):  # the second pass after the weight changed in place
-                want = layer.conv(x)
-                got = layer._conv(x)
-                assert got.shape == want.shape == (batch, c_out, steps)
-                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-                with torch.inference_mode(False), torch.no_grad():
-                    layer.conv.weight.mul_(-0.5)
-    assert calls == ([path] * 2 if path != "conv" else [])
+    with torch.inference_mode():
+        for _ in range(2):  # the second pass after the weight changed in place
+            want = layer.conv(x)
+            got = layer._conv(x)
+            assert got.shape == want.shape == (batch, c_out, steps)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            with torch.inference_mode(False), torch.no_grad():
+                layer.conv.weight.mul_(-0.5)
     slot = (id(layer.conv.weight), ("conv1d", 1, 0, dilation, groups))
-    assert (slot in linear_module._COPIES) == (path == "packed")
+    assert (slot in linear_module._COPIES) == packed
     with torch.enable_grad():  # autograd: the conv itself, differentiable
         xg = x.clone().requires_grad_()
         layer._conv(xg).sum().backward()

@@ -354,21 +354,17 @@ class CausalConv1d(nn.Module):
         self.pad = (kernel - 1) * dilation
 
     def _conv(self, x: torch.Tensor) -> torch.Tensor:
-        """``self.conv(x)``; while the weight outweighs the input (``C_out kernel >= B T``,
-        as ``CausalConvTranspose1d._transposed``) on a pre-packed weight: the per-call
-        weight reorder dominates there (the 1024 -> 1536 conv of a 1-frame chunk: 6.5 ms
-        plain, 1.6 packed at B = 1), while for long inputs the packed path's conversions of
-        the activations cost more than it saves (a 16-frame chunk: 12% slower). A long
-        kernel-1 conv runs as a batched matmul: oneDNN's 1x1 conv of ``[8, 96, 3840]``
-        took 12 ms where the matmul takes 3.5 (an 8-frame chunk of 8 streams: 9% faster)."""
+        """``self.conv(x)``; a kernel of more than one tap on a pre-packed weight
+        (``layers.conv.conv1d``): oneDNN otherwise reorders the weight on every call (the
+        1024 -> 1536 conv of a 1-frame chunk: 6.5 ms plain, 1.6 packed at B = 1; 768-channel
+        kernel-7 convs 20-45% faster, 96-channel ones about equal). Kernel-1 convs stay plain:
+        packed, a 768-channel one over 16 frames took 15 ms instead of 2. Per chunk, in-process
+        alternating runs of the published-width decoder: 8 streams x 8 frames 1590 -> 1432
+        ms, 1 x 16 frames 398 -> 353 ms against packing by weight size alone."""
         c = self.conv
-        batch, _, steps = x.shape
-        if c.weight.shape[0] * c.kernel_size[0] >= batch * steps:
-            return conv1d(x, c.weight, c.bias, 1, 0, c.dilation[0], c.groups)
-        if c.kernel_size[0] == 1 and c.groups == 1 and c.bias is not None:
-            bias = c.bias[None, :, None].expand(batch, -1, steps)
-            return torch.baddbmm(bias, c.weight[:, :, 0].expand(batch, -1, -1), x)
-        return c(x)
+        if c.kernel_size[0] == 1:
+            return c(x)
+        return conv1d(x, c.weight, c.bias, 1, 0, c.dilation[0], c.groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._conv(F.pad(x, (self.pad, 0)))
