@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from omnistep.core import (
     Capability,
@@ -181,73 +182,78 @@ def upstream_wave(model, codes) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("c_in", "c_out", "kernel", "stride", "batch", "steps", "as_linear"),
+    ("c_in", "c_out", "kernel", "stride", "batch", "steps"),
     [
-        (48, 24, 16, 8, 1, 5, True),  # batch 1, short: PyTorch's native kernel otherwise
-        (48, 24, 16, 8, 3, 9, True),
-        (32, 32, 2, 2, 1, 3, True),  # kernel = stride: no overlap
-        (12, 6, 6, 3, 4, 200, False),  # long input on a small weight: the conv itself
+        (48, 24, 16, 8, 1, 5),  # batch 1, short: PyTorch's native kernel otherwise
+        (48, 24, 16, 8, 3, 9),
+        (32, 32, 2, 2, 1, 3),  # kernel = stride: no overlap
+        (12, 6, 6, 3, 4, 200),  # long input on a small weight
     ],
 )
-def test_transposed_conv_as_packed_linear_equals_the_conv(
-    c_in, c_out, kernel, stride, batch, steps, as_linear
+def test_transposed_conv_as_packed_gemm_equals_the_conv(
+    c_in, c_out, kernel, stride, batch, steps
 ) -> None:
-    """``CausalConvTranspose1d._transposed`` (a packed linear and an overlap-add where the
-    weight outweighs the input) equals ``nn.ConvTranspose1d`` within float32 rounding, and
-    follows an in-place change of the conv's weight."""
+    """``CausalConvTranspose1d._transposed`` on time-major ``[B, T, C]`` (a packed GEMM and an
+    overlap-add) equals ``nn.ConvTranspose1d`` within float32 rounding, and follows an
+    in-place change of the conv's weight; autograd takes the conv."""
+    from omnistep.layers import linear as linear_module
+
     torch.manual_seed(0)
     layer = CausalConvTranspose1d(c_in, c_out, kernel, stride)
-    x = torch.randn(batch, c_in, steps)
+    x = torch.randn(batch, steps, c_in)
+    slot = (id(layer.conv.weight), "transposed-nwc")
     with torch.inference_mode():
         for _ in range(2):  # the second pass after the weight changed in place
-            want = layer.conv(x)
+            want = layer.conv(x.transpose(1, 2)).transpose(1, 2)
             got = layer._transposed(x)
-            assert got.shape == want.shape
+            assert got.shape == want.shape and got.is_contiguous()
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            assert ("_as_linear" in layer.__dict__) == as_linear
+            assert slot in linear_module._COPIES
             with torch.inference_mode(False), torch.no_grad():
                 layer.conv.weight.mul_(-0.5)
-    with torch.enable_grad():  # autograd: the conv itself, differentiable
+    with torch.enable_grad():
         xg = x.clone().requires_grad_()
         layer._transposed(xg).sum().backward()
         assert xg.grad is not None and layer.conv.weight.grad is not None
 
 
 @pytest.mark.parametrize(
-    "c_in, c_out, kernel, dilation, groups, batch, steps, packed",
+    "c_in, c_out, kernel, dilation, groups, batch, steps, tag",
     [
-        (64, 96, 7, 1, 1, 2, 4, True),
-        (48, 48, 7, 9, 1, 3, 20, True),
-        (32, 32, 7, 1, 32, 1, 5, True),  # depthwise (ConvNeXt)
-        (16, 16, 7, 3, 1, 4, 300, True),
-        (16, 16, 1, 1, 1, 4, 300, False),  # kernel 1: the conv itself
+        (64, 96, 7, 1, 1, 2, 4, "conv-im2col"),  # few output steps: a GEMM over the taps
+        (48, 48, 7, 9, 1, 3, 20, "conv-im2col"),
+        (32, 32, 7, 1, 32, 1, 5, ("conv1d", 1, 32)),  # depthwise (ConvNeXt)
+        (16, 16, 7, 3, 1, 4, 300, ("conv1d", 3, 1)),  # many: oneDNN's channels-last conv
+        (16, 24, 1, 1, 1, 4, 300, "conv1x1"),  # kernel 1: a GEMM over the B T rows
     ],
 )
-def test_causal_conv_paths_equal_the_conv(
-    c_in, c_out, kernel, dilation, groups, batch, steps, packed
+def test_causal_conv_time_major_equals_the_conv(
+    c_in, c_out, kernel, dilation, groups, batch, steps, tag
 ) -> None:
-    """``CausalConv1d._conv``: the pre-packed conv (``layers.conv.conv1d``, every kernel
-    longer than 1) and the plain conv equal ``nn.Conv1d`` within float32 rounding; the packed
-    copy follows an in-place change of the weight; autograd takes the conv."""
+    """``CausalConv1d`` on time-major ``[B, T, C]`` (``layers.conv.conv1d_nwc``: a pre-packed
+    channels-last conv, or a packed GEMM over the unfolded taps, or over the rows for kernel
+    1) equals ``nn.Conv1d`` on ``[B, C, T]``
+    with the causal padding, within float32 rounding; the packed copy follows an in-place
+    change of the weight; autograd takes ``F.conv1d``."""
     from omnistep.layers import linear as linear_module
     from omnistep.models.qwen3_tts.codec import CausalConv1d
 
     torch.manual_seed(0)
     layer = CausalConv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)
-    x = torch.randn(batch, c_in, steps + layer.pad)
+    x = torch.randn(batch, steps, c_in)
+    slot = (id(layer.conv.weight), tag)
     with torch.inference_mode():
         for _ in range(2):  # the second pass after the weight changed in place
-            want = layer.conv(x)
-            got = layer._conv(x)
-            assert got.shape == want.shape == (batch, c_out, steps)
+            want = layer.conv(F.pad(x.transpose(1, 2), (layer.pad, 0))).transpose(1, 2)
+            got = layer(x)
+            assert got.shape == want.shape == (batch, steps, c_out) and got.is_contiguous()
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert slot in linear_module._COPIES
             with torch.inference_mode(False), torch.no_grad():
                 layer.conv.weight.mul_(-0.5)
-    slot = (id(layer.conv.weight), ("conv1d", 1, 0, dilation, groups))
-    assert (slot in linear_module._COPIES) == packed
-    with torch.enable_grad():  # autograd: the conv itself, differentiable
+    with torch.enable_grad():  # autograd: F.conv1d, differentiable
         xg = x.clone().requires_grad_()
-        layer._conv(xg).sum().backward()
+        layer(xg).sum().backward()
         assert xg.grad is not None and layer.conv.weight.grad is not None
 
 
@@ -500,12 +506,12 @@ def test_stream_batch_of_different_positions_equals_each_alone(model, codes, who
 
 
 def test_stream_state_holds_the_window_and_conv_inputs(model) -> None:
-    """What a stream keeps: pre_conv's 2 inputs, sliding_window - 1 keys and values per layer,
-    the convs' carried inputs; the same sizes whatever the chunk."""
+    """What a stream keeps: pre_conv's 2 inputs (time-major), sliding_window - 1 keys and
+    values per layer, the convs' carried inputs; the same sizes whatever the chunk."""
     c = model.config
     _, (one,) = model.decode_stream([random_codes(1, 1)[0]], [DecoderStream()])
     _, (many,) = model.decode_stream([random_codes(1, 9)[0]], [one])
-    assert [tuple(t.shape) for t in one.latents] == [(c.codebook_dim, 2)] + [
+    assert [tuple(t.shape) for t in one.latents] == [(2, c.codebook_dim)] + [
         (c.num_key_value_heads, c.sliding_window - 1, c.head_dim)
     ] * (2 * c.num_hidden_layers)
     assert [t.shape for t in one.waves] == [t.shape for t in many.waves]

@@ -132,20 +132,28 @@ def kaiser_sinc_filter1d(cutoff: float, half_width: float, kernel_size: int) -> 
 
 
 class SnakeBeta(nn.Module):
-    """``Qwen2_5OmniSnakeBeta``: x + sin^2(x e^alpha) / (e^beta + 1e-9), per channel."""
+    """``Qwen2_5OmniSnakeBeta``: x + sin^2(x e^alpha) / (e^beta + 1e-9), per channel.
 
-    def __init__(self, channels: int):
+    ``channels_last``: activations ``[B, T, C]`` (the Qwen3-TTS codec's time-major conv
+    stack) instead of ``[B, C, T]``."""
+
+    def __init__(self, channels: int, channels_last: bool = False):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
         self.no_div_by_zero = 0.000000001
+        self.channels_last = channels_last
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, T]`` -> ``[B, C, T]``. Without autograd the same operations run in place on
-        one new tensor (bit-identical): at the vocoders' output rates (``[B, 96, 1920 T]`` for
-        the Qwen3-TTS codec) the four temporaries of the plain form each cost fresh pages."""
-        alpha = torch.exp(self.alpha.unsqueeze(0).unsqueeze(-1))
-        beta = torch.exp(self.beta.unsqueeze(0).unsqueeze(-1))
+        """``[B, C, T]`` (``[B, T, C]`` channels-last) -> the same. Without autograd the same
+        operations run in place on one new tensor (bit-identical): at the vocoders' output
+        rates (``[B, 96, 1920 T]`` for the Qwen3-TTS codec) the four temporaries of the plain
+        form each cost fresh pages."""
+        if self.channels_last:
+            alpha, beta = torch.exp(self.alpha), torch.exp(self.beta)
+        else:
+            alpha = torch.exp(self.alpha.unsqueeze(0).unsqueeze(-1))
+            beta = torch.exp(self.beta.unsqueeze(0).unsqueeze(-1))
         inv_beta = 1.0 / (beta + self.no_div_by_zero)
         if torch.is_grad_enabled() and any(t.requires_grad for t in (x, self.alpha, self.beta)):
             return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)

@@ -51,6 +51,11 @@ every causal conv's last ``(kernel - 1) * dilation`` inputs (the whole decode's 
 at the start); every overlapping transposed conv's last input. A chunk then computes only its
 own frames, and its samples are the whole decode's within float rounding.
 
+The conv stack (upsample, decoder) keeps its activations time-major, ``[B, T, C]``, as the
+transformer does: ``layers.conv.conv1d_nwc`` runs its convs on pre-packed weights over them
+without layout copies, kernel-1 convs and transposed convs are GEMMs over the ``B T`` rows, and
+SnakeBeta broadcasts over the last dim (module docstring of ``layers/conv.py`` for figures).
+
 State-dict names equal the ``decoder.*`` tensors of ``speech_tokenizer/model.safetensors``
 without that prefix (``load_codec_decoder`` takes the file's names as they are). The quantizers'
 ``input_proj`` weights (encoder side, never used to decode) are not held.
@@ -75,8 +80,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistep.core import ModelFilesError, WorkUnitKind
-from omnistep.layers.conv import conv1d
-from omnistep.layers.linear import PackedLinear, tensor_version
+from omnistep.layers.conv import conv1d_nwc
+from omnistep.layers.linear import PACK_ROWS, PackedLinear, derived_copy, packs_on_cpu
 from omnistep.layers.norm import RMSNorm
 from omnistep.layers.rope import apply_rope, rope_cos_sin
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig
@@ -94,7 +99,7 @@ RESIDUAL_DILATIONS = (1, 3, 9)
 CONV_PIECE_ROW_FRAMES = 16
 """Most frames x rows of a batch that run through the conv stack at once (``decode_stream``):
 a batch of B chunks runs in pieces of ``max(1, 16 // B)`` frames, so the output-rate
-activations (``[B, 96, 1920 frames]`` float32: 12 MB at 16) stay in cache. Published size, 2
+activations (``[B, 1920 frames, 96]`` float32: 12 MB at 16) stay in cache. Published size, 2
 threads, chunks 2, 8, 16 frames, ms per frame: B = 8 24 (2-frame pieces) vs 42 (32-frame
 pieces); B = 4 24 vs 29; B = 1 28 either way (16 or 32)."""
 CODEBOOK_EPS = 1e-5
@@ -345,8 +350,8 @@ class DecoderStream:
 
 class CausalConv1d(nn.Module):
     """``Qwen3TTSTokenizerV2CausalConvNet`` at stride 1: ``(kernel - 1) * dilation`` zeros on
-    the left, none on the right; ``[B, C_in, T]`` -> ``[B, C_out, T]``. Runs on a pre-packed
-    weight on CPU (``layers.conv.conv1d``)."""
+    the left, none on the right; time-major ``[B, T, C_in]`` -> ``[B, T, C_out]`` (the conv
+    stack keeps its activations time-major: ``layers.conv.conv1d_nwc``)."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, dilation: int = 1, groups: int = 1):
         super().__init__()
@@ -354,29 +359,20 @@ class CausalConv1d(nn.Module):
         self.pad = (kernel - 1) * dilation
 
     def _conv(self, x: torch.Tensor) -> torch.Tensor:
-        """``self.conv(x)``; a kernel of more than one tap on a pre-packed weight
-        (``layers.conv.conv1d``): oneDNN otherwise reorders the weight on every call (the
-        1024 -> 1536 conv of a 1-frame chunk: 6.5 ms plain, 1.6 packed at B = 1; 768-channel
-        kernel-7 convs 20-45% faster, 96-channel ones about equal). Kernel-1 convs stay plain:
-        packed, a 768-channel one over 16 frames took 15 ms instead of 2. Per chunk, in-process
-        alternating runs of the published-width decoder: 8 streams x 8 frames 1590 -> 1432
-        ms, 1 x 16 frames 398 -> 353 ms against packing by weight size alone."""
         c = self.conv
-        if c.kernel_size[0] == 1:
-            return c(x)
-        return conv1d(x, c.weight, c.bias, 1, 0, c.dilation[0], c.groups)
+        return conv1d_nwc(x, c.weight, c.bias, c.dilation[0], c.groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._conv(F.pad(x, (self.pad, 0)))
+        return self._conv(F.pad(x, (0, 0, self.pad, 0)))
 
     def stream(self, x: torch.Tensor, sp: StreamPass) -> torch.Tensor:
         """The same on a chunk: the stream's last ``pad`` inputs replace the zero padding."""
-        return self._conv(sp.carry(x, self.pad))
+        return self._conv(sp.carry(x, self.pad, dim=1))
 
 
 class CausalConvTranspose1d(nn.Module):
     """``Qwen3TTSTokenizerV2CausalTransConvNet``: transposed conv, the last ``kernel - stride``
-    outputs trimmed; ``[B, C_in, T]`` -> ``[B, C_out, stride * T]``."""
+    outputs trimmed; time-major ``[B, T, C_in]`` -> ``[B, stride * T, C_out]``."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int):
         super().__init__()
@@ -385,59 +381,52 @@ class CausalConvTranspose1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._transposed(x)
-        return y[..., : y.shape[-1] - self.trim] if self.trim else y
+        return y[:, : y.shape[1] - self.trim] if self.trim else y
 
     def _transposed(self, x: torch.Tensor) -> torch.Tensor:
-        """``self.conv(x)``: ``[B, C_in, T]`` -> ``[B, C_out, stride (T - 1) + kernel]``.
+        """The untrimmed transposed conv: ``[B, T, C_in]`` -> ``[B, stride (T - 1) + kernel,
+        C_out]``.
 
         On CPU float32 without autograd, and when the kernel is a multiple m of the stride s
-        (every transposed conv of this decoder: kernel 2 s, or s), it runs as one
-        ``PackedLinear`` (pre-packed weight ``[C_out kernel, C_in]``, the conv weight
-        permuted) over the T input steps and an overlap-add of their m blocks of s outputs:
-        the same sums in another order (within float32 rounding, 5e-6 here). Used while
-        the weight's outputs per step (``C_out kernel``) outnumber the input steps of the
-        batch (``B T``): PyTorch sends a batch of 1 with fewer than 20480 input elements to
-        its native kernel, and oneDNN reorders the weight on every call (75 MB for the
-        1536 -> 768 upsampler): that layer took 48 of a 98 ms 1-frame chunk; as a packed
-        linear 1.6 ms (B = 1, 5 steps) and 7.9 ms instead of 49 (B = 8, 9 steps). Long
-        inputs on small weights stay on the conv (192 -> 96 over 8 x 1281 steps: 7.6 ms
-        against 10.9).
+        (every transposed conv of this decoder: kernel 2 s, or s), it runs as one GEMM over
+        the ``B T`` input steps on a pre-packed weight ``[kernel C_out, C_in]`` (the conv
+        weight permuted; a ``derived_copy``) and an overlap-add of its m blocks of s output
+        steps: the same sums in another order (within float32 rounding, 5e-6 here). oneDNN
+        would otherwise reorder the weight on every call (75 MB for the 1536 -> 768
+        upsampler: 48 of a 98 ms 1-frame chunk; as a GEMM 1.6 ms at B = 1, 7.9 instead of
+        49 at B = 8), and the time-major activations need no transposes.
         """
         conv = self.conv
         kernel, stride = conv.kernel_size[0], conv.stride[0]
         w = conv.weight
         if (
-            x.device.type != "cpu"
-            or x.dtype != torch.float32
+            not packs_on_cpu(x, w)
             or kernel % stride
             or conv.groups != 1
-            or w.shape[1] * kernel < x.shape[0] * x.shape[2]  # long input, small weight
             or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))
         ):
-            return conv(x)
-        key = (*tensor_version(w), w.device, w.dtype)
-        cached = self.__dict__.get("_as_linear")
-        if cached is None or cached[0] != key:
-            c_in, c_out, _ = w.shape
-            with torch.inference_mode(False), torch.no_grad():  # a tensor with a version
-                linear = PackedLinear(c_in, c_out * kernel, bias=False, device=w.device)
-                linear.weight = nn.Parameter(
-                    w.detach().permute(1, 2, 0).reshape(c_out * kernel, c_in).clone(),
-                    requires_grad=False,
-                )
-            cached = (key, linear)
-            self.__dict__["_as_linear"] = cached
-        batch, _, steps = x.shape
-        c_out, m = w.shape[1], kernel // stride
-        z = cached[1](x.transpose(1, 2))  # [B, T, C_out * kernel]
-        z = z.view(batch, steps, c_out, m, stride).permute(0, 2, 3, 1, 4)  # [B, C_out, m, T, s]
-        out = x.new_zeros(batch, c_out, (steps + m - 1) * stride)
-        for j in range(m):
-            out[:, :, j * stride : (j + steps) * stride] += z[:, :, j].reshape(
-                batch, c_out, steps * stride
+            return conv(x.transpose(1, 2)).transpose(1, 2)
+        c_in, c_out, _ = w.shape
+        try:
+            packed = derived_copy(
+                w,
+                "transposed-nwc",
+                lambda t: torch.ops.mkldnn._reorder_linear_weight(
+                    t.permute(2, 1, 0).reshape(kernel * c_out, c_in).contiguous(), PACK_ROWS
+                ),
             )
+        except RuntimeError:  # a CPU without the kernels: the conv itself
+            return conv(x.transpose(1, 2)).transpose(1, 2)
+        batch, steps, _ = x.shape
+        m = kernel // stride
+        z = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
+        z = z.view(batch, steps, m, stride, c_out)  # [B, T, m, s, C_out]
+        out = x.new_zeros(batch, (steps + m - 1) * stride, c_out)
+        blocks = out.view(batch, steps + m - 1, stride, c_out)
+        for j in range(m):
+            blocks[:, j : j + steps] += z[:, :, j]
         if conv.bias is not None:
-            out += conv.bias.detach()[None, :, None]
+            out += conv.bias.detach()
         return out
 
     def stream(self, x: torch.Tensor, sp: StreamPass) -> torch.Tensor:
@@ -445,13 +434,13 @@ class CausalConvTranspose1d(nn.Module):
         stride)`` inputs before them (the overlap), carried from the previous chunk."""
         stride = self.conv.stride[0]
         carried = -(-self.trim // stride)
-        y = self._transposed(sp.carry(x, carried))
-        return y[..., carried * stride : (carried + x.shape[-1]) * stride]
+        y = self._transposed(sp.carry(x, carried, dim=1))
+        return y[:, carried * stride : (carried + x.shape[1]) * stride]
 
 
 class ConvNeXtBlock(nn.Module):
     """``Qwen3TTSTokenizerV2ConvNeXtBlock``: x + gamma * pw2(gelu(pw1(LN(causal dwconv(x)))));
-    ``[B, dim, T]`` -> same."""
+    time-major ``[B, T, dim]`` -> same."""
 
     def __init__(self, dim: int):
         super().__init__()
@@ -463,9 +452,9 @@ class ConvNeXtBlock(nn.Module):
         self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
 
     def forward(self, x: torch.Tensor, sp: StreamPass | None = None) -> torch.Tensor:
-        y = (self.dwconv(x) if sp is None else self.dwconv.stream(x, sp)).transpose(1, 2)
+        y = self.dwconv(x) if sp is None else self.dwconv.stream(x, sp)
         y = self.pwconv2(self.act(self.pwconv1(self.norm(y))))  # [B, T, dim]
-        return x + (self.gamma * y).transpose(1, 2)
+        return x + self.gamma * y
 
     stream = forward
 
@@ -621,13 +610,13 @@ class CodecTransformer(nn.Module):
 
 class ResidualUnit(nn.Module):
     """``Qwen3TTSTokenizerV2DecoderDecoderResidualUnit``:
-    ``x + conv1x1(snake(dilated conv(snake(x))))``."""
+    ``x + conv1x1(snake(dilated conv(snake(x))))``, time-major ``[B, T, dim]``."""
 
     def __init__(self, dim: int, dilation: int):
         super().__init__()
-        self.act1 = SnakeBeta(dim)
+        self.act1 = SnakeBeta(dim, channels_last=True)
         self.conv1 = CausalConv1d(dim, dim, DECODER_KERNEL, dilation=dilation)
-        self.act2 = SnakeBeta(dim)
+        self.act2 = SnakeBeta(dim, channels_last=True)
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: torch.Tensor, sp: StreamPass | None = None) -> torch.Tensor:
@@ -640,13 +629,14 @@ class ResidualUnit(nn.Module):
 
 class DecoderBlock(nn.Module):
     """``Qwen3TTSTokenizerV2DecoderDecoderBlock``: SnakeBeta, transposed conv x rate (channels
-    halve), residual units at dilations 1, 3, 9; parameters under ``block.{0..4}``."""
+    halve), residual units at dilations 1, 3, 9; parameters under ``block.{0..4}``;
+    time-major ``[B, T, c_in]`` -> ``[B, rate T, c_out]``."""
 
     def __init__(self, c_in: int, c_out: int, rate: int):
         super().__init__()
         self.block = nn.ModuleList(
             [
-                SnakeBeta(c_in),
+                SnakeBeta(c_in, channels_last=True),
                 CausalConvTranspose1d(c_in, c_out, 2 * rate, rate),
                 *(ResidualUnit(c_out, d) for d in RESIDUAL_DILATIONS),
             ]
@@ -753,7 +743,7 @@ class CodecDecoder(nn.Module):
             [
                 CausalConv1d(c.latent_dim, c.decoder_dim, DECODER_KERNEL),
                 *(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(c.upsample_rates)),
-                SnakeBeta(dims[-1]),
+                SnakeBeta(dims[-1], channels_last=True),
                 CausalConv1d(dims[-1], 1, DECODER_KERNEL),
             ]
         )
@@ -771,18 +761,18 @@ class CodecDecoder(nn.Module):
     def latents(self, codes: torch.Tensor) -> torch.Tensor:
         """Quantizer, pre_conv and transformer: codes ``[B, T, Q]`` -> ``[B, T, latent_dim]``."""
         x = self.quantizer.decode(codes)  # [B, T, codebook_dim]
-        x = self.pre_conv(x.transpose(1, 2)).transpose(1, 2)
-        return self.pre_transformer(x)
+        return self.pre_transformer(self.pre_conv(x))
 
     def waveform(self, latents: torch.Tensor, sp: StreamPass | None = None) -> torch.Tensor:
         """Upsamplers and decoder: ``[B, T, latent_dim]`` -> ``[B, T * hop]`` in [-1, 1], float32
-        (float64 for a float64 model). With ``sp``, chunks continuing their streams."""
-        x = latents.transpose(1, 2)
+        (float64 for a float64 model). With ``sp``, chunks continuing their streams. The conv
+        stack runs time-major (``[B, T, C]``; ``layers.conv``)."""
+        x = latents
         for up, block in self.upsample:
             x = block(_run(up, x, sp), sp)
         for layer in self.decoder:
             x = _run(layer, x, sp)
-        return x[:, 0].clamp(-1.0, 1.0).to(torch.promote_types(x.dtype, torch.float32))
+        return x[..., 0].clamp(-1.0, 1.0).to(torch.promote_types(x.dtype, torch.float32))
 
     def _stream_latents(
         self, codes: torch.Tensor, frames: Sequence[int], streams: Sequence[DecoderStream]
@@ -790,8 +780,8 @@ class CodecDecoder(nn.Module):
         """``latents`` of chunks continuing ``streams``: codes ``[B, T, Q]`` (row i's first
         ``frames[i]`` real) -> ``[B, T, latent_dim]`` and each row's new ``latents`` state."""
         sp = StreamPass(frames, [s.latents for s in streams])
-        x = self.quantizer.decode(codes).transpose(1, 2)  # [B, codebook_dim, T]
-        x = self.pre_conv.stream(x, sp).transpose(1, 2)
+        x = self.quantizer.decode(codes)  # [B, T, codebook_dim]
+        x = self.pre_conv.stream(x, sp)
         start = torch.tensor([s.frames for s in streams], device=codes.device)
         return self.pre_transformer.stream(x, start, sp), sp.rows()
 
