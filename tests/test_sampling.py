@@ -389,3 +389,34 @@ def test_top_k_without_top_p_skips_the_sort_and_cuts_the_same_tokens(device):
         is None
     )
     assert build_params([SamplingRow(top_k=300)], [0], 2, vocab, "cpu").sort_free_k is None
+
+
+def test_top_k_without_sort_agrees_where_a_probability_rounds_near_zero():
+    """A probability within float32's subnormals of 0 (a logit ~103 below the row's maximum)
+    is 0 or not depending on the order the softmax's sum ran in: the sorted path sums in sorted
+    order, so ``_top_k_without_sort`` must leave such rows to it. Rows of two near-equal maxima
+    (a sum near 2), a few tiny terms that round the sum differently by order, and one logit at
+    float32's smallest subnormal probability; every row must get the sorted path's logits."""
+    from dataclasses import replace
+
+    from omnistep.sampling import apply_top_p_top_k, build_params
+    from omnistep.sampling.processors import _top_k_without_sort
+
+    g = torch.Generator().manual_seed(1)
+    batch, vocab = 512, 2048
+    x = torch.full((batch, 1, vocab), -200.0)
+    x[:, 0, 0] = 0.0
+    x[:, 0, 1] = torch.log1p(-torch.rand(batch, generator=g, dtype=torch.float64) * 1e-6).float()
+    small = math.log(2**-25) + torch.randn(batch, 40, generator=g) * 0.5
+    used = torch.arange(40) < torch.randint(3, 40, (batch, 1), generator=g)
+    x[:, 0, 2:42] = torch.where(used, small, torch.tensor(-200.0))
+    x[:, 0, 100] = math.log(2**-149) + torch.rand(batch, generator=g) * 0.7
+    x = x[..., torch.randperm(vocab, generator=g)]
+    params = build_params([SamplingRow(top_k=50)] * batch, [0] * batch, 1, vocab, x.device)
+    assert params.sort_free_k == 50
+    fast = apply_top_p_top_k(x, params)
+    assert torch.equal(fast, apply_top_p_top_k(x, replace(params, sort_free_k=None)))
+    # ordinary rows (and ids of probability far below float32's) still skip the sort
+    ordinary = torch.randn(batch, 1, vocab, generator=g) * 4
+    ordinary[:, :, :100] -= 300.0
+    assert _top_k_without_sort(ordinary, params, 50) is not None

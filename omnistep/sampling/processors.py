@@ -14,6 +14,7 @@ Imports: torch and ``omnistep.core`` only (through ``omnistep.sampling.params``)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -172,15 +173,23 @@ def _top_k_without_sort(logits: torch.Tensor, params: BatchParams, k: int) -> to
     probability those are never zero-probability ones, so the cut is exactly ``p == 0``; the
     k-th largest surviving logit is the k-th largest logit (``torch.topk``) when at least k
     tokens survive, and -inf (no cut) otherwise, as there. Same tokens cut as the sorted path
-    (the softmax's sum is taken in another order, which could only move a probability within
-    rounding of float32's smallest subnormal across 0). Returns None when some row has fewer
-    than ``min_keep`` tokens of positive probability (the sorted path then decides which
-    zero-probability tokens stay).
+    (the softmax's sum is taken in another order, which can move a probability within
+    rounding of float32's smallest subnormal across 0: rows with a logit whose probability is
+    subnormal or rounds to 0 from a nonzero ``exp`` go to the sort). Returns None for those
+    and when some row has fewer than ``min_keep`` tokens of positive probability (the sorted
+    path then decides which zero-probability tokens stay).
     """
     vocab = logits.shape[-1]
-    positive = logits.softmax(dim=-1) > 0
+    probs = logits.softmax(dim=-1)
+    positive = probs > 0
     count = positive.sum(dim=-1, keepdim=True)  # [B, num_vq, 1]
-    if bool((count < params.min_keep).any()):
+    # exp(logit - max) > 0 but the probability below the smallest normal: its rounding to 0
+    # or not depends on the order the softmax's sum ran in (the sorted path sums sorted)
+    info = torch.finfo(probs.dtype)
+    near_zero = (probs < info.tiny) & (
+        logits - logits.amax(dim=-1, keepdim=True) > math.log(info.tiny * info.eps) - 2.0
+    )
+    if bool(((count < params.min_keep) | near_zero.any(dim=-1, keepdim=True)).any()):
         return None
     cut = ~positive
     if k:
