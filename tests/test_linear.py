@@ -147,3 +147,28 @@ def test_functional_linear_packs_a_plain_weight_like_packed_linear():
     torch.testing.assert_close(w.grad, ref.grad, atol=1e-4, rtol=1e-5)
     del w
     assert slot not in module._COPIES
+
+
+def test_packed_copies_follow_data_assignment():
+    """``w.data = new`` keeps the version counter, and a freed storage's addresses come back
+    to the next one of its size: two assignments in a row once left ``linear()`` and
+    ``PackedLinear`` on the first weight's packed copy (the probe's case, 19 of 20 tries).
+    The pinned storage identity in ``tensor_version`` catches it."""
+    from omnistep.layers.linear import linear
+
+    torch.manual_seed(0)
+    layer = _layer(64, 32)
+    w = layer.weight.detach().clone()
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        for _ in range(10):
+            linear(x, w)
+            layer(x)
+            w.data = torch.randn(32, 64)
+            w.data = torch.randn(32, 64)
+            layer.weight.data = torch.randn(32, 64)
+            layer.weight.data = torch.randn(32, 64)
+            torch.testing.assert_close(linear(x, w), F.linear(x, w), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5
+            )

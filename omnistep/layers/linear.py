@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 #: Rows the weight is packed for; oneDNN picks its blocking from it (any row count still runs).
 PACK_ROWS = 64
@@ -58,11 +59,22 @@ def _mkldnn_linear_available() -> bool:
 _AVAILABLE = _mkldnn_linear_available()
 
 
-def tensor_version(t: torch.Tensor) -> tuple[int, int, int]:
-    """Identifies a tensor's current values: the tensor, its storage and its in-place version
+def tensor_version(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """Identifies a tensor's current values: the tensor, its data pointer, its in-place version
     counter (an optimizer step, ``copy_`` or ``load_state_dict`` bumps it; a ``fused=True``
-    optimizer step does not, torch 2.13). Keys of copies derived from weights."""
-    return (id(t), t.data_ptr(), t._version)
+    optimizer step does not, torch 2.13) and its storage. Keys of copies derived from weights.
+
+    A cache keyed by it must hold ``pin_storage(t)`` while the key is in use: ``t.data = new``
+    keeps the version counter, and a storage freed and made again can land at the same
+    addresses; a weak reference to the storage keeps its identity from being reused. Changes
+    that bypass the version counter (``t.data.copy_(...)``) are not seen."""
+    return (id(t), t.data_ptr(), t._version, t.untyped_storage()._cdata)
+
+
+def pin_storage(t: torch.Tensor) -> StorageWeakRef:
+    """A weak reference to ``t``'s storage: while it lives, no other storage gets the identity
+    ``tensor_version`` records (it does not keep the storage's memory)."""
+    return StorageWeakRef(t.untyped_storage())
 
 
 class _PackedLinearFn(torch.autograd.Function):
@@ -101,8 +113,9 @@ def _run_packed(
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-#: ``derived_copy``'s copies: (``id(weight)``, tag) -> (weak reference to it, its version, copy).
-_COPIES: dict[tuple[int, Hashable], tuple[weakref.ref, tuple[int, int, int], Any]] = {}
+#: ``derived_copy``'s copies: (``id(weight)``, tag) -> (weak reference to it, its version,
+#: copy, its storage pinned).
+_COPIES: dict[tuple[int, Hashable], tuple[weakref.ref, tuple[int, ...], Any, StorageWeakRef]] = {}
 
 
 def derived_copy(weight: torch.Tensor, tag: Hashable, make: Callable[[torch.Tensor], Any]) -> Any:
@@ -120,7 +133,7 @@ def derived_copy(weight: torch.Tensor, tag: Hashable, make: Callable[[torch.Tens
         with _PACK_LOCK:
             copy = make(weight.detach())
             ref = weakref.ref(weight, lambda _, slot=slot: _COPIES.pop(slot, None))
-            entry = (ref, version, copy)
+            entry = (ref, version, copy, pin_storage(weight))
             _COPIES[slot] = entry
     return entry[2]
 
@@ -171,6 +184,7 @@ class PackedLinear(nn.Linear):
         super().__init__(*args, **kwargs)
         self._packed: torch.Tensor | None = None
         self._packed_key: tuple[int, ...] | None = None
+        self._pinned: tuple[StorageWeakRef, ...] = ()
         self._invariant: bool | None = None
         self._pack_failed = False
 
@@ -178,7 +192,7 @@ class PackedLinear(nn.Linear):
         """Pickle and deepcopy without the packed copy (an opaque mkldnn tensor); it is made
         again on the next call."""
         state = dict(super().__getstate__())
-        state.update(_packed=None, _packed_key=None, _invariant=None)
+        state.update(_packed=None, _packed_key=None, _invariant=None, _pinned=())
         return state
 
     def _packable(self, x: torch.Tensor) -> bool:
@@ -213,6 +227,9 @@ class PackedLinear(nn.Linear):
                     self._packed = None
                     return None
                 self._packed_key = key
+                self._pinned = tuple(
+                    pin_storage(t) for t in (self.weight, self.bias) if t is not None
+                )
                 self._invariant = None
         return self._packed
 
