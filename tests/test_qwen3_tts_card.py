@@ -225,6 +225,40 @@ async def test_aborted_requests_leave_no_kv_blocks_or_codec_streams(custom):
     assert custom.resolve("qwen3-tts").components["codec"].num_streams == 0
 
 
+async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders, custom):
+    """A KV pool of 13 blocks for 8 requests of 24 frames (3 blocks each) under EDF: requests
+    are preempted and re-prefilled, every one ends with the codes it has in a roomy pool, and
+    no blocks stay held. (A preempted request's re-prefill, earliest due, ran before the
+    decode steps that could free its room and failed again at once, forever: a livelock.)"""
+    voices = ("ryan", "vivian", "eric")
+    fields = [
+        {
+            "text": "Hello there, how are you today?",
+            "voice": voices[i % 3],
+            "seed": i,
+            "sampling": SamplingParams(max_new_tokens=24),
+        }
+        for i in range(8)
+    ]
+    roomy = await asyncio.gather(*(_run(custom, **f) for f in fields))
+    card = build_card(str(folders["custom_voice"]), Qwen3TTSOptions(kv_cache_gb=0.0001))
+    model = ModelInstance.load(card)
+    talker = model.components["talker"]
+    assert talker.blocks.num_blocks == 13
+    engine = AsyncEngine([model])  # EDF, the default
+    try:
+        # a hang guard, not a timing: the burst takes a few seconds
+        tight = await asyncio.wait_for(asyncio.gather(*(_run(engine, **f) for f in fields)), 60)
+        assert engine.stats()["kv_blocks_used"] == 0
+    finally:
+        await engine.shutdown()
+    assert talker.num_preemptions > 0
+    for a, b in zip(roomy, tight, strict=True):
+        assert _codes(a).shape == (24, 16)
+        np.testing.assert_array_equal(_codes(a), _codes(b))
+        np.testing.assert_allclose(a.audio, b.audio, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("alone", [True, False])
 async def test_first_codec_chunk_runs_without_the_requests_talker(folders, alone):
     """``Qwen3TTSOptions.first_audio_alone``: the talker's second step becomes ready in the

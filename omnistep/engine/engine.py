@@ -752,12 +752,17 @@ class AsyncEngine:
         component); None (ready order) under FCFS. A unit of a kind never measured yet goes
         first (-inf): with a cost estimate of 0 it would wait behind every measured unit of
         its request, possibly until they end (a cascade's DiT behind its thinker and talker),
-        and it would never be measured."""
+        and it would never be measured. A unit that ``waits_for_room`` goes last (inf): a
+        preempted request's deadline is often the earliest, and its re-prefill, failing at
+        once while the sequences holding the blocks waited behind it, kept the component busy
+        with nothing else (the streams never advanced to free their blocks)."""
         if not self._edf or run.clock is None:
             return None
         if live is None or live.plan is None:
             return run.clock.deadline()
         plan = live.plan
+        if plan.resources.waits_for_room:
+            return math.inf
         key = (live.model_id, plan.component, plan.kind)
         measurable = not plan.resources.est_seconds and plan.resources.num_tokens > 0
         if measurable and not self._unit_cost.known(key):

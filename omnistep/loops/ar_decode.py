@@ -238,7 +238,9 @@ class ARDecodeLoop:
                 state.profile is ExecutionProfile.ROLLOUT,
             )
             kind, label = WorkUnitKind.PREFILL, f"{self.loop_id}.prefill"
-            resources = ResourceRequest(num_tokens=len(state.frames) + 1)
+            resources = ResourceRequest(
+                num_tokens=len(state.frames) + 1, waits_for_room=state.num_preemptions > 0
+            )
         else:
             unit = ARStepInput(
                 state.seq_id,
