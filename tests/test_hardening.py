@@ -58,6 +58,15 @@ BAD_REQUESTS = [
     ("NUL in input", "POST", SPEECH, speech(input="a\u0000b"), JSON, 400, "input"),
     ("C0 controls", "POST", SPEECH, speech(input="bell \u0007 esc \u001b"), JSON, 400, "input"),
     ("C1 control", "POST", SPEECH, speech(input="next\u0085line"), JSON, 400, "input"),
+    (
+        "NUL in instructions",
+        "POST",
+        SPEECH,
+        speech(instructions="a\u0000b"),
+        JSON,
+        400,
+        "instructions",
+    ),
     ("emoji only", "POST", SPEECH, speech(input="\U0001f600 \U0001f389"), JSON, 400, "input"),
     ("punctuation only", "POST", SPEECH, speech(input="?! ... \u2014 ;"), JSON, 400, "input"),
     (

@@ -152,6 +152,14 @@ class SpeechRequest(SamplingFields):
             raise ValueError("input has nothing to speak (it needs at least one letter or digit)")
         return value
 
+    @field_validator("instructions")
+    @classmethod
+    def _plain_instructions(cls, value: str | None) -> str | None:
+        bad = None if value is None else control_characters(value)
+        if bad:
+            raise ValueError(f"instructions contain control characters {', '.join(bad[:5])}")
+        return value
+
     def streamed(self) -> bool:
         """Whether the raw audio is sent as it is made: ``stream`` when the request gives it,
         else every format but those in ``WHOLE_BY_DEFAULT`` (sent whole, exact headers).
