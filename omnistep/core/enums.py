@@ -45,6 +45,8 @@ class Capability(StrEnum):
     VOICE_CLONING = "voice_cloning"
     """The card makes a voice from a reference clip and its transcript
     (``ModelCard.voice_enroller``; ``AsyncEngine.clone_voice``, ``POST /v1/audio/voices``)."""
+    WORD_TIMESTAMPS = "word_timestamps"
+    """The card's audio chunks carry per-word times (``StreamChunk.words``)."""
 
 
 class Modality(StrEnum):
