@@ -271,3 +271,29 @@ def test_websocket_sends_word_times_in_the_turns_timeline(client):
         json={"model": "hibari", "input": "Hello there my good friend.", "response_format": "pcm"},
     )
     assert words[5]["start_time"] >= _pcm_seconds(first.content)
+
+
+def test_piper_words_are_matched_to_espeaks_joined_words():
+    """espeak joins "from the" into one phoneme word; the match splits it by the words' own
+    lengths, so every text word gets its own ids."""
+    from omnistep.models.piper.frontend import PiperFrontend
+    from omnistep.models.piper.voice import default_voice_paths
+
+    frontend = PiperFrontend.from_config_path(default_voice_paths()[1])
+    inverse = {ids[0]: p for p, ids in frontend.config.phoneme_id_map.items()}
+    (sentence,) = frontend.sentences("Far away from the farm, of the two.")
+    spelled = [
+        (w.word, "".join(inverse[i] for i in sentence.phoneme_ids[w.start : w.end] if i != 0))
+        for w in sentence.words
+    ]
+    assert "fɹʌmðə" in sentence.phonemes  # joined by espeak ...
+    assert spelled[2:4] == [("from", "fɹʌm"), ("the", "ðə")]  # ... split here
+    assert [w for w, _ in spelled] == ["Far", "away", "from", "the", "farm", "of", "the", "two"]
+
+
+def test_piper_word_times_match_a_forced_alignment():
+    """Measured here (4 sentences): mean error 78 ms at the start, 96 ms at the end."""
+    with OmniEngine("piper") as omni:
+        (out,) = omni.generate([TEXT], seed=1)
+    errors = _errors([out])
+    assert errors.mean(axis=0).max() < MAX_MEAN_ERROR_S, errors.mean(axis=0)
