@@ -118,7 +118,7 @@ async def _sse(
     """``speech.audio.delta`` events with base64 audio, then ``speech.audio.done`` with usage.
 
     With ``words`` (the list ``pieces`` fills, see ``encoded``), each delta also carries the
-    ``timestamps`` of the words completed since the last one, and the done event those left
+    ``timestamps`` of the words synthesised since the last one, and the done event those left
     and, with a ``caption_format``, the ``captions`` of every word.
 
     A failure ends the events with ``speech.audio.error``, whose ``error`` is OpenAI's error

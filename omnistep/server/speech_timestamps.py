@@ -8,16 +8,18 @@ Piper) times every word it speaks from the model's own predicted durations
   object ``{"audio": base64 of the whole file in response_format, "audio_format": its media
   type, "timestamps": [{"word", "start_time", "end_time"}, ...]}`` (Kokoro-FastAPI's
   ``CaptionedSpeechResponse``); with ``stream_format: "sse"`` each ``speech.audio.delta``
-  carries the ``timestamps`` of the words its audio completes, and ``speech.audio.done`` any
-  left.
+  carries the ``timestamps`` of the words synthesised since the previous one (with ``pcm``,
+  the words its audio holds; other encoders may hold some audio back), and
+  ``speech.audio.done`` any left.
 - ``caption_format: "srt"`` or ``"vtt"`` adds ``"captions"``: SubRip or WebVTT text of the same
   words, in cues of up to ``CUE_MAX_WORDS`` words (written with pysubs2).
 - ``POST /dev/captioned_speech`` (Kokoro-FastAPI's endpoint, ``return_timestamps`` true by
   default): with ``stream`` (the default) JSON lines, one ``CaptionedSpeechResponse`` per audio
-  piece, its ``timestamps`` the words that piece completes; else one JSON object as above.
+  piece, its ``timestamps`` the words synthesised since the previous line; else one JSON
+  object as above.
 
-Times count from the first sample of the audio, at the model's rate: an encoder's own delay
-(mp3's priming samples, which most decoders drop) is not added. A card without the capability
+Times count from the first sample of the audio as synthesised: an encoder's own delay (priming
+samples) is not added. A card without the capability
 (the codec models: ChatTTS, Qwen3-TTS, Qwen2.5-Omni) answers 400 with
 ``param: "return_timestamps"``, ``code: "unsupported_parameter"``.
 """
@@ -153,8 +155,8 @@ async def json_lines(
     pieces: AsyncIterator[bytes], stream: RequestStream, words: list[WordTiming], fmt: str
 ) -> AsyncIterator[bytes]:
     """One JSON line per audio piece, ``{"audio", "audio_format", "timestamps"}``, the
-    timestamps being the words completed since the last line (words completed after the last
-    piece: a last line with empty ``audio``). A failure ends the lines with ``{"error": ...}``
+    timestamps being the words synthesised since the last line (words synthesised after the
+    last piece: a last line with empty ``audio``). A failure ends the lines with ``{"error": ...}``
     (OpenAI's error object)."""
     ended = False
 
