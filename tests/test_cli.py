@@ -163,7 +163,7 @@ def test_check_device(monkeypatch):
 def test_cuda_without_cuda_is_one_line_for_a_torch_family(tmp_path, capsys, monkeypatch):
     import torch
 
-    from tests.chattts_ref.assets import write_tiny_chattts
+    from omnistep.models.chattts.tiny import write_tiny_chattts
 
     root = write_tiny_chattts(tmp_path / "chattts")  # the official files only
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -13,9 +13,9 @@ import torch
 from safetensors import safe_open
 
 from omnistep.models.qwen3_tts import LAYOUT, Qwen3TTSCheckpoint, Qwen3TTSCheckpointError
+from omnistep.models.qwen3_tts import tiny as assets
 from omnistep.models.qwen3_tts.loader import model_tensor_shapes, speech_decoder_tensor_shapes
-from tests.qwen3_tts_ref import assets
-from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
+from tests.qwen3_tts_ref.assets import write_reference_qwen3_tts
 from tests.qwen3_tts_ref.env import call_reference
 
 
@@ -79,7 +79,7 @@ def test_variants_differ_as_published(folders):
 
 def test_same_seed_gives_byte_identical_files(folders, tmp_path):
     info = folders["custom_voice"]
-    again = write_tiny_qwen3_tts(tmp_path / "again", "custom_voice", seed=0)
+    again = write_reference_qwen3_tts(tmp_path / "again", "custom_voice", seed=0)
     for rel in LAYOUT:
         assert (again.root / rel).read_bytes() == (info.root / rel).read_bytes(), rel
 

@@ -426,10 +426,36 @@ def tensor_specs(sizes: ChatTTSSizes, num_text_tokens: int) -> dict[str, dict[st
     }
 
 
-def _draw(seed: int, file: str, key: str, shape: tuple[int, ...], s: ChatTTSSizes, coef):  # noqa: ANN001, ANN202
+def hz_to_mel_htk(freq: float) -> float:
+    """torchaudio ``_hz_to_mel(freq, mel_scale="htk")``."""
+    return 2595.0 * math.log10(1.0 + freq / 700.0)
+
+
+def mel_to_hz_htk(mels):  # noqa: ANN001, ANN201 - tensor in, tensor out (like torchaudio)
+    """torchaudio ``_mel_to_hz(mels, mel_scale="htk")``."""
+    return 700.0 * (10.0 ** (mels / 2595.0) - 1.0)
+
+
+def mel_filterbank_htk(n_freqs: int, n_mels: int, sample_rate: int):  # noqa: ANN201
+    """``torchaudio.functional.melscale_fbanks(n_freqs, 0, sr // 2, n_mels, sr, None, "htk")``.
+
+    Returns a float32 tensor ``[n_freqs, n_mels]`` (the ``mel_scale.fb`` buffer).
+    """
     import torch
 
-    from tests.chattts_ref.shims import mel_filterbank_htk
+    f_max = float(sample_rate // 2)
+    all_freqs = torch.linspace(0, sample_rate // 2, n_freqs)
+    m_pts = torch.linspace(hz_to_mel_htk(0.0), hz_to_mel_htk(f_max), n_mels + 2)
+    f_pts = mel_to_hz_htk(m_pts)
+    f_diff = f_pts[1:] - f_pts[:-1]
+    slopes = f_pts.unsqueeze(0) - all_freqs.unsqueeze(1)
+    down = (-1.0 * slopes[:, :-2]) / f_diff[:-1]
+    up = slopes[:, 2:] / f_diff[1:]
+    return torch.clamp(torch.min(down, up), min=0.0).to(torch.float32)
+
+
+def _draw(seed: int, file: str, key: str, shape: tuple[int, ...], s: ChatTTSSizes, coef):  # noqa: ANN001, ANN202
+    import torch
 
     g = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{file}/{key}".encode()))
 
