@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from omnistep.core import ModelCard, ModelInstance, OmnistepError
 from omnistep.engine import AsyncEngine, EngineConfig
-from omnistep.models.registry import build_card, distinct_names
+from omnistep.models.registry import build_card, distinct_names, resolve_model_spec
 
 
 def load_engine(
@@ -25,7 +25,8 @@ def load_engine(
     served_names: list[str] | None = None,
     **options: object,
 ) -> AsyncEngine:
-    """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
+    """Build, validate and load each ``family[=path]`` card and wrap them in an engine. A spec
+    may also be a weights folder or a Hugging Face id (``registry.resolve_model_spec``).
 
     ``served_names``: the public name of each model (``--served-model-name``), one per spec in
     the same order (see ``registry.public_names``); None: card ids, with the family names as
@@ -64,6 +65,7 @@ def load_engine(
         "admission_max_wait_s": admission_max_wait,
     }
     runner = None
+    specs = [resolve_model_spec(spec) for spec in specs]
     names = served_names or [None] * len(specs)
     cards = [
         build_card(spec, served_name=name, **options)

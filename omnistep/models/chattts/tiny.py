@@ -738,8 +738,13 @@ def sha256_key(rel: str) -> str:
 # ----------------------------------------------------------------------------- writers
 
 
-def write_chattts(root: Path, sizes: ChatTTSSizes, seed: int = 0) -> TinyChatTTSInfo:
-    """Write a full checkpoint folder for ``sizes``; returns its :class:`TinyChatTTSInfo`."""
+def write_chattts(
+    root: Path, sizes: ChatTTSSizes, seed: int = 0, write_info: bool = True
+) -> TinyChatTTSInfo:
+    """Write a full checkpoint folder for ``sizes``; returns its :class:`TinyChatTTSInfo`.
+
+    ``write_info``: also write the info file beside the folder (:func:`info_path`), which the
+    upstream reference reads; ``omnistep weights`` writes the folder only."""
     import torch
 
     sizes.validate()
@@ -782,8 +787,9 @@ def write_chattts(root: Path, sizes: ChatTTSSizes, seed: int = 0) -> TinyChatTTS
         "sha256_map": sha,
         "files": files,
     }
-    info_path(root).write_text(_dumps(info), encoding="utf-8")
-    return read_info(root)
+    if write_info:
+        info_path(root).write_text(_dumps(info), encoding="utf-8")
+    return _info_from_dict(root, json.loads(_dumps(info)))
 
 
 def info_path(root: Path) -> Path:
@@ -813,6 +819,17 @@ def write_servable_tiny_chattts(root: Path, seed: int = 0, **overrides: Any) -> 
     return Path(root)
 
 
+FOLDER_VARIANTS: tuple[str, ...] = ()
+"""``omnistep weights chattts`` writes one kind of folder (``write_folder``)."""
+
+
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
+    """``omnistep weights chattts DIR``: :func:`write_servable_tiny_chattts` without the info
+    file (``variant`` is unused: one kind). Returns ``folder``."""
+    write_chattts(Path(folder), SERVABLE_SIZES, seed, write_info=False)
+    return Path(folder)
+
+
 def write_full_size_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
     """Official sizes (REFERENCE.md), random weights: ~1.2 GB, for benchmarks only."""
     write_chattts(Path(root), dataclasses.replace(FULL_SIZES, **overrides), seed)
@@ -822,7 +839,10 @@ def write_full_size_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path
 def read_info(root: Path) -> TinyChatTTSInfo:
     """Parse the info file (:func:`info_path`) written by :func:`write_chattts`."""
     root = Path(root)
-    raw = json.loads(info_path(root).read_text(encoding="utf-8"))
+    return _info_from_dict(root, json.loads(info_path(root).read_text(encoding="utf-8")))
+
+
+def _info_from_dict(root: Path, raw: dict[str, Any]) -> TinyChatTTSInfo:
     if raw.get("format") != INFO_FORMAT:
         raise ValueError(f"{info_path(root)}: unknown format {raw.get('format')}")
     sizes_raw = dict(raw["sizes"])

@@ -85,3 +85,13 @@ def write_kokoro_folder(folder: str | Path) -> Path:
     (folder / MODEL_FILE).write_bytes(model_bytes())
     (folder / VOICES_FILE).write_bytes(voices_bytes())
     return folder
+
+
+FOLDER_VARIANTS: tuple[str, ...] = ()
+"""``omnistep weights kokoro`` writes one kind of folder (``write_folder``)."""
+
+
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
+    """``omnistep weights kokoro DIR``: :func:`write_kokoro_folder` (real weights: ``variant``
+    and ``seed`` are unused). Returns ``folder``."""
+    return write_kokoro_folder(folder)

@@ -1042,6 +1042,16 @@ def write_tiny_qwen_omni(root: Path, seed: int = 0, **overrides: Any) -> Path:
     return write_qwen_omni(root, dataclasses.replace(TINY_SIZES, **overrides), seed=seed)
 
 
+FOLDER_VARIANTS: tuple[str, ...] = ()
+"""``omnistep weights qwen2_5_omni`` writes one kind of folder (``write_folder``)."""
+
+
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
+    """``omnistep weights qwen2_5_omni DIR``: :func:`write_tiny_qwen_omni` (``variant`` is
+    unused: one kind). Returns ``folder``."""
+    return write_tiny_qwen_omni(Path(folder), seed=seed)
+
+
 # ----------------------------------------------------------------------------- reading back
 
 

@@ -685,6 +685,16 @@ def write_tiny_qwen3_tts(
     return dataclasses.replace(info, tensor_shapes=write_weights(info.root, seed))
 
 
+FOLDER_VARIANTS: tuple[str, ...] = VARIANTS
+"""``omnistep weights qwen3_tts DIR --variant V``: one of these (default custom_voice)."""
+
+
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
+    """``omnistep weights qwen3_tts DIR``: :func:`write_tiny_qwen3_tts` of ``variant`` (None:
+    custom_voice). Returns ``folder``."""
+    return write_tiny_qwen3_tts(folder, variant or VARIANTS[0], seed).root
+
+
 def write_weights(root: str | Path, seed: int = 0) -> dict[str, list[int]]:
     """Write ``root/model.safetensors`` (bf16, as published) and
     ``root/speech_tokenizer/model.safetensors`` (f32) for the configs already in ``root``
