@@ -356,7 +356,8 @@ def test_serve_takes_the_names_the_server_answers_to(monkeypatch):
     monkeypatch.setattr(omnistep.cli, "load_engine", fake_load_engine)
     with pytest.raises(SystemExit):
         main(["serve", "--model", "tts-1", "--model", "toy", "--port", "0"])
-    assert seen == [registry.DEFAULT_MODEL, "toy"]
+    assert seen == ["tts-1", "toy"]  # load_engine resolves them (paths, hub ids, names)
+    assert [registry.resolve_model_spec(s) for s in seen] == [registry.DEFAULT_MODEL, "toy"]
 
 
 def test_say_checks_the_output_path_before_synthesis(tmp_path, capsys, monkeypatch):

@@ -176,7 +176,9 @@ def _missing(exc: ModuleNotFoundError, family: str, extra: str | None) -> Except
     )
 
 
-def write_weights(family: str, folder: str | Path, variant: str | None = None, seed: int = 0):
+def write_weights(
+    family: str, folder: str | Path, variant: str | None = None, seed: int = 0
+) -> Path:
     """Write a folder of ``family``'s weights that ``--model FAMILY=FOLDER`` serves (see
     ``WEIGHT_WRITERS``); ``variant``: one of the family's ``FOLDER_VARIANTS`` (None: the
     first). Returns the folder's path.
