@@ -7,7 +7,6 @@ output back into its loop, publish what the loop emitted, and queue the loop's n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import secrets
@@ -627,13 +626,16 @@ class AsyncEngine:
         """Abort every request, stop the step loop and the executor."""
         for request_id in list(self._runs):
             self.abort(request_id)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self._executor.close()
-        self._enroll_pool.shutdown(wait=False, cancel_futures=True)
+        task, self._task = self._task, None
+        try:
+            if task is not None:
+                task.cancel()
+                # Not ``await task`` under ``suppress(CancelledError)``: that also swallowed a
+                # cancellation of the caller (a Ctrl-C or a timeout around shutdown).
+                await asyncio.wait({task})
+        finally:
+            self._executor.close()
+            self._enroll_pool.shutdown(wait=False, cancel_futures=True)
 
     # ----------------------------------------------------------------- step loop
     def _ensure_running(self) -> None:
@@ -659,14 +661,28 @@ class AsyncEngine:
                     task = asyncio.create_task(self.step(batch))
                     self._steps.add(task)
                     task.add_done_callback(self._step_done)
-                if self._waiting:  # admission also changes with time: look again soon
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), ADMISSION_POLL_S)
-                else:
-                    await self._wake.wait()
+                await self._sleep()
         finally:  # shutdown cancels this task: leave no step behind
             for task in list(self._steps):
                 task.cancel()
+
+    async def _sleep(self) -> None:
+        """Wait for ``_wake``; at most ``ADMISSION_POLL_S`` while requests wait for admission
+        (admission also changes with time).
+
+        A timer sets the event instead of ``asyncio.wait_for``: on Python 3.11, ``wait_for``
+        returns the result instead of raising when its task is cancelled after the awaited
+        event fired but before the task resumed (cpython gh-86296), and ``shutdown`` cancels
+        this loop right after a step woke it, so the cancellation was lost and ``shutdown``
+        hung (Ctrl-C during ``omnistep say --file``)."""
+        timer = None
+        if self._waiting:
+            timer = asyncio.get_running_loop().call_later(ADMISSION_POLL_S, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _may_admit(self, run: _RequestRun, now: float) -> bool:
         """The admission policy's answer for ``run`` given the admitted audio requests."""
