@@ -35,6 +35,7 @@ from omnistep.core import (
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.config import SCHEDULING_POLICIES
+from omnistep.engine.openmp import releasing
 from omnistep.launch import EXECUTORS, load_engine
 from omnistep.models.registry import (
     DEFAULT_MODEL,
@@ -142,15 +143,22 @@ def is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT; a SIGTERM drains in-flight requests, then exits 0.
+    """Serve until SIGTERM/SIGINT; a signal drains in-flight requests (see
+    ``server.lifecycle``); a SIGTERM stop exits 0.
 
-    Start-up order: settings, the port (bound, so a taken port fails at once), the models, then
-    listening; the banner prints only once the server accepts connections.
+    Start-up order: settings, the port (bound, so a taken port fails at once), listening, then
+    the models, loaded while ``/health`` answers 503 ``loading`` (``server.loading``); the
+    banner prints once they serve.
+
+    Raises:
+        OmnistepError: bad settings, a port that cannot be used, models that fail to load.
     """
     from omnistep.server import build_app
-    from omnistep.server.lifecycle import bind_socket, serve
+    from omnistep.server.lifecycle import Drain, bind_socket, serve
+    from omnistep.server.loading import LoadingApp
 
     config = server_config(args)
+    specs = [resolve_model_spec(name) for name in args.model or [DEFAULT_MODEL]]
     sock = bind_socket(config.host, config.port)
     if config.api_key is None and not is_loopback(config.host):
         log.warning(
@@ -159,9 +167,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             config.host,
             API_KEY_ENV,
         )
-    try:
-        engine = load_engine(
-            [resolve_model_spec(name) for name in args.model or [DEFAULT_MODEL]],
+    port = sock.getsockname()[1]  # the real one when --port 0
+
+    def load(progress) -> AsyncEngine:
+        return load_engine(
+            specs,
             args.device,
             args.max_batch_size,
             max_queued=args.max_queued,
@@ -175,23 +185,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
             deploy=args.deploy,
             ray_address=args.ray_address,
             served_names=args.served_model_name,
+            progress=progress,
         )
-    except BaseException:
-        sock.close()
-        raise
-    port = sock.getsockname()[1]  # the real one when --port 0
-    banner = _usage_banner(config.host, port, engine, _auth_header(args, config.api_key))
-    app = build_app(engine, config)
+
+    def ready(engine: AsyncEngine) -> None:
+        auth = _auth_header(args, config.api_key)
+        print(_usage_banner(config.host, port, engine, auth), flush=True)
+
+    drain = Drain()
+    app = LoadingApp(
+        releasing(load),
+        lambda engine: build_app(engine, config, drain),
+        drain,
+        ", ".join(specs),
+        on_ready=ready,
+    )
     serve(
         app,
-        app.state.drain,
+        drain,
         shutdown_grace=config.shutdown_grace,
         sock=sock,
-        on_started=lambda: print(banner, flush=True),
         host=config.host,
         port=port,
         log_level=args.log_level,
     )
+    if app.error is not None:
+        raise app.error
     return 0
 
 

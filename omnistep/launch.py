@@ -6,9 +6,19 @@ A product-plane module: imports engine, core and the model registry (to build ca
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
+
 from omnistep.core import ModelCard, ModelInstance, OmnistepError
 from omnistep.engine import AsyncEngine, EngineConfig
-from omnistep.models.registry import build_card, distinct_names
+from omnistep.models.registry import build_card, distinct_names, parse_model_spec
+
+log = logging.getLogger("omnistep.launch")
+
+LOAD_HEARTBEAT_S = 10.0
+"""Seconds between the "still loading" lines of a long load."""
 
 
 def load_engine(
@@ -23,6 +33,7 @@ def load_engine(
     deploy: str | None = None,
     ray_address: str | None = None,
     served_names: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
     **options: object,
 ) -> AsyncEngine:
     """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
@@ -45,6 +56,10 @@ def load_engine(
     process then builds the cards only, none of their components (no weights, no KV cache):
     each model's ``components`` are ``RemoteComponent`` stand-ins (``RayExecutor.instance``).
 
+    Loading is logged (``loading FAMILY from PATH``, then one line per component and a
+    ``still loading`` line every ``LOAD_HEARTBEAT_S`` seconds); ``progress`` also gets each
+    line (what a server's ``/health`` shows while it loads).
+
     Raises:
         OmnistepError: ``deploy`` without the ray executor, a bad deploy file, ray missing,
             not one served name per spec, or two models answering to one name.
@@ -65,27 +80,100 @@ def load_engine(
     }
     runner = None
     names = served_names or [None] * len(specs)
-    cards = [
-        build_card(spec, served_name=name, **options)
-        for spec, name in zip(specs, names, strict=True)
-    ]
-    cards = distinct_names(specs, cards)
+    with LoadProgress(progress) as report:
+        cards = []
+        for spec, name in zip(specs, names, strict=True):
+            report.show(f"loading {describe_spec(spec)}")
+            cards.append(build_card(spec, served_name=name, **options))
+        cards = distinct_names(specs, cards)
+        if executor == "ray":
+            runner = ray_executor(specs, cards, device, deploy, ray_address, options)
+            models = [runner.instance(card, device) for card in cards]
+        else:
+            models = [
+                load_instance(card, device, describe_spec(spec), report)
+                for spec, card in zip(specs, cards, strict=True)
+            ]
     if executor == "ray":
-        runner = ray_executor(specs, cards, device, deploy, ray_address, options)
-        models = [runner.instance(card, device) for card in cards]
         slots = sum(
             runner.capacity(m.card.card_id, c.name, c.max_concurrency)
             for m in models
             for c in m.card.components
         )
         settings["num_workers"] = max(slots, EngineConfig().num_workers)
-    else:
-        models = [ModelInstance.load(card, device=device) for card in cards]
     settings = {k: v for k, v in settings.items() if v is not None}
     config = EngineConfig(
         max_batch_size=max_batch_size, request_timeout=request_timeout, **settings
     )
     return AsyncEngine(models, config, executor=runner)
+
+
+def describe_spec(spec: str) -> str:
+    """``FAMILY from PATH`` (``FAMILY`` for a spec without a path), for the log."""
+    family, path = parse_model_spec(spec)
+    return f"{family} from {path}" if path else family
+
+
+def load_instance(
+    card: ModelCard, device: str, what: str, report: LoadProgress | None = None
+) -> ModelInstance:
+    """``ModelInstance.load``, component by component, each reported as ``loading WHAT:
+    COMPONENT (i/n)``.
+
+    Raises:
+        CardValidationError: see ``ModelCard.validate``; whatever a component's builder raises.
+    """
+    card.validate()
+    components = {}
+    total = len(card.components)
+    for i, spec in enumerate(card.components, 1):
+        if report is not None:
+            report.show(f"loading {what}: {spec.name} ({i}/{total})")
+        components[spec.name] = spec.build(device)
+    return ModelInstance.assemble(card, components, device=device)
+
+
+class LoadProgress:
+    """Reports a load: ``show(line)`` logs the line (INFO) and passes it to ``sink``; while
+    the context is open, a ``still loading`` line (the last one shown and the seconds since
+    the load began) is logged every ``interval`` seconds, so a long load never looks like a
+    hang.
+
+    Args:
+        sink: gets every line (e.g. a server's loading status); None: the log only.
+        interval: seconds between heartbeat lines (default ``LOAD_HEARTBEAT_S``).
+    """
+
+    def __init__(
+        self, sink: Callable[[str], None] | None = None, interval: float | None = None
+    ) -> None:
+        self.sink = sink
+        self.interval = LOAD_HEARTBEAT_S if interval is None else interval
+        self.line = ""
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="omnistep-load", daemon=True)
+
+    def __enter__(self) -> LoadProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def show(self, line: str) -> None:
+        """Log ``line`` and pass it to the sink."""
+        self.line = line
+        log.info("%s", line)
+        if self.sink is not None:
+            self.sink(line)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self.line:
+                elapsed = time.monotonic() - self.started
+                log.info("still %s (%.0f s)", self.line, elapsed)
 
 
 EXECUTORS = ("inprocess", "ray")

@@ -565,13 +565,19 @@ class AsyncEngine:
         finally:
             stream.cancel()
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request before its next step and free what it holds. False if not running."""
+    def abort(self, request_id: str, reason: str | None = None) -> bool:
+        """Stop a request before its next step and free what it holds; its stream raises
+        ``RequestAbortedError`` with ``reason`` (default: "request ID was aborted"). False if
+        not running."""
         run = self._runs.get(request_id)
         if run is None:
             return False
-        self._end(run, RequestAbortedError(f"request {request_id} was aborted"))
+        self._end(run, RequestAbortedError(reason or f"request {request_id} was aborted"))
         return True
+
+    def abort_all(self, reason: str | None = None) -> int:
+        """``abort`` every unfinished request (a server's shutdown); returns how many."""
+        return sum(self.abort(request_id, reason) for request_id in list(self._runs))
 
     def stats(self) -> dict[str, int]:
         """What the engine holds now, for health checks and leak tests: unfinished requests
