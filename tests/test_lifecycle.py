@@ -16,6 +16,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -236,3 +238,28 @@ def test_ctrl_c_with_nothing_in_flight_exits_at_once(grace):
         status = server.process.wait(timeout=10)
         output = server.process.stdout.read()
     assert status == 130 and "draining" not in output and "Traceback" not in output
+
+
+# ------------------------------------------------------------------ load output
+
+
+def test_a_qwen_omni_folder_builds_without_transformers_config_warnings(tmp_path):
+    """transformers warned 14 times that the talker config's thinker token ids (and the tiny
+    thinker's) lie outside a vocabulary; harmless (see ``load_tokenizer``), now silent."""
+    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+
+    root = write_tiny_qwen_omni(tmp_path / "ckpt")
+    code = (
+        "import sys; from omnistep.models.registry import build_card; "
+        "card = build_card('qwen2_5_omni=' + sys.argv[1]); print('built', card.card_id)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "built qwen2.5-omni" in done.stdout
+    assert "Model config" not in done.stderr and "vocabulary" not in done.stderr, done.stderr
