@@ -36,7 +36,13 @@ from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.config import SCHEDULING_POLICIES
 from omnistep.engine.openmp import releasing
-from omnistep.launch import EXECUTORS, load_engine
+from omnistep.launch import (
+    EXECUTORS,
+    build_cards,
+    check_executor,
+    describe_spec,
+    load_engine,
+)
 from omnistep.models.registry import (
     DEFAULT_MODEL,
     FAMILIES,
@@ -158,8 +164,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from omnistep.server.loading import LoadingApp
 
     config = server_config(args)
-    specs = [resolve_model_spec(name) for name in args.model or [DEFAULT_MODEL]]
+    check_executor(args.executor, args.deploy)
+    card_options = {
+        "kv_cache_gb": args.kv_cache_gb,
+        "batch_invariant": args.batch_invariant or None,
+        "first_chunk_chars": args.first_chunk_chars,
+    }
     sock = bind_socket(config.host, config.port)
+    try:  # missing files and bad names fail here, in one line, before the server starts
+        specs = [resolve_model_spec(name) for name in args.model or [DEFAULT_MODEL]]
+        cards = build_cards(specs, args.served_model_name, **card_options)
+    except BaseException:
+        sock.close()
+        raise
     if config.api_key is None and not is_loopback(config.host):
         log.warning(
             "serving on %s without an API key: anyone who can reach this port can use the "
@@ -178,14 +195,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             scheduling=args.scheduling,
             request_timeout=args.request_timeout,
             admission_max_wait=args.admission_max_wait,
-            kv_cache_gb=args.kv_cache_gb,
-            batch_invariant=args.batch_invariant or None,
-            first_chunk_chars=args.first_chunk_chars,
             executor=args.executor,
             deploy=args.deploy,
             ray_address=args.ray_address,
             served_names=args.served_model_name,
             progress=progress,
+            cards=cards,
+            **card_options,
         )
 
     def ready(engine: AsyncEngine) -> None:
@@ -197,7 +213,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         releasing(load),
         lambda engine: build_app(engine, config, drain),
         drain,
-        ", ".join(specs),
+        ", ".join(describe_spec(spec) for spec in specs),
         on_ready=ready,
     )
     serve(

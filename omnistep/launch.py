@@ -34,6 +34,7 @@ def load_engine(
     ray_address: str | None = None,
     served_names: list[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    cards: list[ModelCard] | None = None,
     **options: object,
 ) -> AsyncEngine:
     """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
@@ -58,35 +59,26 @@ def load_engine(
 
     Loading is logged (``loading FAMILY from PATH``, then one line per component and a
     ``still loading`` line every ``LOAD_HEARTBEAT_S`` seconds); ``progress`` also gets each
-    line (what a server's ``/health`` shows while it loads).
+    line (what a server's ``/health`` shows while it loads). ``cards``: the cards of ``specs``
+    built already (``build_cards``: a server checks them before it listens); None builds them.
 
     Raises:
         OmnistepError: ``deploy`` without the ray executor, a bad deploy file, ray missing,
             not one served name per spec, or two models answering to one name.
     """
-    if served_names and len(served_names) != len(specs):
-        raise OmnistepError(
-            f"--served-model-name was given {len(served_names)} time(s) for {len(specs)} "
-            "--model; give one name per --model, in the same order"
-        )
-    if executor not in EXECUTORS:
-        raise OmnistepError(f"unknown executor '{executor}'; choose one of {', '.join(EXECUTORS)}")
-    if deploy is not None and executor != "ray":
-        raise OmnistepError("--deploy needs --executor ray")
+    check_executor(executor, deploy)
     settings: dict[str, object] = {
         "max_queued": max_queued,
         "scheduling": scheduling,
         "admission_max_wait_s": admission_max_wait,
     }
     runner = None
-    names = served_names or [None] * len(specs)
     with LoadProgress(progress) as report:
-        cards = []
-        for spec, name in zip(specs, names, strict=True):
-            report.show(f"loading {describe_spec(spec)}")
-            cards.append(build_card(spec, served_name=name, **options))
-        cards = distinct_names(specs, cards)
+        if cards is None:
+            cards = build_cards(specs, served_names, **options)
         if executor == "ray":
+            for spec in specs:
+                report.show(f"loading {describe_spec(spec)} (in Ray actors)")
             runner = ray_executor(specs, cards, device, deploy, ray_address, options)
             models = [runner.instance(card, device) for card in cards]
         else:
@@ -108,6 +100,37 @@ def load_engine(
     return AsyncEngine(models, config, executor=runner)
 
 
+def check_executor(executor: str, deploy: str | None) -> None:
+    """Raises ``OmnistepError`` for an unknown executor or ``deploy`` without ray."""
+    if executor not in EXECUTORS:
+        raise OmnistepError(f"unknown executor '{executor}'; choose one of {', '.join(EXECUTORS)}")
+    if deploy is not None and executor != "ray":
+        raise OmnistepError("--deploy needs --executor ray")
+
+
+def build_cards(
+    specs: list[str], served_names: list[str] | None = None, **options: object
+) -> list[ModelCard]:
+    """Build and validate the card of each spec (quick: files are checked, no weights are
+    read), under its served name (see ``load_engine``).
+
+    Raises:
+        OmnistepError: not one served name per spec, two models answering to one name, or
+            what ``build_card`` raises (unknown family, missing files).
+    """
+    if served_names and len(served_names) != len(specs):
+        raise OmnistepError(
+            f"--served-model-name was given {len(served_names)} time(s) for {len(specs)} "
+            "--model; give one name per --model, in the same order"
+        )
+    names = served_names or [None] * len(specs)
+    cards = [
+        build_card(spec, served_name=name, **options)
+        for spec, name in zip(specs, names, strict=True)
+    ]
+    return distinct_names(specs, cards)
+
+
 def describe_spec(spec: str) -> str:
     """``FAMILY from PATH`` (``FAMILY`` for a spec without a path), for the log."""
     family, path = parse_model_spec(spec)
@@ -117,13 +140,15 @@ def describe_spec(spec: str) -> str:
 def load_instance(
     card: ModelCard, device: str, what: str, report: LoadProgress | None = None
 ) -> ModelInstance:
-    """``ModelInstance.load``, component by component, each reported as ``loading WHAT:
-    COMPONENT (i/n)``.
+    """``ModelInstance.load``, reported as ``loading WHAT``, then component by component as
+    ``loading WHAT: COMPONENT (i/n)``.
 
     Raises:
         CardValidationError: see ``ModelCard.validate``; whatever a component's builder raises.
     """
     card.validate()
+    if report is not None:
+        report.show(f"loading {what}")
     components = {}
     total = len(card.components)
     for i, spec in enumerate(card.components, 1):

@@ -127,7 +127,9 @@ class LoadingApp:
             app = self.build(engine)
             self._lifespan = app.router.lifespan_context(app)
             await self._lifespan.__aenter__()
-        except Exception as exc:  # noqa: BLE001 - reported by the caller of serve
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller of serve
             self.error = exc
             self.drain.stop()
             return
