@@ -285,8 +285,8 @@ def check_output(out: Path) -> None:
 def cmd_say(args: argparse.Namespace) -> int:
     """Synthesize TEXT, or the whole ``--file``, into one audio file.
 
-    Every check that can fail (text or file, format, output path, model name, speed, seed)
-    runs before the model loads.
+    Every check that can fail (text or file, empty text, format, output path, model name,
+    speed, seed) runs before the model loads.
     """
     out = Path(args.output)
     fmt = output_format(args.output, args.format)
@@ -294,6 +294,8 @@ def cmd_say(args: argparse.Namespace) -> int:
         raise OmnistepError("give either TEXT or --file FILE")
     if args.file is not None:
         return _say_file(args, out, fmt)
+    if not any(c.isalnum() for c in args.text):  # as --file skips such pieces
+        raise OmnistepError(f"TEXT has nothing to speak (no letter or digit): {args.text!r}")
     check_output(out)
     Request("check", speed=args.speed, seed=args.seed)  # bad speed or seed: fail before loading
     spec = resolve_model_spec(args.model or DEFAULT_MODEL)
