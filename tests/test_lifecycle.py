@@ -263,3 +263,52 @@ def test_a_qwen_omni_folder_builds_without_transformers_config_warnings(tmp_path
     assert done.returncode == 0, done.stderr
     assert "built qwen2.5-omni" in done.stdout
     assert "Model config" not in done.stderr and "vocabulary" not in done.stderr, done.stderr
+
+
+# ------------------------------------------------------------------ cancelled at shutdown
+
+
+async def _cancelled_request(drain: Drain, start_response: bool) -> tuple[list[dict], object]:
+    """Run a request that never ends through ``ShutdownCancels``, cancel it as uvicorn does
+    at the end of a shutdown; returns what it sent and how its task ended."""
+    from omnistep.server.lifecycle import ShutdownCancels
+
+    async def forever(scope, receive, send):
+        if start_response:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.Event().wait()
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "path": "/v1/audio/speech", "method": "POST", "headers": []}
+    task = asyncio.create_task(ShutdownCancels(forever, drain)(scope, receive, send))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    try:
+        await task
+        outcome: object = None
+    except BaseException as exc:  # noqa: BLE001 - what the ASGI server would see
+        outcome = exc
+    return sent, outcome
+
+
+async def test_a_request_cancelled_at_shutdown_answers_503_not_500():
+    from omnistep.server.errors import StreamCut
+
+    drain = Drain()
+    drain.start()
+    sent, outcome = await _cancelled_request(drain, start_response=False)
+    assert outcome is None  # nothing for uvicorn to log or turn into a 500
+    assert sent[0]["status"] == 503
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == "server_shutting_down"
+    sent, outcome = await _cancelled_request(drain, start_response=True)
+    assert isinstance(outcome, StreamCut)  # the stream closes; QuietStreamCuts drops the log
+    _, outcome = await _cancelled_request(Drain(), start_response=False)
+    assert isinstance(outcome, asyncio.CancelledError)  # not shutting down: unchanged
