@@ -216,15 +216,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ", ".join(describe_spec(spec) for spec in specs),
         on_ready=ready,
     )
-    serve(
-        app,
-        drain,
-        shutdown_grace=config.shutdown_grace,
-        sock=sock,
-        host=config.host,
-        port=port,
-        log_level=args.log_level,
-    )
+    status = 0
+    try:
+        serve(
+            app,
+            drain,
+            shutdown_grace=config.shutdown_grace,
+            sock=sock,
+            host=config.host,
+            port=port,
+            log_level=args.log_level,
+        )
+    except KeyboardInterrupt:
+        status = 130
+        if not app.loading:
+            raise
+    if app.loading:
+        # Stopped while the loader thread is inside torch or onnxruntime: interpreter
+        # shutdown would abort on it ("terminate called without an active exception").
+        if status:
+            print("omnistep: interrupted while loading", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     if app.error is not None:
         raise app.error
     return 0

@@ -68,6 +68,12 @@ class LoadingApp:
         self.started = time.monotonic()
         self._lifespan: AbstractAsyncContextManager[Any] | None = None
         self._task: asyncio.Task | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def loading(self) -> bool:
+        """Whether the load thread still runs (neither done nor failed)."""
+        return self._thread is not None and self._thread.is_alive()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -121,7 +127,8 @@ class LoadingApp:
 
         # A daemon thread, not the loop's executor: a Ctrl-C while loading must not wait for
         # the load to finish before the process exits.
-        threading.Thread(target=run, name="omnistep-loader", daemon=True).start()
+        self._thread = threading.Thread(target=run, name="omnistep-loader", daemon=True)
+        self._thread.start()
         try:
             engine = await done
             app = self.build(engine)
