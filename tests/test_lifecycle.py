@@ -88,6 +88,7 @@ async def test_health_says_loading_until_the_models_serve():
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         await _wait_for(lambda: app.status.endswith("(1/2)"))
+        assert app.loading and app.app is None
         health = await client.get("/health")
         assert health.status_code == 503
         body = health.json()
@@ -102,6 +103,7 @@ async def test_health_says_loading_until_the_models_serve():
             assert error["code"] == "model_loading" and "loading toy" in error["message"]
         release.set()
         await _wait_for(lambda: app.app is not None)
+        assert not app.loading
         health = await client.get("/health")
         assert health.status_code == 200 and health.json()["models"] == ["toy"]
         assert (await client.get("/v1/models")).status_code == 200
