@@ -38,7 +38,6 @@ from omnistep.engine.config import SCHEDULING_POLICIES
 from omnistep.engine.openmp import releasing
 from omnistep.launch import (
     EXECUTORS,
-    build_cards,
     check_executor,
     describe_spec,
     load_engine,
@@ -154,7 +153,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     Start-up order: settings, the port (bound, so a taken port fails at once), listening, then
     the models, loaded while ``/health`` answers 503 ``loading`` (``server.loading``); the
-    banner prints once they serve.
+    banner prints once they serve. A load that fails (missing files) stops the server and is
+    raised here: one error line (uvicorn's start and stop lines are left out of the log).
 
     Raises:
         OmnistepError: bad settings, a port that cannot be used, models that fail to load.
@@ -165,15 +165,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = server_config(args)
     check_executor(args.executor, args.deploy)
-    card_options = {
-        "kv_cache_gb": args.kv_cache_gb,
-        "batch_invariant": args.batch_invariant or None,
-        "first_chunk_chars": args.first_chunk_chars,
-    }
     sock = bind_socket(config.host, config.port)
-    try:  # missing files and bad names fail here, in one line, before the server starts
+    try:
         specs = [resolve_model_spec(name) for name in args.model or [DEFAULT_MODEL]]
-        cards = build_cards(specs, args.served_model_name, **card_options)
     except BaseException:
         sock.close()
         raise
@@ -200,8 +194,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ray_address=args.ray_address,
             served_names=args.served_model_name,
             progress=progress,
-            cards=cards,
-            **card_options,
+            kv_cache_gb=args.kv_cache_gb,
+            batch_invariant=args.batch_invariant or None,
+            first_chunk_chars=args.first_chunk_chars,
         )
 
     def ready(engine: AsyncEngine) -> None:

@@ -34,7 +34,6 @@ def load_engine(
     ray_address: str | None = None,
     served_names: list[str] | None = None,
     progress: Callable[[str], None] | None = None,
-    cards: list[ModelCard] | None = None,
     **options: object,
 ) -> AsyncEngine:
     """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
@@ -59,8 +58,7 @@ def load_engine(
 
     Loading is logged (``loading FAMILY from PATH``, then one line per component and a
     ``still loading`` line every ``LOAD_HEARTBEAT_S`` seconds); ``progress`` also gets each
-    line (what a server's ``/health`` shows while it loads). ``cards``: the cards of ``specs``
-    built already (``build_cards``: a server checks them before it listens); None builds them.
+    line (what a server's ``/health`` shows while it loads).
 
     Raises:
         OmnistepError: ``deploy`` without the ray executor, a bad deploy file, ray missing,
@@ -74,8 +72,7 @@ def load_engine(
     }
     runner = None
     with LoadProgress(progress) as report:
-        if cards is None:
-            cards = build_cards(specs, served_names, **options)
+        cards = build_cards(specs, served_names, **options)
         if executor == "ray":
             for spec in specs:
                 report.show(f"loading {describe_spec(spec)} (in Ray actors)")

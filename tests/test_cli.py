@@ -349,11 +349,11 @@ def test_serve_takes_the_names_the_server_answers_to(monkeypatch):
     """``serve --model tts-1`` serves the embedded voice, as ``say --model tts-1`` does."""
     seen = []
 
-    def fake_build_cards(specs, *args, **kwargs):
+    def fake_load_engine(specs, *args, **kwargs):
         seen.extend(specs)
         raise SystemExit(0)
 
-    monkeypatch.setattr(omnistep.cli, "build_cards", fake_build_cards)
+    monkeypatch.setattr(omnistep.cli, "load_engine", fake_load_engine)
     with pytest.raises(SystemExit):
         main(["serve", "--model", "tts-1", "--model", "toy", "--port", "0"])
     assert seen == [registry.DEFAULT_MODEL, "toy"]

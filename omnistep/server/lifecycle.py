@@ -225,6 +225,27 @@ class GracefulServer(uvicorn.Server):
                 captured[:] = [s for s in captured if s != signal.SIGTERM]
 
 
+class QuietUvicornLifecycle(logging.Filter):
+    """Drops uvicorn's start and stop lines ("Started server process", "Waiting for
+    application startup." ...): omnistep logs what loads, when it serves (the banner) and what
+    a signal does, and a failed start is one error line."""
+
+    LINES = frozenset(
+        {
+            "Started server process [%d]",
+            "Waiting for application startup.",
+            "Application startup complete.",
+            "Shutting down",
+            "Waiting for application shutdown.",
+            "Application shutdown complete.",
+            "Finished server process [%d]",
+        }
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.LINES
+
+
 class QuietCancels(logging.Filter):
     """Drops uvicorn's traceback of a task it cancelled at shutdown (``CancelledError``): the
     shutdown is logged in one line already."""
@@ -305,8 +326,9 @@ def serve(
     config = uvicorn.Config(app, timeout_graceful_shutdown=shutdown_grace, **options)
     install_log_filter()  # after Config, which sets up uvicorn's loggers
     error_log = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, QuietCancels) for f in error_log.filters):
-        error_log.addFilter(QuietCancels())
+    for quiet in (QuietCancels, QuietUvicornLifecycle):
+        if not any(isinstance(f, quiet) for f in error_log.filters):
+            error_log.addFilter(quiet())
     server = GracefulServer(config, drain, on_started)
     if sock is None:
         server.run()

@@ -69,11 +69,12 @@ class LoadingApp:
         self._lifespan: AbstractAsyncContextManager[Any] | None = None
         self._task: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
+        self._settled = False  # the load returned or raised
 
     @property
     def loading(self) -> bool:
         """Whether the load thread still runs (neither done nor failed)."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and not self._settled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -130,7 +131,10 @@ class LoadingApp:
         self._thread = threading.Thread(target=run, name="omnistep-loader", daemon=True)
         self._thread.start()
         try:
-            engine = await done
+            try:
+                engine = await done
+            finally:
+                self._settled = done.done()
             app = self.build(engine)
             self._lifespan = app.router.lifespan_context(app)
             await self._lifespan.__aenter__()
