@@ -11,8 +11,17 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-install: $(BIN)/python
+# Installs run once: a stamp file in the venv records it, and pyproject.toml changing (or, for
+# the test install, this Makefile: the reference pins below) redoes it. `make run` then starts
+# the server at once, without pip's 15 s and setuptools' warning box.
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[voice]'
+	touch $@
+
+install: $(RUN_STAMP)
 
 # Reference implementations for parity tests, without their dependencies: chattts and vocos
 # would pull torchaudio (no build for our torch); the tests stub the parts they do not use.
@@ -53,9 +62,12 @@ $(QWEN_TTS_REF_MARK): | $(BIN)/python
 	$(BIN)/pip install -q --no-deps --target $(QWEN_TTS_REF) $(QWEN_TTS_REF_PKGS)
 	touch $@
 
-install-test: $(BIN)/python system-deps $(QWEN_TTS_REF_MARK)
+$(TEST_STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install -q -e '.[voice,piper,chattts,test,dev]'
 	$(BIN)/pip install -q --no-deps $(REFERENCE_PKGS)
+	touch $@ $(RUN_STAMP)
+
+install-test: $(BIN)/python system-deps $(QWEN_TTS_REF_MARK) $(TEST_STAMP)
 
 run: install
 	$(BIN)/omnistep serve --host $(HOST) --port $(PORT)

@@ -36,7 +36,13 @@ from omnistep.core import (
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.engine.config import SCHEDULING_POLICIES
-from omnistep.launch import EXECUTORS, load_engine
+from omnistep.engine.openmp import releasing
+from omnistep.launch import (
+    EXECUTORS,
+    check_executor,
+    describe_spec,
+    load_engine,
+)
 from omnistep.models.registry import (
     DEFAULT_MODEL,
     FAMILIES,
@@ -146,16 +152,30 @@ def is_loopback(host: str) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT; a SIGTERM drains in-flight requests, then exits 0.
+    """Serve until SIGTERM/SIGINT; a signal drains in-flight requests (see
+    ``server.lifecycle``); a SIGTERM stop exits 0.
 
-    Start-up order: settings, the port (bound, so a taken port fails at once), the models, then
-    listening; the banner prints only once the server accepts connections.
+    Start-up order: settings, the port (bound, so a taken port fails at once), listening, then
+    the models, loaded while ``/health`` answers 503 ``loading`` (``server.loading``); the
+    banner prints once they serve. A load that fails (missing files) stops the server and is
+    raised here: one error line (uvicorn's start and stop lines are left out of the log).
+
+    Raises:
+        OmnistepError: bad settings, a port that cannot be used, models that fail to load.
     """
     from omnistep.server import build_app
-    from omnistep.server.lifecycle import bind_socket, serve
+    from omnistep.server.lifecycle import Drain, bind_socket, serve
+    from omnistep.server.loading import LoadingApp
 
     config = server_config(args)
+    check_executor(args.executor, args.deploy)
     sock = bind_socket(config.host, config.port)
+    given = list(args.model or [DEFAULT_MODEL])
+    try:  # a bad name fails before listening; load_engine resolves again (hub id aliases)
+        specs = [resolve_model_spec(name) for name in given]
+    except BaseException:
+        sock.close()
+        raise
     if config.api_key is None and not is_loopback(config.host):
         log.warning(
             "serving on %s without an API key: anyone who can reach this port can use the "
@@ -163,39 +183,64 @@ def cmd_serve(args: argparse.Namespace) -> int:
             config.host,
             API_KEY_ENV,
         )
-    try:
-        engine = load_engine(
-            list(args.model or [DEFAULT_MODEL]),  # resolved there (paths, hub ids, tts-1)
+    port = sock.getsockname()[1]  # the real one when --port 0
+
+    def load(progress) -> AsyncEngine:
+        return load_engine(
+            given,
             args.device,
             args.max_batch_size,
             max_queued=args.max_queued,
             scheduling=args.scheduling,
             request_timeout=args.request_timeout,
             admission_max_wait=args.admission_max_wait,
-            kv_cache_gb=args.kv_cache_gb,
-            batch_invariant=args.batch_invariant or None,
-            first_chunk_chars=args.first_chunk_chars,
             executor=args.executor,
             deploy=args.deploy,
             ray_address=args.ray_address,
             served_names=args.served_model_name,
+            progress=progress,
+            kv_cache_gb=args.kv_cache_gb,
+            batch_invariant=args.batch_invariant or None,
+            first_chunk_chars=args.first_chunk_chars,
         )
-    except BaseException:
-        sock.close()
-        raise
-    port = sock.getsockname()[1]  # the real one when --port 0
-    banner = _usage_banner(config.host, port, engine, _auth_header(args, config.api_key))
-    app = build_app(engine, config)
-    serve(
-        app,
-        app.state.drain,
-        shutdown_grace=config.shutdown_grace,
-        sock=sock,
-        on_started=lambda: print(banner, flush=True),
-        host=config.host,
-        port=port,
-        log_level=args.log_level,
+
+    def ready(engine: AsyncEngine) -> None:
+        auth = _auth_header(args, config.api_key)
+        print(_usage_banner(config.host, port, engine, auth), flush=True)
+
+    drain = Drain()
+    app = LoadingApp(
+        releasing(load),
+        lambda engine: build_app(engine, config, drain),
+        drain,
+        ", ".join(describe_spec(spec) for spec in specs),
+        on_ready=ready,
     )
+    status = 0
+    try:
+        serve(
+            app,
+            drain,
+            shutdown_grace=config.shutdown_grace,
+            sock=sock,
+            host=config.host,
+            port=port,
+            log_level=args.log_level,
+        )
+    except KeyboardInterrupt:
+        status = 130
+        if not app.loading:
+            raise
+    if app.loading:
+        # Stopped while the loader thread is inside torch or onnxruntime: interpreter
+        # shutdown would abort on it ("terminate called without an active exception").
+        if status:
+            print("omnistep: interrupted while loading", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    if app.error is not None:
+        raise app.error
     return 0
 
 
@@ -254,8 +299,8 @@ def check_output(out: Path) -> None:
 def cmd_say(args: argparse.Namespace) -> int:
     """Synthesize TEXT, or the whole ``--file``, into one audio file.
 
-    Every check that can fail (text or file, format, output path, model name, speed, seed)
-    runs before the model loads.
+    Every check that can fail (text or file, empty text, format, output path, model name,
+    speed, seed) runs before the model loads.
     """
     out = Path(args.output)
     fmt = output_format(args.output, args.format)
@@ -263,6 +308,8 @@ def cmd_say(args: argparse.Namespace) -> int:
         raise OmnistepError("give either TEXT or --file FILE")
     if args.file is not None:
         return _say_file(args, out, fmt)
+    if not any(c.isalnum() for c in args.text):  # as --file skips such pieces
+        raise OmnistepError(f"TEXT has nothing to speak (no letter or digit): {args.text!r}")
     check_output(out)
     Request("check", speed=args.speed, seed=args.seed)  # bad speed or seed: fail before loading
     spec = resolve_model_spec(args.model or DEFAULT_MODEL)

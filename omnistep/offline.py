@@ -6,7 +6,8 @@ running); ``AsyncOmniEngine`` is the same API as coroutines. Both build their en
 ``FAMILY[=PATH]`` specs ``omnistep serve --model`` takes (``omnistep.launch.load_engine``), on
 ``cpu`` or ``cuda``, and offer:
 
-- ``generate(texts)``: audio for each text (a progress bar on a terminal), ``SpeechOutput``s.
+- ``generate(texts)``: audio for each text (a progress bar on a terminal, a progress line
+  every 5 s elsewhere), ``SpeechOutput``s.
 - ``rollout(inputs, n, seed)``: ``n`` samples of each input, a ``RolloutGroup`` per input. The
   samples of one input form a group (``Request.group``): AR components prefill the input once
   and share its KV blocks by reference. Sample ``k`` runs with seed ``seed + k`` and equals the
@@ -37,6 +38,7 @@ import os
 import secrets
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -273,7 +275,8 @@ class AsyncOmniEngine:
         text). With ``seed``, text ``i`` runs with seed ``seed + i``; without, each draws one
         (reported in its output).
 
-        ``progress``: show a progress bar (default: when stderr is a terminal).
+        ``progress``: True: a progress bar; None (default): a bar when stderr is a terminal,
+        else a line on stderr every ``PROGRESS_LINE_S`` seconds; False: nothing.
 
         Raises:
             InvalidRequestError: a bad text, voice or setting (before anything runs).
@@ -533,7 +536,13 @@ class OmniEngine:
             raise RuntimeError("this OmniEngine is closed")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         release_openmp_team()  # the caller's thread waits: its idle team would slow the engine's
-        return future.result()  # type: ignore[arg-type]
+        try:
+            return future.result()  # type: ignore[arg-type]
+        except BaseException:
+            # Ctrl-C (KeyboardInterrupt) in the caller: the call's requests stop too, instead
+            # of running on in the background thread.
+            future.cancel()
+            raise
 
     def _stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -745,15 +754,68 @@ def _texts(texts: str | Sequence[str], param: str) -> list[str]:
     return list(texts)
 
 
+PROGRESS_LINE_S = 5.0
+"""Seconds between the progress lines ``generate`` and ``rollout`` print off a terminal."""
+
+
 def _progress_bar(total: int, label: str, show: bool | None) -> Any:
-    """A tqdm bar on stderr when ``show`` (default: stderr is a terminal), else None."""
-    if show is None:
-        show = sys.stderr.isatty()
-    if not show or total == 0:
+    """Progress on stderr: a tqdm bar when ``show`` is True, or None and stderr is a
+    terminal; a ``ProgressLines`` when ``show`` is None off a terminal (tqdm's bar would be
+    hidden there, so a long run would be silent); None when ``show`` is False. Must be called
+    on the event loop."""
+    if show is False or total == 0:
         return None
+    if show is None and not sys.stderr.isatty():
+        return ProgressLines(total, label)
     from tqdm import tqdm
 
     return tqdm(total=total, desc=label, unit="req", file=sys.stderr)
+
+
+class ProgressLines:
+    """Progress off a terminal: while open, a line on stderr every ``interval`` seconds
+    (``omnistep: speech 3/8 done, 15 s``), and a last one at ``close`` if any was printed
+    (a run shorter than ``interval`` prints nothing). Created on the event loop.
+
+    Args:
+        total: requests to do.
+        label: what they are (``speech``, ``rollout``).
+        interval: seconds between lines (default ``PROGRESS_LINE_S``).
+        stream: where to write (default: stderr at each line).
+    """
+
+    def __init__(
+        self, total: int, label: str, interval: float | None = None, stream: Any = None
+    ) -> None:
+        self.total = total
+        self.label = label
+        self.interval = PROGRESS_LINE_S if interval is None else interval
+        self.stream = stream
+        self.done = 0
+        self.printed = 0
+        self.started = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._beat())
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more requests finished (tqdm's method name)."""
+        self.done += n
+
+    def close(self) -> None:
+        """Stop the lines; print the last one if any was printed."""
+        self._task.cancel()
+        if self.printed:
+            self._print()
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self._print()
+
+    def _print(self) -> None:
+        elapsed = time.monotonic() - self.started
+        line = f"omnistep: {self.label} {self.done}/{self.total} done, {elapsed:.0f} s"
+        print(line, file=self.stream or sys.stderr, flush=True)
+        self.printed += 1
 
 
 __all__ = [

@@ -378,6 +378,18 @@ def test_say_checks_the_output_path_before_synthesis(tmp_path, capsys, monkeypat
     assert "is a directory" in capsys.readouterr().err
 
 
+def test_say_refuses_empty_text_before_loading(tmp_path, capsys, monkeypatch):
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the text was checked")
+
+    monkeypatch.setattr(omnistep.cli, "load_engine", no_loading)
+    for text in ("", "   ", "..."):
+        assert _say(text, "-o", str(tmp_path / "x.wav")) == 2
+        err = capsys.readouterr().err
+        assert "nothing to speak" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "x.wav").exists()
+
+
 def test_say_process_with_an_unwritable_path_is_one_line():
     proc = omnistep_cmd("say", "Hello", "--model", "toy", "-o", "/nonexistent/dir/x.wav")
     assert_one_error_line(proc, "no such directory /nonexistent/dir")

@@ -195,3 +195,52 @@ async def test_async_form_rolls_out_chattts_groups_that_equal_each_seed_alone(tm
     gpt = omni.engine.models["chattts"].components["gpt"]
     assert gpt.blocks.num_used_blocks == 0
     await omni.close()
+
+
+async def test_generate_off_a_terminal_prints_a_progress_line_every_interval(monkeypatch):
+    """tqdm's bar is hidden off a terminal: a long generate prints lines instead."""
+    import io
+
+    from omnistep import offline
+
+    err = io.StringIO()  # not a terminal
+    monkeypatch.setattr(offline.sys, "stderr", err)
+    monkeypatch.setattr(offline, "PROGRESS_LINE_S", 0.05)
+    omni = AsyncOmniEngine.from_specs("toy")
+    try:
+        slow = SamplingParams(max_new_tokens=20)  # 20 steps of 0.02 s: ~0.4 s
+        await omni.generate(["<slow> one", "<slow> two"], seed=1, sampling=slow)
+        quiet = io.StringIO()
+        monkeypatch.setattr(offline.sys, "stderr", quiet)
+        await omni.generate(["<slow> one"], seed=1, sampling=slow, progress=False)
+    finally:
+        await omni.close()
+    lines = err.getvalue().splitlines()
+    assert len(lines) >= 3, lines
+    assert all(line.startswith("omnistep: speech ") for line in lines), lines
+    assert lines[0].startswith("omnistep: speech 0/2 done, ")
+    assert lines[-1].startswith("omnistep: speech 2/2 done, ")
+    assert quiet.getvalue() == ""
+
+
+def test_ctrl_c_in_a_sync_call_stops_its_requests():
+    """A KeyboardInterrupt while ``OmniEngine.generate`` waits cancels the call on the
+    engine's thread (its requests are aborted); the engine stays usable."""
+    import os
+    import signal
+    import threading
+    import time
+
+    with OmniEngine("toy") as omni:
+        slow = SamplingParams(max_new_tokens=400)  # ~8 s of 0.02 s steps
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            omni.generate(["<slow> a long one"] * 3, seed=1, sampling=slow, progress=False)
+        assert time.monotonic() - started < 3
+        deadline = time.monotonic() + 3
+        while omni.engine.stats()["live_requests"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert omni.engine.stats()["live_requests"] == 0
+        assert len(omni.generate(["again"], seed=2, progress=False)[0].audio) > 0

@@ -7,7 +7,6 @@ output back into its loop, publish what the loop emitted, and queue the loop's n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import secrets
@@ -566,13 +565,19 @@ class AsyncEngine:
         finally:
             stream.cancel()
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request before its next step and free what it holds. False if not running."""
+    def abort(self, request_id: str, reason: str | None = None) -> bool:
+        """Stop a request before its next step and free what it holds; its stream raises
+        ``RequestAbortedError`` with ``reason`` (default: "request ID was aborted"). False if
+        not running."""
         run = self._runs.get(request_id)
         if run is None:
             return False
-        self._end(run, RequestAbortedError(f"request {request_id} was aborted"))
+        self._end(run, RequestAbortedError(reason or f"request {request_id} was aborted"))
         return True
+
+    def abort_all(self, reason: str | None = None) -> int:
+        """``abort`` every unfinished request (a server's shutdown); returns how many."""
+        return sum(self.abort(request_id, reason) for request_id in list(self._runs))
 
     def stats(self) -> dict[str, int]:
         """What the engine holds now, for health checks and leak tests: unfinished requests
@@ -627,13 +632,16 @@ class AsyncEngine:
         """Abort every request, stop the step loop and the executor."""
         for request_id in list(self._runs):
             self.abort(request_id)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self._executor.close()
-        self._enroll_pool.shutdown(wait=False, cancel_futures=True)
+        task, self._task = self._task, None
+        try:
+            if task is not None:
+                task.cancel()
+                # Not ``await task`` under ``suppress(CancelledError)``: that also swallowed a
+                # cancellation of the caller (a Ctrl-C or a timeout around shutdown).
+                await asyncio.wait({task})
+        finally:
+            self._executor.close()
+            self._enroll_pool.shutdown(wait=False, cancel_futures=True)
 
     # ----------------------------------------------------------------- step loop
     def _ensure_running(self) -> None:
@@ -659,14 +667,28 @@ class AsyncEngine:
                     task = asyncio.create_task(self.step(batch))
                     self._steps.add(task)
                     task.add_done_callback(self._step_done)
-                if self._waiting:  # admission also changes with time: look again soon
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), ADMISSION_POLL_S)
-                else:
-                    await self._wake.wait()
+                await self._sleep()
         finally:  # shutdown cancels this task: leave no step behind
             for task in list(self._steps):
                 task.cancel()
+
+    async def _sleep(self) -> None:
+        """Wait for ``_wake``; at most ``ADMISSION_POLL_S`` while requests wait for admission
+        (admission also changes with time).
+
+        A timer sets the event instead of ``asyncio.wait_for``: on Python 3.11, ``wait_for``
+        returns the result instead of raising when its task is cancelled after the awaited
+        event fired but before the task resumed (cpython gh-86296), and ``shutdown`` cancels
+        this loop right after a step woke it, so the cancellation was lost and ``shutdown``
+        hung (Ctrl-C during ``omnistep say --file``)."""
+        timer = None
+        if self._waiting:
+            timer = asyncio.get_running_loop().call_later(ADMISSION_POLL_S, self._wake.set)
+        try:
+            await self._wake.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _may_admit(self, run: _RequestRun, now: float) -> bool:
         """The admission policy's answer for ``run`` given the admitted audio requests."""

@@ -72,14 +72,17 @@ class ServerConfig:
             raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
 
 
-def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAPI:
+def build_app(
+    engine: AsyncEngine, config: ServerConfig | None = None, drain: Drain | None = None
+) -> FastAPI:
     """The app serving ``engine``'s models; the engine is shut down with the app.
 
-    ``app.state.drain`` (a ``Drain``) refuses new API requests with 503 once started; the
-    server started by ``lifecycle.serve`` starts it on SIGTERM.
+    ``app.state.drain`` (``drain``, or a new ``Drain``) refuses new API requests with 503 once
+    started; the server started by ``lifecycle.serve`` starts it on SIGTERM or SIGINT.
     """
     config = config or ServerConfig()
-    drain = Drain()
+    drain = drain or Drain()
+    drain.engine = engine
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -23,6 +23,7 @@ accepted and map to the first speaker (Chelsie). Thinker sampling defaults come 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -514,9 +515,7 @@ def build_card(
     files = QwenOmniFiles.locate(path)
     config = files.config()
     speakers = files.speakers()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(files.root), local_files_only=True)
+    tokenizer = load_tokenizer(str(files.root))
     # Weights load only in the builders below: the serving process builds the card too (and,
     # with the Ray executor, builds no component). The thinker leaves its embedding here for
     # the talker, which otherwise reads that one tensor itself.
@@ -728,3 +727,39 @@ def _refresh_talker_text_rows(model: ModelInstance, tensors: Mapping[str, Any]) 
     embed = tensors.get("thinker.model.embed_tokens.weight")
     if embed is not None:
         call_component(model.components["talker"], "refresh_text_embeds", embed)
+
+
+class _QuietTokenIdChecks(logging.Filter):
+    """Drops transformers' ``Model config: X_token_id must be None or an integer within the
+    vocabulary`` warnings (14 of them for a Qwen2.5-Omni folder)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (
+            message.startswith("Model config: ")
+            and "_token_id must be `None` or an integer within the vocabulary" in message
+        )
+
+
+def load_tokenizer(root: str):
+    """The folder's tokenizer (``AutoTokenizer``, local files only), without transformers'
+    warnings about the config's token ids.
+
+    Loading the tokenizer makes transformers read ``config.json`` and check every
+    ``*_token_id`` of each sub-config against that sub-config's ``vocab_size``. The official
+    talker config holds the thinker's ids (``tts_text_*``, ``vision_*``, ``audio_*``: 151647
+    and up) beside its own codec vocabulary of 8448, so seven warnings come for the talker
+    (and, in the tests' tiny folders, seven more for their tiny thinker vocabulary). They are
+    harmless: those ids index the thinker's text embedding, never the talker's codec
+    vocabulary, and omnistep reads config.json itself (transformers' config objects are not
+    used).
+    """
+    from transformers import AutoTokenizer
+
+    logger = logging.getLogger("transformers.configuration_utils")
+    quiet = _QuietTokenIdChecks()
+    logger.addFilter(quiet)
+    try:
+        return AutoTokenizer.from_pretrained(root, local_files_only=True)
+    finally:
+        logger.removeFilter(quiet)
