@@ -11,6 +11,7 @@ formats streamed (``SpeechRequest.streamed``), so every default body opens in an
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -32,7 +33,7 @@ from omnistep.server.disconnect import abort_on_disconnect, log_client_gone
 from omnistep.server.errors import StreamCut, api_error, from_exception
 from omnistep.server.models import require_capability
 from omnistep.server.protocol import SpeechRequest
-from omnistep.server.voices import resolve_voice
+from omnistep.server.voice_fields import request_voice
 
 log = logging.getLogger("omnistep.server")
 
@@ -120,7 +121,8 @@ async def _sse(pieces: AsyncIterator[bytes], stream: RequestStream) -> AsyncIter
 async def _start(http: HttpRequest, body: SpeechRequest) -> tuple[RequestStream, StreamEncoder]:
     engine: AsyncEngine = http.app.state.engine
     model = require_capability(engine, body.model, Capability.TEXT_TO_SPEECH)
-    request = await resolve_voice(http.app, model.card, body.to_request(body.model))
+    voice = await request_voice(http.app, model.card, body.voice_name(), body)
+    request = dataclasses.replace(body.to_request(body.model), voice=voice)
     stream = engine.add_request(request)
     return stream, make_encoder(body.response_format, model.card.sample_rate)
 
