@@ -43,6 +43,9 @@ class ServerConfig:
         max_weights_bytes: the limit for a weights file uploaded to ``POST /v1/weights``.
         max_voice_upload_bytes: the limit for ``POST /v1/audio/voices`` (a reference clip
             uploaded to clone a voice: a minute of 48 kHz 24-bit stereo WAV is 17 MB).
+        max_speech_body_bytes: the limit for ``POST /v1/audio/speech`` and ``/v1/rollouts``,
+            whose ``ref_audio`` may hold a clip in base64 (a minute of 48 kHz 16-bit stereo
+            WAV, 11.5 MB, is 15.4 MB in base64).
         api_key: when set, every route but health, metrics and the docs needs
             ``Authorization: Bearer <api_key>`` (401 otherwise); None serves without a key.
             Left out of ``repr`` so that it is never logged.
@@ -62,6 +65,7 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20
     max_weights_bytes: int = 64 << 30
     max_voice_upload_bytes: int = 32 << 20
+    max_speech_body_bytes: int = 16 << 20
     api_key: str | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
     shutdown_grace: float = 30.0
@@ -117,15 +121,14 @@ def build_app(engine: AsyncEngine, config: ServerConfig | None = None) -> FastAP
     # key (before any body is read), the drain gate (503 while shutting down), the body size
     # limit (413), the error middleware, the routes.
     install_error_handlers(app)
-    inline_clip = config.max_voice_upload_bytes * 4 // 3 + config.max_body_bytes  # base64 + JSON
     app.add_middleware(
         BodySizeLimit,
         max_bytes=config.max_body_bytes,
         path_limits={
             "/v1/weights": config.max_weights_bytes,
             "/v1/audio/voices": config.max_voice_upload_bytes,
-            "/v1/audio/speech": inline_clip,  # ref_audio
-            "/v1/rollouts": inline_clip,
+            "/v1/audio/speech": config.max_speech_body_bytes,  # ref_audio in base64
+            "/v1/rollouts": config.max_speech_body_bytes,
         },
     )
     app.add_middleware(DrainGate, drain=drain)
