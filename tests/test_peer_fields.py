@@ -27,7 +27,7 @@ from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.models.qwen3_tts.clone import VoiceCloneEncoder
 from omnistep.models.toy.card import build_card as build_toy
 from omnistep.server import ServerConfig, build_app
-from omnistep.server.voice_fields import MediaPolicy, read_ref_audio
+from omnistep.server.voice_fields import MediaPolicy, card_task_types, read_ref_audio
 from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
 from tests.test_qwen3_tts_clone import chirp
 
@@ -43,7 +43,8 @@ CUSTOM_NAME = "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("peer_fields")
-    infos = write_tiny_qwen3_tts_many({root / v: v for v in ("base", "custom_voice")}, seed=3)
+    variants = ("base", "custom_voice", "voice_design")
+    infos = write_tiny_qwen3_tts_many({root / v: v for v in variants}, seed=3)
     return {info.variant: info.root for info in infos}
 
 
@@ -270,8 +271,11 @@ async def test_refusals_are_400_openai_errors(folders, wav, tmp_path):
 
 
 async def test_task_type_is_checked_against_the_model(folders, tmp_path):
-    """VoiceDesign on a CustomVoice model is a 400; CustomVoice there runs; a toy (named
-    voices) serves CustomVoice only."""
+    """Each Qwen3-TTS variant serves its own task type; VoiceDesign on a CustomVoice model is a
+    400; CustomVoice there runs; a toy (named voices) serves CustomVoice only."""
+    for variant, task in [("base", "Base"), ("custom_voice", "CustomVoice"),
+                          ("voice_design", "VoiceDesign")]:  # fmt: skip
+        assert card_task_types(build_card(str(folders[variant]))) == [task]
     async with client(folders, tmp_path, custom=True) as c:
         design = _vllm_payload(CUSTOM_NAME, task_type="VoiceDesign", instructions="A calm voice")
         error = _error(await c.post(SPEECH, json=design), 400, "unsupported_task_type", "task_type")
