@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import http.server
 import io
+import json
 import threading
 from contextlib import asynccontextmanager
 
@@ -20,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
+from starlette.testclient import TestClient
 
 from omnistep.core import InvalidRequestError, ModelInstance
 from omnistep.engine import AsyncEngine
@@ -27,6 +29,7 @@ from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.models.qwen3_tts.clone import VoiceCloneEncoder
 from omnistep.models.toy.card import build_card as build_toy
 from omnistep.server import ServerConfig, build_app
+from omnistep.server.speech_stream import PATH
 from omnistep.server.voice_fields import MediaPolicy, card_task_types, read_ref_audio
 from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
 from tests.test_qwen3_tts_clone import chirp
@@ -344,3 +347,33 @@ async def test_rollouts_resolve_saved_voices_and_inline_clips(folders, wav, spec
         assert samples == by_spec.json()["groups"][0]["samples"]
         assert samples == inline.json()["groups"][0]["samples"]
         assert samples[0]["loops"]["decode"]["tokens"] != samples[1]["loops"]["decode"]["tokens"]
+
+
+def test_websocket_session_clones_inline(folders, wav, tmp_path):
+    """``session.config`` of ``/v1/audio/speech/stream`` takes the same fields: the turn's PCM
+    equals ``/v1/audio/speech``'s for the same clip, text and seed."""
+    data, _ = wav
+    engine = AsyncEngine([ModelInstance.load(_card(folders["base"], BASE_NAME))])
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "v.db")))
+    fields = {"model": BASE_NAME, "seed": 4, "max_new_tokens": 3, "ref_text": TRANSCRIPT}
+    fields["ref_audio"] = _data_url(data)
+    with TestClient(app) as c:
+        speech = c.post(SPEECH, json={**fields, "input": TEXT, "response_format": "pcm"})
+        assert speech.status_code == 200, speech.text
+        with c.websocket_connect(PATH) as ws:
+            ws.send_json({"type": "session.config", **fields})
+            ws.send_json({"type": "input.text", "text": TEXT})
+            ws.send_json({"type": "input.done"})
+            audio = b""
+            while True:
+                message = ws.receive()
+                if message.get("bytes") is not None:
+                    audio += message["bytes"]
+                elif json.loads(message["text"])["type"] == "audio.done":
+                    break
+        assert audio == speech.content and len(audio) == 3 * HOP * 2
+        with c.websocket_connect(PATH) as ws:
+            ws.send_json({"type": "session.config", **fields, "task_type": "VoiceDesign"})
+            assert ws.receive_json()["error"]["code"] == "unsupported_task_type"
+            assert ws.receive()["code"] == 1008
+    assert app.state.inline_voices.num_enrolled == 1
