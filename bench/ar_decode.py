@@ -3,7 +3,7 @@
 What it measures
 ----------------
 Both sides run the same FULL-SIZE ChatTTS checkpoint (official sizes, seeded random weights,
-~1.2 GB, written once by ``tests.chattts_ref.assets.write_full_size_chattts`` into ``--root``:
+~1.2 GB, written once by ``omnistep.models.chattts.tiny.write_full_size_chattts`` into ``--root``:
 the official file set, no ``asset/spk_stat.pt``, so both sides draw speakers from chattts
 0.2.5's statistics), in this process, one side at a time,
 with the same torch intra-op thread count (``--threads``, default 2, set once with
@@ -104,7 +104,7 @@ from device_timing import DEVICES, device_info, now, resolve_device  # noqa: E40
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = Path("/tmp/omnistep-chattts-full")
-#: ``--size`` -> the checkpoint writer of ``tests.chattts_ref.assets`` and its default folder:
+#: ``--size`` -> the checkpoint writer of ``omnistep.models.chattts.tiny`` and its default folder:
 #: ``full`` the official sizes (~1.2 GB); ``tiny`` the servable tiny one (GPT width 768, so the
 #: shipped speaker statistics and every voice apply, 2 layers; ~40 MB): quick runs and tests.
 SIZES = {
@@ -148,8 +148,8 @@ def ensure_checkpoint(root: Path, size: str = "full") -> dict[str, Any]:
     """The checkpoint of ``size`` (a ``SIZES`` key) at ``root`` (written once; a complete
     folder is reused, whatever size it holds)."""
     _import_test_helpers()
-    from tests.chattts_ref import assets
-    from tests.chattts_ref.assets import info_path
+    from omnistep.models.chattts import tiny as assets
+    from omnistep.models.chattts.tiny import info_path
 
     write = getattr(assets, SIZES[size][0])
 

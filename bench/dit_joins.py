@@ -34,7 +34,7 @@ DiT's. Per setting:
 
 Configurations (``--configs``, default ``tiny,full``):
 
-* ``tiny``: the test checkpoint's token2wav (``tests.qwen_omni_ref.assets.TINY_SIZES``: DiT
+* ``tiny``: the test checkpoint's token2wav (``omnistep.models.qwen2_5_omni.tiny.TINY_SIZES``: DiT
   width 64, 4 layers, 4 heads of 16, block 8 frames, look-back layers (0, 3), look-ahead (2,);
   BigVGAN 128 channels, official kernels and rates) with realistic-scale random weights
   (``randomize`` of tests/test_qwen_token2wav.py, the recipe of the token2wav parity tests);

@@ -38,7 +38,7 @@ def model_spec(spec: str, tmp: Path) -> str:
     """``spec``, with ``chattts=tiny`` replaced by a freshly written tiny checkpoint."""
     if spec != "chattts=tiny":
         return spec
-    from tests.chattts_ref.assets import write_tiny_chattts
+    from omnistep.models.chattts.tiny import write_tiny_chattts
 
     return f"chattts={write_tiny_chattts(tmp / 'chattts')}"
 

@@ -3,7 +3,7 @@
 What it measures
 ----------------
 Both sides run the same small Qwen2.5-Omni checkpoint with seeded random weights, written once
-into ``--root`` by ``tests.qwen_omni_ref.assets.write_qwen_omni`` (``--size tiny``: the test
+into ``--root`` by ``omnistep.models.qwen2_5_omni.tiny.write_qwen_omni`` (``--size tiny``: the test
 sizes, ``TINY_SIZES``; ``--size small``: wider and deeper LMs, DiT and BigVGAN, see ``SIZES``),
 in this process, one side at a time, with the same torch intra-op thread count (``--threads``,
 default 1: ``torch.set_num_threads`` and ``tests.qwen_omni_ref.reference.THREADS``).
@@ -185,7 +185,7 @@ def ensure_checkpoint(root: Path, size: str) -> dict[str, Any]:
     """The checkpoint of preset ``size`` at ``root`` (written once; reused when its marker
     names the same sizes)."""
     _import_test_helpers()
-    from tests.qwen_omni_ref.assets import TINY_SIZES, write_qwen_omni
+    from omnistep.models.qwen2_5_omni.tiny import TINY_SIZES, write_qwen_omni
 
     sizes = dataclasses.replace(TINY_SIZES, **SIZES[size])
     want = json.dumps({"size": size, "sizes": dataclasses.asdict(sizes)}, sort_keys=True)

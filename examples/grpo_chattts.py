@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> list[Iteration]:
 def _tiny_checkpoint(folder: Path) -> Path:
     """A tiny random ChatTTS in the official layout (the test suite's writer)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.chattts_ref.assets import write_servable_tiny_chattts
+    from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 
     return write_servable_tiny_chattts(folder / "chattts")
 

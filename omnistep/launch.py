@@ -6,9 +6,12 @@ A product-plane module: imports engine, core and the model registry (to build ca
 
 from __future__ import annotations
 
+import dataclasses
+
 from omnistep.core import ModelCard, ModelInstance, OmnistepError
 from omnistep.engine import AsyncEngine, EngineConfig
-from omnistep.models.registry import build_card, distinct_names
+from omnistep.models.locate import is_hub_id
+from omnistep.models.registry import build_card, distinct_names, resolve_model_spec
 
 
 def load_engine(
@@ -25,7 +28,9 @@ def load_engine(
     served_names: list[str] | None = None,
     **options: object,
 ) -> AsyncEngine:
-    """Build, validate and load each ``family[=path]`` card and wrap them in an engine.
+    """Build, validate and load each ``family[=path]`` card and wrap them in an engine. A spec
+    may also be a weights folder or a Hugging Face id (``registry.resolve_model_spec``); a
+    model given by its hub id also answers to that id.
 
     ``served_names``: the public name of each model (``--served-model-name``), one per spec in
     the same order (see ``registry.public_names``); None: card ids, with the family names as
@@ -65,9 +70,10 @@ def load_engine(
     }
     runner = None
     names = served_names or [None] * len(specs)
+    given, specs = specs, [resolve_model_spec(spec) for spec in specs]
     cards = [
-        build_card(spec, served_name=name, **options)
-        for spec, name in zip(specs, names, strict=True)
+        _hub_alias(build_card(spec, served_name=name, **options), model, name)
+        for spec, model, name in zip(specs, given, names, strict=True)
     ]
     cards = distinct_names(specs, cards)
     if executor == "ray":
@@ -86,6 +92,15 @@ def load_engine(
         max_batch_size=max_batch_size, request_timeout=request_timeout, **settings
     )
     return AsyncEngine(models, config, executor=runner)
+
+
+def _hub_alias(card: ModelCard, model: str, served_name: str | None) -> ModelCard:
+    """``card``, answering also to ``model`` when that is the Hugging Face id it was loaded by
+    (vLLM serves a model under the name given to ``--model``); ``--served-model-name``
+    replaces every such name."""
+    if served_name is not None or not is_hub_id(model) or model in card.model_ids:
+        return card
+    return dataclasses.replace(card, aliases=(*card.aliases, model))
 
 
 EXECUTORS = ("inprocess", "ray")

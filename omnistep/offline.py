@@ -54,6 +54,7 @@ from omnistep.core import (
     Modality,
     Request,
     SamplingParams,
+    WordTiming,
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine
@@ -79,12 +80,15 @@ class SpeechOutput:
         audio: float32 ``[num_samples]`` in [-1, 1], mono.
         sample_rate: Hz of ``audio``.
         seed: the seed the request ran with (drawn when none was given).
+        words: each spoken word and its start and end in ``audio`` (seconds), from models
+            with word timestamps (hibari, kokoro, piper); empty from the others.
     """
 
     text: str
     audio: np.ndarray
     sample_rate: int
     seed: int
+    words: tuple[WordTiming, ...] = ()
 
     @property
     def duration_s(self) -> float:
@@ -290,7 +294,9 @@ class AsyncOmniEngine:
         ]
         done = await self._run_all(requests, progress, "speech")
         return [
-            SpeechOutput(text, c.audio, c.sample_rate, c.seed)
+            SpeechOutput(
+                text, c.audio, c.sample_rate, c.seed, tuple(w for k in c.chunks for w in k.words)
+            )
             for text, c in zip(texts, done, strict=True)
         ]
 

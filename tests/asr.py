@@ -135,3 +135,53 @@ def wer(reference: str, hypothesis: str) -> float:
     if not ref:
         raise ValueError("reference is empty after normalization")
     return float(jiwer.wer(ref, normalize(hypothesis)))
+
+
+def word_times(samples: np.ndarray, sample_rate: int) -> list[tuple[str, float, float]]:
+    """Forced-alignment stand-in: faster-whisper's per-word times (``word_timestamps=True``,
+    its cross-attention DTW alignment) of mono float samples, as ``(word, start_s, end_s)``;
+    words are ``normalize``d (a word that normalises to nothing is left out)."""
+    audio = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if sample_rate != ASR_SAMPLE_RATE:
+        audio = soxr.resample(audio, sample_rate, ASR_SAMPLE_RATE)
+    audio = np.ascontiguousarray(audio, dtype=np.float32)
+    window_s = min(audio.size / ASR_SAMPLE_RATE, 30.0)
+    segments, _info = _model().transcribe(
+        audio,
+        language="en",
+        beam_size=BEAM_SIZE,
+        temperature=0.0,
+        condition_on_previous_text=False,
+        vad_filter=False,
+        word_timestamps=True,
+        max_new_tokens=_MIN_NEW_TOKENS + int(_TOKENS_PER_SECOND * window_s),
+    )
+    out = []
+    for segment in segments:
+        for w in segment.words or ():
+            for piece in normalize(w.word).split():
+                out.append((piece, float(w.start), float(w.end)))
+    return out
+
+
+def timing_errors(
+    ours: list[tuple[str, float, float]], aligned: list[tuple[str, float, float]]
+) -> tuple[np.ndarray, int]:
+    """Absolute errors (seconds) of ``ours`` against ``aligned`` (``word_times``) on the words
+    both have, matched in order after ``normalize`` (difflib's longest matching blocks):
+    ``([matched, 2]`` start and end errors, number matched)``. Words that normalise to several
+    (``"U.S.A."``) are skipped on our side."""
+    import difflib
+
+    mine = [(normalize(w), s, e) for w, s, e in ours]
+    mine = [(w, s, e) for w, s, e in mine if w and " " not in w]
+    matcher = difflib.SequenceMatcher(
+        a=[w for w, _, _ in mine], b=[w for w, _, _ in aligned], autojunk=False
+    )
+    errors = []
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            _, s1, e1 = mine[block.a + k]
+            _, s2, e2 = aligned[block.b + k]
+            errors.append((abs(s1 - s2), abs(e1 - e2)))
+    return np.asarray(errors, dtype=np.float64).reshape(-1, 2), len(errors)

@@ -27,10 +27,12 @@ def asr():
 def qwen3_tts_folders(tmp_path_factory):
     """Tiny Qwen3-TTS folders in the published layout, one per variant (``custom_voice``,
     ``voice_design``, ``base``; seed 0, default sizes), written once per session with one
-    reference subprocess (tests/qwen3_tts_ref/assets.py): ``{variant: Qwen3TTSInfo}``.
+    reference subprocess (tests/qwen3_tts_ref/assets.py; configs from
+    omnistep.models.qwen3_tts.tiny): ``{variant: Qwen3TTSInfo}``.
     Read-only: a test that breaks a folder copies it first."""
-    from tests.qwen3_tts_ref.assets import VARIANTS, write_tiny_qwen3_tts_many
+    from omnistep.models.qwen3_tts.tiny import VARIANTS
+    from tests.qwen3_tts_ref.assets import write_reference_qwen3_tts_many
 
     root = tmp_path_factory.mktemp("qwen3_tts_shared")
-    infos = write_tiny_qwen3_tts_many({root / v: v for v in VARIANTS})
+    infos = write_reference_qwen3_tts_many({root / v: v for v in VARIANTS})
     return {info.variant: info for info in infos}

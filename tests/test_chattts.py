@@ -28,10 +28,10 @@ from omnistep.models.chattts.speaker import (
     random_speaker,
     shipped_spk_stat,
 )
+from omnistep.models.chattts.tiny import SERVABLE_SIZES, write_servable_tiny_chattts
 from omnistep.parity import collect, run_alone, run_interleaved
 from omnistep.sampling import policy_logprobs, recompute_logprobs
 from tests.chattts_ref import reference
-from tests.chattts_ref.assets import SERVABLE_SIZES, write_servable_tiny_chattts
 
 TEXT = "hello world this is a test"
 TEXTS = ["hello world", "this is a longer test of the voice", "good morning", "a b c d e f"]

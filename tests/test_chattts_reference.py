@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.chattts_ref import assets, reference, shims
+from omnistep.models.chattts import tiny as assets
+from tests.chattts_ref import reference, shims
 
 TEXT = "hello world, nice weather today"
 STEPS = 24

@@ -163,7 +163,7 @@ def test_check_device(monkeypatch):
 def test_cuda_without_cuda_is_one_line_for_a_torch_family(tmp_path, capsys, monkeypatch):
     import torch
 
-    from tests.chattts_ref.assets import write_tiny_chattts
+    from omnistep.models.chattts.tiny import write_tiny_chattts
 
     root = write_tiny_chattts(tmp_path / "chattts")  # the official files only
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -356,7 +356,8 @@ def test_serve_takes_the_names_the_server_answers_to(monkeypatch):
     monkeypatch.setattr(omnistep.cli, "load_engine", fake_load_engine)
     with pytest.raises(SystemExit):
         main(["serve", "--model", "tts-1", "--model", "toy", "--port", "0"])
-    assert seen == [registry.DEFAULT_MODEL, "toy"]
+    assert seen == ["tts-1", "toy"]  # load_engine resolves them (paths, hub ids, names)
+    assert [registry.resolve_model_spec(s) for s in seen] == [registry.DEFAULT_MODEL, "toy"]
 
 
 def test_say_checks_the_output_path_before_synthesis(tmp_path, capsys, monkeypatch):

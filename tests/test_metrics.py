@@ -236,7 +236,7 @@ async def test_kv_gauges_follow_a_chattts_request(tmp_path):
 
     from omnistep.models.chattts.card import ChatTTSOptions
     from omnistep.models.chattts.card import build_card as build_chattts
-    from tests.chattts_ref.assets import write_servable_tiny_chattts
+    from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 
     root = write_servable_tiny_chattts(tmp_path / "ckpt")
     model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))

@@ -18,9 +18,9 @@ from omnistep.core import (
     WeightUpdateError,
 )
 from omnistep.models.chattts.gpt import ChatTTSPromptInput
+from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 from omnistep.offline import AsyncOmniEngine, OmniEngine
 from omnistep.parity import collect
-from tests.chattts_ref.assets import write_servable_tiny_chattts
 
 ROLL = SamplingParams(max_new_tokens=12)
 

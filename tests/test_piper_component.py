@@ -40,7 +40,8 @@ def sentences(frontend):
 def alone(voice, sentences) -> list[np.ndarray]:
     """Each sentence synthesized alone, seed = its index."""
     return [
-        voice.execute(CHUNK, [voice.make_unit(s.phoneme_ids, seed=s.index)])[0] for s in sentences
+        voice.execute(CHUNK, [voice.make_unit(s.phoneme_ids, seed=s.index)])[0].audio
+        for s in sentences
     ]
 
 
@@ -77,13 +78,13 @@ def test_without_noise_rewritten_graph_equals_stock(voice, sentences):
     }
     expected = stock.run(None, feeds)[0].reshape(-1)
     unit = voice.make_unit(sentences[0].phoneme_ids, seed=3, noise_scale=0.0, noise_w=0.0)
-    assert np.array_equal(voice.execute(CHUNK, [unit])[0], expected)
+    assert np.array_equal(voice.execute(CHUNK, [unit])[0].audio, expected)
 
 
 def test_same_seed_is_bit_identical_and_seeds_differ(voice, sentences, alone):
     ids = sentences[0].phoneme_ids
-    again = voice.execute(CHUNK, [voice.make_unit(ids, seed=0)])[0]
-    other = voice.execute(CHUNK, [voice.make_unit(ids, seed=1)])[0]
+    again = voice.execute(CHUNK, [voice.make_unit(ids, seed=0)])[0].audio
+    other = voice.execute(CHUNK, [voice.make_unit(ids, seed=1)])[0].audio
     assert np.array_equal(again, alone[0])
     assert again.shape != other.shape or not np.array_equal(again, other)
 
@@ -101,7 +102,7 @@ def test_output_is_plausible_speech(voice, sentences, alone):
 
 def test_speed_maps_to_length_scale(voice, sentences, alone):
     ids = sentences[2].phoneme_ids
-    fast = voice.execute(CHUNK, [voice.make_unit(ids, seed=2, speed=2.0)])[0]
+    fast = voice.execute(CHUNK, [voice.make_unit(ids, seed=2, speed=2.0)])[0].audio
     assert voice.make_unit(ids, seed=2, speed=2.0).length_scale == voice.settings.length_scale / 2.0
     # Frames per id are ceil(w * length_scale) and about half the ids (pads) last under one
     # frame, so halving length_scale gives ~0.62x the samples, not 0.5x (measured 0.61-0.64).
@@ -110,7 +111,7 @@ def test_speed_maps_to_length_scale(voice, sentences, alone):
 
 def test_batch_of_three_equals_each_alone(voice, sentences, alone):
     units = [voice.make_unit(s.phoneme_ids, seed=s.index) for s in sentences]
-    together = voice.execute(CHUNK, units)
+    together = [out.audio for out in voice.execute(CHUNK, units)]
     assert len(together) == 3
     for a, b in zip(together, alone, strict=True):
         assert np.array_equal(a, b)
@@ -118,7 +119,7 @@ def test_batch_of_three_equals_each_alone(voice, sentences, alone):
 
 def test_padded_batch_is_close_to_alone(voice, sentences, alone):
     units = [voice.make_unit(s.phoneme_ids, seed=s.index) for s in sentences]
-    padded = voice.run_batch(units)
+    padded = [out.audio for out in voice.run_batch(units)]
     for a, b in zip(padded, alone, strict=True):
         assert a.shape == b.shape
         assert float(np.max(np.abs(a - b))) < 1e-3
@@ -129,7 +130,7 @@ def test_short_noise_buffer_reruns_to_the_same_samples(voice, sentences, alone, 
     monkeypatch.setattr(voice_module, "MIN_NOISE_FRAMES", 1)
     unit = voice.make_unit(sentences[1].phoneme_ids, seed=1)
     assert voice_module._frame_bound(len(unit.phoneme_ids), 1.0) * 256 < alone[1].size
-    assert np.array_equal(voice.execute(CHUNK, [unit])[0], alone[1])
+    assert np.array_equal(voice.execute(CHUNK, [unit])[0].audio, alone[1])
 
 
 def test_all_cores_units_run_on_their_own_session_alone_or_concurrently(voice, sentences, alone):
@@ -142,18 +143,18 @@ def test_all_cores_units_run_on_their_own_session_alone_or_concurrently(voice, s
     wide = PiperVoiceComponent(device="cpu", num_threads=2)
     ids = sentences[0].phoneme_ids
     first = two.make_unit(ids, seed=0, all_cores=True)
-    expected = wide.execute(CHUNK, [wide.make_unit(ids, seed=0)])[0]
-    assert np.array_equal(two.execute(CHUNK, [first])[0], expected)
+    expected = wide.execute(CHUNK, [wide.make_unit(ids, seed=0)])[0].audio
+    assert np.array_equal(two.execute(CHUNK, [first])[0].audio, expected)
     rest = [two.make_unit(s.phoneme_ids, seed=s.index) for s in sentences[1:]]
     with ThreadPoolExecutor(2) as pool:
-        outs = list(pool.map(lambda u: two.execute(CHUNK, [u])[0], [first, *rest, first]))
+        outs = list(pool.map(lambda u: two.execute(CHUNK, [u])[0].audio, [first, *rest, first]))
     assert np.array_equal(outs[0], expected) and np.array_equal(outs[-1], expected)
     # alone it ran on the spinning twin; a twin without spinning gives the same samples
     pool = two._sessions._sessions  # SessionPool: (all_cores, spinning) -> session
     assert pool[True, True] is not pool[True, False]
     plain = dict.fromkeys(pool, pool[True, False])
     two._sessions._sessions = plain | {(False, False): pool[False, False]}
-    assert np.array_equal(two.execute(CHUNK, [first])[0], expected)
+    assert np.array_equal(two.execute(CHUNK, [first])[0].audio, expected)
     for out, ref in zip(outs[1:-1], alone[1:], strict=True):
         assert np.array_equal(out, ref)  # the half-core session: the 1-thread voice's samples
     with pytest.raises(ValueError, match="all_cores"):

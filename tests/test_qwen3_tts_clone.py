@@ -27,7 +27,7 @@ from omnistep.models.qwen3_tts.clone import (
 from omnistep.models.qwen3_tts.encoder import SpeechTokenizerEncoder
 from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpointError
 from omnistep.models.qwen3_tts.speaker import mel_filter_bank
-from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
+from tests.qwen3_tts_ref.assets import write_reference_qwen3_tts
 from tests.qwen3_tts_ref.env import call_reference
 
 REF = "tests.qwen3_tts_ref.upstream_clone"
@@ -64,7 +64,9 @@ def strengthen_encoder_transformer(root: Path, seed: int = 0) -> None:
 
 @pytest.fixture(scope="module")
 def base_root(tmp_path_factory):
-    root = write_tiny_qwen3_tts(tmp_path_factory.mktemp("q3clone") / "base", "base", seed=3).root
+    root = write_reference_qwen3_tts(
+        tmp_path_factory.mktemp("q3clone") / "base", "base", seed=3
+    ).root
     strengthen_encoder_transformer(root)
     return root
 

@@ -35,7 +35,7 @@ from omnistep.models.qwen3_tts.talker import CloneRows
 from omnistep.models.toy.card import build_card as build_toy
 from omnistep.parity import collect
 from omnistep.server import ServerConfig, build_app
-from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
+from tests.qwen3_tts_ref.assets import write_reference_qwen3_tts_many
 from tests.qwen3_tts_ref.env import call_reference
 from tests.serving import abort_all
 from tests.test_qwen3_tts_clone import chirp
@@ -52,7 +52,7 @@ SPEECH = "/v1/audio/speech"
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3_tts_clone_serving")
-    infos = write_tiny_qwen3_tts_many({root / v: v for v in ("base", "custom_voice")}, seed=3)
+    infos = write_reference_qwen3_tts_many({root / v: v for v in ("base", "custom_voice")}, seed=3)
     return {info.variant: info.root for info in infos}
 
 

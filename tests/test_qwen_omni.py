@@ -20,10 +20,10 @@ from omnistep.core import (
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.models.qwen2_5_omni.card import QwenOmniOptions, build_card
 from omnistep.models.qwen2_5_omni.dit import DiTChunking, frame_noise
+from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 from omnistep.parity import collect
 from omnistep.sampling import SamplingRow
 from tests.qwen_omni_ref import reference
-from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
 from tests.serving import abort_all
 
 MESSAGES = [{"role": "user", "content": "hello there, how are you today?"}]

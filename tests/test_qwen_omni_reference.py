@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.qwen_omni_ref import assets, reference
+from omnistep.models.qwen2_5_omni import tiny as assets
+from tests.qwen_omni_ref import reference
 
 # The tiny seed-0 talker runs all TALKER_STEPS greedy codes on MESSAGES (the reply track is
 # exhausted, so the pad row repeats) and greedily emits the codec EOS at its 5th code on

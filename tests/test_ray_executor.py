@@ -263,7 +263,7 @@ def _deploy(tmp_path, family: str, components: dict[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def chattts_root(tmp_path_factory):
-    from tests.chattts_ref.assets import write_servable_tiny_chattts
+    from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 
     return write_servable_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
 
@@ -412,7 +412,7 @@ async def test_qwen3_tts_codec_streams_stay_on_their_replica_and_are_freed(
 
 @pytest.fixture(scope="module")
 def qwen_root(tmp_path_factory):
-    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+    from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 
     return write_tiny_qwen_omni(tmp_path_factory.mktemp("qwen") / "ckpt")
 
@@ -520,7 +520,7 @@ def _case(name: str, request) -> tuple[str, list[Request], dict]:
 
 @pytest.fixture(scope="module")
 def qwen3_tts_root(tmp_path_factory):
-    from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts
+    from omnistep.models.qwen3_tts.tiny import write_tiny_qwen3_tts
 
     root = tmp_path_factory.mktemp("qwen3_tts") / "custom_voice"
     write_tiny_qwen3_tts(root, "custom_voice", 0)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from omnistep.core import InvalidRequestError, SamplingParams
+from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 from omnistep.offline import OmniEngine, RolloutGroup
-from tests.chattts_ref.assets import write_servable_tiny_chattts
 
 EXACT = 1e-6
 """Batch-invariant parity bound (measured: 0.0, bit-identical, on this project's CPU)."""
@@ -171,7 +171,7 @@ def test_score_refuses_bad_arguments(chattts):
 
 @pytest.fixture(scope="module")
 def qwen_root(tmp_path_factory):
-    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+    from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 
     return write_tiny_qwen_omni(tmp_path_factory.mktemp("qwen") / "ckpt")
 

@@ -512,7 +512,7 @@ def qwen_bpe(tmp_path_factory):
     tokenizer_config.json, no tokenizer.json."""
     from transformers import Qwen2Tokenizer
 
-    from tests.qwen_omni_ref.assets import TINY_SIZES, _tokenizer_files
+    from omnistep.models.qwen2_5_omni.tiny import TINY_SIZES, _tokenizer_files
 
     files, _ = _tokenizer_files(TINY_SIZES)
     root = tmp_path_factory.mktemp("bpe")

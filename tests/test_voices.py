@@ -310,7 +310,7 @@ def test_cards_validate_voices_without_a_request():
 
 @pytest.fixture(scope="module")
 def chattts_root(tmp_path_factory):
-    from tests.chattts_ref.assets import write_servable_tiny_chattts
+    from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 
     return write_servable_tiny_chattts(tmp_path_factory.mktemp("chattts") / "ckpt")
 
@@ -349,7 +349,7 @@ def test_chattts_without_statistics_takes_speaker_strings_only(tmp_path):
     voice is upstream's ``[empty_spk]`` prompt."""
     from omnistep.models.chattts.card import build_card
     from omnistep.models.chattts.speaker import encode_speaker
-    from tests.chattts_ref.assets import write_tiny_chattts
+    from omnistep.models.chattts.tiny import write_tiny_chattts
 
     card = build_card(str(write_tiny_chattts(tmp_path / "h64")))
     speaker = encode_speaker(torch.linspace(-1, 1, 64))
@@ -369,7 +369,7 @@ def test_chattts_folder_spk_stat_overrides_the_shipped_statistics(chattts_root, 
 
     from omnistep.models.chattts.card import build_card
     from omnistep.models.chattts.speaker import normalize_speaker, random_speaker
-    from tests.chattts_ref.assets import write_tiny_chattts
+    from omnistep.models.chattts.tiny import write_tiny_chattts
 
     g = torch.Generator().manual_seed(0)
     h64 = write_tiny_chattts(tmp_path / "h64")

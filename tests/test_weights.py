@@ -24,9 +24,9 @@ from omnistep.core import (
 from omnistep.engine import AsyncEngine
 from omnistep.models.chattts.card import ChatTTSOptions
 from omnistep.models.chattts.card import build_card as build_chattts
+from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 from omnistep.models.toy.card import build_card as build_toy
 from omnistep.parity import collect
-from tests.chattts_ref.assets import write_servable_tiny_chattts
 
 
 def _toy_engine() -> tuple[AsyncEngine, ModelInstance]:
@@ -191,7 +191,7 @@ async def test_chattts_update_equals_a_fresh_engine_on_the_new_checkpoint(tmp_pa
 async def test_qwen_thinker_embedding_update_refreshes_the_talker_rows(tmp_path):
     from omnistep.models.qwen2_5_omni.card import QwenOmniOptions
     from omnistep.models.qwen2_5_omni.card import build_card as build_qwen
-    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+    from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 
     root = write_tiny_qwen_omni(tmp_path / "qwen")
     model = ModelInstance.load(build_qwen(str(root), QwenOmniOptions(kv_cache_gb=0.02)))
@@ -226,7 +226,7 @@ async def test_qwen_dit_update_equals_a_fresh_engine_and_versions_its_sde_steps(
     from omnistep.core import ChatMessage, ExecutionProfile, Modality, SamplingParams
     from omnistep.models.qwen2_5_omni.card import QwenOmniOptions
     from omnistep.models.qwen2_5_omni.card import build_card as build_qwen
-    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+    from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 
     root = write_tiny_qwen_omni(tmp_path / "old")
     new_root = tmp_path / "new"

@@ -25,6 +25,7 @@ from omnistep.core.contracts import (
     ShapeSignature,
     StepResult,
     StreamChunk,
+    WordTiming,
     WorkPlan,
 )
 from omnistep.core.enums import (
@@ -115,6 +116,7 @@ __all__ = [
     "ShapeSignature",
     "StepResult",
     "StreamChunk",
+    "WordTiming",
     "WorkPlan",
     "WorkUnitKind",
 ]

@@ -114,6 +114,22 @@ class Pending:
     reason: str = "waiting for input"
 
 
+@dataclass(frozen=True, slots=True)
+class WordTiming:
+    """When one word is spoken in a request's audio.
+
+    Attributes:
+        word: the word as read by the card's text front-end (after normalisation, e.g.
+            ``"twelve"`` for ``"12"``), without surrounding punctuation.
+        start, end: seconds from the start of the request's audio (its first sample is 0.0),
+            ``0 <= start <= end``.
+    """
+
+    word: str
+    start: float
+    end: float
+
+
 @dataclass(slots=True)
 class StreamChunk:
     """What a request streams out, in order.
@@ -125,6 +141,8 @@ class StreamChunk:
         sample_rate: samples per second of ``audio`` (Hz); 0 for text.
         seq: 0-based position in the request's stream, set by the engine when published.
         request_id: set by the engine when published.
+        words: the words spoken in this chunk's audio, with times in the request's timeline,
+            from cards with ``Capability.WORD_TIMESTAMPS``; empty otherwise.
     """
 
     modality: Modality
@@ -133,12 +151,16 @@ class StreamChunk:
     sample_rate: int = 0
     seq: int = -1
     request_id: str = ""
+    words: tuple[WordTiming, ...] = ()
 
     @classmethod
-    def of_audio(cls, samples: np.ndarray, sample_rate: int) -> StreamChunk:
-        """An audio chunk; ``samples`` becomes a contiguous float32 ``[num_samples]`` array."""
+    def of_audio(
+        cls, samples: np.ndarray, sample_rate: int, words: tuple[WordTiming, ...] = ()
+    ) -> StreamChunk:
+        """An audio chunk; ``samples`` becomes a contiguous float32 ``[num_samples]`` array;
+        ``words``: the words it speaks (see ``words``)."""
         arr = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1)
-        return cls(Modality.AUDIO, audio=arr, sample_rate=sample_rate)
+        return cls(Modality.AUDIO, audio=arr, sample_rate=sample_rate, words=words)
 
     @classmethod
     def of_text(cls, text: str) -> StreamChunk:

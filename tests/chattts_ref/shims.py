@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 import sys
 import types
 from collections.abc import Callable
+
+from omnistep.models.chattts.tiny import hz_to_mel_htk, mel_filterbank_htk, mel_to_hz_htk
 
 STUB_MARKER = "__omnistep_test_stub__"
 
@@ -55,34 +56,6 @@ def _raiser(what: str) -> Callable[..., object]:
         )
 
     return _raise
-
-
-def hz_to_mel_htk(freq: float) -> float:
-    """torchaudio ``_hz_to_mel(freq, mel_scale="htk")``."""
-    return 2595.0 * math.log10(1.0 + freq / 700.0)
-
-
-def mel_to_hz_htk(mels):  # noqa: ANN001, ANN201 - tensor in, tensor out (like torchaudio)
-    """torchaudio ``_mel_to_hz(mels, mel_scale="htk")``."""
-    return 700.0 * (10.0 ** (mels / 2595.0) - 1.0)
-
-
-def mel_filterbank_htk(n_freqs: int, n_mels: int, sample_rate: int):  # noqa: ANN201
-    """``torchaudio.functional.melscale_fbanks(n_freqs, 0, sr // 2, n_mels, sr, None, "htk")``.
-
-    Returns a float32 tensor ``[n_freqs, n_mels]`` (the ``mel_scale.fb`` buffer).
-    """
-    import torch
-
-    f_max = float(sample_rate // 2)
-    all_freqs = torch.linspace(0, sample_rate // 2, n_freqs)
-    m_pts = torch.linspace(hz_to_mel_htk(0.0), hz_to_mel_htk(f_max), n_mels + 2)
-    f_pts = mel_to_hz_htk(m_pts)
-    f_diff = f_pts[1:] - f_pts[:-1]
-    slopes = f_pts.unsqueeze(0) - all_freqs.unsqueeze(1)
-    down = (-1.0 * slopes[:, :-2]) / f_diff[:-1]
-    up = slopes[:, 2:] / f_diff[1:]
-    return torch.clamp(torch.min(down, up), min=0.0).to(torch.float32)
 
 
 def _module(name: str, doc: str) -> types.ModuleType:

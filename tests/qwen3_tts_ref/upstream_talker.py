@@ -7,7 +7,7 @@ together with the raw logits it sampled from: the talker's ``codec_head`` output
 (prefill + each decode step) and the code predictor's ``lm_head[j]`` output of every sub-step,
 captured by forward hooks.
 
-The checkpoints are ``tests/qwen3_tts_ref/assets.py``'s tiny published folders; only the
+The checkpoints are ``omnistep/models/qwen3_tts/tiny.py``'s tiny published folders; only the
 talker's tensors (``talker.*``) are loaded, in float32.
 """
 

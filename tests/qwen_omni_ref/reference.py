@@ -9,7 +9,7 @@ shared 2-core machine is often oversubscribed; 2 threads then ran ~10x slower he
 tensors returned are float32 on CPU, batch dimension dropped unless stated.
 
 Pipeline facts (read from ``transformers/models/qwen2_5_omni/modeling_qwen2_5_omni.py`` 5.24 and
-checked on the tiny folders of :mod:`tests.qwen_omni_ref.assets`)
+checked on the tiny folders of :mod:`omnistep.models.qwen2_5_omni.tiny`)
 ---------------------------------------------------------------------------------------------
 * Prompt (chat template, text only): ``<|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user
   \\n{text}<|im_end|>\\n<|im_start|>assistant\\n``; a system turn "You are a helpful assistant." is

@@ -145,4 +145,5 @@ def build_card(
             "Kokoro-82M af_heart), 24 kHz."
         ),
         component_description=f"hibari (ONNX int8) + spectral DSP, {source}",
+        word_timestamps=True,
     )

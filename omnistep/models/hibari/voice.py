@@ -4,7 +4,9 @@ ONNX graph (``hibari/assets/hibari.onnx`` of hibari-tts 0.2.1, int8, 7,936,868 b
     inputs:  ``ids`` int64 ``[1, T]`` (``vocab.json`` ids with a 0 pad at both ends),
              ``speed`` float32 ``[1]`` (1.0: the teacher's pace; larger is faster).
     outputs: ``lh``, ``theta``, ``ln``, ``lr``, ``phi`` float32 ``[1, 601, F]`` and ``f0`` float32
-             ``[1, F]``: F frames of 12.5 ms (hop 300 at 24 kHz).
+             ``[1, F]``: F frames of 12.5 ms (hop 300 at 24 kHz); and, exposed at load
+             (``sentence_voice.add_graph_output``), the predicted durations ``[T]`` per id in
+             frames of 25 ms (``F = 2 * sum``).
 The waveform is made from these by ``omnistep.models.hibari.dsp.synthesize`` (ours), whose
 noise is drawn from ``numpy.random.default_rng(unit.seed)``: a unit's samples are a pure
 function of (phoneme ids, speed, seed, all_cores), bit-identical run to run.
@@ -30,12 +32,26 @@ import onnxruntime as ort
 
 from omnistep.core import InvalidRequestError, ModelFilesError, WorkUnitKind
 from omnistep.models.hibari import dsp
-from omnistep.models.sentence_voice import SessionPool, first_unit_threads, session_threads
+from omnistep.models.sentence_voice import (
+    SentenceAudio,
+    SessionPool,
+    add_graph_output,
+    first_unit_threads,
+    session_threads,
+)
 
 INPUTS = ("ids", "speed")
 """The graph's input names."""
 OUTPUTS = ("lh", "theta", "ln", "lr", "phi", "f0")
 """The graph's output names, in ``dsp.synthesize``'s argument order."""
+DURATIONS = "/Clip_output_0"
+"""The graph's predicted frames per id, float32 ``[T]``: the output of its only ``Clip``, after
+its only ``Round`` (hexgrad/kokoro ``KModel.forward_with_tokens``: ``pred_dur = round(duration /
+speed).clamp(min=1)``), added as a graph output at load (``sentence_voice.add_graph_output``).
+"""
+SAMPLES_PER_DURATION_FRAME = 2 * dsp.HOP
+"""Output samples per predicted duration frame: each lasts two 12.5 ms DSP frames (measured:
+``F = 2 * sum(durations)`` for every sentence), 600 samples at 24 kHz, as Kokoro's 40 frames/s."""
 _ORT_LOAD_ERRORS = (
     ort.capi.onnxruntime_pybind11_state.Fail,
     ort.capi.onnxruntime_pybind11_state.InvalidProtobuf,
@@ -111,10 +127,11 @@ class HibariUnit:
 class HibariVoiceComponent:
     """The hibari ONNX voice running AUDIO_CHUNK units of ``HibariUnit`` payloads.
 
-    Each output is float32 ``[F * 300]`` at 24000 Hz (about [-1, 1], not normalized): one
-    onnxruntime call on the unit's session (``SessionPool``: ``all_cores`` units on every
-    core), then ``dsp.synthesize`` with ``numpy.random.default_rng(unit.seed)``. Units always
-    run one by one (hibari's graph takes a batch of one).
+    Each output is a ``SentenceAudio``: float32 ``[F * 300]`` at 24000 Hz (about [-1, 1], not
+    normalized) and the samples each id lasts; one onnxruntime call on the unit's session
+    (``SessionPool``: ``all_cores`` units on every core), then ``dsp.synthesize`` with
+    ``numpy.random.default_rng(unit.seed)``. Units always run one by one (hibari's graph takes
+    a batch of one).
 
     Args:
         model_path: a hibari ``.onnx`` with the inputs ``ids``/``speed`` and the outputs
@@ -144,8 +161,12 @@ class HibariVoiceComponent:
         if not path.is_file():
             raise ModelFilesError(f"hibari voice {path} not found (expected a hibari .onnx file)")
         try:
+            graph = add_graph_output(path.read_bytes(), DURATIONS)
+        except ValueError as exc:
+            raise ModelFilesError(f"hibari voice {path} is not an ONNX graph: {exc}") from None
+        try:
             self.pool = SessionPool(
-                path,
+                graph,
                 device,
                 session_threads() if num_threads is None else num_threads,
                 first_unit_threads() if all_core_threads is None else all_core_threads,
@@ -169,8 +190,8 @@ class HibariVoiceComponent:
         except _ORT_RUN_ERRORS as exc:
             raise ModelFilesError(f"hibari voice {path} failed a test sentence: {exc}") from None
 
-    def execute(self, kind: WorkUnitKind, payloads: Sequence[HibariUnit]) -> list[np.ndarray]:
-        """Synthesize each payload; returns float32 ``[samples]`` at 24000 Hz per payload.
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[HibariUnit]) -> list[SentenceAudio]:
+        """Synthesize each payload; returns its ``SentenceAudio`` (24000 Hz) per payload.
 
         Raises:
             ValueError: ``kind`` is not AUDIO_CHUNK.
@@ -179,20 +200,23 @@ class HibariVoiceComponent:
             raise ValueError(f"HibariVoiceComponent runs AUDIO_CHUNK units, got {kind}")
         return [self.synthesize(unit) for unit in payloads]
 
-    def synthesize(self, unit: HibariUnit) -> np.ndarray:
-        """One unit -> float32 ``[samples]`` at 24000 Hz (empty under ``MIN_IDS`` ids), on the
-        session the unit picks (``SessionPool.run``)."""
+    def synthesize(self, unit: HibariUnit) -> SentenceAudio:
+        """One unit -> float32 ``[samples]`` at 24000 Hz (empty, every id 0 samples, under
+        ``MIN_IDS`` ids) and int64 samples per id, on the session the unit picks
+        (``SessionPool.run``)."""
         if len(unit.phoneme_ids) < MIN_IDS:
-            return np.zeros(0, np.float32)
+            return SentenceAudio(np.zeros(0, np.float32), np.zeros(len(unit.phoneme_ids), np.int64))
         return self.pool.run(unit.all_cores, lambda session: self._synthesize(session, unit))
 
-    @staticmethod
-    def _synthesize(session: ort.InferenceSession, unit: HibariUnit) -> np.ndarray:
+    def _synthesize(self, session: ort.InferenceSession, unit: HibariUnit) -> SentenceAudio:
         """``unit`` on ``session``: the graph's outputs (batch axis dropped: five float32
-        [601, F], f0 float32 [F]), then ``dsp.synthesize`` with ``default_rng(unit.seed)``."""
+        [601, F], f0 float32 [F]), then ``dsp.synthesize`` with ``default_rng(unit.seed)``;
+        durations times ``SAMPLES_PER_DURATION_FRAME``."""
         feeds = {
             "ids": np.asarray([unit.phoneme_ids], dtype=np.int64),
             "speed": np.asarray([unit.speed], dtype=np.float32),
         }
-        frames = [o[0] for o in session.run(list(OUTPUTS), feeds)]
-        return dsp.synthesize(*frames, np.random.default_rng(unit.seed))
+        *frames, durations = session.run([*OUTPUTS, DURATIONS], feeds)
+        audio = dsp.synthesize(*(f[0] for f in frames), np.random.default_rng(unit.seed))
+        samples = np.rint(np.asarray(durations).reshape(-1)).astype(np.int64)
+        return SentenceAudio(audio, samples * SAMPLES_PER_DURATION_FRAME)

@@ -108,4 +108,5 @@ def build_card(
             "'a+b' or 'a(2)+b(1)'"
         ),
         component_description=f"Kokoro-82M v1.0 (ONNX, {files.model.name})",
+        word_timestamps=True,
     )

@@ -5,7 +5,10 @@ ONNX graph (kokoro-onnx's v1.0 export; see ``loader``):
              ``style`` float32 ``[1, 256]``, the voice pack's row for ``T - 2`` phonemes;
              ``speed`` float32 ``[1]``, durations are divided by it (each phoneme keeps at
              least one frame).
-    output:  ``audio`` float32 ``[N]`` at 24 kHz.
+    output:  ``audio`` float32 ``[N]`` at 24 kHz; and, exposed at load
+             (``sentence_voice.expose_durations``), the predicted durations per token ``[1, T]``
+             in frames of 600 samples (``N = 600 * sum``; hexgrad/kokoro ``KPipeline``: "pred_dur
+             frames" times 600 at 24 kHz).
 
 The graph has no random ops, so a unit's samples are a pure function of (ids, style, speed)
 and of the session's thread count (onnxruntime splits its products by threads): a request's
@@ -29,9 +32,18 @@ from pathlib import Path
 import numpy as np
 
 from omnistep.core.enums import WorkUnitKind
+from omnistep.core.errors import ModelFilesError
 from omnistep.models.kokoro.loader import MAX_PHONEMES, SAMPLE_RATE, STYLE_DIM
 from omnistep.models.kokoro.voices import VoiceBank
-from omnistep.models.sentence_voice import Sentence, SessionPool
+from omnistep.models.sentence_voice import (
+    Sentence,
+    SentenceAudio,
+    SessionPool,
+    expose_durations,
+)
+
+SAMPLES_PER_FRAME = 600
+"""Output samples per predicted duration frame (40 frames/s at 24 kHz)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -113,8 +125,8 @@ class KokoroSettings:
 
 
 class KokoroVoiceComponent:
-    """Kokoro-82M (ONNX) running AUDIO_CHUNK units of ``KokoroUnit`` payloads; each output is
-    float32 ``[num_samples]`` at 24 kHz.
+    """Kokoro-82M (ONNX) running AUDIO_CHUNK units of ``KokoroUnit`` payloads; each output is a
+    ``SentenceAudio``: float32 ``[num_samples]`` at 24 kHz and the samples each token lasts.
 
     Args:
         model_path: the ONNX file (checked by ``loader.check_graph`` before).
@@ -125,6 +137,7 @@ class KokoroVoiceComponent:
 
     Raises:
         ValueError: bad ``device``.
+        ModelFilesError: the graph has no duration predictor output (``expose_durations``).
     """
 
     def __init__(
@@ -136,11 +149,21 @@ class KokoroVoiceComponent:
     ):
         self.device = device
         self.sample_rate = SAMPLE_RATE
-        self._pool = SessionPool(str(model_path), device, num_threads, all_core_threads)
+        import onnx
+
+        graph = onnx.load(str(model_path))
+        self._audio = graph.graph.output[0].name  # the audio (``loader.check_graph``: the only one)
+        try:
+            self._durations = expose_durations(graph)
+        except ValueError as exc:
+            raise ModelFilesError(f"kokoro model {model_path}: {exc}") from None
+        model = graph.SerializeToString()
+        del graph
+        self._pool = SessionPool(model, device, num_threads, all_core_threads)
         self.intra_op_threads = self._pool.intra_op_threads
 
-    def execute(self, kind: WorkUnitKind, payloads: Sequence[KokoroUnit]) -> list[np.ndarray]:
-        """Synthesize each payload alone; float32 ``[num_samples]`` per payload, in order.
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[KokoroUnit]) -> list[SentenceAudio]:
+        """Synthesize each payload alone; a ``SentenceAudio`` per payload, in order.
 
         Raises:
             ValueError: ``kind`` is not AUDIO_CHUNK.
@@ -149,12 +172,15 @@ class KokoroVoiceComponent:
             raise ValueError(f"KokoroVoiceComponent runs AUDIO_CHUNK units, got {kind}")
         return [self.run(unit) for unit in payloads]
 
-    def run(self, unit: KokoroUnit) -> np.ndarray:
-        """One onnxruntime call for ``unit``: float32 ``[num_samples]``."""
+    def run(self, unit: KokoroUnit) -> SentenceAudio:
+        """One onnxruntime call for ``unit``: float32 ``[num_samples]`` and int64 samples per
+        token (``SAMPLES_PER_FRAME`` times the predicted frames)."""
         feed = {
             "tokens": np.asarray([unit.phoneme_ids], dtype=np.int64),
             "style": unit.style.reshape(1, STYLE_DIM),
             "speed": np.asarray([unit.speed], dtype=np.float32),
         }
-        audio = self._pool.run(unit.all_cores, lambda session: session.run(None, feed)[0])
-        return np.asarray(audio, dtype=np.float32).reshape(-1)
+        names = [self._audio, self._durations]
+        audio, frames = self._pool.run(unit.all_cores, lambda session: session.run(names, feed))
+        durations = np.rint(np.asarray(frames).reshape(-1)).astype(np.int64) * SAMPLES_PER_FRAME
+        return SentenceAudio(np.asarray(audio, dtype=np.float32).reshape(-1), durations)

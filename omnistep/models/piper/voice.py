@@ -41,7 +41,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from omnistep.core.enums import WorkUnitKind
-from omnistep.models.sentence_voice import SessionPool
+from omnistep.models.sentence_voice import SentenceAudio, SessionPool
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -403,8 +403,9 @@ class PiperVoiceComponent:
         """
         return self.settings.make_unit(phoneme_ids, seed, speed, noise_scale, noise_w, all_cores)
 
-    def execute(self, kind: WorkUnitKind, payloads: Sequence[PiperUnit]) -> list[np.ndarray]:
-        """Synthesize each payload; returns float32 ``[num_samples]`` per payload, in order.
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[PiperUnit]) -> list[SentenceAudio]:
+        """Synthesize each payload; returns a ``SentenceAudio`` per payload, in order: float32
+        ``[num_samples]`` and int64 samples per phoneme id (``hop_length`` times the frames).
 
         Raises:
             ValueError: ``kind`` is not AUDIO_CHUNK.
@@ -414,7 +415,7 @@ class PiperVoiceComponent:
             raise ValueError(f"PiperVoiceComponent runs AUDIO_CHUNK units, got {kind}")
         if not self.batched:
             return [self.run_batch([unit])[0] for unit in payloads]
-        outputs: dict[int, np.ndarray] = {}
+        outputs: dict[int, SentenceAudio] = {}
         groups: dict[tuple[tuple[float, float, float], bool], list[int]] = {}
         for i, unit in enumerate(payloads):
             groups.setdefault((unit.scales, unit.all_cores), []).append(i)
@@ -425,10 +426,10 @@ class PiperVoiceComponent:
                 outputs[i] = audio
         return [outputs[i] for i in range(len(payloads))]
 
-    def run_batch(self, units: Sequence[PiperUnit]) -> list[np.ndarray]:
+    def run_batch(self, units: Sequence[PiperUnit]) -> list[SentenceAudio]:
         """One onnxruntime call (plus reruns if the noise buffer fell short) for units that
-        share ``scales`` and ``all_cores``; ids are right-padded with PAD. Returns float32
-        ``[num_samples]`` each.
+        share ``scales`` and ``all_cores``; ids are right-padded with PAD. Returns a
+        ``SentenceAudio`` each (float32 ``[num_samples]``; samples per id).
 
         Raises:
             ValueError: the units' scales or ``all_cores`` differ.
@@ -442,7 +443,7 @@ class PiperVoiceComponent:
 
     def _run_units(
         self, units: Sequence[PiperUnit], session: ort.InferenceSession
-    ) -> list[np.ndarray]:
+    ) -> list[SentenceAudio]:
         """``run_batch`` on ``session``."""
         num_ids = max(len(u.phoneme_ids) for u in units)
         pad = self.settings.pad_id
@@ -459,9 +460,16 @@ class PiperVoiceComponent:
         feeds[dp.name] = _normals([s[0] for s in seeds], num_ids, dp.channels)
         num_frames = max(_frame_bound(len(u.phoneme_ids), u.length_scale) for u in units)
         for _ in range(MAX_RERUNS + 1):
-            audio, frames = self._run(session, feeds, [s[1] for s in seeds], num_frames)
+            audio, durations = self._run(session, feeds, [s[1] for s in seeds], num_frames)
+            frames = [max(int(d.sum()), 1) for d in durations]
             if max(frames) <= num_frames:
-                return [audio[row, : f * self.hop_length].copy() for row, f in enumerate(frames)]
+                return [
+                    SentenceAudio(
+                        audio[row, : f * self.hop_length].copy(),
+                        durations[row, : len(unit.phoneme_ids)] * self.hop_length,
+                    )
+                    for row, (f, unit) in enumerate(zip(frames, units, strict=True))
+                ]
             num_frames = max(frames)
         raise RuntimeError(f"prior noise buffer of {num_frames} frames still too short")
 
@@ -471,15 +479,14 @@ class PiperVoiceComponent:
         feeds: dict[str, np.ndarray],
         prior_seeds: list[np.random.SeedSequence],
         frames: int,
-    ) -> tuple[np.ndarray, list[int]]:
-        """Run with a prior-noise buffer of ``frames``; return audio ``[batch, samples]`` and the
-        frames each row's durations call for."""
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Run with a prior-noise buffer of ``frames``; return audio ``[batch, samples]`` and
+        int64 frames per id ``[batch, num_ids]`` (their row sum, at least 1, is the row's
+        frames: ``y_lengths = clamp_min(sum(ceil(w)), 1)``, as in VITS infer)."""
         prior = self._noise[PRIOR_NOISE_NODE]
         feeds[prior.name] = _normals(prior_seeds, frames, prior.channels)  # [batch, frames, 192]
-        audio, durations = session.run(["output", self._durations], feeds)
-        # y_lengths = clamp_min(sum(ceil(w)), 1), as in VITS infer.
-        num_frames = [max(int(d.sum()), 1) for d in durations]  # durations: [batch, 1, num_ids]
-        return audio[:, 0, 0, :], num_frames
+        audio, durations = session.run(["output", self._durations], feeds)  # [batch, 1, num_ids]
+        return audio[:, 0, 0, :], np.rint(durations[:, 0, :]).astype(np.int64)
 
 
 def _normals(seeds: list[np.random.SeedSequence], length: int, channels: int) -> np.ndarray:

@@ -89,6 +89,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omnistep.models.tiny_bpe import bpe_vocab_and_merges
+
 # The 22 tokens Qwen2.5-Omni adds after the BPE vocabulary (official ids 151643..151664).
 QWEN_OMNI_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<|endoftext|>", True),
@@ -171,16 +173,6 @@ CHAT_TEMPLATE = (
 QWEN2_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# Words that get whole-word BPE merges (with and without a leading space).
-_WORDS = (
-    "system user assistant you are a helpful virtual human developed by the qwen team alibaba "
-    "group capable of perceiving auditory and visual inputs as well generating text speech "
-    "hello world how is it today nice weather thank thanks morning good what can i do for "
-    "me tell say something about yourself please speak short sentence one two three yes no "
-    "we this that with have from your will would like there their time know voice audio "
-    "picture video"
 )
 
 
@@ -373,76 +365,6 @@ def token_ids(sizes: QwenOmniSizes, num_bpe_tokens: int, user_id: int) -> QwenOm
 # ----------------------------------------------------------------------------- tokenizer
 
 
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2 / Qwen2 byte -> printable character table, in vocabulary order (ids 0..255)."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
-def _bytes_order() -> list[int]:
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    return bs + [b for b in range(256) if b not in bs]
-
-
-def _byte_level(text: str) -> str:
-    table = dict(zip(_bytes_order(), _bytes_to_unicode(), strict=True))
-    return "".join(table[b] for b in text.encode("utf-8"))
-
-
-def _apply_bpe(pieces: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    while len(pieces) > 1:
-        found = [
-            (ranks[(a, b)], i)
-            for i, (a, b) in enumerate(zip(pieces[:-1], pieces[1:], strict=True))
-            if (a, b) in ranks
-        ]
-        if not found:
-            break
-        i = min(found)[1]
-        pieces = pieces[:i] + [pieces[i] + pieces[i + 1]] + pieces[i + 2 :]
-    return pieces
-
-
-def _bpe_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Byte tokens, then merges that make each listed word (with and without a leading space) a
-    single token under BPE's lowest-rank-first rule (new merges join what BPE already yields)."""
-    vocab: dict[str, int] = {ch: i for i, ch in enumerate(_bytes_to_unicode())}
-    merges: list[tuple[str, str]] = []
-    ranks: dict[tuple[str, str], int] = {}
-    words: list[str] = []
-    for w in _WORDS.split():
-        for form in (w, w.capitalize()):
-            for spaced in (form, " " + form):
-                if spaced not in words:
-                    words.append(spaced)
-    words += ["\n", "\n\n", ".\n", "Qwen", " Qwen", "Alibaba", " Alibaba"]
-    for w in words:
-        pieces = _apply_bpe(list(_byte_level(w)), ranks)
-        while len(pieces) > 1:
-            pair = (pieces[0], pieces[1])
-            if pair not in ranks:
-                ranks[pair] = len(merges)
-                merges.append(pair)
-                vocab.setdefault(pair[0] + pair[1], len(vocab))
-            pieces = _apply_bpe(pieces, ranks)
-    return vocab, merges
-
-
 def _tokenizer_files(sizes: QwenOmniSizes) -> tuple[dict[str, str], QwenOmniTokenIds]:
     from tokenizers import (
         AddedToken,
@@ -454,7 +376,7 @@ def _tokenizer_files(sizes: QwenOmniSizes) -> tuple[dict[str, str], QwenOmniToke
         pre_tokenizers,
     )
 
-    vocab, merges = _bpe_vocab_and_merges()
+    vocab, merges = bpe_vocab_and_merges()
     ids = token_ids(sizes, len(vocab), vocab["user"])
     tok = Tokenizer(models.BPE(vocab=dict(vocab), merges=list(merges), fuse_unk=False))
     tok.normalizer = normalizers.NFC()
@@ -1118,6 +1040,16 @@ def write_tiny_qwen_omni(root: Path, seed: int = 0, **overrides: Any) -> Path:
     if unknown:
         raise TypeError(f"unknown QwenOmniSizes fields: {sorted(unknown)}")
     return write_qwen_omni(root, dataclasses.replace(TINY_SIZES, **overrides), seed=seed)
+
+
+FOLDER_VARIANTS: tuple[str, ...] = ()
+"""``omnistep weights qwen2_5_omni`` writes one kind of folder (``write_folder``)."""
+
+
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
+    """``omnistep weights qwen2_5_omni DIR``: :func:`write_tiny_qwen_omni` (``variant`` is
+    unused: one kind). Returns ``folder``."""
+    return write_tiny_qwen_omni(Path(folder), seed=seed)
 
 
 # ----------------------------------------------------------------------------- reading back

@@ -426,10 +426,36 @@ def tensor_specs(sizes: ChatTTSSizes, num_text_tokens: int) -> dict[str, dict[st
     }
 
 
-def _draw(seed: int, file: str, key: str, shape: tuple[int, ...], s: ChatTTSSizes, coef):  # noqa: ANN001, ANN202
+def hz_to_mel_htk(freq: float) -> float:
+    """torchaudio ``_hz_to_mel(freq, mel_scale="htk")``."""
+    return 2595.0 * math.log10(1.0 + freq / 700.0)
+
+
+def mel_to_hz_htk(mels):  # noqa: ANN001, ANN201 - tensor in, tensor out (like torchaudio)
+    """torchaudio ``_mel_to_hz(mels, mel_scale="htk")``."""
+    return 700.0 * (10.0 ** (mels / 2595.0) - 1.0)
+
+
+def mel_filterbank_htk(n_freqs: int, n_mels: int, sample_rate: int):  # noqa: ANN201
+    """``torchaudio.functional.melscale_fbanks(n_freqs, 0, sr // 2, n_mels, sr, None, "htk")``.
+
+    Returns a float32 tensor ``[n_freqs, n_mels]`` (the ``mel_scale.fb`` buffer).
+    """
     import torch
 
-    from tests.chattts_ref.shims import mel_filterbank_htk
+    f_max = float(sample_rate // 2)
+    all_freqs = torch.linspace(0, sample_rate // 2, n_freqs)
+    m_pts = torch.linspace(hz_to_mel_htk(0.0), hz_to_mel_htk(f_max), n_mels + 2)
+    f_pts = mel_to_hz_htk(m_pts)
+    f_diff = f_pts[1:] - f_pts[:-1]
+    slopes = f_pts.unsqueeze(0) - all_freqs.unsqueeze(1)
+    down = (-1.0 * slopes[:, :-2]) / f_diff[:-1]
+    up = slopes[:, 2:] / f_diff[1:]
+    return torch.clamp(torch.min(down, up), min=0.0).to(torch.float32)
+
+
+def _draw(seed: int, file: str, key: str, shape: tuple[int, ...], s: ChatTTSSizes, coef):  # noqa: ANN001, ANN202
+    import torch
 
     g = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{file}/{key}".encode()))
 
@@ -712,8 +738,13 @@ def sha256_key(rel: str) -> str:
 # ----------------------------------------------------------------------------- writers
 
 
-def write_chattts(root: Path, sizes: ChatTTSSizes, seed: int = 0) -> TinyChatTTSInfo:
-    """Write a full checkpoint folder for ``sizes``; returns its :class:`TinyChatTTSInfo`."""
+def write_chattts(
+    root: Path, sizes: ChatTTSSizes, seed: int = 0, write_info: bool = True
+) -> TinyChatTTSInfo:
+    """Write a full checkpoint folder for ``sizes``; returns its :class:`TinyChatTTSInfo`.
+
+    ``write_info``: also write the info file beside the folder (:func:`info_path`), which the
+    upstream reference reads; ``omnistep weights`` writes the folder only."""
     import torch
 
     sizes.validate()
@@ -756,8 +787,9 @@ def write_chattts(root: Path, sizes: ChatTTSSizes, seed: int = 0) -> TinyChatTTS
         "sha256_map": sha,
         "files": files,
     }
-    info_path(root).write_text(_dumps(info), encoding="utf-8")
-    return read_info(root)
+    if write_info:
+        info_path(root).write_text(_dumps(info), encoding="utf-8")
+    return _info_from_dict(root, json.loads(_dumps(info)))
 
 
 def info_path(root: Path) -> Path:
@@ -787,6 +819,17 @@ def write_servable_tiny_chattts(root: Path, seed: int = 0, **overrides: Any) -> 
     return Path(root)
 
 
+FOLDER_VARIANTS: tuple[str, ...] = ()
+"""``omnistep weights chattts`` writes one kind of folder (``write_folder``)."""
+
+
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
+    """``omnistep weights chattts DIR``: :func:`write_servable_tiny_chattts` without the info
+    file (``variant`` is unused: one kind). Returns ``folder``."""
+    write_chattts(Path(folder), SERVABLE_SIZES, seed, write_info=False)
+    return Path(folder)
+
+
 def write_full_size_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path:
     """Official sizes (REFERENCE.md), random weights: ~1.2 GB, for benchmarks only."""
     write_chattts(Path(root), dataclasses.replace(FULL_SIZES, **overrides), seed)
@@ -796,7 +839,10 @@ def write_full_size_chattts(root: Path, seed: int = 0, **overrides: Any) -> Path
 def read_info(root: Path) -> TinyChatTTSInfo:
     """Parse the info file (:func:`info_path`) written by :func:`write_chattts`."""
     root = Path(root)
-    raw = json.loads(info_path(root).read_text(encoding="utf-8"))
+    return _info_from_dict(root, json.loads(info_path(root).read_text(encoding="utf-8")))
+
+
+def _info_from_dict(root: Path, raw: dict[str, Any]) -> TinyChatTTSInfo:
     if raw.get("format") != INFO_FORMAT:
         raise ValueError(f"{info_path(root)}: unknown format {raw.get('format')}")
     sizes_raw = dict(raw["sizes"])

