@@ -27,11 +27,11 @@ from omnistep.core import InvalidRequestError, ModelInstance
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.models.qwen3_tts.clone import VoiceCloneEncoder
+from omnistep.models.qwen3_tts.tiny import write_tiny_qwen3_tts
 from omnistep.models.toy.card import build_card as build_toy
 from omnistep.server import ServerConfig, build_app
 from omnistep.server.speech_stream import PATH
 from omnistep.server.voice_fields import MediaPolicy, card_task_types, read_ref_audio
-from tests.qwen3_tts_ref.assets import write_tiny_qwen3_tts_many
 from tests.test_qwen3_tts_clone import chirp
 
 SPEECH = "/v1/audio/speech"
@@ -47,8 +47,7 @@ CUSTOM_NAME = "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("peer_fields")
     variants = ("base", "custom_voice", "voice_design")
-    infos = write_tiny_qwen3_tts_many({root / v: v for v in variants}, seed=3)
-    return {info.variant: info.root for info in infos}
+    return {v: write_tiny_qwen3_tts(root / v, v, seed=3).root for v in variants}
 
 
 @pytest.fixture(scope="module")
