@@ -8,6 +8,7 @@ clip that reuses the enrolled voice and its kept prompt rows (counted), ``respon
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import functools
@@ -297,20 +298,23 @@ async def test_task_type_is_checked_against_the_model(folders, tmp_path):
 
 
 async def test_a_repeated_inline_clip_reuses_the_voice_and_its_kept_rows(folders, wav, tmp_path):
-    """Three requests with one clip and two texts: the encoders run once and the voice's
-    prompt rows are computed once (the talker's prefix prefill runs once; the second request
-    forks the kept rows). Another transcript of the same clip is another voice."""
+    """Three requests with one clip and two texts, two of them at once: the encoders run once
+    and the voice's prompt rows are computed once (the talker's prefix prefill runs once; the
+    other requests fork the kept rows). Another transcript of the same clip is another
+    voice."""
     data, _ = wav
     async with client(folders, tmp_path) as c:
         model = c.app.state.engine.resolve(BASE_NAME)
         enrolls = _count_calls(model.components["encoder"], "enroll")
         talker = model.components["talker"]
         prefixes = _count_calls(talker, "_compute_prefixes")
-        for text in (TEXT, "Another sentence here.", TEXT):
-            body = {**_vllm_payload(BASE_NAME, _data_url(data), seed=1), "input": text}
-            body["max_new_tokens"] = 1  # the prefill is what counts here
-            assert (await c.post(SPEECH, json=body)).status_code == 200
+        body = {**_vllm_payload(BASE_NAME, _data_url(data), seed=1), "max_new_tokens": 1}
+        # two at once (the second waits for the first's enrollment), then one more
+        pair = [c.post(SPEECH, json={**body, "input": t}) for t in (TEXT, "Another one here.")]
+        replies = [*await asyncio.gather(*pair), await c.post(SPEECH, json=body)]
+        assert [r.status_code for r in replies] == [200] * 3
         assert len(enrolls) == 1 and len(prefixes) == 1 and talker.num_kept_prefixes == 1
+        assert c.app.state.inline_voices.num_reused == 2
         other = {**body, "ref_text": "Hello you."}
         assert (await c.post(SPEECH, json=other)).status_code == 200
         assert len(enrolls) == 2 and len(prefixes) == 2 and talker.num_kept_prefixes == 2

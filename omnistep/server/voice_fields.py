@@ -241,7 +241,7 @@ class InlineVoiceCache:
     enrollment instead of starting their own.
 
     Attributes:
-        num_enrolled: enrollments run (misses).
+        num_enrolled: enrollments that made a spec (failed ones are not kept or counted).
         num_reused: requests answered from the cache or from a running enrollment.
     """
 
