@@ -86,6 +86,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             cors_origins=tuple(args.cors_origin or ()),
             shutdown_grace=args.shutdown_grace,
             voices_db=args.voices_db,
+            allowed_local_media_path=args.allowed_local_media_path,
+            allow_remote_media=args.allow_remote_media,
         )
     except ValueError as exc:
         raise OmnistepError(f"bad server settings: {exc}") from None
@@ -620,6 +622,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="SQLite file of saved voices (/v1/audio/voices), created on the first save "
         "(default: $XDG_DATA_HOME/omnistep/voices.db, else ~/.local/share/omnistep/voices.db)",
+    )
+    serve.add_argument(
+        "--allowed-local-media-path",
+        metavar="DIR",
+        help="a request's ref_audio may name a file under DIR (default: no file paths)",
+    )
+    serve.add_argument(
+        "--allow-remote-media",
+        action="store_true",
+        help="a request's ref_audio may be an http(s) URL the server fetches (any host it "
+        "reaches: trusted clients only); default: off",
     )
     serve.add_argument(
         "--first-chunk-chars",

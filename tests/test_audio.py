@@ -73,7 +73,8 @@ def dominant_hz(samples: np.ndarray, rate: int) -> float:
 def test_encoded_sine_decodes_to_the_same_tone(fmt):
     data = encode_all(fmt, chunked(sine()), IN_RATE)
     samples, rate = decode(fmt, data)
-    assert rate == (48000 if fmt == "opus" else OUTPUT_SAMPLE_RATE)  # libopus decodes at 48 kHz
+    # libopus decodes at 48 kHz
+    assert rate == (48000 if fmt in ("opus", "ogg") else OUTPUT_SAMPLE_RATE)
     audio = samples[LEADING_SAMPLES.get(fmt, 0) :]
     assert abs(audio.shape[0] / rate - DURATION_S) <= 0.05 * DURATION_S
     assert abs(dominant_hz(audio, rate) - TONE_HZ) <= 5.0
@@ -184,6 +185,12 @@ def test_empty_input_gives_header_only_or_nothing():
     assert decode_sf(encode_all("wav", [], IN_RATE), "wav")[0].shape[0] == 0
     assert encode_all("flac", [], IN_RATE)[:4] == b"fLaC"
     assert encode_all("opus", [], IN_RATE)[:4] == b"OggS"
+
+
+def test_ogg_names_the_ogg_opus_bytes():
+    data = encode_all("ogg", chunked(sine()), IN_RATE)
+    assert data[:4] == b"OggS" and data == encode_all("opus", [sine()], IN_RATE)
+    assert MEDIA_TYPES["ogg"] == MEDIA_TYPES["opus"] == "audio/ogg"
 
 
 @pytest.mark.parametrize(

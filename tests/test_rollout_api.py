@@ -101,7 +101,7 @@ def test_rollout_safetensors_body_equals_the_json(base):
         ({"inputs": ["x"] * 5, "n": 256}, 400, "n"),
         ({"logprobs": "raw"}, 400, "logprobs"),
         ({"model": "nope"}, 404, "model"),
-        ({"audio_format": "ogg"}, 400, "audio_format"),
+        ({"audio_format": "m4a"}, 400, "audio_format"),
         ({"temperature": -1}, 400, "temperature"),
         ({"inputs": [1]}, 400, "inputs"),
         ({"inputs": ["a\ud800b"]}, 400, "inputs"),  # a lone surrogate: was a 500

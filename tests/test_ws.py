@@ -218,7 +218,7 @@ def test_unspeakable_pieces_are_skipped(base):
             "unsupported_format",
         ),
         (
-            {"type": "session.config", "model": "toy", "response_format": "ogg"},
+            {"type": "session.config", "model": "toy", "response_format": "m4a"},
             1008,
             "response_format",
             "invalid_value",

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from omnistep.audio.encoder import StreamEncoder
-from omnistep.audio.libav import AacEncoder, FlacEncoder, OpusEncoder
+from omnistep.audio.libav import AacEncoder, FlacEncoder, OggEncoder, OpusEncoder
 from omnistep.audio.mp3 import Mp3Encoder
 from omnistep.audio.raw import PcmEncoder, WavEncoder
 
@@ -19,6 +19,7 @@ _ENCODERS: dict[str, type[StreamEncoder]] = {
     "flac": FlacEncoder,
     "wav": WavEncoder,
     "pcm": PcmEncoder,
+    "ogg": OggEncoder,  # Ogg Opus: the container's name for the same bytes
 }
 
 

@@ -6,8 +6,9 @@ libraries soundfile, lameenc, av (PyAV) and soxr: never torch, never another omn
 
 import os
 
-FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm")
-"""Every `response_format` the speech endpoint accepts, as OpenAI names them."""
+FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm", "ogg")
+"""Every `response_format` the speech endpoint accepts: OpenAI's names, and ``ogg`` (the same
+Ogg Opus bytes as ``opus``, for clients that name the container)."""
 
 MEDIA_TYPES: dict[str, str] = {
     "mp3": "audio/mpeg",
@@ -16,6 +17,7 @@ MEDIA_TYPES: dict[str, str] = {
     "flac": "audio/flac",
     "wav": "audio/wav",
     "pcm": "audio/pcm",  # raw s16le mono, no header
+    "ogg": "audio/ogg",  # Ogg Opus, as "opus"
 }
 """The Content-Type of each format's body."""
 

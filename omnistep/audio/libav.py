@@ -148,6 +148,13 @@ class OpusEncoder(LibavEncoder):
         super().__init__(in_rate, OPUS_SPEC)
 
 
+class OggEncoder(OpusEncoder):
+    """``ogg``: the same Ogg Opus bytes as ``OpusEncoder``, under the container's name (what
+    ``omnistep say -o x.ogg`` writes, for clients that ask for ``response_format: "ogg"``)."""
+
+    fmt = "ogg"
+
+
 class AacEncoder(LibavEncoder):
     """AAC-LC (FFmpeg's native encoder, 64 kbps) in an ADTS stream at 24 kHz.
 

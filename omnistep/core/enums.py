@@ -45,6 +45,9 @@ class Capability(StrEnum):
     VOICE_CLONING = "voice_cloning"
     """The card makes a voice from a reference clip and its transcript
     (``ModelCard.voice_enroller``; ``AsyncEngine.clone_voice``, ``POST /v1/audio/voices``)."""
+    VOICE_DESIGN = "voice_design"
+    """The voice is described in words: a request's ``instructions`` make it (Qwen3-TTS
+    VoiceDesign); ``task_type: "VoiceDesign"`` asks for such a card."""
     WORD_TIMESTAMPS = "word_timestamps"
     """The card's audio chunks carry per-word times (``StreamChunk.words``)."""
 

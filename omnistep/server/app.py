@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -21,6 +23,7 @@ from omnistep.server import (
     rollouts,
     speech,
     speech_stream,
+    voice_fields,
     voices,
 )
 from omnistep.server.auth import ApiKeyAuth
@@ -40,6 +43,9 @@ class ServerConfig:
         max_weights_bytes: the limit for a weights file uploaded to ``POST /v1/weights``.
         max_voice_upload_bytes: the limit for ``POST /v1/audio/voices`` (a reference clip
             uploaded to clone a voice: a minute of 48 kHz 24-bit stereo WAV is 17 MB).
+        max_speech_body_bytes: the limit for ``POST /v1/audio/speech`` and ``/v1/rollouts``,
+            whose ``ref_audio`` may hold a clip in base64 (a minute of 48 kHz 16-bit stereo
+            WAV, 11.5 MB, is 15.4 MB in base64).
         api_key: when set, every route but health, metrics and the docs needs
             ``Authorization: Bearer <api_key>`` (401 otherwise); None serves without a key.
             Left out of ``repr`` so that it is never logged.
@@ -48,6 +54,10 @@ class ServerConfig:
             cancelled (new requests are refused meanwhile).
         voices_db: the SQLite file of saved voices (``/v1/audio/voices``), created on the first
             save; None: ``voices.default_voices_db()`` (per user).
+        allowed_local_media_path: a directory whose files a request's ``ref_audio`` may name
+            (``--allowed-local-media-path``, vLLM's name); None: no file paths (400).
+        allow_remote_media: a request's ``ref_audio`` may be an http(s) URL the server fetches
+            (``--allow-remote-media``; at most ``max_voice_upload_bytes``, 15 s); False: 400.
     """
 
     host: str = "127.0.0.1"
@@ -55,10 +65,13 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20
     max_weights_bytes: int = 64 << 30
     max_voice_upload_bytes: int = 32 << 20
+    max_speech_body_bytes: int = 16 << 20
     api_key: str | None = field(default=None, repr=False)
     cors_origins: tuple[str, ...] = ()
     shutdown_grace: float = 30.0
     voices_db: str | None = None
+    allowed_local_media_path: str | None = None
+    allow_remote_media: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -70,6 +83,18 @@ class ServerConfig:
             raise TypeError("cors_origins must be a tuple of origins, not a string")
         if not 0 <= self.shutdown_grace < float("inf"):
             raise ValueError(f"shutdown_grace must be >= 0 seconds, got {self.shutdown_grace}")
+        media = self.allowed_local_media_path
+        if media is not None and not os.path.isdir(media):
+            raise ValueError(f"allowed_local_media_path {media!r} is not a directory")
+
+    def media_policy(self) -> voice_fields.MediaPolicy:
+        """Where ``ref_audio`` may come from (``voice_fields.MediaPolicy``)."""
+        media = self.allowed_local_media_path
+        return voice_fields.MediaPolicy(
+            allowed_local_media_path=None if media is None else Path(media),
+            allow_remote_media=self.allow_remote_media,
+            max_bytes=self.max_voice_upload_bytes,
+        )
 
 
 def build_app(
@@ -105,6 +130,8 @@ def build_app(
         path_limits={
             "/v1/weights": config.max_weights_bytes,
             "/v1/audio/voices": config.max_voice_upload_bytes,
+            "/v1/audio/speech": config.max_speech_body_bytes,  # ref_audio in base64
+            "/v1/rollouts": config.max_speech_body_bytes,
         },
     )
     app.add_middleware(DrainGate, drain=drain)
@@ -123,6 +150,7 @@ def build_app(
     app.include_router(chat.router)
     app.include_router(playground.router)
     voices.install(app, config.voices_db)
+    voice_fields.install(app, config.media_policy())
     app.include_router(speech_stream.router)
     app.include_router(metrics.router)
     app.include_router(rollouts.router)

@@ -10,7 +10,7 @@ from omnistep.audio import FORMATS
 from omnistep.core import Request, SamplingParams
 from omnistep.core.request import MAX_SEED
 
-ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "ogg"]
 assert set(ResponseFormat.__args__) == set(FORMATS)  # type: ignore[attr-defined]
 
 WHOLE_BY_DEFAULT = frozenset({"wav", "flac"})
@@ -114,7 +114,37 @@ class SamplingFields(OpenAIBody):
         return SamplingParams(**given)
 
 
-class SpeechRequest(SamplingFields):
+TaskType = Literal["CustomVoice", "VoiceDesign", "Base"]
+"""vllm-omni's ``task_type``: a named voice, a voice described by ``instructions``, or a voice
+cloned from a clip (Qwen3-TTS's three variants)."""
+
+
+class ReferenceVoiceFields(OpenAIBody):
+    """The peers' voice fields (vllm-omni, SGLang-Omni), on speech and rollout bodies.
+
+    ``ref_audio``: a reference clip to clone inline: base64, a ``data:`` URL, a file path
+    (under ``--allowed-local-media-path``) or an http(s) URL (with ``--allow-remote-media``);
+    ``ref_text``: its transcript. ``task_type``: ``CustomVoice``, ``VoiceDesign`` or ``Base``,
+    checked against the served model (left out: ``Base`` when ``ref_audio`` or ``ref_text`` is
+    given, as vllm-omni infers). ``x_vector_only_mode``: accepted when false (true is refused:
+    cloning conditions on the transcript). See ``omnistep.server.voice_fields``.
+    """
+
+    ref_audio: str | None = Field(default=None, min_length=1)
+    ref_text: str | None = Field(default=None, max_length=4096)
+    task_type: TaskType | None = None
+    x_vector_only_mode: StrictBool | None = None
+
+    @field_validator("ref_text")
+    @classmethod
+    def _plain_ref_text(cls, value: str | None) -> str | None:
+        bad = None if value is None else control_characters(value)
+        if bad:
+            raise ValueError(f"ref_text contains control characters {', '.join(bad[:5])}")
+        return value
+
+
+class SpeechRequest(SamplingFields, ReferenceVoiceFields):
     """Body of ``POST /v1/audio/speech`` (OpenAI's fields plus omnistep's extras).
 
     OpenAI fields: ``model``, ``input`` (1..4096 characters), ``voice``, ``instructions``,
@@ -124,10 +154,13 @@ class SpeechRequest(SamplingFields):
     ``stream`` (Kokoro-FastAPI's field; see ``streamed``), ``normalization_options``
     (Kokoro-FastAPI's; see ``NormalizationOptions``), ``seed``, ``language`` (for cards that
     take one, e.g. Qwen3-TTS: ``english``, ``chinese``, ..., or ``auto``), and sampling fields
-    used by cards with a sampler and ignored by others. ``instructions`` goes to cards that
-    use it (Qwen3-TTS's voice design) and is ignored by others. ``return_timestamps``
+    used by cards with a sampler and ignored by others (``max_new_tokens`` caps the generated
+    frames). ``instructions`` goes to cards that use it (Qwen3-TTS's voice design) and is
+    ignored by others. ``return_timestamps``
     (Kokoro-FastAPI's field) asks for word times, ``caption_format`` (``srt`` or ``vtt``) for
-    captions made of them (it implies ``return_timestamps``); see ``speech_timestamps``.
+    captions made of them (it implies ``return_timestamps``); see ``speech_timestamps``. The
+    peers' ``ref_audio``, ``ref_text``, ``task_type``: see ``ReferenceVoiceFields``;
+    ``response_format`` ``ogg`` is Ogg Opus, as ``opus``.
     """
 
     model_config = ConfigDict(extra="ignore")

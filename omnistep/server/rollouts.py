@@ -44,10 +44,12 @@ from omnistep.offline import MAX_GROUP_SIZE, AsyncOmniEngine, RolloutGroup
 from omnistep.server.protocol import (
     MAX_VOICE_CHARS,
     OpenAIBody,
+    ReferenceVoiceFields,
     ResponseFormat,
     SamplingFields,
     control_characters,
 )
+from omnistep.server.voice_fields import request_voice
 
 router = APIRouter()
 log = logging.getLogger("omnistep.server")
@@ -62,12 +64,14 @@ MAX_ROLLOUT_SAMPLES = 1024
 """Samples (inputs x n) one ``POST /v1/rollouts`` may ask for."""
 
 
-class RolloutBody(SamplingFields):
+class RolloutBody(SamplingFields, ReferenceVoiceFields):
     """Body of ``POST /v1/rollouts``.
 
     Fields: ``model``; ``inputs`` (1..64 texts: speech inputs, or one user message each for a
     chat card); ``n`` (samples per input, 1..256; inputs x n <= 1024); ``seed`` (sample ``k``
-    of every input runs with ``seed + k``); ``voice``; sampling fields (``temperature``,
+    of every input runs with ``seed + k``); ``voice`` (a saved name too, as on
+    ``/v1/audio/speech``); ``ref_audio``, ``ref_text``, ``task_type`` (``ReferenceVoiceFields``:
+    an inline cloned voice); sampling fields (``temperature``,
     ``top_p``, ``top_k``, ``repetition_penalty``, ``max_new_tokens``); ``flow_noise_level``
     (0..4: a flow-matching decoder's SDE noise scale, Flow-GRPO; cascade cards asked for
     audio then return each DiT solver step as a policy step under ``denoise``);
@@ -127,12 +131,14 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
             param="n",
         )
     omni = _omni(http)
+    card = omni.engine.resolve(body.model).card
+    voice = await request_voice(http.app, card, body.voice, body)
     rollout = omni.rollout(
         body.inputs,
         n=body.n,
         seed=body.seed,
         model=body.model,
-        voice=body.voice,
+        voice=voice,
         sampling=body.sampling(),
         logprobs=body.logprobs,
         audio=body.audio_format is not None,

@@ -14,6 +14,7 @@ Word timestamps (``return_timestamps``, ``caption_format``) and Kokoro-FastAPI's
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -43,7 +44,7 @@ from omnistep.server.speech_timestamps import (
     timestamps_json,
     whole_timed_response,
 )
-from omnistep.server.voices import resolve_voice
+from omnistep.server.voice_fields import request_voice
 
 log = logging.getLogger("omnistep.server")
 
@@ -168,7 +169,8 @@ async def start_speech(
     engine: AsyncEngine = http.app.state.engine
     model = require_capability(engine, body.model, Capability.TEXT_TO_SPEECH)
     check_word_timestamps(engine, body)
-    request = await resolve_voice(http.app, model.card, body.to_request(body.model))
+    voice = await request_voice(http.app, model.card, body.voice_name(), body)
+    request = dataclasses.replace(body.to_request(body.model), voice=voice)
     stream = engine.add_request(request)
     return stream, make_encoder(body.response_format, model.card.sample_rate)
 

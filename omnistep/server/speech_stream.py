@@ -79,7 +79,7 @@ from omnistep.server.errors import ApiError, api_error, validation_message
 from omnistep.server.models import require_capability
 from omnistep.server.protocol import SpeechRequest, control_characters
 from omnistep.server.speech_timestamps import check_word_timestamps, timestamps_json
-from omnistep.server.voices import resolve_voice
+from omnistep.server.voice_fields import request_voice
 from omnistep.text import SentenceBuffer
 
 log = logging.getLogger("omnistep.server")
@@ -178,25 +178,26 @@ def parse_config(engine: AsyncEngine, message: dict) -> SpeechRequest:
 async def resolve_config_voice(
     app: FastAPI, engine: AsyncEngine, config: SpeechRequest
 ) -> SpeechRequest:
-    """``config`` with its voice resolved as ``/v1/audio/speech`` resolves it (a saved voice's
-    name becomes its spec, see ``voices.resolve_voice``) and checked by the model's card, so
+    """``config`` with its voice resolved as ``/v1/audio/speech`` resolves it
+    (``voice_fields.request_voice``: a saved voice's name becomes its spec, ``ref_audio`` +
+    ``ref_text`` an inline clone, ``task_type`` is checked) and checked by the model's card, so
     every segment of the session speaks with it.
 
     Raises:
         SessionEnd: (close 1008) the voice is unknown to the model, or saved for other models
-            only; the error event is the one ``/v1/audio/speech`` answers for that voice.
+            only, or a bad reference clip; the error event is the one ``/v1/audio/speech``
+            answers for those fields.
     """
-    if config.voice is None:
-        return config
     card = engine.resolve(config.model).card
     try:
-        request = await resolve_voice(app, card, config.to_request(config.model))
-        if request.voice is not None:
-            card.validate_voice(request.voice)
+        voice = await request_voice(app, card, config.voice_name(), config)
+        if voice is not None:
+            card.validate_voice(voice)
     except OmnistepError as exc:
         error = api_error(exc)
         raise SessionEnd(close_code(error), error) from None
-    return config.model_copy(update={"voice": request.voice})
+    cleared = {"ref_audio": None, "ref_text": None, "task_type": None}  # resolved into voice
+    return config.model_copy(update={"voice": voice, **cleared})
 
 
 def allowed_origin(ws: WebSocket) -> bool:

@@ -2,10 +2,10 @@
 
 A saved voice is a name for a voice spec that a card accepts today (a ChatTTS speaker string or
 ``seed:N``, a speaker name of a multi-speaker card), vetted with ``ModelCard.validate_voice``
-when it is saved. Requests (``voice`` of ``/v1/audio/speech`` and of the WebSocket's
-``session.config``, ``audio.voice`` of ``/v1/chat/completions``) may name it;
-``resolve_voice`` swaps the name for its spec before the request reaches the engine, so the
-engine and the cards never see saved names.
+when it is saved. Requests (``voice`` of ``/v1/audio/speech``, of ``/v1/rollouts`` and of the
+WebSocket's ``session.config``, ``audio.voice`` of ``/v1/chat/completions``) may name it;
+``saved_voice_spec`` (``resolve_voice`` for a whole request) swaps the name for its spec before
+the request reaches the engine, so the engine and the cards never see saved names.
 
 Routes: ``GET /v1/audio/voices[?model=M]`` (built-in voices of each served card, marked
 ``"builtin": true``, then saved ones), ``POST /v1/audio/voices`` (201), ``DELETE
@@ -245,21 +245,31 @@ def install(app: FastAPI, path: str | os.PathLike[str] | None = None) -> VoiceSt
 
 
 async def resolve_voice(app: FastAPI, card: ModelCard, request: Request) -> Request:
-    """``request`` with a saved voice's name replaced by its spec; unchanged when its voice is
-    None, a built-in name, or not a saved name (the card then judges it).
+    """``request`` with a saved voice's name replaced by its spec (``saved_voice_spec``).
 
     Raises:
         InvalidRequestError: (400, code ``unknown_voice``) the name is saved for other models
             only.
     """
-    voice = request.voice
+    voice = await saved_voice_spec(app, card, request.voice)
+    return request if voice == request.voice else dataclasses.replace(request, voice=voice)
+
+
+async def saved_voice_spec(app: FastAPI, card: ModelCard, voice: str | None) -> str | None:
+    """The spec saved as ``voice`` for ``card``; ``voice`` itself when it is None, a built-in
+    name, or not a saved name (the card then judges it).
+
+    Raises:
+        InvalidRequestError: (400, code ``unknown_voice``) the name is saved for other models
+            only.
+    """
     store = _store(app)
     if store is None or voice is None or voice in card.voices or not NAME_RE.fullmatch(voice):
-        return request
+        return voice
     found = await run_in_threadpool(store.find, voice)
     for saved in found:
         if saved.model == card.card_id:
-            return dataclasses.replace(request, voice=saved.voice)
+            return saved.voice
     if found:
         models = ", ".join(s.model for s in found)
         raise InvalidRequestError(
@@ -268,7 +278,7 @@ async def resolve_voice(app: FastAPI, card: ModelCard, request: Request) -> Requ
             param="voice",
             code="unknown_voice",
         )
-    return request
+    return voice
 
 
 def _shadows(card: ModelCard, name: str) -> bool:

@@ -27,7 +27,7 @@ Voices by variant (``tts_model_type`` of the folder):
   ``DEFAULT_SPEAKERS``' first present. ``instructions`` is passed to 1.7B folders and dropped
   for 0.6B ones, as upstream ``generate_custom_voice`` does.
 - ``voice_design``: no speaker; ``instructions`` (OpenAI's field) describes the voice and is
-  required.
+  required (``Capability.VOICE_DESIGN``).
 - ``base``: cloned voices only (``Capability.VOICE_CLONING``). ``POST /v1/audio/voices`` with
   a reference clip and its transcript runs the card's ``voice_enroller`` (the ``encoder``
   component: speaker encoder + the speech tokenizer's encoder, ``clone.VoiceCloneComponent``)
@@ -622,6 +622,8 @@ def build_card(
             ComponentSpec("encoder", build_encoder, 1, "speaker + speech-tokenizer encoders"),
         )
         capabilities.add(Capability.VOICE_CLONING)
+    if config.tts_model_type == "voice_design":
+        capabilities.add(Capability.VOICE_DESIGN)
     return ModelCard(
         card_id=CARD_ID,
         family="qwen3_tts",
