@@ -125,7 +125,10 @@ class SpeechRequest(SamplingFields):
     (Kokoro-FastAPI's; see ``NormalizationOptions``), ``seed``, ``language`` (for cards that
     take one, e.g. Qwen3-TTS: ``english``, ``chinese``, ..., or ``auto``), and sampling fields
     used by cards with a sampler and ignored by others. ``instructions`` goes to cards that
-    use it (Qwen3-TTS's voice design) and is ignored by others.
+    use it (Qwen3-TTS's voice design) and is ignored by others. ``non_streaming_mode``
+    (upstream qwen-tts's name; ``Request.non_streaming_mode``) picks Qwen3-TTS's prompt layout:
+    true the whole text in the prompt, false the streaming-text layout, unset the card's
+    choice; other cards ignore it.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -141,6 +144,7 @@ class SpeechRequest(SamplingFields):
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     normalization_options: NormalizationOptions | None = None
     language: str | None = Field(default=None, min_length=1, max_length=64)
+    non_streaming_mode: StrictBool | None = None
 
     @field_validator("input")
     @classmethod
@@ -184,6 +188,7 @@ class SpeechRequest(SamplingFields):
             instructions=self.instructions,
             language=self.language,
             normalize_text=self.normalize_text(),
+            non_streaming_mode=self.non_streaming_mode,
         )
 
     def normalize_text(self) -> bool:

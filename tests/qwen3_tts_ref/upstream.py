@@ -142,13 +142,14 @@ def generate(
     max_new_tokens: int = 8,
     dtype: str = "float32",
     seed: int = 0,
-    non_streaming_mode: bool = True,
+    non_streaming_mode: bool | None = None,
 ) -> dict[str, Any]:
     """Load ``root`` with upstream ``Qwen3TTSModel.from_pretrained`` and synthesize ``text``.
 
     ``speaker`` given -> ``generate_custom_voice`` (with ``instruct``, which upstream drops for
     ``tts_model_size == "0b6"``); else ``generate_voice_design`` (``instruct`` required).
-    ``greedy`` sets ``do_sample=False`` and ``subtalker_dosample=False``.
+    ``greedy`` sets ``do_sample=False`` and ``subtalker_dosample=False``. ``non_streaming_mode``
+    None leaves it out (the public call's default: True for both).
 
     Returns:
         ``codes``: int64 ``[T, num_code_groups]`` (the talker's codes, EOS excluded);
@@ -170,6 +171,8 @@ def generate(
 
     tts.model.speech_tokenizer.decode = _capture
     kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    if non_streaming_mode is not None:
+        kwargs["non_streaming_mode"] = non_streaming_mode
     if greedy:
         kwargs.update(do_sample=False, subtalker_dosample=False)
     if speaker is not None:
@@ -178,7 +181,6 @@ def generate(
             speaker=speaker,
             language=language,
             instruct=instruct,
-            non_streaming_mode=non_streaming_mode,
             **kwargs,
         )
     else:
@@ -186,7 +188,6 @@ def generate(
             text=text,
             instruct=instruct or "",
             language=language,
-            non_streaming_mode=non_streaming_mode,
             **kwargs,
         )
     return {
