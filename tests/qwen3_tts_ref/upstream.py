@@ -59,6 +59,15 @@ def _build(root: Path, seed: int) -> tuple[Any, Any]:
     torch.manual_seed(seed)
     model = Qwen3TTSForConditionalGeneration(config).eval()
     codec = Qwen3TTSTokenizerV2Model(codec_config).eval()
+    make_audible(codec, seed)
+    return model, codec
+
+
+def make_audible(codec: Any, seed: int) -> None:
+    """Redraw the speech tokenizer's codebooks and decoder weights in place as ``_build``
+    describes, from ``torch.Generator().manual_seed(seed + 1)``."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed + 1)
     lo, hi = CODEBOOK_USAGE_RANGE
     with torch.no_grad():
@@ -82,7 +91,6 @@ def _build(root: Path, seed: int) -> tuple[Any, Any]:
                 usage = lo + (hi - lo) * torch.rand(tensor.shape[0], generator=gen)
                 state[usage_name].copy_(usage)
                 tensor.copy_(usage[:, None] * torch.randn(tensor.shape, generator=gen))
-    return model, codec
 
 
 def _main_state(model: Any) -> dict[str, Any]:
