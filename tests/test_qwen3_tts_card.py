@@ -168,6 +168,33 @@ async def test_text_streamed_into_a_running_request_equals_the_whole_text(custom
     assert np.abs(default.audio[:n] - whole.audio[:n]).max() > 1e-2
 
 
+async def test_streamed_text_in_the_non_streaming_layout_waits_for_its_end(custom):
+    """``non_streaming_mode=True`` on streamed text: nothing is computed before the text ends,
+    then the audio equals the whole text's default (the same layout)."""
+    sampling = SamplingParams(max_new_tokens=8)
+    whole = await _run(custom, text=TEXT, voice="ryan", seed=3, sampling=sampling)
+    talker = custom.resolve("qwen3-tts").components["talker"]
+    stream = custom.add_request(
+        Request("qwen3-tts", text="", voice="ryan", seed=3, text_input=True, sampling=sampling,
+                non_streaming_mode=True)
+    )  # fmt: skip
+    audio: list[np.ndarray] = []
+
+    async def read():
+        async for chunk in stream:
+            if chunk.modality is Modality.AUDIO and chunk.audio.size:
+                audio.append(chunk.audio)
+
+    reader = asyncio.ensure_future(read())
+    for i, word in enumerate(TEXT.split(" ")):
+        stream.append_text(word if i == 0 else " " + word)
+        await asyncio.sleep(0.05)
+    assert not audio and talker.blocks.num_used_blocks == talker.kept_prefix_blocks
+    stream.end_text()
+    await reader
+    np.testing.assert_array_equal(np.concatenate(audio), whole.audio)
+
+
 async def test_voices_and_instructions(folders, custom):
     with pytest.raises(InvalidRequestError, match="unknown voice") as err:
         custom.add_request(Request("qwen3-tts", text="hi", voice="nobody"))
@@ -256,7 +283,10 @@ async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders
             "text": "Hello there, how are you today?",
             "voice": voices[i % 3],
             "seed": i,
-            "sampling": SamplingParams(max_new_tokens=24),
+            # 24 frames in the streaming-text layout (the non-streaming one's longer prompt
+            # draws EOS early on these random weights)
+            "sampling": SamplingParams(max_new_tokens=25),
+            "non_streaming_mode": False,
         }
         for i in range(8)
     ]
@@ -274,7 +304,7 @@ async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders
         await engine.shutdown()
     assert talker.num_preemptions > 0
     for a, b in zip(roomy, tight, strict=True):
-        assert _codes(a).shape == (23, 16)  # max_new_tokens 24: 23 frames, as upstream
+        assert _codes(a).shape == (24, 16)  # max_new_tokens 25: 24 frames, as upstream
         np.testing.assert_array_equal(_codes(a), _codes(b))
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5, rtol=0)
 
