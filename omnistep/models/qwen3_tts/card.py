@@ -164,7 +164,8 @@ class Qwen3TTSOptions:
         block_size: tokens per KV block.
         max_batch_size: most units per forward, for each component.
         batch_invariant: bit-identical outputs whatever the batch (slower).
-        max_new_tokens: cap on generated frames (None: ``generation_config.json``'s).
+        max_new_tokens: the default cap, counted as upstream's (``talker_frames``: at most
+            ``max_new_tokens - 1`` frames; None: ``generation_config.json``'s).
         first_chunk, chunk, chunk_growth, max_chunk, bucket_frames: the vocoder's chunk
             schedule in frames (1 frame = 1920 samples = 80 ms); see ``codec_decode_config``.
             The first chunk is the prefill's own frame: audio starts after one talker forward
