@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import httpx
 import numpy as np
 import pytest
 
@@ -21,6 +22,7 @@ from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.models.qwen3_tts.clone import VoiceCloneEncoder, VoiceClonePrompt
 from omnistep.models.qwen3_tts.loader import LAYOUT
 from omnistep.parity import collect
+from omnistep.server import ServerConfig, build_app
 from tests.qwen3_tts_ref import assets
 from tests.qwen3_tts_ref.env import call_reference
 from tests.test_qwen3_tts_clone import chirp
@@ -168,3 +170,40 @@ async def test_cloned_voice_whole_text_equals_generate_voice_clone(folders, spec
     )
     codes, audio = await _whole_text(folders["base"], voice=spec)
     _check(codes, audio, ref)
+
+
+async def test_speech_api_equals_generate_custom_voice(folders):
+    """The reported path: ``POST /v1/audio/speech`` with ``temperature: 0`` against
+    ``generate_custom_voice(text, language="English", speaker="Ryan", do_sample=False,
+    subtalker_dosample=False, max_new_tokens=16)``: as many samples, equal within the 16-bit
+    PCM step."""
+    ref = call_reference(
+        "tests.qwen3_tts_ref.upstream:generate",
+        root=folders["custom_voice"],
+        text=TEXT,
+        speaker="Ryan",
+        language="English",
+        max_new_tokens=MAX_NEW_TOKENS,
+        seed=SEED,
+    )
+    card = build_card(str(folders["custom_voice"]), Qwen3TTSOptions(kv_cache_gb=0.01))
+    engine = AsyncEngine([ModelInstance.load(card)])
+    body = {
+        "model": "qwen3-tts",
+        "input": TEXT,
+        "voice": "ryan",
+        "language": "English",
+        "temperature": 0,
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "response_format": "pcm",
+    }
+    try:
+        transport = httpx.ASGITransport(app=build_app(engine, ServerConfig()))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            r = await c.post("/v1/audio/speech", json=body)
+    finally:
+        await engine.shutdown()
+    assert r.status_code == 200, r.text
+    pcm = np.frombuffer(r.content, dtype="<i2").astype(np.float32) / 32768
+    assert pcm.shape == ref["wav"].shape == ((MAX_NEW_TOKENS - 1) * HOP,)
+    np.testing.assert_allclose(pcm, ref["wav"], atol=2 / 32768 + AUDIO_TOL, rtol=0)
