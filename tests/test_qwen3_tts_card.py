@@ -272,21 +272,21 @@ async def test_aborted_requests_leave_no_kv_blocks_or_codec_streams(custom):
     assert custom.resolve("qwen3-tts").components["codec"].num_streams == 0
 
 
-async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders, custom):
+@pytest.mark.parametrize("layout", [False, True], ids=["streaming", "non_streaming"])
+async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders, custom, layout):
     """A KV pool of 13 blocks for 8 requests of 24 frames (3 blocks each) under EDF: requests
     are preempted and re-prefilled, every one ends with the codes it has in a roomy pool, and
     no blocks stay held. (A preempted request's re-prefill, earliest due, ran before the
-    decode steps that could free its room and failed again at once, forever: a livelock.)"""
+    decode steps that could free its room and failed again at once, forever: a livelock.)
+    In both layouts: a non-streaming re-prefill replays ``tts_pad`` with each frame."""
     voices = ("ryan", "vivian", "eric")
     fields = [
         {
             "text": "Hello there, how are you today?",
             "voice": voices[i % 3],
             "seed": i,
-            # 24 frames in the streaming-text layout (the non-streaming one's longer prompt
-            # draws EOS early on these random weights)
-            "sampling": SamplingParams(max_new_tokens=25),
-            "non_streaming_mode": False,
+            "sampling": SamplingParams(max_new_tokens=25),  # 24 frames, or EOS before
+            "non_streaming_mode": layout,
         }
         for i in range(8)
     ]
@@ -304,7 +304,8 @@ async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders
         await engine.shutdown()
     assert talker.num_preemptions > 0
     for a, b in zip(roomy, tight, strict=True):
-        assert _codes(a).shape == (24, 16)  # max_new_tokens 25: 24 frames, as upstream
+        if not layout:  # (the non-streaming prompts draw EOS early on these random weights)
+            assert _codes(a).shape == (24, 16)  # max_new_tokens 25: 24 frames, as upstream
         np.testing.assert_array_equal(_codes(a), _codes(b))
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5, rtol=0)
 
