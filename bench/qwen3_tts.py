@@ -21,13 +21,15 @@ codebooks; the checkpoint's repetition penalty 1.05 on codebook 0 on both sides)
 here, so 8 x 12 frames are its ~2-4 minutes of a round). Random weights rarely draw EOS,
 so nearly every request makes N frames; the frames each side actually made are recorded and the
 rates use them. Both sides use the streaming-text prompt layout (text token k added at step k;
-omnistep's default, ``non_streaming_mode=False`` upstream), so the greedy codes are comparable.
+``non_streaming_mode=False`` on both sides: a whole text's default is the other layout for
+CustomVoice), so the greedy codes are comparable.
 Both sides run float32 with the same torch intra-op thread count (``--threads``, default 2).
 
 * **omnistep, in-process** (not the HTTP server): ``AsyncEngine([ModelInstance.load(
   build_card(root, Qwen3TTSOptions(kv_cache_gb=0.25)))])`` with the default ``EngineConfig`` and
   the card's default vocoder chunks (first chunk 1 frame). Requests: ``SamplingParams(
-  temperature=0, max_new_tokens=N)``, a different text and seed each. A burst of C submits C
+  temperature=0, max_new_tokens=N + 1)`` (N frames: it counts as upstream's),
+  ``non_streaming_mode=False``, a different text and seed each. A burst of C submits C
   requests at once and streams them to the end. Per request: TTFA (``add_request`` -> its first
   non-empty AUDIO ``StreamChunk``: the first streamed audio bytes), total seconds, frames
   (``usage["output_tokens"]``), audio seconds. Per burst: aggregate frames/s (frames / wall from
@@ -41,11 +43,12 @@ Both sides run float32 with the same torch intra-op thread count (``--threads``,
   ``generate_custom_voice(text, speaker, language="English", non_streaming_mode=False,
   do_sample=False, subtalker_dosample=False, max_new_tokens=N + 1)`` (upstream drops the frame
   whose codebook 0 was drawn last, so N + 1 yields N frames: one more talker forward than
-  omnistep, no more code predictor runs), timed inside the subprocess; the talker's
-  ``generate``, the code predictor's ``generate`` and the speech tokenizer's ``decode`` are
-  timed by wrappers (``tests.qwen3_tts_ref.upstream_bench``). ``generate_custom_voice`` returns
-  the audio only when the whole utterance is generated and decoded, so its time to first audio
-  is its whole call. The eight texts run one after another (sequential).
+  omnistep, which counts the same but does not draw that last codebook 0), timed inside the
+  subprocess; the talker's ``generate``, the code predictor's ``generate`` and the speech
+  tokenizer's ``decode`` are timed by wrappers (``tests.qwen3_tts_ref.upstream_bench``).
+  ``generate_custom_voice`` returns the audio only when the whole utterance is generated and
+  decoded, so its time to first audio is its whole call. The eight texts run one after
+  another (sequential).
 
 Order: one unmeasured warm-up on each side (qwen-tts: ``TEXTS[0]`` capped at 2 frames;
 omnistep: ``TEXTS[0]`` under ``ExecutionProfile.ROLLOUT``, which records its greedy codes, then
@@ -266,8 +269,9 @@ class Ours:
             voice=SPEAKER,
             language=LANGUAGE,
             seed=seed,
-            sampling=SamplingParams(temperature=0, max_new_tokens=self.frames),
+            sampling=SamplingParams(temperature=0, max_new_tokens=self.frames + 1),
             profile=ExecutionProfile.ROLLOUT if rollout else ExecutionProfile.SERVE,
+            non_streaming_mode=False,
         )
 
     async def codes(self, i: int) -> np.ndarray:

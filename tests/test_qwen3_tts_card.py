@@ -56,6 +56,7 @@ async def _run(engine, **fields):
     return await collect(engine, Request("qwen3-tts", profile=ExecutionProfile.ROLLOUT, **fields))
 
 
+@pytest.mark.parametrize("layout", [None, False], ids=["default", "streaming"])
 @pytest.mark.parametrize(
     ("variant", "fields", "upstream"),
     [
@@ -68,14 +69,17 @@ async def _run(engine, **fields):
         ),
     ],
 )
-async def test_greedy_codes_and_audio_equal_upstream(folders, variant, fields, upstream):
+async def test_greedy_codes_and_audio_equal_upstream(folders, variant, fields, upstream, layout):
+    """A whole text without ``non_streaming_mode`` equals upstream's public call with its
+    default (the non-streaming layout); ``non_streaming_mode: False`` equals it with False.
+    Frame counts equal too (``max_new_tokens`` 12: 11 frames unless EOS comes first)."""
     upstream = {"language": fields.get("language", "Auto").capitalize(), **upstream}
     ref = call_reference(
         "tests.qwen3_tts_ref.upstream:generate",
         root=folders[variant],
         text=TEXT,
         max_new_tokens=12,
-        non_streaming_mode=False,
+        non_streaming_mode=layout,
         **upstream,
     )
     engine = _engine(folders[variant])
@@ -85,6 +89,7 @@ async def test_greedy_codes_and_audio_equal_upstream(folders, variant, fields, u
             text=TEXT,
             seed=1,
             sampling=SamplingParams(temperature=0, max_new_tokens=12),
+            non_streaming_mode=layout,
             **fields,
         )
     finally:
@@ -92,10 +97,10 @@ async def test_greedy_codes_and_audio_equal_upstream(folders, variant, fields, u
     n = len(ref["codes"])
     assert n >= 8
     codes = _codes(got)
-    assert codes.shape == (12, 16)
-    np.testing.assert_array_equal(codes[:n], ref["codes"])  # upstream drops the capped frame
-    assert got.sample_rate == 24000 and got.audio.shape == (12 * HOP,)
-    np.testing.assert_allclose(got.audio[: n * HOP], ref["wav"], atol=1e-4, rtol=0)
+    assert codes.shape == (n, 16)
+    np.testing.assert_array_equal(codes, ref["codes"])
+    assert got.sample_rate == 24000 and got.audio.shape == ref["wav"].shape == (n * HOP,)
+    np.testing.assert_allclose(got.audio, ref["wav"], atol=1e-4, rtol=0)
     assert np.abs(ref["wav"]).max() > 1e-2
 
 
@@ -122,9 +127,13 @@ async def test_seed_batch_and_stream_parity(custom):
 
 
 async def test_text_streamed_into_a_running_request_equals_the_whole_text(custom):
+    """Streamed text uses the streaming-text layout: its audio equals the whole text's with
+    ``non_streaming_mode=False``, and differs from the whole text's default layout."""
+    sampling = SamplingParams(max_new_tokens=40)
     whole = await _run(
-        custom, text=TEXT, voice="ryan", seed=3, sampling=SamplingParams(max_new_tokens=40)
+        custom, text=TEXT, voice="ryan", seed=3, sampling=sampling, non_streaming_mode=False
     )
+    default = await _run(custom, text=TEXT, voice="ryan", seed=3, sampling=sampling)
     stream = custom.add_request(
         Request(
             "qwen3-tts",
@@ -154,6 +163,35 @@ async def test_text_streamed_into_a_running_request_equals_the_whole_text(custom
 
     await asyncio.gather(feed(), read())
     assert "audio" in events[: events.index("end")], events
+    np.testing.assert_array_equal(np.concatenate(audio), whole.audio)
+    n = min(len(default.audio), len(whole.audio))
+    assert np.abs(default.audio[:n] - whole.audio[:n]).max() > 1e-2
+
+
+async def test_streamed_text_in_the_non_streaming_layout_waits_for_its_end(custom):
+    """``non_streaming_mode=True`` on streamed text: nothing is computed before the text ends,
+    then the audio equals the whole text's default (the same layout)."""
+    sampling = SamplingParams(max_new_tokens=8)
+    whole = await _run(custom, text=TEXT, voice="ryan", seed=3, sampling=sampling)
+    talker = custom.resolve("qwen3-tts").components["talker"]
+    stream = custom.add_request(
+        Request("qwen3-tts", text="", voice="ryan", seed=3, text_input=True, sampling=sampling,
+                non_streaming_mode=True)
+    )  # fmt: skip
+    audio: list[np.ndarray] = []
+
+    async def read():
+        async for chunk in stream:
+            if chunk.modality is Modality.AUDIO and chunk.audio.size:
+                audio.append(chunk.audio)
+
+    reader = asyncio.ensure_future(read())
+    for i, word in enumerate(TEXT.split(" ")):
+        stream.append_text(word if i == 0 else " " + word)
+        await asyncio.sleep(0.05)
+    assert not audio and talker.blocks.num_used_blocks == talker.kept_prefix_blocks
+    stream.end_text()
+    await reader
     np.testing.assert_array_equal(np.concatenate(audio), whole.audio)
 
 
@@ -192,7 +230,10 @@ async def test_voices_and_instructions(folders, custom):
         await design.shutdown()
 
 
-async def test_rollout_logprobs_are_reproduced_by_score(folders):
+@pytest.mark.parametrize("layout", [None, False], ids=["default", "streaming"])
+async def test_rollout_logprobs_are_reproduced_by_score(folders, layout):
+    """Score replays a rollout in its own layout: the whole text's default (non-streaming:
+    every text id in the prompt, ``tts_pad`` each step) and the streaming-text layout."""
     engine = _engine(folders["custom_voice"], batch_invariant=True)
     try:
         req = Request(
@@ -201,11 +242,17 @@ async def test_rollout_logprobs_are_reproduced_by_score(folders):
             voice="ryan",
             seed=4,
             profile=ExecutionProfile.ROLLOUT,
-            sampling=SamplingParams(max_new_tokens=6),
+            sampling=SamplingParams(max_new_tokens=7),
+            non_streaming_mode=layout,
         )
         got = await collect(engine, req)
         records = got.trajectories["decode"]
         info = got.rollout_info["decode"]
+        replay = info["prompt"].replay_text
+        if layout is None:  # the prompt ends tts_eos | codec_pad, tts_pad | codec_bos
+            assert set(replay) == {info["prompt"].text_ids[-1]}
+        else:
+            assert len(set(replay)) > 1  # the text's ids, one per step
         recorded = np.array([r.logprobs for r in records], dtype=np.float32)
         assert recorded.shape == (6, 16) and np.all(recorded <= 0) and np.any(recorded < 0)
         model = engine.resolve("qwen3-tts")
@@ -225,18 +272,21 @@ async def test_aborted_requests_leave_no_kv_blocks_or_codec_streams(custom):
     assert custom.resolve("qwen3-tts").components["codec"].num_streams == 0
 
 
-async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders, custom):
+@pytest.mark.parametrize("layout", [False, True], ids=["streaming", "non_streaming"])
+async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders, custom, layout):
     """A KV pool of 13 blocks for 8 requests of 24 frames (3 blocks each) under EDF: requests
     are preempted and re-prefilled, every one ends with the codes it has in a roomy pool, and
     no blocks stay held. (A preempted request's re-prefill, earliest due, ran before the
-    decode steps that could free its room and failed again at once, forever: a livelock.)"""
+    decode steps that could free its room and failed again at once, forever: a livelock.)
+    In both layouts: a non-streaming re-prefill replays ``tts_pad`` with each frame."""
     voices = ("ryan", "vivian", "eric")
     fields = [
         {
             "text": "Hello there, how are you today?",
             "voice": voices[i % 3],
             "seed": i,
-            "sampling": SamplingParams(max_new_tokens=24),
+            "sampling": SamplingParams(max_new_tokens=25),  # 24 frames, or EOS before
+            "non_streaming_mode": layout,
         }
         for i in range(8)
     ]
@@ -254,7 +304,8 @@ async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders
         await engine.shutdown()
     assert talker.num_preemptions > 0
     for a, b in zip(roomy, tight, strict=True):
-        assert _codes(a).shape == (24, 16)
+        if not layout:  # (the non-streaming prompts draw EOS early on these random weights)
+            assert _codes(a).shape == (24, 16)  # max_new_tokens 25: 24 frames, as upstream
         np.testing.assert_array_equal(_codes(a), _codes(b))
         np.testing.assert_allclose(a.audio, b.audio, atol=1e-5, rtol=0)
 
@@ -332,7 +383,15 @@ def test_served_over_http_and_the_speech_stream(folders):
         }
         pcm = httpx.post(url + "/v1/audio/speech", json=body, timeout=120)
         assert pcm.status_code == 200, pcm.text
-        assert len(pcm.content) == 16 * HOP * 2
+        assert len(pcm.content) == 15 * HOP * 2  # max_new_tokens 16: 15 frames, as upstream
+        # the WebSocket's turn uses the streaming-text layout: the POST gives it when asked
+        streaming = {**body, "non_streaming_mode": False}
+        pcm_streaming = httpx.post(url + "/v1/audio/speech", json=streaming, timeout=120)
+        assert pcm_streaming.status_code == 200, pcm_streaming.text
+        assert len(pcm_streaming.content) == len(pcm.content)
+        assert pcm_streaming.content != pcm.content
+        wrong = httpx.post(url + "/v1/audio/speech", json={**body, "non_streaming_mode": "yes"})
+        assert wrong.status_code == 400
         bad = httpx.post(url + "/v1/audio/speech", json={**body, "language": "klingon"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "language"
         names = {v["name"] for v in httpx.get(url + "/v1/audio/voices").json()["data"]}
@@ -352,4 +411,4 @@ def test_served_over_http_and_the_speech_stream(folders):
                 elif json.loads(frame)["type"] == "audio.done":
                     assert json.loads(frame)["segments"] == 1
                     break
-        assert audio == pcm.content  # turn 0 has seed S + 0
+        assert audio == pcm_streaming.content  # turn 0 has seed S + 0

@@ -146,8 +146,7 @@ def upstream(folders, spec):
         "ref_code": voice.ref_codes,
         "ref_spk_embedding": voice.speaker_embedding,
         "ref_text": voice.ref_text,
-        "max_new_tokens": 12,
-        "non_streaming_mode": False,
+        "max_new_tokens": 12,  # generate_voice_clone's default layout: streaming text
     }
     requests = [{**common, "text": t, "language": lang.capitalize()} for t, lang in CASES]
     results = call_reference(f"{REF}:generate_clone_many", requests=requests)
@@ -175,10 +174,11 @@ async def test_greedy_codes_and_audio_equal_upstream_generate_voice_clone(
     n = len(ref["codes"])
     assert n >= 8
     codes = _codes(got)
-    np.testing.assert_array_equal(codes[:n], ref["codes"])
+    assert codes.shape == ref["codes"].shape  # max_new_tokens 12: 11 frames on both sides
+    np.testing.assert_array_equal(codes, ref["codes"])
     assert ref["cut"] == voice.num_frames * HOP  # upstream cuts exactly the reference's samples
-    assert got.audio.shape == (codes.shape[0] * HOP,)
-    np.testing.assert_allclose(got.audio[: n * HOP], ref["wav"], atol=1e-4, rtol=0)
+    assert got.audio.shape == ref["wav"].shape == (n * HOP,)
+    np.testing.assert_allclose(got.audio, ref["wav"], atol=1e-4, rtol=0)
     assert np.abs(ref["wav"]).max() > 1e-2
 
 
@@ -245,7 +245,9 @@ async def test_forgetting_a_voice_drops_its_kept_prefix(base, spec):
     assert again.audio.size > 0 and talker.num_kept_prefixes == 1
 
 
-async def test_cloned_voice_rollout_is_rescored(folders, spec):
+@pytest.mark.parametrize("layout", [None, True], ids=["default", "non_streaming"])
+async def test_cloned_voice_rollout_is_rescored(folders, spec, layout):
+    """In the default (streaming-text) layout and in the non-streaming one."""
     engine = _engine(folders["base"], batch_invariant=True)
     try:
         req = Request(
@@ -254,7 +256,8 @@ async def test_cloned_voice_rollout_is_rescored(folders, spec):
             voice=spec,
             seed=4,
             profile=ExecutionProfile.ROLLOUT,
-            sampling=SamplingParams(max_new_tokens=6),
+            sampling=SamplingParams(max_new_tokens=7),
+            non_streaming_mode=layout,
         )
         got = await collect(engine, req)
         records = got.trajectories["decode"]
@@ -262,6 +265,8 @@ async def test_cloned_voice_rollout_is_rescored(folders, spec):
         assert recorded.shape == (6, 16) and np.any(recorded < 0)
         prompt = got.rollout_info["decode"]["prompt"]
         assert prompt.clone is not None and prompt.clone.num_frames == 25
+        # non-streaming: the whole text in the prompt, tts_pad every step
+        assert (len(set(prompt.replay_text)) == 1) == bool(layout)
         model = engine.resolve("qwen3-tts")
         scored = model.loops["decode"].score(model, req, prompt, [r.tokens for r in records])
         np.testing.assert_allclose(scored.detach().numpy(), recorded, atol=1e-6, rtol=0)
@@ -411,7 +416,7 @@ async def test_multipart_enrollment_then_speech_by_name(folders, clip, tmp_path)
         by_name = await c.post(SPEECH, json=_speech("alice"))
         by_spec = await c.post(SPEECH, json=_speech(stored))
         assert by_name.status_code == 200, by_name.text
-        assert by_name.content == by_spec.content and len(by_name.content) == 6 * HOP * 2
+        assert by_name.content == by_spec.content and len(by_name.content) == 5 * HOP * 2
         mp3 = encode_all("mp3", [clip], 24000)
         r = await c.post(VOICES, **_upload(name="bob", data=mp3, filename="b.mp3"))
         assert r.status_code == 201, r.text

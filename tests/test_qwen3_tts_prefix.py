@@ -192,6 +192,43 @@ def test_a_speakers_requests_share_the_rows_before_their_text(qwen3_tts_folders,
     assert counter.prefixes[-1] == [n, n - 1] and talker.num_kept_prefixes == 3
 
 
+def test_non_streaming_requests_share_the_speakers_rows_with_either_layout(qwen3_tts_folders, tok):
+    """CustomVoice in the non-streaming layout (a whole text's default): the rows before the
+    text are the same as the streaming layout's (one kept prefix serves both); a request then
+    computes its text rows, ``tts_eos`` and the ``tts_pad | codec_bos`` row; its first frame
+    (greedy, batch-invariant) equals a fresh talker's."""
+    custom = Qwen3TTSCheckpoint.open(qwen3_tts_folders["custom_voice"].root)
+
+    def talker_() -> Qwen3TTSTalker:
+        kv = KVCacheConfig(num_blocks=64, block_size=BLOCK)
+        return Qwen3TTSTalker.from_checkpoint(custom, kv, batch_invariant=True)
+
+    talker = talker_()
+    speaker = sorted(talker.config.spk_id)[0]
+
+    def prompt(text: str, non_streaming: bool = True):
+        ids = tok(assistant_text(text))["input_ids"]
+        return build_prompt(
+            talker.config, ids, speaker=speaker, language="english", non_streaming=non_streaming
+        ).prompt
+
+    whole = [prompt(t) for t in TEXTS]
+    n = whole[0].voice_rows
+    assert n == 9 and whole[0].voice_key() == prompt(TEXTS[1], False).voice_key()
+    text_rows = [len(tok(assistant_text(t))["input_ids"]) - ROLE_IDS - 5 for t in TEXTS]
+    assert [len(p.text_ids) - n for p in whole] == [k + 2 for k in text_rows]
+    counter = _RowCounter(talker)
+    first = talker.execute(WorkUnitKind.PREFILL, [_unit(talker, whole[0], "a")])
+    assert counter.prefixes == [[n]] and counter.prefills == [[text_rows[0] + 2]]
+    units = [_unit(talker, p, f"b{i}") for i, p in enumerate(whole[1:])]
+    units.append(_unit(talker, prompt(TEXTS[0], False), "s"))  # the other layout
+    talker.execute(WorkUnitKind.PREFILL, units)
+    assert counter.prefixes == [[n]]  # nothing new: the kept rows serve both layouts
+    assert counter.prefills[-1] == [k + 2 for k in text_rows[1:]] + [1]
+    fresh = talker_().execute(WorkUnitKind.PREFILL, [_unit(talker, whole[0], "a")])
+    assert first[0].tokens == fresh[0].tokens and first[0].logprobs == fresh[0].logprobs
+
+
 def test_a_request_is_bit_identical_fresh_after_its_voice_and_batched(ckpt, tok):
     """C1/C3 with ``batch_invariant``: a request's codes and its talker and predictor logits
     are equal on a fresh talker (its prefix computed for it), after two other requests of the

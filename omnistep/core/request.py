@@ -153,6 +153,12 @@ class Request:
             AR components prefill a prompt once per group and share its KV blocks by reference
             between the group's requests whose prompts are equal; None shares nothing. Sharing
             never changes what a request samples.
+        non_streaming_mode: for cards with two prompt layouts (Qwen3-TTS; upstream's
+            ``non_streaming_mode``): True puts the whole text in the prompt (the request
+            starts once its text is complete), False feeds it one token per step (text may
+            stream in); None lets the card choose (Qwen3-TTS: its upstream public call's
+            default for a whole text, the streaming layout for ``text_input``). Other cards
+            ignore it.
 
     Raises:
         InvalidRequestError: ``text`` or a message's content not a string or not valid
@@ -176,9 +182,16 @@ class Request:
     arrival_time: float = field(default_factory=time.monotonic)
     group: str | None = None
     text_input: bool = False
+    non_streaming_mode: bool | None = None
 
     def __post_init__(self) -> None:
         check_text(self.text, "input")
+        if not isinstance(self.non_streaming_mode, bool | None):
+            raise InvalidRequestError(
+                f"'non_streaming_mode' must be a bool or None, got {self.non_streaming_mode!r}",
+                param="non_streaming_mode",
+                code="invalid_type",
+            )
         for name in ("instructions", "language"):
             if getattr(self, name) is not None:
                 check_text(getattr(self, name), name)

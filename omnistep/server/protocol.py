@@ -160,7 +160,10 @@ class SpeechRequest(SamplingFields, ReferenceVoiceFields):
     (Kokoro-FastAPI's field) asks for word times, ``caption_format`` (``srt`` or ``vtt``) for
     captions made of them (it implies ``return_timestamps``); see ``speech_timestamps``. The
     peers' ``ref_audio``, ``ref_text``, ``task_type``: see ``ReferenceVoiceFields``;
-    ``response_format`` ``ogg`` is Ogg Opus, as ``opus``.
+    ``response_format`` ``ogg`` is Ogg Opus, as ``opus``. ``non_streaming_mode``
+    (upstream qwen-tts's name; ``Request.non_streaming_mode``) picks Qwen3-TTS's prompt layout:
+    true the whole text in the prompt, false the streaming-text layout, unset the card's
+    choice; other cards ignore it.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -178,6 +181,7 @@ class SpeechRequest(SamplingFields, ReferenceVoiceFields):
     language: str | None = Field(default=None, min_length=1, max_length=64)
     return_timestamps: StrictBool = False
     caption_format: Literal["srt", "vtt"] | None = None
+    non_streaming_mode: StrictBool | None = None
 
     @field_validator("input")
     @classmethod
@@ -226,6 +230,7 @@ class SpeechRequest(SamplingFields, ReferenceVoiceFields):
             instructions=self.instructions,
             language=self.language,
             normalize_text=self.normalize_text(),
+            non_streaming_mode=self.non_streaming_mode,
         )
 
     def normalize_text(self) -> bool:

@@ -26,8 +26,10 @@ turn's first piece with something to speak starts it (``Request.text_input``), e
 ``input.text`` goes into it as it arrives (``RequestStream.append_text``), and ``input.done`` ends
 its text. Speech starts before the text is complete, the model waits (without computing) where
 the text has not arrived, and the turn's audio is byte for byte what ``POST /v1/audio/speech``
-gives for the turn's whole text with seed ``(S + t) mod 2**63`` for the t-th turn. ``audio.done``
-then reports ``segments: 1``.
+gives for the turn's whole text with seed ``(S + t) mod 2**63`` for the t-th turn in the same
+prompt layout (Qwen3-TTS: a turn uses the streaming-text layout unless the config sets
+``non_streaming_mode``, a whole text its variant's default; ``non_streaming_mode: false`` in
+the POST gives the turn's audio). ``audio.done`` then reports ``segments: 1``.
 
 Otherwise text is buffered by ``SentenceBuffer``: a sentence is sent to the engine as soon as
 the next one starts (or at ``input.done``), so speech begins at the first sentence boundary. Each

@@ -59,6 +59,15 @@ def _build(root: Path, seed: int) -> tuple[Any, Any]:
     torch.manual_seed(seed)
     model = Qwen3TTSForConditionalGeneration(config).eval()
     codec = Qwen3TTSTokenizerV2Model(codec_config).eval()
+    make_audible(codec, seed)
+    return model, codec
+
+
+def make_audible(codec: Any, seed: int) -> None:
+    """Redraw the speech tokenizer's codebooks and decoder weights in place as ``_build``
+    describes, from ``torch.Generator().manual_seed(seed + 1)``."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed + 1)
     lo, hi = CODEBOOK_USAGE_RANGE
     with torch.no_grad():
@@ -82,7 +91,6 @@ def _build(root: Path, seed: int) -> tuple[Any, Any]:
                 usage = lo + (hi - lo) * torch.rand(tensor.shape[0], generator=gen)
                 state[usage_name].copy_(usage)
                 tensor.copy_(usage[:, None] * torch.randn(tensor.shape, generator=gen))
-    return model, codec
 
 
 def _main_state(model: Any) -> dict[str, Any]:
@@ -142,13 +150,14 @@ def generate(
     max_new_tokens: int = 8,
     dtype: str = "float32",
     seed: int = 0,
-    non_streaming_mode: bool = True,
+    non_streaming_mode: bool | None = None,
 ) -> dict[str, Any]:
     """Load ``root`` with upstream ``Qwen3TTSModel.from_pretrained`` and synthesize ``text``.
 
     ``speaker`` given -> ``generate_custom_voice`` (with ``instruct``, which upstream drops for
     ``tts_model_size == "0b6"``); else ``generate_voice_design`` (``instruct`` required).
-    ``greedy`` sets ``do_sample=False`` and ``subtalker_dosample=False``.
+    ``greedy`` sets ``do_sample=False`` and ``subtalker_dosample=False``. ``non_streaming_mode``
+    None leaves it out (the public call's default: True for both).
 
     Returns:
         ``codes``: int64 ``[T, num_code_groups]`` (the talker's codes, EOS excluded);
@@ -170,6 +179,8 @@ def generate(
 
     tts.model.speech_tokenizer.decode = _capture
     kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    if non_streaming_mode is not None:
+        kwargs["non_streaming_mode"] = non_streaming_mode
     if greedy:
         kwargs.update(do_sample=False, subtalker_dosample=False)
     if speaker is not None:
@@ -178,7 +189,6 @@ def generate(
             speaker=speaker,
             language=language,
             instruct=instruct,
-            non_streaming_mode=non_streaming_mode,
             **kwargs,
         )
     else:
@@ -186,7 +196,6 @@ def generate(
             text=text,
             instruct=instruct or "",
             language=language,
-            non_streaming_mode=non_streaming_mode,
             **kwargs,
         )
     return {

@@ -86,11 +86,12 @@ def generate_clone(
     ref_text: str,
     language: str = "Auto",
     max_new_tokens: int = 8,
-    non_streaming_mode: bool = False,
+    non_streaming_mode: bool | None = None,
 ) -> dict[str, Any]:
     """Greedy ``Qwen3TTSModel.generate_voice_clone(text, voice_clone_prompt=[item])`` with the
     ICL ``VoiceClonePromptItem`` of these arrays (``do_sample=False``,
-    ``subtalker_dosample=False``).
+    ``subtalker_dosample=False``); ``non_streaming_mode`` None leaves it out (the public
+    call's default, False).
 
     Returns:
         ``codes``: int64 ``[T, 16]``, the talker's codes (EOS excluded; the reference codes
@@ -121,11 +122,12 @@ def generate_clone(
         icl_mode=True,
         ref_text=ref_text,
     )
+    layout = {} if non_streaming_mode is None else {"non_streaming_mode": non_streaming_mode}
     wavs, _ = tts.generate_voice_clone(
         text=text,
         language=language,
         voice_clone_prompt=[item],
-        non_streaming_mode=non_streaming_mode,
+        **layout,
         max_new_tokens=max_new_tokens,
         do_sample=False,
         subtalker_dosample=False,

@@ -12,13 +12,24 @@ component keeping each request's decoder state between them; no look-ahead:
 
 Text: the request's text arrives on ``TEXT_INPUT_SLOT`` (whole, or in pieces with
 ``Request.text_input``); ``IncrementalTokenizer`` turns it into the same ids tokenizing the whole
-text gives. Upstream's streaming-text layout (``non_streaming_mode=False``, the default of its
-``generate``): the first text id goes in the prompt, the rest feed decode step ``k`` (then
-``tts_eos``, then ``tts_pad``). So the prefill waits for the first word and each step for its
-word: speech starts before the text is complete, and the codes equal those of the whole text
-with the same seed. ``Qwen3TTSOptions.non_streaming_text`` picks upstream's other layout (the
-whole text in the prompt; the default of ``generate_custom_voice``): its prefill waits for the
-end of the text.
+text gives. Two prompt layouts, as upstream (``prompt`` module docstring); their audio differs:
+
+- non-streaming (``non_streaming_mode=True``): the whole text in the prompt; the prefill waits
+  for the end of the text. The default of a whole-text request (``/v1/audio/speech``, the
+  offline API, ``say``) on CustomVoice and VoiceDesign, as upstream ``generate_custom_voice`` /
+  ``generate_voice_design`` default.
+- streaming text (``non_streaming_mode=False``): the first text id goes in the prompt, the rest
+  feed decode step ``k`` (then ``tts_eos``, then ``tts_pad``). So the prefill waits for the
+  first word and each step for its word: speech starts before the text is complete, and the
+  codes equal those of the whole text in this layout with the same seed. The default of text
+  that streams in (``Request.text_input``: the speech WebSocket), and of a whole-text Base
+  request (upstream ``generate_voice_clone`` defaults to it).
+
+``Request.non_streaming_mode`` (the speech API's ``non_streaming_mode`` field) picks a layout
+for one request; ``Qwen3TTSOptions.non_streaming_text`` for every request that does not
+(``text_layout``). ``max_new_tokens`` counts as upstream's does (``talker_frames``): it bounds
+the codebook-0 samples, and upstream never completes the last one into a frame, so a request
+gets at most ``max_new_tokens - 1`` frames (EOS ends it earlier).
 
 Voices by variant (``tts_model_type`` of the folder):
 
@@ -153,7 +164,8 @@ class Qwen3TTSOptions:
         block_size: tokens per KV block.
         max_batch_size: most units per forward, for each component.
         batch_invariant: bit-identical outputs whatever the batch (slower).
-        max_new_tokens: cap on generated frames (None: ``generation_config.json``'s).
+        max_new_tokens: the default cap, counted as upstream's (``talker_frames``: at most
+            ``max_new_tokens - 1`` frames; None: ``generation_config.json``'s).
         first_chunk, chunk, chunk_growth, max_chunk, bucket_frames: the vocoder's chunk
             schedule in frames (1 frame = 1920 samples = 80 ms); see ``codec_decode_config``.
             The first chunk is the prefill's own frame: audio starts after one talker forward
@@ -170,8 +182,10 @@ class Qwen3TTSOptions:
             inputs) between chunks, so a chunk costs its own frames only; False: every chunk
             re-reads its exact left context (580 frames published; the same samples, slower;
             ``bucket_frames`` applies only then).
-        non_streaming_text: upstream's non-streaming layout (whole text in the prompt); text
-            that streams in then starts speaking only once it is complete.
+        non_streaming_text: the prompt layout of requests that do not choose one
+            (``Request.non_streaming_mode``): True the non-streaming layout (whole text in the
+            prompt; text that streams in then starts speaking only once it is complete), False
+            the streaming-text layout, None (default) per request as ``text_layout`` says.
         dtype: talker/codec compute dtype.
     """
 
@@ -186,9 +200,37 @@ class Qwen3TTSOptions:
     max_chunk: int = 64
     bucket_frames: int = 64
     codec_stream_state: bool = True
-    non_streaming_text: bool = False
+    non_streaming_text: bool | None = None
     first_audio_alone: bool = True
     dtype: torch.dtype = torch.float32
+
+
+NON_STREAMING_BY_DEFAULT = frozenset({"custom_voice", "voice_design"})
+"""Variants whose upstream public call (``generate_custom_voice``, ``generate_voice_design``)
+defaults to ``non_streaming_mode=True``; ``generate_voice_clone`` (Base) defaults to False."""
+
+
+def text_layout(req: Request, tts_model_type: str, default: bool | None = None) -> bool:
+    """Whether ``req`` uses the non-streaming layout (whole text in the prompt).
+
+    The request's ``non_streaming_mode`` if set, else the card's ``default``
+    (``Qwen3TTSOptions.non_streaming_text``) if set, else: text that streams in
+    (``req.text_input``) the streaming layout, a whole text the default of upstream's public
+    call for the variant (``NON_STREAMING_BY_DEFAULT``).
+    """
+    if req.non_streaming_mode is not None:
+        return req.non_streaming_mode
+    if default is not None:
+        return default
+    return not req.text_input and tts_model_type in NON_STREAMING_BY_DEFAULT
+
+
+def talker_frames(max_new_tokens: int) -> int:
+    """Most frames a request with this ``max_new_tokens`` gets: ``max_new_tokens - 1``, at
+    least 1. Upstream's ``generate`` counts codebook-0 samples; the last one's codebooks
+    1..15 come from the forward that would feed it, which never runs, so upstream returns
+    one frame fewer than ``max_new_tokens`` (and fails on 1, where omnistep gives 1 frame)."""
+    return max(1, max_new_tokens - 1)
 
 
 @dataclass(frozen=True)
@@ -208,19 +250,21 @@ class Qwen3TTSVoice:
 class TextTrack:
     """The request's text as talker ids, read lazily from its ``TEXT_INPUT_SLOT`` channel.
 
-    ``first``: the utterance's first text id once final (None before). As a channel of decode
-    step ids (``len``, ``[k]``, ``closed``; what ``Qwen3TTSTalkerLoop`` reads): streaming
-    layout: ``head``, then the text ids from ``skip`` on as they become final, then
-    ``tts_eos``, closed once the text ended (``skip`` 1 and no head, unless ``configure``
-    set the prompt's); non-streaming layout (or a cloned voice's prompt holding the whole
-    text): empty, closed once the text ended (the prompt holds it all).
+    ``first``: the utterance's first text id once final (None before). ``non_streaming``: the
+    request's layout (``text_layout``). As a channel of decode step ids (``len``, ``[k]``,
+    ``closed``; what ``Qwen3TTSTalkerLoop`` reads): streaming layout: ``head``, then the text
+    ids from ``skip`` on as they become final, then ``tts_eos``, closed once the text ended
+    (``skip`` 1 and no head, unless ``configure`` set the prompt's); non-streaming layout (or
+    a cloned voice's prompt holding the whole text): empty, closed once the text ended (the
+    prompt holds it all).
     """
 
-    def __init__(self, source: Channel, backend: Any, eos_id: int, streaming: bool):
+    def __init__(self, source: Channel, backend: Any, eos_id: int, non_streaming: bool):
         self.source = source
         self.tokenizer = IncrementalTokenizer(backend)
         self.eos_id = eos_id
-        self.streaming = streaming
+        self.non_streaming = non_streaming
+        self.streaming = not non_streaming
         self.skip = 1
         self.head: tuple[int, ...] = ()
         self.ids: list[int] = []  # every final text id
@@ -271,10 +315,11 @@ class TextTrack:
 
 
 class TalkerTextLoop(Qwen3TTSTalkerLoop):
-    """The talker loop of the card: its prompt is built once the text allows (streaming
-    layout: the first word is final, or with a cloned voice ``clone_text_needed`` ids, or the
-    text ended; non-streaming: the text ended), and its text track is the request's
-    ``TEXT_INPUT_SLOT`` through ``TextTrack``."""
+    """The talker loop of the card: each request's layout is ``text_layout``'s; its prompt is
+    built once the text allows (streaming layout: the first word is final, or with a cloned
+    voice ``clone_text_needed`` ids, or the text ended; non-streaming: the text ended), its
+    text track is the request's ``TEXT_INPUT_SLOT`` through ``TextTrack``, and it makes at
+    most ``talker_frames(max_new_tokens)`` frames."""
 
     def __init__(
         self,
@@ -282,7 +327,7 @@ class TalkerTextLoop(Qwen3TTSTalkerLoop):
         qwen: Qwen3TTSConfig,
         tokenizer: Any,
         role_ids: Sequence[int],
-        non_streaming: bool,
+        non_streaming: bool | None = None,
     ):
         super().__init__(config, track_slot=TEXT_INPUT_SLOT, pad_id=qwen.ids.tts_pad)
         self.qwen = qwen
@@ -292,11 +337,12 @@ class TalkerTextLoop(Qwen3TTSTalkerLoop):
 
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> Qwen3TTSTalkerState:
         state = super().init(req, model, ctx)
+        state.max_new_tokens = talker_frames(state.max_new_tokens)
         state.track = TextTrack(  # type: ignore[assignment]
             ctx.slots[TEXT_INPUT_SLOT],
             self.backend,
             self.qwen.ids.tts_eos,
-            streaming=not self.non_streaming,
+            text_layout(req, self.qwen.tts_model_type, self.non_streaming),
         )
         return state
 
@@ -305,7 +351,7 @@ class TalkerTextLoop(Qwen3TTSTalkerLoop):
             track: TextTrack = state.track  # type: ignore[assignment]
             voice = state.prompt
             ended = track.ended
-            if self.non_streaming:
+            if track.non_streaming:
                 ready = ended
             elif voice.clone is not None:
                 ready = ended or len(track.ids) >= clone_text_needed(voice.clone, voice.ref_ids)
@@ -317,7 +363,7 @@ class TalkerTextLoop(Qwen3TTSTalkerLoop):
                 return Pending("waiting for the text")
             if not track.ids:
                 raise InvalidRequestError("the input text is empty", param="input")
-            whole = self.non_streaming or voice.clone is not None
+            whole = track.non_streaming or voice.clone is not None
             text = track.ids if whole else track.ids[:1]
             parts = build_prompt(
                 self.qwen,
@@ -325,7 +371,7 @@ class TalkerTextLoop(Qwen3TTSTalkerLoop):
                 voice.speaker,
                 voice.language,
                 voice.instruct_ids,
-                non_streaming=self.non_streaming,
+                non_streaming=track.non_streaming,
                 clone=voice.clone,
                 ref_ids=voice.ref_ids,
                 text_complete=ended,

@@ -22,7 +22,9 @@ positions: 3 role ids, the text ``ids[3:-5]``, a 5-id tail (never fed). Rows (te
     tts_pad                           | codec_bos
 
 The text track (one id per decode step, ``talker.text_for_step``): streaming: ``text[1:]`` then
-``tts_eos`` (then ``tts_pad`` for ever); non-streaming: empty (``tts_pad`` for ever).
+``tts_eos`` (then ``tts_pad`` for ever); non-streaming: empty (``tts_pad`` for ever). The two
+layouts give different audio; which one a request gets is ``card.text_layout``'s choice (a
+whole text: the variant's public-call default; streamed text: streaming).
 
 Base voice cloning (upstream ``generate`` with a ``voice_clone_prompt`` in ICL mode, and
 ``generate_icl_prompt``): the codec prefix holds the speaker embedding (the x-vector of
