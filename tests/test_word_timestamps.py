@@ -28,6 +28,7 @@ from omnistep.core import Capability, ModelInstance, WordTiming
 from omnistep.engine import AsyncEngine
 from omnistep.models.hibari.card import MAX_PHONEMES, vocab_path
 from omnistep.models.hibari.card import build_card as build_hibari
+from omnistep.models.kokoro import weights as kokoro_weights
 from omnistep.models.misaki import MisakiFrontend, english_g2p
 from omnistep.models.sentence_voice import WordSpan, add_graph_output, word_timings
 from omnistep.models.toy.card import build_card as build_toy
@@ -35,7 +36,7 @@ from omnistep.offline import OmniEngine
 from omnistep.server import ServerConfig, build_app
 from omnistep.server.speech_stream import PATH
 from omnistep.server.speech_timestamps import caption_cues
-from tests import asr, kokoro_weights
+from tests import asr
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. "
