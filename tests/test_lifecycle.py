@@ -248,7 +248,7 @@ def test_ctrl_c_with_nothing_in_flight_exits_at_once(grace):
 def test_a_qwen_omni_folder_builds_without_transformers_config_warnings(tmp_path):
     """transformers warned 14 times that the talker config's thinker token ids (and the tiny
     thinker's) lie outside a vocabulary; harmless (see ``load_tokenizer``), now silent."""
-    from tests.qwen_omni_ref.assets import write_tiny_qwen_omni
+    from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 
     root = write_tiny_qwen_omni(tmp_path / "ckpt")
     code = (
