@@ -56,7 +56,7 @@ from omnistep.core import (
     SamplingParams,
 )
 from omnistep.core.request import MAX_SEED
-from omnistep.engine import AsyncEngine
+from omnistep.engine import AsyncEngine, WeightUpdate
 from omnistep.engine.openmp import release_openmp_team, releasing
 from omnistep.launch import load_engine
 from omnistep.models.registry import DEFAULT_MODEL
@@ -434,18 +434,37 @@ class AsyncOmniEngine:
         model: str | None = None,
         version: int | None = None,
         mode: str = "pause",
+        check_finite: bool = True,
     ) -> int:
-        """Swap the weights in place (``AsyncEngine.update_weights``): ``weights`` are tensors
+        """Swap the weights in place (``AsyncEngine.apply_weights``): ``weights`` are tensors
         by the checkpoint's own names, or the path of a safetensors file holding them. Returns
-        the new version.
+        the new version (``apply_weights`` for what was cast).
 
         Raises:
             FileNotFoundError: no such file.
             InvalidRequestError: a file that is not safetensors.
-            WeightUpdateError: an unknown name, a wrong shape or dtype (nothing changed).
+            WeightVersionError: ``version`` not above the current one (nothing changed).
+            WeightUpdateError: an unknown name, a wrong shape, a dtype that cannot be cast,
+                NaN/Inf values with ``check_finite`` (nothing changed).
         """
+        done = await self.apply_weights(
+            weights, model=model, version=version, mode=mode, check_finite=check_finite
+        )
+        return done.version
+
+    async def apply_weights(
+        self,
+        weights: Mapping[str, Any] | str | Path,
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        mode: str = "pause",
+        check_finite: bool = True,
+    ) -> WeightUpdate:
+        """``update_weights``, answering the ``WeightUpdate`` (model, version, casts)."""
         tensors = await asyncio.to_thread(releasing(_read_weights), weights)
-        return await self.engine.update_weights(self.card_id(model), tensors, version, mode)
+        card_id = self.card_id(model)
+        return await self.engine.apply_weights(card_id, tensors, version, mode, check_finite)
 
     async def close(self) -> None:
         """Abort what runs and stop the engine."""

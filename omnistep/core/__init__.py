@@ -49,6 +49,7 @@ from omnistep.core.errors import (
     RequestFailedError,
     RequestTimeoutError,
     WeightUpdateError,
+    WeightVersionError,
 )
 from omnistep.core.program import (
     TEXT_INPUT_SLOT,
@@ -110,6 +111,7 @@ __all__ = [
     "RequestFailedError",
     "RequestTimeoutError",
     "WeightUpdateError",
+    "WeightVersionError",
     "ResourceRequest",
     "SamplingParams",
     "ShapeSignature",
