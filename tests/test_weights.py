@@ -121,7 +121,7 @@ async def test_a_bf16_checkpoint_file_updates_a_float32_model(tmp_path):
     root = write_servable_tiny_chattts(tmp_path / "chattts")
     model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
     names = [n for n in model.weight_specs() if n.startswith("layers.0.")][:3]
-    live = model.components["gpt"].trainable_weights(names)
+    live = model.components["gpt"]._weight_tensors()
     update = {n: (live[n].detach() * 1.5).to(torch.bfloat16) for n in names}
     save_file(update, str(tmp_path / "bf16.safetensors"))
     omni = AsyncOmniEngine(AsyncEngine([model]))
@@ -141,7 +141,7 @@ async def test_torch_components_take_numpy_arrays_as_well(tmp_path):
     model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
     gpt = model.components["gpt"]
     names = [n for n in model.weight_specs() if n.startswith("layers.0.")][:2]
-    live = gpt.trainable_weights(names)
+    live = gpt._weight_tensors()
     new = {name: live[name].detach().numpy() * 1.5 for name in names}
     engine = AsyncEngine([model])
     assert await engine.update_weights("chattts", new) == 1

@@ -442,6 +442,34 @@ class ModelInstance:
         if self.card.on_weights_updated is not None:
             self.card.on_weights_updated(self, tensors.flat())
 
+    def training_copy(self) -> ModelInstance:
+        """A trainer's copy of this model: each component offering ``training_copy()`` (those
+        that take weight updates and can be scored: AR stacks, a DiT) copied with weights of
+        its own, the others (vocoders, ONNX voices: nothing to train) shared; the loops are
+        shared (they keep no per-request state). The copy scores and hands out
+        ``trainable_weights``; it never serves. Costs one copy of the trained components'
+        weights.
+
+        Raises:
+            NotImplementedError: no component can be copied here (components running in other
+                processes, as with the Ray executor, or a model with nothing to train).
+        """
+        components: dict[str, Component] = {}
+        copied = 0
+        for name, component in self.components.items():
+            make = getattr(component, "training_copy", None)
+            if callable(make):
+                components[name] = make()
+                copied += 1
+            else:
+                components[name] = component
+        if not copied:
+            raise NotImplementedError(
+                f"model '{self.card.card_id}' has no component a trainer can copy in this "
+                "process (nothing to train, or components running elsewhere, as with Ray)"
+            )
+        return ModelInstance(self.card, components, self.loops, self.device)
+
     def spec(self, component: str) -> ComponentSpec:
         """The component's spec. Raises KeyError for an unknown name."""
         for spec in self.card.components:

@@ -177,6 +177,9 @@ _FIELD_NAMES = frozenset(
         "mode",
         "check_finite",
         "min_new_tokens",
+        "subtalker_temperature",
+        "subtalker_top_p",
+        "subtalker_top_k",
     }
 )
 
