@@ -3,10 +3,12 @@
 Each iteration: ``rollout`` (n samples of each prompt; the group shares its prompt's KV blocks)
 -> a reward per sample -> group-relative advantages (GRPO: the reward less its group's mean,
 over its group's standard deviation; Shao et al. 2024, arXiv 2402.03300) -> the policy-gradient
-loss on the log-probs ``score`` recomputes with autograd (train = serve: they equal the recorded
-ones) -> an optimizer step -> ``update_weights`` (the engine serves the new weights, version
-``iteration + 1``) -> the next rollout. No clipping or KL term: every rollout is on-policy (the
-ratio is 1), which is what a single step per rollout gives.
+loss on the log-probs ``score`` recomputes with autograd on the trainer's own copy of the
+weights (``omni.trainer()``; train = serve: they equal the recorded ones) -> an optimizer step
+on that copy (serving is untouched, so this is safe while rollouts run) -> ``update_weights``
+(the engine serves the trainer's weights, version ``iteration + 1``) -> the next rollout. No
+clipping or KL term: every rollout is on-policy (the ratio is 1), which is what a single step
+per rollout gives.
 
 The reward is computable on a CPU with no model: the share of frames whose first-codebook code
 lies in the lower half of the codebook (``REWARD_CODES``). Swap ``reward()`` for a real one
@@ -72,9 +74,9 @@ def train(
     omni: OmniEngine, iterations: int, n: int, lr: float, max_new_tokens: int, seed: int = 0
 ) -> list[Iteration]:
     """Run ``iterations`` of GRPO on ``omni``'s ChatTTS GPT; returns each iteration's record."""
-    card_id = next(iter(omni.engine.models))
-    gpt = omni.engine.models[card_id].components["gpt"]
-    weights = gpt.trainable_weights(TRAINED)
+    # the trainer's own copy of the weights: an optimizer step never touches what serves
+    trainer = omni.trainer()
+    weights = trainer.weights(TRAINED)
     optimizer = torch.optim.Adam(weights.values(), lr=lr)
     # temperature 1 and no truncation: the processed and the policy distributions coincide
     sampling = SamplingParams(
@@ -89,16 +91,14 @@ def train(
         )  # fmt: skip
         adv = advantages(groups)
         samples = [s for g in groups for s in g.samples]
-        scores = omni.score(samples, mode="policy")
+        scores = omni.score(samples, mode="policy", trainer=trainer)
         flat_adv = [a for group in adv for a in group]
         loss = -sum(a * s["decode"].sum() for a, s in zip(flat_adv, scores, strict=True))
         loss = loss / len(samples)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        with torch.no_grad():
-            new = {name: t.detach().clone() for name, t in weights.items()}
-        omni.update_weights(new, version=it + 1)
+        omni.update_weights(trainer, version=it + 1)  # serving changes here, and only here
         rewards = [reward(s.loops["decode"].tokens) for s in samples]
         seen = {int(v) for s in samples for v in s.loops["decode"].weight_versions}
         history.append(Iteration(it, float(np.mean(rewards)), loss.item(), seen))

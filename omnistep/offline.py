@@ -16,12 +16,16 @@ running); ``AsyncOmniEngine`` is the same API as coroutines. Both build their en
   sampled action with its log-prob per codebook in the asked mode, the weight version of each
   step, the prompt as the component consumed it, the stop reason and the loop's seed; and the
   audio when asked.
-- ``score(samples)``: the log-probs of recorded actions recomputed by a teacher-forced forward
-  of the same component code with autograd on and no KV cache (``PagedARModel.score_logprobs``),
-  so a trainer's loss backpropagates into the component's weights; equal to the recorded ones
-  (see ``score``).
-- ``update_weights(tensors or safetensors path)``: in place, atomically, between steps
-  (``AsyncEngine.update_weights``).
+- ``trainer(reference=False)``: a ``Trainer``, the trainer's own copy of the served weights
+  (``trainer.weights()`` for the optimizer; a frozen reference copy for a KL term): serving
+  changes only through ``update_weights``, so an optimizer step never touches a running
+  rollout.
+- ``score(samples, trainer=)``: the log-probs of recorded actions recomputed by a
+  teacher-forced forward of the same component code with autograd on and no KV cache
+  (``PagedARModel.score_logprobs``), on the trainer's copy so a loss backpropagates into
+  ``trainer.weights()``; equal to the recorded ones (see ``score``).
+- ``update_weights(tensors, safetensors path or trainer)``: in place, atomically, between
+  steps (``AsyncEngine.apply_weights``), versions only going up.
 
 Log-prob modes: ``"processed"``, the distribution actually sampled (temperature, repetition
 penalty, top-p/top-k, EOS mask); ``"policy"``, ``log_softmax(logits / temperature)`` with no
@@ -54,12 +58,13 @@ from omnistep.core import (
     ExecutionProfile,
     InvalidRequestError,
     Modality,
+    ModelInstance,
     Request,
     SamplingParams,
     WordTiming,
 )
 from omnistep.core.request import MAX_SEED
-from omnistep.engine import AsyncEngine
+from omnistep.engine import AsyncEngine, WeightUpdate
 from omnistep.engine.openmp import release_openmp_team, releasing
 from omnistep.launch import load_engine
 from omnistep.models.registry import DEFAULT_MODEL
@@ -197,6 +202,66 @@ class RolloutGroup:
     input: str
     group: str
     samples: list[RolloutSample]
+
+
+class Trainer:
+    """A trainer's own copy of a served model (``AsyncOmniEngine.trainer``): what an RL
+    optimizer changes is never what serves. Serving changes only through ``update_weights``
+    (which records a new version), so an optimizer step taken while a rollout runs changes
+    none of its frames: asynchronous (off-policy) RL is safe.
+
+    Attributes:
+        card_id: the served model it copies.
+        policy: the copy (``ModelInstance.training_copy``): ``score`` runs on it.
+        reference: a frozen copy of the weights as they were when the trainer was made, for
+            a KL term (``score(..., reference=True)``), or None (not asked for).
+        version: the serving weight version the copy last matched (it was made at, or last
+            sent by ``update_weights``).
+    """
+
+    def __init__(self, card_id: str, model: ModelInstance, version: int, reference: bool):
+        self.card_id = card_id
+        self.policy = model.training_copy()
+        self.reference = model.training_copy() if reference else None
+        self.version = version
+        self._taken: dict[str, Any] = {}
+
+    def weights(self, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """The copy's tensors by checkpoint name (``ModelInstance.weight_specs``' names; all
+        when ``names`` is None), set to require grad: what the optimizer takes. ``score``
+        computes from them. ``update_weights(trainer)`` sends every tensor taken here.
+
+        Raises:
+            KeyError: a name no copied component has.
+        """
+        wanted = None if names is None else set(names)
+        out: dict[str, Any] = {}
+        for component in self.policy.components.values():
+            if getattr(component, "serving", True):
+                continue  # shared with serving: nothing to train there
+            own = list(component.weight_specs())  # type: ignore[attr-defined]
+            picked = own if wanted is None else [n for n in own if n in wanted]
+            if picked:
+                out.update(component.trainable_weights(picked))  # type: ignore[attr-defined]
+        missing = sorted((wanted or set()) - set(out))
+        if missing:
+            raise KeyError(f"no trainable tensor(s) {', '.join(missing[:5])} in {self.card_id}")
+        self._taken.update(out)
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """Detached copies of every tensor ``weights`` handed out: what ``update_weights``
+        sends to serving.
+
+        Raises:
+            InvalidRequestError: no tensor was taken yet.
+        """
+        if not self._taken:
+            raise InvalidRequestError(
+                "the trainer has handed out no weights yet (call trainer.weights() first)",
+                param="weights",
+            )
+        return {name: tensor.detach().clone() for name, tensor in self._taken.items()}
 
 
 class AsyncOmniEngine:
@@ -417,6 +482,19 @@ class AsyncOmniEngine:
             if bar is not None:
                 bar.close()
 
+    async def trainer(self, model: str | None = None, reference: bool = False) -> Trainer:
+        """A ``Trainer`` of ``model``: its own copy of the weights served now (and, with
+        ``reference``, a frozen second copy for a KL term). Copying runs on a worker thread.
+
+        Raises:
+            ModelNotFoundError: an unknown model.
+            NotImplementedError: nothing of the model can be copied here (the Ray executor).
+        """
+        card_id = self.card_id(model)
+        instance = self.engine.models[card_id]
+        version = self.engine.weight_versions[card_id]
+        return await asyncio.to_thread(releasing(Trainer), card_id, instance, version, reference)
+
     async def score(
         self,
         samples: RolloutSample | RolloutGroup | Sequence[RolloutSample | RolloutGroup],
@@ -424,6 +502,8 @@ class AsyncOmniEngine:
         mode: str | None = None,
         loops: Sequence[str] | None = None,
         match_serving: bool = True,
+        trainer: Trainer | None = None,
+        reference: bool = False,
     ) -> list[dict[str, Any]]:
         """``score_samples`` on a worker thread (the event loop keeps serving meanwhile);
         see there. The tensors' graphs work from any thread."""
@@ -434,27 +514,58 @@ class AsyncOmniEngine:
             mode=mode,
             loops=loops,
             match_serving=match_serving,
+            trainer=trainer,
+            reference=reference,
         )
 
     async def update_weights(
         self,
-        weights: Mapping[str, Any] | str | Path,
+        weights: Mapping[str, Any] | str | Path | Trainer,
         *,
         model: str | None = None,
         version: int | None = None,
         mode: str = "pause",
+        check_finite: bool = True,
     ) -> int:
-        """Swap the weights in place (``AsyncEngine.update_weights``): ``weights`` are tensors
-        by the checkpoint's own names, or the path of a safetensors file holding them. Returns
-        the new version.
+        """Swap the weights in place (``AsyncEngine.apply_weights``): ``weights`` are tensors
+        by the checkpoint's own names, the path of a safetensors file holding them, or a
+        ``Trainer`` (the tensors it handed out; its model unless ``model`` says otherwise, and
+        its ``version`` becomes the new one). Returns the new version (``apply_weights`` for
+        what was cast).
 
         Raises:
             FileNotFoundError: no such file.
             InvalidRequestError: a file that is not safetensors.
-            WeightUpdateError: an unknown name, a wrong shape or dtype (nothing changed).
+            WeightVersionError: ``version`` not above the current one (nothing changed).
+            WeightUpdateError: an unknown name, a wrong shape, a dtype that cannot be cast,
+                NaN/Inf values with ``check_finite`` (nothing changed).
         """
-        tensors = await asyncio.to_thread(releasing(_read_weights), weights)
-        return await self.engine.update_weights(self.card_id(model), tensors, version, mode)
+        done = await self.apply_weights(
+            weights, model=model, version=version, mode=mode, check_finite=check_finite
+        )
+        return done.version
+
+    async def apply_weights(
+        self,
+        weights: Mapping[str, Any] | str | Path | Trainer,
+        *,
+        model: str | None = None,
+        version: int | None = None,
+        mode: str = "pause",
+        check_finite: bool = True,
+    ) -> WeightUpdate:
+        """``update_weights``, answering the ``WeightUpdate`` (model, version, casts)."""
+        trainer = weights if isinstance(weights, Trainer) else None
+        if trainer is not None:
+            model = model or trainer.card_id
+            tensors: Mapping[str, Any] = await asyncio.to_thread(trainer.state)
+        else:
+            tensors = await asyncio.to_thread(releasing(_read_weights), weights)
+        card_id = self.card_id(model)
+        done = await self.engine.apply_weights(card_id, tensors, version, mode, check_finite)
+        if trainer is not None and card_id == trainer.card_id:
+            trainer.version = done.version
+        return done
 
     async def close(self) -> None:
         """Abort what runs and stop the engine."""
@@ -512,9 +623,21 @@ class OmniEngine:
             raise RuntimeError("this OmniEngine is closed")
         return score_samples(self.engine, samples, **kwargs)
 
-    def update_weights(self, weights: Mapping[str, Any] | str | Path, **kwargs: Any) -> int:
+    def trainer(self, model: str | None = None, reference: bool = False) -> Trainer:
+        """See ``AsyncOmniEngine.trainer``."""
+        return self._call(self._async.trainer(model, reference))
+
+    def update_weights(
+        self, weights: Mapping[str, Any] | str | Path | Trainer, **kwargs: Any
+    ) -> int:
         """See ``AsyncOmniEngine.update_weights``."""
         return self._call(self._async.update_weights(weights, **kwargs))
+
+    def apply_weights(
+        self, weights: Mapping[str, Any] | str | Path | Trainer, **kwargs: Any
+    ) -> WeightUpdate:
+        """See ``AsyncOmniEngine.apply_weights``."""
+        return self._call(self._async.apply_weights(weights, **kwargs))
 
     def close(self) -> None:
         """Stop the engine and its thread (idempotent)."""
@@ -562,17 +685,22 @@ def score_samples(
     mode: str | None = None,
     loops: Sequence[str] | None = None,
     match_serving: bool = True,
+    trainer: Trainer | None = None,
+    reference: bool = False,
 ) -> list[dict[str, Any]]:
     """Recompute the log-probs of rollout samples' recorded actions (train = serve).
 
     For each sample and each of its AR loops, a teacher-forced forward of the loop's
     component over the recorded prompt and frames, with the same layers, kernels and sampling
-    processing as serving, no KV cache and autograd on (the caller's grad mode): a loss on the
-    result backpropagates into the component's weights (``PagedARModel.trainable_weights``
-    marks them). Each step is scored with the loop's sampling row for the sample's
-    ``SamplingParams`` (``make_sampling``), the history window and frame count the loop gave
-    it. The component's serving state (KV cache, sequences) is not touched: this may run
-    while the engine serves.
+    processing as serving, no KV cache and autograd on (the caller's grad mode). With a
+    ``trainer`` it runs on the trainer's copy, so a loss on the result backpropagates into
+    ``trainer.weights()``; with ``reference`` too, on the trainer's frozen reference copy
+    (the weights when the trainer was made: a KL term's log-probs). Without one it runs on
+    the serving weights, which never require grad (no graph; the numbers are the same while
+    the trainer's copy matches the served version). Each step is scored with the loop's
+    sampling row for the sample's ``SamplingParams`` (``make_sampling``), the history window
+    and frame count the loop gave it. The component's serving state (KV cache, sequences) is
+    not touched: this may run while the engine serves.
 
     Under ``batch_invariant`` the result equals the recorded ``LoopActions.logprobs`` (in the
     same mode) to the bit on CPU; in the default mode it equals them where serving's kernels
@@ -604,7 +732,8 @@ def score_samples(
         is enabled. The numpy toy: an ``np.ndarray`` (no autograd).
 
     Raises:
-        InvalidRequestError: an unknown mode or loop name, a sample of a model not served.
+        InvalidRequestError: an unknown mode or loop name, a sample of a model not served (or
+            not the trainer's), ``reference`` without a trainer made with one.
         NotImplementedError: a loop or component that cannot score (a card's non-AR loop, or
             components running in other processes, as with the Ray executor).
     """
@@ -612,12 +741,18 @@ def score_samples(
         raise InvalidRequestError(
             f"mode must be one of {', '.join(LOGPROB_MODES)}, got {mode!r}", param="mode"
         )
+    copy = _scoring_copy(trainer, reference)
     out = []
     for sample in _flatten(samples):
         card_id = sample.model or next(iter(engine.models))
         if card_id not in engine.models:
             raise InvalidRequestError(f"model '{card_id}' is not served here", param="model")
-        model = engine.models[card_id]
+        if copy is not None and card_id != trainer.card_id:  # type: ignore[union-attr]
+            raise InvalidRequestError(
+                f"a sample of '{card_id}' cannot be scored by the trainer of '{trainer.card_id}'",  # type: ignore[union-attr]
+                param="samples",
+            )
+        model = engine.models[card_id] if copy is None else copy
         request = Request(
             card_id,
             seed=sample.seed,
@@ -654,6 +789,20 @@ def score_samples(
             )
         out.append(scored)
     return out
+
+
+def _scoring_copy(trainer: Trainer | None, reference: bool) -> ModelInstance | None:
+    """The model instance ``score_samples`` runs on: the trainer's copy, its reference copy,
+    or None (the serving model)."""
+    if not reference:
+        return None if trainer is None else trainer.policy
+    if trainer is None or trainer.reference is None:
+        raise InvalidRequestError(
+            "reference=True scores on a trainer's frozen copy: make it with "
+            "trainer(reference=True) and pass trainer=",
+            param="reference",
+        )
+    return trainer.reference
 
 
 def _flatten(

@@ -263,6 +263,55 @@ async def test_rollout_logprobs_are_reproduced_by_score(folders, layout):
         await engine.shutdown()
 
 
+NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
+
+
+async def test_the_code_predictor_samples_with_the_requests_sub_stage_settings(folders):
+    """Every stage is settable per request: the ``subtalker_*`` fields drive codebooks 1..15,
+    and the recorded log-probs are those of the distribution each code was drawn from."""
+    engine = _engine(folders["custom_voice"], batch_invariant=True)
+    try:
+
+        async def run(**sampling):
+            sp = SamplingParams(max_new_tokens=8, **sampling)
+            got = await _run(engine, text=TEXT, voice="ryan", seed=4, sampling=sp)
+            records = got.trajectories["decode"]
+            processed = np.array([r.logprobs for r in records], dtype=np.float64)
+            policy = np.array([r.policy_logprobs for r in records], dtype=np.float64)
+            return _codes(got), processed, policy
+
+        neutral_sub = {"subtalker_temperature": 1.0, "subtalker_top_p": 1.0, "subtalker_top_k": 0}
+        codes, processed, policy = await run(**NEUTRAL, **neutral_sub)
+        assert codes.shape[1] == 16 and codes.shape[0] >= 3
+        # neutral everywhere: the sampled distribution is the policy's, for all 16 codebooks
+        # (codebook 0 past the first 2 frames, whose EOS mask is part of what was sampled)
+        assert np.abs(processed[:, 1:] - policy[:, 1:]).max() <= 1e-6
+        assert np.abs(processed[2:, 0] - policy[2:, 0]).max() <= 1e-6
+        # the checkpoint's predictor defaults (temperature 0.9, top-k 50) are another row
+        default_codes, default_processed, default_policy = await run(**NEUTRAL)
+        assert np.abs(default_processed[:, 1:] - default_policy[:, 1:]).max() > 1e-2
+        assert codes[0, 0] == default_codes[0, 0]  # codebook 0 is drawn before the predictor
+        assert not np.array_equal(codes[:, 1:], default_codes[:, 1:])
+
+        # temperature 0 is greedy in both stages (upstream's do_sample=False defaults), unless
+        # the sub-stage's own temperature says otherwise: then seeds change codebooks 1..15 only
+        async def greedy(seed: int, **sampling):
+            sp = SamplingParams(max_new_tokens=4, min_new_tokens=4, temperature=0.0, **sampling)
+            got = await _run(engine, text=TEXT, voice="ryan", seed=seed, sampling=sp)
+            return _codes(got)
+
+        assert np.array_equal(await greedy(1), await greedy(2))
+        first, second = (
+            await greedy(1, subtalker_temperature=1.0),
+            await greedy(2, subtalker_temperature=1.0),
+        )
+        assert first[0, 0] == second[0, 0] and not np.array_equal(first[:, 1:], second[:, 1:])
+        with pytest.raises(InvalidRequestError, match="subtalker_top_p"):
+            SamplingParams(subtalker_top_p=0.0)
+    finally:
+        await engine.shutdown()
+
+
 async def test_aborted_requests_leave_no_kv_blocks_or_codec_streams(custom):
     streams = [
         custom.add_request(Request("qwen3-tts", text=TEXT, seed=i, voice="ryan")) for i in range(50)

@@ -558,8 +558,9 @@ def test_score_backpropagates_into_talker_and_predictor_weights(folders, tokeniz
     )
     result = run["result"]
     frames = [r.tokens for r in result.trajectory]
-    weights = talker.trainable_weights()
-    scored = talker.score_logprobs(
+    trainer = talker.training_copy()  # serving weights are never handed to an optimizer
+    weights = trainer.trainable_weights()
+    scored = trainer.score_logprobs(
         result.info["prompt"], frames, Qwen3TTSSampling.from_defaults(talker.config), "policy"
     )
     scored.sum().backward()

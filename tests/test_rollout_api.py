@@ -176,7 +176,35 @@ def test_weights_from_a_path_and_an_upload(tmp_path):
             timeout=60,
         ).json()
         assert roll["groups"][0]["samples"][0]["loops"]["decode"]["weight_versions"] == [7] * 4
+        assert roll["weight_version"] == roll["groups"][0]["samples"][0]["weight_version"] == 7
         assert httpx.get(url + "/v1/weights", headers=auth).json()["data"][0]["version"] == 7
+
+        # versions only go up: a lower or equal one is a 409 naming both; nothing changes
+        for version in (3, 7):
+            back = httpx.post(
+                url + "/v1/weights",
+                json={"path": str(tmp_path / "w1.safetensors"), "version": version},
+                headers=auth,
+            )
+            assert back.status_code == 409, back.text
+            error = back.json()["error"]
+            assert error["code"] == "version_conflict" and error["param"] == "version"
+            assert f"version {version}" in error["message"] and "runs version 7" in error["message"]
+        # NaN is refused (400, nothing changes) unless check_finite is false
+        poisoned = table.copy()
+        poisoned[1, 2] = np.nan
+        save_file({"table": np.ascontiguousarray(poisoned)}, str(tmp_path / "nan.safetensors"))
+        nan = httpx.post(
+            url + "/v1/weights", json={"path": str(tmp_path / "nan.safetensors")}, headers=auth
+        )
+        assert nan.status_code == 400 and "NaN/Inf" in nan.json()["error"]["message"], nan.text
+        assert httpx.get(url + "/v1/weights", headers=auth).json()["data"][0]["version"] == 7
+        allowed = httpx.post(
+            url + "/v1/weights?check_finite=false",
+            content=(tmp_path / "nan.safetensors").read_bytes(),
+            headers={**auth, "Content-Type": "application/x-safetensors"},
+        )
+        assert allowed.status_code == 200 and allowed.json()["version"] == 8, allowed.text
 
 
 def test_a_rollout_of_more_samples_than_the_engine_queue_runs(base):
@@ -216,6 +244,27 @@ def test_bad_weight_updates_are_400s_naming_the_field(base, kwargs, param, says)
     assert "/tmp/omnistep-weights-" not in error["message"]  # no server temp path
     assert "pydantic" not in error["message"]
     assert httpx.get(base + "/v1/weights").json()["data"][0]["version"] == 0
+
+
+def test_unknown_rollout_fields_are_400s_naming_them(base):
+    reply = _roll(base, logprob="policy", temprature=0.5)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert "'logprob'" in error["message"] and "'temprature'" in error["message"]
+    assert error["param"] == "logprob"
+
+
+def test_min_new_tokens_holds_the_end_off(base):
+    # the toy's EOS is rare: at temperature 5 about 0.8% a step, so 8 samples of up to 200
+    # steps end early (seeded: the same every run)
+    fields = {"inputs": ["stop early"], "n": 8, "max_new_tokens": 200, "temperature": 5.0}
+    free = _roll(base, **fields).json()
+    steps = [s["loops"]["decode"]["num_steps"] for s in free["groups"][0]["samples"]]
+    assert min(steps) < 200, steps
+    held = _roll(base, **fields, min_new_tokens=200).json()
+    assert [s["loops"]["decode"]["num_steps"] for s in held["groups"][0]["samples"]] == [200] * 8
+    bad = _roll(base, max_new_tokens=4, min_new_tokens=8)
+    assert bad.status_code == 400 and "min_new_tokens" in bad.json()["error"]["message"]
 
 
 def test_a_client_that_leaves_aborts_its_rollout(base):

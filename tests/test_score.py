@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from omnistep.core import InvalidRequestError, SamplingParams
+from omnistep.layers.training import ServingWeightsError
 from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 from omnistep.offline import OmniEngine, RolloutGroup
 
@@ -79,7 +80,7 @@ def test_chattts_score_equals_the_recorded_logprobs(chattts, mode):
     first = scores[0]["decode"]
     assert isinstance(first, torch.Tensor) and first.dtype == torch.float32
     assert first.shape == (group.samples[0].loops["decode"].tokens.shape[0], 4)
-    assert first.requires_grad  # a graph to the weights
+    assert not first.requires_grad  # serving weights: no graph (a trainer's copy has one)
     assert _report(f"chattts batch-invariant {mode}", _deltas(scores, [group], "decode")) <= EXACT
     # the whole-sequence attention path: equal within rounding only
     plain = chattts.score(group, match_serving=False)
@@ -89,31 +90,32 @@ def test_chattts_score_equals_the_recorded_logprobs(chattts, mode):
     assert _deltas(chattts.score(group, mode=other), [group], "decode").max() > 1e-3
 
 
-def test_chattts_score_backpropagates_into_the_gpt_weights(chattts):
+def test_chattts_score_backpropagates_into_the_trainers_gpt_weights(chattts):
     group = _chattts_group(chattts)
     gpt = chattts.engine.models["chattts"].components["gpt"]
-    weights = gpt.trainable_weights()
-    try:
-        [scored] = chattts.score(group.samples[0])
-        scored["decode"].sum().backward()
-        for name in (
-            "layers.0.self_attn.q_proj.weight",
-            "layers.1.mlp.down_proj.weight",
-            "norm.weight",
-            "emb_text.weight",
-            "emb_code.3.weight",
-            "head_code.0.parametrizations.weight.original0",
-            "head_code.2.parametrizations.weight.original1",
-        ):
-            grad = weights[name].grad
-            assert grad is not None and grad.abs().sum().item() > 0, name
-        # the refine-text head is not in a code trajectory's graph
-        assert weights["head_text.parametrizations.weight.original1"].grad is None
-    finally:
-        for tensor in weights.values():
-            tensor.grad = None
-        for tensor in gpt.head_parts.values():
-            tensor.requires_grad_(False)
+    with pytest.raises(ServingWeightsError, match="update_weights"):
+        gpt.trainable_weights()  # serving weights are never handed to an optimizer
+    trainer = chattts.trainer()
+    weights = trainer.weights()
+    [served] = chattts.score(group.samples[0])  # on the serving weights: no graph
+    assert not served["decode"].requires_grad
+    [scored] = chattts.score(group.samples[0], trainer=trainer)
+    assert torch.equal(scored["decode"].detach(), served["decode"])  # the copy is equal
+    scored["decode"].sum().backward()
+    for name in (
+        "layers.0.self_attn.q_proj.weight",
+        "layers.1.mlp.down_proj.weight",
+        "norm.weight",
+        "emb_text.weight",
+        "emb_code.3.weight",
+        "head_code.0.parametrizations.weight.original0",
+        "head_code.2.parametrizations.weight.original1",
+    ):
+        grad = weights[name].grad
+        assert grad is not None and grad.abs().sum().item() > 0, name
+    # the refine-text head is not in a code trajectory's graph
+    assert weights["head_text.parametrizations.weight.original1"].grad is None
+    assert all(t.grad is None for t in gpt._weight_tensors().values())  # none reached serving
     # serving is unchanged by a score and its graph
     again = _chattts_group(chattts)
     for a, b in zip(group.samples, again.samples, strict=True):
@@ -221,11 +223,11 @@ def test_qwen_thinker_and_talker_scores_equal_the_recorded_logprobs(qwen, mode):
 
 def test_qwen_score_backpropagates_into_thinker_and_talker_weights(qwen):
     group = _qwen_group(qwen)
-    components = qwen.engine.models["qwen2.5-omni"].components
-    thinker, talker = components["thinker"], components["talker"]
-    weights = {**thinker.trainable_weights(), **talker.trainable_weights()}
+    trainer = qwen.trainer()
+    thinker = trainer.policy.components["thinker"]
+    weights = trainer.weights()
     try:
-        [scored] = qwen.score(group.samples[0])
+        [scored] = qwen.score(group.samples[0], trainer=trainer)
         (scored["think"].sum() + scored["talk"].sum()).backward()
         head = "thinker.model.embed_tokens.weight"
         if not thinker.tied_head:
@@ -293,16 +295,13 @@ def test_qwen_dit_sde_steps_are_recorded_and_scored(qwen):
     scores = qwen.score(group)
     rel = _sde_rel_deltas(scores, [group])
     assert _report("qwen DiT SDE steps batch-invariant (relative)", rel) <= EXACT
-    dit = qwen.engine.models["qwen2.5-omni"].components["dit"].dit
-    params = dict(dit.named_parameters())
-    try:
-        [scored] = qwen.score(sample, loops="denoise")
-        scored["denoise"].sum().backward()
-        for name in ("proj_out.weight", "transformer_blocks.0.ff.ff.0.weight"):
-            assert params[name].grad is not None and params[name].grad.abs().sum() > 0, name
-    finally:
-        for p in params.values():
-            p.grad = None
+    trainer = qwen.trainer()
+    params = trainer.weights()
+    [scored] = qwen.score(sample, loops="denoise", trainer=trainer)
+    scored["denoise"].sum().backward()
+    for name in ("proj_out.weight", "transformer_blocks.0.ff.ff.0.weight"):
+        name = "token2wav.code2wav_dit_model." + name
+        assert params[name].grad is not None and params[name].grad.abs().sum() > 0, name
     [again] = qwen.rollout(
         ["tell me about the sea"], n=1, seed=5, voice="Chelsie", sampling=QWEN_SDE,
         audio=True, progress=False,

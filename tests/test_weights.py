@@ -20,12 +20,14 @@ from omnistep.core import (
     Request,
     SamplingParams,
     WeightUpdateError,
+    WeightVersionError,
 )
 from omnistep.engine import AsyncEngine
 from omnistep.models.chattts.card import ChatTTSOptions
 from omnistep.models.chattts.card import build_card as build_chattts
 from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 from omnistep.models.toy.card import build_card as build_toy
+from omnistep.offline import AsyncOmniEngine
 from omnistep.parity import collect
 
 
@@ -51,7 +53,7 @@ async def test_bad_updates_are_refused_whole_and_change_nothing():
     good = lm.table * 0.5
     cases = {
         "unknown tensor 'tabel'": {"table": good, "tabel": good},
-        "float32 [64, 64], the model's is float64": {"table": good.astype(np.float32)},
+        "int64 [64, 64], the model's is float64": {"table": good.astype(np.int64)},
         "float64 [64, 63]": {"table": good[:, :-1]},
         "no tensors": {},
     }
@@ -69,6 +71,69 @@ async def test_bad_updates_are_refused_whole_and_change_nothing():
     await engine.shutdown()
 
 
+async def test_versions_only_go_up_and_a_refused_one_changes_nothing():
+    engine, model = _toy_engine()
+    lm = model.components["lm"]
+    good = lm.table * 0.5
+    assert await engine.update_weights("toy", {"table": good}, version=10) == 10
+    before = lm.table.copy()
+    for version in (3, 10, 0):
+        with pytest.raises(WeightVersionError) as err:
+            await engine.update_weights("toy", {"table": good * 2}, version=version)
+        assert (err.value.requested, err.value.current) == (version, 10)
+        assert f"version {version}" in str(err.value) and "runs version 10" in str(err.value)
+        assert np.array_equal(lm.table, before) and engine.weight_versions["toy"] == 10
+    assert await engine.update_weights("toy", {"table": good}) == 11  # default: current + 1
+    assert await engine.update_weights("toy", {"table": good}, version=12) == 12
+    await engine.shutdown()
+
+
+async def test_non_finite_updates_are_refused_unless_allowed():
+    engine, model = _toy_engine()
+    lm = model.components["lm"]
+    before = lm.table.copy()
+    for bad in (np.nan, np.inf, -np.inf):
+        update = lm.table.copy()
+        update[3, 5] = bad
+        update[7, 1] = bad
+        with pytest.raises(WeightUpdateError, match="'table' holds 2 NaN/Inf"):
+            await engine.update_weights("toy", {"table": update})
+        assert np.array_equal(lm.table, before) and engine.weight_versions["toy"] == 0
+    update = lm.table.copy()
+    update[0, 0] = np.nan
+    assert await engine.update_weights("toy", {"table": update}, check_finite=False) == 1
+    assert np.isnan(lm.table[0, 0])
+    await engine.shutdown()
+
+
+async def test_another_floating_dtype_is_cast_and_reported():
+    engine, model = _toy_engine()
+    lm = model.components["lm"]
+    new = (lm.table * 0.25).astype(np.float32)
+    done = await engine.apply_weights("toy", {"table": new})
+    assert done.version == 1 and done.casts == ("table: float32 -> float64",)
+    assert lm.table.dtype == np.float64 and np.array_equal(lm.table, new.astype(np.float64))
+    await engine.shutdown()
+
+
+async def test_a_bf16_checkpoint_file_updates_a_float32_model(tmp_path):
+    # a family's published files are bf16 while the model serves float32
+    root = write_servable_tiny_chattts(tmp_path / "chattts")
+    model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
+    names = [n for n in model.weight_specs() if n.startswith("layers.0.")][:3]
+    live = model.components["gpt"]._weight_tensors()
+    update = {n: (live[n].detach() * 1.5).to(torch.bfloat16) for n in names}
+    save_file(update, str(tmp_path / "bf16.safetensors"))
+    omni = AsyncOmniEngine(AsyncEngine([model]))
+    done = await omni.apply_weights(tmp_path / "bf16.safetensors")
+    assert done.version == 1 and len(done.casts) == 3
+    assert all(c.endswith("bfloat16 -> float32") for c in done.casts)
+    for name in names:
+        assert live[name].dtype == torch.float32
+        assert torch.equal(live[name].detach(), update[name].float())
+    await omni.close()
+
+
 async def test_torch_components_take_numpy_arrays_as_well(tmp_path):
     # check_weights compares dtypes by name (numpy float32 == torch.float32): the copy must
     # take numpy too, else an update passes the check and fails half applied
@@ -76,7 +141,7 @@ async def test_torch_components_take_numpy_arrays_as_well(tmp_path):
     model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
     gpt = model.components["gpt"]
     names = [n for n in model.weight_specs() if n.startswith("layers.0.")][:2]
-    live = gpt.trainable_weights(names)
+    live = gpt._weight_tensors()
     new = {name: live[name].detach().numpy() * 1.5 for name in names}
     engine = AsyncEngine([model])
     assert await engine.update_weights("chattts", new) == 1

@@ -50,6 +50,7 @@ from omnistep.core.errors import (
     RequestFailedError,
     RequestTimeoutError,
     WeightUpdateError,
+    WeightVersionError,
 )
 from omnistep.core.program import (
     TEXT_INPUT_SLOT,
@@ -111,6 +112,7 @@ __all__ = [
     "RequestFailedError",
     "RequestTimeoutError",
     "WeightUpdateError",
+    "WeightVersionError",
     "ResourceRequest",
     "SamplingParams",
     "ShapeSignature",

@@ -51,6 +51,62 @@ def dtype_name(dtype: object) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+"""Floating dtypes a weight update may be cast between (by ``dtype_name``)."""
+
+
+@dataclass
+class PreparedWeights:
+    """A checked weight update (``ModelInstance.check_weights``).
+
+    Attributes:
+        parts: tensors by component, then by checkpoint name, in the model's dtypes.
+        casts: one ``"name: from -> to"`` line per tensor cast to the model's dtype.
+    """
+
+    parts: dict[str, dict[str, object]] = field(default_factory=dict)
+    casts: list[str] = field(default_factory=list)
+
+    def flat(self) -> dict[str, object]:
+        """Every tensor by checkpoint name."""
+        return {name: value for part in self.parts.values() for name, value in part.items()}
+
+
+def _library(value: object):
+    """The module of ``value``'s array library (``torch`` or ``numpy``) when it is loaded:
+    core imports neither, a tensor of one means that one is loaded."""
+    import sys
+
+    return sys.modules.get(type(value).__module__.split(".")[0])
+
+
+def _cast(value: object, dtype: str) -> object | None:
+    """``value`` (a torch tensor or numpy array) cast to dtype ``dtype`` (a ``dtype_name``);
+    None when its library has no such dtype (numpy has no bfloat16)."""
+    lib = _library(value)
+    target = getattr(lib, dtype, None) if lib is not None else None
+    if target is None:
+        return None
+    if hasattr(value, "to") and not hasattr(value, "astype"):  # torch
+        return value.to(target)  # type: ignore[attr-defined]
+    return value.astype(target)  # type: ignore[attr-defined]
+
+
+def count_nonfinite(value: object) -> int:
+    """How many NaN or +-Inf values a floating torch tensor or numpy array holds (0 for
+    integer tensors and other objects)."""
+    lib = _library(value)
+    if lib is None or not hasattr(lib, "isfinite"):
+        return 0
+    if lib.__name__ == "torch":
+        if not value.is_floating_point():  # type: ignore[attr-defined]
+            return 0
+        return int((~lib.isfinite(value)).sum())
+    if getattr(getattr(value, "dtype", None), "kind", "") not in ("f", "c"):
+        return 0
+    return int((~lib.isfinite(value)).sum())
+
+
 @dataclass(frozen=True)
 class ComponentSpec:
     """One expert of a card.
@@ -308,13 +364,22 @@ class ModelInstance:
                     specs[tensor] = (name, tuple(shape), dtype_name(dtype))
         return specs
 
-    def check_weights(self, tensors: Mapping[str, object]) -> dict[str, dict[str, object]]:
+    def check_weights(
+        self, tensors: Mapping[str, object], check_finite: bool = True
+    ) -> PreparedWeights:
         """Check a weight update against ``weight_specs`` without changing anything; returns
-        the tensors grouped by component.
+        the tensors grouped by component, floating tensors of another floating dtype cast to
+        the model's (a published bf16 checkpoint file into a float32 model: each cast listed
+        in ``PreparedWeights.casts``).
+
+        ``check_finite`` (default on) refuses floating tensors holding NaN or +-Inf: one pass
+        over every value (~1 GB/s on a CPU core); a trainer that checks its own tensors may
+        turn it off.
 
         Raises:
-            WeightUpdateError: an empty update, an unknown name, or a tensor whose shape or
-                dtype differs from the model's (every problem is listed).
+            WeightUpdateError: an empty update, an unknown name, a tensor whose shape differs
+                from the model's or whose dtype cannot be cast to it (integer <-> floating), or
+                a non-finite value (every problem is listed).
         """
         specs = self.weight_specs()
         if not specs:
@@ -322,7 +387,7 @@ class ModelInstance:
                 self.card.card_id, ["this model takes no weight updates (no component offers any)"]
             )
         problems = [] if tensors else ["no tensors given"]
-        parts: dict[str, dict[str, object]] = {}
+        prepared = PreparedWeights()
         for name, value in tensors.items():
             if name not in specs:
                 problems.append(f"unknown tensor '{name}'")
@@ -330,33 +395,80 @@ class ModelInstance:
             component, shape, dtype = specs[name]
             got_shape = tuple(getattr(value, "shape", ()))
             got_dtype = dtype_name(getattr(value, "dtype", type(value).__name__))
-            if got_shape != shape or got_dtype != dtype:
+            cast = got_dtype != dtype and {got_dtype, dtype} <= FLOAT_DTYPES
+            if got_shape == shape and cast:
+                value = _cast(value, dtype)
+            if got_shape != shape or (got_dtype != dtype and (not cast or value is None)):
                 problems.append(
                     f"'{name}' is {got_dtype} {list(got_shape)}, the model's is {dtype} "
                     f"{list(shape)}"
                 )
                 continue
-            parts.setdefault(component, {})[name] = value
+            bad = count_nonfinite(value) if check_finite else 0
+            if bad:
+                problems.append(
+                    f"'{name}' holds {bad} NaN/Inf value(s) (pass check_finite=False to allow)"
+                )
+                continue
+            if cast:
+                prepared.casts.append(f"{name}: {got_dtype} -> {dtype}")
+            prepared.parts.setdefault(component, {})[name] = value
         if problems:
             raise WeightUpdateError(self.card.card_id, problems)
-        return parts
+        return prepared
 
-    def update_weights(self, tensors: Mapping[str, object], version: int) -> None:
+    def update_weights(
+        self,
+        tensors: Mapping[str, object] | PreparedWeights,
+        version: int,
+        check_finite: bool = True,
+    ) -> None:
         """Copy ``tensors`` (checkpoint names, see ``weight_specs``) into the components in
-        place, all checked first (``check_weights``: on any problem nothing changes), and set
-        every updated component's ``weight_version`` to ``version``. Each component refreshes
-        what it derives from its weights (pre-packed linears, folded heads). Call it only
-        between steps: the engine's ``update_weights`` does.
+        place, all checked first (``check_weights``: on any problem nothing changes; a
+        ``PreparedWeights`` was checked already), and set every updated component's
+        ``weight_version`` to ``version``. Each component refreshes what it derives from its
+        weights (pre-packed linears, folded heads). Call it only between steps: the engine's
+        ``update_weights`` does.
 
         Raises:
             WeightUpdateError: see ``check_weights``.
         """
-        for component, part in self.check_weights(tensors).items():
+        if not isinstance(tensors, PreparedWeights):
+            tensors = self.check_weights(tensors, check_finite)
+        for component, part in tensors.parts.items():
             target = self.components[component]
             target.update_weights(part)  # type: ignore[attr-defined]
             target.weight_version = version  # type: ignore[attr-defined]
         if self.card.on_weights_updated is not None:
-            self.card.on_weights_updated(self, tensors)
+            self.card.on_weights_updated(self, tensors.flat())
+
+    def training_copy(self) -> ModelInstance:
+        """A trainer's copy of this model: each component offering ``training_copy()`` (those
+        that take weight updates and can be scored: AR stacks, a DiT) copied with weights of
+        its own, the others (vocoders, ONNX voices: nothing to train) shared; the loops are
+        shared (they keep no per-request state). The copy scores and hands out
+        ``trainable_weights``; it never serves. Costs one copy of the trained components'
+        weights.
+
+        Raises:
+            NotImplementedError: no component can be copied here (components running in other
+                processes, as with the Ray executor, or a model with nothing to train).
+        """
+        components: dict[str, Component] = {}
+        copied = 0
+        for name, component in self.components.items():
+            make = getattr(component, "training_copy", None)
+            if callable(make):
+                components[name] = make()
+                copied += 1
+            else:
+                components[name] = component
+        if not copied:
+            raise NotImplementedError(
+                f"model '{self.card.card_id}' has no component a trainer can copy in this "
+                "process (nothing to train, or components running elsewhere, as with Ray)"
+            )
+        return ModelInstance(self.card, components, self.loops, self.device)
 
     def spec(self, component: str) -> ComponentSpec:
         """The component's spec. Raises KeyError for an unknown name."""

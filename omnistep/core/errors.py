@@ -53,6 +53,27 @@ class WeightUpdateError(InvalidRequestError):
         self.problems = problems
 
 
+class WeightVersionError(InvalidRequestError):
+    """A weight update asked for a version that is not above the one served: versions only go
+    up (the server answers 409 Conflict). Nothing was changed.
+
+    Attributes:
+        requested: the version asked for.
+        current: the version the model runs.
+    """
+
+    def __init__(self, model: str, requested: int, current: int):
+        super().__init__(
+            f"weight version {requested} for '{model}' refused: the model runs version "
+            f"{current} and versions only go up (ask for {current + 1} or more, or leave "
+            "version out)",
+            param="version",
+            code="version_conflict",
+        )
+        self.requested = requested
+        self.current = current
+
+
 class ModelFilesError(OmnistepError, FileNotFoundError):
     """A model's weights (a folder or a file given to ``--model family=PATH``) are missing or
     not laid out as expected; the message names the path and the files expected there."""

@@ -35,6 +35,12 @@ class SamplingParams:
             ODE step, std ``a sqrt((1 - t) / t)`` per unit time), in [0, ``MAX_FLOW_NOISE``];
             None or 0 runs the deterministic ODE. Cards without one (every card but
             Qwen2.5-Omni's DiT) ignore it.
+        subtalker_temperature, subtalker_top_p, subtalker_top_k: the same settings for a
+            card's sub-stage sampler, where one frame's later codebooks are drawn by a second
+            model inside the step (Qwen3-TTS's code predictor, codebooks 1..15; upstream
+            ``generate``'s names). None: the card's default (the checkpoint's
+            ``generation_config.json``), or greedy when ``temperature`` is 0. Cards without a
+            sub-stage ignore them.
 
     Raises:
         InvalidRequestError: a value out of range or of the wrong type (a bool, a string; a
@@ -49,9 +55,15 @@ class SamplingParams:
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None
     flow_noise_level: float | None = None
+    subtalker_temperature: float | None = None
+    subtalker_top_p: float | None = None
+    subtalker_top_k: int | None = None
 
     def __post_init__(self) -> None:
         checks = {
+            "subtalker_temperature": lambda v: math.isfinite(v) and v >= 0,
+            "subtalker_top_p": lambda v: math.isfinite(v) and 0 < v <= 1,
+            "subtalker_top_k": lambda v: v >= 0,
             "flow_noise_level": lambda v: math.isfinite(v) and 0 <= v <= MAX_FLOW_NOISE,
             "temperature": lambda v: math.isfinite(v) and v >= 0,
             "top_p": lambda v: math.isfinite(v) and 0 < v <= 1,
@@ -60,7 +72,7 @@ class SamplingParams:
             "max_new_tokens": lambda v: v >= 1,
             "min_new_tokens": lambda v: v >= 0,
         }
-        integers = ("top_k", "max_new_tokens", "min_new_tokens")
+        integers = ("top_k", "max_new_tokens", "min_new_tokens", "subtalker_top_k")
         for name, ok in checks.items():
             value = getattr(self, name)
             kind = numbers.Integral if name in integers else numbers.Real

@@ -3,7 +3,7 @@
 
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import PlaybackClock
-from omnistep.engine.engine import AsyncEngine, RequestStream
+from omnistep.engine.engine import AsyncEngine, RequestStream, WeightUpdate
 from omnistep.engine.executor import Executor, InProcessExecutor
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 
@@ -17,4 +17,5 @@ __all__ = [
     "PlaybackClock",
     "RequestStream",
     "Scheduler",
+    "WeightUpdate",
 ]

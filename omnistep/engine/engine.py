@@ -41,6 +41,7 @@ from omnistep.core import (
     RequestTimeoutError,
     StepResult,
     StreamChunk,
+    WeightVersionError,
     WorkPlan,
     check_text,
 )
@@ -67,6 +68,21 @@ _AUDIO_STAGES = (LoopKind.DENOISE, LoopKind.AUDIO_DECODE)
 """Loop kinds that turn a request's codes into audio (``ModelCard.first_audio_alone``)."""
 
 log = logging.getLogger("omnistep.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class WeightUpdate:
+    """What ``AsyncEngine.apply_weights`` did.
+
+    Attributes:
+        model: the card id.
+        version: the weight version the model now runs.
+        casts: one ``"name: from -> to"`` line per tensor cast to the model's dtype.
+    """
+
+    model: str
+    version: int
+    casts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,12 +408,27 @@ class AsyncEngine:
         tensors: Mapping[str, Any],
         version: int | None = None,
         mode: str = "pause",
+        check_finite: bool = True,
     ) -> int:
-        """Swap a model's weights in place, atomically, between steps; returns the new version.
+        """``apply_weights``; returns only the new version."""
+        done = await self.apply_weights(model_id, tensors, version, mode, check_finite)
+        return done.version
+
+    async def apply_weights(
+        self,
+        model_id: str,
+        tensors: Mapping[str, Any],
+        version: int | None = None,
+        mode: str = "pause",
+        check_finite: bool = True,
+    ) -> WeightUpdate:
+        """Swap a model's weights in place, atomically, between steps.
 
         ``tensors`` use the checkpoint's own names (``ModelInstance.weight_specs``); all are
-        checked before anything changes (``WeightUpdateError``: unknown name, wrong shape or
-        dtype). Modes:
+        checked before anything changes (``ModelInstance.check_weights``: unknown name, wrong
+        shape, a dtype that cannot be cast, NaN/Inf values unless ``check_finite`` is False);
+        floating tensors of another floating dtype are cast to the model's and listed in the
+        answer's ``casts``. Modes:
 
         - ``"pause"``: the model's units stop being dispatched, running batches finish, the
           weights change, and every request goes on with them (its later steps record the new
@@ -405,14 +436,16 @@ class AsyncEngine:
         - ``"drain"``: new requests for the model are held (not refused), the running ones
           finish on the old weights, the weights change, then the held ones start.
 
-        ``version``: the new version number (default: the current one + 1). Every derived copy
-        (pre-packed linears, folded heads, rows another component keeps) is refreshed. Updates
-        of one model run one at a time.
+        ``version``: the new version number, above the current one (default: the current one
+        + 1): versions only go up, so every recorded step's version names one set of weights.
+        Every derived copy (pre-packed linears, folded heads, rows another component keeps) is
+        refreshed. Updates of one model run one at a time.
 
         Raises:
             ModelNotFoundError: unknown model id.
             InvalidRequestError: an unknown mode, a ``version`` that is not a non-negative
                 integer.
+            WeightVersionError: ``version`` is not above the current one (nothing changed).
             WeightUpdateError: see above; nothing changed.
         """
         if mode not in WEIGHT_UPDATE_MODES:
@@ -427,9 +460,11 @@ class AsyncEngine:
                 f"version must be a non-negative integer, got {version!r}", param="version"
             )
         model = self.resolve(model_id)
-        model.check_weights(tensors)
         card_id = model.card.card_id
+        self._check_version(card_id, version)
+        prepared = await asyncio.to_thread(releasing(model.check_weights), tensors, check_finite)
         async with self._weight_locks.setdefault(card_id, asyncio.Lock()):
+            self._check_version(card_id, version)  # another update may have run meanwhile
             new_version = self.weight_versions[card_id] + 1 if version is None else version
             try:
                 if mode == "drain":
@@ -437,14 +472,23 @@ class AsyncEngine:
                     await self._wait_until(lambda: not self._drain_pending(card_id))
                 self._paused.add(card_id)
                 await self._wait_until(lambda: not self._model_busy(card_id))
-                await asyncio.to_thread(releasing(model.update_weights), tensors, new_version)
+                await asyncio.to_thread(releasing(model.update_weights), prepared, new_version)
                 self.weight_versions[card_id] = new_version
             finally:
                 self._paused.discard(card_id)
                 self._release_drained(card_id)
                 self._wake.set()
-        log.info("model %s now runs weight version %d", card_id, new_version)
-        return new_version
+        casts = (
+            f" ({len(prepared.casts)} tensors cast to the model's dtype)" if prepared.casts else ""
+        )
+        log.info("model %s now runs weight version %d%s", card_id, new_version, casts)
+        return WeightUpdate(card_id, new_version, tuple(prepared.casts))
+
+    def _check_version(self, card_id: str, version: int | None) -> None:
+        """Raises WeightVersionError when an explicit ``version`` is not above the current."""
+        current = self.weight_versions[card_id]
+        if version is not None and version <= current:
+            raise WeightVersionError(card_id, version, current)
 
     async def forget_voice(self, model_id: str, spec: str) -> None:
         """Free what the card keeps for a voice that was deleted (its ``voice_forgetter``;

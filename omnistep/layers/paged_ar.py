@@ -83,6 +83,7 @@ from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.linear import linear
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
 from omnistep.layers.paged_attention import AttentionMetadata
+from omnistep.layers.training import require_training_copy, training_copy
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
 from omnistep.sampling import SamplingRow, policy_logprobs, recompute_logprobs, sample
 
@@ -131,6 +132,12 @@ class PagedARModel:
 
     max_kept_prefixes: int = 16
     """Prompt prefixes (``_prompt_prefix``) kept at most; the least recently used go first."""
+
+    serving: bool = True
+    """False on a ``training_copy``: it scores and trains, and never runs units."""
+
+    SERVING_STATE = ("cache", "table", "blocks", "lengths", "_shared", "_prefixes")
+    """Attributes a ``training_copy`` leaves out (the KV pool and its bookkeeping)."""
 
     def __init__(
         self,
@@ -264,6 +271,8 @@ class PagedARModel:
             ValueError: another kind, or a malformed payload.
             KVCacheFullError: a prefill longer than the whole pool.
         """
+        if not self.serving:
+            raise RuntimeError(f"a training copy of {type(self).__name__} does not serve")
         if kind is WorkUnitKind.PREFILL:
             return self._prefill(payloads)
         if kind is WorkUnitKind.AR_TOKEN:
@@ -291,19 +300,24 @@ class PagedARModel:
         self._weights_updated(set(tensors))
         self.drop_prefixes()  # their K/V came from the old weights
 
-    def trainable_weights(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
-        """The live weights by checkpoint name (``weight_specs``' names; all when ``names`` is
-        None), each set to require grad: what a trainer's optimizer takes. ``score_logits``
-        computes from these tensors (a derived copy, such as a folded or tied head, is
-        derived again inside its graph), so its gradients land here.
+    def training_copy(self) -> PagedARModel:
+        """A trainer's copy (``omnistep.layers.training``): its own weights, equal to these,
+        no KV cache; it scores (``score_logits``, ``score_logprobs``) and hands out
+        ``trainable_weights``, and never serves."""
+        return training_copy(self, self.SERVING_STATE)
 
-        Changing them in place changes what serving computes, except derived copies: call the
-        engine's ``update_weights`` with the new values (or ``update_weights`` here, between
-        steps) to refresh those and record a new version.
+    def trainable_weights(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """A training copy's weights by checkpoint name (``weight_specs``' names; all when
+        ``names`` is None), each set to require grad: what a trainer's optimizer takes.
+        ``score_logits`` computes from these tensors (a derived copy, such as a folded or
+        tied head, is derived again inside its graph), so its gradients land here. Send new
+        values to serving with the engine's ``update_weights`` (the copy's ``_weight_tensors``).
 
         Raises:
+            ServingWeightsError: this component serves (take ``training_copy()`` first).
             KeyError: a name the component does not have.
         """
+        require_training_copy(self)
         tensors = self._weight_tensors()
         picked = tensors if names is None else {name: tensors[name] for name in names}
         for tensor in picked.values():
@@ -337,8 +351,10 @@ class PagedARModel:
             ValueError: no frames, a frame of another width, a malformed prompt.
         """
         frames = tuple(tuple(int(t) for t in frame) for frame in frames)
-        hidden = self._score_hidden(prompt, frames, match_serving)
-        return self._score_head(hidden, prompt).float()
+        # a serving component's scores never carry a graph to its weights
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
+            hidden = self._score_hidden(prompt, frames, match_serving)
+            return self._score_head(hidden, prompt).float()
 
     def _score_hidden(
         self, prompt: Any, frames: Sequence[Sequence[int]], match_serving: bool

@@ -19,6 +19,7 @@ from omnistep.core import (
     RequestAbortedError,
     RequestFailedError,
     RequestTimeoutError,
+    WeightVersionError,
 )
 
 log = logging.getLogger("omnistep.server")
@@ -99,8 +100,9 @@ def error_response(
 def api_error(exc: BaseException) -> ApiError:
     """Map an exception to its API error; unexpected ones are logged with their traceback.
 
-    400/404 for bad input; 429 with ``Retry-After`` when the engine is full (OpenAI's
-    request-rate error: type ``requests``, code ``rate_limit_exceeded``); 504 (type
+    400/404 for bad input (409 for a weight version that does not go up); 429 with
+    ``Retry-After`` when the engine is full (OpenAI's request-rate error: type ``requests``,
+    code ``rate_limit_exceeded``); 504 (type
     ``timeout_error``, code ``request_timeout``) past the server's request timeout; 503 (code
     ``request_aborted``) for a request aborted by the server (shutdown); 500 for failures.
     """
@@ -109,6 +111,7 @@ def api_error(exc: BaseException) -> ApiError:
         return ApiError(429, str(exc), "requests", code="rate_limit_exceeded", headers=headers)
     if isinstance(exc, InvalidRequestError):  # ModelNotFoundError included
         status = 404 if isinstance(exc, ModelNotFoundError) else 400
+        status = 409 if isinstance(exc, WeightVersionError) else status
         return ApiError(status, str(exc), param=exc.param, code=exc.code)
     if isinstance(exc, RequestTimeoutError):
         return ApiError(504, str(exc), "timeout_error", code="request_timeout")
@@ -174,6 +177,11 @@ _FIELD_NAMES = frozenset(
         "path",
         "version",
         "mode",
+        "check_finite",
+        "min_new_tokens",
+        "subtalker_temperature",
+        "subtalker_top_p",
+        "subtalker_top_k",
     }
 )
 
@@ -204,6 +212,11 @@ def validation_message(
         if first.get("type") == "missing":
             return "The request body is empty; expected a JSON object.", None
         return "The request body must be a JSON object.", None
+    unknown = [e for e in errors if e.get("type") == "extra_forbidden" and e.get("loc")]
+    if unknown:  # bodies that forbid extras (rollouts, weights): name every unknown field
+        names = sorted({str(e["loc"][-1])[:64] for e in unknown})
+        shown = ", ".join(f"'{n}'" for n in names[:10])
+        return f"Unknown field(s) {shown}: this endpoint does not take them.", names[0]
     loc = [p for p in first.get("loc", ()) if p != "body"]
     param = str(loc[0]) if loc else None
     # keep field names and list indices; drop pydantic's union-member labels ("constrained-str")

@@ -106,10 +106,27 @@ class SamplingFields(OpenAIBody):
         default=None, ge=1, le=10, allow_inf_nan=False, strict=True
     )
     max_new_tokens: int | None = Field(default=None, ge=1, le=8192, strict=True)
+    # a sub-stage sampler (Qwen3-TTS's code predictor, codebooks 1..15; upstream's names)
+    subtalker_temperature: float | None = Field(
+        default=None, ge=0, le=5, allow_inf_nan=False, strict=True
+    )
+    subtalker_top_p: float | None = Field(
+        default=None, gt=0, le=1, allow_inf_nan=False, strict=True
+    )
+    subtalker_top_k: int | None = Field(default=None, ge=0, le=10000, strict=True)
 
     def sampling(self) -> SamplingParams:
         """The ``SamplingParams`` of the fields that were given."""
-        names = ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens")
+        names = (
+            "temperature",
+            "top_p",
+            "top_k",
+            "repetition_penalty",
+            "max_new_tokens",
+            "subtalker_temperature",
+            "subtalker_top_p",
+            "subtalker_top_k",
+        )
         given = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return SamplingParams(**given)
 

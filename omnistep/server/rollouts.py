@@ -34,7 +34,14 @@ from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, StrictInt, ValidationError, field_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from omnistep.audio import encode_all
 from omnistep.core import InvalidRequestError, RequestAbortedError, SamplingParams
@@ -76,7 +83,9 @@ class RolloutBody(SamplingFields, ReferenceVoiceFields):
     (0..4: a flow-matching decoder's SDE noise scale, Flow-GRPO; cascade cards asked for
     audio then return each DiT solver step as a policy step under ``denoise``);
     ``logprobs`` (``processed`` or ``policy``); ``audio_format`` (one of the speech formats:
-    each sample's audio, base64 in JSON; None: no audio).
+    each sample's audio, base64 in JSON; None: no audio); ``min_new_tokens`` (no end before
+    that many steps). Unknown fields are a 400 naming them (a typo such as ``logprob`` must not
+    fall back to a default silently).
     """
 
     model: str = Field(min_length=1, max_length=200)
@@ -89,10 +98,17 @@ class RolloutBody(SamplingFields, ReferenceVoiceFields):
     flow_noise_level: float | None = Field(
         default=None, ge=0, le=MAX_FLOW_NOISE, allow_inf_nan=False, strict=True
     )
+    min_new_tokens: int | None = Field(default=None, ge=0, le=8192, strict=True)
+
+    model_config = ConfigDict(extra="forbid")
 
     def sampling(self) -> SamplingParams:
-        """The sampling fields' ``SamplingParams``, with ``flow_noise_level``."""
-        return replace(super().sampling(), flow_noise_level=self.flow_noise_level)
+        """The sampling fields' ``SamplingParams``, with ``flow_noise_level`` and
+        ``min_new_tokens``."""
+        sampling = replace(super().sampling(), flow_noise_level=self.flow_noise_level)
+        if self.min_new_tokens is not None:
+            sampling = replace(sampling, min_new_tokens=self.min_new_tokens)
+        return sampling
 
     @field_validator("inputs")
     @classmethod
@@ -108,13 +124,18 @@ class RolloutBody(SamplingFields, ReferenceVoiceFields):
 
 class WeightsBody(OpenAIBody):
     """JSON body of ``POST /v1/weights``: ``path`` of a safetensors file the server can read,
-    ``model`` (default: the first served), ``version`` (default: the current one + 1) and
-    ``mode`` (``pause`` or ``drain``)."""
+    ``model`` (default: the first served), ``version`` (above the current one; default: the
+    current one + 1; a lower or equal one is a 409), ``mode`` (``pause`` or ``drain``) and
+    ``check_finite`` (default true: a NaN or Inf value is a 400; false skips that pass).
+    Unknown fields are a 400 naming them."""
+
+    model_config = ConfigDict(extra="forbid")
 
     path: str = Field(min_length=1, max_length=4096)
     model: str | None = Field(default=None, min_length=1, max_length=200)
     version: StrictInt | None = Field(default=None, ge=0, le=2**62)
     mode: Literal["pause", "drain"] = "pause"
+    check_finite: StrictBool = True
 
 
 def _omni(http: HttpRequest) -> AsyncOmniEngine:
@@ -129,6 +150,12 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
         raise InvalidRequestError(
             f"inputs x n must be at most {MAX_ROLLOUT_SAMPLES}, got {len(body.inputs)} x {body.n}",
             param="n",
+        )
+    low, high = body.min_new_tokens, body.max_new_tokens
+    if low is not None and high is not None and low > high:
+        raise InvalidRequestError(
+            f"min_new_tokens ({low}) must not exceed max_new_tokens ({high})",
+            param="min_new_tokens",
         )
     omni = _omni(http)
     card = omni.engine.resolve(body.model).card
@@ -146,9 +173,10 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
     )
     groups = await _unless_client_leaves(http, rollout)
     card_id = omni.card_id(body.model)
+    head = {"model": card_id, "weight_version": omni.engine.weight_versions[card_id]}
     if _wants_safetensors(http.headers.get("accept", "")):
-        return Response(_safetensors(card_id, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
-    return JSONResponse(_json(card_id, body, groups))
+        return Response(_safetensors(head, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
+    return JSONResponse(_json(head, body, groups))
 
 
 async def _unless_client_leaves(http: HttpRequest, work: Awaitable[T]) -> T:
@@ -203,11 +231,19 @@ def _wants_safetensors(accept: str) -> bool:
 
 
 def _sample_meta(sample) -> dict:
+    """A sample's JSON fields; ``weight_version`` is the version its last step ran under (a
+    sample that crossed an update in ``pause`` mode has earlier steps at lower versions: its
+    loops' ``weight_versions`` say which)."""
+    versions = [int(a.weight_versions[-1]) for a in sample.loops.values() if len(a.weight_versions)]
+    versions += [
+        int(d.weight_versions[-1]) for d in sample.denoise.values() if len(d.weight_versions)
+    ]
     meta = {
         "index": sample.index,
         "seed": sample.seed,
         "text": sample.text,
         "sample_rate": sample.sample_rate,
+        "weight_version": max(versions, default=None),
         "loops": {
             name: {"stop_reason": a.stop_reason, "seed": a.seed, "num_steps": len(a.tokens)}
             for name, a in sample.loops.items()
@@ -234,7 +270,7 @@ DENOISE_TENSORS = ("x", "mean", "x_next")
 """Per recorded SDE step, the float32 ``[frames, mel_dim]`` arrays a rollout returns."""
 
 
-def _json(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
+def _json(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
     out = []
     for group in groups:
         samples = []
@@ -261,13 +297,15 @@ def _json(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
             )
             samples.append(entry)
         out.append({"input": group.input, "group": group.group, "samples": samples})
-    return _envelope(card_id, body, out)
+    return _envelope(head, body, out)
 
 
-def _envelope(card_id: str, body: RolloutBody, groups: list) -> dict:
+def _envelope(head: dict, body: RolloutBody, groups: list) -> dict:
+    """The answer's top level; ``head`` holds ``model`` and ``weight_version`` (the version
+    the model runs as the answer is made)."""
     return {
         "object": "rollout",
-        "model": card_id,
+        **head,
         "n": body.n,
         "logprobs": body.logprobs,
         "audio_format": body.audio_format,
@@ -275,7 +313,7 @@ def _envelope(card_id: str, body: RolloutBody, groups: list) -> dict:
     }
 
 
-def _safetensors(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) -> bytes:
+def _safetensors(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> bytes:
     from safetensors.numpy import save
 
     tensors: dict[str, np.ndarray] = {}
@@ -299,7 +337,7 @@ def _safetensors(card_id: str, body: RolloutBody, groups: list[RolloutGroup]) ->
                 tensors[f"{prefix}.audio"] = np.ascontiguousarray(sample.audio, np.float32)
             samples.append(_sample_meta(sample))
         meta_groups.append({"input": group.input, "group": group.group, "samples": samples})
-    meta = json.dumps(_envelope(card_id, body, meta_groups))
+    meta = json.dumps(_envelope(head, body, meta_groups))
     return save(tensors, metadata={"rollout": meta})
 
 
@@ -315,6 +353,8 @@ async def update_weights(http: HttpRequest) -> dict:
         query = http.query_params
         fields = {"path": "(upload)", "version": _int_param(query.get("version"), "version")}
         fields.update({k: query[k] for k in ("model", "mode") if k in query})
+        if "check_finite" in query:
+            fields["check_finite"] = _bool_param(query["check_finite"], "check_finite")
         body = _weights_body(fields, loc=())
         with tempfile.TemporaryDirectory(prefix="omnistep-weights-") as folder:
             path = Path(folder) / "weights.safetensors"
@@ -356,11 +396,13 @@ def _weights_body(fields: dict | bytes, loc: tuple[str, ...]) -> WeightsBody:
 
 
 async def _apply(http: HttpRequest, body: WeightsBody, path: Path) -> dict:
-    omni = _omni(http)
-    version = await omni.update_weights(
-        path, model=body.model, version=body.version, mode=body.mode
+    done = await _omni(http).apply_weights(
+        path, model=body.model, version=body.version, mode=body.mode, check_finite=body.check_finite
     )
-    return {"object": "weights", "model": omni.card_id(body.model), "version": version}
+    answer = {"object": "weights", "model": done.model, "version": done.version}
+    if done.casts:  # a published checkpoint's dtype (bf16) into the serving one (float32)
+        answer["cast"] = list(done.casts)
+    return answer
 
 
 def _int_param(value: str | None, name: str) -> int | None:
@@ -369,6 +411,12 @@ def _int_param(value: str | None, name: str) -> int | None:
     if not (value.isascii() and value.isdigit()):  # "²".isdigit(), but int("²") fails
         raise InvalidRequestError(f"'{name}' must be a non-negative integer", param=name)
     return int(value)
+
+
+def _bool_param(value: str, name: str) -> bool:
+    if value.lower() not in ("true", "false", "1", "0"):
+        raise InvalidRequestError(f"'{name}' must be true or false", param=name)
+    return value.lower() in ("true", "1")
 
 
 @router.get("/v1/weights")

@@ -58,6 +58,7 @@ from omnistep.core import (
 )
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.device import check_device
+from omnistep.layers.training import require_training_copy, training_copy
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
 from omnistep.loops.denoise import (
@@ -324,6 +325,9 @@ class DiTComponent:
     ``DenoiseStepRecord`` (``score_steps`` recomputes its log-prob).
     """
 
+    serving: bool = True
+    """False on a ``training_copy``: it scores and trains, and never runs units."""
+
     def __init__(self, dit: DiT, batch_invariant: bool = False):
         self.dit = dit
         self.batch_invariant = batch_invariant
@@ -331,6 +335,8 @@ class DiTComponent:
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: list[DenoiseInput]) -> list[DenoiseOutput]:
+        if not self.serving:
+            raise RuntimeError("a training copy of the DiT does not serve")
         if kind is not WorkUnitKind.DENOISE_STEP:
             raise ValueError(f"the DiT cannot run {kind}")
         windows = [p.state if p.state is not None else self._start(p.start) for p in payloads]
@@ -396,21 +402,23 @@ class DiTComponent:
         for name, value in tensors.items():
             targets[name].copy_(torch.as_tensor(value))
 
-    def trainable_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-        """The DiT's live parameters by checkpoint name (all when ``names`` is None), set to
-        require grad: what a Flow-GRPO trainer's optimizer takes (``score_steps`` computes
-        from them).
+    def training_copy(self) -> DiTComponent:
+        """A trainer's copy (``omnistep.layers.training``): its own DiT weights, equal to
+        these; it scores (``score_steps``) and hands out ``trainable_weights``, and never
+        serves."""
+        return training_copy(self)
 
-        Changing them in place changes what serving computes: its kept copies (pre-packed
-        linears, ``DiT.time_conditioning``'s per-time values) notice through the tensors'
-        in-place version counters, which plain and ``foreach`` optimizer steps bump. A
-        ``fused=True`` optimizer step does not bump them (torch 2.13): after one, call
-        ``update_weights`` with the new values, which refreshes every copy and records a
-        version.
+    def trainable_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """A training copy's DiT parameters by checkpoint name (all when ``names`` is None),
+        set to require grad: what a Flow-GRPO trainer's optimizer takes (``score_steps``
+        computes from them). Send new values to serving with the engine's
+        ``update_weights``.
 
         Raises:
+            ServingWeightsError: this component serves (take ``training_copy()`` first).
             KeyError: a name the DiT does not have.
         """
+        require_training_copy(self)
         weights = self._weights()
         chosen = {n: weights[n] for n in (weights if names is None else names)}
         for tensor in chosen.values():
@@ -419,8 +427,13 @@ class DiTComponent:
 
     def score_steps(self, records: list[DenoiseStepRecord]) -> torch.Tensor:
         """The log-probs of recorded SDE steps recomputed (``DiT.step_logprob``: the same code
-        as serving, autograd on when the caller's grad mode is), float64 ``[S]`` in the
-        records' order."""
+        as serving), float64 ``[S]`` in the records' order. Autograd follows the caller's
+        grad mode on a training copy; on the serving component never (no graph reaches
+        serving weights)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
+            return self._score_steps(records)
+
+    def _score_steps(self, records: list[DenoiseStepRecord]) -> torch.Tensor:
         out = []
         for r in records:
             start: Token2WavStart = r.conditioning

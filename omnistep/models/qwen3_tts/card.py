@@ -501,8 +501,11 @@ class _Frontend:
 
 
 def make_sampling(config: Qwen3TTSConfig):
-    """``Request -> Qwen3TTSSampling``: the checkpoint's defaults, the request's sampling
-    fields on codebook 0, greedy in both stages at temperature 0."""
+    """``Request -> Qwen3TTSSampling``: the checkpoint's defaults; the request's sampling
+    fields on codebook 0 and its ``subtalker_*`` fields on the code predictor (codebooks
+    1..15); greedy in both stages at temperature 0 unless a ``subtalker_temperature`` is
+    given. The predictor's log-probs (``processed`` and ``policy``) are those of the row it
+    actually sampled with."""
 
     def build(req: Request) -> Qwen3TTSSampling:
         sp = req.sampling
@@ -518,7 +521,16 @@ def make_sampling(config: Qwen3TTSConfig):
             updates["temperature"] = sp.temperature
         if sp.min_new_tokens is not None:
             updates["min_new_tokens"] = max(sp.min_new_tokens, talker.min_new_tokens)
-        return dataclasses.replace(base, talker=dataclasses.replace(talker, **updates))
+        sub = {
+            field: getattr(sp, f"subtalker_{field}")
+            for field in ("temperature", "top_p", "top_k")
+            if getattr(sp, f"subtalker_{field}") is not None
+        }
+        return dataclasses.replace(
+            base,
+            talker=dataclasses.replace(talker, **updates),
+            predictor=dataclasses.replace(base.predictor, **sub),
+        )
 
     return build
 
