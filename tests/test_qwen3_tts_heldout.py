@@ -18,12 +18,12 @@ import pytest
 
 from omnistep.core import ExecutionProfile, ModelInstance, Request, SamplingParams
 from omnistep.engine import AsyncEngine
+from omnistep.models.qwen3_tts import tiny as assets
 from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.models.qwen3_tts.clone import VoiceCloneEncoder, VoiceClonePrompt
 from omnistep.models.qwen3_tts.loader import LAYOUT
 from omnistep.parity import collect
 from omnistep.server import ServerConfig, build_app
-from tests.qwen3_tts_ref import assets
 from tests.qwen3_tts_ref.env import call_reference
 from tests.test_qwen3_tts_clone import chirp
 
