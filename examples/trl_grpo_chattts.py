@@ -22,6 +22,7 @@ It prints TRL's log line per step (``reward`` is the mean reward of that step's 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -51,8 +52,12 @@ def low_codes(frames: list[np.ndarray], **_: object) -> list[float]:
     return [float((f[:, 0] < REWARD_CODES).mean()) if len(f) else 0.0 for f in frames]
 
 
-def train(omni: OmniEngine, steps: int, n: int, lr: float, frames: int, output_dir: str) -> list:
-    """``steps`` GRPO steps of TRL's trainer on ``omni``'s ChatTTS; TRL's log history."""
+def train(
+    omni: OmniEngine, steps: int, n: int, lr: float, frames: int, output_dir: str
+) -> tuple[list[dict], list[set[int]]]:
+    """``steps`` GRPO steps of TRL's trainer on ``omni``'s ChatTTS: TRL's log entry of each
+    step (``reward``: the mean reward of its rollout) and the weight versions each step's
+    rollout ran under."""
     args = GRPOConfig(
         output_dir=output_dir,
         max_steps=steps,
@@ -77,14 +82,21 @@ def train(omni: OmniEngine, steps: int, n: int, lr: float, frames: int, output_d
         temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
         max_new_tokens=frames, min_new_tokens=frames,
     )  # fmt: skip
+    versions: list[set[int]] = []
+
+    @functools.wraps(low_codes)
+    def reward(frames: list[np.ndarray], weight_version: list[int], **kwargs: object):
+        versions.append(set(weight_version))
+        return low_codes(frames)
+
     trainer = grpo_trainer(
-        omni, low_codes, dataset, args, trainable=TRAINED, voice="alloy", sampling=sampling
+        omni, reward, dataset, args, trainable=TRAINED, voice="alloy", sampling=sampling
     )
     trainer.train()
-    return [h for h in trainer.state.log_history if "reward" in h]
+    return [h for h in trainer.state.log_history if "reward" in h], versions
 
 
-def main(argv: list[str] | None = None) -> list:
+def main(argv: list[str] | None = None) -> tuple[list[dict], list[set[int]]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--model", help="chattts=/path (default: a tiny random checkpoint)")
     ap.add_argument("--steps", type=int, default=5)
@@ -96,7 +108,12 @@ def main(argv: list[str] | None = None) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         spec = args.model or f"chattts={_tiny_checkpoint(Path(tmp))}"
         with OmniEngine(spec, kv_cache_gb=0.05, batch_invariant=True) as omni:
-            return train(omni, args.steps, args.n, args.lr, args.frames, str(Path(tmp) / "out"))
+            history, versions = train(
+                omni, args.steps, args.n, args.lr, args.frames, str(Path(tmp) / "out")
+            )
+    for step, entry in enumerate(history):
+        print(f"step {step}: mean reward {entry['reward']:.3f}, weights v{sorted(versions[step])}")
+    return history, versions
 
 
 def _tiny_checkpoint(folder: Path) -> Path:

@@ -481,7 +481,8 @@ def _group_texts(prompts: list, n: int) -> list[str]:
     for prompt in prompts:
         if not isinstance(prompt, str):
             raise TypeError(
-                f"omnistep rollouts take text prompts (the text to speak), got {type(prompt).__name__}"
+                "omnistep rollouts take text prompts (the text to speak), got "
+                f"{type(prompt).__name__}"
             )
     if len(prompts) % n or any(
         len(set(prompts[i : i + n])) != 1 for i in range(0, len(prompts), n)
