@@ -99,7 +99,7 @@ def train(
 def main(argv: list[str] | None = None) -> tuple[list[dict], list[set[int]]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--model", help="chattts=/path (default: a tiny random checkpoint)")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--n", type=int, default=8, help="samples per prompt (num_generations)")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--frames", type=int, default=16, help="frames per completion")

@@ -3,7 +3,7 @@
 The mapping (frame tokens, prompt runs, refused settings) without a model; then, on the tiny
 ChatTTS, TRL's own calls (rollout_func, the fused-head forward) answered with the recorded
 samples' log-probs and a weight sync per optimizer step; then examples/trl_grpo_chattts.py
-end to end: the mean reward rises over 5 steps of TRL's trainer."""
+end to end: the mean reward rises over 8 steps of TRL's trainer."""
 
 from __future__ import annotations
 
@@ -162,13 +162,13 @@ def _example():
 
 def test_trl_grpo_trainer_raises_the_mean_reward_with_omnistep_rollouts():
     example = _example()
-    history, versions = example.main(["--steps", "5"])
+    history, versions = example.main(["--steps", "8"])
     rewards = [entry["reward"] for entry in history]
-    assert len(rewards) == 5
+    assert len(rewards) == 8
     # step k's rollout ran on the weights of TRL's k-th optimizer step (version k)
-    assert versions == [{k} for k in range(5)]
+    assert versions == [{k} for k in range(8)]
     assert rewards[-1] > rewards[0] + 0.1, rewards
-    assert sum(rewards[-2:]) > sum(rewards[:2]), rewards
+    assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05, rewards
 
 
 def test_the_reward_function_scores_first_codebook_codes():
