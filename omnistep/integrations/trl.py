@@ -238,13 +238,17 @@ class OmniPolicy(PreTrainedModel):
         batch, length = input_ids.shape
         b_idx = torch.cat([torch.full_like(cols, b) for b, cols in rows]) if rows else None
         p_idx = torch.cat([cols - 1 for _, cols in rows]) if rows else None
-        zeros = torch.zeros(batch, length - 1, dtype=torch.float32)
-        log_probs, entropy = zeros, zeros.clone()
+        # on TRL's device (the accelerator's): its loss combines them with its advantages
+        device = input_ids.device
+        zeros = torch.zeros(batch, length - 1, dtype=torch.float32, device=device)
+        # a batch with no labelled row still hands TRL a loss with a graph (of zeros)
+        log_probs = zeros + sum(0.0 * w.sum() for w in self._weights.values())
+        entropy = zeros.clone()
         if rows:
             values = torch.cat([s[loop].reshape(-1).to(zeros.device) for s in scores])
             log_probs = zeros.index_put((b_idx, p_idx), values)
             with torch.no_grad():
-                ent = torch.cat([self._entropy(s).reshape(-1) for s in samples])
+                ent = torch.cat([self._entropy(s).reshape(-1).to(device) for s in samples])
             entropy = entropy.index_put((b_idx, p_idx), ent)
         mask = labels[:, 1:] != -100
         loss = -log_probs.sum() / mask.sum().clamp(min=1)
@@ -270,7 +274,7 @@ class OmniPolicy(PreTrainedModel):
                     f"row {b} ({len(prompt)} prompt ids, {len(completion)} completion tokens) "
                     "is no sample this policy's rollout_func produced"
                 )
-            rows.append((b, cols.cpu()))
+            rows.append((b, cols))
             samples.append(sample)
         return rows, samples
 
@@ -292,7 +296,7 @@ class OmniPolicy(PreTrainedModel):
         temps = [t if t > 0 else 1.0 for t in row.temperatures(logits.shape[1])]
         divisor = torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(-1)
         logp = torch.log_softmax(logits.float() / divisor, dim=-1)
-        return -(logp.exp() * logp).sum(-1).cpu()
+        return -(logp.exp() * logp).sum(-1)
 
 
 @dataclass
