@@ -20,6 +20,12 @@ land on the offline API:
   call after an optimizer step sends them to serving with ``update_weights(trainer)`` (a new
   weight version), as TRL's vLLM path syncs before generating.
 
+Rows are matched to samples by prompt ids and completion tokens: give a fixed ``voice`` where
+a card draws a speaker per seed (ChatTTS), so equal ids mean an equal prompt. TRL's
+entropies (its ``entropy`` log, ``top_entropy_quantile``) come from a second teacher-forced
+forward (``score_logits``) without a graph. TRL marks ``rollout_func`` experimental: the
+pinned TRL (1.16.0) is the one tested.
+
 A multi-codebook frame (ChatTTS: 4 codes) is TRL ``num_codebooks`` tokens: code ``c`` of
 codebook ``q`` is token ``q * codebook_size + c`` (``frame_tokens``); the per-token log-prob
 of that token is the codebook's log-prob at the frame, so a completion's summed log-prob is
@@ -315,8 +321,10 @@ class OmniRollout:
             ``max_completion_length // num_codebooks`` frames).
         audio: also decode audio, handed to the reward functions as ``audio`` (float32
             arrays) and ``sample_rate``.
-        seed: the first rollout's base seed; each call moves on by its group size, so no two
-            calls repeat a sample's seed.
+        seed: the first rollout's base seed; each call moves on by ``MAX_GROUP_SIZE`` (sample
+            ``k`` runs with ``base + k``), so no two calls repeat a sample's seed.
+        synced_step: TRL's ``global_step`` whose weights serving last received.
+        num_calls: rollouts made so far.
     """
 
     omni: OmniEngine
@@ -341,7 +349,8 @@ class OmniRollout:
         n = trainer.num_generations if mode == "train" else trainer.num_generations_eval
         texts = _group_texts(prompts, n)
         groups = self.omni.rollout(
-            texts, n=n, seed=self.seed + self.num_calls * MAX_GROUP_SIZE, voice=self.voice,
+            texts, n=n, seed=self.seed + self.num_calls * MAX_GROUP_SIZE,
+            model=self.policy.trainer.card_id, voice=self.voice,
             sampling=self.sampling or _sampling(trainer.args, self.policy.config),
             logprobs="policy", audio=self.audio, progress=False,
         )  # fmt: skip
