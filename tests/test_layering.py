@@ -19,6 +19,8 @@ FORBIDDEN = {
     "layers": ["omnistep.engine", "omnistep.models", "omnistep.server"],
     "loops": ["omnistep.engine", "omnistep.models", "omnistep.server"],
     "sampling": ["omnistep.engine", "omnistep.models", "omnistep.server"],
+    # framework adapters go through the offline API only
+    "integrations": ["omnistep.engine", "omnistep.models", "omnistep.server", "omnistep.cli"],
 }
 ALLOWED_IN_CORE = ("omnistep.core",)
 
