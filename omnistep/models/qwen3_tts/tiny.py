@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omnistep.models.qwen3_tts.loader import LAYOUT
 from omnistep.models.tiny_bpe import bpe_vocab_and_merges
 
 VARIANTS = ("custom_voice", "voice_design", "base")
@@ -190,20 +191,6 @@ CONFIGURATION: dict[str, Any] = {
     "allow_remote": True,
 }
 
-LAYOUT: tuple[str, ...] = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer_config.json",
-    "preprocessor_config.json",
-    "configuration.json",
-    "speech_tokenizer/config.json",
-    "speech_tokenizer/model.safetensors",
-    "speech_tokenizer/preprocessor_config.json",
-    "speech_tokenizer/configuration.json",
-)
 """Every file of a published folder (relative paths)."""
 
 
