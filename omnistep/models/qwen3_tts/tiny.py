@@ -67,7 +67,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnistep.models.qwen3_tts.loader import LAYOUT
 from omnistep.models.tiny_bpe import bpe_vocab_and_merges
 
 VARIANTS = ("custom_voice", "voice_design", "base")
@@ -662,7 +661,7 @@ def write_tiny_qwen3_tts(
     sizes: Qwen3TTSSizes = TINY_SIZES,
 ) -> Qwen3TTSInfo:
     """Write a seeded tiny Qwen3-TTS folder of ``variant`` (one of ``VARIANTS``) under ``root``
-    (created), every file of ``LAYOUT``; needs torch, safetensors and transformers (the
+    (created), every file of ``loader.LAYOUT``; needs torch, safetensors and transformers (the
     ``qwen3_tts`` extra), nothing else; about a second at the tiny sizes.
 
     Raises:
@@ -820,7 +819,7 @@ def _redraw_codebooks(tensors: dict[str, Any], seed: int) -> None:
 def write_configs(
     root: Path, variant: str, model_size: str | None, sizes: Qwen3TTSSizes
 ) -> Qwen3TTSInfo:
-    """Every file of ``LAYOUT`` but the two safetensors (``write_weights`` writes those); the
+    """Every file of ``loader.LAYOUT`` but the two safetensors (``write_weights`` writes those); the
     info without ``tensor_shapes``.
 
     Raises:
