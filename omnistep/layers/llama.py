@@ -12,6 +12,7 @@ one whole sequence without a cache, with autograd (a trainer's teacher-forced sc
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -459,6 +460,69 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             hidden = layer.forward_dense(hidden, cos, sin, prefill_len, plans)
         return _rows(self.norm, hidden, plans.norm)
+
+    def forward_packed(
+        self,
+        inputs_embeds: torch.Tensor,
+        seq_lens: Sequence[int],
+        prefill_lens: Sequence[int | Sequence[int] | None] | None = None,
+        batch_invariant: bool = False,
+    ) -> torch.Tensor:
+        """``forward_dense`` of several whole sequences packed into one call: the row-wise
+        work (projections, MLP, norms) runs once over every sequence's rows, attention per
+        sequence (positions ``0..N_i-1`` each, its own causal calls). Autograd works.
+
+        Each sequence's rows equal its own ``forward_dense`` to the bit under
+        ``batch_invariant`` (its rows get the row chunks of its own query lengths, and the
+        chunked kernels give a row the same result whatever rows share a chunk); otherwise
+        within float rounding of the GEMMs' larger M (relative ~1e-6 in float32).
+
+        Args:
+            inputs_embeds: ``[sum(seq_lens), hidden]``: sequence 0's rows, then sequence 1's...
+            seq_lens: rows per sequence (each >= 1).
+            prefill_lens: per sequence, ``forward_dense``'s ``prefill_len`` (None: plain causal
+                attention); None: None for all.
+            batch_invariant: as in ``forward_dense``.
+
+        Returns:
+            ``[sum(seq_lens), hidden]`` after the final norm.
+
+        Raises:
+            ValueError: lengths that do not add up to the rows, a ``prefill_len`` outside
+                ``[1, N_i]``, a sequence past ``max_position_embeddings``.
+        """
+        lens = [int(n) for n in seq_lens]
+        pieces_of = [None] * len(lens) if prefill_lens is None else list(prefill_lens)
+        if len(pieces_of) != len(lens) or min(lens, default=0) < 1:
+            raise ValueError(f"seq_lens {lens} and prefill_lens {prefill_lens} do not match")
+        if sum(lens) != inputs_embeds.shape[0]:
+            raise ValueError(f"seq_lens sum to {sum(lens)}, inputs have {inputs_embeds.shape[0]}")
+        if max(lens) > self.rotary_emb.max_positions:
+            raise ValueError(
+                f"{max(lens)} tokens exceed max_position_embeddings={self.rotary_emb.max_positions}"
+            )
+        query_lens: list[int] = []
+        for n, prefill in zip(lens, pieces_of, strict=True):
+            pieces = (prefill,) if isinstance(prefill, int) else prefill
+            if pieces is None:
+                query_lens.append(n)
+                continue
+            if not pieces or min(pieces) < 1 or sum(pieces) > n:
+                raise ValueError(f"prefill_len={prefill} outside [1, {n}]")
+            query_lens += [*pieces] + [1] * (n - sum(pieces))
+        device = inputs_embeds.device
+        positions = torch.cat([torch.arange(n, device=device) for n in lens])
+        starts = [0, *itertools.accumulate(lens)]
+
+        def attend(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            scale = self.layers[0].self_attn.scaling
+            outs = [
+                causal_attention(q[a:b], k[a:b], v[a:b], scale, prefill)
+                for a, b, prefill in zip(starts[:-1], starts[1:], pieces_of, strict=True)
+            ]
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+        return self.forward_attend(inputs_embeds, positions, attend, query_lens, batch_invariant)
 
     def forward_attend(
         self,
