@@ -202,3 +202,39 @@ def test_chattts_mask_is_false_exactly_where_an_end_frame_did_not_end(tmp_path):
             mask = torch.from_numpy(sample.loops["decode"].mask)
             assert torch.equal(m["decode"][mask], p["decode"][mask])
             assert (m["decode"][~mask] == 0).all()
+
+
+def test_qwen3_tts_mask_is_false_exactly_on_an_eos_frames_unsampled_codebooks(tmp_path):
+    from omnistep.models.qwen3_tts.tiny import write_tiny_qwen3_tts
+
+    root = write_tiny_qwen3_tts(tmp_path / "qwen3", "custom_voice").root
+    with OmniEngine(f"qwen3_tts={root}", kv_cache_gb=0.01, batch_invariant=True) as eng:
+        model = next(iter(eng.engine.models.values()))
+        eos = model.loops["decode"].config.eos_token_ids[0]
+        names = ("talker.model.norm.weight", "talker.codec_head.weight", None)
+        _force_eos(eng, names, eos, 0)
+        [group] = eng.rollout(
+            ["Please leave it by the door."],
+            n=4,
+            seed=2,
+            voice="ryan",
+            sampling=SamplingParams(max_new_tokens=12),
+            progress=False,
+        )
+        ended = 0
+        for sample in group.samples:
+            actions = sample.loops["decode"]
+            want = np.ones_like(actions.mask)
+            if actions.stop_reason == "eos":
+                ended += 1
+                want[-1, 1:] = False  # codebooks 1..15 of the EOS frame were never sampled
+                assert (actions.tokens[-1, 1:] == 0).all() and (actions.logprobs[-1, 1:] == 0).all()
+            assert np.array_equal(actions.mask, want)
+        assert ended, "no sample ended on EOS"
+        # packed scoring equals per-sample scoring, and the recorded log-probs, to the bit
+        packed, alone = eng.score(group, entropy=True), eng.score(group, batch_size=1)
+        for p, a, sample in zip(packed, alone, group.samples, strict=True):
+            assert torch.equal(p["decode"].logprobs, a["decode"])
+            assert np.array_equal(a["decode"].numpy(), sample.loops["decode"].logprobs)
+            not_sampled = torch.from_numpy(~sample.loops["decode"].mask)
+            assert (p["decode"].entropy[not_sampled] == 0).all()
