@@ -145,21 +145,18 @@ class LoopActions:
     @property
     def prompt_ids(self) -> list[int] | None:
         """The prompt's token ids when the loop's prompt is token ids (the Qwen thinker, the
-        toy) or holds them (ChatTTS's ``input_ids``, the text ids with its ``[spk_emb]``
-        placeholders; its speaker vector is not among them), else None (the Qwen talkers'
-        prompts are rows of another model)."""
+        toy: what ``/v1/score`` replays), else None: ChatTTS's prompt holds a speaker vector
+        beside its ids, the Qwen talkers' prompts are rows of another model."""
         return prompt_token_ids(self.prompt)
 
 
 def prompt_token_ids(prompt: Any) -> list[int] | None:
-    """``prompt`` as a list of ints when it is a sequence of ints, or holds one as
-    ``input_ids``; else None."""
-    ids = getattr(prompt, "input_ids", prompt)
-    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence | np.ndarray):
+    """``prompt`` as a list of ints when it is a sequence of ints, else None."""
+    if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | np.ndarray):
         return None
-    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in ids):
+    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in prompt):
         return None
-    return [int(t) for t in ids]
+    return [int(t) for t in prompt]
 
 
 @dataclass(frozen=True)
