@@ -474,8 +474,11 @@ class LlamaModel(nn.Module):
 
         Each sequence's rows equal its own ``forward_dense`` to the bit under
         ``batch_invariant`` (its rows get the row chunks of its own query lengths, and the
-        chunked kernels give a row the same result whatever rows share a chunk); otherwise
-        within float rounding of the GEMMs' larger M (relative ~1e-6 in float32).
+        chunked kernels give a row the same result whatever rows share a chunk, and each
+        sequence gets its ``prefill_lens`` attention calls); otherwise within float rounding:
+        the GEMMs see a larger M, and several sequences' attention runs as one causal call
+        each whatever their ``prefill_lens`` (serving's default-mode decode attention saw the
+        batch anyway; per-row calls would cost a kernel launch per row and layer).
 
         Args:
             inputs_embeds: ``[sum(seq_lens), hidden]``: sequence 0's rows, then sequence 1's...
@@ -513,6 +516,8 @@ class LlamaModel(nn.Module):
         device = inputs_embeds.device
         positions = torch.cat([torch.arange(n, device=device) for n in lens])
         starts = [0, *itertools.accumulate(lens)]
+        if len(lens) > 1 and not batch_invariant:  # one causal call per sequence
+            pieces_of = [None] * len(lens)
 
         def attend(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             scale = self.layers[0].self_attn.scaling
