@@ -23,7 +23,10 @@ running); ``AsyncOmniEngine`` is the same API as coroutines. Both build their en
 - ``score(samples, trainer=)``: the log-probs of recorded actions recomputed by a
   teacher-forced forward of the same component code with autograd on and no KV cache
   (``PagedARModel.score_logprobs``), on the trainer's copy so a loss backpropagates into
-  ``trainer.weights()``; equal to the recorded ones (see ``score``).
+  ``trainer.weights()``; equal to the recorded ones (see ``score``). A loop's samples are
+  packed ``batch_size`` per forward (``PagedARModel.score_batch``); ``entropy=True`` adds
+  each step's entropy per codebook, ``masked=True`` zeroes the ids ``LoopActions.mask`` says
+  were not sampled.
 - ``update_weights(tensors, safetensors path or trainer)``: in place, atomically, between
   steps (``AsyncEngine.apply_weights``), versions only going up.
 

@@ -61,7 +61,10 @@ attention call and kernel shapes serving ran (the prompt as one prefill, each la
 decode step; in ``batch_invariant`` mode the same row chunks): the log-probs then equal the
 recorded ones to float32 rounding of the last bit or better (tests/test_score.py measures it).
 It touches neither the cache nor any per-sequence state: a trainer may call it while the
-component serves.
+component serves. ``score_batch`` packs several trajectories into one such forward
+(``LlamaModel.forward_packed``: the GEMMs over all their rows, attention per sequence), equal
+to scoring each alone to the bit in ``batch_invariant`` mode and within float rounding
+otherwise, and can add each step's entropy per codebook.
 
 Imports torch, ``omnistep.core``, ``omnistep.kv``, the AR loop's payload types
 (``omnistep.loops.ar_decode``), ``omnistep.sampling`` and the other layers.
