@@ -59,6 +59,23 @@ def test_packed_forward_equals_each_sequence_alone(pieces):
         model.forward_packed(x, [9, 20], None)
 
 
+def test_packed_sequences_sharing_a_prompt_equal_each_alone_within_rounding():
+    """Sequences 1 and 2 reuse sequence 0's first 8 rows (a group's prompt, computed once):
+    each equals its own whole ``forward_dense`` within float rounding."""
+    model = _llama()
+    prompt = torch.randn(8, 64)
+    tails = [torch.randn(n, 64) for n in (12, 5, 9)]
+    packed = model.forward_packed(
+        torch.cat([prompt, *tails]), [20, 5, 9], None, shared=[None, (0, 8), (0, 8)]
+    ).split([20, 5, 9])
+    for i, tail in enumerate(tails):
+        alone = model.forward_dense(torch.cat([prompt, tail]))
+        got = packed[0] if i == 0 else torch.cat([packed[0][:8], packed[i]])
+        assert (got - alone).abs().max().item() <= PACKED_DEFAULT_MODE
+    with pytest.raises(ValueError, match="shared"):
+        model.forward_packed(torch.cat([prompt, *tails]), [20, 5, 9], shared=[(1, 8), None, None])
+
+
 # ---------------------------------------------------------------- ChatTTS
 
 
@@ -94,6 +111,22 @@ def test_chattts_packed_scores_equal_per_sample_scores_to_the_bit(chattts, match
     assert weights["layers.0.self_attn.q_proj.weight"].grad.abs().sum() > 0
     with pytest.raises(Exception, match="batch_size"):
         chattts.score(group, batch_size=0)
+
+
+def test_chattts_default_mode_packed_scores_equal_per_sample_within_rounding(chattts):
+    """The default mode (a trainer copy switched off batch-invariant kernels): packed, the
+    group's prompt computed once and one causal call per sequence, against one sample per
+    forward (serving's per-row calls)."""
+    group = _roll(chattts)
+    trainer = chattts.trainer()
+    trainer.policy.components["gpt"].batch_invariant = False
+    packed = chattts.score(group, trainer=trainer, batch_size=16)
+    alone = chattts.score(group, trainer=trainer, batch_size=1)
+    delta = max(
+        (p["decode"] - a["decode"]).abs().max().item() for p, a in zip(packed, alone, strict=True)
+    )
+    print(f"\nChatTTS default mode, packed vs per-sample: max |d| {delta:.3g}")
+    assert delta <= 1e-4
 
 
 def _direct_entropy(logp: torch.Tensor) -> np.ndarray:
