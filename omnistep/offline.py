@@ -23,7 +23,10 @@ running); ``AsyncOmniEngine`` is the same API as coroutines. Both build their en
 - ``score(samples, trainer=)``: the log-probs of recorded actions recomputed by a
   teacher-forced forward of the same component code with autograd on and no KV cache
   (``PagedARModel.score_logprobs``), on the trainer's copy so a loss backpropagates into
-  ``trainer.weights()``; equal to the recorded ones (see ``score``).
+  ``trainer.weights()``; equal to the recorded ones (see ``score``). A loop's samples are
+  packed ``batch_size`` per forward (``PagedARModel.score_batch``); ``entropy=True`` adds
+  each step's entropy per codebook, ``masked=True`` zeroes the ids ``LoopActions.mask`` says
+  were not sampled.
 - ``update_weights(tensors, safetensors path or trainer)``: in place, atomically, between
   steps (``AsyncEngine.apply_weights``), versions only going up.
 
@@ -120,6 +123,11 @@ class LoopActions:
             Qwen talker: a ``TalkerPrompt`` holding the thinker rows it read, float32
             ``[L, E]`` and ``[E]``, and the condition of each of its ``T - 1`` decode steps;
             the toy: its prompt ids), what a teacher-forced replay (``score``) needs.
+        mask: bool ``[T, num_codebooks]``: True where the id was a sampled action, False
+            where it was not (an EOS frame's codebooks other than those holding EOS:
+            Qwen3-TTS does not sample codebooks 1..15 there and records 0s, ChatTTS samples
+            them but drops the frame, so they act on nothing); a loss masks the rest
+            (``score(..., masked=True)``). None: every id (built without one).
     """
 
     tokens: np.ndarray
@@ -129,6 +137,44 @@ class LoopActions:
     stop_reason: str
     seed: int
     prompt: Any
+    mask: np.ndarray | None = None
+
+    def sampled(self) -> np.ndarray:
+        """bool ``[T, num_codebooks]``: ``mask``, or all True when it is None."""
+        if self.mask is not None:
+            return self.mask
+        return np.ones(self.tokens.shape, dtype=bool)
+
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt's token ids when the loop's prompt is token ids (the Qwen thinker, the
+        toy: what ``/v1/score`` replays), else None: ChatTTS's prompt holds a speaker vector
+        beside its ids, the Qwen talkers' prompts are rows of another model."""
+        return prompt_token_ids(self.prompt)
+
+
+def prompt_token_ids(prompt: Any) -> list[int] | None:
+    """``prompt`` as a list of ints when it is a sequence of ints, else None."""
+    if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | np.ndarray):
+        return None
+    if not all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in prompt):
+        return None
+    return [int(t) for t in prompt]
+
+
+@dataclass(frozen=True)
+class LoopScore:
+    """What ``score(..., entropy=True)`` gives per AR loop.
+
+    Attributes:
+        logprobs: ``[T, num_codebooks]`` float32, as ``score`` gives without ``entropy``.
+        entropy: ``[T, num_codebooks]`` float32: the entropy (nats) of the distribution each
+            id was scored under (processed or policy, as the log-probs), with a graph to the
+            weights when the log-probs have one.
+    """
+
+    logprobs: Any
+    entropy: Any
 
 
 @dataclass(frozen=True)
@@ -504,6 +550,9 @@ class AsyncOmniEngine:
         match_serving: bool = True,
         trainer: Trainer | None = None,
         reference: bool = False,
+        entropy: bool = False,
+        masked: bool = False,
+        batch_size: int = 16,
     ) -> list[dict[str, Any]]:
         """``score_samples`` on a worker thread (the event loop keeps serving meanwhile);
         see there. The tensors' graphs work from any thread."""
@@ -516,6 +565,9 @@ class AsyncOmniEngine:
             match_serving=match_serving,
             trainer=trainer,
             reference=reference,
+            entropy=entropy,
+            masked=masked,
+            batch_size=batch_size,
         )
 
     async def update_weights(
@@ -687,6 +739,9 @@ def score_samples(
     match_serving: bool = True,
     trainer: Trainer | None = None,
     reference: bool = False,
+    entropy: bool = False,
+    masked: bool = False,
+    batch_size: int = 16,
 ) -> list[dict[str, Any]]:
     """Recompute the log-probs of rollout samples' recorded actions (train = serve).
 
@@ -716,6 +771,16 @@ def score_samples(
         match_serving: ``True`` reruns serving's exact attention calls (one per decoded
             frame); ``False`` one causal attention call over the whole sequence (faster on a
             GPU, equal within ~1e-5).
+        entropy: also each step's entropy per codebook (nats) of the distribution scored
+            (processed or policy, as the log-probs): each AR loop's value is then a
+            ``LoopScore`` (``logprobs``, ``entropy``). Torch families only.
+        masked: set the entries that were not sampled (``LoopActions.mask`` False) to 0 in
+            the log-probs and entropies (no gradient there): a summed loss ignores them.
+        batch_size: trajectories of one loop per teacher-forced forward. The samples' AR
+            loops of one card, loop and mode are packed (``PagedARModel.score_batch``: every
+            GEMM over all their rows, attention per sequence); each sample's result equals
+            its own scoring to the bit under ``batch_invariant``, and within float32
+            rounding of the larger GEMMs otherwise (README, "score").
 
     A denoise loop's SDE steps (``RolloutSample.denoise``, Flow-GRPO) are scored the same
     way: each step's mean recomputed by the component's own code (the window's conditioning,
@@ -741,54 +806,125 @@ def score_samples(
         raise InvalidRequestError(
             f"mode must be one of {', '.join(LOGPROB_MODES)}, got {mode!r}", param="mode"
         )
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidRequestError(
+            f"batch_size must be a positive integer, got {batch_size!r}", param="batch_size"
+        )
     copy = _scoring_copy(trainer, reference)
-    out = []
-    for sample in _flatten(samples):
+    flat = _flatten(samples)
+    out: list[dict[str, Any]] = [{} for _ in flat]
+    # (card, loop name, mode) -> (sample index, sample, actions): scored together
+    pending: dict[tuple[str, str, str], list[tuple[int, RolloutSample, LoopActions]]] = {}
+    for i, sample in enumerate(flat):
         card_id = sample.model or next(iter(engine.models))
-        if card_id not in engine.models:
-            raise InvalidRequestError(f"model '{card_id}' is not served here", param="model")
-        if copy is not None and card_id != trainer.card_id:  # type: ignore[union-attr]
+        model = _scoring_model(engine, card_id, copy, trainer)
+        for name in _loop_names(sample, loops):
+            out[i][name] = None  # keeps the sample's loop order
+            if name in sample.denoise:
+                loop = model.loops[_loop_id(model, name)]
+                out[i][name] = loop.score_steps(model, list(sample.denoise[name].steps))
+                continue
+            actions = sample.loops[name]
+            key = (card_id, name, mode or actions.mode)
+            pending.setdefault(key, []).append((i, sample, actions))
+    for (card_id, name, loop_mode), items in pending.items():
+        model = _scoring_model(engine, card_id, copy, trainer)
+        loop = model.loops[_loop_id(model, name)]
+        scores = _score_loop(
+            loop, model, items, loop_mode, match_serving, entropy, batch_size, f"{card_id}/{name}"
+        )
+        for (i, _, actions), (logprobs, ent) in zip(items, scores, strict=True):
+            if masked:
+                logprobs, ent = (
+                    _mask(logprobs, actions),
+                    None if ent is None else _mask(ent, actions),
+                )
+            out[i][name] = LoopScore(logprobs, ent) if entropy else logprobs
+    return out
+
+
+def _scoring_model(
+    engine: AsyncEngine, card_id: str, copy: ModelInstance | None, trainer: Trainer | None
+) -> ModelInstance:
+    """The model a sample of ``card_id`` is scored on (the serving one, or ``copy``)."""
+    if card_id not in engine.models:
+        raise InvalidRequestError(f"model '{card_id}' is not served here", param="model")
+    if copy is not None and card_id != trainer.card_id:  # type: ignore[union-attr]
+        raise InvalidRequestError(
+            f"a sample of '{card_id}' cannot be scored by the trainer of '{trainer.card_id}'",  # type: ignore[union-attr]
+            param="samples",
+        )
+    return engine.models[card_id] if copy is None else copy
+
+
+def _loop_names(sample: RolloutSample, loops: str | Sequence[str] | None) -> list[str]:
+    """The loops of ``sample`` to score (all it recorded when ``loops`` is None)."""
+    recorded = [*sample.loops, *sample.denoise]
+    if loops is None:
+        return recorded
+    names = [loops] if isinstance(loops, str) else list(loops)
+    for name in names:
+        if name not in recorded:
             raise InvalidRequestError(
-                f"a sample of '{card_id}' cannot be scored by the trainer of '{trainer.card_id}'",  # type: ignore[union-attr]
-                param="samples",
+                f"the sample has no loop '{name}' (it has {', '.join(recorded)})", param="loops"
             )
-        model = engine.models[card_id] if copy is None else copy
-        request = Request(
-            card_id,
+    return names
+
+
+def _loop_id(model: ModelInstance, name: str) -> str:
+    return next(node.loop_id for node in model.card.program.nodes if node.name == name)
+
+
+def _score_loop(
+    loop: Any,
+    model: ModelInstance,
+    items: list[tuple[int, RolloutSample, LoopActions]],
+    mode: str,
+    match_serving: bool,
+    entropy: bool,
+    batch_size: int,
+    label: str,
+) -> list[tuple[Any, Any]]:
+    """``(log-probs, entropy or None)`` of each item's actions: ``batch_size`` trajectories
+    per packed forward (``loop.score_batch``), or one by one (``loop.score``) for a loop
+    without one."""
+    requests = [
+        Request(
+            model.card.card_id,
             seed=sample.seed,
             sampling=sample.sampling,
             profile=ExecutionProfile.ROLLOUT,
         )
-        nodes = {node.name: node for node in model.card.program.nodes}
-        recorded = [*sample.loops, *sample.denoise]
-        names = recorded  # by default every loop the sample recorded
-        if loops is not None:  # one loop name, or several
-            names = [loops] if isinstance(loops, str) else list(loops)
-        scored: dict[str, Any] = {}
-        for name in names:
-            if name not in recorded:
-                raise InvalidRequestError(
-                    f"the sample has no loop '{name}' (it has {', '.join(recorded)})",
-                    param="loops",
-                )
-            loop = model.loops[nodes[name].loop_id]
-            if name in sample.denoise:
-                scored[name] = loop.score_steps(model, list(sample.denoise[name].steps))
-                continue
-            actions = sample.loops[name]
-            scorer = getattr(loop, "score", None)
-            if scorer is None:
-                raise NotImplementedError(f"loop '{name}' of '{card_id}' cannot score")
-            scored[name] = scorer(
-                model,
-                request,
-                actions.prompt,
-                actions.tokens,
-                mode or actions.mode,
-                match_serving,
-            )
-        out.append(scored)
-    return out
+        for _, sample, _ in items
+    ]
+    batched = getattr(loop, "score_batch", None)
+    if batched is not None:
+        out: list[tuple[Any, Any]] = []
+        for start in range(0, len(items), batch_size):
+            part = items[start : start + batch_size]
+            prompts = [a.prompt for _, _, a in part]
+            tokens = [a.tokens for _, _, a in part]
+            reqs = requests[start : start + batch_size]
+            out += batched(model, reqs, prompts, tokens, mode, match_serving, entropy)
+        return out
+    scorer = getattr(loop, "score", None)
+    if scorer is None:
+        raise NotImplementedError(f"loop '{label}' cannot score")
+    if entropy:
+        raise NotImplementedError(f"loop '{label}' gives no entropies")
+    return [
+        (scorer(model, req, a.prompt, a.tokens, mode, match_serving), None)
+        for req, (_, _, a) in zip(requests, items, strict=True)
+    ]
+
+
+def _mask(values: Any, actions: LoopActions) -> Any:
+    """``values`` ``[T, num_codebooks]`` (numpy or torch) with the ids that were not sampled
+    (``LoopActions.mask``) at 0; a torch tensor keeps its graph (no gradient there)."""
+    sampled = actions.sampled()
+    if isinstance(values, np.ndarray):
+        return np.where(sampled, values, 0).astype(values.dtype)
+    return values.masked_fill(~values.new_tensor(sampled, dtype=bool), 0.0)
 
 
 def _scoring_copy(trainer: Trainer | None, reference: bool) -> ModelInstance | None:
@@ -847,7 +983,9 @@ def _sample(k: int, request: Request, done: Collected, mode: str, audio: bool) -
 def _actions(records: list, info: dict, mode: str) -> LoopActions:
     width = len(records[0].tokens) if records else 1
     field_name = "logprobs" if mode == "processed" else "policy_logprobs"
+    mask = info.get("mask")
     return LoopActions(
+        mask=None if mask is None else np.array(mask, dtype=bool).reshape(-1, width),
         tokens=np.array([r.tokens for r in records], dtype=np.int64).reshape(-1, width),
         logprobs=np.array([getattr(r, field_name) for r in records], dtype=np.float32).reshape(
             -1, width
@@ -972,6 +1110,7 @@ __all__ = [
     "AsyncOmniEngine",
     "DenoiseSteps",
     "LoopActions",
+    "LoopScore",
     "OmniEngine",
     "RolloutGroup",
     "RolloutSample",

@@ -12,6 +12,7 @@ one whole sequence without a cache, with autograd (a trainer's teacher-forced sc
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from omnistep.layers.paged_attention import (
     AttentionMetadata,
     PagedKVCache,
     causal_attention,
+    causal_attention_tail,
     paged_attention,
     write_kv,
 )
@@ -459,6 +461,96 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             hidden = layer.forward_dense(hidden, cos, sin, prefill_len, plans)
         return _rows(self.norm, hidden, plans.norm)
+
+    def forward_packed(
+        self,
+        inputs_embeds: torch.Tensor,
+        seq_lens: Sequence[int],
+        prefill_lens: Sequence[int | Sequence[int] | None] | None = None,
+        batch_invariant: bool = False,
+        shared: Sequence[tuple[int, int] | None] | None = None,
+    ) -> torch.Tensor:
+        """``forward_dense`` of several whole sequences packed into one call: the row-wise
+        work (projections, MLP, norms) runs once over every sequence's rows, attention per
+        sequence (positions ``0..N_i-1`` each, its own causal calls). Autograd works.
+
+        Each sequence's rows equal its own ``forward_dense`` to the bit under
+        ``batch_invariant`` (its rows get the row chunks of its own query lengths, and the
+        chunked kernels give a row the same result whatever rows share a chunk, and each
+        sequence gets its ``prefill_lens`` attention calls); otherwise within float rounding:
+        the GEMMs see a larger M, and several sequences' attention runs as one causal call
+        each whatever their ``prefill_lens`` (serving's default-mode decode attention saw the
+        batch anyway; per-row calls would cost a kernel launch per row and layer).
+
+        Args:
+            inputs_embeds: ``[sum(seq_lens), hidden]``: sequence 0's rows, then sequence 1's...
+            seq_lens: rows per sequence in ``inputs_embeds`` (each >= 1).
+            prefill_lens: per sequence, ``forward_dense``'s ``prefill_len`` (None: plain causal
+                attention); None: None for all.
+            batch_invariant: as in ``forward_dense``.
+            shared: per sequence None, or ``(j, P)``: its first ``P`` rows are those of an
+                earlier sequence ``j`` (a group's common prompt), computed once there; its
+                own ``seq_lens[i]`` rows are its rows ``P..``, each a decode row (one
+                attention call per row under ``batch_invariant``, as serving decoded them).
+
+        Returns:
+            ``[sum(seq_lens), hidden]`` after the final norm.
+
+        Raises:
+            ValueError: lengths that do not add up to the rows, a ``prefill_len`` outside
+                ``[1, N_i]``, a sequence past ``max_position_embeddings``, a bad ``shared``.
+        """
+        lens = [int(n) for n in seq_lens]
+        pieces_of = [None] * len(lens) if prefill_lens is None else list(prefill_lens)
+        shared = [None] * len(lens) if shared is None else list(shared)
+        if len(pieces_of) != len(lens) or len(shared) != len(lens) or min(lens, default=0) < 1:
+            raise ValueError(f"seq_lens {lens} and prefill_lens {prefill_lens} do not match")
+        if sum(lens) != inputs_embeds.shape[0]:
+            raise ValueError(f"seq_lens sum to {sum(lens)}, inputs have {inputs_embeds.shape[0]}")
+        offsets = [0 if s is None else s[1] for s in shared]
+        for i, s in enumerate(shared):
+            if s is not None and not (0 <= s[0] < i and shared[s[0]] is None and s[1] >= 1):
+                raise ValueError(f"shared[{i}]={s} must name an earlier unshared sequence")
+            if s is not None and s[1] > lens[s[0]]:
+                raise ValueError(f"shared[{i}]={s}: sequence {s[0]} has {lens[s[0]]} rows")
+        if max(n + o for n, o in zip(lens, offsets, strict=True)) > self.rotary_emb.max_positions:
+            raise ValueError(
+                f"{max(lens)} tokens exceed max_position_embeddings={self.rotary_emb.max_positions}"
+            )
+        query_lens: list[int] = []
+        for n, prefill, share in zip(lens, pieces_of, shared, strict=True):
+            pieces = (prefill,) if isinstance(prefill, int) else prefill
+            if share is not None:
+                query_lens += [1] * n  # decode rows after the shared prompt
+            elif pieces is None:
+                query_lens.append(n)
+            elif not pieces or min(pieces) < 1 or sum(pieces) > n:
+                raise ValueError(f"prefill_len={prefill} outside [1, {n}]")
+            else:
+                query_lens += [*pieces] + [1] * (n - sum(pieces))
+        device = inputs_embeds.device
+        positions = torch.cat(
+            [torch.arange(o, o + n, device=device) for n, o in zip(lens, offsets, strict=True)]
+        )
+        starts = [0, *itertools.accumulate(lens)]
+        per_row = [batch_invariant and p is not None for p in pieces_of]
+        if len(lens) > 1 and not batch_invariant:  # one causal call per sequence
+            pieces_of = [None] * len(lens)
+        scale = self.layers[0].self_attn.scaling
+
+        def attend(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            outs = []
+            for i, (a, b) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
+                if shared[i] is None:
+                    outs.append(causal_attention(q[a:b], k[a:b], v[a:b], scale, pieces_of[i]))
+                    continue
+                j, n = shared[i]
+                keys = torch.cat([k[starts[j] : starts[j] + n], k[a:b]])
+                values = torch.cat([v[starts[j] : starts[j] + n], v[a:b]])
+                outs.append(causal_attention_tail(q[a:b], keys, values, scale, per_row[i]))
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+        return self.forward_attend(inputs_embeds, positions, attend, query_lens, batch_invariant)
 
     def forward_attend(
         self,

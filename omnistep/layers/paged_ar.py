@@ -61,7 +61,10 @@ attention call and kernel shapes serving ran (the prompt as one prefill, each la
 decode step; in ``batch_invariant`` mode the same row chunks): the log-probs then equal the
 recorded ones to float32 rounding of the last bit or better (tests/test_score.py measures it).
 It touches neither the cache nor any per-sequence state: a trainer may call it while the
-component serves.
+component serves. ``score_batch`` packs several trajectories into one such forward
+(``LlamaModel.forward_packed``: the GEMMs over all their rows, attention per sequence), equal
+to scoring each alone to the bit in ``batch_invariant`` mode and within float rounding
+otherwise, and can add each step's entropy per codebook.
 
 Imports torch, ``omnistep.core``, ``omnistep.kv``, the AR loop's payload types
 (``omnistep.loops.ar_decode``), ``omnistep.sampling`` and the other layers.
@@ -85,7 +88,13 @@ from omnistep.layers.llama import LlamaConfigLite, LlamaModel
 from omnistep.layers.paged_attention import AttentionMetadata
 from omnistep.layers.training import require_training_copy, training_copy
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
-from omnistep.sampling import SamplingRow, policy_logprobs, recompute_logprobs, sample
+from omnistep.sampling import (
+    SamplingRow,
+    entropy,
+    policy_distribution,
+    processed_logprobs,
+    sample,
+)
 
 SCORE_MODES = ("processed", "policy")
 """``score_logprobs`` modes: the distribution sampled, or ``log_softmax(logits / T)``."""
@@ -333,6 +342,7 @@ class PagedARModel:
         the prompt with ``frames[:-1]`` replayed) through ``LlamaModel.forward_dense`` (no
         paged cache, no per-sequence state: safe while the component serves), then the head
         on rows ``prompt_len - 1 ..``. Runs under the caller's grad mode (on by default).
+        ``score_logits_batch`` of one trajectory.
 
         Args:
             prompt: the prompt as the component consumed it (``LoopActions.prompt``).
@@ -350,11 +360,51 @@ class PagedARModel:
         Raises:
             ValueError: no frames, a frame of another width, a malformed prompt.
         """
-        frames = tuple(tuple(int(t) for t in frame) for frame in frames)
-        # a serving component's scores never carry a graph to its weights
+        return self.score_logits_batch([prompt], [frames], match_serving)[0]
+
+    def score_logits_batch(
+        self,
+        prompts: Sequence[Any],
+        frames: Sequence[Sequence[Sequence[int]]],
+        match_serving: bool = True,
+    ) -> list[torch.Tensor]:
+        """``score_logits`` of several trajectories in one packed forward
+        (``LlamaModel.forward_packed``: every GEMM over all of their rows at once, attention
+        per trajectory), then the head once per group of prompts with one head
+        (``_score_head_key``). Equal to ``score_logits`` of each to the bit under
+        ``batch_invariant``, else within float rounding (tests/test_score.py measures it).
+
+        Returns:
+            One ``[T_i, num_codebooks, V]`` float32 tensor per trajectory, in order.
+
+        Raises:
+            ValueError: as ``score_logits``, or prompts and frames of different counts.
+        """
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
-            hidden = self._score_hidden(prompt, frames, match_serving)
-            return self._score_head(hidden, prompt).float()
+            hidden = self._score_hidden_batch(prompts, frames, match_serving)
+            return self._score_heads(hidden, prompts)
+
+    def _score_heads(
+        self, hidden: list[torch.Tensor], prompts: Sequence[Any]
+    ) -> list[torch.Tensor]:
+        """``_score_head`` of each trajectory's hidden states ``[T_i, hidden]``, one call per
+        group of prompts with equal ``_score_head_key``: float32 logits per trajectory."""
+        groups: dict[Hashable, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            groups.setdefault(self._score_head_key(prompt), []).append(i)
+        out: list[torch.Tensor] = [hidden[0]] * len(hidden)
+        for members in groups.values():
+            packed = torch.cat([hidden[i] for i in members])
+            logits = self._score_head(packed, prompts[members[0]]).float()
+            sizes = [hidden[i].shape[0] for i in members]
+            for i, part in zip(members, logits.split(sizes), strict=True):
+                out[i] = part
+        return out
+
+    def _score_head_key(self, prompt: Any) -> Hashable:
+        """Prompts with equal keys get the same ``_score_head`` (ChatTTS: its text or code
+        heads), so their rows run it in one call. Default: one head for every prompt."""
+        return None
 
     def _score_hidden(
         self, prompt: Any, frames: Sequence[Sequence[int]], match_serving: bool
@@ -365,27 +415,84 @@ class PagedARModel:
         Raises:
             ValueError: no frames, a frame of another width, a malformed prompt.
         """
-        frames = tuple(tuple(int(t) for t in frame) for frame in frames)
-        if not frames:
-            raise ValueError("score needs at least one frame")
-        if any(len(f) != len(frames[0]) for f in frames):
-            raise ValueError("frames of different widths")
-        unit = ARPrefillInput(self._score_seq_id(), prompt, frames[:-1], (), None, None)
-        rows = self._prefill_inputs(unit)  # [prompt_len + T - 1, in_dim]
-        num_rows = rows.shape[0]
-        prompt_len = num_rows - (len(frames) - 1)
-        if match_serving:  # the prompt as serving prefilled it: whole, or prefix then rest
-            split = self._split(prompt, prompt_len)
-            pieces = [prompt_len] if split is None else [split[1], prompt_len - split[1]]
-            query_lens = pieces + [1] * (len(frames) - 1)
-            prefill_len: list[int] | None = pieces
-        else:
-            query_lens, prefill_len = [num_rows], None
-        embeds = self._lm_inputs(rows, query_lens)
-        hidden = self.llama.forward_dense(
-            embeds, prefill_len=prefill_len, batch_invariant=self.batch_invariant
-        )
-        return hidden[prompt_len - 1 :]
+        return self._score_hidden_batch([prompt], [frames], match_serving)[0]
+
+    def _score_hidden_batch(
+        self,
+        prompts: Sequence[Any],
+        frames_of: Sequence[Sequence[Sequence[int]]],
+        match_serving: bool,
+    ) -> list[torch.Tensor]:
+        """``_score_hidden`` of several trajectories, in one ``forward_packed``."""
+        if len(prompts) != len(frames_of) or not prompts:
+            raise ValueError(f"{len(prompts)} prompts for {len(frames_of)} trajectories")
+        rows, lens, query_lens, pieces_of, prompt_lens = [], [], [], [], []
+        shared: list[tuple[int, int] | None] = []
+        firsts: dict[Hashable, int] = {}  # (prompt key, prompt rows) -> its first trajectory
+        for i, (prompt, frames) in enumerate(zip(prompts, frames_of, strict=True)):
+            frames = tuple(tuple(int(t) for t in frame) for frame in frames)
+            if not frames:
+                raise ValueError("score needs at least one frame")
+            if any(len(f) != len(frames[0]) for f in frames):
+                raise ValueError("frames of different widths")
+            unit = ARPrefillInput(self._score_seq_id(), prompt, frames[:-1], (), None, None)
+            x = self._prefill_inputs(unit)  # [prompt_len + T - 1, in_dim]
+            num_rows = x.shape[0]
+            prompt_len = num_rows - (len(frames) - 1)
+            prompt_lens.append(prompt_len)
+            first = self._shared_prompt(firsts, prompt, prompt_len, i, num_rows, match_serving)
+            if first is not None:  # a group's prompt computed once: only the frames' rows
+                shared.append((first, prompt_len))
+                rows.append(x[prompt_len:])
+                lens.append(num_rows - prompt_len)
+                query_lens += [1] * (num_rows - prompt_len)
+                pieces_of.append(None)
+                continue
+            shared.append(None)
+            if match_serving:  # the prompt as serving prefilled it: whole, or prefix then rest
+                split = self._split(prompt, prompt_len)
+                pieces = [prompt_len] if split is None else [split[1], prompt_len - split[1]]
+                query_lens += pieces + [1] * (len(frames) - 1)
+                pieces_of.append(pieces)
+            else:
+                query_lens.append(num_rows)
+                pieces_of.append(None)
+            rows.append(x)
+            lens.append(num_rows)
+        embeds = self._lm_inputs(torch.cat(rows) if len(rows) > 1 else rows[0], query_lens)
+        hidden = self.llama.forward_packed(
+            embeds, lens, pieces_of, self.batch_invariant, shared
+        ).split(lens)
+        out = []
+        for h, p, share in zip(hidden, prompt_lens, shared, strict=True):
+            if share is None:
+                out.append(h[p - 1 :])
+            else:  # the prompt's last row is the first trajectory's
+                out.append(torch.cat([hidden[share[0]][p - 1 : p], h]))
+        return out
+
+    def _shared_prompt(
+        self,
+        firsts: dict[Hashable, int],
+        prompt: Any,
+        prompt_len: int,
+        index: int,
+        num_rows: int,
+        match_serving: bool,
+    ) -> int | None:
+        """The earlier trajectory whose prompt rows trajectory ``index`` reuses (an equal
+        ``_prefix_key``, the same rows), else None (then it is the first of its key). Only
+        in the default mode (within rounding: under ``batch_invariant`` the reused rows
+        differed from a trajectory's own in the last bits, ~1e-6, measured on ChatTTS; not
+        yet explained), and not for a trajectory with no frame rows."""
+        key = self._prefix_key(prompt)
+        if key is None or self.batch_invariant:
+            return None
+        key = (key, prompt_len)
+        if key not in firsts:
+            firsts[key] = index
+            return None
+        return firsts[key] if num_rows > prompt_len else None
 
     def score_logprobs(
         self,
@@ -402,6 +509,7 @@ class PagedARModel:
         then in ``"processed"`` mode ``recompute_logprobs`` with ``sampling``, the last
         ``penalty_window`` frames before it as history and ``i`` frames generated; in
         ``"policy"`` mode ``policy_logprobs`` (``log_softmax(logits / temperature)``).
+        ``score_batch`` of one trajectory.
 
         Args:
             prompt, frames, match_serving: as in ``score_logits``.
@@ -415,19 +523,78 @@ class PagedARModel:
         Raises:
             ValueError: an unknown mode, or what ``score_logits`` raises.
         """
+        [(logprobs, _)] = self.score_batch(
+            [prompt], [frames], [sampling], mode, penalty_window, match_serving
+        )
+        return logprobs
+
+    def score_batch(
+        self,
+        prompts: Sequence[Any],
+        frames: Sequence[Sequence[Sequence[int]]],
+        samplings: Sequence[Any],
+        mode: str = "processed",
+        penalty_window: int = 16,
+        match_serving: bool = True,
+        entropy: bool = False,
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``score_logprobs`` of several trajectories (one ``score_logits_batch``, one
+        sampling pass over all their rows), and with ``entropy`` the entropy of each step's
+        scored distribution per codebook (``omnistep.sampling.entropy``, nats; processed or
+        policy as ``mode`` says).
+
+        Returns:
+            Per trajectory ``(logprobs [T_i, num_codebooks], entropy [T_i, num_codebooks] or
+            None)``, float32 with a graph to the weights when autograd is on.
+
+        Raises:
+            ValueError: an unknown mode, or what ``score_logits_batch`` raises.
+        """
         if mode not in SCORE_MODES:
             raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
-        logits = self._sampling_logits(self.score_logits(prompt, frames, match_serving))
-        tokens = torch.tensor([tuple(f) for f in frames], dtype=torch.long, device=self.device)
-        rows = [sampling] * tokens.shape[0]
+        logits = self.score_logits_batch(prompts, frames, match_serving)
+        logits = self._sampling_logits(torch.cat(logits) if len(logits) > 1 else logits[0])
+        tokens = [self._frame_tensor(f) for f in frames]
+        logp = self._distribution(logits, tokens, samplings, mode, penalty_window)
+        return self._gather_scores(logp, tokens, entropy)
+
+    def _frame_tensor(self, frames: Sequence[Sequence[int]]) -> torch.Tensor:
+        """LongTensor ``[T, width]`` of recorded frames on the device."""
+        return torch.tensor([tuple(f) for f in frames], dtype=torch.long, device=self.device)
+
+    def _distribution(
+        self,
+        logits: torch.Tensor,
+        tokens: Sequence[torch.Tensor],
+        samplings: Sequence[Any],
+        mode: str,
+        penalty_window: int,
+    ) -> torch.Tensor:
+        """Log-probs ``[sum T_i, C, V]`` of the scored distribution of every step of packed
+        trajectories (``logits`` after ``_sampling_logits``; ``tokens`` ``[T_i, C]`` each)."""
+        rows = [row for t, row in zip(tokens, samplings, strict=True) for _ in range(t.shape[0])]
         if mode == "policy":
-            return policy_logprobs(logits, rows, tokens)
-        # the loop passes frames[-penalty_window:] (all of them for a window of 0)
-        history = [
-            tokens[max(0, i - penalty_window) if penalty_window else 0 : i].T
-            for i in range(tokens.shape[0])
-        ]
-        return recompute_logprobs(logits, rows, history, list(range(tokens.shape[0])), tokens)
+            return policy_distribution(logits, rows)
+        history, generated = [], []
+        for t in tokens:  # the loop passes frames[-penalty_window:] (all for a window of 0)
+            history += [
+                t[max(0, i - penalty_window) if penalty_window else 0 : i].T
+                for i in range(t.shape[0])
+            ]
+            generated += range(t.shape[0])
+        return processed_logprobs(logits, rows, history, generated)[0]
+
+    @staticmethod
+    def _gather_scores(
+        logp: torch.Tensor, tokens: Sequence[torch.Tensor], with_entropy: bool
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Split packed log-probs ``[sum T_i, C, V]`` into each trajectory's recorded ids'
+        ``[T_i, C]`` and, asked, its entropies."""
+        ids = torch.cat(tokens) if len(tokens) > 1 else tokens[0]
+        picked = logp.gather(-1, ids.to(logp.device).unsqueeze(-1)).squeeze(-1)
+        sizes = [t.shape[0] for t in tokens]
+        ent = entropy(logp).split(sizes) if with_entropy else [None] * len(sizes)
+        return list(zip(picked.split(sizes), ent, strict=True))
 
     def _score_seq_id(self) -> str:
         return f"score/{type(self).__name__}"

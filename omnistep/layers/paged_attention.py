@@ -386,6 +386,36 @@ def causal_attention(
     return torch.cat(out)
 
 
+def causal_attention_tail(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, per_row: bool = False
+) -> torch.Tensor:
+    """Causal attention of a sequence's last ``L`` rows without a cache; differentiable.
+
+    Args:
+        q: queries ``[L, H, D]`` of the sequence's rows ``N - L .. N - 1``; ``k``, ``v``: keys
+            and values ``[N, Hkv, D]`` of all its rows (rotated).
+        per_row: one call per row over the keys up to it (the calls serving's decode steps
+            made, as ``causal_attention``'s decode rows); else one call for the ``L`` rows
+            (a prefill continuing a cached prefix).
+
+    Returns:
+        ``[L, H, D]`` in ``q.dtype``.
+    """
+    keys = k.transpose(0, 1).unsqueeze(0)  # [1, Hkv, N, D], strides as a cache view's
+    values = v.transpose(0, 1).unsqueeze(0)
+    if not per_row:
+        return _attend_seq(q, keys, values, scale)
+    start = k.shape[0] - q.shape[0]
+    return torch.cat(
+        [
+            _attend_seq(
+                q[r : r + 1], keys[:, :, : start + r + 1], values[:, :, : start + r + 1], scale
+            )
+            for r in range(q.shape[0])
+        ]
+    )
+
+
 def _attend_per_seq(
     q: torch.Tensor,
     cache: PagedKVCache,

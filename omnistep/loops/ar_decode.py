@@ -17,7 +17,7 @@ Imports: ``omnistep.core`` and ``omnistep.sampling`` (for the per-request genera
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -303,6 +303,7 @@ class ARDecodeLoop:
             "prompt": state.prompt,
             "stop_reason": "eos" if state.finished else "length",
             "seed": state.seed,
+            "mask": self.sampled_mask([r.tokens for r in state.trajectory]),
         }
         return LoopResult(list(state.frames), metrics, state.trajectory, info)
 
@@ -341,6 +342,57 @@ class ARDecodeLoop:
         frames = [tuple(int(t) for t in frame) for frame in tokens]
         row = self.config.make_sampling(req)
         return scorer(prompt, frames, row, mode, self.config.penalty_window, match_serving)
+
+    def score_batch(
+        self,
+        model: ModelInstance,
+        reqs: Sequence[Request],
+        prompts: Sequence[Any],
+        tokens: Sequence[Any],
+        mode: str = "processed",
+        match_serving: bool = True,
+        entropy: bool = False,
+    ) -> list[tuple[Any, Any]]:
+        """``score`` of several recorded trajectories in one packed teacher-forced forward
+        (the component's ``score_batch``, e.g. ``PagedARModel.score_batch``).
+
+        Args:
+            reqs: per trajectory a request with the sample's ``SamplingParams``.
+            prompts, tokens: per trajectory, as in ``score``.
+            entropy: also each step's entropy per codebook of the scored distribution.
+
+        Returns:
+            Per trajectory ``(log-probs [T, num_vq], entropy [T, num_vq] or None)``.
+
+        Raises:
+            NotImplementedError: the component has no ``score_batch``.
+        """
+        name = self.config.component
+        scorer = local_method(model.components[name], "score_batch", name)
+        frames = [[tuple(int(t) for t in frame) for frame in tok] for tok in tokens]
+        rows = [self.config.make_sampling(req) for req in reqs]
+        window = self.config.penalty_window
+        return scorer(prompts, frames, rows, mode, window, match_serving, entropy)
+
+    def sampled_mask(self, frames: Sequence[Frame]) -> list[tuple[bool, ...]]:
+        """Which ids of recorded frames were sampled actions: all of a frame, except in an
+        EOS frame (the last when the loop stopped on EOS), where only the codebooks holding
+        the EOS id at an ``eos_codebooks`` position are (the frame is dropped from the
+        output, so its other codebooks' ids act on nothing; Qwen3-TTS does not even sample
+        codebooks 1..15 there)."""
+        out = []
+        for frame in frames:
+            if not self._is_eos(frame):
+                out.append((True,) * len(frame))
+                continue
+            positions = self.config.eos_codebooks
+            eos = self.config.eos_token_ids
+            out.append(
+                tuple(
+                    t in eos and (positions is None or j in positions) for j, t in enumerate(frame)
+                )
+            )
+        return out
 
     def release(self, state: ARDecodeState) -> None:
         """Free the sequence's KV blocks in the component."""

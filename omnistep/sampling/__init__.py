@@ -23,7 +23,9 @@ from omnistep.sampling.processors import (
 )
 from omnistep.sampling.sampler import (
     SampleOutput,
+    entropy,
     make_generator,
+    policy_distribution,
     policy_logprobs,
     recompute_logprobs,
     sample,
@@ -36,7 +38,9 @@ __all__ = [
     "apply_repetition_penalty",
     "apply_top_p_top_k",
     "build_params",
+    "entropy",
     "make_generator",
+    "policy_distribution",
     "penalty_counts",
     "policy_logprobs",
     "processed_logprobs",

@@ -122,13 +122,34 @@ def policy_logprobs(
     Raises:
         ValueError: ``rows`` and ``logits`` disagree on the batch size.
     """
+    logp = policy_distribution(logits, rows)
+    return logp.gather(-1, tokens.to(logits.device).long().unsqueeze(-1)).squeeze(-1)
+
+
+def policy_distribution(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """The policy's whole distribution, ``log_softmax(logits / temperature)`` ``[B, num_vq,
+    V]`` float32 (``policy_logprobs`` gathers from it; a greedy codebook's temperature 0
+    counts as 1).
+
+    Raises:
+        ValueError: ``rows`` and ``logits`` disagree on the batch size.
+    """
     batch, num_vq, _ = logits.shape
     if len(rows) != batch:
         raise ValueError(f"'rows' has {len(rows)} entries for a batch of {batch}")
     temps = [[t if t > 0 else 1.0 for t in row.temperatures(num_vq)] for row in rows]
     divisor = torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(-1)
-    logp = torch.log_softmax(logits.float() / divisor, dim=-1)
-    return logp.gather(-1, tokens.to(logits.device).long().unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(logits.float() / divisor, dim=-1)
+
+
+def entropy(logprobs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats, ``-sum_v p_v log p_v`` over the last dim, of log-probabilities
+    ``[..., V]`` (ids at ``-inf``, masked or truncated away, count 0): ``[...]`` float32.
+    Differentiable (a masked id gives no gradient and no NaN)."""
+    logprobs = logprobs.float()
+    finite = torch.isfinite(logprobs)
+    safe = torch.where(finite, logprobs, torch.zeros_like(logprobs))
+    return -(safe.exp() * safe).masked_fill(~finite, 0.0).sum(-1)
 
 
 def recompute_logprobs(

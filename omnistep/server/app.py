@@ -21,6 +21,7 @@ from omnistep.server import (
     models,
     playground,
     rollouts,
+    score,
     speech,
     speech_stream,
     voice_fields,
@@ -132,6 +133,7 @@ def build_app(
             "/v1/audio/voices": config.max_voice_upload_bytes,
             "/v1/audio/speech": config.max_speech_body_bytes,  # ref_audio in base64
             "/v1/rollouts": config.max_speech_body_bytes,
+            "/v1/score": score.MAX_SCORE_BODY_BYTES,  # a rollout answer
         },
     )
     app.add_middleware(DrainGate, drain=drain)
@@ -154,6 +156,7 @@ def build_app(
     app.include_router(speech_stream.router)
     app.include_router(metrics.router)
     app.include_router(rollouts.router)
+    app.include_router(score.router)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -8,13 +8,17 @@ the same call in Python.
 Rollout responses are JSON (``object: "rollout"``), or, when the client asks with ``Accept:
 application/x-safetensors``, one safetensors body (JSON floats are large): per sample and loop
 the tensors ``g{i}.s{k}.{loop}.tokens`` (int64 ``[T, num_codebooks]``), ``.logprobs`` (float32
-``[T, num_codebooks]``) and ``.weight_versions`` (int64 ``[T]``), and ``g{i}.s{k}.audio``
+``[T, num_codebooks]``), ``.mask`` (bool ``[T, num_codebooks]``: the ids really sampled,
+``LoopActions.mask``) and ``.weight_versions`` (int64 ``[T]``), and ``g{i}.s{k}.audio``
 (float32 ``[samples]``) when audio was asked for; a denoise loop's SDE steps (cascade cards
 with ``flow_noise_level``) as ``g{i}.s{k}.{loop}.logprobs`` (float64 ``[S]``),
 ``.weight_versions`` (int64 ``[S]``) and ``.{j}.x`` / ``.{j}.mean`` / ``.{j}.x_next`` (float32
 ``[frames, mel_dim]`` of step ``j``'s window); everything else (inputs, seeds, stop reasons,
-texts, sample rates, each step's ``t``, ``t_next``, ``std`` and window) is the JSON string in
-the header's ``__metadata__["rollout"]``.
+texts, sample rates, each loop's ``prompt_ids``, the request's ``sampling``, each step's ``t``,
+``t_next``, ``std`` and window) is the JSON string in the header's ``__metadata__["rollout"]``.
+Each loop's ``prompt_ids`` are the token ids it was conditioned on when its prompt is token ids
+(the toy, the Qwen thinker), else null (ChatTTS: ids plus a speaker vector; the Qwen talkers:
+rows of the thinker): what ``POST /v1/score`` (``omnistep.server.score``) replays.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Awaitable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -245,7 +249,12 @@ def _sample_meta(sample) -> dict:
         "sample_rate": sample.sample_rate,
         "weight_version": max(versions, default=None),
         "loops": {
-            name: {"stop_reason": a.stop_reason, "seed": a.seed, "num_steps": len(a.tokens)}
+            name: {
+                "stop_reason": a.stop_reason,
+                "seed": a.seed,
+                "num_steps": len(a.tokens),
+                "prompt_ids": a.prompt_ids,
+            }
             for name, a in sample.loops.items()
         },
     }
@@ -281,6 +290,7 @@ def _json(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
                     tokens=actions.tokens.tolist(),
                     logprobs=actions.logprobs.tolist(),
                     weight_versions=actions.weight_versions.tolist(),
+                    mask=actions.sampled().tolist(),
                 )
             for name, steps in sample.denoise.items():
                 entry["denoise"][name].update(
@@ -308,6 +318,7 @@ def _envelope(head: dict, body: RolloutBody, groups: list) -> dict:
         **head,
         "n": body.n,
         "logprobs": body.logprobs,
+        "sampling": {k: v for k, v in asdict(body.sampling()).items() if v is not None},
         "audio_format": body.audio_format,
         "groups": groups,
     }
@@ -326,6 +337,7 @@ def _safetensors(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> b
                 tensors[f"{prefix}.{name}.tokens"] = actions.tokens
                 tensors[f"{prefix}.{name}.logprobs"] = actions.logprobs
                 tensors[f"{prefix}.{name}.weight_versions"] = actions.weight_versions
+                tensors[f"{prefix}.{name}.mask"] = np.ascontiguousarray(actions.sampled())
             for name, steps in sample.denoise.items():
                 tensors[f"{prefix}.{name}.logprobs"] = steps.logprobs
                 tensors[f"{prefix}.{name}.weight_versions"] = steps.weight_versions

@@ -272,6 +272,10 @@ class ChatTTSGPT(PagedARModel):
             weight = self.head_text if prompt.text_mode else self.head_code
         return self._rows(lambda h: torch.einsum("bh,jvh->bjv", h, weight), hidden.to(self.dtype))
 
+    def _score_head_key(self, prompt: ChatTTSPromptInput) -> bool:
+        """Text-mode prompts share the text head, the others the code heads."""
+        return prompt.text_mode
+
     def _streams(
         self, rows: torch.Tensor, hidden: torch.Tensor, lens: list[int], whole: list[bool]
     ) -> list[torch.Tensor]:

@@ -106,7 +106,13 @@ from omnistep.models.qwen3_tts.loader import (
     Qwen3TTSConfig,
     TalkerConfig,
 )
-from omnistep.sampling import SamplingRow, policy_logprobs, recompute_logprobs, sample
+from omnistep.sampling import (
+    SamplingRow,
+    policy_distribution,
+    processed_logprobs,
+    sample,
+)
+from omnistep.sampling import entropy as entropy_of
 
 NEG_INF = float("-inf")
 NO_CODEC = -1
@@ -728,84 +734,106 @@ class Qwen3TTSTalker(PagedARModel):
         ]
 
     # ------------------------------------------------------------ scoring
-    def score_logits(
-        self, prompt: Qwen3TTSPrompt, frames: Sequence[Sequence[int]], match_serving: bool = True
-    ) -> torch.Tensor:
-        """Teacher-forced logits of a recorded trajectory, differentiable in the weights:
-        the talker as in ``PagedARModel.score_logits``, then the code predictor on each
-        frame's talker hidden state with the frame's own codes fed (one batch of ``T`` rows,
-        the path serving runs).
+    def score_logits_batch(
+        self,
+        prompts: Sequence[Qwen3TTSPrompt],
+        frames: Sequence[Sequence[Sequence[int]]],
+        match_serving: bool = True,
+    ) -> list[torch.Tensor]:
+        """Teacher-forced logits of recorded trajectories, differentiable in the weights:
+        the talker as in ``PagedARModel.score_logits_batch`` (one packed forward), then the
+        code predictor on every frame's talker hidden state with the frame's own codes fed
+        (one batch of all trajectories' rows, the path serving runs).
 
         Args:
-            prompt: the recorded ``Qwen3TTSPrompt`` with ``replay_text`` for ``frames[:-1]``.
-            frames: ``T >= 1`` frames of 16 ids, the last one included (its EOS frame too).
+            prompts: the recorded ``Qwen3TTSPrompt``s with ``replay_text`` for ``frames[:-1]``.
+            frames: per trajectory ``T >= 1`` frames of 16 ids, the last one included (its EOS
+                frame too).
 
         Returns:
-            ``[T, 16, vocab]`` float32: codebook 0's raw talker logits, then the predictor's raw
-            logits of codebooks 1..15 in columns ``[0, predictor vocab)`` and -inf beyond. An
-            EOS frame's predictor rows are meaningless (its codes were not sampled).
+            Per trajectory ``[T, 16, vocab]`` float32: codebook 0's raw talker logits, then the
+            predictor's raw logits of codebooks 1..15 in columns ``[0, predictor vocab)`` and
+            -inf beyond. An EOS frame's predictor rows are meaningless (its codes were not
+            sampled).
 
         Raises:
             ValueError: no frames, a malformed frame or prompt.
         """
-        frames = tuple(tuple(int(t) for t in frame) for frame in frames)
-        if not frames:
-            raise ValueError("score needs at least one frame")
-        codes = self._frames(frames)
-        hidden = self._score_hidden(prompt, frames, match_serving)  # [T, hidden]
-        talker = self._head(hidden, "").float()
-        teacher = codes[:, 1:]
-        predictor = self.predictor.run(
-            hidden.to(self.dtype),
-            self.codec_embedding[codes[:, 0]],
-            lambda j, _logits: teacher[:, j],
-        )
-        pad = talker.shape[-1] - predictor.shape[-1]
-        predictor = F.pad(predictor, (0, pad), value=NEG_INF)
-        return torch.cat([talker, predictor], dim=1)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
+            frames = [tuple(tuple(int(t) for t in f) for f in fs) for fs in frames]
+            if any(not fs for fs in frames):
+                raise ValueError("score needs at least one frame")
+            codes = torch.cat([self._frames(fs) for fs in frames])  # [sum T, 16]
+            hidden = torch.cat(self._score_hidden_batch(prompts, frames, match_serving))
+            talker = self._head(hidden, "").float()
+            teacher = codes[:, 1:]
+            predictor = self.predictor.run(
+                hidden.to(self.dtype),
+                self.codec_embedding[codes[:, 0]],
+                lambda j, _logits: teacher[:, j],
+            )
+            pad = talker.shape[-1] - predictor.shape[-1]
+            predictor = F.pad(predictor, (0, pad), value=NEG_INF)
+            logits = torch.cat([talker, predictor], dim=1)
+            return list(logits.split([len(fs) for fs in frames]))
 
-    def score_logprobs(
+    def score_batch(
         self,
-        prompt: Qwen3TTSPrompt,
-        frames: Sequence[Sequence[int]],
-        sampling: Qwen3TTSSampling,
+        prompts: Sequence[Qwen3TTSPrompt],
+        frames: Sequence[Sequence[Sequence[int]]],
+        samplings: Sequence[Qwen3TTSSampling],
         mode: str = "processed",
         penalty_window: int = 0,
         match_serving: bool = True,
-    ) -> torch.Tensor:
-        """Log-probs ``[T, 16]`` of a recorded trajectory's ids, as serving recorded them:
+        entropy: bool = False,
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Log-probs ``[T, 16]`` of recorded trajectories' ids, as serving recorded them:
         codebook 0 with the talker row (suppression, the codebook-0 history's penalty, the EOS
-        mask), codebooks 1..15 with the predictor row; an EOS frame's codebooks 1..15 are 0.
+        mask), codebooks 1..15 with the predictor row; an EOS frame's codebooks 1..15 are 0
+        (log-prob and entropy: they were not sampled). With ``entropy``, each step's entropy
+        per codebook of the scored distribution (nats).
 
         Args:
-            sampling: the request's ``Qwen3TTSSampling``.
+            samplings: each trajectory's ``Qwen3TTSSampling``.
             penalty_window: the loop's ``ARDecodeConfig.penalty_window`` (0: all frames).
-            mode, match_serving: as in ``PagedARModel.score_logprobs``.
+            mode, match_serving: as in ``PagedARModel.score_batch``.
 
         Raises:
-            ValueError: an unknown mode, or what ``score_logits`` raises.
+            ValueError: an unknown mode, or what ``score_logits_batch`` raises.
         """
         if mode not in SCORE_MODES:
             raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
-        logits = self.score_logits(prompt, frames, match_serving)
-        tokens = self._frames(frames)
-        count = tokens.shape[0]
+        logits = torch.cat(self.score_logits_batch(prompts, frames, match_serving))
+        tokens = [self._frames(tuple(tuple(int(t) for t in f) for f in fs)) for fs in frames]
         first = self._sampling_logits(logits[:, :1])
         rest = logits[:, 1:, : self.config.talker.code_predictor.vocab_size]
-        talker_rows, sub_rows = [sampling.talker] * count, [sampling.predictor] * count
+        talker_rows = [s.talker for s, t in zip(samplings, tokens, strict=True) for _ in t]
+        sub_rows = [s.predictor for s, t in zip(samplings, tokens, strict=True) for _ in t]
         if mode == "policy":
-            lp0 = policy_logprobs(first, talker_rows, tokens[:, :1])
-            lp_rest = policy_logprobs(rest, sub_rows, tokens[:, 1:])
+            logp0 = policy_distribution(first, talker_rows)
+            logp_rest = policy_distribution(rest, sub_rows)
         else:
-            history = [
-                tokens[max(0, i - penalty_window) if penalty_window else 0 : i, :1].T
-                for i in range(count)
-            ]
-            lp0 = recompute_logprobs(first, talker_rows, history, list(range(count)), tokens[:, :1])
-            empty = [tokens.new_zeros(rest.shape[1], 0)] * count
-            lp_rest = recompute_logprobs(rest, sub_rows, empty, [0] * count, tokens[:, 1:])
-        eos = tokens[:, :1] == self.eos_id
-        return torch.cat([lp0, lp_rest.masked_fill(eos, 0.0)], dim=1)
+            history, generated = [], []
+            for t in tokens:
+                history += [
+                    t[max(0, i - penalty_window) if penalty_window else 0 : i, :1].T
+                    for i in range(t.shape[0])
+                ]
+                generated += range(t.shape[0])
+            logp0 = processed_logprobs(first, talker_rows, history, generated)[0]
+            empty = [tokens[0].new_zeros(rest.shape[1], 0)] * len(sub_rows)
+            logp_rest = processed_logprobs(rest, sub_rows, empty, [0] * len(sub_rows))[0]
+        ids = torch.cat(tokens)
+        lp0 = logp0.gather(-1, ids[:, :1, None]).squeeze(-1)
+        lp_rest = logp_rest.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        eos = ids[:, :1] == self.eos_id
+        logprobs = torch.cat([lp0, lp_rest.masked_fill(eos, 0.0)], dim=1)
+        sizes = [t.shape[0] for t in tokens]
+        if not entropy:
+            return [(lp, None) for lp in logprobs.split(sizes)]
+        ent_rest = entropy_of(logp_rest).masked_fill(eos, 0.0)
+        ent = torch.cat([entropy_of(logp0), ent_rest], dim=1)
+        return list(zip(logprobs.split(sizes), ent.split(sizes), strict=True))
 
 
 # ---------------------------------------------------------------- the text track

@@ -1,0 +1,238 @@
+"""``POST /v1/score``: the log-probs of a rollout's recorded actions, recomputed on the serving
+weights (``omnistep.offline.score_samples``; the server has no trainer).
+
+The body is a rollout answer as ``POST /v1/rollouts`` gave it: its JSON (``object:
+"rollout"``), or its safetensors body (``Content-Type: application/x-safetensors``; the
+tensors ``g{i}.s{k}.{loop}.tokens`` and the header's ``__metadata__["rollout"]``). Each
+sample's AR loops are replayed from their ``prompt_ids`` (loops whose prompt is not token ids
+have null there and are a 400 naming them: score those with the Python API), the sample's seed
+and the envelope's ``sampling``. Query parameters: ``mode`` (``processed`` or ``policy``;
+default: the rollout's ``logprobs``), ``entropy`` (``true``: also each step's entropy per
+codebook), ``masked`` (``true``: 0 where the rollout's ``mask`` is false).
+
+The answer: JSON ``{"object": "score", "model", "weight_version", "mode", "groups": [{"group",
+"samples": [{"index", "loops": {name: {"logprobs", "entropy"?}}}]}]}``, or with ``Accept:
+application/x-safetensors`` one safetensors body of ``g{i}.s{k}.{loop}.logprobs`` (float32
+``[T, num_codebooks]``) and ``.entropy``, the rest as JSON in ``__metadata__["score"]``.
+Denoise loops are not scored here.
+
+Imports fastapi, numpy, safetensors, ``omnistep.core``, ``omnistep.offline`` and the rollout
+route's helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse, Response
+
+from omnistep.core import InvalidRequestError, SamplingParams
+from omnistep.offline import LOGPROB_MODES, LoopActions, LoopScore, RolloutSample
+from omnistep.server.rollouts import (
+    SAFETENSORS_MEDIA_TYPE,
+    _bool_param,
+    _omni,
+    _wants_safetensors,
+)
+
+router = APIRouter()
+
+MAX_SCORE_BODY_BYTES = 256 << 20
+"""The largest rollout answer ``POST /v1/score`` reads."""
+
+
+@router.post("/v1/score")
+async def score(http: HttpRequest) -> Response:
+    """Score a rollout answer's AR loops on the serving weights (see the module docstring).
+    A malformed answer, a model not served, a loop without ``prompt_ids`` or ids outside the
+    vocab are 400s naming the field; nothing is held."""
+    query = http.query_params
+    unknown = sorted(set(query) - {"mode", "entropy", "masked"})
+    if unknown:
+        raise InvalidRequestError(f"unknown query parameter(s) {', '.join(unknown)}", unknown[0])
+    content_type = http.headers.get("content-type", "").split(";")[0].strip().lower()
+    raw = await http.body()
+    if content_type in (SAFETENSORS_MEDIA_TYPE, "application/octet-stream"):
+        envelope, tensors = _read_safetensors(raw)
+    else:
+        envelope, tensors = _read_json(raw), None
+    mode = query.get("mode", envelope.get("logprobs", "processed"))
+    if mode not in LOGPROB_MODES:
+        raise InvalidRequestError(f"mode must be one of {', '.join(LOGPROB_MODES)}", "mode")
+    entropy = _bool_param(query.get("entropy", "false"), "entropy")
+    masked = _bool_param(query.get("masked", "false"), "masked")
+    omni = _omni(http)
+    card_id = omni.card_id(_field(envelope, "model", str))
+    samples = _samples(envelope, tensors, card_id)
+    try:
+        scores = await omni.score(
+            [s for group in samples for s in group], mode=mode, entropy=entropy, masked=masked
+        )
+    except NotImplementedError as exc:  # a loop that cannot score, or give entropies
+        raise InvalidRequestError(str(exc), "entropy" if entropy else "groups") from None
+    except ValueError as exc:  # a component refusing ids (outside its vocab, too long)
+        if isinstance(exc, InvalidRequestError):
+            raise
+        raise InvalidRequestError(f"the rollout cannot be replayed: {exc}", "groups") from None
+    head = {
+        "object": "score",
+        "model": card_id,
+        "weight_version": omni.engine.weight_versions[card_id],
+        "mode": mode,
+    }
+    groups = envelope["groups"]
+    if _wants_safetensors(http.headers.get("accept", "")):
+        return Response(
+            _safetensors(head, groups, samples, scores), media_type=SAFETENSORS_MEDIA_TYPE
+        )
+    return JSONResponse(_json(head, groups, samples, scores))
+
+
+def _read_json(raw: bytes) -> dict:
+    try:
+        envelope = json.loads(raw)
+    except ValueError:
+        raise InvalidRequestError(
+            "POST /v1/score takes a rollout answer: its JSON, or its safetensors body "
+            f"(Content-Type: {SAFETENSORS_MEDIA_TYPE})",
+            "body",
+        ) from None
+    return _check_envelope(envelope)
+
+
+def _read_safetensors(raw: bytes) -> tuple[dict, dict[str, np.ndarray]]:
+    """The envelope (``__metadata__["rollout"]``) and the tensors of a safetensors body."""
+    from safetensors.numpy import load
+
+    try:
+        (size,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + size])
+        envelope = json.loads(header["__metadata__"]["rollout"])
+        tensors = load(raw)
+    except Exception:  # noqa: BLE001 - any malformed body is the client's 400
+        raise InvalidRequestError(
+            "the body is not a rollout's safetensors answer (no __metadata__['rollout'])", "body"
+        ) from None
+    return _check_envelope(envelope), tensors
+
+
+def _check_envelope(envelope: Any) -> dict:
+    if not isinstance(envelope, dict) or envelope.get("object") != "rollout":
+        raise InvalidRequestError("the body is not a rollout answer (object 'rollout')", "object")
+    if not isinstance(envelope.get("groups"), list):
+        raise InvalidRequestError("the rollout answer has no 'groups' list", "groups")
+    return envelope
+
+
+def _field(obj: Any, name: str, kind: type, where: str = "") -> Any:
+    value = obj.get(name) if isinstance(obj, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise InvalidRequestError(f"'{where}{name}' must be a {kind.__name__}", where + name)
+    return value
+
+
+def _samples(
+    envelope: dict, tensors: dict[str, np.ndarray] | None, card_id: str
+) -> list[list[RolloutSample]]:
+    """The rollout answer's samples, per group, ready for ``score_samples``."""
+    try:
+        sampling = SamplingParams(**_field(envelope, "sampling", dict))
+    except TypeError as exc:
+        raise InvalidRequestError(f"bad 'sampling': {exc}", "sampling") from None
+    out = []
+    for i, group in enumerate(envelope["groups"]):
+        samples = _field(group, "samples", list, f"groups[{i}].")
+        out.append([_sample(i, s, tensors, card_id, sampling) for s in samples])
+    return out
+
+
+def _sample(
+    i: int, sample: Any, tensors: dict | None, card_id: str, sampling: SamplingParams
+) -> RolloutSample:
+    where = f"groups[{i}].samples[?]."
+    index = _field(sample, "index", int, where)
+    where = f"groups[{i}].samples[{index}]."
+    seed = _field(sample, "seed", int, where)
+    loops = {}
+    for name, loop in _field(sample, "loops", dict, where).items():
+        at = f"{where}loops.{name}."
+        prompt = loop.get("prompt_ids") if isinstance(loop, dict) else None
+        if not isinstance(prompt, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            raise InvalidRequestError(
+                f"loop '{name}' has no prompt_ids (its prompt is not token ids): score it with "
+                "the Python API (OmniEngine.score)",
+                at + "prompt_ids",
+            )
+        if tensors is None:
+            tokens = np.asarray(_field(loop, "tokens", list, at), dtype=np.int64)
+            mask = loop.get("mask")
+        else:
+            tokens = tensors.get(f"g{i}.s{index}.{name}.tokens")
+            mask = tensors.get(f"g{i}.s{index}.{name}.mask")
+        if tokens is None or tokens.ndim != 2 or tokens.shape[0] < 1:
+            raise InvalidRequestError(
+                f"'{at}tokens' must be [T >= 1, num_codebooks]", at + "tokens"
+            )
+        mask = None if mask is None else np.asarray(mask, dtype=bool).reshape(tokens.shape)
+        loops[name] = LoopActions(
+            tokens=tokens,
+            logprobs=np.zeros(tokens.shape, np.float32),  # not read by score
+            mode="processed",
+            weight_versions=np.zeros(tokens.shape[0], np.int64),
+            stop_reason=str(loop.get("stop_reason", "length")),
+            seed=int(loop.get("seed", seed)),
+            prompt=tuple(prompt),
+            mask=mask,
+        )
+    return RolloutSample(index, seed, loops, "", None, 0, sampling, card_id)
+
+
+def _values(value: Any) -> np.ndarray:
+    """A score (torch tensor or numpy array) as float32 numpy."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.ascontiguousarray(value, dtype=np.float32)
+
+
+def _loop_values(scored: Any) -> dict[str, np.ndarray]:
+    if isinstance(scored, LoopScore):
+        return {"logprobs": _values(scored.logprobs), "entropy": _values(scored.entropy)}
+    return {"logprobs": _values(scored)}
+
+
+def _json(head: dict, groups: list, samples: list, scores: list) -> dict:
+    flat = iter(scores)
+    out = []
+    for group, members in zip(groups, samples, strict=True):
+        entries = []
+        for sample in members:
+            scored = next(flat)
+            loops = {
+                name: {k: v.tolist() for k, v in _loop_values(value).items()}
+                for name, value in scored.items()
+            }
+            entries.append({"index": sample.index, "loops": loops})
+        out.append({"group": group.get("group"), "samples": entries})
+    return {**head, "groups": out}
+
+
+def _safetensors(head: dict, groups: list, samples: list, scores: list) -> bytes:
+    from safetensors.numpy import save
+
+    flat = iter(scores)
+    tensors: dict[str, np.ndarray] = {}
+    meta = []
+    for i, (group, members) in enumerate(zip(groups, samples, strict=True)):
+        for sample in members:
+            for name, value in next(flat).items():
+                for key, array in _loop_values(value).items():
+                    tensors[f"g{i}.s{sample.index}.{name}.{key}"] = array
+        meta.append({"group": group.get("group"), "samples": [s.index for s in members]})
+    return save(tensors, metadata={"score": json.dumps({**head, "groups": meta})})
