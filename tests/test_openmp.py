@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = r"""
-import asyncio, json, os, threading
+import asyncio, json, os, threading, time
 import torch
 from omnistep.core import WorkUnitKind
 from omnistep.engine.executor import InProcessExecutor
@@ -59,6 +59,11 @@ for release in (False, True):
     t.start(); hold.wait()
     out[f"worker_alive_release_{release}"] = threads()
     go.set(); t.join()
+    # a joined thread's libgomp worker exits on its own time (seconds on a loaded machine):
+    # count the next case only once it is gone
+    deadline = time.monotonic() + 20
+    while threads() > out["base"] and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 # releasing(): the wrapped call frees its team when it returns
 def in_thread():
