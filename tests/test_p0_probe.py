@@ -1,0 +1,47 @@
+"""Regressions found by probing issue 25's work as a new user would (p0-probe).
+
+- Ctrl-C while the models load: the shutdown cancels the task awaiting the load, which cancels
+  the future the loader thread would settle; ``LoadingApp.loading`` must still say the thread
+  runs, so that ``cmd_serve`` leaves with ``os._exit`` instead of an interpreter shutdown that
+  aborts inside torch ("terminate called without an active exception", SIGABRT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from omnistep.core import ModelInstance
+from omnistep.engine import AsyncEngine
+from omnistep.models.toy.card import build_card
+from omnistep.server import ServerConfig, build_app
+from omnistep.server.lifecycle import Drain
+from omnistep.server.loading import LoadingApp
+from tests.test_lifecycle import Lifespan, _wait_for
+
+
+async def test_loading_stays_true_when_the_server_stops_during_the_load():
+    release = threading.Event()
+    returned = threading.Event()
+
+    def load(progress) -> AsyncEngine:
+        progress("loading toy: lm (1/2)")
+        assert release.wait(10)
+        try:
+            return AsyncEngine([ModelInstance.load(build_card())])
+        finally:
+            returned.set()
+
+    drain = Drain()
+    app = LoadingApp(load, lambda e: build_app(e, ServerConfig(), drain), drain, "toy")
+    lifespan = Lifespan(app)
+    await lifespan.start()
+    await _wait_for(lambda: app.status.endswith("(1/2)"))
+    assert app.loading
+    await lifespan.stop()  # what Ctrl-C does: uvicorn's lifespan shutdown while loading
+    await asyncio.sleep(0.05)
+    assert app.loading, "the loader thread still runs: the process must not shut down normally"
+    release.set()
+    assert await asyncio.to_thread(returned.wait, 10)
+    await _wait_for(lambda: not app.loading)
+    assert app.app is None and app.error is None
