@@ -45,3 +45,23 @@ async def test_loading_stays_true_when_the_server_stops_during_the_load():
     assert await asyncio.to_thread(returned.wait, 10)
     await _wait_for(lambda: not app.loading)
     assert app.app is None and app.error is None
+
+
+def _body_fields() -> list[tuple[type, str]]:
+    from omnistep.server.protocol import SpeechRequest
+    from omnistep.server.rollouts import RolloutBody
+
+    return [(m, f) for m in (SpeechRequest, RolloutBody) for f in m.model_fields]
+
+
+def test_every_request_field_is_named_in_its_validation_message():
+    """A bad value of any body field (vllm-omni's ref_audio, task_type, language, ...) is
+    reported as "Invalid value for 'FIELD'", not "Invalid value for 'body'"."""
+    from fastapi.exceptions import RequestValidationError
+
+    from omnistep.server.errors import validation_message
+
+    for model, field in _body_fields():
+        errors = [{"type": "string_too_short", "loc": ("body", field), "msg": "too short"}]
+        message, param = validation_message(RequestValidationError(errors), "application/json")
+        assert (message, param) == (f"Invalid value for '{field}': too short", field), model
