@@ -65,3 +65,19 @@ def test_every_request_field_is_named_in_its_validation_message():
         errors = [{"type": "string_too_short", "loc": ("body", field), "msg": "too short"}]
         message, param = validation_message(RequestValidationError(errors), "application/json")
         assert (message, param) == (f"Invalid value for '{field}': too short", field), model
+
+
+def test_a_mistyped_model_path_says_it_does_not_exist(tmp_path):
+    """``--model /wrong/path`` (or ``./x``, ``~/x``) names the missing path instead of calling
+    it an unknown model name."""
+    import pytest
+
+    from omnistep.core import InvalidRequestError
+    from omnistep.models.registry import resolve_model_spec
+
+    for name in (str(tmp_path / "nothere"), "./nothere-p0", "~/nothere-p0", "a/b/c"):
+        with pytest.raises(InvalidRequestError, match="no such file or folder") as info:
+            resolve_model_spec(name)
+        assert info.value.param == "model" and name.lstrip("~./") in str(info.value)
+    with pytest.raises(InvalidRequestError, match="unknown model 'nothere'"):
+        resolve_model_spec("nothere")  # a bare word is still read as a model name

@@ -236,7 +236,8 @@ def resolve_model_spec(name: str, **options: object) -> str:
 
     Raises:
         InvalidRequestError: none of these (the message lists the families, the path and hub
-            id forms, and the default's ids).
+            id forms, and the default's ids; for a name that reads as a path and is not one,
+            that it does not exist).
         ModelFilesError: a path or snapshot whose family cannot be told, a hub id not cached
             while offline, a failed download.
         Whatever ``build_card`` raises for the default model.
@@ -251,6 +252,12 @@ def resolve_model_spec(name: str, **options: object) -> str:
     default = build_card(DEFAULT_MODEL, **options)
     if name in default.model_ids:
         return default.family
+    if path is None and ("/" in name or name.startswith(("~", "."))):  # a mistyped path
+        raise InvalidRequestError(
+            f"--model {name}: no such file or folder ({Path(name).expanduser()}); give an "
+            "existing folder of weights, FAMILY=PATH, or a Hugging Face id (ORG/NAME)",
+            param="model",
+        )
     raise InvalidRequestError(
         f"unknown model '{name}'; give a family ({', '.join(sorted(FAMILIES))}), "
         "FAMILY=PATH, a folder of weights (PATH), a Hugging Face id (ORG/NAME), or a name of "
