@@ -81,3 +81,26 @@ def test_a_mistyped_model_path_says_it_does_not_exist(tmp_path):
         assert info.value.param == "model" and name.lstrip("~./") in str(info.value)
     with pytest.raises(InvalidRequestError, match="unknown model 'nothere'"):
         resolve_model_spec("nothere")  # a bare word is still read as a model name
+
+
+def test_say_with_a_chat_model_says_it_is_one(tmp_path, monkeypatch, capsys):
+    """``omnistep say --model QWEN2.5-OMNI-FOLDER`` said "messages are required"; now it says
+    the model is a chat model that say cannot read text with (TEXT and --file alike), and
+    writes nothing."""
+    from omnistep import cli
+    from omnistep.models.toy.null import build_null_card
+
+    def load(specs, *args, **kwargs):
+        return AsyncEngine([ModelInstance.load(build_null_card())])
+
+    monkeypatch.setattr(cli, "resolve_model_spec", lambda name: "null")
+    monkeypatch.setattr(cli, "load_engine", load)
+    book = tmp_path / "book.txt"
+    book.write_text("One sentence. Another one.")
+    for args in (["Hello there."], ["--file", str(book), "--no-progress"]):
+        out = tmp_path / "x.wav"
+        assert cli.main(["say", *args, "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "omnistep: error: model 'null' cannot read text aloud" in err, err
+        assert "chat model" in err and "/v1/chat/completions" in err, err
+        assert not out.exists() and not list(tmp_path.glob("x.wav*"))
