@@ -104,3 +104,40 @@ def test_say_with_a_chat_model_says_it_is_one(tmp_path, monkeypatch, capsys):
         assert "omnistep: error: model 'null' cannot read text aloud" in err, err
         assert "chat model" in err and "/v1/chat/completions" in err, err
         assert not out.exists() and not list(tmp_path.glob("x.wav*"))
+
+
+def test_an_interrupted_weights_write_leaves_no_half_folder(tmp_path, monkeypatch):
+    """Ctrl-C (or an error) during ``omnistep weights`` left a folder without its weights, which
+    the next run refused as "not empty"; the folder appears only once it is complete."""
+    import importlib
+
+    import pytest
+
+    from omnistep.models import registry
+
+    writer = importlib.import_module(registry.WEIGHT_WRITERS["chattts"])
+
+    def interrupted(path, variant, seed):
+        (path / "asset").mkdir(parents=True)
+        (path / "asset" / "half.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    def complete(path, variant, seed):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "done.json").write_text("{}")
+        return path
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setattr(writer, "write_folder", interrupted)
+    for target in (tmp_path / "new", empty, tmp_path / "a" / "b"):
+        with pytest.raises(KeyboardInterrupt):
+            registry.write_weights("chattts", target)
+        assert not target.exists() or not any(target.iterdir()), target
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "empty"]
+    assert list((tmp_path / "a").iterdir()) == []
+    monkeypatch.setattr(writer, "write_folder", complete)
+    for target in (tmp_path / "new", empty):
+        assert registry.write_weights("chattts", target) == target
+        assert [p.name for p in target.iterdir()] == ["done.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "empty", "new"]
