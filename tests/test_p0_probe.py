@@ -141,3 +141,25 @@ def test_an_interrupted_weights_write_leaves_no_half_folder(tmp_path, monkeypatc
         assert registry.write_weights("chattts", target) == target
         assert [p.name for p in target.iterdir()] == ["done.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "empty", "new"]
+
+
+async def test_a_ref_audio_path_that_is_a_folder_is_named_as_one(tmp_path):
+    """A folder (or a FIFO) under --allowed-local-media-path was reported as a file that
+    "does not exist"; it now says it is no regular file. A missing one still does not exist."""
+    import os
+
+    import pytest
+
+    from omnistep.core import InvalidRequestError
+    from omnistep.server.voice_fields import MediaPolicy, read_ref_audio
+
+    (tmp_path / "sub").mkdir()
+    os.mkfifo(tmp_path / "pipe.wav")
+    policy = MediaPolicy(allowed_local_media_path=tmp_path)
+    for name in ("sub", "pipe.wav"):
+        with pytest.raises(InvalidRequestError, match="is not a regular file") as info:
+            await read_ref_audio(str(tmp_path / name), policy)
+        assert info.value.param == "ref_audio" and info.value.code == "invalid_value"
+    with pytest.raises(InvalidRequestError, match="does not exist") as info:
+        await read_ref_audio(str(tmp_path / "gone.wav"), policy)
+    assert info.value.code == "file_not_found"
