@@ -298,6 +298,26 @@ def check_output(out: Path) -> None:
         raise OmnistepError(f"cannot write {out}: permission denied")
 
 
+def _speech_model(engine: AsyncEngine) -> str:
+    """The id of the model ``engine`` serves, checked to read text aloud.
+
+    Raises:
+        OmnistepError: a chat model (e.g. a Qwen2.5-Omni folder) or another model without
+            text to speech; the message says where it is used instead.
+    """
+    model_id, model = next(iter(engine.models.items()))
+    caps = model.card.capabilities
+    if Capability.TEXT_TO_SPEECH in caps:
+        return model_id
+    what = (
+        "it is a chat model: serve it (omnistep serve --model ...) and ask POST "
+        "/v1/chat/completions"
+        if caps & {Capability.CHAT_TEXT, Capability.CHAT_AUDIO}
+        else "it has no text to speech"
+    )
+    raise OmnistepError(f"model '{model_id}' cannot read text aloud with omnistep say; {what}")
+
+
 def cmd_say(args: argparse.Namespace) -> int:
     """Synthesize TEXT, or the whole ``--file``, into one audio file.
 
@@ -316,7 +336,7 @@ def cmd_say(args: argparse.Namespace) -> int:
     Request("check", speed=args.speed, seed=args.seed)  # bad speed or seed: fail before loading
     spec = resolve_model_spec(args.model or DEFAULT_MODEL)
     engine = load_engine([spec], args.device, 1)
-    model_id = next(iter(engine.models))
+    model_id = _speech_model(engine)
     request = Request(model_id, text=args.text, voice=args.voice, speed=args.speed, seed=args.seed)
     data = asyncio.run(synthesize_to_bytes(engine, request, fmt))
     try:
@@ -339,7 +359,7 @@ def _say_file(args: argparse.Namespace, out: Path, fmt: str) -> int:
     Request("check", speed=args.speed, seed=seed)  # bad speed or seed: fail before loading
     spec = resolve_model_spec(args.model or DEFAULT_MODEL)
     engine = load_engine([spec], args.device, longform.WINDOW)
-    model_id = next(iter(engine.models))
+    model_id = _speech_model(engine)
     progress = longform.ProgressBar(len(pieces), enabled=False if args.no_progress else None)
     try:
         samples = asyncio.run(

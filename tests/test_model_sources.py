@@ -27,21 +27,20 @@ from omnistep.launch import load_engine
 from omnistep.models import locate, registry
 from omnistep.parity import collect
 
-# family, variant, card options, request fields, expected audio samples (None: any > 0);
-# Qwen3-TTS makes max_new_tokens - 1 frames for a whole text, as upstream's generate
+# family, variant, card options, request fields, expected audio samples (None: any > 0)
 CASES = {
     "chattts": (None, {"kv_cache_gb": 0.02}, {"text": "hello world"}, None),
     "qwen3_tts/custom_voice": (
         "custom_voice",
         {"kv_cache_gb": 0.01},
         {"text": "hello world", "voice": "ryan"},
-        5 * 1920,
+        5 * 1920,  # max_new_tokens 6: 5 frames, as upstream counts (see README Qwen3-TTS)
     ),
     "qwen3_tts/voice_design": (
         "voice_design",
         {"kv_cache_gb": 0.01},
         {"text": "hello world", "instructions": "a calm low voice"},
-        5 * 1920,
+        5 * 1920,  # max_new_tokens 6: 5 frames, as upstream counts (see README Qwen3-TTS)
     ),
     "qwen3_tts/base": ("base", {"kv_cache_gb": 0.01}, {"text": "hello world"}, 5 * 1920),
     "qwen2_5_omni": (
@@ -215,7 +214,7 @@ def test_the_commands_write_a_folder_and_serve_it_by_hub_id_offline(tmp_path, ca
         body |= {"max_new_tokens": 4, "response_format": "pcm"}
         got = httpx.post(url + "/v1/audio/speech", json=body, timeout=120)
         assert got.status_code == 200, got.text
-        assert len(got.content) == 3 * 1920 * 2  # max_new_tokens - 1 frames, as upstream
+        assert len(got.content) == 3 * 1920 * 2  # max_new_tokens 4: 3 frames, as upstream
 
 
 def test_every_extra_the_registry_names_is_in_pyproject():

@@ -165,7 +165,7 @@ async def test_sglang_benchmark_request_clones_from_a_path(folders, wav, spec, t
         r = await c.post(SPEECH, json=body)
         assert r.status_code == 200, r.text
         assert r.headers["content-type"] == "audio/wav"
-        assert _frames(r.content) == 3  # max_new_tokens N caps at N - 1 frames, as upstream
+        assert _frames(r.content) == 3  # max_new_tokens 4: 3 frames, as upstream counts
         by_spec = {k: v for k, v in body.items() if k not in ("ref_audio", "ref_text")}
         ref = await c.post(SPEECH, json={**by_spec, "voice": spec})
         assert ref.status_code == 200 and r.content == ref.content
@@ -182,6 +182,7 @@ async def test_vllm_omni_client_request_clones_from_a_data_url(folders, wav, spe
         r = await c.post(SPEECH, json=_vllm_payload(BASE_NAME, _data_url(data), seed=5))
         assert r.status_code == 200, r.text
         audio, rate = sf.read(io.BytesIO(r.content), dtype="float32")
+        # max_new_tokens 3: 2 frames, as upstream counts (README, Qwen3-TTS)
         assert rate == 24000 and audio.shape == (2 * HOP,) and np.abs(audio).max() > 0
         # "voice": "Vivian" is ignored beside ref_audio; the spec gives the same samples
         body = {**_vllm_payload(BASE_NAME, seed=5), "voice": spec}
@@ -285,7 +286,7 @@ async def test_task_type_is_checked_against_the_model(folders, tmp_path):
         assert "CustomVoice" in error["message"]
         r = await c.post(SPEECH, json=_vllm_payload(CUSTOM_NAME, task_type="CustomVoice", seed=1))
         assert r.status_code == 200, r.text
-        assert _frames(r.content) == 2
+        assert _frames(r.content) == 2  # max_new_tokens 3: 2 frames, as upstream counts
         toy = {"model": "toy", "input": "hello", "response_format": "pcm"}
         assert (await c.post(SPEECH, json={**toy, "task_type": "CustomVoice"})).status_code == 200
         _error(
@@ -346,6 +347,7 @@ async def test_rollouts_resolve_saved_voices_and_inline_clips(folders, wav, spec
         inline = await c.post(ROLLOUTS, json={**roll, "ref_audio": _data_url(data),
                                               "ref_text": TRANSCRIPT})  # fmt: skip
         samples = named.json()["groups"][0]["samples"]
+        # max_new_tokens 3: 2 frames, as upstream counts
         assert len(samples) == 2 and samples[0]["loops"]["decode"]["num_steps"] == 2
         assert samples == by_spec.json()["groups"][0]["samples"]
         assert samples == inline.json()["groups"][0]["samples"]
@@ -374,6 +376,7 @@ def test_websocket_session_clones_inline(folders, wav, tmp_path):
                     audio += message["bytes"]
                 elif json.loads(message["text"])["type"] == "audio.done":
                     break
+        # max_new_tokens 3: 2 frames, as upstream counts
         assert audio == speech.content and len(audio) == 2 * HOP * 2
         with c.websocket_connect(PATH) as ws:
             ws.send_json({"type": "session.config", **fields, "task_type": "VoiceDesign"})

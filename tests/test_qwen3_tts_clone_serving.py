@@ -425,6 +425,7 @@ async def test_multipart_enrollment_then_speech_by_name(folders, clip, tmp_path)
         # a Base request without a voice says how to make one
         error = _error(await c.post(SPEECH, json=_speech(None)), 400, param="voice")
         assert "POST /v1/audio/voices" in error["message"]
+        assert "'ref_audio'" in error["message"] and "'ref_text'" in error["message"]  # inline
 
 
 async def test_bad_uploads_are_4xx(folders, clip, tmp_path):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
+import shutil
 from pathlib import Path
 
 from omnistep.core import InvalidRequestError, MissingDependencyError, ModelCard
@@ -188,6 +190,9 @@ def write_weights(
             their voices in packages), a bad variant, or a ``folder`` that holds files already.
         MissingDependencyError: the writer needs a package that is not installed (the message
             names it and the extra).
+
+    The folder is written as ``.NAME.PID.part`` beside it and renamed once complete: a failure
+    or Ctrl-C midway leaves ``folder`` as it was (absent or empty).
     """
     if family not in WEIGHT_WRITERS:
         known = ", ".join(WEIGHT_WRITERS)
@@ -215,10 +220,19 @@ def write_weights(
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         what = "is a file" if not path.is_dir() else "is not empty"
         raise InvalidRequestError(f"{path} {what}: give a new or empty folder", param="dir")
+    # Written beside the folder, then renamed to it (over an empty one): a Ctrl-C or an error
+    # midway leaves no half-written folder that the next run would refuse as "not empty".
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.{os.getpid()}.part"
+    shutil.rmtree(staging, ignore_errors=True)
     try:
-        return module.write_folder(path, variant or (variants[0] if variants else None), seed)
+        module.write_folder(staging, variant or (variants[0] if variants else None), seed)
+        os.replace(staging, path)
     except ModuleNotFoundError as exc:
         raise _missing(exc, family, extra) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
 
 
 def resolve_model_spec(name: str, **options: object) -> str:
@@ -236,7 +250,8 @@ def resolve_model_spec(name: str, **options: object) -> str:
 
     Raises:
         InvalidRequestError: none of these (the message lists the families, the path and hub
-            id forms, and the default's ids).
+            id forms, and the default's ids; for a name that reads as a path and is not one,
+            that it does not exist).
         ModelFilesError: a path or snapshot whose family cannot be told, a hub id not cached
             while offline, a failed download.
         Whatever ``build_card`` raises for the default model.
@@ -251,6 +266,12 @@ def resolve_model_spec(name: str, **options: object) -> str:
     default = build_card(DEFAULT_MODEL, **options)
     if name in default.model_ids:
         return default.family
+    if path is None and ("/" in name or name.startswith(("~", "."))):  # a mistyped path
+        raise InvalidRequestError(
+            f"--model {name}: no such file or folder ({Path(name).expanduser()}); give an "
+            "existing folder of weights, FAMILY=PATH, or a Hugging Face id (ORG/NAME)",
+            param="model",
+        )
     raise InvalidRequestError(
         f"unknown model '{name}'; give a family ({', '.join(sorted(FAMILIES))}), "
         "FAMILY=PATH, a folder of weights (PATH), a Hugging Face id (ORG/NAME), or a name of "

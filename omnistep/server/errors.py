@@ -156,6 +156,13 @@ _FIELD_NAMES = frozenset(
         "replace_remaining_symbols",
         "return_timestamps",
         "caption_format",
+        "language",
+        "non_streaming_mode",
+        # peers' voice fields (vllm-omni, SGLang-Omni)
+        "ref_audio",
+        "ref_text",
+        "task_type",
+        "x_vector_only_mode",
         # chat completions
         "messages",
         "role",

@@ -69,7 +69,7 @@ class LoadingApp:
         self._lifespan: AbstractAsyncContextManager[Any] | None = None
         self._task: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
-        self._settled = False  # the load returned or raised
+        self._settled = False  # the load returned or raised (set by the loader thread)
 
     @property
     def loading(self) -> bool:
@@ -122,8 +122,10 @@ class LoadingApp:
             try:
                 engine = self.load(progress)
             except BaseException as exc:  # noqa: BLE001 - handed to the event loop
+                self._settled = True
                 loop.call_soon_threadsafe(_settle, done, None, exc)
             else:
+                self._settled = True
                 loop.call_soon_threadsafe(_settle, done, engine, None)
 
         # A daemon thread, not the loop's executor: a Ctrl-C while loading must not wait for
@@ -131,10 +133,9 @@ class LoadingApp:
         self._thread = threading.Thread(target=run, name="omnistep-loader", daemon=True)
         self._thread.start()
         try:
-            try:
-                engine = await done
-            finally:
-                self._settled = done.done()
+            # Not ``done.done()``: a shutdown cancels this task and so ``done``, while the
+            # thread still runs; only the thread says when the load has ended.
+            engine = await done
             app = self.build(engine)
             self._lifespan = app.router.lifespan_context(app)
             await self._lifespan.__aenter__()

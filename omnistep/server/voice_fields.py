@@ -163,6 +163,8 @@ def _local_path(ref: str, policy: MediaPolicy) -> Path:
 
 def _read_file(path: Path, policy: MediaPolicy) -> bytes:
     if not path.is_file():
+        if path.exists():  # a folder, a FIFO, a device: not opened (a FIFO would block)
+            raise _bad(f"ref_audio path {path.name!r} is not a regular file", "ref_audio")
         raise _bad(f"ref_audio file {path.name!r} does not exist", "ref_audio", "file_not_found")
     with path.open("rb") as f:
         data = f.read(policy.max_bytes + 1)

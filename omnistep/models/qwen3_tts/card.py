@@ -438,7 +438,8 @@ class _Frontend:
             raise InvalidRequestError(
                 "this Qwen3-TTS Base model speaks only in cloned voices: create one with "
                 "POST /v1/audio/voices (multipart: name, model, audio_sample, transcript) and "
-                "name it in 'voice'",
+                "name it in 'voice', or send the clip with the request as 'ref_audio' and its "
+                "transcript as 'ref_text'",
                 param="voice",
                 code="missing_required_parameter",
             )
