@@ -68,10 +68,10 @@ from omnistep.core import (
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, WeightUpdate
+from omnistep.engine.collect import Collected, collect
 from omnistep.engine.openmp import release_openmp_team, releasing
 from omnistep.launch import load_engine
 from omnistep.models.registry import DEFAULT_MODEL
-from omnistep.parity import Collected, collect
 
 LOGPROB_MODES = ("processed", "policy")
 """``rollout``'s log-prob modes (see the module docstring)."""

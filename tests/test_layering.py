@@ -82,15 +82,6 @@ def test_production_code_never_imports_the_tests():
     assert not broken, "\n".join(broken)
 
 
-KNOWN_CROSS_FAMILY = {
-    "omnistep/models/qwen3_tts/codec.py imports omnistep.models.qwen2_5_omni.bigvgan",
-    "omnistep/models/qwen3_tts/codec.py imports omnistep.models.qwen2_5_omni.config_fields",
-}
-"""Family-to-family imports that predate this check (SnakeBeta and the config field reader
-belong in layers/); the check keeps new ones out and fails once these are fixed, so that the
-entries are removed."""
-
-
 def test_no_model_family_imports_another():
     models = PACKAGE / "models"
     families = sorted(p.parent.name for p in models.glob("*/__init__.py"))
@@ -103,4 +94,15 @@ def test_no_model_family_imports_another():
         for other in families
         if other != family and _breaks(name, f"omnistep.models.{other}")
     ]
-    assert set(broken) == KNOWN_CROSS_FAMILY, "\n".join(broken)
+    assert not broken, "\n".join(broken)
+
+
+def test_only_the_parity_plane_and_tests_use_the_parity_helpers():
+    broken = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if PACKAGE / "parity" not in path.parents
+        for name in _imports(path)
+        if _breaks(name, "omnistep.parity")
+    ]
+    assert not broken, "\n".join(broken)

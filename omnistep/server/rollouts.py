@@ -142,7 +142,9 @@ class WeightsBody(OpenAIBody):
     check_finite: StrictBool = True
 
 
-def _omni(http: HttpRequest) -> AsyncOmniEngine:
+def omni_engine(http: HttpRequest) -> AsyncOmniEngine:
+    """The offline API over the app's engine (what ``/v1/rollouts``, ``/v1/weights`` and
+    ``/v1/score`` run)."""
     return AsyncOmniEngine(http.app.state.engine)
 
 
@@ -161,7 +163,7 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
             f"min_new_tokens ({low}) must not exceed max_new_tokens ({high})",
             param="min_new_tokens",
         )
-    omni = _omni(http)
+    omni = omni_engine(http)
     card = omni.engine.resolve(body.model).card
     voice = await request_voice(http.app, card, body.voice, body)
     rollout = omni.rollout(
@@ -178,7 +180,7 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
     groups = await _unless_client_leaves(http, rollout)
     card_id = omni.card_id(body.model)
     head = {"model": card_id, "weight_version": omni.engine.weight_versions[card_id]}
-    if _wants_safetensors(http.headers.get("accept", "")):
+    if wants_safetensors(http.headers.get("accept", "")):
         return Response(_safetensors(head, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
     return JSONResponse(_json(head, body, groups))
 
@@ -215,7 +217,7 @@ async def _disconnected(http: HttpRequest) -> bool:
     return True
 
 
-def _wants_safetensors(accept: str) -> bool:
+def wants_safetensors(accept: str) -> bool:
     """Whether an ``Accept`` header prefers safetensors to JSON: listed with a q above 0 and
     not below ``application/json``'s (``application/x-safetensors;q=0`` is a refusal)."""
     quality: dict[str, float] = {}
@@ -366,7 +368,7 @@ async def update_weights(http: HttpRequest) -> dict:
         fields = {"path": "(upload)", "version": _int_param(query.get("version"), "version")}
         fields.update({k: query[k] for k in ("model", "mode") if k in query})
         if "check_finite" in query:
-            fields["check_finite"] = _bool_param(query["check_finite"], "check_finite")
+            fields["check_finite"] = bool_param(query["check_finite"], "check_finite")
         body = _weights_body(fields, loc=())
         with tempfile.TemporaryDirectory(prefix="omnistep-weights-") as folder:
             path = Path(folder) / "weights.safetensors"
@@ -408,7 +410,7 @@ def _weights_body(fields: dict | bytes, loc: tuple[str, ...]) -> WeightsBody:
 
 
 async def _apply(http: HttpRequest, body: WeightsBody, path: Path) -> dict:
-    done = await _omni(http).apply_weights(
+    done = await omni_engine(http).apply_weights(
         path, model=body.model, version=body.version, mode=body.mode, check_finite=body.check_finite
     )
     answer = {"object": "weights", "model": done.model, "version": done.version}
@@ -425,7 +427,9 @@ def _int_param(value: str | None, name: str) -> int | None:
     return int(value)
 
 
-def _bool_param(value: str, name: str) -> bool:
+def bool_param(value: str, name: str) -> bool:
+    """A query parameter's boolean (``true``/``false``/``1``/``0``); raises
+    InvalidRequestError naming ``name`` otherwise."""
     if value.lower() not in ("true", "false", "1", "0"):
         raise InvalidRequestError(f"'{name}' must be true or false", param=name)
     return value.lower() in ("true", "1")

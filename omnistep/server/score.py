@@ -35,9 +35,9 @@ from omnistep.core import InvalidRequestError, SamplingParams
 from omnistep.offline import LOGPROB_MODES, LoopActions, LoopScore, RolloutSample
 from omnistep.server.rollouts import (
     SAFETENSORS_MEDIA_TYPE,
-    _bool_param,
-    _omni,
-    _wants_safetensors,
+    bool_param,
+    omni_engine,
+    wants_safetensors,
 )
 
 router = APIRouter()
@@ -64,9 +64,9 @@ async def score(http: HttpRequest) -> Response:
     mode = query.get("mode", envelope.get("logprobs", "processed"))
     if mode not in LOGPROB_MODES:
         raise InvalidRequestError(f"mode must be one of {', '.join(LOGPROB_MODES)}", "mode")
-    entropy = _bool_param(query.get("entropy", "false"), "entropy")
-    masked = _bool_param(query.get("masked", "false"), "masked")
-    omni = _omni(http)
+    entropy = bool_param(query.get("entropy", "false"), "entropy")
+    masked = bool_param(query.get("masked", "false"), "masked")
+    omni = omni_engine(http)
     card_id = omni.card_id(_field(envelope, "model", str))
     samples = _samples(envelope, tensors, card_id)
     try:
@@ -86,7 +86,7 @@ async def score(http: HttpRequest) -> Response:
         "mode": mode,
     }
     groups = envelope["groups"]
-    if _wants_safetensors(http.headers.get("accept", "")):
+    if wants_safetensors(http.headers.get("accept", "")):
         return Response(
             _safetensors(head, groups, samples, scores), media_type=SAFETENSORS_MEDIA_TYPE
         )

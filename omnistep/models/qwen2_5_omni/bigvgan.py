@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistep.models.qwen2_5_omni.config_fields import check_positive_ints, known_fields
+from omnistep.core.config_fields import check_positive_ints, known_fields
+from omnistep.layers.snake import SnakeBeta
 
 SAMPLE_RATE = 24000
 """Hz of the official BigVGAN output (no config field carries it; 240 samples per 10 ms frame)."""
@@ -129,36 +130,6 @@ def kaiser_sinc_filter1d(cutoff: float, half_width: float, kernel_size: int) -> 
     filt = 2 * cutoff * window * torch.sinc(2 * cutoff * time)
     filt /= filt.sum()
     return filt.view(1, 1, kernel_size)
-
-
-class SnakeBeta(nn.Module):
-    """``Qwen2_5OmniSnakeBeta``: x + sin^2(x e^alpha) / (e^beta + 1e-9), per channel.
-
-    ``channels_last``: activations ``[B, T, C]`` (the Qwen3-TTS codec's time-major conv
-    stack) instead of ``[B, C, T]``."""
-
-    def __init__(self, channels: int, channels_last: bool = False):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-        self.no_div_by_zero = 0.000000001
-        self.channels_last = channels_last
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``[B, C, T]`` (``[B, T, C]`` channels-last) -> the same. Without autograd the same
-        operations run in place on one new tensor (bit-identical): at the vocoders' output
-        rates (``[B, 96, 1920 T]`` for the Qwen3-TTS codec) the four temporaries of the plain
-        form each cost fresh pages."""
-        if self.channels_last:
-            alpha, beta = torch.exp(self.alpha), torch.exp(self.beta)
-        else:
-            alpha = torch.exp(self.alpha.unsqueeze(0).unsqueeze(-1))
-            beta = torch.exp(self.beta.unsqueeze(0).unsqueeze(-1))
-        inv_beta = 1.0 / (beta + self.no_div_by_zero)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (x, self.alpha, self.beta)):
-            return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
-        out = torch.mul(x, alpha).sin_().pow_(2)
-        return out.mul_(inv_beta).add_(x)
 
 
 class UpSample1d(nn.Module):

@@ -55,10 +55,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistep.core import derived_seed
+from omnistep.core.config_fields import check_positive_ints, known_fields
 from omnistep.layers.ecapa_tdnn import SpeakerEncoder
 from omnistep.layers.linear import PackedLinear
 from omnistep.loops.denoise import Window
-from omnistep.models.qwen2_5_omni.config_fields import check_positive_ints, known_fields
 
 DEFAULT_ROPE_THETA = 10000.0
 

@@ -89,7 +89,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnistep.models.tiny_bpe import bpe_vocab_and_merges
+from omnistep.text.tiny_bpe import bpe_vocab_and_merges
 
 # The 22 tokens Qwen2.5-Omni adds after the BPE vocabulary (official ids 151643..151664).
 QWEN_OMNI_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (

@@ -80,13 +80,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistep.core import ModelFilesError, WorkUnitKind
+from omnistep.core.config_fields import check_positive_ints, known_fields
 from omnistep.layers.conv import conv1d_nwc
 from omnistep.layers.linear import PACK_ROWS, PackedLinear, derived_copy, packs_on_cpu
 from omnistep.layers.norm import RMSNorm
 from omnistep.layers.rope import apply_rope, rope_cos_sin
+from omnistep.layers.snake import SnakeBeta
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig
-from omnistep.models.qwen2_5_omni.bigvgan import SnakeBeta
-from omnistep.models.qwen2_5_omni.config_fields import check_positive_ints, known_fields
 from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
 
 SAMPLE_RATE = 24000

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omnistep.models.tiny_bpe import bpe_vocab_and_merges
+from omnistep.text.tiny_bpe import bpe_vocab_and_merges
 
 VARIANTS = ("custom_voice", "voice_design", "base")
 MODEL_SIZES = ("0b6", "1b7")

@@ -1,5 +1,6 @@
-"""Reading the Qwen2.5-Omni token2wav config dicts into frozen dataclasses: the field helpers
-the DiT and BigVGAN configs share. Stdlib only."""
+"""Reading a checkpoint's config dicts into frozen dataclasses: the field helpers that
+several families' configs share (Qwen2.5-Omni's DiT and BigVGAN, the Qwen3-TTS codec). Stdlib
+only."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ of the Qwen families (``omnistep.models.qwen2_5_omni.tiny``, ``omnistep.models.q
 
 The 256 byte tokens (GPT-2's byte -> printable character table, ids 0..255), then merges that
 make each word of ``WORDS`` (lower case and capitalised, with and without a leading space) one
-token. Lives beside the families, not in either, because both use it (no family imports
-another). Pure Python: imports nothing but the standard library.
+token. Lives outside the family folders because both use it (no family imports another).
+Pure Python: imports nothing but the standard library.
 """
 
 from __future__ import annotations
