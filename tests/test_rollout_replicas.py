@@ -94,6 +94,14 @@ def _perturb(trainer, seed: int) -> None:
                 tensor.add_(torch.randn(tensor.shape, generator=gen) * 0.05)
 
 
+def _until_decoding(replicas: RolloutReplicas, which: tuple[int, ...]) -> None:
+    """Wait until each replica of ``which`` runs requests."""
+    deadline = time.monotonic() + 60
+    while not all(replicas.stats()[r]["live_requests"] for r in which):
+        assert time.monotonic() < deadline, replicas.stats()
+        time.sleep(0.02)
+
+
 def test_assign_groups_balances_and_keeps_groups_whole():
     plan = assign_groups([10, 1, 1, 7, 3, 2], 2)
     assert plan == [[0, 5], [1, 2, 3, 4]]  # costs 12 and 12
@@ -176,14 +184,17 @@ def test_refused_updates_change_nothing_on_any_replica(replicas, trainer):
 
 
 def test_a_rollout_racing_an_update_never_mixes_versions_in_a_step(replicas, local, trainer):
-    racing = dict(ROLL, sampling=SamplingParams(max_new_tokens=60, min_new_tokens=60))
+    racing = dict(ROLL, sampling=SamplingParams(max_new_tokens=200, min_new_tokens=200))
     out: list = []
     thread = threading.Thread(target=lambda: out.append(replicas.rollout(INPUTS, **racing)))
     thread.start()
-    time.sleep(0.5)
     _perturb(trainer, 2)
+    _until_decoding(replicas, (0, 1))
     report = replicas.apply_weights(trainer)
     thread.join()
+    print(
+        f"broadcast {report.num_bytes / 1e6:.1f} MB: {report.transfer_s:.3f} s, {report.total_s:.3f} s"
+    )
     assert report.version == 6 and replicas.weight_versions() == {0: 6, 1: 6}
     assert max(report.received_at.values()) <= min(report.committing_at.values())
     assert local.update_weights(trainer, version=6) == 6
@@ -193,6 +204,8 @@ def test_a_rollout_racing_an_update_never_mixes_versions_in_a_step(replicas, loc
             assert set(v.tolist()) <= {5, 6} and (np.diff(v) >= 0).all()
         # a group's samples step together on one replica: each step ran one version
         assert all(np.array_equal(versions[0], v) for v in versions)
+    mixed = [g for g in out[0] if set(g.samples[0].loops["decode"].weight_versions) == {5, 6}]
+    assert mixed, "the update did not land mid-rollout"
     after = replicas.rollout(INPUTS[:1], **ROLL)
     assert all((s.loops["decode"].weight_versions == 6).all() for s in after[0].samples)
 
@@ -206,10 +219,7 @@ def test_a_killed_replica_fails_only_its_groups(replicas, local, trainer, ray_cl
         target=lambda: out.append(replicas.rollout(inputs, return_exceptions=True, **long))
     )
     thread.start()
-    deadline = time.monotonic() + 60
-    while replicas.stats()[1]["live_requests"] == 0:  # replica 1 is decoding its groups
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _until_decoding(replicas, (1,))
     ray_cluster.kill(replicas.handles[1])
     thread.join()
     results = out[0]
