@@ -60,6 +60,7 @@ from omnistep.core import (
     SamplingParams,
     WeightVersionError,
 )
+from omnistep.engine.engine import WEIGHT_UPDATE_MODES
 from omnistep.engine.openmp import releasing
 from omnistep.models.registry import DEFAULT_MODEL
 from omnistep.offline import (
@@ -378,8 +379,8 @@ class ReplicaWorker:
         self._staged = (card_id, version, tensors, casts)
         return time.monotonic()
 
-    async def commit(self, card_id: str, version: int) -> tuple[float, tuple[str, ...]]:
-        """Apply the held tensors (``AsyncEngine.apply_weights``, pause mode); returns when it
+    async def commit(self, card_id: str, version: int, mode: str) -> tuple[float, tuple[str, ...]]:
+        """Apply the held tensors (``AsyncEngine.apply_weights`` in ``mode``); returns when it
         began (``time.monotonic()``) and what was cast.
 
         Raises:
@@ -389,7 +390,7 @@ class ReplicaWorker:
         if staged is None or staged[:2] != (card_id, version):
             raise RuntimeError(f"replica {self.index} holds no update {card_id} v{version}")
         began = time.monotonic()
-        await self.omni.engine.apply_weights(card_id, staged[2], version, "pause", False)
+        await self.omni.engine.apply_weights(card_id, staged[2], version, mode, False)
         return began, staged[3]
 
     async def discard(self) -> None:
@@ -551,12 +552,12 @@ class RolloutReplicas:
 
         Raises:
             InvalidRequestError: as ``AsyncOmniEngine.rollout``, before anything runs.
-            ReplicaDiedError: see ``return_exceptions``; also when no replica is alive.
+            ReplicaDiedError: see ``return_exceptions``.
             RequestFailedError: a request failed in a replica (the groups of that replica's
-                call failed with it).
+                call failed with it), or no replica is alive.
         """
         inputs, seed = check_rollout_args(inputs, n, seed, logprobs)
-        live = self._live_or_raise(range(len(inputs)))
+        live = self._live_or_raise()
         options = {
             "n": n,
             "seed": seed,
@@ -614,7 +615,7 @@ class RolloutReplicas:
         Raises:
             InvalidRequestError: a ``trainer`` (its copy is in this process: score there with
                 ``OmniEngine.score(samples, trainer=)``), or what ``score_samples`` raises.
-            ReplicaDiedError: no replica is alive.
+            RequestFailedError: no replica is alive.
         """
         if trainer is not None:
             raise InvalidRequestError(
@@ -627,7 +628,7 @@ class RolloutReplicas:
         out: list[Any] = [None] * len(flat)
         todo = [list(range(len(flat)))]
         while todo:
-            live = self._live_or_raise(range(len(flat)))
+            live = self._live_or_raise()
             parts = [p for idx in todo for p in _split(idx, len(live))]
             todo = []
             calls = {}
@@ -656,6 +657,7 @@ class RolloutReplicas:
         *,
         model: str | None = None,
         version: int | None = None,
+        mode: str = "pause",
         check_finite: bool = True,
     ) -> int:
         """Broadcast new weights to every live replica (see the module docstring); returns
@@ -668,10 +670,10 @@ class RolloutReplicas:
             WeightVersionError: ``version`` not above a replica's current one (nothing moved).
             WeightUpdateError: an unknown name, a wrong shape or dtype (nothing moved), or a
                 NaN/Inf value with ``check_finite`` (nothing applied anywhere).
-            ReplicaDiedError: no replica left alive.
+            RequestFailedError: no replica left alive.
         """
         return self.apply_weights(
-            weights, model=model, version=version, check_finite=check_finite
+            weights, model=model, version=version, mode=mode, check_finite=check_finite
         ).version
 
     def apply_weights(
@@ -680,9 +682,15 @@ class RolloutReplicas:
         *,
         model: str | None = None,
         version: int | None = None,
+        mode: str = "pause",
         check_finite: bool = True,
     ) -> BroadcastReport:
         """``update_weights``, answering a ``BroadcastReport`` (timings and ordering)."""
+        if mode not in WEIGHT_UPDATE_MODES:
+            raise InvalidRequestError(
+                f"mode must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {mode!r}",
+                param="mode",
+            )
         trainer = weights if isinstance(weights, Trainer) else None
         if trainer is not None:
             model = model or trainer.card_id
@@ -694,7 +702,7 @@ class RolloutReplicas:
             named = self._wire_tensors(tensors)
             while True:
                 try:
-                    report = self._update_once(named, model, version, check_finite, started)
+                    report = self._update_once(named, model, version, mode, check_finite, started)
                     break
                 except _ReplicasLost:
                     continue  # the group is re-formed with the live replicas
@@ -751,6 +759,7 @@ class RolloutReplicas:
         tensors: dict[str, Any],
         model: str | None,
         version: int | None,
+        mode: str,
         check_finite: bool,
         started: float,
     ) -> BroadcastReport:
@@ -760,7 +769,7 @@ class RolloutReplicas:
         specs = [
             (n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()
         ]
-        live = self._live_or_raise(())
+        live = self._live_or_raise()
         announced = self._all(
             {r: self._actors[r].announce.remote(model, specs, version) for r in live}
         )
@@ -783,7 +792,7 @@ class RolloutReplicas:
         received = self._all(receiving, holding=True, keep_group=sent)
         transfer_s = time.perf_counter() - t0
         # every live replica holds the checked tensors: now (and only now) they apply them
-        refs = {r: self._actors[r].commit.remote(card_id, new_version) for r in live}
+        refs = {r: self._actors[r].commit.remote(card_id, new_version, mode) for r in live}
         committed, _, error = self._gather(refs)
         if error is not None:
             raise error
@@ -878,10 +887,10 @@ class RolloutReplicas:
             if replica in self._members:
                 self._group, self._store, self._members = None, None, ()
 
-    def _live_or_raise(self, groups: Sequence[int]) -> tuple[int, ...]:
+    def _live_or_raise(self) -> tuple[int, ...]:
         live = self.alive
         if not live:
-            raise ReplicaDiedError(-1, list(groups), "no rollout replica is alive")
+            raise RequestFailedError("no rollout replica is alive (every one died)")
         return live
 
     def _call_each(self, method: str, *args: Any) -> dict[int, Any]:
