@@ -47,7 +47,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -58,8 +58,10 @@ from omnistep.core import (
     OmnistepError,
     RequestFailedError,
     SamplingParams,
+    WeightUpdateError,
     WeightVersionError,
 )
+from omnistep.core.card import count_nonfinite
 from omnistep.engine.engine import WEIGHT_UPDATE_MODES
 from omnistep.engine.openmp import releasing
 from omnistep.models.registry import DEFAULT_MODEL
@@ -152,27 +154,33 @@ def assign_groups(costs: Sequence[float], num_replicas: int) -> list[list[int]]:
     return [sorted(p) for p in plan]
 
 
-def chunk_views(tensors: Sequence[Any], chunk_bytes: int = BROADCAST_CHUNK_BYTES) -> list[Any]:
-    """Flat views of ``tensors`` (each contiguous) in slices of at most ``chunk_bytes``, in a
-    fixed order: sender and receivers slice alike, so their ``broadcast`` calls pair up."""
-    views = []
-    for tensor in tensors:
-        flat = tensor.view(-1)
-        step = max(1, chunk_bytes // max(1, tensor.element_size()))
-        views += [flat[i : i + step] for i in range(0, flat.numel(), step)]
-    return views
+def chunk_views(tensor: Any, chunk_bytes: int = BROADCAST_CHUNK_BYTES) -> list[Any]:
+    """Flat views of a contiguous ``tensor`` in slices of at most ``chunk_bytes``: sender and
+    receivers slice alike, so their ``broadcast`` calls pair up."""
+    flat = tensor.view(-1)
+    step = max(1, chunk_bytes // max(1, tensor.element_size()))
+    return [flat[i : i + step] for i in range(0, flat.numel(), step)]
 
 
-def broadcast(group: Any, tensors: Sequence[Any], timeout_s: float) -> None:
-    """``group.broadcast`` of every tensor from rank 0 (the trainer) in place: slices of
-    ``chunk_views``, all issued, then waited for.
+def broadcast_each(group: Any, tensors: Sequence[Any], timeout_s: float) -> Iterator[int]:
+    """``group.broadcast`` of every tensor from rank 0 (the trainer), in place: all slices
+    (``chunk_views``) issued at once, then each tensor's index yielded as soon as its slices
+    arrived, so a receiver checks a tensor while the next ones are in flight.
 
     Raises:
         RuntimeError: a peer went away or ``timeout_s`` passed (torch.distributed's error).
     """
-    works = [group.broadcast(view, 0) for view in chunk_views(tensors)]
-    for work in works:
-        work.wait(timedelta(seconds=timeout_s))
+    pending = [[group.broadcast(view, 0) for view in chunk_views(t)] for t in tensors]
+    for i, works in enumerate(pending):
+        for work in works:
+            work.wait(timedelta(seconds=timeout_s))
+        yield i
+
+
+def broadcast(group: Any, tensors: Sequence[Any], timeout_s: float) -> None:
+    """``broadcast_each`` to the end (the sender's side)."""
+    for _ in broadcast_each(group, tensors, timeout_s):
+        pass
 
 
 def process_group(
@@ -360,8 +368,8 @@ class ReplicaWorker:
         timeout_s: float,
     ) -> float:
         """Receive the broadcast tensors into fresh buffers on ``device`` while the engine
-        keeps serving, check them (``check_weights``) and hold them for ``commit``; returns
-        ``time.monotonic()`` then.
+        keeps serving, check them (NaN/Inf, each as soon as it arrived; then
+        ``check_weights``) and hold them for ``commit``; returns ``time.monotonic()`` then.
 
         Raises:
             WeightUpdateError: a NaN/Inf value with ``check_finite`` (nothing held).
@@ -370,8 +378,17 @@ class ReplicaWorker:
 
         def work() -> tuple[dict[str, Any], tuple[str, ...]]:
             tensors = {n: torch.empty(s, dtype=_dtype(d), device=device) for n, s, d in specs}
-            broadcast(self._group, list(tensors.values()), timeout_s)
-            prepared = self.omni.engine.models[card_id].check_weights(tensors, check_finite)
+            names, problems = list(tensors), []
+            for i in broadcast_each(self._group, list(tensors.values()), timeout_s):
+                bad = count_nonfinite(tensors[names[i]]) if check_finite else 0
+                if bad:  # check_weights' own words
+                    problems.append(
+                        f"'{names[i]}' holds {bad} NaN/Inf value(s) (pass check_finite=False "
+                        "to allow)"
+                    )
+            if problems:
+                raise WeightUpdateError(card_id, problems)
+            prepared = self.omni.engine.models[card_id].check_weights(tensors, False)
             return prepared.flat(), tuple(prepared.casts)
 
         self._staged = None
@@ -574,17 +591,14 @@ class RolloutReplicas:
             if idx
         }
         results: list[Any] = [None] * len(inputs)
-        for ref, (replica, idx) in calls.items():
-            try:
-                got = self._ray.get(ref)
-            except self._ray.exceptions.RayActorError as exc:
-                self._died(replica)
-                err: BaseException = ReplicaDiedError(replica, idx, str(exc))
-                got = [err] * len(idx)
-            except self._ray.exceptions.RayTaskError as exc:
-                got = [_cause(exc)] * len(idx)
-            for i, value in zip(idx, got, strict=True):
-                results[i] = value
+        try:
+            for ref, (replica, idx) in calls.items():
+                for i, value in zip(idx, self._groups_of(ref, replica, idx), strict=True):
+                    results[i] = value
+        except BaseException:  # Ctrl-C or the like: the replicas abort this call's requests
+            for ref in calls:
+                self._ray.cancel(ref)
+            raise
         base = f"rollout-{uuid.uuid4().hex[:12]}"
         results = [
             dataclasses.replace(g, group=f"{base}/{i}") if isinstance(g, RolloutGroup) else g
@@ -594,6 +608,16 @@ class RolloutReplicas:
         if failed is not None and not return_exceptions:
             raise failed
         return results
+
+    def _groups_of(self, ref: Any, replica: int, idx: list[int]) -> list[Any]:
+        """A replica's answer to ``rollout``: its groups, or one error per group."""
+        try:
+            return self._ray.get(ref)
+        except self._ray.exceptions.RayActorError as exc:
+            self._died(replica)
+            return [ReplicaDiedError(replica, idx, str(exc))] * len(idx)
+        except self._ray.exceptions.RayTaskError as exc:
+            return [_cause(exc)] * len(idx)
 
     def score(
         self,
@@ -784,12 +808,17 @@ class RolloutReplicas:
             )
             for r in live
         }
+        failure = None
         try:
             broadcast(group, list(tensors.values()), self.timeout_s)
-            sent = True
-        except Exception:  # noqa: BLE001 - a peer went away or failed: its answer says which
-            sent = False
-        received = self._all(receiving, holding=True, keep_group=sent)
+        except Exception as exc:  # noqa: BLE001 - a peer went away or failed: its answer says
+            failure = exc
+        received = self._all(receiving, holding=True, keep_group=failure is None)
+        if failure is not None:  # every replica answered, yet sending failed here
+            self._drop_group()
+            for r in live:
+                self._actors[r].discard.remote()
+            raise failure
         transfer_s = time.perf_counter() - t0
         # every live replica holds the checked tensors: now (and only now) they apply them
         refs = {r: self._actors[r].commit.remote(card_id, new_version, mode) for r in live}
