@@ -1,4 +1,4 @@
-"""The import rules between omnistep's planes (DESIGN.md, "Planes and import rules"), checked
+"""The import rules between omnistep's planes (docs/architecture.md, "Planes and import rules"), checked
 on every module's source, imports inside functions included."""
 
 from __future__ import annotations
