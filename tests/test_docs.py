@@ -32,7 +32,7 @@ from markdown_it import MarkdownIt
 from tests.serving import running_server
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LANGUAGES = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python", "py": "python"}
 MARKER = re.compile(r"^<!--\s*(run|skip)\s*(?::\s*(.*?))?\s*-->$")
 SERVERS = {"default": (), "toy": ("--model", "toy")}
@@ -85,9 +85,9 @@ def _snippets(page: Path) -> list[Snippet]:
     lines = page.read_text().splitlines()
     found = []
     for token in MarkdownIt().parse("\n".join(lines)):
-        language = LANGUAGES.get(token.info.strip().split(" ")[0]) if token.type == "fence" else None
-        if language is None:
+        if token.type != "fence" or token.info.split(" ")[0] not in LANGUAGES:
             continue
+        language = LANGUAGES[token.info.split(" ")[0]]
         start = token.map[0]
         marker = lines[start - 1] if start else ""
         action, reason, server, subs = _parse_marker(marker)
@@ -196,9 +196,7 @@ def _slug(heading: str) -> str:
 
 def _anchors(page: Path) -> set[str]:
     tokens = MarkdownIt().parse(page.read_text())
-    return {
-        _slug(tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"
-    }
+    return {_slug(tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"}
 
 
 def _links(page: Path) -> list[str]:
@@ -235,6 +233,5 @@ def test_links_between_pages_resolve_and_no_page_is_orphaned():
             if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert not broken, "\n".join(broken)
-    orphans = [str(p.relative_to(ROOT)) for p in PAGES if p.name != "README.md" or p.parent != ROOT]
-    orphans = [o for o in orphans if (ROOT / o).resolve() not in linked]
+    orphans = [str(p.relative_to(ROOT)) for p in PAGES[1:] if p.resolve() not in linked]
     assert not orphans, f"pages no other page links to: {orphans}"
