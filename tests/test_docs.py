@@ -7,6 +7,8 @@ line before it (an HTML comment, invisible on the rendered page):
 - ``<!-- run: server=NAME; sub OLD => NEW; ... -->``: run against a test server, ``default``
   (``omnistep serve``: the embedded voice) or ``toy`` (``--model toy``), after replacing each
   ``OLD`` by ``NEW`` (a snippet written for a real checkpoint runs on the toy card);
+- ``weights=FAMILY`` in a ``run`` marker writes ``/tmp/FAMILY`` first (``omnistep weights``: a
+  tiny checkpoint), and ``slow`` marks the snippet ``slow`` (run with ``-m slow``, not in CI);
 - ``<!-- skip: REASON -->``: not run; the reason says why and which test covers it.
 
 A snippet runs in a fresh temporary folder holding a small ``book.txt``, with ``.venv/bin/``
@@ -29,6 +31,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from omnistep.models.registry import write_weights
 from tests.serving import running_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,30 +57,41 @@ class Snippet:
     reason: str = ""
     server: str | None = None
     subs: tuple[tuple[str, str], ...] = field(default=())
+    weights: str | None = None
+    slow: bool = False
 
     @property
     def name(self) -> str:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
-def _parse_marker(line: str) -> tuple[str | None, str, str | None, tuple[tuple[str, str], ...]]:
-    """``(action, reason, server, subs)`` of a marker line; action None when it is none."""
+def _parse_marker(line: str) -> dict | None:
+    """The marker on ``line`` as ``Snippet`` fields (action, reason, server, subs, weights,
+    slow); None when the line is no marker.
+
+    Raises:
+        ValueError: a ``run`` marker with a part it does not know.
+    """
     match = MARKER.match(line.strip())
     if match is None:
-        return None, "", None, ()
+        return None
     action, rest = match.group(1), (match.group(2) or "")
     if action == "skip":
-        return action, rest, None, ()
-    server, subs = None, []
+        return {"action": action, "reason": rest}
+    fields: dict = {"action": action, "subs": []}
     for part in filter(None, (p.strip() for p in rest.split(";"))):
-        if part.startswith("server="):
-            server = part.removeprefix("server=")
+        if part.startswith(("server=", "weights=")):
+            key, _, value = part.partition("=")
+            fields[key] = value
+        elif part == "slow":
+            fields["slow"] = True
         elif part.startswith("sub ") and "=>" in part:
             old, new = part.removeprefix("sub ").split("=>", 1)
-            subs.append((old.strip(), new.strip()))
+            fields["subs"].append((old.strip(), new.strip()))
         else:
             raise ValueError(f"unknown marker part {part!r} in {line!r}")
-    return action, "", server, tuple(subs)
+    fields["subs"] = tuple(fields["subs"])
+    return fields
 
 
 def _snippets(page: Path) -> list[Snippet]:
@@ -90,10 +104,8 @@ def _snippets(page: Path) -> list[Snippet]:
         language = LANGUAGES[token.info.split(" ")[0]]
         start = token.map[0]
         marker = lines[start - 1] if start else ""
-        action, reason, server, subs = _parse_marker(marker)
-        found.append(
-            Snippet(page, start + 1, language, token.content, action, reason, server, subs)
-        )
+        fields = _parse_marker(marker) or {"action": None}
+        found.append(Snippet(page, start + 1, language, token.content, **fields))
     return found
 
 
@@ -113,15 +125,23 @@ def test_every_snippet_is_marked_run_or_skip_with_a_reason():
 
 
 def test_the_marker_parser_reads_servers_and_substitutions():
-    assert _parse_marker("<!-- run -->") == ("run", "", None, ())
-    assert _parse_marker("<!-- skip: needs a GPU -->") == ("skip", "needs a GPU", None, ())
-    assert _parse_marker('<!-- run: server=toy; sub "a" => "b"; sub x, => -->') == (
-        "run",
-        "",
-        "toy",
-        (('"a"', '"b"'), ("x,", "")),
-    )
-    assert _parse_marker("some text")[0] is None
+    assert _parse_marker("<!-- run -->") == {"action": "run", "subs": ()}
+    assert _parse_marker("<!-- skip: needs a GPU -->") == {
+        "action": "skip",
+        "reason": "needs a GPU",
+    }
+    assert _parse_marker('<!-- run: server=toy; sub "a" => "b"; sub x, => -->') == {
+        "action": "run",
+        "server": "toy",
+        "subs": (('"a"', '"b"'), ("x,", "")),
+    }
+    assert _parse_marker("<!-- run: slow; weights=chattts; sub n=5 => n=1 -->") == {
+        "action": "run",
+        "slow": True,
+        "weights": "chattts",
+        "subs": (("n=5", "n=1"),),
+    }
+    assert _parse_marker("some text") is None
     with pytest.raises(ValueError, match="unknown marker part"):
         _parse_marker("<!-- run: servr=toy -->")
 
@@ -157,10 +177,15 @@ def _prepared(snippet: Snippet, folder: Path, url: str | None) -> str:
     return code
 
 
-@pytest.mark.parametrize("snippet", RUN, ids=[s.name for s in RUN])
+@pytest.mark.parametrize(
+    "snippet",
+    [pytest.param(s, id=s.name, marks=[pytest.mark.slow] if s.slow else []) for s in RUN],
+)
 def test_snippet_runs(snippet, servers, tmp_path):
     url = servers(snippet.server) if snippet.server else None
     (tmp_path / "book.txt").write_text(BOOK)
+    if snippet.weights:
+        write_weights(snippet.weights, tmp_path / snippet.weights)
     code = _prepared(snippet, tmp_path, url)
     if snippet.language == "bash":
         command = ["bash", "-euo", "pipefail", "-c", CURL + code]
