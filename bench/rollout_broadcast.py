@@ -106,7 +106,9 @@ def measure_broadcast(
         "threads": threads,
         "in_process_s": round(update, 3),
         "broadcast_s": round(broadcast, 3),
+        "broadcast_announce_s": round(statistics.median(r.announce_s for r in reports), 3),
         "broadcast_transfer_s": round(statistics.median(r.transfer_s for r in reports), 3),
+        "broadcast_commit_s": round(statistics.median(r.commit_s for r in reports), 3),
         "first_broadcast_s": round(first.total_s, 3),
         "ratio": round(broadcast / update, 2),
         "replicas_start_s": round(started_s, 1),
@@ -132,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         root, args.replicas, args.reps, args.threads, args.backend
     )}  # fmt: skip
     print(f"{'tensors':>24}: {result['tensors']} ({result['mb']} MB)")
-    for key in ("in_process_s", "broadcast_s", "broadcast_transfer_s", "first_broadcast_s"):
+    keys = ("in_process_s", "broadcast_s", "broadcast_announce_s", "broadcast_transfer_s")
+    for key in (*keys, "broadcast_commit_s", "first_broadcast_s"):
         print(f"{key:>24}: {result[key]:.3f}")
     print(f"{'broadcast / in process':>24}: {result['ratio']:.2f}x (target <= 2x)")
     print(f"{'load average':>24}: {result['load_avg']}")

@@ -113,8 +113,11 @@ class BroadcastReport:
         replicas: the replicas updated (the live ones).
         num_bytes: bytes broadcast (each replica received them all).
         casts: tensors cast to the model's dtype (``AsyncEngine.apply_weights``).
-        transfer_s: seconds from the first announced byte to every replica holding and having
+        announce_s: seconds of the announcement and checks before any byte moved (and of
+            forming the process group, when one was formed).
+        transfer_s: seconds from the first byte sent to every replica holding and having
             checked every tensor.
+        commit_s: seconds of every replica's ``apply_weights``.
         total_s: seconds of the whole call.
         received_at: per replica, ``time.monotonic()`` there once it held and had checked
             every tensor.
@@ -129,7 +132,9 @@ class BroadcastReport:
     replicas: tuple[int, ...]
     num_bytes: int
     casts: tuple[str, ...]
+    announce_s: float
     transfer_s: float
+    commit_s: float
     total_s: float
     received_at: dict[int, float]
     committing_at: dict[int, float]
@@ -794,6 +799,7 @@ class RolloutReplicas:
             (n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()
         ]
         live = self._live_or_raise()
+        t_announce = time.perf_counter()
         announced = self._all(
             {r: self._actors[r].announce.remote(model, specs, version) for r in live}
         )
@@ -819,19 +825,22 @@ class RolloutReplicas:
             for r in live:
                 self._actors[r].discard.remote()
             raise failure
-        transfer_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
         # every live replica holds the checked tensors: now (and only now) they apply them
         refs = {r: self._actors[r].commit.remote(card_id, new_version, mode) for r in live}
         committed, _, error = self._gather(refs)
         if error is not None:
             raise error
+        t2 = time.perf_counter()
         return BroadcastReport(
             model=card_id,
             version=new_version,
             replicas=tuple(committed),
             num_bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
             casts=next(iter(committed.values()))[1] if committed else (),
-            transfer_s=transfer_s,
+            announce_s=t0 - t_announce,
+            transfer_s=t1 - t0,
+            commit_s=t2 - t1,
             total_s=time.perf_counter() - started,
             received_at=received,
             committing_at={r: c[0] for r, c in committed.items()},
