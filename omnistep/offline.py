@@ -629,7 +629,7 @@ class AsyncOmniEngine:
             model = model or trainer.card_id
             tensors: Mapping[str, Any] = await asyncio.to_thread(trainer.state)
         else:
-            tensors = await asyncio.to_thread(releasing(_read_weights), weights)
+            tensors = await asyncio.to_thread(releasing(read_weights), weights)
         card_id = self.card_id(model)
         done = await self.engine.apply_weights(card_id, tensors, version, mode, check_finite)
         if trainer is not None and card_id == trainer.card_id:
@@ -828,7 +828,7 @@ def score_samples(
             f"batch_size must be a positive integer, got {batch_size!r}", param="batch_size"
         )
     copy = _scoring_copy(trainer, reference)
-    flat = _flatten(samples)
+    flat = flatten_samples(samples)
     out: list[dict[str, Any]] = [{} for _ in flat]
     # (card, loop name, mode) -> (sample index, sample, actions): scored together
     pending: dict[tuple[str, str, str], list[tuple[int, RolloutSample, LoopActions]]] = {}
@@ -958,9 +958,14 @@ def _scoring_copy(trainer: Trainer | None, reference: bool) -> ModelInstance | N
     return trainer.reference
 
 
-def _flatten(
+def flatten_samples(
     samples: RolloutSample | RolloutGroup | Sequence[RolloutSample | RolloutGroup],
 ) -> list[RolloutSample]:
+    """``score``'s samples as one list: groups flattened in order.
+
+    Raises:
+        InvalidRequestError: an item that is neither a ``RolloutSample`` nor a ``RolloutGroup``.
+    """
     items = [samples] if isinstance(samples, RolloutSample | RolloutGroup) else list(samples)
     flat: list[RolloutSample] = []
     for item in items:
@@ -1015,7 +1020,7 @@ def _actions(records: list, info: dict, mode: str) -> LoopActions:
     )
 
 
-def _read_weights(weights: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
+def read_weights(weights: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
     """Tensors by name from a mapping or a safetensors file (read with torch when it is
     installed, else as numpy arrays)."""
     if isinstance(weights, Mapping):

@@ -71,8 +71,9 @@ from omnistep.offline import (
     RolloutGroup,
     RolloutSample,
     Trainer,
-    _read_weights,
     check_rollout_args,
+    flatten_samples,
+    read_weights,
     score_samples,
 )
 
@@ -653,7 +654,7 @@ class RolloutReplicas:
                 "the serving weights (or reference=True)",
                 param="trainer",
             )
-        flat = _flatten(samples)
+        flat = flatten_samples(samples)
         out: list[Any] = [None] * len(flat)
         todo = [list(range(len(flat)))]
         while todo:
@@ -725,7 +726,7 @@ class RolloutReplicas:
             model = model or trainer.card_id
             tensors = trainer.state()
         else:
-            tensors = _read_weights(weights)
+            tensors = read_weights(weights)
         with self._updating:
             started = time.perf_counter()
             named = self._wire_tensors(tensors)
@@ -965,22 +966,6 @@ def _split(items: list[int], parts: int) -> list[list[int]]:
             out.append(items[start:end])
         start = end
     return out
-
-
-def _flatten(samples: Any) -> list[RolloutSample]:
-    items = [samples] if isinstance(samples, RolloutSample | RolloutGroup) else list(samples)
-    flat: list[RolloutSample] = []
-    for item in items:
-        if isinstance(item, RolloutGroup):
-            flat.extend(item.samples)
-        elif isinstance(item, RolloutSample):
-            flat.append(item)
-        else:
-            raise InvalidRequestError(
-                f"score takes RolloutSample or RolloutGroup items, got {type(item).__name__}",
-                param="samples",
-            )
-    return flat
 
 
 __all__ = [
