@@ -91,7 +91,7 @@ class TextPart(OpenAIBody):
 class InputAudio(OpenAIBody):
     """``input_audio``: the base64 of an audio file and its format."""
 
-    data: str = Field(min_length=1)
+    data: str
     format: Literal[INPUT_AUDIO_FORMATS]  # type: ignore[valid-type]
 
 
@@ -316,7 +316,9 @@ def decode_video_item(data: bytes, param: str, limits: MediaLimits) -> MediaItem
                     )
                 frames.append(frame.to_ndarray(format="rgb24"))
                 next_time = len(frames) / limits.video_fps
-        except (av.FFmpegError, ValueError):
+        except InvalidRequestError:
+            raise
+        except (av.FFmpegError, ValueError):  # a damaged tail: keep the frames decoded so far
             if not frames:
                 raise _bad(f"{param} could not be decoded", param, "invalid_video") from None
     if not frames:
