@@ -67,9 +67,13 @@ class MediaFeatures:
 
     def __init__(self, settings: Mapping[str, Any] | None = None):
         from transformers import WhisperFeatureExtractor
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-            Qwen2VLImageProcessorPil,
-        )
+
+        try:  # transformers 5.x: the PIL backend (the default one needs torchvision)
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+                Qwen2VLImageProcessorPil,
+            )
+        except ImportError:  # transformers 4.x: the slow processor is the PIL one
+            from transformers import Qwen2VLImageProcessor as Qwen2VLImageProcessorPil
 
         s = {**PREPROCESSOR_DEFAULTS, **(settings or {})}
         self.sample_rate = int(s["sampling_rate"])
