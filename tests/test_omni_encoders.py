@@ -4,6 +4,7 @@ runs the reference)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +141,54 @@ def test_rope_index_matches_get_rope_index(root):
     assert delta == 0
     with pytest.raises(ValueError, match="placeholders"):
         rope_index(only, ids)
+
+
+# ------------------------------------------------------------------ thinker prefill with media
+@pytest.fixture(scope="module")
+def thinker(root: Path):
+    from omnistep.kv import KVCacheConfig
+    from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
+    from omnistep.models.qwen2_5_omni.thinker import load_thinker
+
+    files = QwenOmniFiles.locate(root)
+    kv = KVCacheConfig(num_blocks=16, block_size=16)
+    return load_thinker(files.tensors("thinker."), files.config(), kv)
+
+
+PROMPTS = {
+    "audio": [{"type": "audio"}, {"type": "text", "text": "What is said?"}],
+    "image": [
+        {"type": "text", "text": "Describe "},
+        {"type": "image"},
+        {"type": "text", "text": " please."},
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", ["audio", "image"])
+def test_thinker_prefill_with_media_matches_transformers(root, encoders, thinker, kind):
+    from omnistep.models.qwen2_5_omni.media_prompt import build_media_prompt, prefill_logits
+
+    info = assets.read_info(root)
+    if kind == "audio":
+        item = MediaItem.of(MediaKind.AUDIO, _clips()[0], sample_rate=16000)
+    else:
+        item = MediaItem.of(MediaKind.IMAGE, _images()[1])
+    template = reference.prompt_ids(root, [{"role": "user", "content": PROMPTS[kind]}]).tolist()
+    ids = MediaTokenIds.from_config(info.config)
+    prompt = build_media_prompt(thinker, encoders, ids, template, [item])
+    placeholder = ids.audio if kind == "audio" else ids.image
+    assert prompt.input_ids.count(placeholder) == (75 if kind == "audio" else 35)
+    assert len(prompt.input_ids) == len(template) - 1 + prompt.input_ids.count(placeholder)
+    clips, images = ([item.data], []) if kind == "audio" else ([], [item.data])
+    ref = reference.thinker_media_logits(root, prompt.input_ids, clips, images)
+    ours = prefill_logits(thinker, prompt)
+    assert ours.shape == ref.shape == (len(prompt.input_ids), info.ids.text_vocab)
+    assert (ours - ref).abs().max().item() < TOL
+    assert torch.equal(ours[-1].argmax(), ref[-1].argmax())
+    if kind == "image":  # the 2D positions matter: 1-D positions give other logits
+        assert prompt.rope_delta < 0
+        flat = dataclasses.replace(
+            prompt, positions=np.tile(np.arange(len(prompt.input_ids)), (3, 1))
+        )
+        assert (prefill_logits(thinker, flat) - ref).abs().max().item() > 1e-3

@@ -736,3 +736,23 @@ def rope_index(
             tensor(second_per_grids, torch.float),
         )
     return positions[:, 0], int(delta.reshape(-1)[0])
+
+
+def thinker_media_logits(
+    root: Path, input_ids: Sequence[int], clips: Sequence[Any] = (), images: Sequence[Any] = ()
+) -> torch.Tensor:
+    """Thinker logits ``[L, text_vocab]`` of one forward over an expanded prompt (one
+    placeholder token per encoder row) holding ``clips`` (16 kHz) and ``images``; positions from
+    ``get_rope_index`` (an attention mask is passed, as ``generate`` does)."""
+    model, _ = load_reference(root)
+    ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    kwargs: dict[str, Any] = {}
+    if clips:
+        kwargs["input_features"], kwargs["feature_attention_mask"] = mel_features(clips)
+    if images:
+        kwargs["pixel_values"], kwargs["image_grid_thw"] = image_inputs(images)
+    with _run():
+        out = model.thinker(
+            input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **kwargs
+        )
+    return out.logits[0].float().clone()
