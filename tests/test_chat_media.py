@@ -238,10 +238,15 @@ async def test_bad_media_answers_400_naming_the_part(tmp_path):
         many = [image_part(data_url(png(np.zeros((4, 4, 3), np.uint8)), "image/png"))] * 4
         error = await _error(client, body({"role": "user", "content": many}))
         assert (error["param"], error["code"]) == ("messages[0].content[3]", "too_many_media_items")
-        # a part of an unknown type is a 400 from the body's validation
-        odd = [{"type": "input_hologram", "input_hologram": {}}]
-        r = await client.post(URL, json=body({"role": "user", "content": odd}))
-        assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+        # malformed parts fail the body's validation, which names the part too
+        for part, words in [
+            ({"type": "input_hologram", "input_hologram": {}}, "'input_hologram'"),
+            ({"type": "input_audio", "input_audio": {"data": "", "format": "aiff"}}, "'m4a'"),
+            ({"type": "image_url", "image_url": {}}, "image_url.url"),
+        ]:
+            content = [{"type": "text", "text": "look"}, part]
+            error = await _error(client, body({"role": "user", "content": content}))
+            assert error["param"] == "messages[0].content[1]" and words in error["message"]
         # the server stays usable
         r = await client.post(URL, json=body({"role": "user", "content": "hi"}))
         assert r.status_code == 200
