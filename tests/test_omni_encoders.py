@@ -155,6 +155,28 @@ def thinker(root: Path):
     return load_thinker(files.tensors("thinker."), files.config(), kv)
 
 
+def _video() -> MediaItem:
+    """5 frames at 2 fps (3 temporal patches: the last frame repeats), 60x90 pixels."""
+    rng = np.random.default_rng(2)
+    frames = rng.integers(0, 256, (5, 60, 90, 3), dtype=np.uint8)
+    return MediaItem.of(MediaKind.VIDEO, frames, fps=2.0)
+
+
+def test_vision_encoder_on_video_matches_get_video_features(root, encoders):
+    video = _video()
+    patches, grid, seconds = encoders.features.video_patches(video.data, video.fps)
+    assert grid[0] == 3 and seconds == 1.0 and patches.shape == (grid[0] * grid[1] * grid[2], 1176)
+    # temporal slot k of group g holds frame 2g + k: group 0 differs between its slots
+    slots = patches.reshape(patches.shape[0], 3, 2, 14 * 14)
+    assert not np.array_equal(slots[: grid[1] * grid[2], :, 0], slots[: grid[1] * grid[2], :, 1])
+    last = slots[2 * grid[1] * grid[2] :]  # frame 4 and its repeat
+    np.testing.assert_array_equal(last[:, :, 0], last[:, :, 1])
+    ref = reference.video_features(root, patches, [grid])
+    (ours,) = encoders.encode_videos([video])
+    assert ours.shape == ref[0].shape == (grid[0] * grid[1] * grid[2] // 4, 64)
+    assert (ours - ref[0]).abs().max().item() < TOL
+
+
 PROMPTS = {
     "audio": [{"type": "audio"}, {"type": "text", "text": "What is said?"}],
     "image": [
@@ -162,32 +184,41 @@ PROMPTS = {
         {"type": "image"},
         {"type": "text", "text": " please."},
     ],
+    "video": [{"type": "video"}, {"type": "text", "text": "What happens?"}],
 }
 
 
-@pytest.mark.parametrize("kind", ["audio", "image"])
+@pytest.mark.parametrize("kind", ["audio", "image", "video"])
 def test_thinker_prefill_with_media_matches_transformers(root, encoders, thinker, kind):
     from omnistep.models.qwen2_5_omni.media_prompt import build_media_prompt, prefill_logits
 
     info = assets.read_info(root)
-    if kind == "audio":
-        item = MediaItem.of(MediaKind.AUDIO, _clips()[0], sample_rate=16000)
-    else:
-        item = MediaItem.of(MediaKind.IMAGE, _images()[1])
+    item = {
+        "audio": lambda: MediaItem.of(MediaKind.AUDIO, _clips()[0], sample_rate=16000),
+        "image": lambda: MediaItem.of(MediaKind.IMAGE, _images()[1]),
+        "video": _video,
+    }[kind]()
     template = reference.prompt_ids(root, [{"role": "user", "content": PROMPTS[kind]}]).tolist()
     ids = MediaTokenIds.from_config(info.config)
     prompt = build_media_prompt(thinker, encoders, ids, template, [item])
-    placeholder = ids.audio if kind == "audio" else ids.image
-    assert prompt.input_ids.count(placeholder) == (75 if kind == "audio" else 35)
-    assert len(prompt.input_ids) == len(template) - 1 + prompt.input_ids.count(placeholder)
-    clips, images = ([item.data], []) if kind == "audio" else ([], [item.data])
-    ref = reference.thinker_media_logits(root, prompt.input_ids, clips, images)
+    placeholder = {"audio": ids.audio, "image": ids.image, "video": ids.video}[kind]
+    # video: 3 temporal patches of 20 x 28 (upscaled to the processor's 128 x 28 x 28 minimum)
+    rows = {"audio": 75, "image": 35, "video": 3 * 20 * 28 // 4}[kind]
+    assert prompt.input_ids.count(placeholder) == rows
+    assert len(prompt.input_ids) == len(template) - 1 + rows
+    clips = [item.data] if kind == "audio" else []
+    images = [item.data] if kind == "image" else []
+    video = None
+    if kind == "video":
+        patches, grid, seconds = encoders.features.video_patches(item.data, item.fps)
+        video = (patches, [grid], [seconds])
+    ref = reference.thinker_media_logits(root, prompt.input_ids, clips, images, video)
     ours = prefill_logits(thinker, prompt)
     assert ours.shape == ref.shape == (len(prompt.input_ids), info.ids.text_vocab)
     assert (ours - ref).abs().max().item() < TOL
     assert torch.equal(ours[-1].argmax(), ref[-1].argmax())
-    if kind == "image":  # the 2D positions matter: 1-D positions give other logits
-        assert prompt.rope_delta < 0
+    if kind != "audio":  # the 3D positions matter: 1-D positions give other logits
+        assert prompt.rope_delta != 0
         flat = dataclasses.replace(
             prompt, positions=np.tile(np.arange(len(prompt.input_ids)), (3, 1))
         )

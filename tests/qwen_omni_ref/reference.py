@@ -738,12 +738,28 @@ def rope_index(
     return positions[:, 0], int(delta.reshape(-1)[0])
 
 
+def video_features(root: Path, patches: Any, grids: Any) -> list[torch.Tensor]:
+    """The thinker's ``get_video_features`` rows per video, of given pixel patches
+    ``[num_patches, 1176]`` and grids ``[n, 3]`` (the video processor needs torchvision)."""
+    model, _ = load_reference(root)
+    with _run():
+        out = model.thinker.model.get_video_features(
+            torch.as_tensor(patches), torch.as_tensor(grids, dtype=torch.long)
+        )
+    return [r.float().clone() for r in out.pooler_output]
+
+
 def thinker_media_logits(
-    root: Path, input_ids: Sequence[int], clips: Sequence[Any] = (), images: Sequence[Any] = ()
+    root: Path,
+    input_ids: Sequence[int],
+    clips: Sequence[Any] = (),
+    images: Sequence[Any] = (),
+    video: tuple[Any, Any, Any] | None = None,
 ) -> torch.Tensor:
     """Thinker logits ``[L, text_vocab]`` of one forward over an expanded prompt (one
-    placeholder token per encoder row) holding ``clips`` (16 kHz) and ``images``; positions from
-    ``get_rope_index`` (an attention mask is passed, as ``generate`` does)."""
+    placeholder token per encoder row) holding ``clips`` (16 kHz), ``images`` and ``video``
+    (``(patches, grids, seconds_per_grid)``); positions from ``get_rope_index`` (an attention
+    mask is passed, as ``generate`` does)."""
     model, _ = load_reference(root)
     ids = torch.tensor([list(input_ids)], dtype=torch.long)
     kwargs: dict[str, Any] = {}
@@ -751,6 +767,11 @@ def thinker_media_logits(
         kwargs["input_features"], kwargs["feature_attention_mask"] = mel_features(clips)
     if images:
         kwargs["pixel_values"], kwargs["image_grid_thw"] = image_inputs(images)
+    if video is not None:
+        patches, grids, seconds = video
+        kwargs["pixel_values_videos"] = torch.as_tensor(patches)
+        kwargs["video_grid_thw"] = torch.as_tensor(grids, dtype=torch.long)
+        kwargs["video_second_per_grid"] = torch.as_tensor(seconds, dtype=torch.float)
     with _run():
         out = model.thinker(
             input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **kwargs

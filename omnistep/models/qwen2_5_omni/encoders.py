@@ -48,6 +48,12 @@ PREPROCESSOR_DEFAULTS: dict[str, Any] = {
 }
 """``preprocessor_config.json`` of Qwen/Qwen2.5-Omni-7B (the values this module reads)."""
 
+VIDEO_PIXELS = (128 * 28 * 28, 768 * 28 * 28)
+"""Per-frame pixel bounds of a video (``Qwen2_5OmniProcessor.videos_kwargs``'s size)."""
+VIDEO_FPS = 2.0
+"""The frame rate the processor assumes when none is given (its ``video_second_per_grid`` is
+``temporal_patch_size / fps``)."""
+
 _AUDIO_KEYS = ("feature_size", "sampling_rate", "hop_length", "n_fft", "chunk_length")
 _IMAGE_KEYS = ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size")
 
@@ -111,6 +117,41 @@ class MediaFeatures:
         out = self.image(images=[pixels], return_tensors="np")
         grid = tuple(int(v) for v in out["image_grid_thw"][0])
         return np.asarray(out["pixel_values"], dtype=np.float32), grid  # type: ignore[return-value]
+
+    def video_patches(
+        self, frames: np.ndarray, fps: float = VIDEO_FPS
+    ) -> tuple[np.ndarray, tuple[int, int, int], float]:
+        """Flattened patches, the grid ``(t, h, w)`` and the seconds per temporal patch of RGB
+        uint8 frames ``[num_frames, height, width, 3]`` sampled at ``fps``.
+
+        Each frame goes through the image processor (resize within ``VIDEO_PIXELS``, CLIP
+        normalisation, patches); frames ``2g`` and ``2g + 1`` then fill the two temporal slots
+        of group ``g``'s patches (the last frame repeats to an even count), the layout of
+        ``Qwen2VLVideoProcessor.patchify``. That processor resizes with torchvision, which
+        does not load beside this torch: here PIL's bicubic resize (the image path's) is used,
+        so pixels can differ from it slightly where frames are resized.
+        """
+        frames = np.asarray(frames)
+        if frames.ndim != 4 or frames.shape[0] == 0:
+            raise ValueError(f"frames must be [num_frames, h, w, 3], got {frames.shape}")
+        tp = self.image.temporal_patch_size
+        if pad := -frames.shape[0] % tp:
+            frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
+        lo, hi = VIDEO_PIXELS
+        size = {"shortest_edge": lo, "longest_edge": hi}
+        per_frame = [self.image(images=[f], size=size, return_tensors="np") for f in frames]
+        _, gh, gw = (int(v) for v in per_frame[0]["image_grid_thw"][0])
+        patch = self.image.patch_size
+        slots = [  # [patches, C, tp, p, p]: this frame in every temporal slot
+            np.asarray(out["pixel_values"]).reshape(gh * gw, -1, tp, patch, patch)
+            for out in per_frame
+        ]
+        groups = [
+            np.stack([slots[g * tp + k][:, :, k] for k in range(tp)], axis=2)
+            for g in range(len(slots) // tp)
+        ]
+        patches = np.concatenate(groups).reshape(len(groups) * gh * gw, -1)
+        return patches.astype(np.float32), (len(groups), gh, gw), tp / fps
 
 
 class OmniEncoders:
@@ -180,6 +221,28 @@ class OmniEncoders:
         rows = self.vision(self._tensor(np.concatenate(patches)), grids)
         unit = self.vision.config.spatial_merge_size**2
         return list(rows.split([t * h * w // unit for t, h, w in grids]))
+
+    @torch.inference_mode()
+    def encode_videos(self, videos: Sequence[MediaItem]) -> list[torch.Tensor]:
+        """Rows ``[t * h * w / merge**2, thinker hidden]`` per video (all in one batch)."""
+        if not videos:
+            return []
+        outs = [self.features.video_patches(self._frames(v), v.fps or VIDEO_FPS) for v in videos]
+        grids = [g for _, g, _ in outs]
+        rows = self.vision(self._tensor(np.concatenate([p for p, _, _ in outs])), grids)
+        unit = self.vision.config.spatial_merge_size**2
+        return list(rows.split([t * h * w // unit for t, h, w in grids]))
+
+    def video_grids(self, videos: Sequence[MediaItem]) -> list[tuple[tuple[int, int, int], float]]:
+        """``((t, h, w), seconds per temporal patch)`` of each video (for ``mrope``)."""
+        outs = [self.features.video_patches(self._frames(v), v.fps or VIDEO_FPS) for v in videos]
+        return [(g, s) for _, g, s in outs]
+
+    @staticmethod
+    def _frames(video: MediaItem) -> np.ndarray:
+        if video.kind is not MediaKind.VIDEO:
+            raise ValueError(f"expected a video, got {video.kind}")
+        return video.data
 
     def image_grids(self, images: Sequence[MediaItem | np.ndarray]) -> list[tuple[int, int, int]]:
         """The ``(t, h, w)`` patch grid of each image (for ``mrope.rope_index``)."""

@@ -1,5 +1,6 @@
-"""The thinker prefill of a Qwen2.5-Omni prompt holding audio and images, offline: encoder rows
-placed at the placeholder positions, TMRoPE positions, and a dense thinker forward with M-RoPE.
+"""The thinker prefill of a Qwen2.5-Omni prompt holding audio, images and video, offline:
+encoder rows placed at the placeholder positions, TMRoPE positions, and a dense thinker forward
+with M-RoPE.
 
 Not wired into the card's program yet (a request's media do not reach the thinker): this is
 the reference path the scheduled encoder units will reproduce, checked against transformers'
@@ -50,12 +51,14 @@ class MediaPrompt:
 
 
 def _encode(encoders: OmniEncoders, media: Sequence[MediaItem]) -> list[torch.Tensor]:
-    """Rows per item in order; all audio in one batch, all images in another."""
-    if any(m.kind is MediaKind.VIDEO for m in media):
-        raise ValueError("video items are not supported by the offline prefill yet")
-    audio = iter(encoders.encode_audio([m for m in media if m.kind is MediaKind.AUDIO]))
-    images = iter(encoders.encode_images([m for m in media if m.kind is MediaKind.IMAGE]))
-    return [next(audio if m.kind is MediaKind.AUDIO else images) for m in media]
+    """Rows per item in order; all audio in one batch, all images in one, all videos in one."""
+    batches = {
+        MediaKind.AUDIO: encoders.encode_audio,
+        MediaKind.IMAGE: encoders.encode_images,
+        MediaKind.VIDEO: encoders.encode_videos,
+    }
+    rows = {kind: iter(run([m for m in media if m.kind is kind])) for kind, run in batches.items()}
+    return [next(rows[m.kind]) for m in media]
 
 
 def build_media_prompt(
@@ -69,10 +72,11 @@ def build_media_prompt(
 
     Args:
         template_ids: the chat-templated prompt, one placeholder token per media item.
-        media: the items in prompt order (audio at the encoders' rate, images).
+        media: the items in prompt order (audio at the encoders' rate, images, videos; a
+            video's audio track is not used: no ``use_audio_in_video``).
 
     Raises:
-        ValueError: placeholders and items that do not pair up (count or kind), video items.
+        ValueError: placeholders and items that do not pair up (count or kind).
     """
     kinds = {ids.audio: MediaKind.AUDIO, ids.image: MediaKind.IMAGE, ids.video: MediaKind.VIDEO}
     slots = [kinds[t] for t in template_ids if t in kinds]
@@ -89,6 +93,7 @@ def build_media_prompt(
     if rows:
         embeds[is_media] = torch.cat(rows).to(embeds.dtype)
     images = [m for m in media if m.kind is MediaKind.IMAGE]
+    videos = encoders.video_grids([m for m in media if m.kind is MediaKind.VIDEO])
     positions, delta = rope_index(
         expanded,
         ids,
@@ -96,6 +101,8 @@ def build_media_prompt(
             r.shape[0] for r, m in zip(rows, media, strict=True) if m.kind is MediaKind.AUDIO
         ],
         image_grids=encoders.image_grids(images),
+        video_grids=[g for g, _ in videos],
+        video_seconds_per_grid=[s for _, s in videos],
         spatial_merge_size=encoders.vision.config.spatial_merge_size,
     )
     return MediaPrompt(tuple(expanded), embeds, positions, delta)
