@@ -672,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind, what in (
         ("--max-audio-seconds", _seconds, "longest chat audio part, seconds (default 300)"),
         ("--max-video-seconds", _seconds, "longest chat video part, seconds (default 300)"),
-        ("--max-video-frames", _positive_int, "most frames sampled from a video (default 768)"),
+        ("--max-video-frames", _positive_int, "most frames sampled from a video (default 256)"),
         ("--max-image-pixels", _positive_int, "largest image, width x height (default 36e6)"),
         ("--max-media-items", _positive_int, "most media parts in a request (default 16)"),
     ):

@@ -263,3 +263,15 @@ async def test_local_paths_need_the_flag(tmp_path):
 def test_media_limits_reject_non_positive_values():
     with pytest.raises(ValueError, match="max_media_items"):
         MediaLimits(max_media_items=0)
+
+
+def test_large_video_frames_are_scaled_down_at_decode():
+    from omnistep.server.media import decode_video_item
+
+    limits = MediaLimits(max_video_frame_pixels=400)
+    item = decode_video_item(video(num_frames=4, fps=2, size=(32, 48)), "v", limits)
+    # 32 x 48 = 1536 pixels -> scale sqrt(400 / 1536): 16 x 24 (even sizes, aspect kept)
+    assert item.data.shape == (4, 16, 24, 3) and item.fps == 2.0
+    full = decode_video_item(video(num_frames=4, fps=2, size=(32, 48)), "v", MediaLimits())
+    assert full.data.shape == (4, 32, 48, 3)
+    assert abs(float(full.data.mean()) - float(item.data.mean())) < 10  # the same picture

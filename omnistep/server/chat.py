@@ -125,10 +125,10 @@ class ChatCompletionRequest(OpenAIBody):
     def wants_audio(self) -> bool:
         return "audio" in self.modalities
 
-    def media_parts(self) -> list[tuple[str, MediaPart]]:
-        """``(param, part)`` of every media part, in order (``messages[i].content[j]``)."""
+    def media_parts(self) -> list[tuple[tuple[int, int], MediaPart]]:
+        """``((message index, part index), part)`` of every media part, in order."""
         return [
-            (part_param(i, j), part)
+            ((i, j), part)
             for i, m in enumerate(self.messages)
             if isinstance(m.content, list)
             for j, part in enumerate(m.content)
@@ -288,21 +288,16 @@ async def _decode_media(
 ) -> dict[tuple[int, int], MediaItem]:
     """The body's media parts decoded, by (message, part) index; a 400 naming the part for a
     kind the card cannot take, too many parts, or a part that cannot be read or decoded."""
-    parts = body.media_parts()
+    parts = [(part_param(*key), part) for key, part in body.media_parts()]
     if not parts:
         return {}
     limits: MediaLimits = http.app.state.media_limits
     check_media_parts(parts, card, limits)
     policy = http.app.state.media_policy
-    decoded = [await decode_part(part, param, card, policy, limits) for param, part in parts]
-    keys = [
-        (i, j)
-        for i, m in enumerate(body.messages)
-        if isinstance(m.content, list)
-        for j, p in enumerate(m.content)
-        if not isinstance(p, TextPart)
-    ]
-    return dict(zip(keys, decoded, strict=True))
+    return {  # one at a time: a request's decoding takes one worker thread
+        key: await decode_part(part, part_param(*key), card, policy, limits)
+        for key, part in body.media_parts()
+    }
 
 
 @router.post("/v1/chat/completions")

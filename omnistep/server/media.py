@@ -50,6 +50,11 @@ class MediaLimits:
             file's header before decoding (``--max-image-pixels``).
         max_media_items: most media parts in one request, all messages together
             (``--max-media-items``).
+        max_video_frame_pixels: larger video frames are scaled down to this many pixels at
+            decode (aspect kept; FFmpeg's bicubic scaler), which bounds a video's memory to
+            ``max_video_frames * max_video_frame_pixels * 3`` bytes (256 x 602,112 x 3 = 462 MB
+            by default). The default is Qwen2.5-Omni's own per-frame maximum (768 x 28 x 28),
+            to which its processor resizes frames anyway.
         video_fps: frames sampled per second of video (2: what Qwen2.5-Omni's processor
             assumes for its temporal positions).
 
@@ -59,10 +64,11 @@ class MediaLimits:
 
     max_audio_seconds: float = 300.0
     max_video_seconds: float = 300.0
-    max_video_frames: int = 768
+    max_video_frames: int = 256
     max_image_pixels: int = 36_000_000
     max_media_items: int = 16
     video_fps: float = 2.0
+    max_video_frame_pixels: int = 768 * 28 * 28
 
     def __post_init__(self) -> None:
         for name in (
@@ -72,6 +78,7 @@ class MediaLimits:
             "max_image_pixels",
             "max_media_items",
             "video_fps",
+            "max_video_frame_pixels",
         ):
             value = getattr(self, name)
             if not 0 < value < float("inf"):
@@ -278,10 +285,18 @@ def _video_too_long(param: str, limits: MediaLimits) -> InvalidRequestError:
     )
 
 
+def _frame_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    """``(width, height)`` scaled down (aspect kept, even sizes) to at most ``max_pixels``."""
+    if width * height <= max_pixels:
+        return width, height
+    scale = (max_pixels / (width * height)) ** 0.5
+    return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
+
+
 def decode_video_item(data: bytes, param: str, limits: MediaLimits) -> MediaItem:
     """Decode a video file with PyAV to RGB uint8 frames ``[num_frames, height, width, 3]``
     sampled at ``limits.video_fps`` (the first frame at or after each ``k / video_fps``
-    seconds); its audio track is not read.
+    seconds), scaled down to ``limits.max_video_frame_pixels``; its audio track is not read.
 
     Raises:
         InvalidRequestError: not a video or no frame (``invalid_video``), longer than
@@ -314,7 +329,13 @@ def decode_video_item(data: bytes, param: str, limits: MediaLimits) -> MediaItem
                         param,
                         "video_too_many_frames",
                     )
-                frames.append(frame.to_ndarray(format="rgb24"))
+                width, height = _frame_size(
+                    frame.width, frame.height, limits.max_video_frame_pixels
+                )
+                rgb = frame.to_ndarray(
+                    format="rgb24", width=width, height=height, interpolation="BICUBIC"
+                )
+                frames.append(rgb)
                 next_time = len(frames) / limits.video_fps
         except InvalidRequestError:
             raise
