@@ -140,6 +140,18 @@ async def test_mixed_parts_become_ordered_media_items(tmp_path):
         },
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": [audio_part(audio_file(clip, 24000, "FLAC"), "flac")]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "input_audio",
+                    "input_audio": {
+                        "data": data_url(audio_file(clip, 24000), "audio/wav"),
+                        "format": "wav",
+                    },
+                }
+            ],
+        },
     )
     async with served(True, tmp_path) as (client, seen):
         r = await client.post(URL, json=body(*messages))
@@ -159,8 +171,10 @@ async def test_mixed_parts_become_ordered_media_items(tmp_path):
     assert image.kind is MediaKind.IMAGE and np.array_equal(image.data, pixels)
     # the same samples in another container hash the same; the text-only message has no parts
     assert request.messages[3].media[0].sha256 == audio.sha256
+    assert request.messages[4].media[0].sha256 == audio.sha256  # given as a data: URL
     assert request.messages[0].parts == () and request.messages[2].parts == ()
-    assert [m.kind for m in request.media] == [MediaKind.AUDIO, MediaKind.IMAGE, MediaKind.AUDIO]
+    kinds = [MediaKind.AUDIO, MediaKind.IMAGE, MediaKind.AUDIO, MediaKind.AUDIO]
+    assert [m.kind for m in request.media] == kinds
     assert len(image.sha256) == 64 and image.sha256 != audio.sha256
 
 

@@ -3,7 +3,8 @@
 Parts (in any message, mixed with text parts in any order):
 
 - ``{"type": "input_audio", "input_audio": {"data": <base64>, "format": "wav"}}`` (OpenAI;
-  format wav, mp3, flac, ogg, webm, m4a: the bytes are probed, the format is a hint);
+  format wav, mp3, flac, ogg, webm, m4a: the bytes are probed, the format is a hint; ``data``
+  may also be a ``data:`` URL);
 - ``{"type": "image_url", "image_url": {"url": ...}}`` (OpenAI: a ``data:`` URL, or http(s)
   with ``--allow-remote-media``; a file under ``--allowed-local-media-path`` too, as vLLM);
 - ``{"type": "audio_url", "audio_url": {"url": ...}}`` and ``{"type": "video_url",
@@ -351,8 +352,11 @@ def decode_video_item(data: bytes, param: str, limits: MediaLimits) -> MediaItem
 
 async def part_bytes(part: MediaPart, param: str, policy: MediaPolicy) -> bytes:
     """The file bytes a part carries or names (``media_fetch.read_media``)."""
-    if isinstance(part, InputAudioPart):
-        return b64decode(part.input_audio.data, param)
+    if isinstance(part, InputAudioPart):  # base64 (OpenAI); a data: URL is taken too
+        data = part.input_audio.data
+        if data[:5].lower() == "data:":
+            return await read_media(data, policy, param)
+        return b64decode(data, param)
     url = {"image_url": "image_url", "audio_url": "audio_url", "video_url": "video_url"}[part.type]
     return await read_media(getattr(part, url).url, policy, param)
 
