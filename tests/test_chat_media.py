@@ -289,3 +289,19 @@ def test_large_video_frames_are_scaled_down_at_decode():
     full = decode_video_item(video(num_frames=4, fps=2, size=(32, 48)), "v", MediaLimits())
     assert full.data.shape == (4, 32, 48, 3)
     assert abs(float(full.data.mean()) - float(item.data.mean())) < 10  # the same picture
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_compressed_audio_formats_decode_to_16k(fmt):
+    """OpenAI's mp3, and what PyAV reads besides (Ogg Opus, AAC in ADTS, FLAC): the duration
+    and the tone survive decoding and resampling."""
+    from omnistep.audio import make_encoder
+    from omnistep.server.media import decode_audio_item
+
+    samples = tone(1.0, 24000).astype(np.float32) / 32768
+    encoder = make_encoder(fmt, 24000)
+    data = encoder.encode(samples) + encoder.flush()
+    item = decode_audio_item(data, "p", MediaLimits(), 16000)
+    assert item.sample_rate == 16000 and abs(item.seconds - 1.0) < 0.08
+    spectrum = np.abs(np.fft.rfft(item.data))
+    assert abs(np.argmax(spectrum) * 16000 / item.data.size - 440) < 5
