@@ -169,6 +169,7 @@ async def test_mixed_parts_become_ordered_media_items(tmp_path):
     spectrum = np.abs(np.fft.rfft(audio.data))
     assert abs(np.argmax(spectrum) * 16000 / audio.data.size - 440) < 3
     assert image.kind is MediaKind.IMAGE and np.array_equal(image.data, pixels)
+    assert not audio.data.flags.writeable and not image.data.flags.writeable  # hashed: frozen
     # the same samples in another container hash the same; the text-only message has no parts
     assert request.messages[3].media[0].sha256 == audio.sha256
     assert request.messages[4].media[0].sha256 == audio.sha256  # given as a data: URL

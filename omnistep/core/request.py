@@ -157,10 +157,12 @@ class MediaItem:
         fps: float | None = None,
         source: str = "",
     ) -> MediaItem:
-        """An item with its ``sha256`` computed from ``data`` (and its shape, dtype, rate)."""
-        data = np.ascontiguousarray(data)
+        """An item with its ``sha256`` computed from ``data`` (and its shape, dtype, rate);
+        the item holds a read-only view of ``data``, so the hash keeps describing it."""
+        data = np.ascontiguousarray(data).view()
+        data.flags.writeable = False
         digest = hashlib.sha256(f"{kind}|{data.dtype}|{data.shape}|{sample_rate}|{fps}|".encode())
-        digest.update(data.tobytes())
+        digest.update(data.reshape(-1).view(np.uint8))  # the buffer itself, no copy
         return cls(kind, data, digest.hexdigest(), sample_rate, fps, source)
 
     @property
