@@ -88,9 +88,24 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             voices_db=args.voices_db,
             allowed_local_media_path=args.allowed_local_media_path,
             allow_remote_media=args.allow_remote_media,
+            media_limits=_media_limits(args),
         )
     except ValueError as exc:
         raise OmnistepError(f"bad server settings: {exc}") from None
+
+
+def _media_limits(args: argparse.Namespace):  # noqa: ANN202 - server import kept lazy
+    """The chat media limits of ``--max-audio-seconds`` and its siblings (unset: defaults)."""
+    from omnistep.server.media import MediaLimits
+
+    names = (
+        "max_audio_seconds",
+        "max_video_seconds",
+        "max_video_frames",
+        "max_image_pixels",
+        "max_media_items",
+    )
+    return MediaLimits(**{n: getattr(args, n) for n in names if getattr(args, n) is not None})
 
 
 def _usage_banner(host: str, port: int, engine: AsyncEngine, auth: str | None = None) -> str:
@@ -654,6 +669,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a request's ref_audio may be an http(s) URL the server fetches (any host it "
         "reaches: trusted clients only); default: off",
     )
+    for flag, kind, what in (
+        ("--max-audio-seconds", _seconds, "longest chat audio part, seconds (default 300)"),
+        ("--max-video-seconds", _seconds, "longest chat video part, seconds (default 300)"),
+        ("--max-video-frames", _positive_int, "most frames sampled from a video (default 256)"),
+        ("--max-image-pixels", _positive_int, "largest image, width x height (default 36e6)"),
+        ("--max-media-items", _positive_int, "most media parts in a request (default 16)"),
+    ):
+        serve.add_argument(flag, type=kind, metavar="N", help=what)
     serve.add_argument(
         "--first-chunk-chars",
         type=_non_negative_int,

@@ -224,14 +224,15 @@ def test_errors_keep_the_connection_usable(base):
 
 
 def test_bodies_over_the_limit_get_413(base):
-    """Speech bodies may hold an inline clip (``ref_audio``): 16 MiB; others 1 MiB."""
+    """Speech bodies may hold an inline clip (``ref_audio``): 16 MiB; chat bodies media parts:
+    48 MiB; others 1 MiB."""
     big = {"model": "toy", "input": "hi", "padding": "x" * (16 << 20)}
     r = httpx.post(base + SPEECH, json=big, timeout=30)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
     def chunks():  # no Content-Length: counted while read
         yield b'{"model": "toy", "messages": [], "padding": "'
-        for _ in range(20):
+        for _ in range(800):  # 50 MiB
             yield b"x" * 65536
         yield b'"}'
 

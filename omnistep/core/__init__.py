@@ -34,6 +34,7 @@ from omnistep.core.enums import (
     Capability,
     ExecutionProfile,
     LoopKind,
+    MediaKind,
     Modality,
     WorkUnitKind,
 )
@@ -62,6 +63,7 @@ from omnistep.core.program import (
 )
 from omnistep.core.request import (
     ChatMessage,
+    MediaItem,
     Request,
     SamplingParams,
     check_text,
@@ -97,6 +99,8 @@ __all__ = [
     "LoopResult",
     "LoopSpec",
     "LoopState",
+    "MediaItem",
+    "MediaKind",
     "MissingDependencyError",
     "Modality",
     "ModelCard",

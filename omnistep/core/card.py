@@ -201,6 +201,9 @@ class ModelCard:
             event loop (``AsyncEngine.clone_voice``) and reaches its components with
             ``call_component``; it raises InvalidRequestError for a clip or transcript it
             rejects. Set with ``Capability.VOICE_CLONING``; None: the card cannot clone.
+        media_sample_rate: the rate (Hz) chat audio inputs are resampled to before the card
+            sees them (``Capability.AUDIO_INPUT``); 16 kHz is what Whisper-style audio towers
+            (Qwen2.5-Omni's) take.
         voice_forgetter: ``voice_forgetter(model, spec)`` when a saved voice is deleted: frees
             what the card keeps for it (Qwen3-TTS: the voice's kept prompt prefix in the
             talker's KV cache). Run between steps (``AsyncEngine.forget_voice``), reaching its
@@ -231,6 +234,7 @@ class ModelCard:
     voice_forgetter: Callable[[ModelInstance, str], None] | None = field(
         default=None, compare=False, repr=False
     )
+    media_sample_rate: int = 16_000
 
     @property
     def model_ids(self) -> tuple[str, ...]:

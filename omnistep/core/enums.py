@@ -50,6 +50,26 @@ class Capability(StrEnum):
     VoiceDesign); ``task_type: "VoiceDesign"`` asks for such a card."""
     WORD_TIMESTAMPS = "word_timestamps"
     """The card's audio chunks carry per-word times (``StreamChunk.words``)."""
+    AUDIO_INPUT = "audio_input"
+    """Chat messages may hold audio (``input_audio``, ``audio_url`` parts): the card's encoders
+    feed it to its model (``ChatMessage.parts``)."""
+    IMAGE_INPUT = "image_input"
+    """Chat messages may hold images (``image_url`` parts)."""
+    VIDEO_INPUT = "video_input"
+    """Chat messages may hold video (``video_url`` parts)."""
+
+
+class MediaKind(StrEnum):
+    """What a media item of a request holds (``omnistep.core.request.MediaItem``)."""
+
+    AUDIO = "audio"
+    IMAGE = "image"
+    VIDEO = "video"
+
+    @property
+    def capability(self) -> Capability:
+        """The capability a card needs to take this kind of media."""
+        return Capability(f"{self.value}_input")
 
 
 class Modality(StrEnum):

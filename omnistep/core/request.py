@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 import time
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omnistep.core.enums import ExecutionProfile, Modality
+from omnistep.core.enums import ExecutionProfile, MediaKind, Modality
 from omnistep.core.errors import InvalidRequestError
 
 MAX_SEED = 2**63 - 1
@@ -123,12 +124,71 @@ def check_text(text: object, param: str) -> None:
             ) from None
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class MediaItem:
+    """One decoded media item of a chat message (an audio clip, an image, a video).
+
+    Attributes:
+        kind: audio, image or video.
+        data: audio: float32 ``[num_samples]`` mono in [-1, 1] at ``sample_rate``; image: uint8
+            ``[height, width, 3]`` RGB; video: uint8 ``[num_frames, height, width, 3]`` RGB
+            frames at ``fps``.
+        sha256: hex digest of the decoded data (its bytes, shape, dtype and rate): equal media
+            have equal hashes whatever file format carried them (encoder outputs are reused by
+            it).
+        sample_rate: audio samples per second (audio only).
+        fps: frames per second of ``data`` (video only; the sampled rate, not the file's).
+        source: the request part it came from, e.g. ``messages[1].content[2]``.
+    """
+
+    kind: MediaKind
+    data: np.ndarray
+    sha256: str
+    sample_rate: int | None = None
+    fps: float | None = None
+    source: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        kind: MediaKind,
+        data: np.ndarray,
+        sample_rate: int | None = None,
+        fps: float | None = None,
+        source: str = "",
+    ) -> MediaItem:
+        """An item with its ``sha256`` computed from ``data`` (and its shape, dtype, rate);
+        the item holds a read-only view of ``data``, so the hash keeps describing it."""
+        data = np.ascontiguousarray(data).view()
+        data.flags.writeable = False
+        digest = hashlib.sha256(f"{kind}|{data.dtype}|{data.shape}|{sample_rate}|{fps}|".encode())
+        digest.update(data.reshape(-1).view(np.uint8))  # the buffer itself, no copy
+        return cls(kind, data, digest.hexdigest(), sample_rate, fps, source)
+
+    @property
+    def seconds(self) -> float | None:
+        """Duration of audio or video; None for an image."""
+        if self.kind is MediaKind.AUDIO and self.sample_rate:
+            return self.data.shape[0] / self.sample_rate
+        if self.kind is MediaKind.VIDEO and self.fps:
+            return self.data.shape[0] / self.fps
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    """One chat message: ``role`` (system, user, assistant) and its text ``content``."""
+    """One chat message: ``role`` (system, user, assistant), its text ``content`` and, for
+    messages with media, ``parts``: its text pieces (``str``) and ``MediaItem``s in the order
+    the request gave them (empty for a text-only message; ``content`` is then the text)."""
 
     role: str
     content: str
+    parts: tuple[str | MediaItem, ...] = ()
+
+    @property
+    def media(self) -> tuple[MediaItem, ...]:
+        """The message's media items, in order."""
+        return tuple(p for p in self.parts if isinstance(p, MediaItem))
 
 
 @dataclass(slots=True)
@@ -196,6 +256,11 @@ class Request:
     text_input: bool = False
     non_streaming_mode: bool | None = None
 
+    @property
+    def media(self) -> tuple[MediaItem, ...]:
+        """Every media item of ``messages``, in conversation order."""
+        return tuple(item for message in self.messages for item in message.media)
+
     def __post_init__(self) -> None:
         check_text(self.text, "input")
         if not isinstance(self.non_streaming_mode, bool | None):
@@ -209,6 +274,9 @@ class Request:
                 check_text(getattr(self, name), name)
         for message in self.messages:
             check_text(getattr(message, "content", None), "messages")
+            for part in getattr(message, "parts", ()):
+                if not isinstance(part, MediaItem):
+                    check_text(part, "messages")
         if not isinstance(self.sampling, SamplingParams):
             raise InvalidRequestError(
                 f"'sampling' must be a SamplingParams, got {type(self.sampling).__name__}",

@@ -17,6 +17,7 @@ from omnistep import __version__
 from omnistep.engine import AsyncEngine
 from omnistep.server import (
     chat,
+    media,
     metrics,
     models,
     playground,
@@ -59,6 +60,11 @@ class ServerConfig:
             (``--allowed-local-media-path``, vLLM's name); None: no file paths (400).
         allow_remote_media: a request's ``ref_audio`` may be an http(s) URL the server fetches
             (``--allow-remote-media``; at most ``max_voice_upload_bytes``, 15 s); False: 400.
+            Both also govern chat media parts' URLs.
+        media_limits: limits on chat media parts (``media.MediaLimits``: seconds of audio and
+            video, video frames, image pixels, parts per request).
+        max_chat_body_bytes: the limit for ``POST /v1/chat/completions``, whose media parts
+            may hold files in base64.
     """
 
     host: str = "127.0.0.1"
@@ -73,6 +79,8 @@ class ServerConfig:
     voices_db: str | None = None
     allowed_local_media_path: str | None = None
     allow_remote_media: bool = False
+    media_limits: media.MediaLimits = field(default_factory=media.MediaLimits)
+    max_chat_body_bytes: int = 48 << 20
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -134,6 +142,7 @@ def build_app(
             "/v1/audio/speech": config.max_speech_body_bytes,  # ref_audio in base64
             "/v1/rollouts": config.max_speech_body_bytes,
             "/v1/score": score.MAX_SCORE_BODY_BYTES,  # a rollout answer
+            "/v1/chat/completions": config.max_chat_body_bytes,  # media parts in base64
         },
     )
     app.add_middleware(DrainGate, drain=drain)
@@ -153,6 +162,7 @@ def build_app(
     app.include_router(playground.router)
     voices.install(app, config.voices_db)
     voice_fields.install(app, config.media_policy())
+    app.state.media_limits = config.media_limits
     app.include_router(speech_stream.router)
     app.include_router(metrics.router)
     app.include_router(rollouts.router)

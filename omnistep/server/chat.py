@@ -1,6 +1,7 @@
 """``POST /v1/chat/completions``: chat with text and, optionally, audio output.
 
-Request: OpenAI's ``messages``, ``modalities`` (``["text"]`` or ``["text", "audio"]``), ``audio``
+Request: OpenAI's ``messages`` (text, and media parts: ``omnistep.server.media``),
+``modalities`` (``["text"]`` or ``["text", "audio"]``), ``audio``
 (``{voice, format}``; wav, mp3, flac, opus, pcm16), ``stream``, sampling fields, ``seed``.
 Non-streamed: ``choices[0].message.content`` and ``message.audio`` = ``{id, data (base64),
 transcript, expires_at}``. Streamed: ``chat.completion.chunk`` events whose ``delta`` carries the
@@ -15,7 +16,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Literal
 
 from fastapi import APIRouter
@@ -28,7 +29,9 @@ from omnistep.core import (
     Capability,
     ChatMessage,
     InvalidRequestError,
+    MediaItem,
     Modality,
+    ModelCard,
     OmnistepError,
     Request,
     SamplingParams,
@@ -38,6 +41,15 @@ from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.server.disconnect import abort_on_disconnect, log_client_gone
 from omnistep.server.errors import api_error, from_exception
+from omnistep.server.media import (
+    ContentPart,
+    MediaLimits,
+    MediaPart,
+    TextPart,
+    check_media_parts,
+    decode_part,
+    part_param,
+)
 from omnistep.server.models import require_capability
 from omnistep.server.protocol import MAX_VOICE_CHARS, OpenAIBody
 from omnistep.server.voices import resolve_voice
@@ -48,21 +60,15 @@ AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "pc
 AUDIO_TTL_SECONDS = 3600
 
 
-class TextPart(OpenAIBody):
-    """A text content part: ``{"type": "text", "text": ...}``."""
-
-    type: Literal["text"]
-    text: str
-
-
 class Message(OpenAIBody):
-    """One message; ``content`` is a string or a list of text parts (other parts are not
-    supported yet and rejected)."""
+    """One message; ``content`` is a string or a list of parts: text, and the media parts of
+    ``omnistep.server.media`` (``input_audio``, ``image_url``, ``audio_url``, ``video_url``)
+    in any order."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
 
     def text(self) -> str:
         """The message's text: the string, or its text parts joined."""
@@ -70,7 +76,17 @@ class Message(OpenAIBody):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    def chat_message(self, media: Mapping[tuple[int, int], MediaItem], index: int) -> ChatMessage:
+        """The core message; ``media`` holds the decoded items by (message, part) index."""
+        if not isinstance(self.content, list) or all(isinstance(p, TextPart) for p in self.content):
+            return ChatMessage(self.role, self.text())
+        parts = tuple(
+            p.text if isinstance(p, TextPart) else media[(index, j)]
+            for j, p in enumerate(self.content)
+        )
+        return ChatMessage(self.role, self.text(), parts)
 
 
 class AudioOutput(OpenAIBody):
@@ -109,15 +125,27 @@ class ChatCompletionRequest(OpenAIBody):
     def wants_audio(self) -> bool:
         return "audio" in self.modalities
 
-    def to_request(self) -> Request:
-        """The engine request; raises InvalidRequestError for an inconsistent body."""
+    def media_parts(self) -> list[tuple[tuple[int, int], MediaPart]]:
+        """``((message index, part index), part)`` of every media part, in order."""
+        return [
+            ((i, j), part)
+            for i, m in enumerate(self.messages)
+            if isinstance(m.content, list)
+            for j, part in enumerate(m.content)
+            if not isinstance(part, TextPart)
+        ]
+
+    def to_request(self, media: Mapping[tuple[int, int], MediaItem] | None = None) -> Request:
+        """The engine request, with the decoded media items by (message, part) index;
+        raises InvalidRequestError for an inconsistent body."""
+        media = media or {}
         if self.wants_audio and self.audio is None:
             raise InvalidRequestError(
                 "'audio' ({voice, format}) is required when modalities include 'audio'",
                 param="audio",
                 code="missing_audio",
             )
-        if not any(m.text().strip() for m in self.messages):
+        if not media and not any(m.text().strip() for m in self.messages):
             raise InvalidRequestError("messages have no text", param="messages")
         outputs = {Modality.TEXT} | ({Modality.AUDIO} if self.wants_audio else set())
         sampling = SamplingParams(
@@ -127,7 +155,7 @@ class ChatCompletionRequest(OpenAIBody):
         )
         return Request(
             model=self.model,
-            messages=tuple(ChatMessage(m.role, m.text()) for m in self.messages),
+            messages=tuple(m.chat_message(media, i) for i, m in enumerate(self.messages)),
             voice=self.audio.voice if self.audio else None,
             seed=self.seed,
             sampling=sampling,
@@ -255,13 +283,32 @@ async def _events(reply: _Reply) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
+async def _decode_media(
+    body: ChatCompletionRequest, card: ModelCard, http: HttpRequest
+) -> dict[tuple[int, int], MediaItem]:
+    """The body's media parts decoded, by (message, part) index; a 400 naming the part for a
+    kind the card cannot take, too many parts, or a part that cannot be read or decoded."""
+    parts = [(part_param(*key), part) for key, part in body.media_parts()]
+    if not parts:
+        return {}
+    limits: MediaLimits = http.app.state.media_limits
+    check_media_parts(parts, card, limits)
+    policy = http.app.state.media_policy
+    return {  # one at a time: a request's decoding takes one worker thread
+        key: await decode_part(part, part_param(*key), card, policy, limits)
+        for key, part in body.media_parts()
+    }
+
+
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, http: HttpRequest) -> Response:
     """Chat completion with text and optional audio output (see module docstring)."""
     engine: AsyncEngine = http.app.state.engine
     needed = Capability.CHAT_AUDIO if body.wants_audio else Capability.CHAT_TEXT
     model = require_capability(engine, body.model, needed)
-    stream = engine.add_request(await resolve_voice(http.app, model.card, body.to_request()))
+    media = await _decode_media(body, model.card, http)
+    request = body.to_request(media)
+    stream = engine.add_request(await resolve_voice(http.app, model.card, request))
     encoder = (
         make_encoder(AUDIO_FORMATS[body.audio.format], model.card.sample_rate)
         if body.wants_audio and body.audio

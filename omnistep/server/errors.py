@@ -174,6 +174,14 @@ _FIELD_NAMES = frozenset(
         "format",
         "stream_options",
         "include_usage",
+        # chat media parts
+        "input_audio",
+        "image_url",
+        "audio_url",
+        "video_url",
+        "url",
+        "data",
+        "detail",
         "max_tokens",
         "max_completion_tokens",
         "n",
@@ -202,6 +210,23 @@ def _is_json(content_type: str | None) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
+def _union_member(first: dict, errors: list) -> dict:
+    """For a value of a ``str | list[...]`` union (a chat message's ``content``) whose list
+    failed deeper, the deeper error: "should be a valid string" says less."""
+    loc = tuple(first.get("loc", ()))
+    if first.get("type") != "string_type" or not loc or loc[-1] != "str":
+        return first
+    deeper = [e for e in errors if tuple(e.get("loc", ()))[: len(loc) - 1] == loc[:-1]]
+    return max(deeper, key=lambda e: len(e.get("loc", ())))
+
+
+def _content_part(loc: list) -> str | None:
+    """``messages[1].content[2]`` for an error inside a chat message's content part."""
+    if len(loc) >= 5 and loc[0] == "messages" and loc[2] == "content" and isinstance(loc[4], int):
+        return f"messages[{loc[1]}].content[{loc[4]}]"
+    return None
+
+
 def validation_message(
     exc: RequestValidationError, content_type: str | None = None
 ) -> tuple[str, str | None]:
@@ -224,10 +249,13 @@ def validation_message(
         names = sorted({str(e["loc"][-1])[:64] for e in unknown})
         shown = ", ".join(f"'{n}'" for n in names[:10])
         return f"Unknown field(s) {shown}: this endpoint does not take them.", names[0]
+    first = _union_member(first, errors)
     loc = [p for p in first.get("loc", ()) if p != "body"]
-    param = str(loc[0]) if loc else None
+    param = _content_part(loc) or (str(loc[0]) if loc else None)
     # keep field names and list indices; drop pydantic's union-member labels ("constrained-str")
-    where = ".".join(str(p) for p in loc if isinstance(p, int) or p in _FIELD_NAMES) or "body"
+    kept = [str(p) for p in loc if isinstance(p, int) or p in _FIELD_NAMES]
+    kept = [p for i, p in enumerate(kept) if i == 0 or p != kept[i - 1]]  # a union's tag label
+    where = ".".join(kept) or "body"
     return f"Invalid value for '{where}': {first.get('msg', 'invalid')}", param
 
 

@@ -19,30 +19,25 @@ voices use).
 
 When ``ref_audio`` is given, ``voice`` is ignored (vllm-omni's client always sends one).
 
-Imports FastAPI, httpx, ``omnistep.core``, ``omnistep.audio``, ``omnistep.engine`` and the
-server's ``voices`` and ``protocol`` modules.
+Imports FastAPI, ``omnistep.core``, ``omnistep.audio``, ``omnistep.engine`` and the
+server's ``voices``, ``protocol`` and ``media_fetch`` modules (where media may come from:
+``media_fetch.MediaPolicy``, shared with the chat content parts).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
-import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import unquote, urlparse
 
-import httpx
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
 from omnistep.audio.decode import AudioDecodeError, decode_audio
 from omnistep.core import Capability, InvalidRequestError, ModelCard
 from omnistep.engine import AsyncEngine
+from omnistep.server.media_fetch import MediaPolicy, read_media
 from omnistep.server.protocol import ReferenceVoiceFields
 from omnistep.server.voices import MAX_DECODE_SECONDS, saved_voice_spec
 
@@ -50,35 +45,6 @@ TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
 """vllm-omni's task types, in its order."""
 INLINE_CACHE_SIZE = 64
 """Inline clones ``InlineVoiceCache`` keeps (a spec is 9-33k characters)."""
-_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
-_MIN_BASE64_CHARS = 64
-"""Shorter strings are taken as paths: no audio file is this small, and a path of 64 base64
-characters without a dot is unlikely."""
-
-
-@dataclass(frozen=True, slots=True)
-class MediaPolicy:
-    """Where ``ref_audio`` may come from besides the request body.
-
-    Attributes:
-        allowed_local_media_path: the directory whose files a request may name (symlinks
-            resolved; nothing outside it); None: no file paths.
-        allow_remote_media: fetch http(s) URLs (any host the server reaches: turn it on only
-            for trusted clients); False: refused.
-        max_bytes: the largest clip read from a file or a URL.
-        timeout_s: the whole fetch of a URL, seconds.
-    """
-
-    allowed_local_media_path: Path | None = None
-    allow_remote_media: bool = False
-    max_bytes: int = 32 << 20
-    timeout_s: float = 15.0
-
-    def __post_init__(self) -> None:
-        if self.max_bytes < 1:
-            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
-        if not 0 < self.timeout_s < float("inf"):
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidRequestError:
@@ -117,105 +83,9 @@ def check_task_type(card: ModelCard, task_type: str) -> None:
 # ----------------------------------------------------------------------------- the clip
 
 
-def _b64decode(text: str) -> bytes:
-    try:
-        return base64.b64decode("".join(text.split()), validate=True)
-    except (binascii.Error, ValueError):
-        raise _bad("ref_audio is not valid base64", "ref_audio", "invalid_base64") from None
-
-
-def _data_url(ref: str) -> bytes:
-    header, comma, payload = ref.partition(",")
-    if not comma or not header.lower().endswith(";base64"):
-        raise _bad("ref_audio data URLs must be base64: data:audio/wav;base64,...", "ref_audio")
-    return _b64decode(payload)
-
-
-def _looks_base64(ref: str) -> bool:
-    text = "".join(ref.split())
-    return len(text) >= _MIN_BASE64_CHARS and len(text) % 4 == 0 and bool(_BASE64.fullmatch(text))
-
-
-def _local_path(ref: str, policy: MediaPolicy) -> Path:
-    """The file a path (or ``file://`` URL) names, if it lies in the allowed directory."""
-    root = policy.allowed_local_media_path
-    if root is None:
-        raise _bad(
-            "ref_audio names a file path, and this server reads no local files: send the clip "
-            "as base64 or a data: URL, or start the server with --allowed-local-media-path DIR",
-            "ref_audio",
-            "local_media_disabled",
-        )
-    raw = unquote(urlparse(ref).path) if ref[:7].lower() == "file://" else ref
-    base = root.resolve()
-    try:
-        path = (base / raw).resolve()  # an absolute raw replaces base
-    except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
-        raise _bad(f"ref_audio is not a usable path: {exc}", "ref_audio") from None
-    if not path.is_relative_to(base):
-        raise _bad(
-            f"ref_audio path {raw[:200]!r} is outside the allowed media directory",
-            "ref_audio",
-            "local_media_forbidden",
-        )
-    return path
-
-
-def _read_file(path: Path, policy: MediaPolicy) -> bytes:
-    if not path.is_file():
-        if path.exists():  # a folder, a FIFO, a device: not opened (a FIFO would block)
-            raise _bad(f"ref_audio path {path.name!r} is not a regular file", "ref_audio")
-        raise _bad(f"ref_audio file {path.name!r} does not exist", "ref_audio", "file_not_found")
-    with path.open("rb") as f:
-        data = f.read(policy.max_bytes + 1)
-    if len(data) > policy.max_bytes:
-        raise _bad(
-            f"ref_audio file is over {policy.max_bytes} bytes", "ref_audio", "audio_too_large"
-        )
-    return data
-
-
-async def _fetch(url: str, policy: MediaPolicy) -> bytes:
-    if not policy.allow_remote_media:
-        raise _bad(
-            "ref_audio is a URL, and this server fetches no remote media: send the clip as "
-            "base64 or a data: URL, or start the server with --allow-remote-media",
-            "ref_audio",
-            "remote_media_disabled",
-        )
-    try:
-        return await asyncio.wait_for(_download(url, policy.max_bytes), policy.timeout_s)
-    except TimeoutError:
-        raise _bad(
-            f"fetching ref_audio took over {policy.timeout_s:g} s", "ref_audio", "fetch_failed"
-        ) from None
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise _bad(f"fetching ref_audio failed: {exc}", "ref_audio", "fetch_failed") from None
-
-
-async def _download(url: str, max_bytes: int) -> bytes:
-    data = bytearray()
-    async with (
-        httpx.AsyncClient(follow_redirects=True, max_redirects=5) as client,
-        client.stream("GET", url) as reply,
-    ):
-        if reply.status_code != 200:
-            raise _bad(
-                f"fetching ref_audio answered HTTP {reply.status_code}", "ref_audio", "fetch_failed"
-            )
-        async for piece in reply.aiter_bytes():
-            data += piece
-            if len(data) > max_bytes:
-                raise _bad(
-                    f"ref_audio at the URL is over {max_bytes} bytes",
-                    "ref_audio",
-                    "audio_too_large",
-                )
-    return bytes(data)
-
-
 async def read_ref_audio(ref: str, policy: MediaPolicy) -> bytes:
-    """The bytes of the audio file ``ref`` gives (see the module docstring for the forms).
+    """The bytes of the audio file ``ref`` gives: base64, a data URL, a path or an http(s) URL
+    (``media_fetch.read_media``, param ``ref_audio``).
 
     Raises:
         InvalidRequestError: param ``ref_audio``: bad base64 (``invalid_base64``), a path or
@@ -223,15 +93,7 @@ async def read_ref_audio(ref: str, policy: MediaPolicy) -> bytes:
             ``remote_media_disabled``), a missing file (``file_not_found``), too many bytes
             (``audio_too_large``), a failed fetch (``fetch_failed``).
     """
-    lower = ref[:8].lower()
-    if lower.startswith("data:"):
-        return _data_url(ref)
-    if lower.startswith(("http://", "https://")):
-        return await _fetch(ref, policy)
-    if not lower.startswith("file://") and _looks_base64(ref):
-        return _b64decode(ref)
-    path = _local_path(ref, policy)
-    return await run_in_threadpool(_read_file, path, policy)
+    return await read_media(ref, policy, "ref_audio", bare_base64=True, too_large="audio_too_large")
 
 
 # ----------------------------------------------------------------------------- the cache

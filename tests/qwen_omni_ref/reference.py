@@ -654,3 +654,126 @@ def samples_per_code(root: Path) -> int:
     model, _ = load_reference(root)
     cfg = model.config.token2wav_config
     return int(cfg.dit_config.repeats * math.prod(cfg.bigvgan_config.upsample_rates))
+
+
+# ----------------------------------------------------------------------------- media inputs
+def mel_features(
+    clips: Sequence[Any], sample_rate: int = 16000
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_features [n, 128, frames], feature_attention_mask [n, frames])`` of float32 16 kHz
+    clips as ``Qwen2_5OmniProcessor`` makes them (its ``WhisperFeatureExtractor`` with the
+    published Qwen2.5-Omni-7B settings, ``padding="max_length"`` to ``n_samples``; the processor
+    itself needs torchvision, which does not load here)."""
+    from transformers import WhisperFeatureExtractor
+
+    fe = WhisperFeatureExtractor(
+        feature_size=128, sampling_rate=16000, hop_length=160, n_fft=400, chunk_length=300
+    )
+    out = fe(
+        list(clips),
+        sampling_rate=sample_rate,
+        padding="max_length",
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
+    return out["input_features"], out["attention_mask"]
+
+
+def image_inputs(images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pixel_values [patches, 1176], image_grid_thw [n, 3])`` of RGB uint8 images as the
+    processor makes them (``Qwen2VLImageProcessorPil``, the published min/max pixels)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    proc = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056)
+    out = proc(images=list(images), return_tensors="pt")
+    return out["pixel_values"], out["image_grid_thw"]
+
+
+def audio_features(root: Path, clips: Sequence[Any]) -> list[torch.Tensor]:
+    """The thinker's ``get_audio_features`` rows per clip (``[tokens, hidden]`` each)."""
+    model, _ = load_reference(root)
+    features, mask = mel_features(clips)
+    with _run():
+        rows = model.thinker.model.get_audio_features(features, mask).last_hidden_state
+    counts = [((int(n) - 1) // 2 + 1 - 2) // 2 + 1 for n in mask.sum(-1)]
+    return [r.float().clone() for r in rows.split(counts)]
+
+
+def image_features(root: Path, images: Sequence[Any]) -> list[torch.Tensor]:
+    """The thinker's ``get_image_features`` rows per image (``pooler_output``)."""
+    model, _ = load_reference(root)
+    pixels, grids = image_inputs(images)
+    with _run():
+        rows = model.thinker.model.get_image_features(pixels, grids).pooler_output
+    return [r.float().clone() for r in rows]
+
+
+def rope_index(
+    root: Path,
+    input_ids: Sequence[int],
+    image_grid_thw: Any = None,
+    video_grid_thw: Any = None,
+    audio_seqlens: Any = None,
+    second_per_grids: Any = None,
+) -> tuple[torch.Tensor, int]:
+    """``get_rope_index`` of one unpadded prompt: positions ``[3, L]`` and the delta."""
+    model, _ = load_reference(root)
+    ids = torch.tensor([list(input_ids)], dtype=torch.long)
+
+    def tensor(x: Any, dtype: torch.dtype) -> torch.Tensor | None:
+        return None if x is None else torch.tensor(x, dtype=dtype)
+
+    with _run():
+        positions, delta = model.thinker.model.get_rope_index(
+            ids,
+            tensor(image_grid_thw, torch.long),
+            tensor(video_grid_thw, torch.long),
+            torch.ones_like(ids),
+            False,
+            tensor(audio_seqlens, torch.long),
+            tensor(second_per_grids, torch.float),
+        )
+    return positions[:, 0], int(delta.reshape(-1)[0])
+
+
+def video_features(root: Path, patches: Any, grids: Any) -> list[torch.Tensor]:
+    """The thinker's ``get_video_features`` rows per video, of given pixel patches
+    ``[num_patches, 1176]`` and grids ``[n, 3]`` (the video processor needs torchvision)."""
+    model, _ = load_reference(root)
+    with _run():
+        out = model.thinker.model.get_video_features(
+            torch.as_tensor(patches), torch.as_tensor(grids, dtype=torch.long)
+        )
+    return [r.float().clone() for r in out.pooler_output]
+
+
+def thinker_media_logits(
+    root: Path,
+    input_ids: Sequence[int],
+    clips: Sequence[Any] = (),
+    images: Sequence[Any] = (),
+    video: tuple[Any, Any, Any] | None = None,
+) -> torch.Tensor:
+    """Thinker logits ``[L, text_vocab]`` of one forward over an expanded prompt (one
+    placeholder token per encoder row) holding ``clips`` (16 kHz), ``images`` and ``video``
+    (``(patches, grids, seconds_per_grid)``); positions from ``get_rope_index`` (an attention
+    mask is passed, as ``generate`` does)."""
+    model, _ = load_reference(root)
+    ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    kwargs: dict[str, Any] = {}
+    if clips:
+        kwargs["input_features"], kwargs["feature_attention_mask"] = mel_features(clips)
+    if images:
+        kwargs["pixel_values"], kwargs["image_grid_thw"] = image_inputs(images)
+    if video is not None:
+        patches, grids, seconds = video
+        kwargs["pixel_values_videos"] = torch.as_tensor(patches)
+        kwargs["video_grid_thw"] = torch.as_tensor(grids, dtype=torch.long)
+        kwargs["video_second_per_grid"] = torch.as_tensor(seconds, dtype=torch.float)
+    with _run():
+        out = model.thinker(
+            input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **kwargs
+        )
+    return out.logits[0].float().clone()
