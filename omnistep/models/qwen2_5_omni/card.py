@@ -59,7 +59,7 @@ from omnistep.core import (
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.device import check_device
 from omnistep.layers.training import require_training_copy, training_copy
-from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
+from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
 from omnistep.loops.denoise import (
     DenoiseConfig,
@@ -68,8 +68,7 @@ from omnistep.loops.denoise import (
     DenoiseOutput,
     whole_utterance,
 )
-from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN
-from omnistep.models.qwen2_5_omni.dit import DiT, DiTChunking, DiTConfig, FlowStep, FrameNoise
+from omnistep.models.qwen2_5_omni.dit import DiT, DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
 from omnistep.models.qwen2_5_omni.talker import (
     TALKER_GENERATE_DEFAULTS,
@@ -79,19 +78,20 @@ from omnistep.models.qwen2_5_omni.talker import (
 )
 from omnistep.models.qwen2_5_omni.thinker import load_thinker
 from omnistep.models.qwen2_5_omni.token2wav import load_token2wav_part
+from omnistep.runners.flow_matching import FlowStep, FrameNoise
+from omnistep.runners.options import ServingOptions
+from omnistep.runners.vocoder import ChunkVocoder
 from omnistep.sampling import SamplingRow
 
 CARD_ID = "qwen2.5-omni"
 
 
 @dataclass(frozen=True)
-class QwenOmniOptions:
-    """Serving options.
+class QwenOmniOptions(ServingOptions):
+    """Serving options: ``ServingOptions`` (``kv_cache_gb`` for each LM's paged KV cache,
+    thinker and talker; batching; dtype) and
 
     Attributes:
-        kv_cache_gb: memory for each LM's paged KV cache (thinker and talker), GiB.
-        max_batch_size: most units per forward.
-        batch_invariant: bit-identical outputs whatever the batch (slower).
         thinker_max_new_tokens, talker_max_new_tokens: caps (transformers' generate: 4096).
         first_chunk, chunk: BigVGAN chunk sizes in mel frames (240 samples each); a chunk of
             None follows the DiT's (its chunk's frames, 144 by default; 300 frames with the
@@ -107,12 +107,8 @@ class QwenOmniOptions:
             use greedy).
         first_audio_alone: a request's thinker and talker wait while its first audio chunk is
             being made (``ModelCard.first_audio_alone``; EDF scheduling only).
-        dtype: compute dtype.
     """
 
-    kv_cache_gb: float = 2.0
-    max_batch_size: int = 32
-    batch_invariant: bool = False
     thinker_max_new_tokens: int = 1024
     talker_max_new_tokens: int = 4096
     talker_sampling: SamplingRow | None = None
@@ -121,7 +117,6 @@ class QwenOmniOptions:
     vocoder_context: int = 34
     dit_chunking: DiTChunking | None = field(default_factory=DiTChunking)
     first_audio_alone: bool = True
-    dtype: torch.dtype = torch.float32
 
 
 def thinker_sampling(generation: dict[str, Any]):
@@ -321,7 +316,7 @@ class DiTComponent:
     batched forwards differ from one unit's by float rounding, ~1e-6).
 
     With SDE noise (the start's ``noise_level`` > 0) each step is a Flow-GRPO policy step
-    (``omnistep.models.qwen2_5_omni.dit.sde_terms``); a unit that asks for its record gets a
+    (``omnistep.runners.flow_matching.sde_terms``); a unit that asks for its record gets a
     ``DenoiseStepRecord`` (``score_steps`` recomputes its log-prob).
     """
 
@@ -457,26 +452,6 @@ class DiTComponent:
         return torch.cat(out)
 
 
-class BigVGANComponent:
-    """Runs AUDIO_CHUNK units over mel frames (``[mel_dim]`` each): ``240 * chunk`` samples
-    (``batch_invariant``: each unit alone)."""
-
-    def __init__(self, bigvgan: BigVGAN, batch_invariant: bool = False):
-        self.bigvgan = bigvgan
-        self.batch_invariant = batch_invariant
-
-    @torch.inference_mode()
-    def execute(self, kind: WorkUnitKind, payloads: list[AudioChunkInput]) -> list:
-        if kind is not WorkUnitKind.AUDIO_CHUNK:
-            raise ValueError(f"BigVGAN cannot run {kind}")
-        if self.batch_invariant and len(payloads) > 1:
-            return [out for p in payloads for out in self.execute(kind, [p])]
-        first = payloads[0]
-        mel = torch.stack([torch.stack(list(p.frames)) for p in payloads]).transpose(1, 2)
-        audio = self.bigvgan.decode_chunk(mel, first.left, first.chunk)  # [B, samples]
-        return [row.float().cpu().numpy() for row in audio]
-
-
 def token2wav_starts(repeats: int, mel_dim: int):
     """``make_start`` of the denoise loop: a window's codes, the voice, and the window's rows
     of the request's ``frame_noise`` (drawn once per request, as far as the windows reach,
@@ -539,13 +514,8 @@ def build_card(
 
     def kv_for(cfg: dict[str, Any]) -> KVCacheConfig:
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-        return KVCacheConfig.from_memory(
-            opts.kv_cache_gb,
-            cfg["num_hidden_layers"],
-            cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
-            head_dim,
-            torch.finfo(opts.dtype).bits // 8,
-        )
+        num_kv_heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        return opts.kv_config(cfg["num_hidden_layers"], num_kv_heads, head_dim)
 
     def build_thinker(device: str):
         check_device(device)
@@ -561,11 +531,11 @@ def build_card(
         dit = load_token2wav_part("dit", state, config, device)
         return DiTComponent(dit, opts.batch_invariant)
 
-    def build_bigvgan(device: str) -> BigVGANComponent:
+    def build_bigvgan(device: str) -> ChunkVocoder:
         check_device(device)
         state = files.tensors("token2wav.code2wav_bigvgan_model.")
         bigvgan = load_token2wav_part("bigvgan", state, config, device)
-        return BigVGANComponent(bigvgan, opts.batch_invariant)
+        return ChunkVocoder(bigvgan, "BigVGAN", opts.batch_invariant, channels_first=True)
 
     dit_config = DiTConfig.from_dict(config["token2wav_config"].get("dit_config") or {})
     vocoder_chunk = opts.chunk

@@ -93,7 +93,6 @@ from omnistep.core import (
     WorkUnitKind,
     call_component,
 )
-from omnistep.kv import KVCacheConfig
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig
@@ -127,6 +126,7 @@ from omnistep.models.qwen3_tts.talker import (
     Qwen3TTSTalkerLoop,
     Qwen3TTSTalkerState,
 )
+from omnistep.runners.options import ServingOptions
 from omnistep.text.incremental import IncrementalTokenizer
 
 CARD_ID = "qwen3-tts"
@@ -156,14 +156,11 @@ eric male)."""
 
 
 @dataclass(frozen=True)
-class Qwen3TTSOptions:
-    """Serving options of the card.
+class Qwen3TTSOptions(ServingOptions):
+    """Serving options of the card: ``ServingOptions`` (the talker's KV cache, batching, the
+    talker/codec dtype) and
 
     Attributes:
-        kv_cache_gb: memory for the talker's paged KV cache, in GiB.
-        block_size: tokens per KV block.
-        max_batch_size: most units per forward, for each component.
-        batch_invariant: bit-identical outputs whatever the batch (slower).
         max_new_tokens: the default cap, counted as upstream's (``talker_frames``: at most
             ``max_new_tokens - 1`` frames; None: ``generation_config.json``'s).
         first_chunk, chunk, chunk_growth, max_chunk, bucket_frames: the vocoder's chunk
@@ -186,13 +183,8 @@ class Qwen3TTSOptions:
             (``Request.non_streaming_mode``): True the non-streaming layout (whole text in the
             prompt; text that streams in then starts speaking only once it is complete), False
             the streaming-text layout, None (default) per request as ``text_layout`` says.
-        dtype: talker/codec compute dtype.
     """
 
-    kv_cache_gb: float = 2.0
-    block_size: int = 16
-    max_batch_size: int = 32
-    batch_invariant: bool = False
     max_new_tokens: int | None = None
     first_chunk: int = 1
     chunk: int = 8
@@ -202,7 +194,6 @@ class Qwen3TTSOptions:
     codec_stream_state: bool = True
     non_streaming_text: bool | None = None
     first_audio_alone: bool = True
-    dtype: torch.dtype = torch.float32
 
 
 NON_STREAMING_BY_DEFAULT = frozenset({"custom_voice", "voice_design"})
@@ -607,13 +598,10 @@ def build_card(
     def build_talker(device: str) -> Qwen3TTSTalker:
         check_device(device)
         talker_config = config.talker
-        kv = KVCacheConfig.from_memory(
-            opts.kv_cache_gb,
+        kv = opts.kv_config(
             talker_config.num_hidden_layers,
             talker_config.num_key_value_heads,
             talker_config.head_dim,
-            torch.finfo(opts.dtype).bits // 8,
-            opts.block_size,
         )
         return Qwen3TTSTalker.from_checkpoint(
             checkpoint, kv, device, opts.dtype, opts.batch_invariant

@@ -60,9 +60,9 @@ State-dict names equal the ``decoder.*`` tensors of ``speech_tokenizer/model.saf
 without that prefix (``load_codec_decoder`` takes the file's names as they are). The quantizers'
 ``input_proj`` weights (encoder side, never used to decode) are not held.
 
-Imports: torch, omnistep.core, omnistep.layers, omnistep.loops (config types only), this
-family's ``loader`` (``codec_from_checkpoint``) and the SnakeBeta of ``qwen2_5_omni/bigvgan.py``
-(the same formula).
+Imports: torch, omnistep.core, omnistep.layers, omnistep.loops (config types only),
+``omnistep.runners.vocoder`` (the component is the shared ``ChunkVocoder`` with stream state)
+and this family's ``loader`` (``codec_from_checkpoint``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistep.core import ModelFilesError, WorkUnitKind
+from omnistep.core import ModelFilesError
 from omnistep.core.config_fields import check_positive_ints, known_fields
 from omnistep.layers.conv import conv1d_nwc
 from omnistep.layers.linear import PACK_ROWS, PackedLinear, derived_copy, packs_on_cpu
@@ -88,6 +88,7 @@ from omnistep.layers.rope import apply_rope, rope_cos_sin
 from omnistep.layers.snake import SnakeBeta
 from omnistep.loops import AudioChunkInput, AudioDecodeConfig
 from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
+from omnistep.runners.vocoder import ChunkVocoder
 
 SAMPLE_RATE = 24000
 """Hz of the decoder output (``output_sample_rate`` of the published tokenizer config)."""
@@ -1095,7 +1096,7 @@ class CodecPrefix:
     codes: torch.Tensor
 
 
-class CodecDecoderComponent:
+class CodecDecoderComponent(ChunkVocoder):
     """Runs AUDIO_CHUNK units (``AudioChunkInput``): ``frames`` are code frames (``Q`` ints
     each: tuples, lists, arrays or int tensors), ``extras`` None or a ``CodecPrefix``; returns
     float32 numpy ``[chunk * hop]`` at 24 kHz per unit.
@@ -1124,8 +1125,7 @@ class CodecDecoderComponent:
     """
 
     def __init__(self, decoder: CodecDecoder, batch_invariant: bool = False):
-        self.decoder = decoder
-        self.batch_invariant = batch_invariant
+        super().__init__(decoder, "the Qwen3-TTS codec decoder", batch_invariant)
         self._streams: dict[str, tuple[int, DecoderStream]] = {}  # seq_id -> (next frame, state)
         self._lock = threading.Lock()  # free_sequence may come from another thread
 
@@ -1139,18 +1139,16 @@ class CodecDecoderComponent:
         with self._lock:
             self._streams.pop(seq_id, None)
 
-    def execute(self, kind: WorkUnitKind, payloads: Sequence[AudioChunkInput]) -> list[np.ndarray]:
-        """Decode every unit's chunk.
+    def decode(self, payloads: Sequence[AudioChunkInput]) -> list[torch.Tensor]:
+        """Decode every unit's chunk (``execute`` checks the kind and makes numpy rows).
 
         Raises:
-            ValueError: ``kind`` is not AUDIO_CHUNK; a unit's frames are not ``Q`` codes in
-                ``[0, codebook_size)``; a stateful unit does not continue its stream (or two
-                units of one stream in a batch).
+            ValueError: a unit's frames are not ``Q`` codes in ``[0, codebook_size)``; a
+                stateful unit does not continue its stream (or two units of one stream in a
+                batch).
             TypeError: ``extras`` neither None nor a ``CodecPrefix``.
         """
-        if kind is not WorkUnitKind.AUDIO_CHUNK:
-            raise ValueError(f"the Qwen3-TTS codec decoder runs AUDIO_CHUNK units, got {kind}")
-        out: list[np.ndarray | None] = [None] * len(payloads)
+        out: list[torch.Tensor | None] = [None] * len(payloads)
         stateless = [i for i, p in enumerate(payloads) if p.seq_id is None]
         stateful = [i for i, p in enumerate(payloads) if p.seq_id is not None]
         if stateless:
@@ -1160,11 +1158,11 @@ class CodecDecoderComponent:
             else:
                 waves = self.decoder.decode_rows(rows)
             for i, wave in zip(stateless, waves, strict=True):
-                out[i] = _numpy(wave)
+                out[i] = wave
         if stateful:
             units = [payloads[i] for i in stateful]
             for i, wave in zip(stateful, self._decode_streams(units), strict=True):
-                out[i] = _numpy(wave)
+                out[i] = wave
         return out  # type: ignore[return-value]
 
     def _decode_streams(self, units: Sequence[AudioChunkInput]) -> list[torch.Tensor]:
@@ -1225,10 +1223,6 @@ class CodecDecoderComponent:
 def _codes(frames: Sequence[Any]) -> torch.Tensor:
     """Code frames (tuples, lists, arrays or int tensors of ``Q`` ints) as int64 ``[T, Q]``."""
     return torch.as_tensor(np.asarray([np.asarray(f) for f in frames]), dtype=torch.long)
-
-
-def _numpy(wave: torch.Tensor) -> np.ndarray:
-    return np.ascontiguousarray(wave.cpu().numpy())
 
 
 def codec_decode_config(
