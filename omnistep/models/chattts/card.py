@@ -15,6 +15,9 @@ folder has none), or from the folder's ``asset/spk_stat.pt`` when present. A che
 GPT width without that file has no statistics: only speaker strings are accepted, and a request
 without a voice uses upstream's ``[empty_spk]`` prompt.
 
+This module declares the card only: the kernel nodes are in ``frontend``, the GPT in ``gpt``,
+the vocoder in ``vocoder`` (run by the runner plane's ``ChunkVocoder``), the files in ``loader``.
+
 Sampling defaults are upstream ``infer_code``'s: temperature 0.3, top_p 0.7, top_k 20,
 repetition penalty 1.05 over 16 frames, max 2048 new frames; ``speed`` picks ``[speed_N]``.
 """
@@ -43,16 +46,11 @@ from omnistep.core import (
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
-from omnistep.models.chattts.gpt import ChatTTSGPT, ChatTTSPromptInput, GPTConfig
+from omnistep.models.chattts.frontend import ChatTTSFrontend, refine_frontend
+from omnistep.models.chattts.gpt import ChatTTSGPT, GPTConfig
 from omnistep.models.chattts.loader import ChatTTSFiles
 from omnistep.models.chattts.prompt import ChatTTSTokenizer
-from omnistep.models.chattts.speaker import (
-    SHIPPED_STATS_HIDDEN,
-    decode_speaker,
-    normalize_speaker,
-    random_speaker,
-    speaker_statistics,
-)
+from omnistep.models.chattts.speaker import speaker_statistics
 from omnistep.models.chattts.vocoder import load_vocoder
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
@@ -60,7 +58,6 @@ from omnistep.sampling import SamplingRow
 
 CARD_ID = "chattts"
 SAMPLE_RATE = 24000
-SPEAKER_SEED_BASE = 1000
 
 
 @dataclass(frozen=True)
@@ -126,65 +123,6 @@ def make_sampling(eos_token_id: int):
     return build
 
 
-class _Frontend:
-    """The ``frontend`` kernel node: speaker and code prompt."""
-
-    def __init__(self, tokenizer: ChatTTSTokenizer, spk_stat: torch.Tensor | None, hidden: int):
-        """``spk_stat``: float16 ``[2 * hidden]`` (std then mean), or None: no random speakers."""
-        self.tokenizer = tokenizer
-        self.spk_stat = spk_stat
-        self.hidden = hidden
-
-    def speaker(self, voice: str | None, seed: int) -> torch.Tensor | None:
-        if voice is not None and voice in OPENAI_VOICES:
-            voice = f"seed:{SPEAKER_SEED_BASE + OPENAI_VOICES.index(voice)}"
-        if voice is not None and not voice.startswith("seed:"):
-            return decode_speaker(voice, self.hidden)
-        if self.spk_stat is None:
-            if voice is None:
-                return None
-            raise InvalidRequestError(
-                f"this ChatTTS checkpoint has no speaker statistics (its hidden size {self.hidden} "
-                f"is not the {SHIPPED_STATS_HIDDEN} of ChatTTS's, and it has no "
-                "asset/spk_stat.pt), so voices must be speaker strings",
-                param="voice",
-                code="invalid_voice",
-            )
-        if voice is None:
-            return random_speaker(self.spk_stat, seed)
-        try:
-            return random_speaker(self.spk_stat, int(voice.removeprefix("seed:")))
-        except ValueError:
-            raise InvalidRequestError(
-                f"invalid voice seed '{voice}'", param="voice", code="invalid_voice"
-            ) from None
-
-    def check_voice(self, voice: str) -> None:
-        """Raise InvalidRequestError (param ``voice``) if a request could not use ``voice``:
-        the card's ``voice_validator`` (decodes the speaker string, or draws ``seed:N``)."""
-        self.speaker(voice, 0)
-
-    def __call__(self, ctx: ProgramContext) -> None:
-        req = ctx.request
-        spk = self.speaker(req.voice, int(req.seed or 0))
-        text = req.text
-        if "refined" in ctx.slots:
-            text = self.tokenizer.refined_text([frame[0] for frame in ctx.slots["refined"]])
-        prompt = self.tokenizer.code_prompt(text, req.speed, with_speaker=spk is not None)
-        ctx.slots["prompt"] = ChatTTSPromptInput(
-            prompt.input_ids, prompt.spk_positions, None if spk is None else normalize_speaker(spk)
-        )
-        ctx.usage["input_tokens"] = len(prompt.input_ids)
-
-
-def _refine_frontend(tokenizer: ChatTTSTokenizer):
-    def refine_fn(ctx: ProgramContext) -> None:
-        ids = tokenizer.refine_prompt(ctx.request.text)
-        ctx.slots["refine_prompt"] = ChatTTSPromptInput(tuple(ids), text_mode=True)
-
-    return refine_fn
-
-
 def _usage(ctx: ProgramContext) -> None:
     ctx.usage["output_tokens"] = len(ctx.slots["codes"])
 
@@ -214,7 +152,7 @@ def build_card(
     )
     tokenizer = ChatTTSTokenizer(files.asset / "tokenizer")
     spk_stat = speaker_statistics(files.spk_stat(), config.hidden_size)
-    frontend = _Frontend(tokenizer, spk_stat, config.hidden_size)
+    frontend = ChatTTSFrontend(tokenizer, spk_stat, config.hidden_size)
 
     def build_gpt(device: str) -> ChatTTSGPT:
         check_device(device)
@@ -270,7 +208,7 @@ def build_card(
         (
             KernelNode(
                 "refine_frontend",
-                _refine_frontend(tokenizer),
+                refine_frontend(tokenizer),
                 needs=("request",),
                 binds=("refine_prompt",),
             ),
