@@ -13,7 +13,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "omnistep"
 # plane -> the imports it must never make (a name matches itself and its submodules)
 FORBIDDEN = {
     "core": ["omnistep.", "torch", "fastapi", "pydantic"],
-    "kv": ["omnistep.engine", "omnistep.models", "omnistep.server", "omnistep.layers", "torch"],
+    "kv": [
+        "omnistep.engine",
+        "omnistep.models",
+        "omnistep.server",
+        "omnistep.layers",
+        "omnistep.runners",
+        "torch",
+    ],
     "engine": ["omnistep.models", "omnistep.server"],
     "models": ["omnistep.engine", "omnistep.server", "omnistep.cli", "omnistep.offline"],
     "layers": ["omnistep.engine", "omnistep.models", "omnistep.server"],
@@ -26,6 +33,8 @@ ALLOWED_IN_CORE = ("omnistep.core",)
 
 # plane -> the only omnistep planes it may import (everything else of omnistep is above it)
 ONLY = {
+    # torch building blocks import nothing above them
+    "layers": ("omnistep.core", "omnistep.layers"),
     # the runner plane: what every family configures (vocoder wrapper, flow-matching math,
     # serving options); it sits on the blocks, loops, sampling and KV bookkeeping
     "runners": (

@@ -1,5 +1,8 @@
 """The runner plane: the shared mechanisms a model family configures rather than copies.
 
+- ``paged_ar.PagedARModel``: the one paged-KV autoregressive component (admission, growth,
+  preemption, prefix sharing, batched prefill/decode, sampling, weight updates, scoring) that
+  ChatTTS's GPT, the Qwen2.5-Omni thinker and talker and the Qwen3-TTS talker configure.
 - ``vocoder.ChunkVocoder``: the AUDIO_CHUNK component around any chunked vocoder
   (``decode_chunk(window, left, chunk)``): ChatTTS's Decoder + Vocos, Qwen2.5-Omni's BigVGAN,
   and (with its stream state) Qwen3-TTS's codec decoder.
