@@ -88,13 +88,13 @@ from omnistep.core import (
     WorkUnitKind,
     call_component,
 )
+from omnistep.layers.codec_decoder import CodecDecoderConfig
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig
 from omnistep.models.qwen3_tts.clone import VoiceCloneComponent, VoiceCloneEncoder
 from omnistep.models.qwen3_tts.codec import (
     CodecDecoderComponent,
-    CodecDecoderConfig,
     codec_decode_config,
     codec_from_checkpoint,
 )
