@@ -82,16 +82,10 @@ import torch
 
 from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
 from omnistep.models.qwen2_5_omni.card import QwenOmniOptions
-from omnistep.models.qwen2_5_omni.dit import (
-    ChunkWindow,
-    DiT,
-    DiTChunking,
-    DiTConfig,
-    SolverConfig,
-    frame_noise,
-)
+from omnistep.models.qwen2_5_omni.dit import ChunkWindow, DiT, DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
 from omnistep.models.qwen2_5_omni.token2wav import Token2WavConfig, load_token2wav_part
+from omnistep.runners.flow_matching import SolverConfig, frame_noise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import load_avg  # noqa: E402

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from omnistep.models.qwen3_tts.codec import (
+from omnistep.layers.codec_decoder import (
     PUBLISHED_DECODER,
     CodecDecoder,
     CodecDecoderConfig,

@@ -21,7 +21,8 @@ from omnistep.core import (
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine
-from omnistep.models.chattts.card import SPEAKER_SEED_BASE, ChatTTSOptions, build_card
+from omnistep.models.chattts.card import ChatTTSOptions, build_card
+from omnistep.models.chattts.frontend import SPEAKER_SEED_BASE
 from omnistep.models.chattts.speaker import (
     decode_speaker,
     encode_speaker,

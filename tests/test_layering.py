@@ -13,9 +13,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "omnistep"
 # plane -> the imports it must never make (a name matches itself and its submodules)
 FORBIDDEN = {
     "core": ["omnistep.", "torch", "fastapi", "pydantic"],
-    "kv": ["omnistep.engine", "omnistep.models", "omnistep.server", "omnistep.layers", "torch"],
+    "kv": [
+        "omnistep.engine",
+        "omnistep.models",
+        "omnistep.server",
+        "omnistep.layers",
+        "omnistep.runners",
+        "torch",
+    ],
     "engine": ["omnistep.models", "omnistep.server"],
-    "models": ["omnistep.engine", "omnistep.server", "omnistep.cli"],
+    "models": ["omnistep.engine", "omnistep.server", "omnistep.cli", "omnistep.offline"],
     "layers": ["omnistep.engine", "omnistep.models", "omnistep.server"],
     "loops": ["omnistep.engine", "omnistep.models", "omnistep.server"],
     "sampling": ["omnistep.engine", "omnistep.models", "omnistep.server"],
@@ -23,6 +30,22 @@ FORBIDDEN = {
     "integrations": ["omnistep.engine", "omnistep.models", "omnistep.server", "omnistep.cli"],
 }
 ALLOWED_IN_CORE = ("omnistep.core",)
+
+# plane -> the only omnistep planes it may import (everything else of omnistep is above it)
+ONLY = {
+    # torch building blocks import nothing above them
+    "layers": ("omnistep.core", "omnistep.layers"),
+    # the runner plane: what every family configures (vocoder wrapper, flow-matching math,
+    # serving options); it sits on the blocks, loops, sampling and KV bookkeeping
+    "runners": (
+        "omnistep.core",
+        "omnistep.kv",
+        "omnistep.layers",
+        "omnistep.loops",
+        "omnistep.runners",
+        "omnistep.sampling",
+    ),
+}
 
 
 def _imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
@@ -58,6 +81,32 @@ def test_plane_imports_follow_the_layer_rules(plane):
         if _breaks(name, rule) and not (plane == "core" and name.startswith(ALLOWED_IN_CORE))
     ]
     assert not broken, "\n".join(broken)
+
+
+def _outside(name: str, allowed: tuple[str, ...]) -> bool:
+    """Whether ``name`` is an omnistep module outside every plane of ``allowed``."""
+    return _breaks(name, "omnistep") and not any(_breaks(name, plane) for plane in allowed)
+
+
+@pytest.mark.parametrize("plane", sorted(ONLY))
+def test_plane_imports_only_the_planes_below_it(plane):
+    assert (PACKAGE / plane / "__init__.py").is_file()
+    broken = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for path in sorted((PACKAGE / plane).rglob("*.py"))
+        for name in _imports(path)
+        if _outside(name, ONLY[plane])
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_allow_list_catches_an_import_from_above(tmp_path):
+    module = tmp_path / "omnistep" / "runners" / "probe.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("from omnistep.models.chattts import gpt\nfrom omnistep.kv import blocks\n")
+    names = _imports(module, root=tmp_path)
+    assert [n for n in names if _outside(n, ONLY["runners"])] == ["omnistep.models.chattts"]
+    assert not _outside("torch", ONLY["runners"]) and not _outside("omnistep_extras", ())
 
 
 def test_the_checker_sees_imports_inside_functions_and_relative_ones(tmp_path):

@@ -1,6 +1,7 @@
-"""Qwen3-TTS 12 Hz speech tokenizer decoder (omnistep/models/qwen3_tts/codec.py): parity with
-upstream's decoder, the exact left receptive field, exact chunked decoding, batching across
-requests in the chunked vocoder loop, streamed == non-streamed.
+"""Qwen3-TTS 12 Hz speech tokenizer decoder (omnistep/layers/codec_decoder.py; its serving
+component is omnistep/models/qwen3_tts/codec.py): parity with upstream's decoder, the exact left
+receptive field, exact chunked decoding, batching across requests in the chunked vocoder loop,
+streamed == non-streamed.
 
 Upstream reference: ``Qwen3TTSTokenizerV2Decoder`` of ``qwen-tts`` 0.1.1, run in the reference
 subprocess (``tests/qwen3_tts_ref/upstream_codec.py``) on the same tensors. The tiny config keeps
@@ -43,20 +44,22 @@ from omnistep.core import (
     WorkUnitKind,
 )
 from omnistep.engine import AsyncEngine
-from omnistep.loops import AudioChunkInput, AudioDecodeLoop
-from omnistep.models.qwen3_tts.codec import (
+from omnistep.layers.codec_decoder import (
     PUBLISHED_DECODER,
     UNUSED_TENSORS,
     CausalConvTranspose1d,
     CodecDecoder,
-    CodecDecoderComponent,
     CodecDecoderConfig,
-    CodecPrefix,
     DecodeRow,
     DecoderStream,
+    load_codec_decoder,
+)
+from omnistep.loops import AudioChunkInput, AudioDecodeLoop
+from omnistep.models.qwen3_tts.codec import (
+    CodecDecoderComponent,
+    CodecPrefix,
     codec_decode_config,
     codec_from_checkpoint,
-    load_codec_decoder,
 )
 from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint
 from omnistep.parity import collect
@@ -236,7 +239,7 @@ def test_causal_conv_time_major_equals_the_conv(
     with the causal padding, within float32 rounding; the packed copy follows an in-place
     change of the weight; autograd takes ``F.conv1d``."""
     from omnistep.layers import linear as linear_module
-    from omnistep.models.qwen3_tts.codec import CausalConv1d
+    from omnistep.layers.codec_decoder import CausalConv1d
 
     torch.manual_seed(0)
     layer = CausalConv1d(c_in, c_out, kernel, dilation=dilation, groups=groups)

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from omnistep.core import InvalidRequestError, Request
-from omnistep.models.qwen3_tts.card import talker_frames, text_layout
+from omnistep.models.qwen3_tts.text_loop import talker_frames, text_layout
 from omnistep.server.protocol import SpeechRequest
 
 

@@ -19,9 +19,10 @@ from omnistep.core import (
 )
 from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.models.qwen2_5_omni.card import QwenOmniOptions, build_card
-from omnistep.models.qwen2_5_omni.dit import DiTChunking, frame_noise
+from omnistep.models.qwen2_5_omni.dit import DiTChunking
 from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 from omnistep.parity import collect
+from omnistep.runners.flow_matching import frame_noise
 from omnistep.sampling import SamplingRow
 from tests.qwen_omni_ref import reference
 from tests.serving import abort_all
@@ -174,7 +175,7 @@ def _offline_token2wav(model, codes: list[int], voice: str, seed: int, chunking)
     chunked = dit.sample_chunked(tokens, cond, ref_mel, noise, chunking)
     whole = dit.sample(tokens, cond, ref_mel, noise)
     with torch.inference_mode():
-        wave = model.components["bigvgan"].bigvgan(chunked)[0].numpy()
+        wave = model.components["bigvgan"].decoder(chunked)[0].numpy()
     return chunked[0].T, whole[0].T, wave
 
 

@@ -27,21 +27,19 @@ from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
 )
 
 from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
-from omnistep.models.qwen2_5_omni.dit import (
-    ChunkWindow,
-    DiTChunking,
-    DiTConfig,
-    FrameNoise,
-    SolverConfig,
-    frame_noise,
-    sde_noise,
-    sde_terms,
-)
+from omnistep.models.qwen2_5_omni.dit import ChunkWindow, DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.token2wav import (
     Token2Wav,
     Token2WavConfig,
     load_token2wav,
     load_token2wav_part,
+)
+from omnistep.runners.flow_matching import (
+    FrameNoise,
+    SolverConfig,
+    frame_noise,
+    sde_noise,
+    sde_terms,
 )
 
 MEL_DIM = 10

@@ -361,7 +361,7 @@ class SequenceTable:
     """Token counts of a component's sequences on top of a BlockManager: admission of
     prefills by free blocks and growth of decode batches with preemption of the youngest.
 
-    Shared by every AR component (``omnistep.layers.paged_ar.PagedARModel``), which keeps the
+    Shared by every AR component (``omnistep.runners.paged_ar.PagedARModel``), which keeps the
     KV tensors itself. Pure Python. A sequence may start as a ``fork`` of another's prefix
     (shared blocks); a decode step that writes into a shared block first gets a private copy,
     and the block pairs to copy wait in ``take_copies()`` for the component, which must copy

@@ -1,11 +1,10 @@
 """Torch building blocks for step-level serving: RMSNorm, RoPE, attention over a paged KV cache,
 batch-invariant row helpers and a Llama decoder stack; ``ecapa_tdnn.SpeakerEncoder``, the
-ECAPA-TDNN speaker encoder of Qwen2.5-Omni and Qwen3-TTS; and ``paged_ar.PagedARModel``, the one
-paged-KV autoregressive component every AR family configures (import these two from their
-modules).
+ECAPA-TDNN speaker encoder of Qwen2.5-Omni and Qwen3-TTS; ``snake.SnakeBeta`` and the conv
+helpers (import these from their modules). The paged-KV AR component that uses them is the
+runner plane's (``omnistep.runners.paged_ar``).
 
-The blocks import torch and ``omnistep.core`` only; ``paged_ar`` also imports ``omnistep.kv``,
-the AR loop's payload types and ``omnistep.sampling``. Never ``engine``, ``models`` or ``server``.
+The blocks import torch and ``omnistep.core`` only: nothing above them (``tests/test_layering``).
 """
 
 from omnistep.layers.batch_invariant import RowChunking, map_row_chunks, map_row_groups

@@ -1,5 +1,6 @@
-"""Where a ``--model`` name's weights are: the family of a folder (``infer_family``), and the
-local folder of a Hugging Face model id (``hub_snapshot``).
+"""Where a ``--model`` name's weights are: the family of a folder (``infer_family``), the
+local folder of a Hugging Face model id (``hub_snapshot``), and the one check of a family's
+checkpoint folder every loader starts with (``checkpoint_folder``).
 
 A folder's family is read from what the folder holds, never from substrings of its name:
 ``config.json``'s ``model_type`` / ``architectures``, or files only one family's layout has
@@ -162,6 +163,44 @@ def _infer_file(path: Path) -> tuple[str, str]:
             ):
                 return family, str(path)
     raise ModelFilesError(f"cannot tell the model family of the file {path}; {_expected()}")
+
+
+def checkpoint_folder(
+    root: str | Path,
+    family: str,
+    layout: str,
+    required: tuple[str, ...] = (),
+    one_of: tuple[str, ...] = (),
+    *,
+    files_only: bool = False,
+    error: type[ModelFilesError] = ModelFilesError,
+) -> Path:
+    """The checkpoint folder ``root`` of a family's loader, checked: it is a folder, holds
+    every path of ``required`` and, when ``one_of`` is given, at least one of its paths.
+
+    Args:
+        family: the model's name in messages (``"Qwen2.5-Omni"``).
+        layout: what the folder should hold, shown in brackets after each message.
+        files_only: the required paths must be files (not merely exist).
+        error: the ``ModelFilesError`` subclass the family raises.
+
+    Raises:
+        ModelFilesError (``error``): the folder is missing or a file, or the first missing
+            path of ``required`` (then ``one_of``) is named.
+    """
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "not found"
+        raise error(f"{family} checkpoint folder {path} {what} ({layout})")
+    for rel in required:
+        if not ((path / rel).is_file() if files_only else (path / rel).exists()):
+            raise error(f"{family} checkpoint {path} is missing {rel} ({layout})")
+    if one_of and not any((path / rel).exists() for rel in one_of):
+        alternatives = " or ".join(one_of[1:])
+        raise error(
+            f"{family} checkpoint {path} is missing {one_of[0]} (or {alternatives}) ({layout})"
+        )
+    return path
 
 
 def is_hub_id(name: str) -> bool:

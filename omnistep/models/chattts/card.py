@@ -15,16 +15,17 @@ folder has none), or from the folder's ``asset/spk_stat.pt`` when present. A che
 GPT width without that file has no statistics: only speaker strings are accepted, and a request
 without a voice uses upstream's ``[empty_spk]`` prompt.
 
+This module declares the card only: the kernel nodes are in ``frontend``, the GPT in ``gpt``,
+the vocoder in ``vocoder`` (run by the runner plane's ``ChunkVocoder``), the files in ``loader``.
+
 Sampling defaults are upstream ``infer_code``'s: temperature 0.3, top_p 0.7, top_k 20,
 repetition penalty 1.05 over 16 frames, max 2048 new frames; ``speed`` picks ``[speed_N]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from omnistep.core import (
@@ -42,37 +43,29 @@ from omnistep.core import (
     Request,
     WorkUnitKind,
 )
-from omnistep.kv import KVCacheConfig
 from omnistep.layers.device import check_device
-from omnistep.loops import AudioChunkInput, AudioDecodeConfig, AudioDecodeLoop
+from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
-from omnistep.models.chattts.gpt import ChatTTSGPT, ChatTTSPromptInput, GPTConfig
+from omnistep.models.chattts.frontend import ChatTTSFrontend, refine_frontend
+from omnistep.models.chattts.gpt import ChatTTSGPT, GPTConfig
 from omnistep.models.chattts.loader import ChatTTSFiles
 from omnistep.models.chattts.prompt import ChatTTSTokenizer
-from omnistep.models.chattts.speaker import (
-    SHIPPED_STATS_HIDDEN,
-    decode_speaker,
-    normalize_speaker,
-    random_speaker,
-    speaker_statistics,
-)
-from omnistep.models.chattts.vocoder import ChatTTSVocoder, load_vocoder
+from omnistep.models.chattts.speaker import speaker_statistics
+from omnistep.models.chattts.vocoder import load_vocoder
+from omnistep.runners.options import ServingOptions
+from omnistep.runners.vocoder import ChunkVocoder
 from omnistep.sampling import SamplingRow
 
 CARD_ID = "chattts"
 SAMPLE_RATE = 24000
-SPEAKER_SEED_BASE = 1000
 
 
 @dataclass(frozen=True)
-class ChatTTSOptions:
-    """Serving options of the card.
+class ChatTTSOptions(ServingOptions):
+    """Serving options of the card: ``ServingOptions`` (the GPT's KV cache, batching, dtype)
+    and
 
     Attributes:
-        kv_cache_gb: memory for the GPT's paged KV cache, in GiB.
-        block_size: tokens per KV block.
-        max_batch_size: most units per forward, for each component.
-        batch_invariant: bit-identical outputs whatever the batch (slower).
         max_new_tokens: cap on generated frames (upstream: 2048).
         first_chunk, chunk: vocoder chunk sizes in frames (tokens); 1 token = 512 samples.
         chunk_growth, max_chunk: later chunks grow by this factor up to this many frames, so
@@ -81,13 +74,8 @@ class ChatTTSOptions:
         trim_threshold: edge samples with ``|x| <=`` this are trimmed; None keeps every sample.
         refine_text: run upstream's refine-text stage (adds prosody tokens such as
             ``[uv_break]``) before the code stage; off by default.
-        dtype: backbone and KV cache dtype.
     """
 
-    kv_cache_gb: float = 2.0
-    block_size: int = 16
-    max_batch_size: int = 32
-    batch_invariant: bool = False
     max_new_tokens: int = 2048
     # Receptive field of Decoder+Vocos: 52 tokens each side. Left context covers it; the
     # look-ahead is shorter to cut time to first audio: measured on full-size random weights
@@ -103,7 +91,6 @@ class ChatTTSOptions:
     lookahead: int = 12
     trim_threshold: float | None = 1e-4
     refine_text: bool = False
-    dtype: torch.dtype = torch.float32
 
 
 REFINE_SAMPLING = {"temperature": 0.7, "top_p": 0.7, "top_k": 20, "repetition_penalty": 1.0}
@@ -136,91 +123,6 @@ def make_sampling(eos_token_id: int):
     return build
 
 
-class VocoderComponent:
-    """Runs AUDIO_CHUNK units: ``AudioChunkInput.frames`` are ``[hidden]`` tensors; returns the
-    chunk's float32 samples (``chunk * 512`` at 24 kHz).
-
-    Same-shaped windows run as one batch; a batched row differs from the row alone by ~1e-6
-    (the Vocos input convolution picks its CPU kernel by shape), so ``batch_invariant`` runs
-    rows one at a time.
-    """
-
-    def __init__(self, vocoder: ChatTTSVocoder, batch_invariant: bool = False):
-        self.vocoder = vocoder
-        self.batch_invariant = batch_invariant
-
-    @torch.inference_mode()
-    def execute(self, kind: WorkUnitKind, payloads: Sequence[AudioChunkInput]) -> list:
-        if kind is not WorkUnitKind.AUDIO_CHUNK:
-            raise ValueError(f"ChatTTS vocoder cannot run {kind}")
-        if self.batch_invariant and len(payloads) > 1:
-            return [self.execute(kind, [p])[0] for p in payloads]
-        first = payloads[0]
-        device = next(self.vocoder.parameters()).device
-        hidden = torch.stack([torch.stack(list(p.frames)) for p in payloads]).to(device)
-        audio = self.vocoder.decode_chunk(hidden, first.left, first.chunk)  # [B, samples]
-        return [np.ascontiguousarray(row.float().cpu().numpy()) for row in audio]
-
-
-class _Frontend:
-    """The ``frontend`` kernel node: speaker and code prompt."""
-
-    def __init__(self, tokenizer: ChatTTSTokenizer, spk_stat: torch.Tensor | None, hidden: int):
-        """``spk_stat``: float16 ``[2 * hidden]`` (std then mean), or None: no random speakers."""
-        self.tokenizer = tokenizer
-        self.spk_stat = spk_stat
-        self.hidden = hidden
-
-    def speaker(self, voice: str | None, seed: int) -> torch.Tensor | None:
-        if voice is not None and voice in OPENAI_VOICES:
-            voice = f"seed:{SPEAKER_SEED_BASE + OPENAI_VOICES.index(voice)}"
-        if voice is not None and not voice.startswith("seed:"):
-            return decode_speaker(voice, self.hidden)
-        if self.spk_stat is None:
-            if voice is None:
-                return None
-            raise InvalidRequestError(
-                f"this ChatTTS checkpoint has no speaker statistics (its hidden size {self.hidden} "
-                f"is not the {SHIPPED_STATS_HIDDEN} of ChatTTS's, and it has no "
-                "asset/spk_stat.pt), so voices must be speaker strings",
-                param="voice",
-                code="invalid_voice",
-            )
-        if voice is None:
-            return random_speaker(self.spk_stat, seed)
-        try:
-            return random_speaker(self.spk_stat, int(voice.removeprefix("seed:")))
-        except ValueError:
-            raise InvalidRequestError(
-                f"invalid voice seed '{voice}'", param="voice", code="invalid_voice"
-            ) from None
-
-    def check_voice(self, voice: str) -> None:
-        """Raise InvalidRequestError (param ``voice``) if a request could not use ``voice``:
-        the card's ``voice_validator`` (decodes the speaker string, or draws ``seed:N``)."""
-        self.speaker(voice, 0)
-
-    def __call__(self, ctx: ProgramContext) -> None:
-        req = ctx.request
-        spk = self.speaker(req.voice, int(req.seed or 0))
-        text = req.text
-        if "refined" in ctx.slots:
-            text = self.tokenizer.refined_text([frame[0] for frame in ctx.slots["refined"]])
-        prompt = self.tokenizer.code_prompt(text, req.speed, with_speaker=spk is not None)
-        ctx.slots["prompt"] = ChatTTSPromptInput(
-            prompt.input_ids, prompt.spk_positions, None if spk is None else normalize_speaker(spk)
-        )
-        ctx.usage["input_tokens"] = len(prompt.input_ids)
-
-
-def _refine_frontend(tokenizer: ChatTTSTokenizer):
-    def refine_fn(ctx: ProgramContext) -> None:
-        ids = tokenizer.refine_prompt(ctx.request.text)
-        ctx.slots["refine_prompt"] = ChatTTSPromptInput(tuple(ids), text_mode=True)
-
-    return refine_fn
-
-
 def _usage(ctx: ProgramContext) -> None:
     ctx.usage["output_tokens"] = len(ctx.slots["codes"])
 
@@ -250,30 +152,24 @@ def build_card(
     )
     tokenizer = ChatTTSTokenizer(files.asset / "tokenizer")
     spk_stat = speaker_statistics(files.spk_stat(), config.hidden_size)
-    frontend = _Frontend(tokenizer, spk_stat, config.hidden_size)
+    frontend = ChatTTSFrontend(tokenizer, spk_stat, config.hidden_size)
 
     def build_gpt(device: str) -> ChatTTSGPT:
         check_device(device)
         head_dim = config.hidden_size // config.num_attention_heads
-        kv = KVCacheConfig.from_memory(
-            opts.kv_cache_gb,
-            config.num_hidden_layers,
-            config.num_key_value_heads,
-            head_dim,
-            torch.finfo(opts.dtype).bits // 8,
-            opts.block_size,
-        )
+        kv = opts.kv_config(config.num_hidden_layers, config.num_key_value_heads, head_dim)
         gpt = ChatTTSGPT(config, kv, device, opts.dtype, opts.batch_invariant)
         gpt.load_weights(
             files.tensors("asset/gpt/model.safetensors"), files.tensors("asset/Embed.safetensors")
         )
         return gpt
 
-    def build_vocoder(device: str) -> VocoderComponent:
+    def build_vocoder(device: str) -> ChunkVocoder:
+        # Same-shaped windows run as one batch; a batched row differs from the row alone by
+        # ~1e-6 (the Vocos input convolution picks its CPU kernel by shape).
         check_device(device)
-        return VocoderComponent(
-            load_vocoder(files.asset, device, torch.float32), opts.batch_invariant
-        )
+        vocoder = load_vocoder(files.asset, device, torch.float32)
+        return ChunkVocoder(vocoder, "ChatTTS vocoder", opts.batch_invariant)
 
     decode = ARDecodeConfig(
         loop_id="decode",
@@ -312,7 +208,7 @@ def build_card(
         (
             KernelNode(
                 "refine_frontend",
-                _refine_frontend(tokenizer),
+                refine_frontend(tokenizer),
                 needs=("request",),
                 binds=("refine_prompt",),
             ),

@@ -14,7 +14,7 @@ hidden state at the last position is the one kept per frame), ``model/speaker.py
 
 Prefill/decode, KV admission (a prefill that does not fit answers ``preempted``; a decode batch
 that does not fit preempts its youngest sequences), batching and sampling are the shared
-``omnistep.layers.paged_ar.PagedARModel``'s; this module configures its inputs, heads and stream.
+``omnistep.runners.paged_ar.PagedARModel``'s; this module configures its inputs, heads and stream.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from torch import nn
 
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.llama import LlamaConfigLite
-from omnistep.layers.paged_ar import PagedARModel
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+from omnistep.runners.paged_ar import PagedARModel
 
 
 @dataclass(frozen=True)

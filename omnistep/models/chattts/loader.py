@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from omnistep.core import ModelFilesError
+from omnistep.models.locate import checkpoint_folder
 
 REQUIRED = (
     "asset/gpt/config.json",
@@ -43,15 +43,8 @@ class ChatTTSFiles:
             ModelFilesError: (a FileNotFoundError) naming the first missing file, or the
                 folder itself, and the files expected.
         """
-        path = Path(root).expanduser()
         layout = f"expected the official layout: {', '.join(REQUIRED)}"
-        if not path.is_dir():
-            what = "is not a folder" if path.exists() else "not found"
-            raise ModelFilesError(f"ChatTTS checkpoint folder {path} {what} ({layout})")
-        for rel in REQUIRED:
-            if not (path / rel).exists():
-                raise ModelFilesError(f"ChatTTS checkpoint {path} is missing {rel} ({layout})")
-        return cls(path)
+        return cls(checkpoint_folder(root, "ChatTTS", layout, REQUIRED))
 
     @property
     def asset(self) -> Path:

@@ -40,7 +40,12 @@ computed once per request, not in each of the 36 evaluations as upstream does.
 
 State-dict names equal upstream's ``code2wav_dit_model.*`` (without that prefix).
 
-Imports: torch, ``omnistep.layers.linear`` (no transformers at run time).
+The solver math (time schedule, the RK4 3/8 step, guidance, the SDE step and its log-prob,
+the noise draws) is the runner plane's ``omnistep.runners.flow_matching``; this module holds
+the DiT that evaluates the velocity, its ODE state and batching.
+
+Imports: torch, ``omnistep.layers``, ``omnistep.loops.denoise`` (``Window``),
+``omnistep.runners.flow_matching`` (no transformers at run time).
 """
 
 from __future__ import annotations
@@ -54,11 +59,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistep.core import derived_seed
 from omnistep.core.config_fields import check_positive_ints, known_fields
 from omnistep.layers.ecapa_tdnn import SpeakerEncoder
 from omnistep.layers.linear import PackedLinear
 from omnistep.loops.denoise import Window
+from omnistep.runners.flow_matching import (
+    FlowStep,
+    SolverConfig,
+    gaussian_logprob,
+    guided_velocity,
+    rk4_38_delta,
+    sde_mean,
+    sde_noise,
+    sde_terms,
+)
 
 DEFAULT_ROPE_THETA = 10000.0
 
@@ -161,33 +175,6 @@ class DiTConfig:
     def cond_features(self) -> int:
         """Channels of the per-frame conditioning concatenated to the noisy mel (832)."""
         return self.enc_dim + self.emb_dim + self.enc_emb_dim
-
-
-@dataclass(frozen=True)
-class SolverConfig:
-    """The ODE solver; defaults are ``Qwen2_5OmniToken2WavModel.forward``'s."""
-
-    num_steps: int = 10
-    """Time points of the schedule; the solver takes ``num_steps - 1`` steps."""
-    guidance_scale: float = 0.5
-    """Classifier-free guidance g (f = c + (c - u) g); below 1e-5 no unconditional row runs."""
-    sway_coefficient: float | None = -1.0
-    """Sway sampling s: t += s (cos(pi t / 2) - 1 + t); None keeps the uniform schedule."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.num_steps, int) or self.num_steps < 2:
-            raise ValueError(f"SolverConfig.num_steps must be an int >= 2, got {self.num_steps!r}")
-
-    @property
-    def guided(self) -> bool:
-        return self.guidance_scale >= 1e-5
-
-    def time_points(self, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-        """``[num_steps]`` times in [0, 1], computed exactly as upstream's ``sample``."""
-        t = torch.linspace(0, 1, self.num_steps, device=device, dtype=dtype)
-        if self.sway_coefficient is not None:
-            t += self.sway_coefficient * (torch.cos(torch.pi / 2 * t) - 1 + t)
-        return t
 
 
 ChunkWindow = Window
@@ -301,35 +288,6 @@ class DiTChunking:
             out.append(window)
             start = window.out_end
         return out
-
-
-def frame_noise(seed: int, frames: int, mel_dim: int) -> torch.Tensor:
-    """The ODE's initial noise of an utterance, float32 ``[frames, mel_dim]`` on the CPU.
-
-    Row ``f`` depends on ``seed`` and ``f`` only: ``torch.randn`` on a CPU generator seeded
-    with ``seed`` fills rows in order, and drawing ``[a, mel_dim]`` then ``[b, mel_dim]``
-    equals drawing ``[a + b, mel_dim]`` (rows of 80 are whole 16-value Box-Muller groups), so
-    a chunk's noise does not depend on the chunk schedule. Equal to upstream's
-    ``torch.manual_seed(seed); torch.randn([1, frames, mel_dim])`` (tested). ``FrameNoise``
-    draws it incrementally.
-    """
-    return FrameNoise(seed, mel_dim).rows(0, frames)
-
-
-class FrameNoise:
-    """A request's ``frame_noise``, drawn as far as asked (one CPU generator per request)."""
-
-    def __init__(self, seed: int, mel_dim: int):
-        self.generator = torch.Generator().manual_seed(int(seed))
-        self.mel_dim = mel_dim
-        self.drawn = torch.empty(0, mel_dim)
-
-    def rows(self, start: int, end: int) -> torch.Tensor:
-        """Noise of frames ``[start, end)``, float32 ``[end - start, mel_dim]``."""
-        if end > self.drawn.shape[0]:
-            more = torch.randn((end - self.drawn.shape[0], self.mel_dim), generator=self.generator)
-            self.drawn = torch.cat([self.drawn, more])
-        return self.drawn[start:end]
 
 
 # ------------------------------------------------------------------------------ DiT: transformer
@@ -562,89 +520,6 @@ class DiTDecoderLayer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------- DiT: ODE
-
-
-@dataclass(frozen=True, eq=False)
-class FlowStep:
-    """One SDE solver step of a window, as sampled (a Flow-GRPO policy step).
-
-    The transition is ``x_next ~ N(mean, std^2 I)`` with ``mean`` the ODE step plus the SDE's
-    drift correction (``FlowSDE``); ``logprob`` is its Gaussian log-density at ``x_next``
-    summed over the window's elements (float64, per row). Tensors are float32 on the CPU.
-
-    Attributes:
-        step: the solver step (0 .. num_steps - 2).
-        t, t_next: its start and end time (0 = noise, 1 = mel).
-        x: ``[B, frames, mel_dim]`` the state before the step.
-        mean: ``[B, frames, mel_dim]`` the transition's mean.
-        std: its standard deviation (one scalar for the step).
-        x_next: ``[B, frames, mel_dim]`` the sampled next state.
-        logprob: ``[B]`` float64 ``log N(x_next; mean, std^2 I)`` summed over frames and bins.
-        offset: the window's first utterance frame.
-    """
-
-    step: int
-    t: float
-    t_next: float
-    x: torch.Tensor
-    mean: torch.Tensor
-    std: float
-    x_next: torch.Tensor
-    logprob: torch.Tensor
-    offset: int = 0
-
-
-def sde_terms(times: torch.Tensor, step: int, noise_level: float) -> tuple[float, float]:
-    """``(drift, std)`` of SDE step ``step`` of a schedule ``times`` at noise scale ``a``.
-
-    Flow-GRPO (arXiv 2505.05470, eq. 9; its ``sde_step_with_logprob``) samples a rectified
-    flow's reverse SDE ``dx = [v + sigma_t^2 / (2 t') (x + (1 - t') v)] dt' + sigma_t dw`` with
-    ``sigma_t = a sqrt(t' / (1 - t'))`` in its time ``t'`` (1 = noise). In ours (``t = 1 - t'``,
-    velocity ``u = -v``), over a step of length ``h`` from ``t``::
-
-        mean = x + h u + drift (t u - x),  drift = sigma^2 h / (2 (1 - t)),
-        std  = sigma sqrt(h),              sigma = a sqrt((1 - t) / max(t, t_1))
-
-    ``t_1`` (the first time after 0) stands in for ``t = 0``, where ``(1 - t) / t`` diverges,
-    as Flow-GRPO substitutes its ``sigma_max``. Here ``x + h u`` is this solver's RK4 step and
-    ``u`` the velocity at the step's start (RK4's ``k1``). ``a = 0``: ``(0.0, 0.0)``.
-    """
-    if noise_level <= 0:
-        return 0.0, 0.0
-    t, t_next, t_first = (float(times[i]) for i in (step, step + 1, 1))
-    h = t_next - t
-    sigma = noise_level * math.sqrt((1.0 - t) / max(t, t_first))
-    return sigma * sigma * h / (2.0 * (1.0 - t)), sigma * math.sqrt(h)
-
-
-def sde_noise(seed: int, step: int, start: int, end: int, block: int, mel_dim: int) -> torch.Tensor:
-    """The SDE noise of solver step ``step`` of the window of utterance frames ``[start,
-    end)`` (``start`` on the block grid), float32 ``[end - start, mel_dim]`` on the CPU: block
-    ``j`` draws ``torch.randn((block, mel_dim))`` from a CPU generator seeded
-    ``derived_seed(seed, start // block, step, j)`` (not on the device: the same numbers on
-    CPU and CUDA).
-
-    Windows draw independent noise, also for the frames two overlapping windows both denoise
-    (a left context, a look-ahead): the steps of different windows are then independent
-    Gaussian transitions, and the sum of a sample's step log-probs is the log-density of what
-    was sampled, what a Flow-GRPO ratio needs (with shared noise the windows' overlapping
-    transitions would be one draw counted twice)."""
-    first, last = start // block, -(-end // block)
-    rows = [
-        torch.randn(
-            (block, mel_dim),
-            generator=torch.Generator().manual_seed(derived_seed(seed, first, step, j)),
-        )
-        for j in range(first, last)
-    ]
-    return torch.cat(rows)[: end - start]
-
-
-def gaussian_logprob(x: torch.Tensor, mean: torch.Tensor, std: float) -> torch.Tensor:
-    """``log N(x; mean, std^2 I)`` summed over all but the first dim, float64 ``[B]``."""
-    z = (x.double() - mean.double()) / std
-    n = z[0].numel()
-    return -0.5 * z.square().flatten(1).sum(1) - n * (math.log(std) + 0.5 * math.log(2 * math.pi))
 
 
 @dataclass(frozen=True)
@@ -919,8 +794,8 @@ class DiT(nn.Module):
             mean = y1[a:b, : s.num_frames]
             if s.noise_level > 0:  # the SDE's drift correction (``sde_terms``)
                 drift, _ = sde_terms(s.times, s.step, s.noise_level)
-                t = s.times[s.step]
-                mean = mean + drift * (t * k1[a:b, : s.num_frames] - y0[a:b, : s.num_frames])
+                t, k, x = s.times[s.step], k1[a:b, : s.num_frames], y0[a:b, : s.num_frames]
+                mean = sde_mean(mean, drift, t, k, x)
             means.append(mean)
         return means
 
@@ -975,13 +850,7 @@ class DiT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``RungeKutta4ODESolver._rk4_step`` with per-row times (same expressions, same order):
         the step's increment and ``k1``, the velocity at its start."""
-        third, two_thirds = 1 / 3, 2 / 3
-        h = dt[:, None, None]
-        k1 = self._velocity(batch, t0, y0)
-        k2 = self._velocity(batch, t0 + dt * third, y0 + h * k1 * third)
-        k3 = self._velocity(batch, t0 + dt * two_thirds, y0 + h * (k2 - k1 * third))
-        k4 = self._velocity(batch, t1, y0 + h * (k1 - k2 + k3))
-        return (k1 + 3 * (k2 + k3) + k4) * h / 8, k1
+        return rk4_38_delta(lambda t, y: self._velocity(batch, t, y), t0, dt, t1, y0)
 
     def _velocity(self, batch: _StepBatch, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Guided velocity ``[R, N, mel_dim]`` at times ``t`` ``[R]`` (the ``ode_function`` of
@@ -997,8 +866,7 @@ class DiT(nn.Module):
             part = out[offset : offset + s.model_rows]
             offset += s.model_rows
             if s.guided:
-                guided, null = torch.chunk(part, 2, dim=0)
-                part = guided + (guided - null) * s.guidance_scale
+                part = guided_velocity(*torch.chunk(part, 2, dim=0), s.guidance_scale)
             result.append(part)
         return torch.cat(result)
 

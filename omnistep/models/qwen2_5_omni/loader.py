@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from omnistep.core import ModelFilesError
+from omnistep.models.locate import checkpoint_folder
 
 REQUIRED = ("config.json", "spk_dict.pt", "tokenizer_config.json")
 LAYOUT = (
@@ -39,22 +40,8 @@ class QwenOmniFiles:
             ModelFilesError: (a FileNotFoundError) naming the first missing file, or the
                 folder itself, and the files expected.
         """
-        path = Path(root).expanduser()
-        if not path.is_dir():
-            what = "is not a folder" if path.exists() else "not found"
-            raise ModelFilesError(f"Qwen2.5-Omni checkpoint folder {path} {what} ({LAYOUT})")
-        for rel in REQUIRED:
-            if not (path / rel).exists():
-                raise ModelFilesError(f"Qwen2.5-Omni checkpoint {path} is missing {rel} ({LAYOUT})")
-        if (
-            not (path / "model.safetensors.index.json").exists()
-            and not (path / "model.safetensors").exists()
-        ):
-            raise ModelFilesError(
-                f"Qwen2.5-Omni checkpoint {path} is missing model.safetensors.index.json "
-                f"(or model.safetensors) ({LAYOUT})"
-            )
-        return cls(path)
+        weights = ("model.safetensors.index.json", "model.safetensors")
+        return cls(checkpoint_folder(root, "Qwen2.5-Omni", LAYOUT, REQUIRED, weights))
 
     def config(self) -> dict[str, Any]:
         return json.loads((self.root / "config.json").read_text())

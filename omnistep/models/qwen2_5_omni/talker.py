@@ -44,7 +44,7 @@ Sampling (``generate``'s talker defaults, ``TALKER_GENERATE_DEFAULTS``): do_samp
 gets -inf before sampling; ``teacher_forced_logits`` stays raw).
 
 Prefill/decode, KV admission, preemption and sampling are the shared
-``omnistep.layers.paged_ar.PagedARModel``'s; this module configures its inputs and head.
+``omnistep.runners.paged_ar.PagedARModel``'s; this module configures its inputs and head.
 
 Imports torch, ``omnistep.kv``, ``layers``, ``loops`` and the thinker module (config helpers).
 """
@@ -61,7 +61,6 @@ import torch
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.batch_invariant import map_row_groups
 from omnistep.layers.llama import LlamaConfigLite
-from omnistep.layers.paged_ar import PagedARModel
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 from omnistep.models.qwen2_5_omni.thinker import (
     check_mrope,
@@ -69,6 +68,7 @@ from omnistep.models.qwen2_5_omni.thinker import (
     rope_fields,
     sub_config,
 )
+from omnistep.runners.paged_ar import PagedARModel
 
 NEG_INF = float("-inf")
 

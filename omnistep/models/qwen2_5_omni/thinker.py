@@ -1,5 +1,5 @@
 """The Qwen2.5-Omni thinker as a component: the Qwen2.5 text LM on a paged KV cache, batched across
-requests, for text input; configures the shared ``omnistep.layers.paged_ar.PagedARModel`` (as the
+requests, for text input; configures the shared ``omnistep.runners.paged_ar.PagedARModel`` (as the
 talker and ChatTTS's GPT do) with its embedding, ``lm_head`` and the rows it streams.
 
 Mirrors transformers' ``Qwen2_5OmniThinkerForConditionalGeneration`` (models/qwen2_5_omni/
@@ -48,8 +48,8 @@ import torch
 
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.llama import LlamaConfigLite
-from omnistep.layers.paged_ar import PagedARModel
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+from omnistep.runners.paged_ar import PagedARModel
 
 ENCODER_PREFIXES = ("audio_tower.", "visual.")
 """Thinker weights kept for the (later) audio and vision inputs, by official key prefix."""

@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from omnistep.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
-from omnistep.models.qwen2_5_omni.dit import DiT, DiTConfig, SolverConfig
+from omnistep.models.qwen2_5_omni.dit import DiT, DiTConfig
+from omnistep.runners.flow_matching import SolverConfig
 
 
 @dataclass(frozen=True)

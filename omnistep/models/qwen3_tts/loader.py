@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnistep.core import ModelFilesError
+from omnistep.models.locate import checkpoint_folder
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +53,7 @@ LAYOUT: tuple[str, ...] = (
     "speech_tokenizer/configuration.json",
 )
 """Every file of a published folder, relative to it."""
+_EXPECTED = f"expected: {', '.join(LAYOUT)}"
 
 
 class Qwen3TTSCheckpointError(ModelFilesError, ValueError):
@@ -76,7 +78,7 @@ class _Json:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise Qwen3TTSCheckpointError(
-                f"Qwen3-TTS checkpoint {root} is missing {rel} (expected: {', '.join(LAYOUT)})"
+                f"Qwen3-TTS checkpoint {root} is missing {rel} ({_EXPECTED})"
             ) from None
         except (OSError, ValueError) as exc:
             raise Qwen3TTSCheckpointError(f"{path} is not valid JSON: {exc}") from None
@@ -539,12 +541,7 @@ def parse_config(root: str | Path, tts_model_type: str | None = None) -> Qwen3TT
     Raises:
         Qwen3TTSCheckpointError: a missing file or key, a wrong value (named with its file).
     """
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        what = "is not a folder" if root.exists() else "not found"
-        raise Qwen3TTSCheckpointError(
-            f"Qwen3-TTS checkpoint folder {root} {what} (expected: {', '.join(LAYOUT)})"
-        )
+    root = checkpoint_folder(root, "Qwen3-TTS", _EXPECTED, error=Qwen3TTSCheckpointError)
     top = _Json.read(root, "config.json")
     model_type = top.get_str("model_type")
     if model_type != "qwen3_tts":
@@ -821,13 +818,10 @@ class Qwen3TTSCheckpoint:
             Qwen3TTSCheckpointError: naming the first missing file, a missing or wrong config
                 key, or a ``tts_model_type`` other than the one asked for.
         """
-        path = Path(root).expanduser()
-        config = parse_config(path, tts_model_type)
-        for rel in LAYOUT:
-            if not (path / rel).is_file():
-                raise Qwen3TTSCheckpointError(
-                    f"Qwen3-TTS checkpoint {path} is missing {rel} (expected: {', '.join(LAYOUT)})"
-                )
+        config = parse_config(root, tts_model_type)
+        path = checkpoint_folder(
+            root, "Qwen3-TTS", _EXPECTED, LAYOUT, files_only=True, error=Qwen3TTSCheckpointError
+        )
         return cls(path, config)
 
     def model_tensors(

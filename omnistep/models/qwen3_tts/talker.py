@@ -45,7 +45,7 @@ it bitwise against upstream's ``apply_multimodal_rotary_pos_emb``). The predicto
 positions ``0..15`` per frame.
 
 Prefill/decode, KV admission, preemption and batching are the shared
-``omnistep.layers.paged_ar.PagedARModel``'s; this module configures its inputs and head and
+``omnistep.runners.paged_ar.PagedARModel``'s; this module configures its inputs and head and
 replaces its per-frame sampling with the two-stage one above.
 
 Prefix sharing: ``_prefix_key`` is the prompt's content key, the cloned voice included
@@ -89,7 +89,6 @@ from omnistep.kv import KVCacheConfig
 from omnistep.layers.batch_invariant import map_row_groups
 from omnistep.layers.linear import linear
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
-from omnistep.layers.paged_ar import SCORE_MODES, PagedARModel
 from omnistep.layers.paged_attention import repeat_kv
 from omnistep.loops.ar_decode import (
     ARDecodeConfig,
@@ -106,6 +105,7 @@ from omnistep.models.qwen3_tts.loader import (
     Qwen3TTSConfig,
     TalkerConfig,
 )
+from omnistep.runners.paged_ar import SCORE_MODES, PagedARModel
 from omnistep.sampling import (
     SamplingRow,
     policy_distribution,

@@ -271,7 +271,7 @@ PUBLISHED_0B6_SIZES = dataclasses.replace(
 )
 """The published Qwen3-TTS-12Hz-0.6B widths and depths of the talker, its code predictor and
 the speech tokenizer's decoder (the values in ``Qwen3TTSSizes``' comments; the decoder's are
-``omnistep.models.qwen3_tts.codec.PUBLISHED_DECODER``). The speaker encoder and the speech
+``omnistep.layers.codec_decoder.PUBLISHED_DECODER``). The speaker encoder and the speech
 tokenizer's Mimi encoder keep the tiny sizes (neither runs when speaking a CustomVoice voice);
 the text vocabulary stays the tiny BPE. ``bench/qwen3_tts.py`` writes it with fewer layers
 (``dataclasses.replace(PUBLISHED_0B6_SIZES, layers=..., cp_layers=..., dec_layers=...)``)."""
