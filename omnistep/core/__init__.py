@@ -39,6 +39,7 @@ from omnistep.core.enums import (
 )
 from omnistep.core.errors import (
     CardValidationError,
+    ComponentUnavailableError,
     DeviceUnavailableError,
     EngineOverloadedError,
     InvalidRequestError,
@@ -81,6 +82,7 @@ __all__ = [
     "TEXT_INPUT_SLOT",
     "Capability",
     "CardValidationError",
+    "ComponentUnavailableError",
     "ChatMessage",
     "Channel",
     "Component",
