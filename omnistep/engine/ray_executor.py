@@ -949,11 +949,12 @@ class RayExecutor:
         ref.future().add_done_callback(lambda future: self._watch_ended(key, replica, future))
 
     def _watch_ended(self, key: tuple[str, str], replica: _Replica, future: Any) -> None:
+        """Runs on a thread of Ray's own, where calling Ray deadlocks: hands over to a thread."""
         try:
             cause: BaseException | None = future.exception()
         except BaseException as exc:  # noqa: BLE001 - a cancelled future
             cause = exc
-        self._lost(key, replica, cause)
+        threading.Thread(target=self._lost, args=(key, replica, cause), daemon=True).start()
 
     def _lost(self, key: tuple[str, str], replica: _Replica, cause: BaseException | None) -> None:
         """``replica``'s actor died: stop routing to it, forget its KV usage, and start its
@@ -978,8 +979,6 @@ class RayExecutor:
             replica.pid,
             replica.cause,
         )
-        with contextlib.suppress(Exception):  # an unreachable actor must not come back
-            self._ray.kill(replica.actor)
         threading.Thread(
             target=self._recover,
             args=(key, replica.index, died),
@@ -993,6 +992,8 @@ class RayExecutor:
         installed; up to ``recovery.attempts`` tries with back-off, then reported failed."""
         policy = self.recovery
         placed = self._placed[key]
+        with contextlib.suppress(Exception):  # an unreachable actor must not come back
+            self._ray.kill(placed.replicas[index].actor)
         for attempt in range(1, policy.attempts + 1):
             if self._closing.wait(policy.delay(attempt)):
                 return
