@@ -126,6 +126,28 @@ def test_recorded_updates_keep_only_current_tensors():
 # ------------------------------------------------------------------ server: degraded, 503
 
 
+def test_unavailable_component_errors_are_503_with_retry_after():
+    """A new request refused (no live replica) and a request whose replica died under it
+    (the engine wraps the cause in RequestFailedError) both answer 503 + Retry-After; other
+    failures stay 500."""
+    from omnistep.server.errors import api_error
+
+    refused = ComponentUnavailableError("model 'a' is unavailable", "a", "lm", retry_after=3)
+    died = RequestFailedError("a.decode: ComponentUnavailableError: the Ray actor died")
+    died.__cause__ = ComponentUnavailableError("the Ray actor died", "a", "lm", retry_after=2)
+    for exc, retry in ((refused, "3"), (died, "2")):
+        error = api_error(exc)
+        assert (error.status, error.code, error.type) == (
+            503,
+            "component_unavailable",
+            "server_error",
+        )
+        assert error.headers == {"Retry-After": retry}
+    other = RequestFailedError("a.decode: RuntimeError: boom")
+    other.__cause__ = RuntimeError("boom")
+    assert api_error(other).status == 500
+
+
 async def test_dead_actor_degrades_health_and_is_replaced(ray_cluster, tmp_path):
     """Model ``a``'s only lm actor is killed while its replacement cannot build: ``/health``
     is 503 ``degraded`` naming a/lm, requests for ``a`` get 503 with ``Retry-After`` and
@@ -498,8 +520,91 @@ async def test_kill_during_weight_update_leaves_every_replica_at_one_version(ray
     finally:
         await local.shutdown()
         await engine.shutdown()
-    for a, b, c in zip(expected, got, before, strict=True):
+    for a, b in zip(expected, got, strict=True):
         assert a.audio.size > 0 and a.audio.tobytes() == b.audio.tobytes()
         assert {r.weight_version for r in b.trajectories["decode"]} == {4}
-    assert any(a.audio.tobytes() != c.audio.tobytes() for a, c in zip(expected, before))
+    assert any(
+        a.audio.tobytes() != c.audio.tobytes() for a, c in zip(expected, before, strict=True)
+    )
     assert all(n > 0 for n in batches), batches
+
+
+async def test_streams_on_a_dead_actor_end_cleanly(ray_cluster, tmp_path):
+    """Over real HTTP (uvicorn in this event loop): an SSE stream and a raw audio stream, both
+    past their first audio, when the lm actor running their step is killed: the SSE stream
+    ends with a ``speech.audio.error`` event (code ``component_unavailable``), the raw stream
+    is closed without its final chunk. The next request, once the actor is replaced, is
+    served in full."""
+    import socket
+
+    import uvicorn
+
+    path = tmp_path / "deploy.yaml"
+    path.write_text(
+        "models:\n  toy:\n    components:\n"
+        "      lm: {num_cpus: 0.5}\n      vocoder: {num_cpus: 0.5}\n"
+    )
+    engine = load_engine(["toy"], "cpu", 8, executor="ray", deploy=str(path))
+    executor = engine._executor
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        build_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve())
+    body = {"model": "toy", "input": "a long stream <slow> " * 4, "seed": 5}
+    body["max_new_tokens"] = 400
+    started = {"sse": asyncio.Event(), "audio": asyncio.Event()}
+
+    async def sse(client: httpx.AsyncClient) -> list[dict]:
+        import json
+
+        events = []
+        async with client.stream(
+            "POST", "/v1/audio/speech", json={**body, "stream_format": "sse"}
+        ) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    started["sse"].set()
+        return events
+
+    async def raw(client: httpx.AsyncClient) -> tuple[str, int]:
+        got = 0
+        async with client.stream(
+            "POST", "/v1/audio/speech", json={**body, "response_format": "pcm"}
+        ) as r:
+            assert r.status_code == 200
+            try:
+                async for chunk in r.aiter_raw():
+                    got += len(chunk)
+                    started["audio"].set()
+            except httpx.RemoteProtocolError:
+                return "cut", got
+        return "complete", got
+
+    try:
+        await _until(lambda: server.started, what="uvicorn to start")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            streams = asyncio.gather(sse(client), raw(client))
+            await asyncio.wait_for(started["sse"].wait(), 60)
+            await asyncio.wait_for(started["audio"].wait(), 60)
+            await _until(lambda: engine._busy[("toy", "lm")] > 0, what="an lm batch")
+            _kill(executor.replica_pids("toy", "lm")[0])
+            events, (ending, size) = await streams
+            assert events[-1]["type"] == "speech.audio.error", events[-1]["type"]
+            assert events[-1]["error"]["code"] == "component_unavailable"
+            assert "toy/lm" in events[-1]["error"]["message"]
+            assert sum(e["type"] == "speech.audio.delta" for e in events) >= 1
+            assert ending == "cut" and size > 0
+            await _until(lambda: executor.health()[0].live == 1, what="the lm to be replaced")
+            short = {**body, "input": "short again", "max_new_tokens": 20, "response_format": "pcm"}
+            again = await client.post("/v1/audio/speech", json=short)
+            assert again.status_code == 200 and len(again.content) > 1000
+    finally:
+        server.should_exit = True
+        await serving
+        await engine.shutdown()
