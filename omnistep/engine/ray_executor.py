@@ -99,6 +99,36 @@ Replicas of an AR component each hold their own KV pool (``kv_cache_gb`` each); 
 the same outputs as one actor where the card's batches do not change results
 (``batch_invariant``), since they split batches.
 
+(parsed in ``omnistep.engine.deploy``, with its ``recovery`` section: see below.)
+
+Healing. A component actor that dies (a crash, the OOM killer, SIGKILL, its node lost) is
+replaced, and nothing else is touched:
+
+- Seen at once: each actor runs ``ComponentWorker.watch`` (which never returns) in a
+  concurrency group of its own, beside its batches; the driver's call fails the moment the
+  process dies, idle or busy (~10 ms here). A batch that fails with Ray's ``RayActorError``
+  says the same.
+- The dead replica gets no more work; the component's units wait while it has no live replica
+  (``capacity`` 0), and ``check_available`` refuses new requests for its model with
+  ``ComponentUnavailableError`` (503 + ``Retry-After``); other models are not looked at.
+- The units of the batch it was running, and every later unit of a sequence routed to it (its
+  KV blocks or decoder state died with it; a rollout group's samples all live on one replica,
+  so the group fails as a whole), fail with ``ComponentUnavailableError``. Their routes are
+  forgotten when the loops free them (no call reaches the dead actor); its KV report is
+  dropped.
+- Replacement: our own re-creation, not Ray's ``max_restarts``. A restarted Ray actor takes
+  calls as soon as its constructor returns, before it could be brought to the served weight
+  version, and Ray would retry or fail its calls on its own terms; here a new actor (same
+  options, placed wherever the cluster has room) builds its component from the model folder,
+  then replays the recorded weight updates (``REPLAYED_CALLS``: the current value of every
+  tensor updated since load, kept in the Ray object store) and the weight version, and only
+  then takes its predecessor's place (under a lock that ``call_all`` also takes, so an update
+  sent meanwhile is either replayed or reaches it). ``RecoveryPolicy``: tries with back-off
+  and a time limit; a replica that cannot come back is reported ``failed`` and its
+  component's other replicas serve on. The engine's step loop is woken when a replica is back.
+- ``health()`` (``/health``, ``omnistep_actor_deaths_total`` and the other metrics) reports
+  live, recovering and failed replicas, deaths and restarts.
+
 This module imports ``ray`` only when a ``RayExecutor`` is made (``pip install omnistep[ray]``),
 and ``torch`` never (tensors are recognised once torch is loaded).
 """
