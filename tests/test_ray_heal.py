@@ -62,8 +62,11 @@ def _kill(pid: int | None) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-async def _until(condition, timeout: float = RECOVERY_BOUND_S, what: str = "") -> float:
-    """Poll ``condition()`` (may be a coroutine function) until true; returns the seconds."""
+async def _until(
+    condition, timeout: float = RECOVERY_BOUND_S, what: str = "", poll: float = 0.02
+) -> float:
+    """Poll ``condition()`` (may be a coroutine function) every ``poll`` seconds until true;
+    returns the seconds it took."""
     start = time.monotonic()
     while True:
         value = condition()
@@ -72,7 +75,7 @@ async def _until(condition, timeout: float = RECOVERY_BOUND_S, what: str = "") -
         if value:
             return time.monotonic() - start
         assert time.monotonic() - start < timeout, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(poll)
 
 
 def _toy_lm_unless(marker: str):
@@ -342,6 +345,21 @@ async def _in_process(spec: str, reqs: list[Request], **options):
         await local.shutdown()
 
 
+def _signal_batches(executor: RayExecutor, names) -> dict[str, asyncio.Event]:
+    """An event per component name, set each time a batch of it is handed to the executor
+    (the test kills the actor then, while the batch is in flight)."""
+    events = {name: asyncio.Event() for name in names}
+    run = executor.run
+
+    async def signalling_run(component, kind, payloads, *, model_id="", name=""):
+        if name in events:
+            events[name].set()
+        return await run(component, kind, payloads, model_id=model_id, name=name)
+
+    executor.run = signalling_run
+    return events
+
+
 def _clean_failure(result: object) -> bool:
     """A request that failed because the actor holding its state died."""
     return isinstance(result, RequestFailedError) and isinstance(
@@ -412,11 +430,13 @@ async def test_kills_under_load_recover_with_in_process_outputs(
     assert all(len(b) > 1000 for b in expected)
     engine = load_engine([spec], "cpu", 8, executor="ray", deploy=str(path), **options)
     executor = engine._executor
+    sent = _signal_batches(executor, (ar, "vocoder"))
     served_s, replaced_s, failed = [], [], 0
     try:
         for round_ in range(kills):
             target = ar if round_ % 2 == 0 else "vocoder"
             reqs = _fresh(templates, round_)
+            sent[target].clear()
             tasks = [asyncio.ensure_future(collect(engine, r)) for r in reqs]
             group = next((r.group for r in reqs if r.group), None)
             if target == "gpt":  # the replica holding the round's group, once it runs there
@@ -425,9 +445,7 @@ async def test_kills_under_load_recover_with_in_process_outputs(
                 victim = executor._groups[key]
                 pid = victim.pid
             else:
-                await _until(
-                    lambda t=target: engine._busy[(model, t)] > 0, what=f"a {target} batch"
-                )
+                await asyncio.wait_for(sent[target].wait(), RECOVERY_BOUND_S)
                 pid = executor.replica_pids(model, target)[0]
             _kill(pid)
             killed = time.monotonic()
@@ -467,10 +485,10 @@ async def test_kills_under_load_recover_with_in_process_outputs(
 
 
 async def test_kill_during_weight_update_leaves_every_replica_at_one_version(ray_cluster, tmp_path):
-    """Two lm replicas. A replica killed while an update is being applied, and one killed
-    just before an update (it is being replaced when the update runs): each replacement
-    replays the update, so afterwards every replica runs the same version and table, and
-    outputs equal an in-process engine updated alike."""
+    """Two lm replicas. A replica killed while an update is being applied, one killed just
+    before an update (it is being replaced when the update runs), then both killed before one:
+    each replacement replays the updates, so afterwards every replica runs the same version
+    and table, and outputs equal an in-process engine updated alike."""
     from omnistep.models.toy.card import ToyLM
 
     path = tmp_path / "deploy.yaml"
@@ -480,6 +498,7 @@ async def test_kill_during_weight_update_leaves_every_replica_at_one_version(ray
     )
     first = np.ascontiguousarray(ToyLM().table[::-1])
     second = np.ascontiguousarray(np.roll(ToyLM().table, 7, axis=0))
+    third = np.ascontiguousarray(np.roll(ToyLM().table, 11, axis=0))
     reqs = [
         dataclasses.replace(r, profile=ExecutionProfile.ROLLOUT, request_id=f"w{i}")
         for i, r in enumerate(_templates("toy"))
@@ -511,9 +530,15 @@ async def test_kill_during_weight_update_leaves_every_replica_at_one_version(ray
         assert await engine.update_weights("toy", {"table": second}, version=4) == 4
         await _until(lambda: lm_live() == 2, what="the replica killed before the update")
         assert executor.replica_versions("toy", "lm") == [4, 4]
+        for pid in executor.replica_pids("toy", "lm"):  # none live: the update is replayed
+            _kill(pid)
+        await _until(lambda: lm_live() == 0, what="both lm replicas to be seen dead")
+        assert await engine.update_weights("toy", {"table": third}, version=5) == 5
+        await _until(lambda: lm_live() == 2, what="both lm replicas to be replaced")
+        assert executor.replica_versions("toy", "lm") == [5, 5]
         (lm,) = [h for h in executor.health() if h.component == "lm"]
-        assert (lm.deaths, lm.restarts) == (2, 2)
-        assert await local.update_weights("toy", {"table": second}, version=4) == 4
+        assert (lm.deaths, lm.restarts) == (4, 4)
+        assert await local.update_weights("toy", {"table": third}, version=5) == 5
         expected = await run_interleaved(local, reqs)
         got = await run_interleaved(engine, reqs)
         batches = executor.replica_batches("toy", "lm")
@@ -522,7 +547,7 @@ async def test_kill_during_weight_update_leaves_every_replica_at_one_version(ray
         await engine.shutdown()
     for a, b in zip(expected, got, strict=True):
         assert a.audio.size > 0 and a.audio.tobytes() == b.audio.tobytes()
-        assert {r.weight_version for r in b.trajectories["decode"]} == {4}
+        assert {r.weight_version for r in b.trajectories["decode"]} == {5}
     assert any(
         a.audio.tobytes() != c.audio.tobytes() for a, c in zip(expected, before, strict=True)
     )
@@ -539,6 +564,9 @@ async def test_streams_on_a_dead_actor_end_cleanly(ray_cluster, tmp_path):
 
     import uvicorn
 
+    from omnistep.server.errors import install_log_filter
+
+    install_log_filter()  # as `omnistep serve` does: a cut stream is logged in one line
     path = tmp_path / "deploy.yaml"
     path.write_text(
         "models:\n  toy:\n    components:\n"
@@ -546,6 +574,7 @@ async def test_streams_on_a_dead_actor_end_cleanly(ray_cluster, tmp_path):
     )
     engine = load_engine(["toy"], "cpu", 8, executor="ray", deploy=str(path))
     executor = engine._executor
+    lm_sent = _signal_batches(executor, ("lm",))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -592,7 +621,8 @@ async def test_streams_on_a_dead_actor_end_cleanly(ray_cluster, tmp_path):
             streams = asyncio.gather(sse(client), raw(client))
             await asyncio.wait_for(started["sse"].wait(), 60)
             await asyncio.wait_for(started["audio"].wait(), 60)
-            await _until(lambda: engine._busy[("toy", "lm")] > 0, what="an lm batch")
+            lm_sent["lm"].clear()
+            await asyncio.wait_for(lm_sent["lm"].wait(), 60)
             _kill(executor.replica_pids("toy", "lm")[0])
             events, (ending, size) = await streams
             assert events[-1]["type"] == "speech.audio.error", events[-1]["type"]

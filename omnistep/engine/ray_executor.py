@@ -462,9 +462,11 @@ class RemoteComponent:
         self.__dict__["_weight_version"] = version
 
     def call_all(self, method: str, *args: Any) -> Any:
-        """``<method>(*args)`` on the component in every replica, waiting for all; returns the
-        first replica's result."""
-        return self._executor.call_all(self._model_id, self._name, method, args)[0]
+        """``<method>(*args)`` on the component in every live replica, waiting for all;
+        returns the first one's result (None for a recorded call no replica was live for:
+        the replacements replay it; see ``RayExecutor.call_all``)."""
+        results = self._executor.call_all(self._model_id, self._name, method, args)
+        return results[0] if results else None
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):  # pickling and copying probe dunders; the fields are set
