@@ -110,7 +110,6 @@ def test_recorded_updates_keep_only_current_tensors():
     from omnistep.engine.ray_executor import _Placed
 
     executor = RayExecutor.__new__(RayExecutor)
-    executor._ray = type("FakeRay", (), {"put": staticmethod(lambda blob: blob)})()
     executor._serial = iter(range(1, 100))
     placed = _Placed(None, {}, [])  # type: ignore[arg-type]
     executor._record(placed, "update_weights", b"1", ({"a": 1, "b": 2},))

@@ -910,9 +910,10 @@ class RayExecutor:
         placed = self._placed[key]
         blob = dumps(args)
         recorded = None
+        stored = self._ray.put(blob) if method in REPLAYED_CALLS else None  # not under the lock
         with self._lock:
             if method in REPLAYED_CALLS:
-                recorded = self._record(placed, method, blob, args)
+                recorded = self._record(placed, method, stored, args)
             elif method == "weight_version":
                 placed.version = args[0]
             live = placed.live()
@@ -935,10 +936,10 @@ class RayExecutor:
             raise self._unavailable(key, None)
         return results
 
-    def _record(self, placed: _Placed, method: str, blob: bytes, args: tuple) -> _Call:
-        """Record a ``REPLAYED_CALLS`` call (its arguments put in the object store) and drop
-        what it supersedes: earlier updates' tensors it sets again, an earlier call of another
-        recorded method. Call with the lock held."""
+    def _record(self, placed: _Placed, method: str, ref: Any, args: tuple) -> _Call:
+        """Record a ``REPLAYED_CALLS`` call (``ref``: its pickled arguments in the object
+        store) and drop what it supersedes: earlier updates' tensors it sets again, an earlier
+        call of another recorded method. Call with the lock held."""
         names = None
         if method == "update_weights" and args and isinstance(args[0], Mapping):
             names = frozenset(args[0])
@@ -952,7 +953,7 @@ class RayExecutor:
                     kept.append(call)
             elif method == "update_weights":  # an update without names: keep it
                 kept.append(call)
-        recorded = _Call(next(self._serial), method, self._ray.put(blob), names)
+        recorded = _Call(next(self._serial), method, ref, names)
         placed.calls = [*kept, recorded]
         return recorded
 
