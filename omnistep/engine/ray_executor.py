@@ -106,8 +106,11 @@ replaced, and nothing else is touched:
 
 - Seen at once: each actor runs ``ComponentWorker.watch`` (which never returns) in a
   concurrency group of its own, beside its batches; the driver's call fails the moment the
-  process dies, idle or busy (~10 ms here). A batch that fails with Ray's ``RayActorError``
-  says the same.
+  process dies, idle or busy (~10 ms here). A batch that fails with Ray's ``ActorDiedError``
+  says the same. An actor Ray reports unreachable (``ActorUnavailableError``) fails the batch
+  it was sent (its outcome is unknown) and is watched again; still unreachable after
+  ``UNREACHABLE_GRACE_S`` it counts as dead. A weight update it may have missed counts it
+  dead at once (its replacement replays the update).
 - The dead replica gets no more work; the component's units wait while it has no live replica
   (``capacity`` 0), and ``check_available`` refuses new requests for its model with
   ``ComponentUnavailableError`` (503 + ``Retry-After``); other models are not looked at.
@@ -353,6 +356,10 @@ that replaces a dead one. An update whose every tensor a later one sets again, o
 call of another of these methods, is dropped from the record: it holds the current tensors,
 at most one copy of the updated weights. ``weight_version`` is recorded as its last value."""
 
+UNREACHABLE_GRACE_S = 5.0
+"""Seconds an actor Ray reports unreachable (``ActorUnavailableError``, e.g. a network blip
+to its node) may stay so before it counts as dead and is replaced."""
+
 WATCH_GROUP = "omnistep_watch"
 """The Ray concurrency group of ``ComponentWorker.watch`` (one thread, beside the batches)."""
 
@@ -380,6 +387,7 @@ class _Replica:
     num_sequences: int = 0  # sequences routed here and not freed yet
     kv: KVSnapshot | None = None  # the newest KV usage the actor reported
     pending: list[Any] = field(default_factory=list)  # refs of free_sequence calls
+    unreachable_since: float | None = None  # when its watch first found it unreachable
 
     def note_kv(self, kv: KVSnapshot | None) -> None:
         if kv is not None and (self.kv is None or kv[0] > self.kv[0]):
@@ -768,12 +776,20 @@ class RayExecutor:
                 outcomes[index] = outcome
         return outcomes  # type: ignore[return-value]
 
-    def _unavailable(self, key: tuple[str, str], replica: _Replica | None) -> Exception:
-        """The error of a unit whose replica died (or that found no live replica)."""
+    def _unavailable(
+        self, key: tuple[str, str], replica: _Replica | None, unreachable: str = ""
+    ) -> Exception:
+        """The error of a unit whose replica died (or that found no live replica, or whose
+        actor could not be reached: ``unreachable`` says why)."""
         model_id, name = key
         placed = self._placed[key]
         if replica is None:
             message = f"no Ray actor of {model_id}/{name} is live"
+        elif unreachable:
+            message = (
+                f"the Ray actor of {model_id}/{name} (replica {replica.index}) could not be "
+                f"reached ({unreachable}); whether the step ran is unknown"
+            )
         else:
             message = (
                 f"the Ray actor of {model_id}/{name} (replica {replica.index}) died "
@@ -814,6 +830,10 @@ class RayExecutor:
                 with contextlib.suppress(Exception):  # a running task may not be cancellable
                     self._ray.cancel(ref)
                 raise
+            except self._ray.exceptions.ActorUnavailableError as exc:
+                # unreachable, maybe for a moment: the step's units fail (its outcome and the
+                # generators' states are unknown); the watch tells whether the actor died
+                return [self._unavailable(key, replica, _death(exc))] * len(payloads)
             except self._ray.exceptions.RayActorError as exc:  # the actor died
                 self._lost(key, replica, exc)
                 return [self._unavailable(key, replica)] * len(payloads)
@@ -987,7 +1007,24 @@ class RayExecutor:
             cause: BaseException | None = future.exception()
         except BaseException as exc:  # noqa: BLE001 - a cancelled future
             cause = exc
-        threading.Thread(target=self._lost, args=(key, replica, cause), daemon=True).start()
+        threading.Thread(target=self._watch_failed, args=(key, replica, cause), daemon=True).start()
+
+    def _watch_failed(
+        self, key: tuple[str, str], replica: _Replica, cause: BaseException | None
+    ) -> None:
+        """The actor died, or could not be reached (Ray's ``ActorUnavailableError``: maybe for
+        a moment): watch again, up to ``UNREACHABLE_GRACE_S`` after it was first unreachable
+        (a dead actor's new watch fails at once with ``ActorDiedError``); then it is lost."""
+        unreachable = isinstance(cause, self._ray.exceptions.ActorUnavailableError)
+        if unreachable and replica.live and not self._closing.is_set():
+            now = time.monotonic()
+            replica.unreachable_since = replica.unreachable_since or now
+            within = now - replica.unreachable_since < UNREACHABLE_GRACE_S
+            if within and not self._closing.wait(UNREACHABLE_GRACE_S / 10):
+                with contextlib.suppress(Exception):
+                    self._watch(key, replica)
+                    return
+        self._lost(key, replica, cause)
 
     def _lost(self, key: tuple[str, str], replica: _Replica, cause: BaseException | None) -> None:
         """``replica``'s actor died: stop routing to it, forget its KV usage, and start its
