@@ -844,6 +844,7 @@ class RayExecutor:
                 return [err] * len(payloads)
         finally:
             replica.in_flight -= 1
+        replica.unreachable_since = None  # it answered
         replica.note_kv(reply.kv)
         for payload, states in zip(payloads, reply.states, strict=True):
             for field_name, state in states:
