@@ -519,8 +519,9 @@ class RayExecutor:
             raise OmnistepError("the ray executor needs ray: pip install 'omnistep[ray]'") from None
         self._ray = ray
         self._owns_ray = False
+        self._ray_keeper: threading.Event | None = None
         if not ray.is_initialized():
-            ray.init(**dict(init_options or {}))
+            self._ray_keeper = _init_ray(ray, dict(init_options or {}))
             self._owns_ray = True
         self.recovery = recovery or RecoveryPolicy()
         self._lock = threading.RLock()  # deaths, replacements and recorded calls
@@ -1172,6 +1173,33 @@ class RayExecutor:
         if self._owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
             self._owns_ray = False
+        if self._ray_keeper is not None:
+            self._ray_keeper.set()
+
+
+def _init_ray(ray: Any, options: dict[str, Any]) -> threading.Event:
+    """``ray.init(**options)`` on a thread that lives until the returned event is set (by
+    ``close``). Ray ties the processes it starts (GCS, raylet, workers) to the thread that
+    started them (Linux ``PR_SET_PDEATHSIG``): started from a thread that then ends, such as
+    ``omnistep serve``'s loader thread, the whole local cluster died with it and the first
+    request failed. Raises what ``ray.init`` raises."""
+    started, keep = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def keeper() -> None:
+        try:
+            ray.init(**options)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            errors.append(exc)
+        finally:
+            started.set()
+        keep.wait()
+
+    threading.Thread(target=keeper, name="omnistep-ray", daemon=True).start()
+    started.wait()
+    if errors:
+        raise errors[0]
+    return keep
 
 
 def _death(cause: BaseException | None) -> str:
