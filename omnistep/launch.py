@@ -247,11 +247,14 @@ def ray_executor(
         RayExecutor,
         load_deploy,
         parse_deploy,
+        parse_recovery,
     )
     from omnistep.models.registry import build_component
 
     served = {c.card_id: (c.family, [comp.name for comp in c.components]) for c in cards}
-    placements = parse_deploy(load_deploy(deploy) if deploy else None, served)
+    data = load_deploy(deploy) if deploy else None
+    placements = parse_deploy(data, served)
+    recovery = parse_recovery(data)
     card_options = {k: v for k, v in options.items() if v is not None}
     deployments = [
         ComponentDeployment(
@@ -271,4 +274,4 @@ def ray_executor(
         for comp in card.components
     ]
     init = {"address": ray_address} if ray_address else {}
-    return RayExecutor(deployments, init_options=init)
+    return RayExecutor(deployments, init_options=init, recovery=recovery)

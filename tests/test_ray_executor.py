@@ -207,7 +207,7 @@ def test_parse_deploy_defaults_and_values():
         ({"models": {"toy": {"components": {"lm": {"replicas": 0}}}}}, "replicas must be >= 1"),
         ({"models": {"toy": {"components": {"lm": {"replicas": 1.5}}}}}, "whole number"),
         ({"models": {"toy": {"components": {"lm": {"num_cpus": "two"}}}}}, "must be a number"),
-        ({"toy": {}}, "one key, 'models'"),
+        ({"toy": {}}, "keys 'models' and (optional) 'recovery'"),
     ],
 )
 def test_parse_deploy_errors(data, message):

@@ -40,6 +40,7 @@ from omnistep.core.enums import (
 )
 from omnistep.core.errors import (
     CardValidationError,
+    ComponentUnavailableError,
     DeviceUnavailableError,
     EngineOverloadedError,
     InvalidRequestError,
@@ -83,6 +84,7 @@ __all__ = [
     "TEXT_INPUT_SLOT",
     "Capability",
     "CardValidationError",
+    "ComponentUnavailableError",
     "ChatMessage",
     "Channel",
     "Component",

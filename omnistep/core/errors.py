@@ -136,3 +136,21 @@ class RequestTimeoutError(RequestAbortedError):
     def __init__(self, message: str, timeout: float):
         super().__init__(message)
         self.timeout = timeout
+
+
+class ComponentUnavailableError(OmnistepError, RuntimeError):
+    """A component of a model has no live replica (its Ray actor died and is being replaced,
+    or could not be replaced), or the replica holding a request's state died while it ran.
+    The server answers 503 with ``Retry-After``; requests for other models are unaffected.
+
+    Attributes:
+        model: the card id.
+        component: the component's name in the card.
+        retry_after: seconds a client should wait before retrying (for ``Retry-After``).
+    """
+
+    def __init__(self, message: str, model: str, component: str, retry_after: int = 1):
+        super().__init__(message)
+        self.model = model
+        self.component = component
+        self.retry_after = retry_after

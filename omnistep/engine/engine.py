@@ -53,7 +53,7 @@ from omnistep.engine.deadlines import (
     PlaybackClock,
     UnitCostMeter,
 )
-from omnistep.engine.executor import Executor, InProcessExecutor, Outcome
+from omnistep.engine.executor import ComponentHealth, Executor, InProcessExecutor, Outcome
 from omnistep.engine.metrics import EngineMetrics, Occupancy
 from omnistep.engine.openmp import releasing
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
@@ -218,7 +218,6 @@ class AsyncEngine:
                     )
                 self._by_id[model_id] = model
         self._executor = executor or InProcessExecutor(self.config.num_workers)
-        self._executor.attach(self.models.values())
         self._busy: Counter[tuple[str, str]] = Counter()
         self._scheduler = Scheduler(self._max_batch_size)
         self._runs: dict[str, _RequestRun] = {}
@@ -232,6 +231,7 @@ class AsyncEngine:
             else None
         )
         self._wake = asyncio.Event()
+        self._executor.attach(self.models.values(), wake=self._wake.set)
         self._task: asyncio.Task | None = None
         self._steps: set[asyncio.Task] = set()  # running ``step`` tasks
         self._num_running = 0  # batches dispatched whose executor call has not returned
@@ -277,9 +277,12 @@ class AsyncEngine:
         Raises:
             ModelNotFoundError: unknown model id.
             EngineOverloadedError: ``config.max_queued`` requests are already unfinished.
+            ComponentUnavailableError: a component of the model has no live replica (the
+                executor replaces a dead one; ``Executor.check_available``).
             InvalidRequestError: duplicate request id, or input the card rejects.
         """
         model = self.resolve(request.model)
+        self._executor.check_available(model.card.card_id)
         if len(self._runs) >= self.config.max_queued:
             self.metrics.rejected(model.card.card_id)
             raise EngineOverloadedError(
@@ -637,6 +640,12 @@ class AsyncEngine:
             "running_batches": sum(self._busy.values()),
             "kv_blocks_used": self._kv_blocks_used(),
         }
+
+    def component_health(self) -> list[ComponentHealth]:
+        """The replicas of the components the executor runs elsewhere (Ray actors: live,
+        recovering, failed, deaths and restarts); empty in process. For ``/health`` and the
+        metrics."""
+        return self._executor.health()
 
     def _kv_usage(self) -> Iterator[tuple[tuple[str, str], tuple[int, int]]]:
         """((model id, component name), (used, free) blocks) of every component keeping a

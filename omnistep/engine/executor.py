@@ -9,14 +9,55 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from omnistep.core import Component, ModelInstance, StepResult, WorkUnitKind
 from omnistep.engine.openmp import release_openmp_team, releasing
 
 Outcome = StepResult | Exception
+
+
+@dataclass(frozen=True)
+class ComponentHealth:
+    """The replicas of one component an executor runs elsewhere (the Ray executor's actors),
+    for ``/health`` and the metrics.
+
+    Attributes:
+        model: the card id.
+        component: the component's name in the card.
+        replicas: replicas placed (the deploy file's ``replicas``).
+        live: replicas serving now.
+        recovering: dead replicas being replaced now.
+        failed: dead replicas given up on (every attempt to replace them failed).
+        deaths: actor deaths seen since start.
+        restarts: replacement actors that came up and serve.
+        last_recovery_s: seconds the last replacement took, from the death being seen to the
+            new actor serving (its component loaded and at the served weight version); None
+            before the first.
+    """
+
+    model: str
+    component: str
+    replicas: int
+    live: int
+    recovering: int = 0
+    failed: int = 0
+    deaths: int = 0
+    restarts: int = 0
+    last_recovery_s: float | None = None
+
+    @property
+    def state(self) -> str:
+        """``ok`` (every replica live), ``degraded`` (some live), ``recovering`` (none live,
+        a replacement is coming) or ``failed`` (none live, none coming)."""
+        if self.live == self.replicas:
+            return "ok"
+        if self.live:
+            return "degraded"
+        return "recovering" if self.recovering else "failed"
 
 
 def execute_isolated(
@@ -67,10 +108,22 @@ class Executor(Protocol):
         component spec's ``max_concurrency`` (more than it when the executor has replicas)."""
         ...
 
-    def attach(self, models: Iterable[ModelInstance]) -> None:
+    def attach(
+        self, models: Iterable[ModelInstance], wake: Callable[[], None] | None = None
+    ) -> None:
         """Called once by the engine with its models: an executor that runs components
         elsewhere puts stand-ins in ``model.components`` (the loops' sequence owners) where
-        the models do not hold them already."""
+        the models do not hold them already. ``wake``: wakes the engine's step loop (call it
+        on the event loop's thread) when ``capacity`` went up (a replica came back)."""
+        ...
+
+    def check_available(self, model_id: str) -> None:
+        """Raises ``ComponentUnavailableError`` when a component of ``model_id`` has no live
+        replica (new requests for it are refused until one is back)."""
+        ...
+
+    def health(self) -> list[ComponentHealth]:
+        """The replicas of every component run elsewhere; empty for an in-process executor."""
         ...
 
     def close(self) -> None:
@@ -108,8 +161,17 @@ class InProcessExecutor:
         """One instance of each component: ``per_instance`` batches at once."""
         return per_instance
 
-    def attach(self, models: Iterable[ModelInstance]) -> None:
+    def attach(
+        self, models: Iterable[ModelInstance], wake: Callable[[], None] | None = None
+    ) -> None:
         """Nothing to do: components run here, as built."""
+
+    def check_available(self, model_id: str) -> None:
+        """Nothing to check: components live in this process."""
+
+    def health(self) -> list[ComponentHealth]:
+        """None to report: no component runs elsewhere."""
+        return []
 
     def close(self) -> None:
         """Stop the worker thread after the running batch."""

@@ -99,6 +99,39 @@ Replicas of an AR component each hold their own KV pool (``kv_cache_gb`` each); 
 the same outputs as one actor where the card's batches do not change results
 (``batch_invariant``), since they split batches.
 
+(parsed in ``omnistep.engine.deploy``, with its ``recovery`` section: see below.)
+
+Healing. A component actor that dies (a crash, the OOM killer, SIGKILL, its node lost) is
+replaced, and nothing else is touched:
+
+- Seen at once: each actor runs ``ComponentWorker.watch`` (which never returns) in a
+  concurrency group of its own, beside its batches; the driver's call fails the moment the
+  process dies, idle or busy (~10 ms here). A batch that fails with Ray's ``ActorDiedError``
+  says the same. An actor Ray reports unreachable (``ActorUnavailableError``) fails the batch
+  it was sent (its outcome is unknown) and is watched again; still unreachable after
+  ``UNREACHABLE_GRACE_S`` it counts as dead. A weight update it may have missed counts it
+  dead at once (its replacement replays the update).
+- The dead replica gets no more work; the component's units wait while it has no live replica
+  (``capacity`` 0), and ``check_available`` refuses new requests for its model with
+  ``ComponentUnavailableError`` (503 + ``Retry-After``); other models are not looked at.
+- The units of the batch it was running, and every later unit of a sequence routed to it (its
+  KV blocks or decoder state died with it; a rollout group's samples all live on one replica,
+  so the group fails as a whole), fail with ``ComponentUnavailableError``. Their routes are
+  forgotten when the loops free them (no call reaches the dead actor); its KV report is
+  dropped.
+- Replacement: our own re-creation, not Ray's ``max_restarts``. A restarted Ray actor takes
+  calls as soon as its constructor returns, before it could be brought to the served weight
+  version, and Ray would retry or fail its calls on its own terms; here a new actor (same
+  options, placed wherever the cluster has room) builds its component from the model folder,
+  then replays the recorded weight updates (``REPLAYED_CALLS``: the current value of every
+  tensor updated since load, kept in the Ray object store) and the weight version, and only
+  then takes its predecessor's place (under a lock that ``call_all`` also takes, so an update
+  sent meanwhile is either replayed or reaches it). ``RecoveryPolicy``: tries with back-off
+  and a time limit; a replica that cannot come back is reported ``failed`` and its
+  component's other replicas serve on. The engine's step loop is woken when a replica is back.
+- ``health()`` (``/health``, ``omnistep_actor_deaths_total`` and the other metrics) reports
+  live, recovering and failed replicas, deaths and restarts.
+
 This module imports ``ray`` only when a ``RayExecutor`` is made (``pip install omnistep[ray]``),
 and ``torch`` never (tensors are recognised once torch is loaded).
 """
@@ -111,169 +144,56 @@ import dataclasses
 import functools
 import io
 import itertools
+import logging
+import math
 import pickle
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from omnistep.core import Component, ModelCard, ModelInstance, OmnistepError, WorkUnitKind
-from omnistep.engine.executor import Outcome, execute_released
+from omnistep.core import (
+    Component,
+    ComponentUnavailableError,
+    ModelCard,
+    ModelInstance,
+    OmnistepError,
+    WorkUnitKind,
+)
+from omnistep.engine.deploy import (  # re-exported: the deploy file was parsed here first
+    PLACEMENT_KEYS,
+    ComponentDeployment,
+    ComponentPlacement,
+    DeployConfigError,
+    RecoveryPolicy,
+    load_deploy,
+    parse_deploy,
+    parse_recovery,
+)
+from omnistep.engine.executor import ComponentHealth, Outcome, execute_released
 from omnistep.kv import kv_usage
 
-PLACEMENT_KEYS = ("num_cpus", "num_gpus", "resources", "replicas", "device")
-"""The keys a component may set in a deploy file."""
+__all__ = [
+    "PLACEMENT_KEYS",
+    "REPLAYED_CALLS",
+    "BatchReply",
+    "ComponentDeployment",
+    "ComponentPlacement",
+    "ComponentWorker",
+    "DeployConfigError",
+    "RayExecutor",
+    "RecoveryPolicy",
+    "RemoteComponent",
+    "dumps",
+    "load_deploy",
+    "parse_deploy",
+    "parse_recovery",
+    "stateful_fields",
+]
 
-
-class DeployConfigError(OmnistepError):
-    """A deploy file that cannot be read or does not fit the served cards."""
-
-
-@dataclass(frozen=True)
-class ComponentPlacement:
-    """Where and how many: the Ray options of one component's actors.
-
-    Attributes:
-        num_cpus: CPUs each actor reserves (fractions allowed; 0 lets actors share cores).
-        num_gpus: GPUs each actor reserves (Ray sets ``CUDA_VISIBLE_DEVICES`` in the actor).
-        resources: custom Ray resources each actor needs, e.g. ``{"vocoder_node": 1}``.
-        replicas: actors running this component; batches go to the least busy one.
-        device: the device the component is built on in its actor; None: the serve default.
-    """
-
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    resources: Mapping[str, float] = field(default_factory=dict)
-    replicas: int = 1
-    device: str | None = None
-
-
-@dataclass(frozen=True)
-class ComponentDeployment:
-    """One component to place: which card and component, how to build it, and where.
-
-    Attributes:
-        model_id: the card id the engine knows the model by (``Batch.model_id``).
-        name: the component's name in the card.
-        factory: ``factory() -> Component``, called inside each actor; must pickle.
-        placement: Ray options and replica count.
-        max_concurrency: batches one actor runs at once (the spec's ``max_concurrency``).
-    """
-
-    model_id: str
-    name: str
-    factory: Callable[[], Component]
-    placement: ComponentPlacement = field(default_factory=ComponentPlacement)
-    max_concurrency: int = 1
-
-
-def _number(value: object, where: str, low: float, integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise DeployConfigError(f"{where} must be a number, got {value!r}")
-    if integer and value != int(value):
-        raise DeployConfigError(f"{where} must be a whole number, got {value!r}")
-    if not low <= value < float("inf"):
-        raise DeployConfigError(f"{where} must be >= {low:g}, got {value!r}")
-    return int(value) if integer else float(value)
-
-
-def _placement(entry: object, where: str) -> ComponentPlacement:
-    if entry is None:
-        return ComponentPlacement()
-    if not isinstance(entry, Mapping):
-        raise DeployConfigError(f"{where} must be a mapping of {', '.join(PLACEMENT_KEYS)}")
-    unknown = sorted(set(entry) - set(PLACEMENT_KEYS))
-    if unknown:
-        raise DeployConfigError(
-            f"{where}: unknown keys {unknown}; allowed: {', '.join(PLACEMENT_KEYS)}"
-        )
-    resources = entry.get("resources") or {}
-    if not isinstance(resources, Mapping):
-        raise DeployConfigError(f"{where}.resources must be a mapping of name to amount")
-    device = entry.get("device")
-    if device is not None and not isinstance(device, str):
-        raise DeployConfigError(f"{where}.device must be a string such as cpu or cuda")
-    return ComponentPlacement(
-        num_cpus=_number(entry.get("num_cpus", 1), f"{where}.num_cpus", 0),
-        num_gpus=_number(entry.get("num_gpus", 0), f"{where}.num_gpus", 0),
-        resources={str(k): _number(v, f"{where}.resources.{k}", 0) for k, v in resources.items()},
-        replicas=_number(entry.get("replicas", 1), f"{where}.replicas", 1, integer=True),
-        device=device,
-    )
-
-
-def parse_deploy(
-    data: object, cards: Mapping[str, tuple[str, Sequence[str]]]
-) -> dict[tuple[str, str], ComponentPlacement]:
-    """Check a deploy mapping against the served cards and return every component's placement.
-
-    Args:
-        data: the loaded deploy file (``{"models": {model: {"components": {name: {...}}}}}``),
-            or None for all defaults.
-        cards: card id -> (family, component names) of each served card; a deploy entry may
-            name a card by its id or its family.
-
-    Returns:
-        ``(card id, component name) -> ComponentPlacement`` for every component of every card.
-
-    Raises:
-        DeployConfigError: bad structure or values, a model that is not served, or a component
-            the card does not have (the message lists what is known).
-    """
-    placements = {
-        (card_id, name): ComponentPlacement()
-        for card_id, (_, names) in cards.items()
-        for name in names
-    }
-    if data is None:
-        return placements
-    if not isinstance(data, Mapping) or set(data) - {"models"}:
-        raise DeployConfigError("a deploy file is a mapping with one key, 'models'")
-    models = data.get("models") or {}
-    if not isinstance(models, Mapping):
-        raise DeployConfigError("'models' must map model names to {components: {...}}")
-    by_name = {card_id: card_id for card_id in cards}
-    by_name.update({family: card_id for card_id, (family, _) in cards.items()})
-    for model, entry in models.items():
-        if model not in by_name:
-            raise DeployConfigError(
-                f"deploy file names model '{model}', which is not served; "
-                f"served: {', '.join(sorted(cards))}"
-            )
-        card_id = by_name[model]
-        names = cards[card_id][1]
-        if entry is None:
-            continue
-        if not isinstance(entry, Mapping) or set(entry) - {"components"}:
-            raise DeployConfigError(f"models.{model} must be a mapping with one key, 'components'")
-        components = entry.get("components") or {}
-        if not isinstance(components, Mapping):
-            raise DeployConfigError(f"models.{model}.components must map component names")
-        for name, spec in components.items():
-            if name not in names:
-                raise DeployConfigError(
-                    f"models.{model}.components: card '{card_id}' has no component '{name}'; "
-                    f"its components: {', '.join(names)}"
-                )
-            placements[(card_id, name)] = _placement(spec, f"models.{model}.components.{name}")
-    return placements
-
-
-def load_deploy(path: str | Path) -> object:
-    """Read a deploy file (YAML; JSON is valid YAML). Raises DeployConfigError."""
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - PyYAML comes with ray
-        raise DeployConfigError("reading a deploy file needs PyYAML: pip install pyyaml") from None
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DeployConfigError(f"cannot read deploy file {path}: {exc}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise DeployConfigError(f"deploy file {path} is not valid YAML: {exc}") from None
+log = logging.getLogger("omnistep.engine.ray")
 
 
 def _picklable(exc: Exception) -> Exception:
@@ -367,6 +287,17 @@ class ComponentWorker:
     def __init__(self, factory: Callable[[], Component]):
         self.component = factory()
         self._serial = itertools.count(1)
+        self._ended = threading.Event()  # never set: the actor ends by being killed
+
+    def watch(self) -> None:
+        """Block for as long as the actor lives. Called once, in its own concurrency group
+        (``WATCH_GROUP``), so it runs beside batches: the driver's call fails the moment the
+        actor's process dies, busy or idle, which is how the executor learns of a death."""
+        self._ended.wait()
+
+    def weight_version(self) -> int:
+        """The weight version the component runs (0: as loaded)."""
+        return int(getattr(self.component, "weight_version", 0))
 
     def kv_usage(self) -> KVSnapshot | None:
         """The component's KV blocks now, if it keeps a paged cache (``kv_usage``)."""
@@ -417,18 +348,70 @@ class ComponentWorker:
         return getattr(self.component, method)(*args)
 
 
+REPLAYED_CALLS = frozenset({"update_weights", "refresh_text_embeds"})
+"""``call_all`` methods that change what a replica holds (its weights, and the copies derived
+from them such as the Qwen2.5-Omni talker's rows of the thinker's embeddings): the executor
+records them (their arguments in the Ray object store) and replays them, in order, on an actor
+that replaces a dead one. An update whose every tensor a later one sets again, or an earlier
+call of another of these methods, is dropped from the record: it holds the current tensors,
+at most one copy of the updated weights. ``weight_version`` is recorded as its last value."""
+
+UNREACHABLE_GRACE_S = 5.0
+"""Seconds an actor Ray reports unreachable (``ActorUnavailableError``, e.g. a network blip
+to its node) may stay so before it counts as dead and is replaced."""
+
+WATCH_GROUP = "omnistep_watch"
+"""The Ray concurrency group of ``ComponentWorker.watch`` (one thread, beside the batches)."""
+
+
+@dataclass(eq=False)
+class _Call:
+    """A recorded ``REPLAYED_CALLS`` call: its order, method, arguments (a ref to the pickled
+    tuple in the object store) and, for ``update_weights``, the tensor names it still sets."""
+
+    serial: int
+    method: str
+    ref: Any
+    names: frozenset[str] | None = None
+
+
 @dataclass(eq=False)
 class _Replica:
     actor: Any
+    index: int = 0  # its place among its component's replicas
+    pid: int | None = None  # the actor's process id
+    live: bool = True  # False once its actor died (it is replaced by a new _Replica)
+    cause: str = ""  # why it died
     in_flight: int = 0
     batches: int = 0
     num_sequences: int = 0  # sequences routed here and not freed yet
     kv: KVSnapshot | None = None  # the newest KV usage the actor reported
     pending: list[Any] = field(default_factory=list)  # refs of free_sequence calls
+    unreachable_since: float | None = None  # when its watch first found it unreachable
 
     def note_kv(self, kv: KVSnapshot | None) -> None:
         if kv is not None and (self.kv is None or kv[0] > self.kv[0]):
             self.kv = kv
+
+
+@dataclass(eq=False)
+class _Placed:
+    """One placed component: how to start its actors, its replicas and their history."""
+
+    deployment: ComponentDeployment
+    options: dict[str, Any]
+    replicas: list[_Replica]
+    turn: itertools.count = field(default_factory=itertools.count)
+    recovering: set[int] = field(default_factory=set)  # replica indices being replaced
+    failed: set[int] = field(default_factory=set)  # replica indices given up on
+    deaths: int = 0
+    restarts: int = 0
+    last_recovery_s: float | None = None
+    calls: list[_Call] = field(default_factory=list)  # REPLAYED_CALLS, in order
+    version: int | None = None  # the last weight_version set (None: as loaded)
+
+    def live(self) -> list[_Replica]:
+        return [r for r in self.replicas if r.live]
 
 
 class RemoteComponent:
@@ -487,9 +470,11 @@ class RemoteComponent:
         self.__dict__["_weight_version"] = version
 
     def call_all(self, method: str, *args: Any) -> Any:
-        """``<method>(*args)`` on the component in every replica, waiting for all; returns the
-        first replica's result."""
-        return self._executor.call_all(self._model_id, self._name, method, args)[0]
+        """``<method>(*args)`` on the component in every live replica, waiting for all;
+        returns the first one's result (None for a recorded call no replica was live for:
+        the replacements replay it; see ``RayExecutor.call_all``)."""
+        results = self._executor.call_all(self._model_id, self._name, method, args)
+        return results[0] if results else None
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("_"):  # pickling and copying probe dunders; the fields are set
@@ -505,7 +490,8 @@ class RemoteComponent:
 
 
 class RayExecutor:
-    """Runs each component's batches in its Ray actors (see the module docstring).
+    """Runs each component's batches in its Ray actors (see the module docstring), and
+    replaces an actor that dies (see "Healing" there).
 
     Args:
         deployments: the components to place; every component the engine will run.
@@ -513,6 +499,7 @@ class RayExecutor:
             (e.g. ``{"address": "auto"}``); Ray started here is shut down by ``close``.
         ready_timeout: seconds to wait for all actors to be placed and their components
             built (a component that asks for resources no node has never starts).
+        recovery: how a dead actor is replaced (tries, back-off, time limit).
 
     Raises:
         OmnistepError: ray is not installed, an actor failed to build its component, or the
@@ -524,6 +511,7 @@ class RayExecutor:
         deployments: Sequence[ComponentDeployment],
         init_options: Mapping[str, Any] | None = None,
         ready_timeout: float = 300.0,
+        recovery: RecoveryPolicy | None = None,
     ):
         try:
             import ray
@@ -531,11 +519,18 @@ class RayExecutor:
             raise OmnistepError("the ray executor needs ray: pip install 'omnistep[ray]'") from None
         self._ray = ray
         self._owns_ray = False
+        self._ray_keeper: threading.Event | None = None
         if not ray.is_initialized():
-            ray.init(**dict(init_options or {}))
+            self._ray_keeper = _init_ray(ray, dict(init_options or {}))
             self._owns_ray = True
-        self._replicas: dict[tuple[str, str], list[_Replica]] = {}
-        self._turn: dict[tuple[str, str], itertools.count] = {}
+        self.recovery = recovery or RecoveryPolicy()
+        self._lock = threading.RLock()  # deaths, replacements and recorded calls
+        self._closing = threading.Event()
+        self._starting: set[Any] = set()  # actors of replacements not installed yet
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: Callable[[], None] | None = None
+        self._placed: dict[tuple[str, str], _Placed] = {}
+        self._replicas: dict[tuple[str, str], list[_Replica]] = {}  # the _Placed's lists
         self._routes: dict[tuple[str, str, str], _Replica] = {}  # (model, component, seq_id)
         self._weight_specs: dict[tuple[str, str], dict] = {}
         # sample groups (Request.group) live on one replica of a component while any of
@@ -543,8 +538,9 @@ class RayExecutor:
         self._groups: dict[tuple[str, str, str], _Replica] = {}
         self._group_size: dict[tuple[str, str, str], int] = {}
         self._group_of: dict[tuple[str, str, str], str] = {}  # (model, component, seq) -> group
-        remote = ray.remote(ComponentWorker)
-        pending: list[tuple[_Replica, Any]] = []
+        self._serial = itertools.count(1)  # of recorded calls
+        self._remote = ray.remote(concurrency_groups={WATCH_GROUP: 1})(ComponentWorker)
+        pending: list[tuple[tuple[str, str], _Replica, Any]] = []
         for dep in deployments:
             p = dep.placement
             options: dict[str, Any] = {
@@ -554,15 +550,16 @@ class RayExecutor:
             }
             if p.resources:
                 options["resources"] = dict(p.resources)
-            replicas = []
-            for _ in range(p.replicas):
-                replica = _Replica(remote.options(**options).remote(dep.factory))
-                replicas.append(replica)
-                pending.append((replica, replica.actor.ready.remote()))
-            self._replicas[(dep.model_id, dep.name)] = replicas
-            self._turn[(dep.model_id, dep.name)] = itertools.count()
+            key = (dep.model_id, dep.name)
+            placed = _Placed(dep, options, [])
+            self._placed[key] = placed
+            self._replicas[key] = placed.replicas
+            for index in range(p.replicas):
+                replica = _Replica(self._remote.options(**options).remote(dep.factory), index)
+                placed.replicas.append(replica)
+                pending.append((key, replica, replica.actor.ready.remote()))
         try:
-            refs = [ref for _, ref in pending]
+            refs = [ref for _, _, ref in pending]
             ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=ready_timeout)
             if waiting:
                 raise OmnistepError(
@@ -570,8 +567,10 @@ class RayExecutor:
                     f"{ready_timeout:g} s: does the cluster have the resources the deploy file "
                     f"asks for? ({ray.available_resources()} available)"
                 )
-            for (replica, _), (_, kv) in zip(pending, ray.get(refs), strict=True):
+            for (key, replica, _), (pid, kv) in zip(pending, ray.get(refs), strict=True):
+                replica.pid = pid
                 replica.note_kv(kv)
+                self._watch(key, replica)
         except Exception as exc:
             self.close()
             if isinstance(exc, OmnistepError):
@@ -595,11 +594,18 @@ class RayExecutor:
             components[spec.name] = RemoteComponent(self, *key)
         return ModelInstance.assemble(card, components, device)
 
-    def attach(self, models: Iterable[ModelInstance]) -> None:
+    def attach(
+        self, models: Iterable[ModelInstance], wake: Callable[[], None] | None = None
+    ) -> None:
         """Put a ``RemoteComponent`` in ``models``' ``components`` for every placed component
         (the engine calls this), so that loops free sequences in the actors; a component built
         here (a model made with ``ModelInstance.load``) is dropped. Models made with
-        ``instance`` have their stand-ins already. Idempotent."""
+        ``instance`` have their stand-ins already. Idempotent. ``wake`` (the engine's) is
+        called on the event loop when a replacement actor starts serving."""
+        if wake is not None:
+            self._wake = wake
+        with contextlib.suppress(RuntimeError):  # no running loop: the first batch sets it
+            self._loop = asyncio.get_running_loop()
         for model in models:
             for name, component in list(model.components.items()):
                 key = (model.card.card_id, name)
@@ -607,7 +613,8 @@ class RayExecutor:
                     model.components[name] = RemoteComponent(self, *key)
 
     def replica_batches(self, model_id: str, name: str) -> list[int]:
-        """Batches each replica of component ``name`` of ``model_id`` has received."""
+        """Batches each replica of component ``name`` of ``model_id`` has received (a
+        replacement counts from 0)."""
         return [r.batches for r in self._replicas[(model_id, name)]]
 
     def replica_sequences(self, model_id: str, name: str) -> list[int]:
@@ -615,25 +622,91 @@ class RayExecutor:
         freed yet."""
         return [r.num_sequences for r in self._replicas[(model_id, name)]]
 
+    def replica_pids(self, model_id: str, name: str) -> list[int | None]:
+        """The process id of each replica's actor (None for one being replaced)."""
+        return [r.pid if r.live else None for r in self._replicas[(model_id, name)]]
+
+    def replica_versions(self, model_id: str, name: str) -> list[int]:
+        """The weight version each live replica's component runs, asked of the actors."""
+        live = self._placed[(model_id, name)].live()
+        return self._ray.get([r.actor.weight_version.remote() for r in live])
+
     def capacity(self, model_id: str, name: str, per_instance: int) -> int:
-        """``per_instance`` batches on each replica."""
-        return per_instance * len(self._replicas.get((model_id, name), [None]))
+        """``per_instance`` batches on each live replica; 0 while none is live and one is
+        being replaced (the component's units wait for it); ``per_instance`` when none will
+        come back (its units run and fail with ``ComponentUnavailableError``)."""
+        placed = self._placed.get((model_id, name))
+        if placed is None:
+            return per_instance
+        live = len(placed.live())
+        if live:
+            return per_instance * live
+        return 0 if placed.recovering else per_instance
+
+    def check_available(self, model_id: str) -> None:
+        """Raises ``ComponentUnavailableError`` (the server's 503 with ``Retry-After``) when a
+        component of ``model_id`` has no live replica; other models are not looked at."""
+        for (card_id, name), placed in self._placed.items():
+            if card_id != model_id or placed.live():
+                continue
+            coming = "is being replaced" if placed.recovering else "could not be replaced"
+            retry = self._retry_after(placed)
+            raise ComponentUnavailableError(
+                f"model '{card_id}' is unavailable: every Ray actor of its component '{name}' "
+                f"died and {coming}; retry in {retry} s",
+                card_id,
+                name,
+                retry,
+            )
+
+    def _retry_after(self, placed: _Placed) -> int:
+        """Seconds a client should wait: the last replacement's time (5 s before any), or
+        ``max_backoff_s`` once the component could not be replaced."""
+        if not placed.recovering:
+            return max(1, math.ceil(self.recovery.max_backoff_s))
+        last = placed.last_recovery_s
+        return max(1, math.ceil(last if last is not None else 5.0))
+
+    def health(self) -> list[ComponentHealth]:
+        """Replicas of every placed component: live, being replaced, given up on, deaths and
+        replacements so far."""
+        with self._lock:
+            return [
+                ComponentHealth(
+                    model_id,
+                    name,
+                    len(placed.replicas),
+                    len(placed.live()),
+                    len(placed.recovering),
+                    len(placed.failed),
+                    placed.deaths,
+                    placed.restarts,
+                    placed.last_recovery_s,
+                )
+                for (model_id, name), placed in self._placed.items()
+            ]
 
     def _rotated(self, key: tuple[str, str]) -> list[_Replica]:
-        """The replicas, starting at the next in turn (so ties rotate)."""
-        replicas = self._replicas[key]
-        start = next(self._turn[key]) % len(replicas)
+        """The live replicas, starting at the next in turn (so ties rotate)."""
+        placed = self._placed[key]
+        replicas = placed.live()
+        if not replicas:
+            return []
+        start = next(placed.turn) % len(replicas)
         return replicas[start:] + replicas[:start]
 
-    def _pick(self, key: tuple[str, str]) -> _Replica:
-        return min(self._rotated(key), key=lambda r: r.in_flight)
+    def _pick(self, key: tuple[str, str]) -> _Replica | None:
+        return min(self._rotated(key), key=lambda r: r.in_flight, default=None)
 
-    def _route(self, key: tuple[str, str], payloads: Sequence[Any]) -> dict[_Replica, list[int]]:
+    def _route(
+        self, key: tuple[str, str], payloads: Sequence[Any]
+    ) -> dict[_Replica | None, list[int]]:
         """Payload indices by the replica that runs them: a sequence's units where its KV
         blocks are (a new sequence: where its sample group's other sequences are, so they can
-        share their prompt's blocks, else the replica with the fewest), the rest on the least
-        busy."""
-        parts: dict[_Replica, list[int]] = {}
+        share their prompt's blocks, else the live replica with the fewest), the rest on the
+        least busy live replica. A sequence whose replica died stays routed to it (its units
+        fail: its state is gone); None: no live replica for a unit."""
+        parts: dict[_Replica | None, list[int]] = {}
         shared: _Replica | None = None
         for index, payload in enumerate(payloads):
             seq_id = getattr(payload, "seq_id", None)
@@ -647,11 +720,17 @@ class RayExecutor:
             parts.setdefault(replica, []).append(index)
         return parts
 
-    def _place(self, key: tuple[str, str], seq_id: str, group: str | None) -> _Replica:
-        """The replica a new sequence lives on (see ``_route``); recorded until it is freed."""
+    def _place(self, key: tuple[str, str], seq_id: str, group: str | None) -> _Replica | None:
+        """The replica a new sequence lives on (see ``_route``); recorded until it is freed.
+        A sequence of a group whose replica died goes there too: the group fails as a whole.
+        None when no replica is live."""
         replica = None if group is None else self._groups.get((*key, group))
         if replica is None:
-            replica = min(self._rotated(key), key=lambda r: (r.num_sequences, r.in_flight))
+            replica = min(
+                self._rotated(key), key=lambda r: (r.num_sequences, r.in_flight), default=None
+            )
+            if replica is None:
+                return None
         replica.num_sequences += 1
         self._routes[(*key, seq_id)] = replica
         if group is not None:
@@ -672,8 +751,10 @@ class RayExecutor:
         """Execute one batch in the actors of component ``name`` of ``model_id`` (the local
         ``component`` is not used), split by replica when its sequences live on several (see
         the module docstring). Returns one outcome per payload; when a part cannot reach its
-        actor (payloads that do not pickle, a dead actor), each of its units gets the error.
-        Stateful payload fields (generators) end in the state the actor left them in.
+        actor (payloads that do not pickle), each of its units gets the error; the units of a
+        part whose actor died (or whose sequence's replica died before) get a
+        ``ComponentUnavailableError``. Stateful payload fields (generators) end in the state
+        the actor left them in.
 
         Raises:
             KeyError: no actor was placed for (``model_id``, ``name``).
@@ -681,6 +762,8 @@ class RayExecutor:
         key = (model_id, name)
         if key not in self._replicas:
             raise KeyError(f"the ray executor placed no actor for component {model_id}/{name}")
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         parts = self._route(key, payloads)
         outcomes: list[Outcome | None] = [None] * len(payloads)
         results = await asyncio.gather(
@@ -694,11 +777,42 @@ class RayExecutor:
                 outcomes[index] = outcome
         return outcomes  # type: ignore[return-value]
 
+    def _unavailable(
+        self, key: tuple[str, str], replica: _Replica | None, unreachable: str = ""
+    ) -> Exception:
+        """The error of a unit whose replica died (or that found no live replica, or whose
+        actor could not be reached: ``unreachable`` says why)."""
+        model_id, name = key
+        placed = self._placed[key]
+        if replica is None:
+            message = f"no Ray actor of {model_id}/{name} is live"
+        elif unreachable:
+            message = (
+                f"the Ray actor of {model_id}/{name} (replica {replica.index}) could not be "
+                f"reached ({unreachable}); whether the step ran is unknown"
+            )
+        else:
+            message = (
+                f"the Ray actor of {model_id}/{name} (replica {replica.index}) died "
+                f"({replica.cause}); the request's state there (KV cache blocks, decoder "
+                "state; a rollout group's samples all live on one replica) is lost"
+            )
+        coming = "it is being replaced" if placed.recovering else "retry later"
+        return ComponentUnavailableError(
+            f"{message}: retry the request ({coming})", model_id, name, self._retry_after(placed)
+        )
+
     async def _send(
-        self, key: tuple[str, str], replica: _Replica, kind: WorkUnitKind, payloads: list[Any]
+        self,
+        key: tuple[str, str],
+        replica: _Replica | None,
+        kind: WorkUnitKind,
+        payloads: list[Any],
     ) -> list[Outcome]:
         """Run ``payloads`` on ``replica``; copy the generator states it returns back."""
         model_id, name = key
+        if replica is None or not replica.live:
+            return [self._unavailable(key, replica)] * len(payloads)
         try:
             blob = dumps((kind, payloads))
         except Exception as exc:  # noqa: BLE001 - payloads that do not pickle
@@ -717,13 +831,21 @@ class RayExecutor:
                 with contextlib.suppress(Exception):  # a running task may not be cancellable
                     self._ray.cancel(ref)
                 raise
-            except Exception as exc:  # noqa: BLE001 - the actor died
+            except self._ray.exceptions.ActorUnavailableError as exc:
+                # unreachable, maybe for a moment: the step's units fail (its outcome and the
+                # generators' states are unknown); the watch tells whether the actor died
+                return [self._unavailable(key, replica, _death(exc))] * len(payloads)
+            except self._ray.exceptions.RayActorError as exc:  # the actor died
+                self._lost(key, replica, exc)
+                return [self._unavailable(key, replica)] * len(payloads)
+            except Exception as exc:  # noqa: BLE001 - the call failed otherwise
                 err = RuntimeError(
                     f"ray actor of {model_id}/{name} failed the batch: {type(exc).__name__}: {exc}"
                 )
                 return [err] * len(payloads)
         finally:
             replica.in_flight -= 1
+        replica.unreachable_since = None  # it answered
         replica.note_kv(reply.kv)
         for payload, states in zip(payloads, reply.states, strict=True):
             for field_name, state in states:
@@ -732,9 +854,10 @@ class RayExecutor:
 
     def free_sequence(self, model_id: str, name: str, seq_id: str) -> None:
         """Free ``seq_id`` in the replica of component ``name`` holding it and forget its
-        route; a sequence never sent there is a no-op. Does not wait for the actor (its reply
-        updates ``kv_blocks``); the engine frees a sequence only after its last batch returned,
-        so nothing of it runs later."""
+        route; a sequence never sent there is a no-op, and so is one whose replica died (its
+        blocks died with it). Does not wait for the actor (its reply updates ``kv_blocks``);
+        the engine frees a sequence only after its last batch returned, so nothing of it runs
+        later."""
         replica = self._routes.pop((model_id, name, seq_id), None)
         if replica is None:
             return
@@ -746,7 +869,8 @@ class RayExecutor:
             if not left:  # the group's last sequence: forget where it lived
                 del self._group_size[(model_id, name, group)]
                 del self._groups[(model_id, name, group)]
-        replica.pending.append(replica.actor.free_sequence.remote(seq_id))
+        if replica.live:
+            replica.pending.append(replica.actor.free_sequence.remote(seq_id))
 
     def _settle(self, replica: _Replica, timeout: float | None = 0) -> None:
         """Take the KV usage of the replica's finished ``free_sequence`` calls (all of them,
@@ -761,11 +885,14 @@ class RayExecutor:
                 replica.note_kv(self._ray.get(ref))
 
     def kv_blocks(self, model_id: str, name: str) -> tuple[int, int] | None:
-        """(used, free) KV blocks of component ``name`` of ``model_id``, summed over its
+        """(used, free) KV blocks of component ``name`` of ``model_id``, summed over its live
         replicas as they last reported them (after each batch and each freed sequence);
-        None when the component keeps no paged KV cache or was not placed here."""
+        None when the component keeps no paged KV cache, has no live replica or was not
+        placed here."""
         reports = []
         for replica in self._replicas.get((model_id, name), []):
+            if not replica.live:
+                continue
             self._settle(replica)
             if replica.kv is not None:
                 reports.append(replica.kv)
@@ -775,46 +902,310 @@ class RayExecutor:
 
     def weight_specs(self, model_id: str, name: str) -> dict[str, tuple[tuple[int, ...], str]]:
         """``weight_specs()`` of component ``name`` of ``model_id`` (its replicas are built
-        alike: the first is asked, once)."""
+        alike: a live one is asked, once).
+
+        Raises:
+            ComponentUnavailableError: no replica is live and none was asked before.
+        """
         key = (model_id, name)
         if key not in self._weight_specs:
-            actor = self._replicas[key][0].actor
-            self._weight_specs[key] = self._ray.get(actor.weight_specs.remote())
+            live = self._placed[key].live()
+            if not live:
+                raise self._unavailable(key, None)
+            self._weight_specs[key] = self._ray.get(live[0].actor.weight_specs.remote())
         return self._weight_specs[key]
 
     def call_all(self, model_id: str, name: str, method: str, args: tuple) -> list[Any]:
-        """Call ``method(*args)`` on the component in every replica of (``model_id``,
-        ``name``) and wait for all of them (an actor's error is raised here); returns their
-        results, replica by replica."""
+        """Call ``method(*args)`` on the component in every live replica of (``model_id``,
+        ``name``) and wait for all of them; returns their results, replica by replica.
+
+        ``REPLAYED_CALLS`` and ``weight_version`` are recorded first, so that a replica that
+        dies meanwhile, or is being replaced, gets them too (its replacement replays them
+        before it serves); such a call succeeds with no live replica at all (returns []).
+        A replica that dies during the call is replaced; an actor's own error is raised here
+        (a recorded call is then forgotten).
+
+        Raises:
+            ComponentUnavailableError: another method, and no replica answered.
+        """
+        key = (model_id, name)
+        placed = self._placed[key]
         blob = dumps(args)
-        replicas = self._replicas[(model_id, name)]
-        return self._ray.get([r.actor.call.remote(method, blob) for r in replicas])
+        recorded = None
+        stored = self._ray.put(blob) if method in REPLAYED_CALLS else None  # not under the lock
+        with self._lock:
+            if method in REPLAYED_CALLS:
+                recorded = self._record(placed, method, stored, args)
+            elif method == "weight_version":
+                placed.version = args[0]
+            live = placed.live()
+        sent = recorded.ref if recorded is not None else blob
+        refs = [r.actor.call.remote(method, sent) for r in live]
+        results, error = [], None
+        for replica, ref in zip(live, refs, strict=True):
+            try:
+                results.append(self._ray.get(ref))
+            except self._ray.exceptions.RayActorError as exc:
+                self._lost(key, replica, exc)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others answered
+                error = error or exc
+        if error is not None:
+            if recorded is not None:
+                with self._lock:
+                    placed.calls = [c for c in placed.calls if c is not recorded]
+            raise error
+        if not results and recorded is None and method != "weight_version":
+            raise self._unavailable(key, None)
+        return results
+
+    def _record(self, placed: _Placed, method: str, ref: Any, args: tuple) -> _Call:
+        """Record a ``REPLAYED_CALLS`` call (``ref``: its pickled arguments in the object
+        store) and drop what it supersedes: earlier updates' tensors it sets again, an earlier
+        call of another recorded method. Call with the lock held."""
+        names = None
+        if method == "update_weights" and args and isinstance(args[0], Mapping):
+            names = frozenset(args[0])
+        kept = []
+        for call in placed.calls:
+            if call.method != method:
+                kept.append(call)
+            elif names is not None and call.names is not None:
+                call.names = call.names - names
+                if call.names:
+                    kept.append(call)
+            elif method == "update_weights":  # an update without names: keep it
+                kept.append(call)
+        recorded = _Call(next(self._serial), method, ref, names)
+        placed.calls = [*kept, recorded]
+        return recorded
 
     async def refresh_kv_blocks(self, model_id: str, name: str) -> tuple[int, int] | None:
-        """Like ``kv_blocks``, but asks each replica now, after the sequences freed so far
-        (waits for a running batch to end). Raises KeyError for a component not placed."""
-        replicas = self._replicas[(model_id, name)]
+        """Like ``kv_blocks``, but asks each live replica now, after the sequences freed so
+        far (waits for a running batch to end). Raises KeyError for a component not placed."""
+        replicas = [r for r in self._replicas[(model_id, name)] if r.live]
         for replica in replicas:
             for ref in replica.pending:
                 with contextlib.suppress(Exception):
                     await ref
             self._settle(replica, timeout=None)
-        for replica, kv in zip(
-            replicas,
-            await asyncio.gather(*(r.actor.kv_usage.remote() for r in replicas)),
-            strict=True,
-        ):
-            replica.note_kv(kv)
+        kvs = await asyncio.gather(
+            *(r.actor.kv_usage.remote() for r in replicas), return_exceptions=True
+        )
+        for replica, kv in zip(replicas, kvs, strict=True):
+            if not isinstance(kv, BaseException):
+                replica.note_kv(kv)
         return self.kv_blocks(model_id, name)
 
+    # ------------------------------------------------------------- healing
+
+    def _watch(self, key: tuple[str, str], replica: _Replica) -> None:
+        """Call the replica's ``watch``, which never returns: when it fails, the actor died."""
+        ref = replica.actor.watch.options(concurrency_group=WATCH_GROUP).remote()
+        ref.future().add_done_callback(lambda future: self._watch_ended(key, replica, future))
+
+    def _watch_ended(self, key: tuple[str, str], replica: _Replica, future: Any) -> None:
+        """Runs on a thread of Ray's own, where calling Ray deadlocks: hands over to a thread."""
+        try:
+            cause: BaseException | None = future.exception()
+        except BaseException as exc:  # noqa: BLE001 - a cancelled future
+            cause = exc
+        threading.Thread(target=self._watch_failed, args=(key, replica, cause), daemon=True).start()
+
+    def _watch_failed(
+        self, key: tuple[str, str], replica: _Replica, cause: BaseException | None
+    ) -> None:
+        """The actor died, or could not be reached (Ray's ``ActorUnavailableError``: maybe for
+        a moment): watch again, up to ``UNREACHABLE_GRACE_S`` after it was first unreachable
+        (a dead actor's new watch fails at once with ``ActorDiedError``); then it is lost."""
+        unreachable = isinstance(cause, self._ray.exceptions.ActorUnavailableError)
+        if unreachable and replica.live and not self._closing.is_set():
+            now = time.monotonic()
+            replica.unreachable_since = replica.unreachable_since or now
+            within = now - replica.unreachable_since < UNREACHABLE_GRACE_S
+            if within and not self._closing.wait(UNREACHABLE_GRACE_S / 10):
+                with contextlib.suppress(Exception):
+                    self._watch(key, replica)
+                    return
+        self._lost(key, replica, cause)
+
+    def _lost(self, key: tuple[str, str], replica: _Replica, cause: BaseException | None) -> None:
+        """``replica``'s actor died: stop routing to it, forget its KV usage, and start its
+        replacement. Idempotent; ignored once the executor closes. Thread-safe."""
+        with self._lock:
+            placed = self._placed[key]
+            if self._closing.is_set() or not replica.live:
+                return
+            if placed.replicas[replica.index] is not replica:
+                return
+            replica.live = False
+            replica.cause = _death(cause)
+            replica.kv = None
+            replica.pending = []
+            placed.deaths += 1
+            placed.recovering.add(replica.index)
+        died = time.monotonic()
+        log.warning(
+            "ray actor of %s/%s (replica %d, pid %s) died: %s; replacing it",
+            *key,
+            replica.index,
+            replica.pid,
+            replica.cause,
+        )
+        threading.Thread(
+            target=self._recover,
+            args=(key, replica.index, died),
+            name=f"omnistep-heal-{key[0]}-{key[1]}-{replica.index}",
+            daemon=True,
+        ).start()
+
+    def _recover(self, key: tuple[str, str], index: int, died: float) -> None:
+        """Replace the dead replica ``index`` of ``key``: a new actor, its component loaded
+        from the model folder, the recorded calls replayed and the weight version set, then
+        installed; up to ``recovery.attempts`` tries with back-off, then reported failed."""
+        policy = self.recovery
+        placed = self._placed[key]
+        with contextlib.suppress(Exception):  # an unreachable actor must not come back
+            self._ray.kill(placed.replicas[index].actor)
+        for attempt in range(1, policy.attempts + 1):
+            if self._closing.wait(policy.delay(attempt)):
+                return
+            actor = None
+            try:
+                with self._lock:
+                    if self._closing.is_set():
+                        return
+                    actor = self._remote.options(**placed.options).remote(placed.deployment.factory)
+                    self._starting.add(actor)
+                deadline = time.monotonic() + policy.ready_timeout_s
+                pid, kv = self._ray.get(actor.ready.remote(), timeout=policy.ready_timeout_s)
+                replica = _Replica(actor, index, pid)
+                replica.note_kv(kv)
+                if self._catch_up(key, replica, deadline):
+                    seconds = time.monotonic() - died
+                    with self._lock:
+                        placed.last_recovery_s = seconds
+                    log.warning(
+                        "ray actor of %s/%s (replica %d) replaced in %.2f s (pid %d)",
+                        *key,
+                        index,
+                        seconds,
+                        pid,
+                    )
+                    self._notify()
+                return
+            except Exception as exc:  # noqa: BLE001 - this try failed; the next may not
+                log.warning(
+                    "replacing ray actor of %s/%s (replica %d): try %d of %d failed: %s",
+                    *key,
+                    index,
+                    attempt,
+                    policy.attempts,
+                    exc,
+                )
+                if actor is not None:
+                    with contextlib.suppress(Exception):
+                        self._ray.kill(actor)
+            finally:
+                with self._lock:
+                    self._starting.discard(actor)
+        with self._lock:
+            placed.recovering.discard(index)
+            placed.failed.add(index)
+        log.error(
+            "ray actor of %s/%s (replica %d) could not be replaced in %d tries; %d of its "
+            "replicas serve",
+            *key,
+            index,
+            policy.attempts,
+            len(placed.live()),
+        )
+        self._notify()
+
+    def _catch_up(self, key: tuple[str, str], replica: _Replica, deadline: float) -> bool:
+        """Replay the recorded calls and the weight version on a new replica until none is
+        left, then install it (under the lock, so no update can slip in between); False when
+        the executor closed meanwhile. Raises what a replayed call raises, or GetTimeoutError
+        past ``deadline``."""
+        placed = self._placed[key]
+        replayed, version = 0, None
+        while True:
+            with self._lock:
+                if self._closing.is_set():
+                    with contextlib.suppress(Exception):
+                        self._ray.kill(replica.actor)
+                    return False
+                todo = [c for c in placed.calls if c.serial > replayed]
+                want = placed.version
+                if not todo and want == version:
+                    placed.replicas[replica.index] = replica
+                    placed.recovering.discard(replica.index)
+                    placed.restarts += 1
+                    self._watch(key, replica)
+                    return True
+            for call in todo:
+                left = max(0.0, deadline - time.monotonic())
+                self._ray.get(replica.actor.call.remote(call.method, call.ref), timeout=left)
+                replayed = call.serial
+            if want != version:
+                left = max(0.0, deadline - time.monotonic())
+                ref = replica.actor.call.remote("weight_version", dumps((want,)))
+                self._ray.get(ref, timeout=left)
+                version = want
+
+    def _notify(self) -> None:
+        """Wake the engine's step loop (from any thread): capacity changed."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed
+                loop.call_soon_threadsafe(wake)
+
     def close(self) -> None:
-        """Kill the component actors (and shut Ray down if this executor started it)."""
-        for replicas in self._replicas.values():
-            for replica in replicas:
-                with contextlib.suppress(Exception):  # already gone
-                    self._ray.kill(replica.actor)
+        """Kill the component actors (and shut Ray down if this executor started it); no
+        actor is replaced any more."""
+        with self._lock:
+            self._closing.set()
+            actors = [r.actor for rs in self._replicas.values() for r in rs] + list(self._starting)
+        for actor in actors:
+            with contextlib.suppress(Exception):  # already gone
+                self._ray.kill(actor)
         self._replicas.clear()
         self._routes.clear()
         if self._owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
             self._owns_ray = False
+        if self._ray_keeper is not None:
+            self._ray_keeper.set()
+
+
+def _init_ray(ray: Any, options: dict[str, Any]) -> threading.Event:
+    """``ray.init(**options)`` on a thread that lives until the returned event is set (by
+    ``close``). Ray ties the processes it starts (GCS, raylet, workers) to the thread that
+    started them (Linux ``PR_SET_PDEATHSIG``): started from a thread that then ends, such as
+    ``omnistep serve``'s loader thread, the whole local cluster died with it and the first
+    request failed. Raises what ``ray.init`` raises."""
+    started, keep = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def keeper() -> None:
+        try:
+            ray.init(**options)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            errors.append(exc)
+        finally:
+            started.set()
+        keep.wait()
+
+    threading.Thread(target=keeper, name="omnistep-ray", daemon=True).start()
+    started.wait()
+    if errors:
+        raise errors[0]
+    return keep
+
+
+def _death(cause: BaseException | None) -> str:
+    """A one-line reason for an actor's death (Ray's messages run to many lines)."""
+    if cause is None:
+        return "its actor ended"
+    text = str(cause).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(cause).__name__}: {first[:200]}" if first else type(cause).__name__

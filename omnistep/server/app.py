@@ -170,10 +170,23 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """Status (``ok``, or ``draining`` with a 503 while shutting down), the models and the
-        engine's live counts (``AsyncEngine.stats``)."""
-        status = "draining" if drain.draining else "ok"
+        """Status (``ok``; ``draining`` with a 503 while shutting down; ``degraded`` with a
+        503 while a component of a model has no live replica, each such one listed in
+        ``degraded``), the models and the engine's live counts (``AsyncEngine.stats``);
+        ``replicas`` lists the components run in Ray actors that miss a replica."""
+        replicas = [h for h in engine.component_health() if h.state != "ok"]
+        down = [h for h in replicas if not h.live]
+        status = "draining" if drain.draining else "degraded" if down else "ok"
         body = {"status": status, "models": list(engine.models), **engine.stats()}
-        return JSONResponse(body, status_code=503 if drain.draining else 200)
+        if down:
+            body["degraded"] = [
+                {"model": h.model, "component": h.component, "state": h.state} for h in down
+            ]
+        if replicas:
+            body["replicas"] = [
+                {"model": h.model, "component": h.component, "live": h.live, "of": h.replicas}
+                for h in replicas
+            ]
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     return app

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnistep.core import (
+    ComponentUnavailableError,
     EngineOverloadedError,
     InvalidRequestError,
     ModelNotFoundError,
@@ -104,8 +105,19 @@ def api_error(exc: BaseException) -> ApiError:
     ``Retry-After`` when the engine is full (OpenAI's request-rate error: type ``requests``,
     code ``rate_limit_exceeded``); 504 (type
     ``timeout_error``, code ``request_timeout``) past the server's request timeout; 503 (code
-    ``request_aborted``) for a request aborted by the server (shutdown); 500 for failures.
+    ``request_aborted``) for a request aborted by the server (shutdown); 503 with
+    ``Retry-After`` (code ``component_unavailable``) when a component of the model has no live
+    replica, or when the replica running the request died (a failure caused by a
+    ``ComponentUnavailableError``); 500 for other failures.
     """
+    unavailable = exc if isinstance(exc, ComponentUnavailableError) else None
+    if isinstance(exc, RequestFailedError) and isinstance(exc.__cause__, ComponentUnavailableError):
+        unavailable = exc.__cause__
+    if unavailable is not None:
+        headers = {"Retry-After": str(unavailable.retry_after)}
+        return ApiError(
+            503, str(exc), "server_error", code="component_unavailable", headers=headers
+        )
     if isinstance(exc, EngineOverloadedError):
         headers = {"Retry-After": str(exc.retry_after)}
         return ApiError(429, str(exc), "requests", code="rate_limit_exceeded", headers=headers)

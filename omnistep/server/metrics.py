@@ -26,6 +26,9 @@ Metrics (labels in braces; ``model`` is the card id, e.g. ``piper``, never an al
 - ``omnistep_batch_size{model, component}`` histogram: WorkUnits per executed batch.
 - ``omnistep_kv_blocks_used{model, component}``, ``omnistep_kv_blocks_free{model, component}``
   gauges, for components with a paged KV cache.
+- With the Ray executor: ``omnistep_actor_deaths_total{model, component}`` and
+  ``omnistep_actor_restarts_total{model, component}`` counters (actors that died; replacements
+  that came up and serve), ``omnistep_replicas_live{model, component}`` gauge.
 - prometheus_client's ``process_*``, ``python_info`` and ``python_gc_*`` metrics.
 """
 
@@ -124,6 +127,30 @@ class EngineCollector(Collector):
                     batch_histogram(sizes.get((model, component), Counter())),
                 )
         yield batches
+        yield from self._replicas()
+
+    def _replicas(self) -> Iterator[Metric]:
+        health = self.engine.component_health()
+        if not health:
+            return
+        deaths = CounterMetricFamily(
+            "omnistep_actor_deaths", "Component actors that died.", labels=["model", "component"]
+        )
+        restarts = CounterMetricFamily(
+            "omnistep_actor_restarts",
+            "Actors that replaced a dead one and serve.",
+            labels=["model", "component"],
+        )
+        live = GaugeMetricFamily(
+            "omnistep_replicas_live", "Component replicas serving.", labels=["model", "component"]
+        )
+        for h in health:
+            deaths.add_metric([h.model, h.component], h.deaths)
+            restarts.add_metric([h.model, h.component], h.restarts)
+            live.add_metric([h.model, h.component], h.live)
+        yield deaths
+        yield restarts
+        yield live
 
     def _gauges(self) -> Iterator[Metric]:
         now = self.engine.occupancy()
