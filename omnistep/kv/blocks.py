@@ -371,12 +371,15 @@ class SequenceTable:
         blocks: the block manager.
         lengths: tokens in the cache per sequence id.
         num_preemptions: sequences freed to make room for older ones.
+        preempted: sequences freed by ``preempt`` and not admitted or freed since (their
+            pending decode step answers preempted).
     """
 
     def __init__(self, blocks: BlockManager):
         self.blocks = blocks
         self.lengths: dict[Hashable, int] = {}
         self.num_preemptions = 0
+        self.preempted: set[Hashable] = set()
         self._copies: list[tuple[int, int]] = []
 
     def fork(self, parent: Hashable, child: Hashable, num_tokens: int) -> None:
@@ -446,6 +449,24 @@ class SequenceTable:
         and forget it (idempotent)."""
         self.blocks.free(seq_id)
         self.lengths.pop(seq_id, None)
+        self.preempted.discard(seq_id)
+
+    def preemption_frees(self, seq_id: Hashable) -> int:
+        """Blocks ``preempt(seq_id)`` returns to the pool: those only this sequence holds."""
+        if seq_id not in self.blocks:
+            return 0
+        return sum(1 for b in self.blocks.block_table(seq_id) if self.blocks.ref_count(b) == 1)
+
+    def preempt(self, seq_id: Hashable) -> int:
+        """Free a held sequence to make room (preemption by recompute), remembering it in
+        ``preempted``; returns the blocks freed (0, and nothing marked, if it holds none)."""
+        if seq_id not in self.lengths:
+            return 0
+        freed = self.blocks.free(seq_id)
+        self.lengths.pop(seq_id)
+        self.preempted.add(seq_id)
+        self.num_preemptions += 1
+        return freed
 
     def admit_prefill(self, seq_id: Hashable, num_tokens: int) -> bool:
         """(Re)start ``seq_id`` with blocks for ``num_tokens``; False when they are not free now.

@@ -18,9 +18,14 @@ a batch of one takes the same path. A family subclass says only what is its own:
 
 Frames are tuples of ``num_codebooks`` ids (1 for a text LM, 4 for ChatTTS's codebooks).
 
-KV admission: blocks are allocated as sequences grow (``omnistep.kv.SequenceTable``). A prefill
-that does not fit answers ``preempted`` (its loop retries later); a decode batch that does not fit
-preempts its youngest sequences (freed; their loops recompute by a new prefill).
+KV admission: the component is the scheduler's ``omnistep.kv.KVPool``. ``admit`` takes a
+prefill's blocks when they fit (after its shared prefix or group prompt), and the scheduler runs
+only admitted prefills; ``can_append`` says whether a decode batch's next tokens fit, and the
+scheduler ``preempt``s the least urgent sequences until they do (freed; their steps answer
+``preempted`` and their loops recompute by a new prefill). Called directly (tests, a component
+in a Ray actor), ``execute`` admits by itself: a prefill that does not fit answers ``preempted``
+(counted in ``num_refused_prefills``) and a decode batch that does not fit preempts its youngest
+sequences (``omnistep.kv.SequenceTable.grow``).
 
 Groups (``ARPrefillInput.share_group``, a rollout's samples of one input): a fresh prefill whose
 group already holds an equal prompt (equal by ``_prefix_key``, the family's content key of a
@@ -75,7 +80,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -108,6 +113,27 @@ class _SharedPrompt:
     num_tokens: int
     last_hidden: torch.Tensor  # [hidden], the final hidden state of the prompt's last row
     stream: Any  # what the computing sequence's prefill output streamed
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """An admitted prefill: the rows to compute (those past its kept prefix), or None for a
+    group member that forks its group's prompt (``key``)."""
+
+    unit: ARPrefillInput
+    rows: torch.Tensor | None
+    key: Hashable | None
+
+
+@dataclass
+class _Admitted:
+    """The prefills admitted for the next PREFILL batch, and what they hold together."""
+
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    computing: set[Hashable] = field(default_factory=set)  # group prompts a member computes
+    # kept prefixes made for the batch, computed before its prefills: key -> (rows, table)
+    prefixes: dict[Hashable, tuple[torch.Tensor, list[int]]] = field(default_factory=dict)
+    pinned: set[Hashable] = field(default_factory=set)  # kept prefixes it forks: not evicted
 
 
 @dataclass(frozen=True)
@@ -145,7 +171,7 @@ class PagedARModel:
     serving: bool = True
     """False on a ``training_copy``: it scores and trains, and never runs units."""
 
-    SERVING_STATE = ("cache", "table", "blocks", "lengths", "_shared", "_prefixes")
+    SERVING_STATE = ("cache", "table", "blocks", "lengths", "_shared", "_prefixes", "_admitted")
     """Attributes a ``training_copy`` leaves out (the KV pool and its bookkeeping)."""
 
     def __init__(
@@ -171,6 +197,10 @@ class PagedARModel:
         # (prefix key, rows) -> kept prefix, least recently used first
         self._prefixes: OrderedDict[Hashable, _KeptPrefix] = OrderedDict()
         self._prefix_ids = itertools.count()
+        self._admitted: _Admitted | None = None  # prefills ``admit`` took blocks for
+        self.num_refused_prefills = 0
+        """Prefills ``execute`` found no room for (answered preempted): 0 when the scheduler
+        admits them (``admit``)."""
         self.weight_version = 0
 
     # ------------------------------------------------------------ subclass hooks
@@ -241,6 +271,36 @@ class PagedARModel:
         cached = self.kept_prefix_blocks
         return self.blocks.num_used_blocks - cached, self.blocks.num_free_blocks + cached
 
+    def admit(self, payload: ARPrefillInput) -> bool:
+        """``omnistep.kv.KVPool.admit``: take the blocks of one prefill for the next PREFILL
+        batch when they fit now (a group member whose prompt is kept or admitted in the
+        batch forks it and takes none; a prompt with a kept prefix takes only the blocks past
+        it; kept prefixes are evicted when blocks are short). The batch's ``execute`` runs
+        it. A malformed prompt or one longer than the pool is admitted unheld: ``execute``
+        raises for it."""
+        batch = self._admitted = self._admitted or _Admitted()
+        try:
+            return self._admit_unit(payload, batch)
+        except (ValueError, KVCacheFullError):
+            return True
+
+    def can_append(self, payloads: Sequence[Any]) -> bool:
+        """``omnistep.kv.KVPool.can_append``: whether one decode step of every held sequence
+        of ``payloads`` fits in the free blocks and those only kept prefixes hold (evicted
+        first), with no preemption."""
+        seq_ids = [p.seq_id for p in payloads if p.seq_id in self.lengths]
+        return self.table.blocks_to_grow(seq_ids) <= self.kv_blocks()[1]
+
+    def preemption_frees(self, payload: Any) -> int:
+        """``omnistep.kv.KVPool.preemption_frees``: blocks only the unit's sequence holds."""
+        return self.table.preemption_frees(payload.seq_id)
+
+    def preempt(self, payload: Any) -> int:
+        """``omnistep.kv.KVPool.preempt``: free the unit's sequence (and a group prompt it
+        computed); its decode step answers ``preempted``. Returns the blocks freed."""
+        self._forget_shared(payload.seq_id)
+        return self.table.preempt(payload.seq_id)
+
     @property
     def kept_prefix_blocks(self) -> int:
         """Blocks held by kept prefixes and by no request (what ``drop_prefixes`` frees)."""
@@ -269,6 +329,10 @@ class PagedARModel:
         """Free the sequence's KV blocks (those it shares stay with their other holders) and
         forget a group prompt it computed (idempotent)."""
         self.table.free(seq_id)
+        self._forget_shared(seq_id)
+
+    def _forget_shared(self, seq_id: str) -> None:
+        """Forget the group prompts ``seq_id`` computed."""
         for key in [k for k, shared in self._shared.items() if shared.seq_id == seq_id]:
             del self._shared[key]
 
@@ -606,34 +670,41 @@ class PagedARModel:
 
     # ------------------------------------------------------------ prefill / decode
     def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
+        batch, self._admitted = self._admitted or _Admitted(), None
+        try:
+            return self._run_prefills(units, batch)
+        except BaseException:
+            for key in batch.prefixes:  # kept prefixes this batch made, never computed
+                self._drop_prefix(key)
+            raise
+
+    def _run_prefills(
+        self, units: Sequence[ARPrefillInput], batch: _Admitted
+    ) -> list[ARStepOutput]:
+        """Admit the units ``admit`` did not (a direct call, or a component the scheduler
+        cannot see), compute the batch's new prefixes and prompts, fork group members."""
         results = [ARStepOutput(preempted=True)] * len(units)
-        keys = [self._share_key(unit) for unit in units]
-        computing: set[Hashable] = set()
-        run, forks, inputs = [], [], {}
-        prefixes: dict[Hashable, tuple[torch.Tensor, list[int]]] = {}  # computed in this batch
-        pinned: set[Hashable] = set()  # kept prefixes this batch forks: never evicted in it
+        run, forks = [], []
         for i, unit in enumerate(units):
-            if keys[i] is not None and (keys[i] in computing or self._live_shared(keys[i])):
-                forks.append(i)
-                continue
-            rows = self._prefill_inputs(unit)  # validates before admitting
-            split = self._split(unit.prompt, rows.shape[0])
-            if split is None:
-                admitted = self._admit(unit.seq_id, rows.shape[0], pinned)
-            else:
-                admitted = self._admit_split(unit.seq_id, rows, split, prefixes, pinned)
-            if admitted:
-                inputs[i] = rows if split is None else rows[split[1] :]  # the rows to compute
-                run.append(i)
-                if keys[i] is not None:
-                    computing.add(keys[i])
-        self._trim_prefixes(pinned)
+            entry = batch.entries.get(unit.seq_id)
+            if entry is not None and entry.rows is None and not self._fork_ready(entry, batch):
+                entry = None  # its group's prompt was freed since admission: compute it
+            if entry is None or entry.unit is not unit:
+                if not self._admit_unit(unit, batch):
+                    self.num_refused_prefills += 1
+                    continue
+                entry = batch.entries[unit.seq_id]
+            (run if entry.rows is not None else forks).append(i)
+        self._trim_prefixes(batch.pinned)
+        keys = [self._share_key(unit) for unit in units]
         rows_out: dict[int, tuple[torch.Tensor, Any]] = {}
         if run:
-            if prefixes:
-                self._compute_prefixes(list(prefixes.values()))
+            if batch.prefixes:
+                self._compute_prefixes(list(batch.prefixes.values()))
+            batch.prefixes.clear()  # computed: kept from now on
             self.cache.copy_blocks(self.table.take_copies())  # forks writing past a prefix
-            computed = self._compute_prefills([units[i] for i in run], [inputs[i] for i in run])
+            inputs = [batch.entries[units[i].seq_id].rows for i in run]
+            computed = self._compute_prefills([units[i] for i in run], inputs)
             rows_out = dict(zip(run, computed, strict=True))
             for i in run:
                 if keys[i] is not None:
@@ -654,6 +725,36 @@ class PagedARModel:
             for i, out in zip(done, outputs, strict=True):
                 results[i] = out
         return results
+
+    def _admit_unit(self, unit: ARPrefillInput, batch: _Admitted) -> bool:
+        """Admit one prefill into ``batch``: a fresh member of a group whose prompt is kept
+        or computed in the batch forks it (no block taken); otherwise its blocks (after the
+        kept prefix it shares) are taken now. False: nothing held.
+
+        Raises:
+            ValueError: a malformed prompt. KVCacheFullError: longer than the whole pool.
+        """
+        key = self._share_key(unit)
+        if key is not None and (key in batch.computing or self._live_shared(key)):
+            batch.entries[unit.seq_id] = _Entry(unit, None, key)
+            return True
+        rows = self._prefill_inputs(unit)  # validates before admitting
+        split = self._split(unit.prompt, rows.shape[0])
+        if split is None:
+            admitted = self._admit(unit.seq_id, rows.shape[0], batch.pinned)
+        else:
+            admitted = self._admit_split(unit.seq_id, rows, split, batch.prefixes, batch.pinned)
+        if not admitted:
+            return False
+        batch.entries[unit.seq_id] = _Entry(unit, rows if split is None else rows[split[1] :], key)
+        if key is not None:
+            batch.computing.add(key)
+        return True
+
+    def _fork_ready(self, entry: _Entry, batch: _Admitted) -> bool:
+        """Whether a fork admitted earlier still has its group prompt: computed in this
+        batch, or kept by a live sequence."""
+        return entry.key in batch.computing or self._live_shared(entry.key)
 
     def _compute_prefills(
         self, units: list[ARPrefillInput], inputs: list[torch.Tensor]
@@ -805,10 +906,11 @@ class PagedARModel:
         return list(stream.split([len(rng) for rng in picked]))
 
     def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
-        seq_ids = [u.seq_id for u in units]
+        held = [i for i, u in enumerate(units) if u.seq_id not in self.table.preempted]
+        seq_ids = [units[i].seq_id for i in held]
         if self._prefixes and all(s in self.lengths for s in seq_ids):
             self._make_room(self.table.blocks_to_grow(seq_ids), set())  # before preempting
-        keep = self.table.grow(seq_ids)
+        keep = [held[i] for i in self.table.grow(seq_ids)]
         self.cache.copy_blocks(self.table.take_copies())  # shared blocks written this step
         results = [ARStepOutput(preempted=True)] * len(units)
         if not keep:
