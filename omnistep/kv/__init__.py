@@ -12,6 +12,7 @@ from omnistep.kv.blocks import (
     KVCacheConfig,
     KVCacheFullError,
     SequenceTable,
+    chain_hashes,
     kv_usage,
 )
 from omnistep.kv.pool import KVPool, kv_pool
@@ -23,6 +24,7 @@ __all__ = [
     "KVCacheFullError",
     "KVPool",
     "SequenceTable",
+    "chain_hashes",
     "kv_pool",
     "kv_usage",
 ]

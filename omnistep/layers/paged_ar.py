@@ -28,8 +28,8 @@ in a Ray actor), ``execute`` admits by itself: a prefill that does not fit answe
 sequences (``omnistep.kv.SequenceTable.grow``).
 
 Groups (``ARPrefillInput.share_group``, a rollout's samples of one input): a fresh prefill whose
-group already holds an equal prompt (equal by ``_prefix_key``, the family's content key of a
-prompt; None never shares) is not computed again. The new sequence starts on that prompt's
+group already holds an equal prompt (equal rows, found by their chained content hash,
+``omnistep.kv.chain_hashes``; every family shares so, with no hook) is not computed again. The new sequence starts on that prompt's
 blocks by reference (``SequenceTable.fork``), its first frame is sampled with its own generator
 from the prompt's kept last hidden state, and a block it shares is copied before it writes there
 (copy-on-write, ``PagedKVCache.copy_blocks``). Members of one group in one prefill batch: the
@@ -37,11 +37,14 @@ first computes, the others fork from it. The kept prompt lives as long as the se
 computed it.
 
 Prefixes (``_prompt_prefix``, across requests): a family may name a prefix of a prompt's rows
-that depends on a key only (Qwen3-TTS: a cloned voice's rows, whatever the text). A prefill of
+shared by other requests (Qwen3-TTS: a voice's rows, whatever the text). The block manager
+finds a kept copy by the chained content hash of those rows (``BlockManager.cache`` /
+``match`` / ``share``, as vLLM's and nano-vllm's prefix caching); the family only says where
+the prefix ends. A prefill of
 such a prompt (fresh, or a replay after a preemption) always runs split, whether or not the
 prefix is kept, so a request's numbers never depend on what ran before it: the prefix's K/V come
 from a kept prefix sequence (computed once by a prefill of the prefix rows alone, positions
-``0..n-1``), the request's sequence forks it (full blocks shared by reference, the partly filled
+``0..n-1``), the request's sequence shares its blocks (full blocks shared by reference, the partly filled
 last one copied before the request writes there), and a suffix prefill computes the remaining
 rows (positions ``n..``, attending to prefix + suffix). Kept prefixes live in an LRU of at most
 ``max_kept_prefixes``; when an admission (a prefill, or a decode step's growth, before it
@@ -86,7 +89,7 @@ from typing import Any
 import torch
 
 from omnistep.core import WorkUnitKind
-from omnistep.kv import BlockManager, KVCacheConfig, KVCacheFullError, SequenceTable
+from omnistep.kv import BlockManager, KVCacheConfig, KVCacheFullError, SequenceTable, chain_hashes
 from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.linear import linear
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
@@ -142,6 +145,8 @@ class _KeptPrefix:
 
     seq_id: str  # the sequence holding its blocks
     num_tokens: int
+    label: Hashable  # the family's name for it (``_prompt_prefix``), for ``drop_prefixes``
+    hashes: tuple[int, ...]  # chained content hashes of its rows, one per block
 
 
 class PagedARModel:
@@ -193,9 +198,10 @@ class PagedARModel:
         self.blocks = self.table.blocks
         self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
         self._teacher_ids = itertools.count()
-        self._shared: dict[Hashable, _SharedPrompt] = {}  # (group, prompt key) -> prompt
-        # (prefix key, rows) -> kept prefix, least recently used first
-        self._prefixes: OrderedDict[Hashable, _KeptPrefix] = OrderedDict()
+        # (group, content hash of the prompt's rows) -> prompt
+        self._shared: dict[Hashable, _SharedPrompt] = {}
+        # content hash of the prefix's rows -> kept prefix, least recently used first
+        self._prefixes: OrderedDict[int, _KeptPrefix] = OrderedDict()
         self._prefix_ids = itertools.count()
         self._admitted: _Admitted | None = None  # prefills ``admit`` took blocks for
         self.num_refused_prefills = 0
@@ -251,16 +257,12 @@ class PagedARModel:
         """Refresh what the family derives from the updated tensors (e.g. folded heads).
         Pre-packed linears need nothing: they repack when a weight's version changes."""
 
-    def _prefix_key(self, prompt: Any) -> Hashable | None:
-        """A content key of a prompt: two prompts with equal keys give equal KV and logits, so
-        a group's members may share one prefill. None (the default) never shares."""
-        return None
-
     def _prompt_prefix(self, prompt: Any) -> tuple[Hashable, int] | None:
-        """``(key, num_rows)``: the prompt's first ``num_rows`` input rows depend on ``key``
-        only (prompts with equal keys have equal first rows, so equal K/V there), and are
-        prefilled apart from the rest and kept for other requests (the module docstring's
-        "Prefixes"). None (the default): the prompt is prefilled whole."""
+        """``(label, num_rows)``: the prompt's first ``num_rows`` input rows are shared with
+        other requests (a voice's rows, whatever the text), so they are prefilled apart from
+        the rest and kept, found again by the content hash of those rows (the module
+        docstring's "Prefixes"); ``label`` names them for ``drop_prefixes``. None (the
+        default): the prompt is prefilled whole."""
         return None
 
     # ------------------------------------------------------------ Component API
@@ -317,10 +319,10 @@ class PagedARModel:
         return len(self._prefixes)
 
     def drop_prefixes(self, match: Callable[[Hashable], bool] | None = None) -> int:
-        """Forget kept prefixes (all, or those whose family key ``match`` accepts: the key
+        """Forget kept prefixes (all, or those whose label ``match`` accepts: the label
         ``_prompt_prefix`` gave) and free their blocks (those requests share stay with the
         requests). Call between steps. Returns how many were dropped."""
-        keys = [k for k in self._prefixes if match is None or match(k[0])]
+        keys = [k for k, kept in self._prefixes.items() if match is None or match(kept.label)]
         for key in keys:
             self._drop_prefix(key)
         return len(keys)
@@ -372,6 +374,7 @@ class PagedARModel:
             targets[name].copy_(torch.as_tensor(value))
         self._weights_updated(set(tensors))
         self.drop_prefixes()  # their K/V came from the old weights
+        self.blocks.forget_hashes()
 
     def training_copy(self) -> PagedARModel:
         """A trainer's copy (``omnistep.layers.training``): its own weights, equal to these,
@@ -504,7 +507,7 @@ class PagedARModel:
             num_rows = x.shape[0]
             prompt_len = num_rows - (len(frames) - 1)
             prompt_lens.append(prompt_len)
-            first = self._shared_prompt(firsts, prompt, prompt_len, i, num_rows, match_serving)
+            first = self._shared_prompt(firsts, x[:prompt_len], i, num_rows, match_serving)
             if first is not None:  # a group's prompt computed once: only the frames' rows
                 shared.append((first, prompt_len))
                 rows.append(x[prompt_len:])
@@ -538,21 +541,20 @@ class PagedARModel:
     def _shared_prompt(
         self,
         firsts: dict[Hashable, int],
-        prompt: Any,
-        prompt_len: int,
+        prompt_rows: torch.Tensor,
         index: int,
         num_rows: int,
         match_serving: bool,
     ) -> int | None:
-        """The earlier trajectory whose prompt rows trajectory ``index`` reuses (an equal
-        ``_prefix_key``, the same rows), else None (then it is the first of its key). Only
-        in the default mode (within rounding: under ``batch_invariant`` the reused rows
-        differed from a trajectory's own in the last bits, ~1e-6, measured on ChatTTS; not
-        yet explained), and not for a trajectory with no frame rows."""
-        key = self._prefix_key(prompt)
-        if key is None or self.batch_invariant:
+        """The earlier trajectory whose prompt rows trajectory ``index`` reuses (equal rows
+        ``[prompt_len, in_dim]``, by content hash), else None (then it is the first of its
+        rows). Only in the default mode (within rounding: under ``batch_invariant`` the
+        reused rows differed from a trajectory's own in the last bits, ~1e-6, measured on
+        ChatTTS; not yet explained), and not for a trajectory with no frame rows."""
+        if self.batch_invariant:
             return None
-        key = (key, prompt_len)
+        key = self._content_hashes(prompt_rows)[-1]
+        prompt_len = prompt_rows.shape[0]
         if key not in firsts:
             firsts[key] = index
             return None
@@ -696,7 +698,10 @@ class PagedARModel:
                 entry = batch.entries[unit.seq_id]
             (run if entry.rows is not None else forks).append(i)
         self._trim_prefixes(batch.pinned)
-        keys = [self._share_key(unit) for unit in units]
+        keys = [
+            batch.entries[unit.seq_id].key if unit.seq_id in batch.entries else None
+            for unit in units
+        ]
         rows_out: dict[int, tuple[torch.Tensor, Any]] = {}
         if run:
             if batch.prefixes:
@@ -734,11 +739,11 @@ class PagedARModel:
         Raises:
             ValueError: a malformed prompt. KVCacheFullError: longer than the whole pool.
         """
-        key = self._share_key(unit)
+        rows = self._prefill_inputs(unit)  # validates before admitting
+        key = self._share_key(unit, rows)
         if key is not None and (key in batch.computing or self._live_shared(key)):
             batch.entries[unit.seq_id] = _Entry(unit, None, key)
             return True
-        rows = self._prefill_inputs(unit)  # validates before admitting
         split = self._split(unit.prompt, rows.shape[0])
         if split is None:
             admitted = self._admit(unit.seq_id, rows.shape[0], batch.pinned)
@@ -779,17 +784,23 @@ class PagedARModel:
 
     # ------------------------------------------------------------ kept prefixes
     def _split(self, prompt: Any, num_rows: int) -> tuple[Hashable, int] | None:
-        """``(prefix key, n)`` of a prefill of ``num_rows`` rows whose first ``n`` rows come
-        from a kept prefix (``_prompt_prefix``, at most ``num_rows - 1`` rows so the last row
-        is computed), else None (also for ``stream_prompt_rows`` families)."""
+        """``(label, n)`` of a prefill of ``num_rows`` rows whose first ``n`` rows come from a
+        kept prefix (``_prompt_prefix``, at most ``num_rows - 1`` rows so the last row is
+        computed), else None (also for ``stream_prompt_rows`` families)."""
         if self.stream_prompt_rows:
             return None
         prefix = self._prompt_prefix(prompt)
         if prefix is None:
             return None
-        key, n = prefix
+        label, n = prefix
         n = min(int(n), num_rows - 1)
-        return None if n < 1 else ((key, n), n)
+        return None if n < 1 else (label, n)
+
+    def _content_hashes(self, rows: torch.Tensor) -> list[int]:
+        """Chained content hashes (``omnistep.kv.chain_hashes``) of input rows
+        ``[n, in_dim]``, one per block: equal hashes, bit-equal rows."""
+        raw = rows.detach().contiguous().view(torch.uint8).cpu().numpy()  # [n, in_dim * bytes]
+        return chain_hashes([row.tobytes() for row in raw], self.blocks.block_size)
 
     def _admit(self, seq_id: str, num_tokens: int, pinned: set[Hashable]) -> bool:
         """``SequenceTable.admit_prefill``, evicting kept prefixes when the blocks are short."""
@@ -806,13 +817,16 @@ class PagedARModel:
         prefixes: dict[Hashable, tuple[torch.Tensor, list[int]]],
         pinned: set[Hashable],
     ) -> bool:
-        """Admit a prefill of ``rows`` whose first ``n`` rows are the kept prefix ``key``: the
-        sequence forks the prefix (made now, and queued in ``prefixes`` for this batch to
-        compute, if it is not kept) and grows to all its rows. Kept prefixes are evicted when
-        blocks are short; last, the sequence takes its prefix's blocks over (the prefix is no
-        longer kept), so it needs no more blocks than a whole prefill. False: not admitted
-        (nothing held)."""
-        key, n = split
+        """Admit a prefill of ``rows`` whose first ``n`` rows are a kept prefix, found by their
+        content hash in the block manager (``BlockManager.match``): the sequence shares the
+        prefix's blocks (made now, and queued in ``prefixes`` for this batch to compute, if
+        none is kept) and grows to all its rows. Kept prefixes are evicted when blocks are
+        short; last, the sequence takes its prefix's blocks over (the prefix is no longer
+        kept), so it needs no more blocks than a whole prefill. False: not admitted (nothing
+        held)."""
+        label, n = split
+        hashes = tuple(self._content_hashes(rows[:n]))
+        key = hashes[-1]
         num_rows = rows.shape[0]
         blocks = self.blocks
         self.table.free(seq_id)
@@ -826,12 +840,14 @@ class PagedARModel:
             keeping = blocks.blocks_needed(n) + whole - n // blocks.block_size
             if not self._make_room(keeping, pinned) and not self._make_room(whole, pinned):
                 return False
-            kept = _KeptPrefix(f"prefix/{type(self).__name__}/{next(self._prefix_ids)}", n)
+            prefix_id = f"prefix/{type(self).__name__}/{next(self._prefix_ids)}"
+            kept = _KeptPrefix(prefix_id, n, label, hashes)
             self.table.admit_prefill(kept.seq_id, n)
+            blocks.cache(kept.seq_id, hashes)  # computed by this batch before any reads it
             self._prefixes[key] = kept
             prefixes[key] = (rows[:n], blocks.block_table(kept.seq_id))
         self._prefixes.move_to_end(key)
-        self.table.fork(kept.seq_id, seq_id, n)
+        self.table.share(seq_id, blocks.match(hashes), n)
         if not self._make_room(self.table.extend_cost(seq_id, num_rows), pinned):
             self._drop_prefix(key)  # take its blocks over: no private copy of the last one
         if self.table.extend(seq_id, num_rows):
@@ -871,12 +887,12 @@ class PagedARModel:
         if kept is not None:
             self.table.free(kept.seq_id)
 
-    def _share_key(self, unit: ARPrefillInput) -> Hashable | None:
-        """``(group, prompt key)`` of a fresh prefill that may share, else None."""
+    def _share_key(self, unit: ARPrefillInput, rows: torch.Tensor) -> Hashable | None:
+        """``(group, content hash of its rows)`` of a fresh prefill that may share its
+        group's equal prompt, else None."""
         if unit.share_group is None or unit.generated:
             return None
-        key = self._prefix_key(unit.prompt)
-        return None if key is None else (unit.share_group, key)
+        return unit.share_group, self._content_hashes(rows)[-1]
 
     def _live_shared(self, key: Hashable) -> bool:
         """Whether a group prompt is kept and its sequence still holds its blocks (a
