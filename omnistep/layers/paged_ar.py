@@ -29,12 +29,12 @@ sequences (``omnistep.kv.SequenceTable.grow``).
 
 Groups (``ARPrefillInput.share_group``, a rollout's samples of one input): a fresh prefill whose
 group already holds an equal prompt (equal rows, found by their chained content hash,
-``omnistep.kv.chain_hashes``; every family shares so, with no hook) is not computed again. The new sequence starts on that prompt's
-blocks by reference (``SequenceTable.fork``), its first frame is sampled with its own generator
-from the prompt's kept last hidden state, and a block it shares is copied before it writes there
-(copy-on-write, ``PagedKVCache.copy_blocks``). Members of one group in one prefill batch: the
-first computes, the others fork from it. The kept prompt lives as long as the sequence that
-computed it.
+``omnistep.kv.chain_hashes``; every family shares so, with no hook) is not computed again. The
+new sequence starts on that prompt's blocks by reference (``SequenceTable.fork``), its first
+frame is sampled with its own generator from the prompt's kept last hidden state, and a block it
+shares is copied before it writes there (copy-on-write, ``PagedKVCache.copy_blocks``). Members
+of one group in one prefill batch: the first computes, the others fork from it. The kept prompt
+lives as long as the sequence that computed it.
 
 Prefixes (``_prompt_prefix``, across requests): a family may name a prefix of a prompt's rows
 shared by other requests (Qwen3-TTS: a voice's rows, whatever the text). The block manager
@@ -44,8 +44,8 @@ the prefix ends. A prefill of
 such a prompt (fresh, or a replay after a preemption) always runs split, whether or not the
 prefix is kept, so a request's numbers never depend on what ran before it: the prefix's K/V come
 from a kept prefix sequence (computed once by a prefill of the prefix rows alone, positions
-``0..n-1``), the request's sequence shares its blocks (full blocks shared by reference, the partly filled
-last one copied before the request writes there), and a suffix prefill computes the remaining
+``0..n-1``), the request's sequence shares its blocks (full blocks by reference, the partly
+filled last one copied before the request writes there), and a suffix prefill computes the remaining
 rows (positions ``n..``, attending to prefix + suffix). Kept prefixes live in an LRU of at most
 ``max_kept_prefixes``; when an admission (a prefill, or a decode step's growth, before it
 preempts anyone) lacks blocks, the least recently used are evicted (never one a fork of the same
