@@ -220,6 +220,7 @@ class AsyncEngine:
         self._executor = executor or InProcessExecutor(self.config.num_workers)
         self._executor.attach(self.models.values())
         self._busy: Counter[tuple[str, str]] = Counter()
+        self._pools: dict[tuple[str, str], KVPool | None] = {}
         self._scheduler = Scheduler(self._max_batch_size, self._kv_pool)
         self._runs: dict[str, _RequestRun] = {}
         self._waiting: deque[_RequestRun] = deque()  # added, not yet admitted (EDF admission)
@@ -1082,7 +1083,12 @@ class AsyncEngine:
         self._wake.set()  # freed KV blocks may admit a waiting prefill
 
     def _kv_pool(self, model_id: str, component: str) -> KVPool | None:
-        return kv_pool(self.models[model_id].components[component])
+        """The component's KV pool for the scheduler's admission (looked up once: the
+        components are fixed once the executor attached)."""
+        key = (model_id, component)
+        if key not in self._pools:
+            self._pools[key] = kv_pool(self.models[model_id].components[component])
+        return self._pools[key]
 
     def _max_batch_size(self, model_id: str, component: str) -> int:
         return min(self.config.max_batch_size, self.models[model_id].max_batch_size(component))
