@@ -176,7 +176,16 @@ class PagedARModel:
     serving: bool = True
     """False on a ``training_copy``: it scores and trains, and never runs units."""
 
-    SERVING_STATE = ("cache", "table", "blocks", "lengths", "_shared", "_prefixes", "_admitted")
+    SERVING_STATE = (
+        "cache",
+        "table",
+        "blocks",
+        "lengths",
+        "_shared",
+        "_prefixes",
+        "_admitted",
+        "_waiting_rows",
+    )
     """Attributes a ``training_copy`` leaves out (the KV pool and its bookkeeping)."""
 
     def __init__(
@@ -204,6 +213,7 @@ class PagedARModel:
         self._prefixes: OrderedDict[int, _KeptPrefix] = OrderedDict()
         self._prefix_ids = itertools.count()
         self._admitted: _Admitted | None = None  # prefills ``admit`` took blocks for
+        self._waiting_rows: tuple[ARPrefillInput, torch.Tensor] | None = None  # not admitted
         self.num_refused_prefills = 0
         """Prefills ``execute`` found no room for (answered preempted): 0 when the scheduler
         admits them (``admit``)."""
@@ -553,8 +563,8 @@ class PagedARModel:
         ChatTTS; not yet explained), and not for a trajectory with no frame rows."""
         if self.batch_invariant:
             return None
-        key = self._content_hashes(prompt_rows)[-1]
         prompt_len = prompt_rows.shape[0]
+        key = self._content_hashes(prompt_rows, max(1, prompt_len))[-1]  # a copy has no pool
         if key not in firsts:
             firsts[key] = index
             return None
@@ -739,7 +749,9 @@ class PagedARModel:
         Raises:
             ValueError: a malformed prompt. KVCacheFullError: longer than the whole pool.
         """
-        rows = self._prefill_inputs(unit)  # validates before admitting
+        waiting = self._waiting_rows
+        rows = waiting[1] if waiting and waiting[0] is unit else self._prefill_inputs(unit)
+        self._waiting_rows = None
         key = self._share_key(unit, rows)
         if key is not None and (key in batch.computing or self._live_shared(key)):
             batch.entries[unit.seq_id] = _Entry(unit, None, key)
@@ -750,6 +762,7 @@ class PagedARModel:
         else:
             admitted = self._admit_split(unit.seq_id, rows, split, batch.prefixes, batch.pinned)
         if not admitted:
+            self._waiting_rows = (unit, rows)  # asked again at the next batch: not recomputed
             return False
         batch.entries[unit.seq_id] = _Entry(unit, rows if split is None else rows[split[1] :], key)
         if key is not None:
@@ -796,11 +809,13 @@ class PagedARModel:
         n = min(int(n), num_rows - 1)
         return None if n < 1 else (label, n)
 
-    def _content_hashes(self, rows: torch.Tensor) -> list[int]:
+    def _content_hashes(self, rows: torch.Tensor, block_size: int | None = None) -> list[int]:
         """Chained content hashes (``omnistep.kv.chain_hashes``) of input rows
-        ``[n, in_dim]``, one per block: equal hashes, bit-equal rows."""
+        ``[n, in_dim]``, one per block of ``block_size`` rows (default: the KV pool's):
+        equal hashes, bit-equal rows."""
         raw = rows.detach().contiguous().view(torch.uint8).cpu().numpy()  # [n, in_dim * bytes]
-        return chain_hashes([row.tobytes() for row in raw], self.blocks.block_size)
+        size = block_size or self.blocks.block_size
+        return chain_hashes([row.tobytes() for row in raw], size)
 
     def _admit(self, seq_id: str, num_tokens: int, pinned: set[Hashable]) -> bool:
         """``SequenceTable.admit_prefill``, evicting kept prefixes when the blocks are short."""
