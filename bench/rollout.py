@@ -44,6 +44,10 @@ How to run
     .venv/bin/python bench/rollout.py --tokens 64 --skip-upstream --root /tmp/ckpt
     .venv/bin/python bench/rollout.py --device cuda --threads 8
     .venv/bin/python bench/rollout.py --size tiny --tokens 4 --n 2 --update-reps 1  # seconds
+    .venv/bin/python bench/rollout.py --grpo chattts,qwen3_tts --tokens 32   # GRPO split
+
+``--grpo`` times one GRPO iteration's phases instead (``bench/grpo_split.py``: rollout, score
+packed and per sample, backward, optimizer, update_weights) and writes ``rollout_grpo.json``.
 
 It prints a table and writes ``bench/results/rollout.json`` (``--out``); the load average is
 stored with each measurement (compare only figures of one run).
@@ -319,6 +323,31 @@ def report(args: argparse.Namespace, ours: dict[str, Any], up: dict[str, Any] | 
     return ratios
 
 
+def run_grpo(args: argparse.Namespace) -> None:
+    """``--grpo``: ``grpo_split.run_family`` per family; prints the split and writes
+    ``rollout_grpo.json`` beside ``--out``."""
+    from grpo_split import run_family
+
+    results = []
+    for family in args.grpo.split(","):
+        res = run_family(
+            family, size=args.size, root=args.root, inputs=args.inputs, n=args.n,
+            tokens=args.tokens, iterations=args.iterations, device=args.device,
+        )  # fmt: skip
+        results.append(res)
+        split = ", ".join(f"{k} {v:.3f}" for k, v in res["cpu_s"].items())
+        verdict = "MET" if res["score_ratio_cpu"] <= 0.3 else "missed"
+        print(f"{family} ({res['samples']} samples x {res['frames_per_sample']} frames), cpu s: {split}")
+        print(
+            f"  packed score / per-sample score: {res['score_ratio_cpu']:.3f} cpu, "
+            f"{res['score_ratio_wall']:.3f} wall (target <= 0.3) {verdict}"
+        )
+    out = args.out.with_name("rollout_grpo.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"load": load_avg(), "results": results}, indent=1))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--inputs", type=int, default=2, help="distinct inputs")
@@ -335,7 +364,18 @@ def main() -> None:
     ap.add_argument("--update-reps", type=int, default=3, help="weight updates timed")
     ap.add_argument("--skip-upstream", action="store_true", help="omnistep sides only")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument(
+        "--grpo",
+        metavar="FAMILIES",
+        help="instead: one GRPO iteration's split (bench/grpo_split.py) for these families, "
+        "comma-separated (chattts,qwen3_tts); uses --size --inputs --n --tokens --device",
+    )
+    ap.add_argument("--iterations", type=int, default=2, help="--grpo: timed iterations")
     args = ap.parse_args()
+    if args.grpo:
+        torch.set_num_threads(args.threads)
+        run_grpo(args)
+        return
     args.root = args.root or SIZES[args.size][1]
     device = resolve_device(args.device)  # one clear error when CUDA is asked and absent
     torch.set_num_threads(args.threads)

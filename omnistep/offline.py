@@ -759,7 +759,7 @@ def score_samples(
 
     Under ``batch_invariant`` the result equals the recorded ``LoopActions.logprobs`` (in the
     same mode) to the bit on CPU; in the default mode it equals them where serving's kernels
-    were batch-invariant by themselves, else within float32 rounding (README, "score").
+    were batch-invariant by themselves, else within float32 rounding (docs/rl.md, "Scoring").
     A sample whose sequence was preempted and recomputed replayed its frames in a prefill's
     shapes: equal within rounding (~1e-6), not to the bit.
 
@@ -780,7 +780,7 @@ def score_samples(
             loops of one card, loop and mode are packed (``PagedARModel.score_batch``: every
             GEMM over all their rows, attention per sequence); each sample's result equals
             its own scoring to the bit under ``batch_invariant``, and within float32
-            rounding of the larger GEMMs otherwise (README, "score").
+            rounding of the larger GEMMs otherwise (docs/rl.md, "Scoring").
 
     A denoise loop's SDE steps (``RolloutSample.denoise``, Flow-GRPO) are scored the same
     way: each step's mean recomputed by the component's own code (the window's conditioning,

@@ -461,7 +461,7 @@ def test_bench_stops_after_a_failed_warmup(tmp_path, capsys):
         run_bench(dead, "toy", [1], 2, warmup=1)
 
 
-# ------------------------------------------------------------------ help, version, README
+# ------------------------------------------------------- help, version, docs/serving.md
 
 
 def test_version_matches_the_package():
@@ -514,9 +514,9 @@ def test_every_option_of_every_command_has_help_with_its_default():
                 assert "default" in text and str(action.default) in text, f"{name} {flag}"
 
 
-def test_readme_serve_synopsis_lists_every_flag():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## `omnistep serve`", 1)[1]
+def test_serving_docs_synopsis_lists_every_flag():
+    page = (ROOT / "docs" / "serving.md").read_text()
+    section = page.split("## `omnistep serve`", 1)[1]
     synopsis = section.split("```", 2)[1]
     listed = set(re.findall(r"--[a-z][\w-]*", synopsis))
     serve = _subparsers(build_parser())["serve"]

@@ -1,5 +1,5 @@
-"""The import rules between omnistep's planes (DESIGN.md, "Planes and import rules"), checked
-on every module's source, imports inside functions included."""
+"""The import rules between omnistep's planes (docs/architecture.md, "Planes and import
+rules"), checked on every module's source, imports inside functions included."""
 
 from __future__ import annotations
 

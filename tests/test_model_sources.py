@@ -34,13 +34,13 @@ CASES = {
         "custom_voice",
         {"kv_cache_gb": 0.01},
         {"text": "hello world", "voice": "ryan"},
-        5 * 1920,  # max_new_tokens 6: 5 frames, as upstream counts (see README Qwen3-TTS)
+        5 * 1920,  # max_new_tokens 6: 5 frames, as upstream counts (docs/models/qwen3_tts.md)
     ),
     "qwen3_tts/voice_design": (
         "voice_design",
         {"kv_cache_gb": 0.01},
         {"text": "hello world", "instructions": "a calm low voice"},
-        5 * 1920,  # max_new_tokens 6: 5 frames, as upstream counts (see README Qwen3-TTS)
+        5 * 1920,  # max_new_tokens 6: 5 frames, as upstream counts (docs/models/qwen3_tts.md)
     ),
     "qwen3_tts/base": ("base", {"kv_cache_gb": 0.01}, {"text": "hello world"}, 5 * 1920),
     "qwen2_5_omni": (

@@ -182,7 +182,7 @@ async def test_vllm_omni_client_request_clones_from_a_data_url(folders, wav, spe
         r = await c.post(SPEECH, json=_vllm_payload(BASE_NAME, _data_url(data), seed=5))
         assert r.status_code == 200, r.text
         audio, rate = sf.read(io.BytesIO(r.content), dtype="float32")
-        # max_new_tokens 3: 2 frames, as upstream counts (README, Qwen3-TTS)
+        # max_new_tokens 3: 2 frames, as upstream counts (docs/models/qwen3_tts.md)
         assert rate == 24000 and audio.shape == (2 * HOP,) and np.abs(audio).max() > 0
         # "voice": "Vivian" is ignored beside ref_audio; the spec gives the same samples
         body = {**_vllm_payload(BASE_NAME, seed=5), "voice": spec}

@@ -333,7 +333,7 @@ def _generation_failed(error: dict) -> None:
 
 
 def _check_failed(mode: str, marker: str, out: dict) -> None:
-    """What a client sees when its request fails inside the engine (the README's contract)."""
+    """What a client sees when its request fails inside the engine (docs/api.md, Errors)."""
     if mode == "raw" and out["status"] == 200:
         # the 200 was sent with the first audio: the failure cuts the body short
         assert marker != "<fail-vocoder>"  # that one fails before any audio exists
