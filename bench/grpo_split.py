@@ -17,9 +17,9 @@ An iteration, as ``examples/grpo_chattts.py`` runs it:
 * **update**: ``update_weights(trainer)``: the engine serves the trainer's weights.
 
 Score is timed twice per iteration on the same samples (packed and per sample, the order
-alternating between iterations; only the packed result is backpropagated); CPU seconds (this process) are recorded beside wall seconds,
-the steadier figure on a shared machine. Target (issue 31, item 9): packed score <= 0.3 x
-per-sample score for 16 samples.
+alternating between iterations; only the packed result is backpropagated); CPU seconds (this
+process) are recorded beside wall seconds, the steadier figure on a shared machine. Target
+(issue 31, item 9): packed score <= 0.3 x per-sample score for 16 samples.
 
 Checkpoints: ChatTTS at the official sizes with seeded random weights (``--size full``, written
 once by ``bench/ar_decode.py``'s ``ensure_checkpoint``) or the servable tiny one; Qwen3-TTS

@@ -47,7 +47,8 @@ How to run
     .venv/bin/python bench/rollout.py --grpo chattts,qwen3_tts --tokens 32   # GRPO split
 
 ``--grpo`` times one GRPO iteration's phases instead (``bench/grpo_split.py``: rollout, score
-packed and per sample, backward, optimizer, update_weights) and writes ``rollout_grpo.json``.
+packed and per sample, backward, optimizer, update_weights) and writes ``rollout_grpo.json``;
+with ``--broadcast`` also the weight broadcast to 2 Ray replicas (``bench/rollout_broadcast.py``).
 
 It prints a table and writes ``bench/results/rollout.json`` (``--out``); the load average is
 stored with each measurement (compare only figures of one run).
@@ -337,14 +338,28 @@ def run_grpo(args: argparse.Namespace) -> None:
         results.append(res)
         split = ", ".join(f"{k} {v:.3f}" for k, v in res["cpu_s"].items())
         verdict = "MET" if res["score_ratio_cpu"] <= 0.3 else "missed"
-        print(f"{family} ({res['samples']} samples x {res['frames_per_sample']} frames), cpu s: {split}")
+        shape = f"{res['samples']} samples x {res['frames_per_sample']} frames"
+        print(f"{family} ({shape}), cpu s: {split}")
         print(
             f"  packed score / per-sample score: {res['score_ratio_cpu']:.3f} cpu, "
             f"{res['score_ratio_wall']:.3f} wall (target <= 0.3) {verdict}"
         )
+    broadcast = None
+    if args.broadcast:
+        from rollout_broadcast import measure_broadcast
+
+        root = SIZES[args.size][1]
+        ensure_checkpoint(root, args.size)
+        broadcast = measure_broadcast(root)
+        verdict = "MET" if broadcast["ratio"] <= 2 else "missed"
+        print(
+            f"broadcast to 2 replicas {broadcast['broadcast_s']:.3f} s, in-process update "
+            f"{broadcast['in_process_s']:.3f} s: {broadcast['ratio']:.2f}x (target <= 2x) {verdict}"
+        )
     out = args.out.with_name("rollout_grpo.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"load": load_avg(), "results": results}, indent=1))
+    report = {"load": load_avg(), "results": results, "broadcast": broadcast}
+    out.write_text(json.dumps(report, indent=1))
     print(f"wrote {out}")
 
 
@@ -371,6 +386,12 @@ def main() -> None:
         "comma-separated (chattts,qwen3_tts); uses --size --inputs --n --tokens --device",
     )
     ap.add_argument("--iterations", type=int, default=2, help="--grpo: timed iterations")
+    ap.add_argument(
+        "--broadcast",
+        action="store_true",
+        help="with --grpo: also the weight broadcast to 2 Ray replicas vs an in-process update "
+        "(bench/rollout_broadcast.py, --size's ChatTTS)",
+    )
     args = ap.parse_args()
     if args.grpo:
         torch.set_num_threads(args.threads)

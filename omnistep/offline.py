@@ -153,6 +153,37 @@ class LoopActions:
         return prompt_token_ids(self.prompt)
 
 
+def check_rollout_args(
+    inputs: str | Sequence[str], n: int, seed: int | None, logprobs: str
+) -> tuple[list[str], int]:
+    """``rollout``'s checks of its arguments, before anything runs: the inputs as a list and
+    the base seed (drawn when ``seed`` is None).
+
+    Raises:
+        InvalidRequestError: ``n`` outside [1, ``MAX_GROUP_SIZE``], an unknown log-prob mode,
+            no inputs, a seed that is not an integer in [0, 2**63-1-n].
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_GROUP_SIZE:
+        raise InvalidRequestError(
+            f"n must be an integer in [1, {MAX_GROUP_SIZE}], got {n!r}", param="n"
+        )
+    if logprobs not in LOGPROB_MODES:
+        raise InvalidRequestError(
+            f"logprobs must be one of {', '.join(LOGPROB_MODES)}, got {logprobs!r}",
+            param="logprobs",
+        )
+    inputs = _texts(inputs, "inputs")
+    if not inputs:
+        raise InvalidRequestError("inputs is empty", param="inputs")
+    if seed is None:
+        seed = secrets.randbelow(MAX_SEED - MAX_GROUP_SIZE + 1)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED - n:
+        raise InvalidRequestError(
+            f"seed must be an integer in [0, 2**63-1-n], got {seed!r}", param="seed"
+        )
+    return inputs, seed
+
+
 def prompt_token_ids(prompt: Any) -> list[int] | None:
     """``prompt`` as a list of ints when it is a sequence of ints, else None."""
     if isinstance(prompt, str | bytes) or not isinstance(prompt, Sequence | np.ndarray):
@@ -222,6 +253,8 @@ class RolloutSample:
         model: the card id the sample ran on.
         denoise: the SDE steps of each denoise loop that sampled some (cascade cards asked
             for ``flow_noise_level`` > 0), by program node name; empty otherwise.
+        replica: the rollout replica that ran it (``RolloutReplicas``: every sample of a
+            group has the same one); None when it ran in this process.
     """
 
     index: int
@@ -233,6 +266,7 @@ class RolloutSample:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     model: str = ""
     denoise: dict[str, DenoiseSteps] = field(default_factory=dict)
+    replica: int | None = None
 
 
 @dataclass(frozen=True)
@@ -442,24 +476,7 @@ class AsyncOmniEngine:
                 not a string, a bad input or setting.
             RequestFailedError: a request failed while running.
         """
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_GROUP_SIZE:
-            raise InvalidRequestError(
-                f"n must be an integer in [1, {MAX_GROUP_SIZE}], got {n!r}", param="n"
-            )
-        if logprobs not in LOGPROB_MODES:
-            raise InvalidRequestError(
-                f"logprobs must be one of {', '.join(LOGPROB_MODES)}, got {logprobs!r}",
-                param="logprobs",
-            )
-        inputs = _texts(inputs, "inputs")
-        if not inputs:
-            raise InvalidRequestError("inputs is empty", param="inputs")
-        if seed is None:
-            seed = secrets.randbelow(MAX_SEED - MAX_GROUP_SIZE + 1)
-        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED - n:
-            raise InvalidRequestError(
-                f"seed must be an integer in [0, 2**63-1-n], got {seed!r}", param="seed"
-            )
+        inputs, seed = check_rollout_args(inputs, n, seed, logprobs)
         card_id = self.card_id(model)
         card = self.engine.models[card_id].card
         groups = [f"rollout-{uuid.uuid4().hex[:12]}/{i}" for i in range(len(inputs))]
@@ -612,7 +629,7 @@ class AsyncOmniEngine:
             model = model or trainer.card_id
             tensors: Mapping[str, Any] = await asyncio.to_thread(trainer.state)
         else:
-            tensors = await asyncio.to_thread(releasing(_read_weights), weights)
+            tensors = await asyncio.to_thread(releasing(read_weights), weights)
         card_id = self.card_id(model)
         done = await self.engine.apply_weights(card_id, tensors, version, mode, check_finite)
         if trainer is not None and card_id == trainer.card_id:
@@ -811,7 +828,7 @@ def score_samples(
             f"batch_size must be a positive integer, got {batch_size!r}", param="batch_size"
         )
     copy = _scoring_copy(trainer, reference)
-    flat = _flatten(samples)
+    flat = flatten_samples(samples)
     out: list[dict[str, Any]] = [{} for _ in flat]
     # (card, loop name, mode) -> (sample index, sample, actions): scored together
     pending: dict[tuple[str, str, str], list[tuple[int, RolloutSample, LoopActions]]] = {}
@@ -941,9 +958,14 @@ def _scoring_copy(trainer: Trainer | None, reference: bool) -> ModelInstance | N
     return trainer.reference
 
 
-def _flatten(
+def flatten_samples(
     samples: RolloutSample | RolloutGroup | Sequence[RolloutSample | RolloutGroup],
 ) -> list[RolloutSample]:
+    """``score``'s samples as one list: groups flattened in order.
+
+    Raises:
+        InvalidRequestError: an item that is neither a ``RolloutSample`` nor a ``RolloutGroup``.
+    """
     items = [samples] if isinstance(samples, RolloutSample | RolloutGroup) else list(samples)
     flat: list[RolloutSample] = []
     for item in items:
@@ -998,7 +1020,7 @@ def _actions(records: list, info: dict, mode: str) -> LoopActions:
     )
 
 
-def _read_weights(weights: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
+def read_weights(weights: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
     """Tensors by name from a mapping or a safetensors file (read with torch when it is
     installed, else as numpy arrays)."""
     if isinstance(weights, Mapping):

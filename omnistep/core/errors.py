@@ -2,7 +2,20 @@
 
 
 class OmnistepError(Exception):
-    """Base of every error omnistep raises on purpose."""
+    """Base of every error omnistep raises on purpose. Pickles with its attributes (subclasses
+    whose ``__init__`` takes other arguments than the message included), so an error raised
+    in another process (a Ray actor) arrives as itself."""
+
+    def __reduce__(self) -> tuple:
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type, args: tuple, state: dict) -> OmnistepError:
+    """An unpickled ``OmnistepError``: made without calling ``__init__``."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class InvalidRequestError(OmnistepError, ValueError):
