@@ -5,7 +5,14 @@ import random
 import pytest
 
 from omnistep.core.errors import OmnistepError
-from omnistep.kv import BlockManager, FreeRuns, KVCacheConfig, KVCacheFullError, SequenceTable
+from omnistep.kv import (
+    BlockManager,
+    FreeRuns,
+    KVCacheConfig,
+    KVCacheFullError,
+    SequenceTable,
+    chain_hashes,
+)
 
 
 def test_blocks_needed_rounds_up():
@@ -339,3 +346,107 @@ def test_random_groups_leak_nothing_and_keep_counts_consistent():
     for seq_id in list(table.lengths):
         table.free(seq_id)
     assert manager.num_free_blocks == manager.num_blocks
+
+
+# ---------------------------------------------------------------- prefix sharing by content hash
+
+
+def _rows(*ids: int) -> list[bytes]:
+    return [i.to_bytes(4, "little") for i in ids]
+
+
+def test_chain_hashes_name_a_block_by_its_rows_and_everything_before_them():
+    a = chain_hashes(_rows(1, 2, 3, 4, 5, 6), block_size=4)
+    assert len(a) == 2  # one full block, one partly filled
+    assert chain_hashes(_rows(1, 2, 3, 4, 5, 6), 4) == a  # deterministic
+    assert chain_hashes(_rows(1, 2, 3, 4, 5, 7), 4) == [
+        a[0],
+        chain_hashes(_rows(1, 2, 3, 4, 5, 7), 4)[1],
+    ]
+    assert chain_hashes(_rows(1, 2, 3, 4, 5, 7), 4)[1] != a[1]  # divergent tail
+    assert chain_hashes(_rows(9, 2, 3, 4, 5, 6), 4)[1] != a[1]  # same rows after another head
+    assert chain_hashes(_rows(1, 2, 3, 4, 5), 4)[1] != a[1]  # fewer rows in the block
+    with pytest.raises(ValueError, match="block_size"):
+        chain_hashes(_rows(1), 0)
+
+
+def test_equal_prefixes_share_blocks_by_reference():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    prompt = _rows(*range(10))  # 2 full blocks and 2 rows
+    hashes = chain_hashes(prompt, 4)
+    table = manager.allocate("a", 10)
+    manager.cache("a", hashes)
+    assert manager.match(hashes) == table
+    assert manager.share("b", manager.match(hashes)) == table
+    assert [manager.ref_count(b) for b in table] == [2, 2, 2]
+    assert manager.num_used_blocks == 3  # nothing taken for "b"
+    # a prompt that diverges in its second block shares only the first
+    other = chain_hashes(_rows(0, 1, 2, 3, 4, 99, 6, 7), 4)
+    assert manager.match(other) == table[:1]
+    manager.share("c", manager.match(other))
+    assert manager.allocate("c", 8)[1] != table[1]  # its own second block
+    assert manager.ref_count(table[0]) == 3 and manager.ref_count(table[1]) == 2
+    with pytest.raises(ValueError, match="already holds"):
+        manager.share("b", table)
+
+
+def test_divergent_tails_copy_the_shared_partial_block_on_write():
+    table = SequenceTable(BlockManager(num_blocks=8, block_size=4))
+    hashes = chain_hashes(_rows(*range(6)), 4)
+    table.admit_prefill("a", 6)
+    table.blocks.cache("a", hashes)
+    table.share("b", table.blocks.match(hashes), 6)
+    assert table.lengths["b"] == 6
+    shared = table.blocks.block_table("a")
+    assert table.grow(["b"]) == [0]  # b writes token 6 into the shared partial block
+    [(source, destination)] = table.take_copies()
+    assert source == shared[1] and destination not in shared
+    assert table.blocks.block_table("b") == [shared[0], destination]
+    assert table.blocks.ref_count(shared[0]) == 2 and table.blocks.ref_count(shared[1]) == 1
+    assert table.grow(["a"]) == [0] and table.take_copies() == []  # a's block is its own now
+    with pytest.raises(ValueError, match="do not hold"):
+        table.share("c", shared, 9)
+
+
+def test_hashes_are_forgotten_with_their_blocks():
+    manager = BlockManager(num_blocks=4, block_size=2)
+    hashes = chain_hashes(_rows(1, 2, 3), 2)
+    manager.allocate("a", 3)
+    manager.cache("a", hashes)
+    manager.share("b", manager.match(hashes))
+    manager.free("a")
+    assert len(manager.match(hashes)) == 2  # b still holds the rows
+    manager.free("b")
+    assert manager.match(hashes) == [] and manager.num_free_blocks == 4
+    manager.allocate("c", 4)  # the same blocks, other rows: not found by the old hashes
+    assert manager.match(hashes) == []
+    manager.cache("c", hashes[:1])
+    manager.forget_hashes()
+    assert manager.match(hashes) == []
+    with pytest.raises(ValueError, match="not in use"):
+        manager.share("d", [3])
+
+
+def test_a_later_copy_of_equal_rows_is_the_one_found():
+    manager = BlockManager(num_blocks=8, block_size=2)
+    hashes = chain_hashes(_rows(1, 2, 3, 4), 2)
+    first = manager.allocate("a", 4)
+    manager.cache("a", hashes)
+    second = manager.allocate("b", 4)
+    manager.cache("b", hashes)
+    assert manager.match(hashes) == second != first
+    manager.free("b")  # b's blocks go back: their hashes with them
+    assert manager.match(hashes) == []
+
+
+def test_preemption_frees_only_blocks_no_one_else_holds():
+    table = SequenceTable(BlockManager(num_blocks=8, block_size=4))
+    table.admit_prefill("a", 8)
+    table.fork("a", "b", 4)
+    table.extend("b", 6)
+    assert table.preemption_frees("b") == 1 and table.preemption_frees("a") == 1
+    assert table.preempt("b") == 1 and "b" in table.preempted and table.num_preemptions == 1
+    assert table.preemption_frees("a") == 2
+    assert table.preempt("b") == 0 and table.num_preemptions == 1  # not held: nothing
+    table.admit_prefill("b", 2)  # a new prefill clears the mark
+    assert "b" not in table.preempted

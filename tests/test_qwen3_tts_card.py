@@ -19,7 +19,7 @@ from omnistep.core import (
     Request,
     SamplingParams,
 )
-from omnistep.engine import AsyncEngine
+from omnistep.engine import AsyncEngine, EngineConfig
 from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 from omnistep.parity import collect
 from tests.qwen3_tts_ref.env import call_reference
@@ -321,13 +321,18 @@ async def test_aborted_requests_leave_no_kv_blocks_or_codec_streams(custom):
     assert custom.resolve("qwen3-tts").components["codec"].num_streams == 0
 
 
+@pytest.mark.parametrize("policy", ["edf", "fcfs"])
 @pytest.mark.parametrize("layout", [False, True], ids=["streaming", "non_streaming"])
-async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders, custom, layout):
-    """A KV pool of 13 blocks for 8 requests of 24 frames (3 blocks each) under EDF: requests
-    are preempted and re-prefilled, every one ends with the codes it has in a roomy pool, and
-    no blocks stay held. (A preempted request's re-prefill, earliest due, ran before the
-    decode steps that could free its room and failed again at once, forever: a livelock.)
-    In both layouts: a non-streaming re-prefill replays ``tts_pad`` with each frame."""
+async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(
+    folders, custom, layout, policy
+):
+    """A KV pool of 13 blocks for 8 requests of 24 frames (3 blocks each) under EDF and FCFS:
+    requests are preempted and re-prefilled, every one ends with the codes it has in a roomy
+    pool, no blocks stay held, and the talker never ran a prefill it had no room for (the
+    scheduler admits prefills by the pool). (Before that, a preempted request's re-prefill,
+    earliest due under EDF, ran before the decode steps that could free its room and failed
+    again at once, forever: a livelock.) In both layouts: a non-streaming re-prefill replays
+    ``tts_pad`` with each frame."""
     voices = ("ryan", "vivian", "eric")
     fields = [
         {
@@ -344,7 +349,7 @@ async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders
     model = ModelInstance.load(card)
     talker = model.components["talker"]
     assert talker.blocks.num_blocks == 13
-    engine = AsyncEngine([model])  # EDF, the default
+    engine = AsyncEngine([model], EngineConfig(scheduling=policy))
     try:
         # a hang guard, not a timing: the burst takes a few seconds
         tight = await asyncio.wait_for(asyncio.gather(*(_run(engine, **f) for f in fields)), 60)
@@ -352,6 +357,7 @@ async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(folders
     finally:
         await engine.shutdown()
     assert talker.num_preemptions > 0
+    assert talker.num_refused_prefills == 0
     for a, b in zip(roomy, tight, strict=True):
         if not layout:  # (the non-streaming prompts draw EOS early on these random weights)
             assert _codes(a).shape == (24, 16)  # max_new_tokens 25: 24 frames, as upstream

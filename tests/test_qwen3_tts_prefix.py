@@ -328,7 +328,7 @@ def test_a_full_pool_evicts_kept_prefixes_instead_of_failing(ckpt, tok):
     talker.free_sequence("a")
     [b] = talker.execute(WorkUnitKind.PREFILL, [_unit(talker, prompts[1], "b")])
     assert not b.preempted
-    assert [k[0][0] for k in talker._prefixes] == [voices[1].key]  # A's evicted, B's kept
+    assert [kept.label[0] for kept in talker._prefixes.values()] == [voices[1].key]  # B kept
     assert talker.blocks.num_free_blocks == 0
     # decode growth evicts B's prefix (partial block copied, so it is only the prefix's)
     step = ARStepInput(

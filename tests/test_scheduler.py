@@ -139,3 +139,127 @@ def test_a_requeued_plan_gets_its_new_priority():
     s.enqueue(x, priority=3.0)  # a stream that now has audio buffered
     assert s.next_batch().entries == [y]
     assert s.next_batch().entries == [x]
+
+
+# ---------------------------------------------------------------- admission by the KV pool
+
+
+class FakePool:
+    """A KV pool of ``num_blocks`` blocks as the scheduler sees it (``omnistep.kv.KVPool``):
+    a prefill payload ``(seq_id, blocks)`` takes its blocks when they are free; a decode step
+    of a held sequence takes one more block; ``preempt`` frees a sequence's blocks."""
+
+    def __init__(self, num_blocks: int):
+        self.num_free = num_blocks
+        self.held: dict[str, int] = {}
+        self.admitted: list[str] = []
+        self.preempted: list[str] = []
+
+    def admit(self, payload) -> bool:
+        seq_id, blocks = payload
+        if blocks > self.num_free:
+            return False
+        self.num_free -= blocks
+        self.held[seq_id] = blocks
+        self.admitted.append(seq_id)
+        return True
+
+    def can_append(self, payloads) -> bool:
+        return sum(1 for seq_id, _ in payloads if seq_id in self.held) <= self.num_free
+
+    def preemption_frees(self, payload) -> int:
+        return self.held.get(payload[0], 0)
+
+    def preempt(self, payload) -> int:
+        freed = self.held.pop(payload[0], 0)
+        self.num_free += freed
+        self.preempted.append(payload[0])
+        return freed
+
+    def finish(self, seq_id: str) -> None:
+        self.num_free += self.held.pop(seq_id)
+
+
+def _unit(req: str, blocks: int, kind=WorkUnitKind.PREFILL) -> LiveLoop:
+    live = LiveLoop(req, "m", NODE, loop=None, state=None)  # type: ignore[arg-type]
+    live.plan = WorkPlan(kind, "talker", ShapeSignature(kind), payload=(req, blocks))
+    return live
+
+
+def _pooled(pool: FakePool, limit: int = 8) -> Scheduler:
+    return Scheduler(lambda model, component: limit, lambda model, component: pool)
+
+
+def _ids(batch) -> list[str]:
+    return [e.request_id for e in batch.entries]
+
+
+def test_prefills_are_admitted_in_order_while_their_blocks_fit():
+    """FCFS: a, b fit (4 of 5 blocks); c (2) does not, and neither does the younger d (1):
+    admission stops at the first that does not fit, which keeps its place until blocks free."""
+    pool = FakePool(5)
+    s = _pooled(pool)
+    for live in (_unit("a", 2), _unit("b", 2), _unit("c", 2), _unit("d", 1)):
+        s.enqueue(live)
+    assert _ids(s.next_batch()) == ["a", "b"]
+    assert pool.admitted == ["a", "b"] and pool.num_free == 1
+    assert s.next_batch() is None and s.num_queued == 2 and s.num_kv_waits == 1
+    pool.finish("a")
+    assert _ids(s.next_batch()) == ["c", "d"]
+    assert pool.admitted == ["a", "b", "c", "d"] and pool.num_free == 0
+
+
+def test_a_prefill_without_room_lets_less_urgent_decode_steps_run():
+    """EDF: the most urgent unit is a prefill that does not fit; it is not dispatched (it
+    would fail) and the decode steps that will free its room run instead."""
+    pool = FakePool(4)
+    s = _pooled(pool)
+    for live in (_unit("x", 2), _unit("y", 2)):
+        s.enqueue(live)
+    assert _ids(s.next_batch()) == ["x", "y"]
+    s.enqueue(_unit("late", 3), priority=0.0)  # earliest deadline, 3 blocks, none free
+    for name in ("x", "y"):
+        s.enqueue(_unit(name, 0, WorkUnitKind.AR_TOKEN), priority=5.0)
+    batch = s.next_batch()
+    assert batch.kind is WorkUnitKind.AR_TOKEN and _ids(batch) == ["x", "y"]
+    assert pool.preempted == ["y"]  # no block free: y's 2 blocks make room for x's step
+    assert pool.num_free == 2
+    assert s.next_batch() is None  # "late" still does not fit
+    pool.finish("x")
+    assert _ids(s.next_batch()) == ["late"]
+
+
+def test_can_append_preempts_the_least_urgent_sequences_of_a_decode_batch():
+    """Three sequences of one block each fill the pool: the two least urgent (by priority,
+    not by arrival) are preempted and stay in the batch; the most urgent's step fits."""
+    pool = FakePool(3)
+    s = _pooled(pool)
+    for name in "abc":
+        s.enqueue(_unit(name, 1))
+    assert _ids(s.next_batch()) == ["a", "b", "c"] and pool.num_free == 0
+    for name, priority in (("a", 3.0), ("b", 1.0), ("c", 2.0)):
+        s.enqueue(_unit(name, 0, WorkUnitKind.AR_TOKEN), priority=priority)
+    assert pool.preemption_frees(("a", 0)) == 1
+    batch = s.next_batch()
+    assert _ids(batch) == ["b", "c", "a"]  # most urgent first; all three run
+    assert pool.preempted == ["a", "c"] and s.num_preemptions == 2
+    assert set(pool.held) == {"b"} and pool.num_free == 2
+
+
+def test_a_decode_batch_that_fits_preempts_nothing():
+    pool = FakePool(4)
+    s = _pooled(pool)
+    for name in "ab":
+        s.enqueue(_unit(name, 1))
+    s.next_batch()
+    for name in "ab":
+        s.enqueue(_unit(name, 0, WorkUnitKind.AR_TOKEN))
+    assert _ids(s.next_batch()) == ["a", "b"]
+    assert pool.preempted == [] and s.num_preemptions == 0
+
+
+def test_components_without_a_pool_are_not_admitted():
+    s = Scheduler(lambda model, component: 8, lambda model, component: None)
+    for live in (_unit("a", 100), _unit("b", 100)):
+        s.enqueue(live)
+    assert _ids(s.next_batch()) == ["a", "b"]

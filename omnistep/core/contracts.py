@@ -48,16 +48,11 @@ class ResourceRequest:
         kv_blocks: KV-cache blocks the unit needs allocated before it runs.
         num_tokens: tokens the unit processes (prefill length, or 1 for a decode step).
         est_seconds: the loop's estimate of the unit's compute time, in seconds.
-        waits_for_room: the unit retries what found no room (a prefill after its sequence
-            was preempted, or not admitted, for lack of KV blocks): only other units of its
-            component can free the room, so under EDF it goes after them (run first, it
-            would fail again at once and keep them from running, forever).
     """
 
     kv_blocks: int = 0
     num_tokens: int = 0
     est_seconds: float = 0.0
-    waits_for_room: bool = False
 
 
 @dataclass(slots=True)

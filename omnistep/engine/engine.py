@@ -57,7 +57,7 @@ from omnistep.engine.executor import ComponentHealth, Executor, InProcessExecuto
 from omnistep.engine.metrics import EngineMetrics, Occupancy
 from omnistep.engine.openmp import releasing
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
-from omnistep.kv import kv_usage
+from omnistep.kv import KVPool, kv_pool, kv_usage
 
 ADMISSION_POLL_S = 0.05
 """Seconds between admission checks while requests wait and no step wakes the loop."""
@@ -219,7 +219,8 @@ class AsyncEngine:
                 self._by_id[model_id] = model
         self._executor = executor or InProcessExecutor(self.config.num_workers)
         self._busy: Counter[tuple[str, str]] = Counter()
-        self._scheduler = Scheduler(self._max_batch_size)
+        self._pools: dict[tuple[str, str], KVPool | None] = {}
+        self._scheduler = Scheduler(self._max_batch_size, self._kv_pool)
         self._runs: dict[str, _RequestRun] = {}
         self._waiting: deque[_RequestRun] = deque()  # added, not yet admitted (EDF admission)
         self._edf = self.config.scheduling == "edf"
@@ -827,17 +828,13 @@ class AsyncEngine:
         component); None (ready order) under FCFS. A unit of a kind never measured yet goes
         first (-inf): with a cost estimate of 0 it would wait behind every measured unit of
         its request, possibly until they end (a cascade's DiT behind its thinker and talker),
-        and it would never be measured. A unit that ``waits_for_room`` goes last (inf): a
-        preempted request's deadline is often the earliest, and its re-prefill, failing at
-        once while the sequences holding the blocks waited behind it, kept the component busy
-        with nothing else (the streams never advanced to free their blocks)."""
+        and it would never be measured. (A prefill whose KV blocks are not free waits in the
+        scheduler, whatever its priority: it is not dispatched to fail.)"""
         if not self._edf or run.clock is None:
             return None
         if live is None or live.plan is None:
             return run.clock.deadline()
         plan = live.plan
-        if plan.resources.waits_for_room:
-            return math.inf
         key = (live.model_id, plan.component, plan.kind)
         measurable = not plan.resources.est_seconds and plan.resources.num_tokens > 0
         if measurable and not self._unit_cost.known(key):
@@ -1092,6 +1089,15 @@ class AsyncEngine:
                 live.loop.release(live.state)
         run.live.clear()
         self._runs.pop(run.ctx.request.request_id, None)
+        self._wake.set()  # freed KV blocks may admit a waiting prefill
+
+    def _kv_pool(self, model_id: str, component: str) -> KVPool | None:
+        """The component's KV pool for the scheduler's admission (looked up once: the
+        components are fixed once the executor attached)."""
+        key = (model_id, component)
+        if key not in self._pools:
+            self._pools[key] = kv_pool(self.models[model_id].components[component])
+        return self._pools[key]
 
     def _max_batch_size(self, model_id: str, component: str) -> int:
         return min(self.config.max_batch_size, self.models[model_id].max_batch_size(component))

@@ -15,6 +15,14 @@ Two policies come from the priority the engine passes:
   the request whose client runs out of audio soonest runs first, so a new request's first chunk
   goes ahead of streams with audio to spare.
 
+Admission by the KV pool (``omnistep.kv.KVPool``, as nano-vllm's scheduler asks its block
+manager): for a component that keeps a paged KV cache, a PREFILL batch takes plans, most urgent
+first, only while the pool admits them (their blocks, after a shared prefix, are taken then);
+a group whose most urgent prefill does not fit is skipped, keeping its place, so the decode
+steps that will free blocks run instead of a prefill that would fail. An AR_TOKEN batch whose
+next tokens do not fit preempts its least urgent sequences (their steps answer preempted and
+their loops prefill again later) until the rest fit, under every policy.
+
 Costs: ``enqueue`` is O(log k) (k = plans in the group) plus an O(log g) heap push when the
 group's head changes (g = groups with ready plans); ``remove`` is O(1) (entries are dropped
 lazily); ``next_batch`` is O(log g) per group it looks at plus O(log k) per unit it takes. A
@@ -30,6 +38,7 @@ from dataclasses import dataclass, field
 
 from omnistep.core import Loop, LoopState, ShapeSignature, WorkPlan, WorkUnitKind
 from omnistep.core.program import LoopNode
+from omnistep.kv import KVPool
 
 GroupKey = tuple[str, str, ShapeSignature]
 
@@ -120,10 +129,24 @@ class Scheduler:
 
     Args:
         max_batch_size: ``max_batch_size(model_id, component) -> int`` for a group.
+        kv_pool: ``kv_pool(model_id, component)``: the component's KV pool, None when it
+            keeps none (or runs where the scheduler cannot ask it); no admission then.
+
+    Attributes:
+        num_queued: plans queued now.
+        num_preemptions: sequences preempted so far to let a decode batch fit.
+        num_kv_waits: times a group's most urgent prefill waited for KV blocks.
     """
 
-    def __init__(self, max_batch_size: Callable[[str, str], int]):
+    def __init__(
+        self,
+        max_batch_size: Callable[[str, str], int],
+        kv_pool: Callable[[str, str], KVPool | None] | None = None,
+    ):
         self._max_batch_size = max_batch_size
+        self._kv_pool = kv_pool
+        self.num_preemptions = 0
+        self.num_kv_waits = 0
         self._seq = itertools.count()
         self._heap: list[tuple[float, int, _Group]] = []  # (key of the group's head, group)
         self._groups: dict[GroupKey, _Group] = {}
@@ -182,32 +205,58 @@ class Scheduler:
                 skipped.append(item)
                 continue
             batch = self._take(group)
+            if batch is None:  # its most urgent prefill waits for KV blocks
+                self.num_kv_waits += 1
+                skipped.append(item)
         for item in skipped:
             heapq.heappush(heap, item)
         return batch
 
-    def _take(self, group: _Group) -> Batch:
-        """Take up to the max batch size of ``group``'s plans, most urgent first."""
+    def _take(self, group: _Group) -> Batch | None:
+        """Take up to the max batch size of ``group``'s plans, most urgent first, prefills only
+        while the KV pool admits them; None (nothing taken) when the first does not fit. A
+        decode batch preempts its least urgent sequences until the rest fit."""
+        pool = self._kv_pool(group.model_id, group.component) if self._kv_pool else None
         plans = group.plans
         count = min(self._max_batch_size(group.model_id, group.component), group.size)
         entries: list[LiveLoop] = []
         while len(entries) < count:
-            _, seq, live = heapq.heappop(plans)
-            if live.queued and live.ready_seq == seq:
-                live.queued = False
-                live.in_flight = True
-                entries.append(live)
-        group.size -= count
-        self.num_queued -= count
+            _, seq, live = plans[0]
+            if not (live.queued and live.ready_seq == seq):
+                heapq.heappop(plans)  # stale
+                continue
+            plan = live.plan
+            assert plan is not None
+            prefill = plan.kind is WorkUnitKind.PREFILL
+            if pool is not None and prefill and not pool.admit(plan.payload):
+                break
+            heapq.heappop(plans)
+            live.queued = False
+            live.in_flight = True
+            entries.append(live)
+        if not entries:
+            return None
+        group.size -= len(entries)
+        self.num_queued -= len(entries)
         head = group.head() if group.size else None
         if head is not None:
             group.heap_key = head
             heapq.heappush(self._heap, (*head, group))
         else:
             self._drop(group)
-        plan = entries[0].plan
-        assert plan is not None
-        return Batch(group.model_id, group.component, plan.kind, entries)
+        kind = entries[0].plan.kind  # type: ignore[union-attr]
+        if pool is not None and kind is WorkUnitKind.AR_TOKEN:
+            self._fit_decode(pool, entries)
+        return Batch(group.model_id, group.component, kind, entries)
+
+    def _fit_decode(self, pool: KVPool, entries: list[LiveLoop]) -> None:
+        """Preempt the least urgent sequences of a decode batch until the others' next
+        tokens fit (all of them, if even the most urgent's does not). The preempted units
+        stay in the batch: the component answers them preempted."""
+        payloads = [e.plan.payload for e in entries]  # type: ignore[union-attr]
+        while payloads and not pool.can_append(payloads):
+            pool.preempt(payloads.pop())
+            self.num_preemptions += 1
 
     def _drop(self, group: _Group) -> None:
         """Forget an empty group; its heap entry goes stale."""

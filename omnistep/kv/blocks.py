@@ -11,8 +11,9 @@ token positions of one sequence, for every layer, K and V.
 from __future__ import annotations
 
 import bisect
+import hashlib
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from omnistep.core.errors import OmnistepError
@@ -94,6 +95,30 @@ class KVCacheConfig:
         return cls(num_blocks=num_blocks, block_size=block_size)
 
 
+def chain_hashes(rows: Sequence[bytes], block_size: int) -> list[int]:
+    """Chained content hashes of a prompt's rows, one per block of ``block_size`` rows (the
+    last may be partly filled): hash ``i`` digests hash ``i - 1``, the number of rows in
+    block ``i`` and their bytes, so equal hashes mean equal rows from position 0 on (the
+    prefix-caching hash of vLLM and nano-vllm: ``hash(prev_block_hash, block_tokens)``).
+    BLAKE2b (stdlib ``hashlib``), 64-bit digests.
+
+    Args:
+        rows: one ``bytes`` per row (a token id's or an input row's bytes).
+        block_size: rows per block.
+    """
+    _check_positive("block_size", block_size)
+    hashes, previous = [], b""
+    for start in range(0, len(rows), block_size):
+        block = rows[start : start + block_size]
+        digest = hashlib.blake2b(previous, digest_size=8)
+        digest.update(len(block).to_bytes(4, "little"))
+        for row in block:
+            digest.update(row)
+        previous = digest.digest()
+        hashes.append(int.from_bytes(previous, "little"))
+    return hashes
+
+
 class FreeRuns:
     """The free blocks of a pool as sorted runs of consecutive ids ``[start, end)``.
 
@@ -171,6 +196,14 @@ class BlockManager:
     a fresh block replaces the shared one in its table, and the caller copies the K/V contents
     (the pair it returns) before writing.
 
+    Prefix sharing by content (as vLLM's and nano-vllm's block managers): ``cache`` registers a
+    sequence's blocks under the chained content hashes of its rows (``chain_hashes``; a partly
+    filled last block under the hash of the rows it holds), and ``match`` finds the blocks of
+    an equal prefix for ``share`` to start another table on, by reference. A block's hashes
+    are forgotten when it returns to the pool (or by ``forget_hashes``, when the K/V they
+    name are stale, e.g. after a weight update). Rows past a partly filled block's hash may
+    be written by its holder: the hashed rows stay as they were.
+
     Placement keeps each table consecutive where it can, so attention reads a sequence as one
     slice of the pool instead of gathering its blocks (``omnistep.layers.paged_attention``): a
     table grows into the block after its last one when that block is free; otherwise (a new
@@ -189,6 +222,8 @@ class BlockManager:
         self._free = FreeRuns(num_blocks)
         self._block_tables: dict[Hashable, list[int]] = {}
         self._refs: dict[int, int] = {}  # block id -> tables holding it (used blocks only)
+        self._cached: dict[int, int] = {}  # content hash -> block id holding those rows
+        self._hashes_of: dict[int, list[int]] = {}  # block id -> content hashes it holds
 
     @classmethod
     def from_config(cls, config: KVCacheConfig) -> BlockManager:
@@ -273,6 +308,59 @@ class BlockManager:
         self._block_tables[child] = shared
         return list(shared)
 
+    def share(self, seq_id: Hashable, block_ids: Sequence[int]) -> list[int]:
+        """Start ``seq_id``'s table on used blocks (``match``'s), by reference: each block's
+        count goes up, none is taken from the pool. Returns the table.
+
+        Raises:
+            ValueError: ``seq_id`` already holds a table, or a block is not in use.
+        """
+        if seq_id in self._block_tables:
+            raise ValueError(f"sequence {seq_id!r} already holds a block table")
+        free = [b for b in block_ids if b not in self._refs]
+        if free:
+            raise ValueError(f"block {free[0]} is not in use: it holds no K/V to share")
+        for block_id in block_ids:
+            self._refs[block_id] += 1
+        self._block_tables[seq_id] = list(block_ids)
+        return list(block_ids)
+
+    def cache(self, seq_id: Hashable, hashes: Sequence[int]) -> None:
+        """Register the sequence's first ``len(hashes)`` blocks under ``hashes``
+        (``chain_hashes`` of the rows they hold, in order); a hash registered before moves
+        to this sequence's block (the latest copy of equal rows is the one found).
+
+        Raises:
+            KeyError: the sequence holds no table. ValueError: more hashes than blocks.
+        """
+        table = self.block_table(seq_id)
+        if len(hashes) > len(table):
+            raise ValueError(f"{len(hashes)} hashes for {len(table)} blocks of {seq_id!r}")
+        for block_id, content in zip(table, hashes, strict=False):
+            previous = self._cached.get(content)
+            if previous == block_id:
+                continue
+            if previous is not None:
+                self._hashes_of[previous].remove(content)
+            self._cached[content] = block_id
+            self._hashes_of.setdefault(block_id, []).append(content)
+
+    def match(self, hashes: Sequence[int]) -> list[int]:
+        """The blocks holding the longest prefix of ``hashes`` (``chain_hashes`` of a
+        prompt's rows) that is registered: block ``i`` holds the rows hash ``i`` names."""
+        blocks = []
+        for content in hashes:
+            block_id = self._cached.get(content)
+            if block_id is None:
+                break
+            blocks.append(block_id)
+        return blocks
+
+    def forget_hashes(self) -> None:
+        """Forget every registered content hash (the K/V they name are stale)."""
+        self._cached.clear()
+        self._hashes_of.clear()
+
     def ref_count(self, block_id: int) -> int:
         """Tables holding ``block_id`` (0 for a free block)."""
         return self._refs.get(block_id, 0)
@@ -342,6 +430,8 @@ class BlockManager:
             self._refs[block_id] -= 1
             if not self._refs[block_id]:
                 del self._refs[block_id]
+                for content in self._hashes_of.pop(block_id, ()):
+                    del self._cached[content]
                 released.append(block_id)
         self._free.give(released)
         return len(released)
@@ -371,12 +461,15 @@ class SequenceTable:
         blocks: the block manager.
         lengths: tokens in the cache per sequence id.
         num_preemptions: sequences freed to make room for older ones.
+        preempted: sequences freed by ``preempt`` and not admitted or freed since (their
+            pending decode step answers preempted).
     """
 
     def __init__(self, blocks: BlockManager):
         self.blocks = blocks
         self.lengths: dict[Hashable, int] = {}
         self.num_preemptions = 0
+        self.preempted: set[Hashable] = set()
         self._copies: list[tuple[int, int]] = []
 
     def fork(self, parent: Hashable, child: Hashable, num_tokens: int) -> None:
@@ -389,6 +482,19 @@ class SequenceTable:
         self.free(child)
         self.blocks.fork(parent, child, num_tokens)
         self.lengths[child] = num_tokens
+
+    def share(self, seq_id: Hashable, block_ids: Sequence[int], num_tokens: int) -> None:
+        """(Re)start ``seq_id`` on blocks holding an equal prefix of ``num_tokens`` tokens
+        (``BlockManager.match``), by reference; no block is taken from the pool.
+
+        Raises:
+            ValueError: the blocks do not hold ``num_tokens`` tokens, or one is not in use.
+        """
+        if self.blocks.blocks_needed(num_tokens) != len(block_ids):
+            raise ValueError(f"{len(block_ids)} blocks do not hold {num_tokens} tokens")
+        self.free(seq_id)
+        self.blocks.share(seq_id, block_ids)
+        self.lengths[seq_id] = num_tokens
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The ``(source, destination)`` block copies owed since the last call, in order."""
@@ -446,6 +552,24 @@ class SequenceTable:
         and forget it (idempotent)."""
         self.blocks.free(seq_id)
         self.lengths.pop(seq_id, None)
+        self.preempted.discard(seq_id)
+
+    def preemption_frees(self, seq_id: Hashable) -> int:
+        """Blocks ``preempt(seq_id)`` returns to the pool: those only this sequence holds."""
+        if seq_id not in self.blocks:
+            return 0
+        return sum(1 for b in self.blocks.block_table(seq_id) if self.blocks.ref_count(b) == 1)
+
+    def preempt(self, seq_id: Hashable) -> int:
+        """Free a held sequence to make room (preemption by recompute), remembering it in
+        ``preempted``; returns the blocks freed (0, and nothing marked, if it holds none)."""
+        if seq_id not in self.lengths:
+            return 0
+        freed = self.blocks.free(seq_id)
+        self.lengths.pop(seq_id)
+        self.preempted.add(seq_id)
+        self.num_preemptions += 1
+        return freed
 
     def admit_prefill(self, seq_id: Hashable, num_tokens: int) -> bool:
         """(Re)start ``seq_id`` with blocks for ``num_tokens``; False when they are not free now.

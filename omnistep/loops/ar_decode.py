@@ -5,10 +5,12 @@ KV cache and the sampler) runs them batched across requests. Each step produces 
 ``num_vq`` token ids (1 for an ordinary LM, 4 for ChatTTS's codebooks), their log-probs and
 optionally the step's hidden state, which the loop puts on a stream Channel for the next stage.
 
-Preemption by recompute: when the component's KV pool runs out it frees a sequence and answers
-its step with ``preempted=True``; the loop then asks for a new PREFILL over the prompt plus the
-frames generated so far, and decoding resumes where it stopped (the step's random draw was not
-taken, so the request's generator is where it was).
+Preemption by recompute: when a decode batch's next tokens do not fit the component's KV pool,
+the scheduler preempts its least urgent sequences (``omnistep.kv.KVPool``) and the component
+answers their steps with ``preempted=True``; the loop then asks for a new PREFILL over the
+prompt plus the frames generated so far, which the scheduler admits once its blocks are free,
+and decoding resumes where it stopped (the step's random draw was not taken, so the request's
+generator is where it was).
 
 Under the ROLLOUT profile every step is recorded in the trajectory as an ``ActionRecord``: its
 frame, the log-probs of each codebook in both modes (processed, policy) and the weight version.
@@ -238,9 +240,7 @@ class ARDecodeLoop:
                 state.profile is ExecutionProfile.ROLLOUT,
             )
             kind, label = WorkUnitKind.PREFILL, f"{self.loop_id}.prefill"
-            resources = ResourceRequest(
-                num_tokens=len(state.frames) + 1, waits_for_room=state.num_preemptions > 0
-            )
+            resources = ResourceRequest(num_tokens=len(state.frames) + 1)
         else:
             unit = ARStepInput(
                 state.seq_id,

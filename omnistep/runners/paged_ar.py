@@ -18,26 +18,34 @@ a batch of one takes the same path. A family subclass says only what is its own:
 
 Frames are tuples of ``num_codebooks`` ids (1 for a text LM, 4 for ChatTTS's codebooks).
 
-KV admission: blocks are allocated as sequences grow (``omnistep.kv.SequenceTable``). A prefill
-that does not fit answers ``preempted`` (its loop retries later); a decode batch that does not fit
-preempts its youngest sequences (freed; their loops recompute by a new prefill).
+KV admission: the component is the scheduler's ``omnistep.kv.KVPool``. ``admit`` takes a
+prefill's blocks when they fit (after its shared prefix or group prompt), and the scheduler runs
+only admitted prefills; ``can_append`` says whether a decode batch's next tokens fit, and the
+scheduler ``preempt``s the least urgent sequences until they do (freed; their steps answer
+``preempted`` and their loops recompute by a new prefill). Called directly (tests, a component
+in a Ray actor), ``execute`` admits by itself: a prefill that does not fit answers ``preempted``
+(counted in ``num_refused_prefills``) and a decode batch that does not fit preempts its youngest
+sequences (``omnistep.kv.SequenceTable.grow``).
 
 Groups (``ARPrefillInput.share_group``, a rollout's samples of one input): a fresh prefill whose
-group already holds an equal prompt (equal by ``_prefix_key``, the family's content key of a
-prompt; None never shares) is not computed again. The new sequence starts on that prompt's
-blocks by reference (``SequenceTable.fork``), its first frame is sampled with its own generator
-from the prompt's kept last hidden state, and a block it shares is copied before it writes there
-(copy-on-write, ``PagedKVCache.copy_blocks``). Members of one group in one prefill batch: the
-first computes, the others fork from it. The kept prompt lives as long as the sequence that
-computed it.
+group already holds an equal prompt (equal rows, found by their chained content hash,
+``omnistep.kv.chain_hashes``; every family shares so, with no hook) is not computed again. The
+new sequence starts on that prompt's blocks by reference (``SequenceTable.fork``), its first
+frame is sampled with its own generator from the prompt's kept last hidden state, and a block it
+shares is copied before it writes there (copy-on-write, ``PagedKVCache.copy_blocks``). Members
+of one group in one prefill batch: the first computes, the others fork from it. The kept prompt
+lives as long as the sequence that computed it.
 
 Prefixes (``_prompt_prefix``, across requests): a family may name a prefix of a prompt's rows
-that depends on a key only (Qwen3-TTS: a cloned voice's rows, whatever the text). A prefill of
+shared by other requests (Qwen3-TTS: a voice's rows, whatever the text). The block manager
+finds a kept copy by the chained content hash of those rows (``BlockManager.cache`` /
+``match`` / ``share``, as vLLM's and nano-vllm's prefix caching); the family only says where
+the prefix ends. A prefill of
 such a prompt (fresh, or a replay after a preemption) always runs split, whether or not the
 prefix is kept, so a request's numbers never depend on what ran before it: the prefix's K/V come
 from a kept prefix sequence (computed once by a prefill of the prefix rows alone, positions
-``0..n-1``), the request's sequence forks it (full blocks shared by reference, the partly filled
-last one copied before the request writes there), and a suffix prefill computes the remaining
+``0..n-1``), the request's sequence shares its blocks (full blocks by reference, the partly
+filled last one copied before the request writes there), and a suffix prefill computes the remaining
 rows (positions ``n..``, attending to prefix + suffix). Kept prefixes live in an LRU of at most
 ``max_kept_prefixes``; when an admission (a prefill, or a decode step's growth, before it
 preempts anyone) lacks blocks, the least recently used are evicted (never one a fork of the same
@@ -75,13 +83,13 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from omnistep.core import WorkUnitKind
-from omnistep.kv import BlockManager, KVCacheConfig, KVCacheFullError, SequenceTable
+from omnistep.kv import BlockManager, KVCacheConfig, KVCacheFullError, SequenceTable, chain_hashes
 from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.linear import linear
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
@@ -111,11 +119,34 @@ class _SharedPrompt:
 
 
 @dataclass(frozen=True)
+class _Entry:
+    """An admitted prefill: the rows to compute (those past its kept prefix), or None for a
+    group member that forks its group's prompt (``key``)."""
+
+    unit: ARPrefillInput
+    rows: torch.Tensor | None
+    key: Hashable | None
+
+
+@dataclass
+class _Admitted:
+    """The prefills admitted for the next PREFILL batch, and what they hold together."""
+
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    computing: set[Hashable] = field(default_factory=set)  # group prompts a member computes
+    # kept prefixes made for the batch, computed before its prefills: key -> (rows, table)
+    prefixes: dict[Hashable, tuple[torch.Tensor, list[int]]] = field(default_factory=dict)
+    pinned: set[Hashable] = field(default_factory=set)  # kept prefixes it forks: not evicted
+
+
+@dataclass(frozen=True)
 class _KeptPrefix:
     """A prompt prefix computed once (``_prompt_prefix``), kept for later prompts with it."""
 
     seq_id: str  # the sequence holding its blocks
     num_tokens: int
+    label: Hashable  # the family's name for it (``_prompt_prefix``), for ``drop_prefixes``
+    hashes: tuple[int, ...]  # chained content hashes of its rows, one per block
 
 
 class PagedARModel:
@@ -145,7 +176,16 @@ class PagedARModel:
     serving: bool = True
     """False on a ``training_copy``: it scores and trains, and never runs units."""
 
-    SERVING_STATE = ("cache", "table", "blocks", "lengths", "_shared", "_prefixes")
+    SERVING_STATE = (
+        "cache",
+        "table",
+        "blocks",
+        "lengths",
+        "_shared",
+        "_prefixes",
+        "_admitted",
+        "_waiting_rows",
+    )
     """Attributes a ``training_copy`` leaves out (the KV pool and its bookkeeping)."""
 
     def __init__(
@@ -167,10 +207,16 @@ class PagedARModel:
         self.blocks = self.table.blocks
         self.lengths = self.table.lengths  # tokens in the cache per sequence (shared dict)
         self._teacher_ids = itertools.count()
-        self._shared: dict[Hashable, _SharedPrompt] = {}  # (group, prompt key) -> prompt
-        # (prefix key, rows) -> kept prefix, least recently used first
-        self._prefixes: OrderedDict[Hashable, _KeptPrefix] = OrderedDict()
+        # (group, content hash of the prompt's rows) -> prompt
+        self._shared: dict[Hashable, _SharedPrompt] = {}
+        # content hash of the prefix's rows -> kept prefix, least recently used first
+        self._prefixes: OrderedDict[int, _KeptPrefix] = OrderedDict()
         self._prefix_ids = itertools.count()
+        self._admitted: _Admitted | None = None  # prefills ``admit`` took blocks for
+        self._waiting_rows: tuple[ARPrefillInput, torch.Tensor] | None = None  # not admitted
+        self.num_refused_prefills = 0
+        """Prefills ``execute`` found no room for (answered preempted): 0 when the scheduler
+        admits them (``admit``)."""
         self.weight_version = 0
 
     # ------------------------------------------------------------ subclass hooks
@@ -221,16 +267,12 @@ class PagedARModel:
         """Refresh what the family derives from the updated tensors (e.g. folded heads).
         Pre-packed linears need nothing: they repack when a weight's version changes."""
 
-    def _prefix_key(self, prompt: Any) -> Hashable | None:
-        """A content key of a prompt: two prompts with equal keys give equal KV and logits, so
-        a group's members may share one prefill. None (the default) never shares."""
-        return None
-
     def _prompt_prefix(self, prompt: Any) -> tuple[Hashable, int] | None:
-        """``(key, num_rows)``: the prompt's first ``num_rows`` input rows depend on ``key``
-        only (prompts with equal keys have equal first rows, so equal K/V there), and are
-        prefilled apart from the rest and kept for other requests (the module docstring's
-        "Prefixes"). None (the default): the prompt is prefilled whole."""
+        """``(label, num_rows)``: the prompt's first ``num_rows`` input rows are shared with
+        other requests (a voice's rows, whatever the text), so they are prefilled apart from
+        the rest and kept, found again by the content hash of those rows (the module
+        docstring's "Prefixes"); ``label`` names them for ``drop_prefixes``. None (the
+        default): the prompt is prefilled whole."""
         return None
 
     # ------------------------------------------------------------ Component API
@@ -240,6 +282,36 @@ class PagedARModel:
         needs them); blocks a request holds, shared with a kept prefix or not, as used."""
         cached = self.kept_prefix_blocks
         return self.blocks.num_used_blocks - cached, self.blocks.num_free_blocks + cached
+
+    def admit(self, payload: ARPrefillInput) -> bool:
+        """``omnistep.kv.KVPool.admit``: take the blocks of one prefill for the next PREFILL
+        batch when they fit now (a group member whose prompt is kept or admitted in the
+        batch forks it and takes none; a prompt with a kept prefix takes only the blocks past
+        it; kept prefixes are evicted when blocks are short). The batch's ``execute`` runs
+        it. A malformed prompt or one longer than the pool is admitted unheld: ``execute``
+        raises for it."""
+        batch = self._admitted = self._admitted or _Admitted()
+        try:
+            return self._admit_unit(payload, batch)
+        except (ValueError, KVCacheFullError):
+            return True
+
+    def can_append(self, payloads: Sequence[Any]) -> bool:
+        """``omnistep.kv.KVPool.can_append``: whether one decode step of every held sequence
+        of ``payloads`` fits in the free blocks and those only kept prefixes hold (evicted
+        first), with no preemption."""
+        seq_ids = [p.seq_id for p in payloads if p.seq_id in self.lengths]
+        return self.table.blocks_to_grow(seq_ids) <= self.kv_blocks()[1]
+
+    def preemption_frees(self, payload: Any) -> int:
+        """``omnistep.kv.KVPool.preemption_frees``: blocks only the unit's sequence holds."""
+        return self.table.preemption_frees(payload.seq_id)
+
+    def preempt(self, payload: Any) -> int:
+        """``omnistep.kv.KVPool.preempt``: free the unit's sequence (and a group prompt it
+        computed); its decode step answers ``preempted``. Returns the blocks freed."""
+        self._forget_shared(payload.seq_id)
+        return self.table.preempt(payload.seq_id)
 
     @property
     def kept_prefix_blocks(self) -> int:
@@ -257,10 +329,10 @@ class PagedARModel:
         return len(self._prefixes)
 
     def drop_prefixes(self, match: Callable[[Hashable], bool] | None = None) -> int:
-        """Forget kept prefixes (all, or those whose family key ``match`` accepts: the key
+        """Forget kept prefixes (all, or those whose label ``match`` accepts: the label
         ``_prompt_prefix`` gave) and free their blocks (those requests share stay with the
         requests). Call between steps. Returns how many were dropped."""
-        keys = [k for k in self._prefixes if match is None or match(k[0])]
+        keys = [k for k, kept in self._prefixes.items() if match is None or match(kept.label)]
         for key in keys:
             self._drop_prefix(key)
         return len(keys)
@@ -269,6 +341,10 @@ class PagedARModel:
         """Free the sequence's KV blocks (those it shares stay with their other holders) and
         forget a group prompt it computed (idempotent)."""
         self.table.free(seq_id)
+        self._forget_shared(seq_id)
+
+    def _forget_shared(self, seq_id: str) -> None:
+        """Forget the group prompts ``seq_id`` computed."""
         for key in [k for k, shared in self._shared.items() if shared.seq_id == seq_id]:
             del self._shared[key]
 
@@ -308,6 +384,7 @@ class PagedARModel:
             targets[name].copy_(torch.as_tensor(value))
         self._weights_updated(set(tensors))
         self.drop_prefixes()  # their K/V came from the old weights
+        self.blocks.forget_hashes()
 
     def training_copy(self) -> PagedARModel:
         """A trainer's copy (``omnistep.layers.training``): its own weights, equal to these,
@@ -440,7 +517,7 @@ class PagedARModel:
             num_rows = x.shape[0]
             prompt_len = num_rows - (len(frames) - 1)
             prompt_lens.append(prompt_len)
-            first = self._shared_prompt(firsts, prompt, prompt_len, i, num_rows, match_serving)
+            first = self._shared_prompt(firsts, x[:prompt_len], i, num_rows, match_serving)
             if first is not None:  # a group's prompt computed once: only the frames' rows
                 shared.append((first, prompt_len))
                 rows.append(x[prompt_len:])
@@ -474,21 +551,20 @@ class PagedARModel:
     def _shared_prompt(
         self,
         firsts: dict[Hashable, int],
-        prompt: Any,
-        prompt_len: int,
+        prompt_rows: torch.Tensor,
         index: int,
         num_rows: int,
         match_serving: bool,
     ) -> int | None:
-        """The earlier trajectory whose prompt rows trajectory ``index`` reuses (an equal
-        ``_prefix_key``, the same rows), else None (then it is the first of its key). Only
-        in the default mode (within rounding: under ``batch_invariant`` the reused rows
-        differed from a trajectory's own in the last bits, ~1e-6, measured on ChatTTS; not
-        yet explained), and not for a trajectory with no frame rows."""
-        key = self._prefix_key(prompt)
-        if key is None or self.batch_invariant:
+        """The earlier trajectory whose prompt rows trajectory ``index`` reuses (equal rows
+        ``[prompt_len, in_dim]``, by content hash), else None (then it is the first of its
+        rows). Only in the default mode (within rounding: under ``batch_invariant`` the
+        reused rows differed from a trajectory's own in the last bits, ~1e-6, measured on
+        ChatTTS; not yet explained), and not for a trajectory with no frame rows."""
+        if self.batch_invariant:
             return None
-        key = (key, prompt_len)
+        prompt_len = prompt_rows.shape[0]
+        key = self._content_hashes(prompt_rows, max(1, prompt_len))[-1]  # a copy has no pool
         if key not in firsts:
             firsts[key] = index
             return None
@@ -606,34 +682,44 @@ class PagedARModel:
 
     # ------------------------------------------------------------ prefill / decode
     def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
+        batch, self._admitted = self._admitted or _Admitted(), None
+        try:
+            return self._run_prefills(units, batch)
+        except BaseException:
+            for key in batch.prefixes:  # kept prefixes this batch made, never computed
+                self._drop_prefix(key)
+            raise
+
+    def _run_prefills(
+        self, units: Sequence[ARPrefillInput], batch: _Admitted
+    ) -> list[ARStepOutput]:
+        """Admit the units ``admit`` did not (a direct call, or a component the scheduler
+        cannot see), compute the batch's new prefixes and prompts, fork group members."""
         results = [ARStepOutput(preempted=True)] * len(units)
-        keys = [self._share_key(unit) for unit in units]
-        computing: set[Hashable] = set()
-        run, forks, inputs = [], [], {}
-        prefixes: dict[Hashable, tuple[torch.Tensor, list[int]]] = {}  # computed in this batch
-        pinned: set[Hashable] = set()  # kept prefixes this batch forks: never evicted in it
+        run, forks = [], []
         for i, unit in enumerate(units):
-            if keys[i] is not None and (keys[i] in computing or self._live_shared(keys[i])):
-                forks.append(i)
-                continue
-            rows = self._prefill_inputs(unit)  # validates before admitting
-            split = self._split(unit.prompt, rows.shape[0])
-            if split is None:
-                admitted = self._admit(unit.seq_id, rows.shape[0], pinned)
-            else:
-                admitted = self._admit_split(unit.seq_id, rows, split, prefixes, pinned)
-            if admitted:
-                inputs[i] = rows if split is None else rows[split[1] :]  # the rows to compute
-                run.append(i)
-                if keys[i] is not None:
-                    computing.add(keys[i])
-        self._trim_prefixes(pinned)
+            entry = batch.entries.get(unit.seq_id)
+            if entry is not None and entry.rows is None and not self._fork_ready(entry, batch):
+                entry = None  # its group's prompt was freed since admission: compute it
+            if entry is None or entry.unit is not unit:
+                if not self._admit_unit(unit, batch):
+                    self.num_refused_prefills += 1
+                    continue
+                entry = batch.entries[unit.seq_id]
+            (run if entry.rows is not None else forks).append(i)
+        self._trim_prefixes(batch.pinned)
+        keys = [
+            batch.entries[unit.seq_id].key if unit.seq_id in batch.entries else None
+            for unit in units
+        ]
         rows_out: dict[int, tuple[torch.Tensor, Any]] = {}
         if run:
-            if prefixes:
-                self._compute_prefixes(list(prefixes.values()))
+            if batch.prefixes:
+                self._compute_prefixes(list(batch.prefixes.values()))
+            batch.prefixes.clear()  # computed: kept from now on
             self.cache.copy_blocks(self.table.take_copies())  # forks writing past a prefix
-            computed = self._compute_prefills([units[i] for i in run], [inputs[i] for i in run])
+            inputs = [batch.entries[units[i].seq_id].rows for i in run]
+            computed = self._compute_prefills([units[i] for i in run], inputs)
             rows_out = dict(zip(run, computed, strict=True))
             for i in run:
                 if keys[i] is not None:
@@ -654,6 +740,39 @@ class PagedARModel:
             for i, out in zip(done, outputs, strict=True):
                 results[i] = out
         return results
+
+    def _admit_unit(self, unit: ARPrefillInput, batch: _Admitted) -> bool:
+        """Admit one prefill into ``batch``: a fresh member of a group whose prompt is kept
+        or computed in the batch forks it (no block taken); otherwise its blocks (after the
+        kept prefix it shares) are taken now. False: nothing held.
+
+        Raises:
+            ValueError: a malformed prompt. KVCacheFullError: longer than the whole pool.
+        """
+        waiting = self._waiting_rows
+        rows = waiting[1] if waiting and waiting[0] is unit else self._prefill_inputs(unit)
+        self._waiting_rows = None
+        key = self._share_key(unit, rows)
+        if key is not None and (key in batch.computing or self._live_shared(key)):
+            batch.entries[unit.seq_id] = _Entry(unit, None, key)
+            return True
+        split = self._split(unit.prompt, rows.shape[0])
+        if split is None:
+            admitted = self._admit(unit.seq_id, rows.shape[0], batch.pinned)
+        else:
+            admitted = self._admit_split(unit.seq_id, rows, split, batch.prefixes, batch.pinned)
+        if not admitted:
+            self._waiting_rows = (unit, rows)  # asked again at the next batch: not recomputed
+            return False
+        batch.entries[unit.seq_id] = _Entry(unit, rows if split is None else rows[split[1] :], key)
+        if key is not None:
+            batch.computing.add(key)
+        return True
+
+    def _fork_ready(self, entry: _Entry, batch: _Admitted) -> bool:
+        """Whether a fork admitted earlier still has its group prompt: computed in this
+        batch, or kept by a live sequence."""
+        return entry.key in batch.computing or self._live_shared(entry.key)
 
     def _compute_prefills(
         self, units: list[ARPrefillInput], inputs: list[torch.Tensor]
@@ -678,17 +797,25 @@ class PagedARModel:
 
     # ------------------------------------------------------------ kept prefixes
     def _split(self, prompt: Any, num_rows: int) -> tuple[Hashable, int] | None:
-        """``(prefix key, n)`` of a prefill of ``num_rows`` rows whose first ``n`` rows come
-        from a kept prefix (``_prompt_prefix``, at most ``num_rows - 1`` rows so the last row
-        is computed), else None (also for ``stream_prompt_rows`` families)."""
+        """``(label, n)`` of a prefill of ``num_rows`` rows whose first ``n`` rows come from a
+        kept prefix (``_prompt_prefix``, at most ``num_rows - 1`` rows so the last row is
+        computed), else None (also for ``stream_prompt_rows`` families)."""
         if self.stream_prompt_rows:
             return None
         prefix = self._prompt_prefix(prompt)
         if prefix is None:
             return None
-        key, n = prefix
+        label, n = prefix
         n = min(int(n), num_rows - 1)
-        return None if n < 1 else ((key, n), n)
+        return None if n < 1 else (label, n)
+
+    def _content_hashes(self, rows: torch.Tensor, block_size: int | None = None) -> list[int]:
+        """Chained content hashes (``omnistep.kv.chain_hashes``) of input rows
+        ``[n, in_dim]``, one per block of ``block_size`` rows (default: the KV pool's):
+        equal hashes, bit-equal rows."""
+        raw = rows.detach().contiguous().view(torch.uint8).cpu().numpy()  # [n, in_dim * bytes]
+        size = block_size or self.blocks.block_size
+        return chain_hashes([row.tobytes() for row in raw], size)
 
     def _admit(self, seq_id: str, num_tokens: int, pinned: set[Hashable]) -> bool:
         """``SequenceTable.admit_prefill``, evicting kept prefixes when the blocks are short."""
@@ -705,13 +832,16 @@ class PagedARModel:
         prefixes: dict[Hashable, tuple[torch.Tensor, list[int]]],
         pinned: set[Hashable],
     ) -> bool:
-        """Admit a prefill of ``rows`` whose first ``n`` rows are the kept prefix ``key``: the
-        sequence forks the prefix (made now, and queued in ``prefixes`` for this batch to
-        compute, if it is not kept) and grows to all its rows. Kept prefixes are evicted when
-        blocks are short; last, the sequence takes its prefix's blocks over (the prefix is no
-        longer kept), so it needs no more blocks than a whole prefill. False: not admitted
-        (nothing held)."""
-        key, n = split
+        """Admit a prefill of ``rows`` whose first ``n`` rows are a kept prefix, found by their
+        content hash in the block manager (``BlockManager.match``): the sequence shares the
+        prefix's blocks (made now, and queued in ``prefixes`` for this batch to compute, if
+        none is kept) and grows to all its rows. Kept prefixes are evicted when blocks are
+        short; last, the sequence takes its prefix's blocks over (the prefix is no longer
+        kept), so it needs no more blocks than a whole prefill. False: not admitted (nothing
+        held)."""
+        label, n = split
+        hashes = tuple(self._content_hashes(rows[:n]))
+        key = hashes[-1]
         num_rows = rows.shape[0]
         blocks = self.blocks
         self.table.free(seq_id)
@@ -725,12 +855,14 @@ class PagedARModel:
             keeping = blocks.blocks_needed(n) + whole - n // blocks.block_size
             if not self._make_room(keeping, pinned) and not self._make_room(whole, pinned):
                 return False
-            kept = _KeptPrefix(f"prefix/{type(self).__name__}/{next(self._prefix_ids)}", n)
+            prefix_id = f"prefix/{type(self).__name__}/{next(self._prefix_ids)}"
+            kept = _KeptPrefix(prefix_id, n, label, hashes)
             self.table.admit_prefill(kept.seq_id, n)
+            blocks.cache(kept.seq_id, hashes)  # computed by this batch before any reads it
             self._prefixes[key] = kept
             prefixes[key] = (rows[:n], blocks.block_table(kept.seq_id))
         self._prefixes.move_to_end(key)
-        self.table.fork(kept.seq_id, seq_id, n)
+        self.table.share(seq_id, blocks.match(hashes), n)
         if not self._make_room(self.table.extend_cost(seq_id, num_rows), pinned):
             self._drop_prefix(key)  # take its blocks over: no private copy of the last one
         if self.table.extend(seq_id, num_rows):
@@ -770,12 +902,12 @@ class PagedARModel:
         if kept is not None:
             self.table.free(kept.seq_id)
 
-    def _share_key(self, unit: ARPrefillInput) -> Hashable | None:
-        """``(group, prompt key)`` of a fresh prefill that may share, else None."""
+    def _share_key(self, unit: ARPrefillInput, rows: torch.Tensor) -> Hashable | None:
+        """``(group, content hash of its rows)`` of a fresh prefill that may share its
+        group's equal prompt, else None."""
         if unit.share_group is None or unit.generated:
             return None
-        key = self._prefix_key(unit.prompt)
-        return None if key is None else (unit.share_group, key)
+        return unit.share_group, self._content_hashes(rows)[-1]
 
     def _live_shared(self, key: Hashable) -> bool:
         """Whether a group prompt is kept and its sequence still holds its blocks (a
@@ -805,10 +937,11 @@ class PagedARModel:
         return list(stream.split([len(rng) for rng in picked]))
 
     def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
-        seq_ids = [u.seq_id for u in units]
+        held = [i for i, u in enumerate(units) if u.seq_id not in self.table.preempted]
+        seq_ids = [units[i].seq_id for i in held]
         if self._prefixes and all(s in self.lengths for s in seq_ids):
             self._make_room(self.table.blocks_to_grow(seq_ids), set())  # before preempting
-        keep = self.table.grow(seq_ids)
+        keep = [held[i] for i in self.table.grow(seq_ids)]
         self.cache.copy_blocks(self.table.take_copies())  # shared blocks written this step
         results = [ARStepOutput(preempted=True)] * len(units)
         if not keep:

@@ -239,11 +239,6 @@ class ChatTTSGPT(PagedARModel):
     def _on_admit(self, unit: ARPrefillInput) -> None:
         self.text_mode[unit.seq_id] = unit.prompt.text_mode
 
-    def _prefix_key(self, prompt: ChatTTSPromptInput) -> tuple:
-        """Ids, ``[spk_emb]`` positions, mode and the speaker vector's bytes: equal prompts."""
-        speaker = None if prompt.speaker is None else prompt.speaker.cpu().numpy().tobytes()
-        return prompt.input_ids, prompt.spk_positions, prompt.text_mode, speaker
-
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
         return self._prompt_embeds(unit)
 

@@ -296,10 +296,6 @@ class QwenThinker(PagedARModel):
         return self._teacher_forced(first, steps if incremental else [])
 
     # ------------------------------------------------------------ hooks
-    def _prefix_key(self, prompt: Sequence[int]) -> tuple[int, ...]:
-        """The prompt's token ids: equal ids, equal prompt."""
-        return tuple(int(t) for t in prompt)
-
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
         if len(unit.prompt) == 0:
             raise ValueError(f"empty thinker prompt for sequence {unit.seq_id!r}")

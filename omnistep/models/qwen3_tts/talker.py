@@ -48,16 +48,16 @@ Prefill/decode, KV admission, preemption and batching are the shared
 ``omnistep.runners.paged_ar.PagedARModel``'s; this module configures its inputs and head and
 replaces its per-frame sampling with the two-stage one above.
 
-Prefix sharing: ``_prefix_key`` is the prompt's content key, the cloned voice included
-(``CloneRows.key``), so the samples of one group (``Request.group``) with one voice and one text
-share one prefill. Across requests, a voice's rows (``Qwen3TTSPrompt.voice_rows``: the
-instruction if any, the role ids, the codec control rows with the language and the speaker id,
-or a cloned voice's x-vector and the ICL rows that pair its transcript's ids with its reference
-frames) are the same whatever the text, so ``_prompt_prefix`` names them (keyed by the clone's
-content key, if any, and those rows' ids): every request of the voice prefills them apart from its
-text rows, computed once and kept by ``PagedARModel`` (its "Prefixes"); the other requests fork
-their blocks and compute only the rest (a CustomVoice prompt in the streaming layout: 1 of its
-9-10 rows). ``drop_voice`` forgets a cloned voice's kept rows.
+Prefix sharing: the samples of one group (``Request.group``) with one voice and one text share
+one prefill (``PagedARModel`` finds equal prompts by the content hash of their rows). Across
+requests, a voice's rows (``Qwen3TTSPrompt.voice_rows``: the instruction if any, the role ids,
+the codec control rows with the language and the speaker id, or a cloned voice's x-vector and
+the ICL rows that pair its transcript's ids with its reference frames) are the same whatever the
+text, so ``_prompt_prefix`` names them (labelled by the clone's content key, if any, and those
+rows' ids): every request of the voice prefills them apart from its text rows, computed once and
+kept by ``PagedARModel`` (its "Prefixes", found by the rows' content hash); the other requests
+share their blocks and compute only the rest (a CustomVoice prompt in the streaming layout: 1 of
+its 9-10 rows). ``drop_voice`` forgets a cloned voice's kept rows.
 
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``layers``, ``loops``, ``sampling``.
 """
@@ -660,11 +660,8 @@ class Qwen3TTSTalker(PagedARModel):
         """The top 1024 ids but EOS get -inf (upstream ``suppress_tokens``)."""
         return logits.index_fill(-1, self._suppressed, NEG_INF)
 
-    def _prefix_key(self, prompt: Qwen3TTSPrompt) -> tuple:
-        return prompt.key()
-
     def _prompt_prefix(self, prompt: Qwen3TTSPrompt) -> tuple[tuple, int] | None:
-        """The voice's rows (``Qwen3TTSPrompt.voice_rows``, keyed by ``voice_key``)."""
+        """The voice's rows (``Qwen3TTSPrompt.voice_rows``, labelled by ``voice_key``)."""
         key = prompt.voice_key()
         return None if key is None else (key, prompt.voice_rows)
 
