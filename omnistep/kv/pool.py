@@ -1,6 +1,6 @@
 """What the scheduler asks of a component's paged KV pool before it forms a batch.
 
-A component that keeps a paged KV cache (``omnistep.layers.paged_ar.PagedARModel``) implements
+A component that keeps a paged KV cache (``omnistep.runners.paged_ar.PagedARModel``) implements
 ``KVPool``; the engine's scheduler finds it with ``kv_pool`` and, as nano-vllm's scheduler
 does with its block manager (``can_allocate`` / ``allocate`` / ``can_append`` / ``preempt``),
 admits a prefill only when its blocks (after its shared prefix) are free, and runs a decode
