@@ -36,3 +36,21 @@ def qwen3_tts_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3_tts_shared")
     infos = write_reference_qwen3_tts_many({root / v: v for v in VARIANTS})
     return {info.variant: info for info in infos}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray for the module using it (2 CPUs; ``ray.init`` takes about 7 s on the 2-core
+    CI box), shut down after the module."""
+    import ray
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        ignore_reinit_error=True,
+        log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()

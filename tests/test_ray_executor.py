@@ -73,25 +73,6 @@ def _stand_ins_only(engine) -> bool:
     return bool(components) and all(isinstance(c, RemoteComponent) for c in components)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local Ray for this module (``ray.init`` takes about 7 s on the 2-core CI box)."""
-    import ray
-
-    start = time.perf_counter()
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        ignore_reinit_error=True,
-        log_to_driver=False,
-    )
-    print(f"ray.init took {time.perf_counter() - start:.1f} s")
-    yield ray
-    ray.shutdown()
-
-
 def _toy_requests(n: int) -> list[Request]:
     return [
         Request(

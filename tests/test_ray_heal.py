@@ -41,22 +41,6 @@ RECOVERY_BOUND_S = 60.0
 for the toy card, a few seconds for the tiny ChatTTS; the bound is for a loaded CI box)."""
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        ignore_reinit_error=True,
-        log_to_driver=False,
-    )
-    yield ray
-    ray.shutdown()
-
-
 def _kill(pid: int | None) -> None:
     assert pid is not None, "no live actor to kill"
     os.kill(pid, signal.SIGKILL)

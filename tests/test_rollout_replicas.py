@@ -31,22 +31,6 @@ ROLL = {"n": 2, "seed": 7, "voice": "alloy", "sampling": SAMPLING, "logprobs": "
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        ignore_reinit_error=True,
-        log_to_driver=False,
-    )
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     from omnistep.models.chattts.tiny import write_servable_tiny_chattts
 
