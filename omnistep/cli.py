@@ -32,6 +32,7 @@ from omnistep.core import (
     ModelCard,
     OmnistepError,
     Request,
+    SamplingParams,
 )
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, EngineConfig
@@ -348,11 +349,19 @@ def cmd_say(args: argparse.Namespace) -> int:
     if not any(c.isalnum() for c in args.text):  # as --file skips such pieces
         raise OmnistepError(f"TEXT has nothing to speak (no letter or digit): {args.text!r}")
     check_output(out)
+    sampling = _say_sampling(args)
     Request("check", speed=args.speed, seed=args.seed)  # bad speed or seed: fail before loading
     spec = resolve_model_spec(args.model or DEFAULT_MODEL)
     engine = load_engine([spec], args.device, 1)
     model_id = _speech_model(engine)
-    request = Request(model_id, text=args.text, voice=args.voice, speed=args.speed, seed=args.seed)
+    request = Request(
+        model_id,
+        text=args.text,
+        voice=args.voice,
+        speed=args.speed,
+        seed=args.seed,
+        sampling=sampling,
+    )
     data = asyncio.run(synthesize_to_bytes(engine, request, fmt))
     try:
         out.write_bytes(data)
@@ -360,6 +369,17 @@ def cmd_say(args: argparse.Namespace) -> int:
         raise OmnistepError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"wrote {out} ({len(data)} bytes, {fmt}, seed {request.seed})")
     return 0
+
+
+def _say_sampling(args: argparse.Namespace) -> SamplingParams:
+    """``say``'s sampling settings (``--max-new-tokens``), checked before the model loads.
+
+    Raises:
+        InvalidRequestError: a ``--max-new-tokens`` below 1.
+    """
+    if args.max_new_tokens is None:
+        return SamplingParams()
+    return SamplingParams(max_new_tokens=args.max_new_tokens)
 
 
 def _say_file(args: argparse.Namespace, out: Path, fmt: str) -> int:
@@ -371,6 +391,7 @@ def _say_file(args: argparse.Namespace, out: Path, fmt: str) -> int:
         raise OmnistepError(f"{args.file} has nothing to speak (no letter or digit)")
     check_output(out)
     seed = args.seed if args.seed is not None else secrets.randbelow(MAX_SEED + 1)
+    sampling = _say_sampling(args)
     Request("check", speed=args.speed, seed=seed)  # bad speed or seed: fail before loading
     spec = resolve_model_spec(args.model or DEFAULT_MODEL)
     engine = load_engine([spec], args.device, longform.WINDOW)
@@ -388,6 +409,7 @@ def _say_file(args: argparse.Namespace, out: Path, fmt: str) -> int:
                 speed=args.speed,
                 seed=seed,
                 progress=progress,
+                sampling=sampling,
             )
         )
     except KeyboardInterrupt:
@@ -754,6 +776,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="seed of the sampling (default: drawn and printed); with --file, sentence k gets "
         "SEED+k",
+    )
+    say.add_argument(
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help="at most N decode steps per text or sentence (token/frame models: ChatTTS, "
+        "Qwen3-TTS...; default: the model's)",
     )
     say.add_argument(
         "--device", type=_device, default="cpu", help="where the model runs: cpu, cuda or cuda:N"

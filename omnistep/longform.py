@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 from omnistep.audio import OUTPUT_SAMPLE_RATE, StreamEncoder, make_encoder
-from omnistep.core import Modality, OmnistepError, Request
+from omnistep.core import Modality, OmnistepError, Request, SamplingParams
 from omnistep.core.request import MAX_SEED
 from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.text import split_text
@@ -154,15 +154,23 @@ async def synthesize_file(
     speed: float = 1.0,
     seed: int = 0,
     progress: ProgressBar | None = None,
+    sampling: SamplingParams | None = None,
 ) -> int:
     """Speak ``pieces`` into the single file ``out`` (see the module docstring); the engine
-    is shut down at the end.
+    is shut down at the end. ``sampling``: every piece's settings (default: the card's).
 
     Returns:
         samples written at 24 kHz.
     """
     requests = [
-        Request(model_id, text=text, voice=voice, speed=speed, seed=piece_seed(seed, k))
+        Request(
+            model_id,
+            text=text,
+            voice=voice,
+            speed=speed,
+            seed=piece_seed(seed, k),
+            sampling=sampling or SamplingParams(),
+        )
         for k, text in enumerate(pieces)
     ]
     part = out.with_name(out.name + ".part")

@@ -145,3 +145,22 @@ def test_progress_bar():
 def test_docstring_examples():
     results = doctest.testmod(longform)
     assert results.attempted > 0 and results.failed == 0
+
+
+def test_max_new_tokens_caps_each_text_and_sentence(tmp_path, sentence_samples, capsys):
+    """``--max-new-tokens N`` is every request's cap: shorter audio than the model's default,
+    for one text and for each sentence of ``--file``; a cap below 1 fails before loading."""
+    one = tmp_path / "one.wav"
+    sentence = SENTENCES[1]
+    assert _say(sentence, "-o", str(one), "--seed", "8", "--max-new-tokens", "2") == 0
+    capped = sf.info(str(one)).frames
+    assert 0 < capped < sentence_samples[1]
+    book = tmp_path / "book.txt"
+    book.write_text(BOOK, encoding="utf-8")
+    out = tmp_path / "book.wav"
+    assert _say("--file", str(book), "-o", str(out), "--seed", "7", "--max-new-tokens", "2") == 0
+    assert 0 < sf.info(str(out)).frames < sum(sentence_samples)
+    capsys.readouterr()
+    assert _say("hello", "-o", str(tmp_path / "x.wav"), "--max-new-tokens", "0") != 0
+    assert "max_new_tokens" in capsys.readouterr().err
+    assert not (tmp_path / "x.wav").exists()
