@@ -169,8 +169,9 @@ def _prepared(snippet: Snippet, folder: Path, url: str | None) -> str:
     code = snippet.code
     for old, new in snippet.subs:
         code = code.replace(old, new)
-    code = code.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+    # /tmp/ first: the interpreter's own path may lie under /tmp (a clone there, as CI's)
     code = code.replace("/tmp/", f"{folder}/")
+    code = code.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
     if url is not None:
         address = url.removeprefix("http://")
         code = code.replace("127.0.0.1:8000", address).replace("localhost:8000", address)
