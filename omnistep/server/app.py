@@ -21,6 +21,7 @@ from omnistep.server import (
     metrics,
     models,
     playground,
+    realtime,
     rollouts,
     score,
     speech,
@@ -168,6 +169,7 @@ def build_app(
     app.state.media_limits = config.media_limits
     app.include_router(speech_stream.router)
     app.include_router(transcriptions.router)
+    app.include_router(realtime.router)
     app.include_router(metrics.router)
     app.include_router(rollouts.router)
     app.include_router(score.router)
