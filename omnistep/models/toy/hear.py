@@ -90,11 +90,11 @@ def answer_text(messages: Sequence[ChatMessage]) -> str:
 def transcription_messages(
     audio: MediaItem, language: str | None, prompt: str | None
 ) -> tuple[ChatMessage, ...]:
-    """The toy's ASR chat: a system prompt, then a user turn of the audio and an instruction
-    (the layout of Qwen2.5-Omni's ASR examples); ``language`` and ``prompt`` are ignored."""
+    """The toy's ASR chat: a system prompt, then a user turn of an instruction and the audio
+    (the layout of Qwen2.5-Omni's ASR cookbook); ``language`` and ``prompt`` are ignored."""
     return (
         ChatMessage("system", ASR_SYSTEM),
-        ChatMessage("user", ASR_INSTRUCTION, (audio, ASR_INSTRUCTION)),
+        ChatMessage("user", ASR_INSTRUCTION, (ASR_INSTRUCTION, audio)),
     )
 
 
