@@ -102,6 +102,8 @@ def test_energy_vad_finds_the_speech_and_its_end():
     for start in range(0, len(audio), 1234):  # uneven chunks
         events += vad.feed(audio[start : start + 1234])
     assert events == [SpeechStarted(500), SpeechStopped(500, 1500)]
+    late = EnergyVad(VadSettings(silence_duration_ms=400), origin=RATE)  # on 1 s into a session
+    assert late.feed(audio) == [SpeechStarted(1500), SpeechStopped(1500, 2500)]
     quiet = EnergyVad(VadSettings(threshold=0.9))  # -16 dBFS: a 0.1 tone (-23 dBFS) is quiet
     assert quiet.feed(tone(1.0, amplitude=0.1)) == []
     with pytest.raises(ValueError, match="threshold"):

@@ -90,6 +90,7 @@ from omnistep.server.realtime_vad import (
     VadSettings,
 )
 from omnistep.server.speech_stream import allowed_origin
+from omnistep.server.voices import saved_voice_spec
 
 log = logging.getLogger("omnistep.server")
 router = APIRouter()
@@ -394,6 +395,7 @@ class RealtimeSession:
         self.total = 0  # samples appended in the session
         self.vad = self._new_vad()
         self.speech_item: str | None = None  # the id the turn being spoken will get
+        self.voice_spec: str | None = None  # the session's voice, a saved name resolved
         self.response: _Response | None = None
         self.last_task: asyncio.Task | None = None  # the newest response's task
         self.tasks: set[asyncio.Task] = set()  # every response task not yet finished
@@ -485,8 +487,9 @@ class RealtimeSession:
         return self.config.to_json(self.id, self.model_id, self.card.default_voice)
 
     def _new_vad(self) -> EnergyVad | None:
+        """A VAD whose time line starts at the session's next sample."""
         vad = self.config.turn_detection
-        return EnergyVad(vad) if vad is not None else None
+        return EnergyVad(vad, origin=self.total) if vad is not None else None
 
     # ----------------------------------------------------------------- session.update
     async def on_session_update(self, event: dict) -> None:
@@ -517,7 +520,10 @@ class RealtimeSession:
         voice = fields.audio.output.voice if fields.audio and fields.audio.output else None
         if voice is not None:
             try:
-                self.card.validate_voice(voice)
+                spec = await saved_voice_spec(self.ws.app, self.card, voice)
+                assert spec is not None
+                self.card.validate_voice(spec)
+                self.voice_spec = spec
             except InvalidRequestError as exc:
                 raise _bad(
                     str(exc), "session.audio.output.voice", exc.code or "invalid_value"
@@ -800,7 +806,7 @@ class RealtimeSession:
         return Request(
             model=self.model_id,
             messages=tuple(messages),
-            voice=self.config.voice if response.item.audio_output else None,
+            voice=self.voice_spec if response.item.audio_output else None,
             sampling=SamplingParams(max_new_tokens=self.config.max_output_tokens),
             output_modalities=frozenset(outputs),
         )
@@ -832,11 +838,10 @@ class RealtimeSession:
             await self.send(
                 "response.created", response=self._response_json(response, "in_progress")
             )
-            if response.cancel_reason is None:
-                response.stream = self.engine.add_request(self._request(response, instructions))
             await self._open_item(response)
             if response.cancel_reason is not None:
                 raise RequestAbortedError("cancelled before it started")
+            response.stream = self.engine.add_request(self._request(response, instructions))
             await self._stream(response)
             usage = response.stream.usage  # type: ignore[union-attr]
             cap = self.config.max_output_tokens

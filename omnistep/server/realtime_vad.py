@@ -88,8 +88,11 @@ class SpeechStopped:
 class EnergyVad:
     """Streaming energy VAD over 24 kHz float32 input (see the module docstring)."""
 
-    def __init__(self, settings: VadSettings):
+    def __init__(self, settings: VadSettings, origin: int = 0):
+        """``origin``: the session sample index of the first sample ``feed`` will get (a VAD
+        turned on mid-session reports times on the session's time line)."""
         self.settings = settings
+        self.origin = origin
         self.level = 10 ** (level_dbfs(settings.threshold) / 20)  # RMS amplitude
         self.pending = np.zeros(0, dtype=np.float32)  # samples short of a whole frame
         self.frames = 0  # whole frames seen
@@ -121,15 +124,19 @@ class EnergyVad:
             self.run = self.run + 1 if is_speech else 0
             if self.run * FRAME_MS >= MIN_SPEECH_MS:
                 self.start_frame, self.run = frame + 1 - self.run, 0
-                return SpeechStarted(self.start_frame * FRAME_MS)
+                return SpeechStarted(self._ms(self.start_frame))
             return None
         self.run = 0 if is_speech else self.run + 1
         if self.run * FRAME_MS >= self.settings.silence_duration_ms:
-            start = self.start_frame * FRAME_MS
-            end = (frame + 1 - self.run) * FRAME_MS
+            start = self._ms(self.start_frame)
+            end = self._ms(frame + 1 - self.run)
             self.start_frame, self.run = None, 0
             return SpeechStopped(start, end)
         return None
+
+    def _ms(self, frame: int) -> int:
+        """The session time (ms) of the start of ``frame``."""
+        return (self.origin + frame * FRAME_SAMPLES) * 1000 // SAMPLE_RATE
 
     def reset(self) -> None:
         """Forget any speech in progress (the input buffer was cleared or committed by hand);
