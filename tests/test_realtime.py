@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import socket
 
 import numpy as np
 import openai
 import pytest
 import uvicorn
+import websockets
 
 from omnistep.core import ModelInstance
 from omnistep.engine import AsyncEngine
 from omnistep.models import registry
 from omnistep.models.toy import hear
 from omnistep.server import ServerConfig, build_app
-from omnistep.server.realtime import truncate_transcript
+from omnistep.server.realtime_protocol import truncate_transcript
 from omnistep.server.realtime_vad import EnergyVad, SpeechStarted, SpeechStopped, VadSettings
 
 RATE = 24_000
@@ -377,6 +379,25 @@ async def test_bad_and_out_of_order_events_get_errors_and_the_session_goes_on(tm
         await conn.response.create()  # the session still answers
         done = await until(conn, "response.done")
         assert done.response.status == "completed"
+
+
+async def test_frames_that_are_not_json_events_get_errors_and_the_session_goes_on(tmp_path):
+    """A hand-written socket: frames the SDK cannot send (binary, broken JSON, no type)."""
+    async with server(tmp_path) as (client, _):
+        url = str(client.websocket_base_url or client.base_url).replace("http", "ws")
+        async with websockets.connect(f"{url}realtime?model=toy_hear") as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            for frame, code in (
+                (b"\x00\x01", "invalid_event"),
+                ("{oops", "invalid_json"),
+                ("[1, 2]", "invalid_event"),
+                ('{"type": 5}', "invalid_event"),
+            ):
+                await ws.send(frame)
+                event = json.loads(await ws.recv())
+                assert (event["type"], event["error"]["code"]) == ("error", code)
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            assert json.loads(await ws.recv())["type"] == "input_audio_buffer.cleared"
 
 
 async def test_refused_connections_get_an_error_then_a_close(tmp_path):

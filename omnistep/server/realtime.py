@@ -42,26 +42,23 @@ client vanishing) cancels the running response and frees the session's history a
 Refused at connect (an ``error`` event, then close 1008): no or an unknown ``model``, a model
 that does not hear, a disallowed browser ``Origin``; 1013 while the server drains.
 
-Imports numpy, FastAPI/starlette, pydantic, ``omnistep.core``, ``omnistep.audio``,
-``omnistep.engine`` and the server's own modules.
+The session's settings and items as data (and their JSON) are in ``realtime_protocol``, the
+VAD in ``realtime_vad``. Imports numpy, FastAPI/starlette, pydantic, ``omnistep.core``,
+``omnistep.audio``, ``omnistep.engine`` and the server's own modules.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import json
 import logging
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 import numpy as np
 from fastapi import APIRouter
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from omnistep.audio import make_encoder
@@ -81,13 +78,22 @@ from omnistep.core import (
 from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.server.errors import ApiError, api_error
 from omnistep.server.models import require_capability
-from omnistep.server.protocol import OpenAIBody
+from omnistep.server.realtime_protocol import (
+    PCM_FORMAT,
+    Item,
+    SessionConfig,
+    SessionFields,
+    b64_audio,
+    bad,
+    given,
+    new_id,
+    truncate_transcript,
+)
 from omnistep.server.realtime_vad import (
     SAMPLE_RATE,
     EnergyVad,
     SpeechStarted,
     SpeechStopped,
-    VadSettings,
 )
 from omnistep.server.speech_stream import allowed_origin
 from omnistep.server.voices import saved_voice_spec
@@ -106,247 +112,6 @@ MAX_EVENT_CHARS = 16 << 20
 """Longest client event (a base64 append of ~5 minutes of 24 kHz audio)."""
 CLOSE_POLICY_VIOLATION = 1008
 CLOSE_TRY_AGAIN_LATER = 1013
-PCM_FORMAT = {"type": "audio/pcm", "rate": SAMPLE_RATE}
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
-
-
-def _bad(
-    message: str, param: str | None = None, code: str = "invalid_value"
-) -> InvalidRequestError:
-    return InvalidRequestError(message, param=param, code=code)
-
-
-def truncate_transcript(text: str, played_samples: int, total_samples: int) -> str:
-    """The part of an assistant turn's ``text`` the user heard when ``played_samples`` of its
-    ``total_samples`` of audio were played: the same fraction of its characters, cut back to
-    the last whole word (an estimate: the text is assumed spoken at an even rate)."""
-    if total_samples <= 0 or played_samples >= total_samples:
-        return text
-    keep = int(len(text) * max(played_samples, 0) / total_samples)
-    if keep < len(text) and keep > 0 and not text[keep].isspace():
-        keep = text.rfind(" ", 0, keep) + 1  # drop the partly heard word
-    return text[:keep].rstrip()
-
-
-def pcm16_to_float(data: bytes, param: str) -> np.ndarray:
-    """float32 ``[n]`` in [-1, 1) from base64-decoded little-endian 16-bit PCM.
-
-    Raises:
-        InvalidRequestError: an odd number of bytes.
-    """
-    if len(data) % 2:
-        raise _bad(f"'{param}' must hold 16-bit samples (an even number of bytes)", param)
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-
-
-def b64_audio(value: str, param: str) -> np.ndarray:
-    """Samples of a base64 pcm16 string (``pcm16_to_float``).
-
-    Raises:
-        InvalidRequestError: not base64, or an odd number of bytes.
-    """
-    try:
-        data = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise _bad(f"'{param}' is not valid base64", param) from None
-    return pcm16_to_float(data, param)
-
-
-# ----------------------------------------------------------------------------- session config
-
-
-class _Body(OpenAIBody):
-    model_config = ConfigDict(extra="ignore")
-
-
-class _Format(_Body):
-    type: Literal["audio/pcm"] = "audio/pcm"
-    rate: Literal[24000] = 24000
-
-
-class _TurnDetection(_Body):
-    type: Literal["server_vad"]
-    threshold: float | None = Field(default=None, ge=0, le=1)
-    prefix_padding_ms: int | None = Field(default=None, ge=0, le=10_000)
-    silence_duration_ms: int | None = Field(default=None, ge=20, le=10_000)
-    create_response: bool | None = None
-    interrupt_response: bool | None = None
-
-    def settings(self) -> VadSettings:
-        given = {k: v for k, v in self.model_dump(exclude={"type"}).items() if v is not None}
-        return VadSettings(**given)
-
-
-class _AudioInput(_Body):
-    format: _Format | None = None
-    turn_detection: _TurnDetection | None = None
-
-
-class _AudioOutput(_Body):
-    format: _Format | None = None
-    voice: str | None = Field(default=None, min_length=1, max_length=4096)
-
-
-class _Audio(_Body):
-    input: _AudioInput | None = None
-    output: _AudioOutput | None = None
-
-
-class SessionFields(_Body):
-    """``session`` of a ``session.update`` (the fields used; others are ignored)."""
-
-    type: Literal["realtime"] = "realtime"
-    model: str | None = None
-    instructions: str | None = Field(default=None, max_length=65_536)
-    output_modalities: list[Literal["text", "audio"]] | None = Field(
-        default=None, min_length=1, max_length=1
-    )
-    audio: _Audio | None = None
-    max_output_tokens: int | Literal["inf"] | None = None
-
-
-@dataclass
-class SessionConfig:
-    """A session's settings (see ``SessionFields``; defaults as OpenAI's)."""
-
-    instructions: str = ""
-    output_modalities: tuple[str, ...] = ("audio",)
-    voice: str | None = None
-    turn_detection: VadSettings | None = field(default_factory=VadSettings)
-    max_output_tokens: int | None = None
-
-    def update(self, fields: SessionFields, present: Callable[[tuple[str, ...]], bool]) -> None:
-        """Apply the fields the client gave (``present(path)``: whether it gave that path)."""
-        if fields.instructions is not None:
-            self.instructions = fields.instructions
-        if fields.output_modalities is not None:
-            self.output_modalities = tuple(fields.output_modalities)
-        if fields.max_output_tokens is not None:
-            cap = fields.max_output_tokens
-            self.max_output_tokens = None if cap == "inf" else cap
-        audio = fields.audio
-        if audio is not None and audio.output is not None and audio.output.voice is not None:
-            self.voice = audio.output.voice
-        if present(("audio", "input", "turn_detection")):
-            detection = audio.input.turn_detection  # type: ignore[union-attr]
-            self.turn_detection = detection.settings() if detection is not None else None
-
-    def to_json(self, session_id: str, model: str, default_voice: str | None) -> dict:
-        """OpenAI's session object."""
-        vad = self.turn_detection
-        detection = None
-        if vad is not None:
-            detection = {
-                "type": "server_vad",
-                "threshold": vad.threshold,
-                "prefix_padding_ms": vad.prefix_padding_ms,
-                "silence_duration_ms": vad.silence_duration_ms,
-                "create_response": vad.create_response,
-                "interrupt_response": vad.interrupt_response,
-            }
-        return {
-            "type": "realtime",
-            "object": "realtime.session",
-            "id": session_id,
-            "model": model,
-            "output_modalities": list(self.output_modalities),
-            "instructions": self.instructions,
-            "audio": {
-                "input": {
-                    "format": PCM_FORMAT,
-                    "turn_detection": detection,
-                    "transcription": None,
-                    "noise_reduction": None,
-                },
-                "output": {
-                    "format": PCM_FORMAT,
-                    "voice": self.voice or default_voice,
-                    "speed": 1.0,
-                },
-            },
-            "max_output_tokens": self.max_output_tokens or "inf",
-            "tools": [],
-            "tool_choice": "auto",
-        }
-
-
-def _given(raw: dict, path: tuple[str, ...]) -> bool:
-    """Whether the raw JSON object holds ``path`` (a null value counts)."""
-    node: object = raw
-    for key in path:
-        if not isinstance(node, dict) or key not in node:
-            return False
-        node = node[key]
-    return True
-
-
-# ----------------------------------------------------------------------------- conversation
-
-
-@dataclass
-class Item:
-    """One conversation item (a message).
-
-    Attributes:
-        id: the item id (``item_...``, or the client's).
-        role: ``user``, ``system`` or ``assistant``.
-        parts: user/system content in order: text (``str``) and audio (``MediaItem`` at the
-            card's media rate).
-        text: an assistant turn's text (its transcript with audio output).
-        audio_output: the assistant turn spoke (its content is ``output_audio``).
-        output_samples: 24 kHz samples of the assistant's audio sent to the client.
-        played_samples: of those, what the client played (``conversation.item.truncate``);
-            None: all of them.
-        status: ``completed``, ``in_progress`` or ``incomplete`` (a cancelled answer).
-    """
-
-    id: str
-    role: str
-    parts: tuple[str | MediaItem, ...] = ()
-    text: str = ""
-    audio_output: bool = False
-    output_samples: int = 0
-    played_samples: int | None = None
-    status: str = "completed"
-
-    @property
-    def audio_seconds(self) -> float:
-        return sum(p.seconds or 0.0 for p in self.parts if isinstance(p, MediaItem))
-
-    def chat_message(self) -> ChatMessage | None:
-        """The item as chat history; None when it holds nothing."""
-        if self.role == "assistant":
-            return ChatMessage("assistant", self.text) if self.text else None
-        text = "".join(p for p in self.parts if isinstance(p, str))
-        if all(isinstance(p, str) for p in self.parts):
-            return ChatMessage(self.role, text) if text else None
-        return ChatMessage(self.role, text, self.parts)
-
-    def content_json(self) -> list[dict]:
-        if self.role == "assistant":
-            if self.audio_output:
-                return [{"type": "output_audio", "transcript": self.text}]
-            return [{"type": "output_text", "text": self.text}]
-        return [
-            {"type": "input_text", "text": p}
-            if isinstance(p, str)
-            else {"type": "input_audio", "transcript": None}
-            for p in self.parts
-        ]
-
-    def to_json(self) -> dict:
-        """OpenAI's conversation item (audio is not echoed back)."""
-        return {
-            "id": self.id,
-            "object": "realtime.item",
-            "type": "message",
-            "status": self.status,
-            "role": self.role,
-            "content": self.content_json(),
-        }
 
 
 @dataclass
@@ -382,7 +147,7 @@ class RealtimeSession:
         self.engine = engine
         self.model_id = model_id
         self.card = engine.resolve(model_id).card
-        self.id = _id("sess")
+        self.id = new_id("sess")
         self.config = SessionConfig(
             output_modalities=("audio",)
             if Capability.CHAT_AUDIO in self.card.capabilities
@@ -404,7 +169,7 @@ class RealtimeSession:
     # ----------------------------------------------------------------- plumbing
     async def send(self, kind: str, **fields: object) -> None:
         """Send one server event (with a fresh ``event_id``)."""
-        event = {"type": kind, "event_id": _id("event"), **fields}
+        event = {"type": kind, "event_id": new_id("event"), **fields}
         try:
             async with self._send_lock:
                 await self.ws.send_text(json.dumps(event, separators=(",", ":")))
@@ -450,7 +215,7 @@ class RealtimeSession:
         handler = self.HANDLERS.get(event["type"])
         try:
             if handler is None:
-                raise _bad(
+                raise bad(
                     f"Unknown or unsupported event type '{event['type'][:80]}'",
                     "type",
                     "unknown_event_type",
@@ -495,24 +260,24 @@ class RealtimeSession:
     async def on_session_update(self, event: dict) -> None:
         raw = event.get("session")
         if not isinstance(raw, dict):
-            raise _bad("'session' must be an object", "session")
+            raise bad("'session' must be an object", "session")
         try:
             fields = SessionFields.model_validate(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
-            raise _bad(
+            raise bad(
                 f"Invalid value for 'session.{where}': {first.get('msg')}", f"session.{where}"
             ) from None
         except ValueError as exc:
-            raise _bad(str(exc), "session") from None
+            raise bad(str(exc), "session") from None
         if fields.model is not None and self.engine.resolve(fields.model).card is not self.card:
-            raise _bad("The session's model cannot change; open a new session", "session.model")
+            raise bad("The session's model cannot change; open a new session", "session.model")
         if (
             fields.output_modalities == ["audio"]
             and Capability.CHAT_AUDIO not in self.card.capabilities
         ):
-            raise _bad(
+            raise bad(
                 f"Model '{self.model_id}' answers with text only: use output_modalities ['text']",
                 "session.output_modalities",
                 "unsupported_value",
@@ -525,11 +290,11 @@ class RealtimeSession:
                 self.card.validate_voice(spec)
                 self.voice_spec = spec
             except InvalidRequestError as exc:
-                raise _bad(
+                raise bad(
                     str(exc), "session.audio.output.voice", exc.code or "invalid_value"
                 ) from None
         before = self.config.turn_detection
-        self.config.update(fields, lambda path: _given(raw, path))
+        self.config.update(fields, lambda path: given(raw, path))
         if self.config.turn_detection != before:
             self.vad = self._new_vad()
             self.speech_item = None
@@ -539,11 +304,11 @@ class RealtimeSession:
     async def on_append(self, event: dict) -> None:
         audio = event.get("audio")
         if not isinstance(audio, str):
-            raise _bad("'audio' must be a base64 string of pcm16 24 kHz audio", "audio")
+            raise bad("'audio' must be a base64 string of pcm16 24 kHz audio", "audio")
         samples = b64_audio(audio, "audio")
         held = sum(len(c) for c in self.buffer)
         if held + len(samples) > self.max_buffer:
-            raise _bad(
+            raise bad(
                 f"The input audio buffer would hold over {self.max_buffer / SAMPLE_RATE:g} s "
                 "(--max-audio-seconds); commit or clear it",
                 "audio",
@@ -573,7 +338,7 @@ class RealtimeSession:
             self.buffer_start = self.total - keep
 
     async def _speech_started(self, started: SpeechStarted) -> None:
-        self.speech_item = _id("item")
+        self.speech_item = new_id("item")
         await self.send(
             "input_audio_buffer.speech_started",
             audio_start_ms=started.start_ms,
@@ -584,7 +349,7 @@ class RealtimeSession:
             self.response.cancel("turn_detected")
 
     async def _speech_stopped(self, stopped: SpeechStopped) -> None:
-        item_id = self.speech_item or _id("item")
+        item_id = self.speech_item or new_id("item")
         self.speech_item = None
         await self.send(
             "input_audio_buffer.speech_stopped", audio_end_ms=stopped.end_ms, item_id=item_id
@@ -606,14 +371,14 @@ class RealtimeSession:
     async def on_commit(self, event: dict) -> None:
         held = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.float32)
         if len(held) * 1000 < MIN_COMMIT_MS * SAMPLE_RATE:
-            raise _bad(
+            raise bad(
                 f"The input audio buffer holds {len(held) * 1000 // SAMPLE_RATE} ms; at least "
                 f"{MIN_COMMIT_MS} ms are needed to commit",
                 None,
                 "input_audio_buffer_commit_empty",
             )
         self._reset_buffer()
-        await self._commit(held, self.speech_item or _id("item"))
+        await self._commit(held, self.speech_item or new_id("item"))
         self.speech_item = None
 
     async def on_clear(self, event: dict) -> None:
@@ -666,25 +431,23 @@ class RealtimeSession:
         for item in self.items:
             if item.id == item_id:
                 return item
-        raise _bad(f"No conversation item with id '{str(item_id)[:80]}'", param, "item_not_found")
+        raise bad(f"No conversation item with id '{str(item_id)[:80]}'", param, "item_not_found")
 
     async def on_item_create(self, event: dict) -> None:
         raw = event.get("item")
         if not isinstance(raw, dict) or raw.get("type", "message") != "message":
-            raise _bad("'item' must be a message ({type: 'message', role, content})", "item")
+            raise bad("'item' must be a message ({type: 'message', role, content})", "item")
         role = raw.get("role")
         if role not in ("user", "system", "assistant"):
-            raise _bad("'item.role' must be user, system or assistant", "item.role")
+            raise bad("'item.role' must be user, system or assistant", "item.role")
         content = raw.get("content")
         if not isinstance(content, list) or not content:
-            raise _bad("'item.content' must be a non-empty list of parts", "item.content")
-        item_id = raw.get("id") or _id("item")
+            raise bad("'item.content' must be a non-empty list of parts", "item.content")
+        item_id = raw.get("id") or new_id("item")
         if not isinstance(item_id, str) or len(item_id) > 64:
-            raise _bad("'item.id' must be a string of at most 64 characters", "item.id")
+            raise bad("'item.id' must be a string of at most 64 characters", "item.id")
         if any(i.id == item_id for i in self.items):
-            raise _bad(
-                f"An item with id '{item_id}' exists already", "item.id", "duplicate_item_id"
-            )
+            raise bad(f"An item with id '{item_id}' exists already", "item.id", "duplicate_item_id")
         parts = [
             self._part(part, role, f"item.content[{k}]", item_id) for k, part in enumerate(content)
         ]
@@ -698,29 +461,29 @@ class RealtimeSession:
         kind = part.get("type") if isinstance(part, dict) else None
         if role == "assistant":
             if kind not in ("output_text", "text"):
-                raise _bad(f"'{param}' of an assistant item must be output_text", param)
+                raise bad(f"'{param}' of an assistant item must be output_text", param)
             key = "text"
         elif kind == "input_audio" and role == "user":
             audio = part.get("audio")  # type: ignore[union-attr]
             if not isinstance(audio, str):
-                raise _bad(f"'{param}.audio' must be base64 pcm16 24 kHz audio", f"{param}.audio")
+                raise bad(f"'{param}.audio' must be base64 pcm16 24 kHz audio", f"{param}.audio")
             samples = b64_audio(audio, f"{param}.audio")
             if len(samples) > self.max_buffer:
-                raise _bad(f"'{param}.audio' is too long", f"{param}.audio", "audio_too_long")
+                raise bad(f"'{param}.audio' is too long", f"{param}.audio", "audio_too_long")
             return self._media(samples, f"{item_id}.{param}")
         elif kind == "input_text":
             key = "text"
         else:
-            raise _bad(f"'{param}' must be input_text or (user) input_audio", param)
+            raise bad(f"'{param}' must be input_text or (user) input_audio", param)
         text = part.get(key)  # type: ignore[union-attr]
         if not isinstance(text, str):
-            raise _bad(f"'{param}.text' must be a string", f"{param}.text")
+            raise bad(f"'{param}.text' must be a string", f"{param}.text")
         return text
 
     async def on_item_delete(self, event: dict) -> None:
         item = self._find(event.get("item_id"))
         if self.response is not None and item is self.response.item:
-            raise _bad("The running response's item cannot be deleted", "item_id")
+            raise bad("The running response's item cannot be deleted", "item_id")
         self.items.remove(item)
         await self.send("conversation.item.deleted", item_id=item.id)
 
@@ -728,14 +491,14 @@ class RealtimeSession:
         item = self._find(event.get("item_id"))
         end_ms, index = event.get("audio_end_ms"), event.get("content_index", 0)
         if item.role != "assistant" or not item.audio_output:
-            raise _bad("Only an assistant item with audio can be truncated", "item_id")
+            raise bad("Only an assistant item with audio can be truncated", "item_id")
         if index != 0:
-            raise _bad("'content_index' must be 0 (an item holds one audio part)", "content_index")
+            raise bad("'content_index' must be 0 (an item holds one audio part)", "content_index")
         if not isinstance(end_ms, int) or isinstance(end_ms, bool) or end_ms < 0:
-            raise _bad("'audio_end_ms' must be an integer >= 0", "audio_end_ms")
+            raise bad("'audio_end_ms' must be an integer >= 0", "audio_end_ms")
         played = end_ms * SAMPLE_RATE // 1000
         if played > item.output_samples:
-            raise _bad(
+            raise bad(
                 f"'audio_end_ms' {end_ms} is past the item's audio "
                 f"({item.output_samples * 1000 // SAMPLE_RATE} ms)",
                 "audio_end_ms",
@@ -750,9 +513,9 @@ class RealtimeSession:
     async def on_response_create(self, event: dict) -> None:
         params = event.get("response") or {}
         if not isinstance(params, dict):
-            raise _bad("'response' must be an object", "response")
+            raise bad("'response' must be an object", "response")
         if self.response is not None and self.response.cancel_reason is None:
-            raise _bad(
+            raise bad(
                 "The conversation already has an active response; cancel it or wait for "
                 "response.done",
                 None,
@@ -760,13 +523,13 @@ class RealtimeSession:
             )
         modalities = params.get("output_modalities")
         if modalities is not None and modalities not in (["text"], ["audio"]):
-            raise _bad(
+            raise bad(
                 "'response.output_modalities' must be ['text'] or ['audio']",
                 "response.output_modalities",
             )
         instructions = params.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
-            raise _bad("'response.instructions' must be a string", "response.instructions")
+            raise bad("'response.instructions' must be a string", "response.instructions")
         await self._start_response(modalities, instructions)
 
     async def on_response_cancel(self, event: dict) -> None:
@@ -777,7 +540,7 @@ class RealtimeSession:
             or response.cancel_reason is not None
             or wanted not in (None, response.id)
         ):
-            raise _bad(
+            raise bad(
                 "There is no active response to cancel", "response_id", "response_cancel_not_active"
             )
         response.cancel("client_cancelled")
@@ -785,13 +548,15 @@ class RealtimeSession:
     async def _start_response(self, modalities: list[str] | None, instructions: str | None) -> None:
         chosen = tuple(modalities or self.config.output_modalities)
         if "audio" in chosen and Capability.CHAT_AUDIO not in self.card.capabilities:
-            raise _bad(
+            raise bad(
                 f"Model '{self.model_id}' answers with text only",
                 "response.output_modalities",
                 "unsupported_value",
             )
-        item = Item(_id("item"), "assistant", audio_output="audio" in chosen, status="in_progress")
-        response = _Response(_id("resp"), item, chosen)
+        item = Item(
+            new_id("item"), "assistant", audio_output="audio" in chosen, status="in_progress"
+        )
+        response = _Response(new_id("resp"), item, chosen)
         previous, self.response = self.last_task, response
         task = asyncio.create_task(self._respond_quietly(response, previous, instructions))
         response.task = self.last_task = task
@@ -1008,7 +773,7 @@ async def _refuse(ws: WebSocket, code: int, error: ApiError) -> None:
     with contextlib.suppress(WebSocketDisconnect, WebSocketDisconnected, OSError, RuntimeError):
         event = {
             "type": "error",
-            "event_id": _id("event"),
+            "event_id": new_id("event"),
             "error": {**error.to_dict(), "event_id": None},
         }
         await ws.send_text(json.dumps(event))
@@ -1022,7 +787,7 @@ def _open_session(ws: WebSocket, model: str | None) -> str:
         OmnistepError: no model, an unknown one, or one that does not hear.
     """
     if not model:
-        raise _bad(
+        raise bad(
             "Name the model in the URL: /v1/realtime?model=...",
             "model",
             "missing_required_parameter",
