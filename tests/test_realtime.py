@@ -418,6 +418,7 @@ async def test_twenty_dropped_sessions_leave_nothing_running(tmp_path):
             )
             if k % 2:
                 await until(conn, "response.output_audio.delta")
+                assert engine.stats()["kv_blocks_used"] > 0  # the answer holds its blocks
             else:
                 await until(conn, "input_audio_buffer.speech_started")
             await conn.close()  # gone mid-answer (or mid-turn)

@@ -11,11 +11,15 @@ assistant messages, so a truncated history shows). The transcription prompt's an
 The ``say`` loop (AR_DECODE) emits the answer one word per AR_TOKEN unit of the ``scribe``
 component (which may sleep ``step_seconds`` per batch, to keep answers in flight for barge-in
 tests) as a text delta, and puts each word's byte ids on ``token_stream``; with audio output
-the ``toy`` card's sine vocoder turns each id into ``SAMPLES_PER_TOKEN`` samples at 8 kHz.
+the ``toy`` card's sine vocoder turns each id into ``SAMPLES_PER_TOKEN`` samples at 8 kHz. While
+an answer runs the scribe holds one block per ``BLOCK_TOKENS`` prompt tokens of a pretend KV
+cache for it (reported by ``kv_blocks()``, freed when the loop is released: finished, failed or
+aborted), so leak tests see what a dropped request would leave.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,6 +58,8 @@ from omnistep.models.toy.card import SAMPLE_RATE, VOICES, ToyVocoder
 from omnistep.models.toy.stream import byte_ids
 
 MEDIA_SAMPLE_RATE = 16_000
+BLOCK_TOKENS = 16
+NUM_BLOCKS = 4096
 ASR_SYSTEM = "You are a speech recognition model."
 ASR_INSTRUCTION = "Transcribe the audio."
 
@@ -108,10 +114,28 @@ class WordUnit:
 
 class ToyScribe:
     """Returns the unit's word (with a leading space after the first); sleeps
-    ``step_seconds`` per batch."""
+    ``step_seconds`` per batch; counts the pretend KV blocks of the live answers."""
 
     def __init__(self, device: str = "cpu", step_seconds: float = 0.0):
         self.step_seconds = step_seconds
+        self.held: dict[str, int] = {}  # request id -> blocks
+        self.lock = threading.Lock()
+
+    def hold(self, request_id: str, num_tokens: int) -> None:
+        """Take the blocks of a ``num_tokens`` prompt for ``request_id``."""
+        with self.lock:
+            self.held[request_id] = -(-num_tokens // BLOCK_TOKENS)
+
+    def free(self, request_id: str) -> None:
+        """Free the blocks of ``request_id`` (none held: nothing happens)."""
+        with self.lock:
+            self.held.pop(request_id, None)
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """(used, free) blocks, as ``omnistep.kv.kv_usage`` reads them."""
+        with self.lock:
+            used = sum(self.held.values())
+        return used, NUM_BLOCKS - used
 
     def execute(self, kind: WorkUnitKind, payloads: Sequence[WordUnit]) -> list[str]:
         """One word per unit."""
@@ -127,6 +151,7 @@ class SayState(LoopState):
     """State of the say loop: the answer's words, the text emitted."""
 
     words: tuple[str, ...] = ()
+    scribe: ToyScribe | None = None
     text: list[str] = field(default_factory=list)
     channel: Channel = field(default_factory=Channel)
 
@@ -140,11 +165,14 @@ class SayLoop:
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> SayState:
         words = tuple(ctx.slots["answer"].split())
         cap = req.sampling.max_new_tokens
+        scribe = model.components["scribe"]
+        scribe.hold(req.request_id, max(1, ctx.usage["input_tokens"]))  # type: ignore[attr-defined]
         return SayState(
             request_id=req.request_id,
             loop_id=self.loop_id,
             profile=req.profile,
             words=words[:cap] if cap else words,
+            scribe=scribe,  # type: ignore[arg-type]
             channel=ctx.slots["token_stream"],
         )
 
@@ -173,7 +201,9 @@ class SayLoop:
         return LoopResult("".join(state.text), {"words": float(len(state.text))})
 
     def release(self, state: SayState) -> None:
-        """Nothing outside the state to free."""
+        """Free the answer's blocks."""
+        if state.scribe is not None:
+            state.scribe.free(state.request_id)
 
 
 def _listen(ctx: ProgramContext) -> None:
