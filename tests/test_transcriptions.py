@@ -177,3 +177,20 @@ async def test_a_failure_mid_stream_is_an_error_event(tmp_path, monkeypatch):
         )
         events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
         assert events[-1]["error"]["code"] == "generation_failed"
+
+
+def test_the_capability_and_the_prompt_hook_go_together():
+    import dataclasses
+
+    from omnistep.core import Capability, CardValidationError
+
+    card = hear.build_card()
+    card.validate()
+    with pytest.raises(CardValidationError, match="transcription"):
+        dataclasses.replace(card, transcription_prompt=None).validate()
+    without_hearing = card.capabilities - {Capability.AUDIO_INPUT}
+    with pytest.raises(CardValidationError, match="transcription"):
+        dataclasses.replace(card, capabilities=without_hearing).validate()
+    toy = registry.build_card("toy")
+    with pytest.raises(CardValidationError, match="transcription"):
+        dataclasses.replace(toy, transcription_prompt=hear.transcription_messages).validate()
