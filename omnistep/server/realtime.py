@@ -75,6 +75,7 @@ from omnistep.core import (
     RequestAbortedError,
     SamplingParams,
 )
+from omnistep.core.request import check_text
 from omnistep.engine import AsyncEngine, RequestStream
 from omnistep.server.errors import ApiError, api_error
 from omnistep.server.models import require_capability
@@ -402,8 +403,8 @@ class RealtimeSession:
     async def _commit(self, samples: np.ndarray, item_id: str) -> None:
         previous = self.items[-1].id if self.items else None
         await self.send("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
-        item = Item(item_id, "user", (self._media(samples, item_id),))
-        await self._add_item(item)
+        media = await asyncio.to_thread(self._media, samples, item_id)  # soxr: off the loop
+        await self._add_item(Item(item_id, "user", (media,)))
 
     # ----------------------------------------------------------------- conversation
     async def _add_item(self, item: Item) -> None:
@@ -476,9 +477,8 @@ class RealtimeSession:
         else:
             raise bad(f"'{param}' must be input_text or (user) input_audio", param)
         text = part.get(key)  # type: ignore[union-attr]
-        if not isinstance(text, str):
-            raise bad(f"'{param}.text' must be a string", f"{param}.text")
-        return text
+        check_text(text, f"{param}.text")  # a string, valid Unicode
+        return text  # type: ignore[return-value]
 
     async def on_item_delete(self, event: dict) -> None:
         item = self._find(event.get("item_id"))
@@ -492,6 +492,9 @@ class RealtimeSession:
         end_ms, index = event.get("audio_end_ms"), event.get("content_index", 0)
         if item.role != "assistant" or not item.audio_output:
             raise bad("Only an assistant item with audio can be truncated", "item_id")
+        running = self.response
+        if running is not None and running.item is item and running.cancel_reason is None:
+            raise bad("The item's response is still running: cancel it first", "item_id")
         if index != 0:
             raise bad("'content_index' must be 0 (an item holds one audio part)", "content_index")
         if not isinstance(end_ms, int) or isinstance(end_ms, bool) or end_ms < 0:
@@ -688,7 +691,7 @@ class RealtimeSession:
             await self._send_audio(item, encoder.flush(), ids)
 
     async def _send_audio(self, item: Item, data: bytes, ids: dict) -> None:
-        if data:
+        if data and item.played_samples is None:  # nothing after a truncation
             item.output_samples += len(data) // 2
             await self.send(
                 "response.output_audio.delta", delta=base64.b64encode(data).decode(), **ids
