@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from omnistep.core.contracts import Component, Loop
 from omnistep.core.enums import Capability, LoopKind, WorkUnitKind
 from omnistep.core.errors import CardValidationError, InvalidRequestError, WeightUpdateError
 from omnistep.core.program import TEXT_INPUT_SLOT, Program
+
+if TYPE_CHECKING:
+    from omnistep.core.request import ChatMessage, MediaItem
 
 
 def call_component(component: Component, method: str, *args: object) -> object:
@@ -208,6 +212,14 @@ class ModelCard:
             what the card keeps for it (Qwen3-TTS: the voice's kept prompt prefix in the
             talker's KV cache). Run between steps (``AsyncEngine.forget_voice``), reaching its
             components with ``call_component``; None: the card keeps nothing per voice.
+        transcription_prompt: ``transcription_prompt(audio, language, prompt) -> messages``:
+            the chat (a tuple of ``ChatMessage``) that asks the card to transcribe ``audio``
+            (a mono float32 ``MediaItem`` at ``media_sample_rate``), in the layout its authors
+            use for ASR (e.g. a system prompt, then a user turn holding the audio and an
+            instruction); ``language`` (ISO-639-1, or None) and ``prompt`` (text to continue
+            or vocabulary to prefer, or None) are OpenAI's transcription hints, which the hook
+            may fold into its instruction or ignore. Set with ``Capability.TRANSCRIPTION``;
+            None: the card does not transcribe.
     """
 
     card_id: str
@@ -235,6 +247,9 @@ class ModelCard:
         default=None, compare=False, repr=False
     )
     media_sample_rate: int = 16_000
+    transcription_prompt: (
+        Callable[[MediaItem, str | None, str | None], tuple[ChatMessage, ...]] | None
+    ) = field(default=None, compare=False, repr=False)
 
     @property
     def model_ids(self) -> tuple[str, ...]:
@@ -268,7 +283,8 @@ class ModelCard:
                 that no node binds, a default voice outside ``voices``, a bad batch size, the
                 program input ``TEXT_INPUT_SLOT`` without ``Capability.STREAMING_TEXT_INPUT``
                 or the reverse, ``Capability.VOICE_CLONING`` without a ``voice_enroller`` or
-                the reverse.
+                the reverse, ``Capability.TRANSCRIPTION`` without ``AUDIO_INPUT`` and a
+                ``transcription_prompt`` or the reverse.
         """
         comp_names = [c.name for c in self.components]
         loop_ids = [lp.loop_id for lp in self.loops]
@@ -299,6 +315,14 @@ class ModelCard:
             raise CardValidationError(
                 f"card '{self.card_id}': the capability {Capability.VOICE_CLONING} and a "
                 "voice_enroller go together"
+            )
+        transcribes = Capability.TRANSCRIPTION in self.capabilities
+        if transcribes != (self.transcription_prompt is not None) or (
+            transcribes and Capability.AUDIO_INPUT not in self.capabilities
+        ):
+            raise CardValidationError(
+                f"card '{self.card_id}': the capability {Capability.TRANSCRIPTION} needs "
+                f"{Capability.AUDIO_INPUT} and a transcription_prompt, and the reverse"
             )
         streams_text = Capability.STREAMING_TEXT_INPUT in self.capabilities
         if streams_text != (TEXT_INPUT_SLOT in self.program.inputs):

@@ -57,6 +57,10 @@ class Capability(StrEnum):
     """Chat messages may hold images (``image_url`` parts)."""
     VIDEO_INPUT = "video_input"
     """Chat messages may hold video (``video_url`` parts)."""
+    TRANSCRIPTION = "transcription"
+    """The card transcribes audio (``POST /v1/audio/transcriptions``): it hears
+    (``AUDIO_INPUT``) and its ``ModelCard.transcription_prompt`` builds the chat its authors
+    use for speech recognition; the answer's text is the transcript."""
 
 
 class MediaKind(StrEnum):

@@ -21,6 +21,7 @@ from omnistep.models import locate
 FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",
     "toy_stream": "omnistep.models.toy.stream",
+    "toy_hear": "omnistep.models.toy.hear",
     "hibari": "omnistep.models.hibari.card",
     "piper": "omnistep.models.piper.card",
     "kokoro": "omnistep.models.kokoro.card",

@@ -21,10 +21,12 @@ from omnistep.server import (
     metrics,
     models,
     playground,
+    realtime,
     rollouts,
     score,
     speech,
     speech_stream,
+    transcriptions,
     voice_fields,
     voices,
 )
@@ -44,7 +46,8 @@ class ServerConfig:
         max_body_bytes: larger request bodies get 413 (OpenAI inputs are at most 4096 chars).
         max_weights_bytes: the limit for a weights file uploaded to ``POST /v1/weights``.
         max_voice_upload_bytes: the limit for ``POST /v1/audio/voices`` (a reference clip
-            uploaded to clone a voice: a minute of 48 kHz 24-bit stereo WAV is 17 MB).
+            uploaded to clone a voice: a minute of 48 kHz 24-bit stereo WAV is 17 MB) and
+            ``POST /v1/audio/transcriptions`` (OpenAI takes files up to 25 MB).
         max_speech_body_bytes: the limit for ``POST /v1/audio/speech`` and ``/v1/rollouts``,
             whose ``ref_audio`` may hold a clip in base64 (a minute of 48 kHz 16-bit stereo
             WAV, 11.5 MB, is 15.4 MB in base64).
@@ -143,6 +146,7 @@ def build_app(
             "/v1/rollouts": config.max_speech_body_bytes,
             "/v1/score": score.MAX_SCORE_BODY_BYTES,  # a rollout answer
             "/v1/chat/completions": config.max_chat_body_bytes,  # media parts in base64
+            "/v1/audio/transcriptions": config.max_voice_upload_bytes,  # an audio file
         },
     )
     app.add_middleware(DrainGate, drain=drain)
@@ -164,6 +168,8 @@ def build_app(
     voice_fields.install(app, config.media_policy())
     app.state.media_limits = config.media_limits
     app.include_router(speech_stream.router)
+    app.include_router(transcriptions.router)
+    app.include_router(realtime.router)
     app.include_router(metrics.router)
     app.include_router(rollouts.router)
     app.include_router(score.router)

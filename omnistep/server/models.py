@@ -20,13 +20,17 @@ router = APIRouter()
 
 def model_object(model_id: str, model: ModelInstance, created: int) -> dict:
     """OpenAI's model object for ``model_id`` (``id``, ``object``, ``created``, ``owned_by``),
-    plus ``root``: the card id it routes to (vLLM's field)."""
+    plus ``root``: the card id it routes to (vLLM's field), and ``capabilities``: what it
+    serves, sorted (``Capability`` values: ``transcription`` for the models
+    ``/v1/audio/transcriptions`` takes, ``audio_input`` for those that hear chat audio and
+    ``/v1/realtime`` sessions, ``text_to_speech``...)."""
     return {
         "id": model_id,
         "object": "model",
         "created": created,
         "owned_by": "omnistep",
         "root": model.card.card_id,
+        "capabilities": sorted(c.value for c in model.card.capabilities),
     }
 
 
@@ -87,6 +91,10 @@ def require_capability(engine: AsyncEngine, model_id: str, capability: Capabilit
                 ": it only turns text into speech; send the text to POST /v1/audio/speech instead"
             )
         others = "chat models served here"
+    elif capability in (Capability.TRANSCRIPTION, Capability.AUDIO_INPUT):
+        what = "transcribe audio" if capability is Capability.TRANSCRIPTION else "hear audio"
+        message = f"Model '{model_id}' cannot {what}"
+        others = f"models served here that {what}"
     else:  # CHAT_AUDIO
         param = "modalities"
         message = f"Model '{model_id}' can chat but not answer with audio"
