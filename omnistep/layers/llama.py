@@ -253,11 +253,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, ``hidden_size`` ->
+    ``intermediate_size`` -> ``hidden_size`` (also the MoE layer's shared expert)."""
 
-    def __init__(self, config: LlamaConfigLite, **factory: Any):
+    def __init__(self, hidden: int, inner: int, bias: bool = False, **factory: Any):
         super().__init__()
-        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = PackedLinear(hidden, inner, bias=bias, **factory)
         self.up_proj = PackedLinear(hidden, inner, bias=bias, **factory)
         self.down_proj = PackedLinear(inner, hidden, bias=bias, **factory)
@@ -279,7 +279,9 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfigLite, layer_idx: int, **factory: Any):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, **factory)
-        self.mlp = LlamaMLP(config, **factory)
+        self.mlp = LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.mlp_bias, **factory
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
 
