@@ -98,7 +98,8 @@ def test_published_per_expert_names_load_like_the_fused_ones():
     x = _rows(6)
     with torch.no_grad():
         assert torch.equal(fused(x).hidden, published(x).hidden)
-    assert sorted(fused.state_dict()) == ["experts.down_proj", "experts.gate_up_proj", "gate.weight"]
+    names = ["experts.down_proj", "experts.gate_up_proj", "gate.weight"]
+    assert sorted(fused.state_dict()) == names
 
 
 def test_a_missing_expert_tensor_is_named():

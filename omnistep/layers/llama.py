@@ -95,6 +95,22 @@ class LlamaConfigLite:
         ``qk_norm``, ...) on top."""
         return cls(**{name: getattr(cfg, name) for name in cls.SIZE_FIELDS}, **flags)
 
+    @classmethod
+    def qwen3(cls, cfg: Any) -> LlamaConfigLite:
+        """A Qwen3 decoder stack (no biases, per-head q/k RMSNorm) of ``cfg``'s sizes (``of``),
+        which must also carry ``hidden_act`` and ``attention_bias`` (Qwen3-TTS's talker and
+        code predictor, Qwen3-Omni's code predictor).
+
+        Raises:
+            ValueError: an activation other than silu, attention biases.
+        """
+        what = type(cfg).__name__
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"{what}: hidden_act must be 'silu', got {cfg.hidden_act!r}")
+        if cfg.attention_bias:
+            raise ValueError(f"{what}: attention_bias=True is not supported")
+        return cls.of(cfg, qk_norm=True)
+
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
