@@ -98,8 +98,8 @@ def _timed(reps: int, fn: Callable[[], object], sync: Callable[[], None]) -> dic
 
 
 def build(args: argparse.Namespace) -> tuple[MoEFeedForward, torch.Tensor]:
-    """The layer with random weights (std 0.02, the router's 1.0 so routing is spread) and the
-    rows, on ``args.device`` in ``args.dtype``."""
+    """The layer with random weights (std 0.02; the router's 1 / sqrt(hidden), so the routing
+    spreads over the experts) and the rows, on ``args.device`` in ``args.dtype``."""
     config = MoEConfig(
         hidden_size=args.hidden,
         moe_intermediate_size=args.inner,

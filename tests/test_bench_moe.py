@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-PATH = Path(__file__).resolve().parents[1] / "bench" / "moe.py"
-_spec = importlib.util.spec_from_file_location("bench_moe", PATH)
+_spec = importlib.util.spec_from_file_location(
+    "bench_moe", Path(__file__).resolve().parents[1] / "bench" / "moe.py"
+)
 bench_moe = importlib.util.module_from_spec(_spec)
-sys.modules["bench_moe"] = bench_moe
 _spec.loader.exec_module(bench_moe)
 
 
