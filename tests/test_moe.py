@@ -187,7 +187,9 @@ def test_bad_routing_and_inputs_raise():
         MoEConfig(64, 24, 8, 2, hidden_act="gelu")
     with pytest.raises(ValueError, match="chunk_rows"):
         MoEFeedForward(MoEConfig(**SIZES), chunk_rows=0)
-    assert moe(x[:0]).hidden.shape == (0, 64)
+    for batch_invariant in (False, True):
+        empty = moe(x[:0], batch_invariant=batch_invariant)
+        assert empty.hidden.shape == (0, 64) and empty.expert_ids.shape == (0, 3)
 
 
 # ------------------------------------------------------------------ autograd

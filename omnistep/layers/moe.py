@@ -288,6 +288,11 @@ class MoEFeedForward(nn.Module):
         """
         if x.dim() != 2 or x.shape[1] != self.config.hidden_size:
             raise ValueError(f"x must be [N, {self.config.hidden_size}], got {list(x.shape)}")
+        if not x.shape[0]:
+            if expert_ids is not None:
+                self._check_routing(expert_ids, 0)
+            k = self.config.num_experts_per_tok
+            return MoEOutput(x.clone(), torch.zeros(0, k, dtype=torch.long, device=x.device))
         probs = self.router_probs(x, batch_invariant)
         expert_ids, weights = self.select(probs, expert_ids)
         weights = weights.to(x.dtype)
