@@ -209,6 +209,13 @@ def test_gradients_match_transformers(batch_invariant):
         assert p.grad is not None, name
         assert torch.allclose(p.grad, theirs[name].grad, atol=1e-5, rtol=0), name
     assert float(moe.gate.weight.grad.abs().sum()) > 0  # the router learns through the weights
+    # score replays the recorded routing: the same gradients, the router's included
+    served = {name: p.grad.clone() for name, p in moe.named_parameters()}
+    moe.zero_grad()
+    replayed = moe(x.clone().requires_grad_(), out.expert_ids, batch_invariant)
+    (replayed.hidden * target).sum().backward()
+    for name, p in moe.named_parameters():
+        assert torch.equal(p.grad, served[name]), name
 
 
 # ------------------------------------------------------------------ ties
