@@ -95,6 +95,22 @@ class LlamaConfigLite:
         ``qk_norm``, ...) on top."""
         return cls(**{name: getattr(cfg, name) for name in cls.SIZE_FIELDS}, **flags)
 
+    @classmethod
+    def qwen3(cls, cfg: Any) -> LlamaConfigLite:
+        """A Qwen3 decoder stack (no biases, per-head q/k RMSNorm) of ``cfg``'s sizes (``of``),
+        which must also carry ``hidden_act`` and ``attention_bias`` (Qwen3-TTS's talker and
+        code predictor, Qwen3-Omni's code predictor).
+
+        Raises:
+            ValueError: an activation other than silu, attention biases.
+        """
+        what = type(cfg).__name__
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"{what}: hidden_act must be 'silu', got {cfg.hidden_act!r}")
+        if cfg.attention_bias:
+            raise ValueError(f"{what}: attention_bias=True is not supported")
+        return cls.of(cfg, qk_norm=True)
+
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
@@ -253,11 +269,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+    """SwiGLU: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, ``hidden_size`` ->
+    ``intermediate_size`` -> ``hidden_size`` (also the MoE layer's shared expert)."""
 
-    def __init__(self, config: LlamaConfigLite, **factory: Any):
+    def __init__(self, hidden: int, inner: int, bias: bool = False, **factory: Any):
         super().__init__()
-        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = PackedLinear(hidden, inner, bias=bias, **factory)
         self.up_proj = PackedLinear(hidden, inner, bias=bias, **factory)
         self.down_proj = PackedLinear(inner, hidden, bias=bias, **factory)
@@ -279,7 +295,9 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfigLite, layer_idx: int, **factory: Any):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, **factory)
-        self.mlp = LlamaMLP(config, **factory)
+        self.mlp = LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.mlp_bias, **factory
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
 

@@ -7,7 +7,6 @@ x-vector) and ``encoder`` (the speech tokenizer's Mimi encoder)."""
 from omnistep.models.qwen3_tts.loader import (
     LAYOUT,
     TTS_MODEL_TYPES,
-    CodePredictorConfig,
     GenerationDefaults,
     Qwen3TTSCheckpoint,
     Qwen3TTSCheckpointError,
@@ -16,6 +15,7 @@ from omnistep.models.qwen3_tts.loader import (
     SpeechDecoderConfig,
     SpeechEncoderConfig,
     SpeechTokenizerConfig,
+    TalkerCodePredictorConfig,
     TalkerConfig,
     TokenIds,
     parse_config,
@@ -24,7 +24,7 @@ from omnistep.models.qwen3_tts.loader import (
 __all__ = [
     "LAYOUT",
     "TTS_MODEL_TYPES",
-    "CodePredictorConfig",
+    "TalkerCodePredictorConfig",
     "GenerationDefaults",
     "Qwen3TTSCheckpoint",
     "Qwen3TTSCheckpointError",

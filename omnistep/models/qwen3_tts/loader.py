@@ -155,9 +155,10 @@ class _Json:
 
 
 @dataclass(frozen=True)
-class CodePredictorConfig:
+class TalkerCodePredictorConfig:
     """``talker_config.code_predictor_config``: the small Qwen3 decoder that predicts codebooks
-    1..15 of a frame (upstream ``Qwen3TTSTalkerCodePredictorConfig``; 1D RoPE)."""
+    1..15 of a frame (upstream ``Qwen3TTSTalkerCodePredictorConfig``; 1D RoPE), as the file has
+    it; ``layers.code_predictor.CodePredictorConfig.of`` reads the sizes the module needs."""
 
     hidden_size: int
     intermediate_size: int
@@ -174,7 +175,7 @@ class CodePredictorConfig:
     attention_bias: bool
 
     @classmethod
-    def parse(cls, j: _Json) -> CodePredictorConfig:
+    def parse(cls, j: _Json) -> TalkerCodePredictorConfig:
         heads = j.positive("num_attention_heads")
         hidden = j.positive("hidden_size")
         return cls(
@@ -219,7 +220,7 @@ class TalkerConfig:
     position_id_per_seconds: int | None
     hidden_act: str
     attention_bias: bool
-    code_predictor: CodePredictorConfig
+    code_predictor: TalkerCodePredictorConfig
 
     @classmethod
     def parse(cls, j: _Json) -> TalkerConfig:
@@ -258,7 +259,7 @@ class TalkerConfig:
             position_id_per_seconds=None if pips is None else j.positive("position_id_per_seconds"),
             hidden_act=j.get_str("hidden_act", "silu"),
             attention_bias=j.get_bool("attention_bias", False),
-            code_predictor=CodePredictorConfig.parse(j.sub("code_predictor_config")),
+            code_predictor=TalkerCodePredictorConfig.parse(j.sub("code_predictor_config")),
         )
 
 

@@ -9,7 +9,8 @@ text_hidden]``), ``Qwen3TTSTalkerForConditionalGeneration`` (``text_projection``
 with bias ``text_hidden -> text_hidden -> hidden``; ``codec_head`` ``[vocab, hidden]``) and
 ``Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`` (a small Qwen3 stack with
 ``num_code_groups - 1`` codec embeddings of the talker's width, ``small_to_mtp_projection`` when
-the widths differ, one ``lm_head`` per codebook).
+the widths differ, one ``lm_head`` per codebook: the shared ``omnistep.layers.code_predictor``,
+configured from the checkpoint's ``code_predictor_config``).
 
 Every talker input row is ``codec part + text_projection(text_embedding(text id))``:
 
@@ -87,9 +88,9 @@ from omnistep.core import (
 )
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.batch_invariant import map_row_groups
+from omnistep.layers.code_predictor import CodePredictor, CodePredictorConfig
 from omnistep.layers.linear import linear
-from omnistep.layers.llama import LlamaConfigLite, LlamaModel
-from omnistep.layers.paged_attention import repeat_kv
+from omnistep.layers.llama import LlamaConfigLite
 from omnistep.loops.ar_decode import (
     ARDecodeConfig,
     ARDecodeLoop,
@@ -99,11 +100,9 @@ from omnistep.loops.ar_decode import (
     ARStepOutput,
 )
 from omnistep.models.qwen3_tts.loader import (
-    CodePredictorConfig,
     GenerationDefaults,
     Qwen3TTSCheckpoint,
     Qwen3TTSConfig,
-    TalkerConfig,
 )
 from omnistep.runners.paged_ar import SCORE_MODES, PagedARModel
 from omnistep.sampling import (
@@ -130,22 +129,6 @@ SUPPRESSED_TOP_IDS = 1024
 # ---------------------------------------------------------------- configs
 MIN_NEW_TOKENS = 2
 """Upstream ``generate`` masks the codec EOS for the first two frames (``min_new_tokens=2``)."""
-
-
-def qwen3_stack(cfg: TalkerConfig | CodePredictorConfig) -> LlamaConfigLite:
-    """A Qwen3 decoder stack (no biases, q/k norm) of the talker or the code predictor (the
-    loader's configs). The talker's mRoPE is 1-D rope here (equal position components; see the
-    module docstring).
-
-    Raises:
-        ValueError: an activation other than silu, attention biases.
-    """
-    what = type(cfg).__name__
-    if cfg.hidden_act != "silu":
-        raise ValueError(f"{what}: hidden_act must be 'silu', got {cfg.hidden_act!r}")
-    if cfg.attention_bias:
-        raise ValueError(f"{what}: attention_bias=True is not supported")
-    return LlamaConfigLite.of(cfg, qk_norm=True)
 
 
 def suppressed_ids(config: Qwen3TTSConfig) -> list[int]:
@@ -305,151 +288,6 @@ class Qwen3TTSPrompt:
         return clone, self.text_ids[:n], self.codec_ids[:n]
 
 
-# ---------------------------------------------------------------- the code predictor
-class CodePredictor:
-    """Codebooks 1..G-1 of a frame from the talker's hidden state and code 0, batched over
-    rows (upstream ``Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`` driven by
-    ``generate(max_new_tokens=G - 1)``), on a dense per-frame KV cache.
-
-    Attributes:
-        llama: the stack. ``codec_embedding[j]``: ``[vocab, talker_hidden]`` (code ``j + 1``'s
-        table); ``lm_head[j]``: ``[vocab, hidden]`` (code ``j + 1``'s head); ``proj_weight``,
-        ``proj_bias``: ``small_to_mtp_projection`` ``[hidden, talker_hidden]``, ``[hidden]``
-        (None when the widths are equal: identity).
-    """
-
-    def __init__(
-        self,
-        config: CodePredictorConfig,
-        talker_hidden: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        batch_invariant: bool,
-    ):
-        self.config = config
-        self.device, self.dtype, self.batch_invariant = device, dtype, batch_invariant
-        self.llama = LlamaModel(qwen3_stack(config), device=device, dtype=dtype).eval()
-        factory = {"device": device, "dtype": dtype}
-        groups = config.num_code_groups - 1
-        self.codec_embedding = [
-            torch.zeros(config.vocab_size, talker_hidden, **factory) for _ in range(groups)
-        ]
-        self.lm_head = [
-            torch.zeros(config.vocab_size, config.hidden_size, **factory) for _ in range(groups)
-        ]
-        self.proj_weight: torch.Tensor | None = None
-        self.proj_bias: torch.Tensor | None = None
-        if config.hidden_size != talker_hidden:
-            self.proj_weight = torch.zeros(config.hidden_size, talker_hidden, **factory)
-            self.proj_bias = torch.zeros(config.hidden_size, **factory)
-
-    def weight_tensors(self, prefix: str = "talker.code_predictor.") -> dict[str, torch.Tensor]:
-        """Live tensors by their official names."""
-        tensors = {
-            f"{prefix}model.{k}": v for k, v in self.llama.state_dict(keep_vars=True).items()
-        }
-        for j, (emb, head) in enumerate(zip(self.codec_embedding, self.lm_head, strict=True)):
-            tensors[f"{prefix}model.codec_embedding.{j}.weight"] = emb
-            tensors[f"{prefix}lm_head.{j}.weight"] = head
-        if self.proj_weight is not None:
-            tensors[f"{prefix}small_to_mtp_projection.weight"] = self.proj_weight
-            tensors[f"{prefix}small_to_mtp_projection.bias"] = self.proj_bias
-        return tensors
-
-    def _linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``layers.linear.linear`` (``F.linear`` on a pre-packed CPU weight) over rows, in
-        fixed 16-row chunks in batch-invariant mode."""
-        fn = lambda rows: linear(rows, weight, bias)  # noqa: E731
-        if not self.batch_invariant:
-            return fn(x)
-        plan = self.llama.row_chunking.plan([1] * x.shape[0], x.device)
-        return map_row_groups(fn, x, plan)
-
-    def _project(self, x: torch.Tensor, rows_per_seq: int) -> torch.Tensor:
-        """``small_to_mtp_projection`` of rows ``[N, talker_hidden]``."""
-        if self.proj_weight is None:
-            return x
-        fn = lambda rows: linear(rows, self.proj_weight, self.proj_bias)  # noqa: E731
-        if not self.batch_invariant:
-            return fn(x)
-        query_lens = [rows_per_seq] * (x.shape[0] // rows_per_seq)
-        return map_row_groups(fn, x, self.llama.row_chunking.plan(query_lens, x.device))
-
-    def run(
-        self,
-        talker_hidden: torch.Tensor,
-        first_embed: torch.Tensor,
-        choose: Any,
-    ) -> torch.Tensor:
-        """Run the G-1 sub-steps for ``B`` rows.
-
-        Args:
-            talker_hidden: ``[B, talker_hidden]`` the talker's final normed hidden states.
-            first_embed: ``[B, talker_hidden]``: ``codec_embedding(code 0)`` (talker table).
-            choose: ``choose(j, logits [B, vocab] float32) -> LongTensor [B]``: code ``j + 1``
-                given its logits (sampling, or the recorded code when teacher-forcing).
-
-        Returns:
-            Raw logits ``[B, G - 1, vocab]`` float32 of every sub-step.
-        """
-        batch = talker_hidden.shape[0]
-        keys: list[torch.Tensor | None] = [None] * self.config.num_hidden_layers
-        values: list[torch.Tensor | None] = [None] * self.config.num_hidden_layers
-
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-            n = q.shape[0] // batch  # new rows per sequence (all sequences alike)
-            q = q.view(batch, n, *q.shape[1:]).transpose(1, 2)  # [B, H, n, D]
-            k = k.view(batch, n, *k.shape[1:]).transpose(1, 2)  # [B, Hkv, n, D]
-            v = v.view(batch, n, *v.shape[1:]).transpose(1, 2)
-            if keys[layer] is not None:
-                k = torch.cat([keys[layer], k], dim=2)
-                v = torch.cat([values[layer], v], dim=2)
-            keys[layer], values[layer] = k, v
-            rep = q.shape[1] // k.shape[1]
-            k, v = repeat_kv(k, rep), repeat_kv(v, rep)
-            scale = self.config.head_dim**-0.5
-            causal = n > 1  # the first sub-step: 2 rows from scratch
-            if self.batch_invariant:  # one call per sequence: its result ignores the batch
-                out = torch.cat(
-                    [
-                        F.scaled_dot_product_attention(
-                            q[b : b + 1], k[b : b + 1], v[b : b + 1], is_causal=causal, scale=scale
-                        )
-                        for b in range(batch)
-                    ]
-                )
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-            return out.transpose(1, 2).reshape(batch * n, *out.shape[1:2], out.shape[-1])
-
-        rows = torch.stack([talker_hidden, first_embed], dim=1).reshape(2 * batch, -1)
-        positions = torch.arange(2, device=self.device).repeat(batch)
-        hidden = self.llama.forward_attend(
-            self._project(rows.to(self.dtype), 2),
-            positions,
-            attend,
-            [2] * batch,
-            self.batch_invariant,
-        )
-        last = hidden.view(batch, 2, -1)[:, 1]
-        logits = []
-        groups = self.config.num_code_groups - 1
-        for j in range(groups):
-            step_logits = self._linear(last, self.lm_head[j]).float()  # [B, vocab]
-            logits.append(step_logits)
-            codes = choose(j, step_logits)
-            if j == groups - 1:
-                break
-            embed = self.codec_embedding[j][codes]  # [B, talker_hidden]
-            position = torch.full((batch,), j + 2, device=self.device)
-            last = self.llama.forward_attend(
-                self._project(embed, 1), position, attend, [1] * batch, self.batch_invariant
-            )
-        return torch.stack(logits, dim=1)
-
-
 # ---------------------------------------------------------------- the talker
 class Qwen3TTSTalker(PagedARModel):
     """The talker component (see module docstring).
@@ -480,7 +318,9 @@ class Qwen3TTSTalker(PagedARModel):
                 f"the code predictor has {t.code_predictor.num_code_groups} code groups, the "
                 f"talker {t.num_code_groups}"
             )
-        super().__init__(qwen3_stack(t), kv, device, dtype, batch_invariant, t.num_code_groups)
+        super().__init__(
+            LlamaConfigLite.qwen3(t), kv, device, dtype, batch_invariant, t.num_code_groups
+        )
         self.config = config
         self.eos_id = config.ids.codec_eos
         factory = {"device": self.device, "dtype": dtype}
@@ -492,7 +332,8 @@ class Qwen3TTSTalker(PagedARModel):
         self.fc2_weight = torch.zeros(h, th, **factory)
         self.fc2_bias = torch.zeros(h, **factory)
         self.codec_head = torch.zeros(t.vocab_size, h, **factory)
-        self.predictor = CodePredictor(t.code_predictor, h, self.device, dtype, batch_invariant)
+        predictor = CodePredictorConfig.of(t.code_predictor)
+        self.predictor = CodePredictor(predictor, h, self.device, dtype, batch_invariant)
         self._suppressed = torch.tensor(suppressed_ids(config), device=self.device)
 
     @classmethod
