@@ -12,7 +12,7 @@ import math
 import secrets
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from omnistep.core import (
@@ -49,12 +49,12 @@ from omnistep.engine.deadlines import (
 )
 from omnistep.engine.executor import ComponentHealth, Executor, InProcessExecutor, Outcome
 from omnistep.engine.first_audio import FirstAudioHold
-from omnistep.engine.metrics import EngineMetrics, Occupancy
+from omnistep.engine.metrics import EngineMetrics, Occupancy, measure_occupancy
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
 from omnistep.engine.stream import RequestRun, RequestStream, StreamEnd
 from omnistep.engine.voices import Voices
 from omnistep.engine.weights import WeightUpdate, WeightUpdates
-from omnistep.kv import KVPool, kv_pool, kv_usage
+from omnistep.kv import KVPool, kv_pool
 
 ADMISSION_POLL_S = 0.05
 """Seconds between admission checks while requests wait and no step wakes the loop."""
@@ -420,14 +420,7 @@ class AsyncEngine:
         the scheduler, batches being executed, and KV cache blocks in use (summed over the
         components that keep a paged KV cache; see ``omnistep.kv.kv_usage``). All are 0 when the
         engine is idle."""
-        return {
-            "live_requests": len(self._runs),
-            "waiting_requests": sum(1 for r in self._runs.values() if r.held is not None),
-            "live_loops": sum(len(r.live) for r in self._runs.values()),
-            "queued_units": self._scheduler.num_queued,
-            "running_batches": sum(self._busy.values()),
-            "kv_blocks_used": self._kv_blocks_used(),
-        }
+        return self.occupancy().totals()
 
     def component_health(self) -> list[ComponentHealth]:
         """The replicas of the components the executor runs elsewhere (Ray actors: live,
@@ -435,39 +428,12 @@ class AsyncEngine:
         metrics."""
         return self._executor.health()
 
-    def _kv_usage(self) -> Iterator[tuple[tuple[str, str], tuple[int, int]]]:
-        """((model id, component name), (used, free) blocks) of every component keeping a
-        paged KV cache (in the actors, for components the executor placed elsewhere)."""
-        for model_id, model in self.models.items():
-            for name, component in model.components.items():
-                usage = kv_usage(component)
-                if usage is not None:
-                    yield (model_id, name), usage
-
-    def _kv_blocks_used(self) -> int:
-        return sum(used for _, (used, _free) in self._kv_usage())
-
     def occupancy(self) -> Occupancy:
         """``stats()`` broken down by model, component and loop kind, plus free KV blocks, for
         the Prometheus gauges; every label that can occur is listed, with 0 when idle."""
-        live = dict.fromkeys(self.models, 0)
-        waiting = dict.fromkeys(self.models, 0)
-        loops = {(m, spec.kind.value): 0 for m, i in self.models.items() for spec in i.card.loops}
-        for run in self._runs.values():
-            card_id = run.model.card.card_id
-            live[card_id] += 1
-            if run.held is not None:
-                waiting[card_id] += 1
-            for live_loop in run.live.values():
-                key = (card_id, live_loop.loop.kind.value)
-                loops[key] = loops.get(key, 0) + 1
-        running = {
-            (model_id, name): self._busy[(model_id, name)]
-            for model_id, model in self.models.items()
-            for name in model.components
-        }
-        kv = dict(self._kv_usage())
-        return Occupancy(live, waiting, self._scheduler.num_queued, running, loops, kv)
+        return measure_occupancy(
+            self.models, self._runs.values(), self._busy, self._scheduler.num_queued
+        )
 
     async def shutdown(self) -> None:
         """Abort every request, stop the step loop and the executor."""
