@@ -620,7 +620,7 @@ def test_generator_state_comes_back_into_the_drivers_generator():
 async def test_weight_update_reaches_every_replica_before_work_resumes(ray_cluster, tmp_path):
     """Two lm replicas on Ray: after ``update_weights`` both run the new table, every step
     after it records the new version, and outputs equal an in-process engine updated alike."""
-    from omnistep.models.toy.card import ToyLM
+    from omnistep.models.toy.lm import ToyLM
 
     deploy = tmp_path / "deploy.yaml"
     deploy.write_text("models:\n  toy:\n    components:\n      lm: {num_cpus: 0.5, replicas: 2}\n")

@@ -472,7 +472,7 @@ async def test_kill_during_weight_update_leaves_every_replica_at_one_version(ray
     before an update (it is being replaced when the update runs), then both killed before one:
     each replacement replays the updates, so afterwards every replica runs the same version
     and table, and outputs equal an in-process engine updated alike."""
-    from omnistep.models.toy.card import ToyLM
+    from omnistep.models.toy.lm import ToyLM
 
     path = tmp_path / "deploy.yaml"
     path.write_text(
