@@ -29,8 +29,14 @@ from omnistep.core import (
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine, EngineConfig
-from omnistep.engine.deploy import DeployConfigError, RecoveryPolicy, parse_recovery
-from omnistep.engine.ray_executor import ComponentDeployment, ComponentPlacement, RayExecutor
+from omnistep.engine.deploy import (
+    ComponentDeployment,
+    ComponentPlacement,
+    DeployConfigError,
+    RecoveryPolicy,
+    parse_recovery,
+)
+from omnistep.engine.ray_executor import RayExecutor
 from omnistep.launch import build_cards
 from omnistep.models.registry import build_component
 from omnistep.parity import collect, run_interleaved
