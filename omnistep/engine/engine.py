@@ -2,6 +2,12 @@
 
 One engine step is: take the next batch from the scheduler, execute it in the executor, fold each
 output back into its loop, publish what the loop emitted, and queue the loop's next plan.
+
+``AsyncEngine`` submits, steps, aborts and ends requests; the rest is in collaborators it calls,
+one module each: ``Admission`` (EDF request admission, ``admission.py``), ``WeightUpdates``
+(weight versions, pause and drain, ``weights.py``), ``Voices`` (clone and forget a voice,
+``voices.py``), ``FirstAudioHold`` (``first_audio.py``), and ``measure_occupancy``
+(``metrics.py``). Its public methods for them delegate, so callers see one object.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import logging
 import math
 import secrets
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -25,7 +31,6 @@ from omnistep.core import (
     InvalidRequestError,
     KernelNode,
     LoopNode,
-    Modality,
     ModelInstance,
     ModelNotFoundError,
     Pending,
@@ -40,6 +45,7 @@ from omnistep.core import (
     check_text,
 )
 from omnistep.core.request import MAX_SEED
+from omnistep.engine.admission import ADMISSION_POLL_S, Admission
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import (
     AdmissionPolicy,
@@ -56,8 +62,6 @@ from omnistep.engine.voices import Voices
 from omnistep.engine.weights import WeightUpdate, WeightUpdates
 from omnistep.kv import KVPool, kv_pool
 
-ADMISSION_POLL_S = 0.05
-"""Seconds between admission checks while requests wait and no step wakes the loop."""
 log = logging.getLogger("omnistep.engine")
 
 
@@ -96,15 +100,20 @@ class AsyncEngine:
         self._pools: dict[tuple[str, str], KVPool | None] = {}
         self._scheduler = Scheduler(self._max_batch_size, self._kv_pool)
         self._runs: dict[str, RequestRun] = {}
-        self._waiting: deque[RequestRun] = deque()  # added, not yet admitted (EDF admission)
         self._edf = self.config.scheduling == "edf"
         self._capacity = CapacityMeter()
         self._unit_cost = UnitCostMeter()
-        self._admission = (
-            AdmissionPolicy(self.config.admission_guard_s, self.config.admission_max_wait_s)
-            if self._edf and self.config.admission_guard_s is not None
-            else None
-        )
+        self._admission: Admission | None = None  # EDF with an admission guard only
+        if self._edf and self.config.admission_guard_s is not None:
+            self._admission = Admission(
+                AdmissionPolicy(self.config.admission_guard_s, self.config.admission_max_wait_s),
+                self._capacity,
+                runs=lambda: self._runs.values(),
+                unit_seconds=self._unit_seconds,
+                parallel=self._parallel,
+                release=self._release_held,
+                first_audio_s=self.config.first_audio_s,
+            )
         self._wake = asyncio.Event()
         self._executor.attach(self.models.values(), wake=self._wake.set)
         self._task: asyncio.Task | None = None
@@ -192,16 +201,11 @@ class AsyncEngine:
         run = RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx, clock))
         run.clock = clock
         run.waiting_since = now
-        if self._weights.hold(run):  # a weight update drains this model: start after it
-            run.held = []
-        elif (
-            self._admission is not None
-            and not continues
-            and Modality.AUDIO in request.output_modalities
-            and (self._waiting or not self._may_admit(run, now))
+        # a weight update drains the model, or EDF admission holds a newcomer: it starts later
+        if self._weights.hold(run) or (
+            self._admission is not None and self._admission.holds(run, now, continues)
         ):
             run.held = []
-            self._waiting.append(run)
         self._runs[request.request_id] = run
         try:
             self._advance_program(run)
@@ -379,10 +383,8 @@ class AsyncEngine:
     def _resume_drained(self, run: RequestRun) -> None:
         """Start a request a weight drain held: its plans join the queue, or the admission
         queue when it is an audio request under EDF admission (still a newcomer)."""
-        if self._admission is not None and Modality.AUDIO in run.ctx.request.output_modalities:
-            self._waiting.append(run)
-            return
-        self._release_held(run)
+        if self._admission is None or not self._admission.requeue(run):
+            self._release_held(run)
 
     def _release_held(self, run: RequestRun) -> None:
         """Queue the plans a held request's loops made while it waited (admission, a drain)."""
@@ -462,8 +464,8 @@ class AsyncEngine:
         try:
             while True:
                 self._wake.clear()
-                if self._waiting:
-                    self._admit_waiting()
+                if self._admission is not None and self._admission.waiting:
+                    self._admission.admit_waiting()
                 while self._num_running < self.config.num_workers:
                     batch = self._scheduler.next_batch(self._can_run)
                     if batch is None:
@@ -489,7 +491,7 @@ class AsyncEngine:
         this loop right after a step woke it, so the cancellation was lost and ``shutdown``
         hung (Ctrl-C during ``omnistep say --file``)."""
         timer = None
-        if self._waiting:
+        if self._admission is not None and self._admission.waiting:
             timer = asyncio.get_running_loop().call_later(ADMISSION_POLL_S, self._wake.set)
         try:
             await self._wake.wait()
@@ -497,54 +499,12 @@ class AsyncEngine:
             if timer is not None:
                 timer.cancel()
 
-    def _may_admit(self, run: RequestRun, now: float) -> bool:
-        """The admission policy's answer for ``run`` given the admitted audio requests."""
-        assert self._admission is not None
-        clocks: dict[int, PlaybackClock] = {}  # by identity: the runs of one stream share one
-        leads: dict[int, float] = {}  # clock id -> its next unit's expected seconds (the most)
-        for r in self._runs.values():
-            if (
-                r.held is None
-                and r.clock is not None
-                and Modality.AUDIO in r.ctx.request.output_modalities
-                and not self._awaits_client_text(r)
-            ):
-                key = id(r.clock)
-                clocks[key] = r.clock
-                leads[key] = max(leads.get(key, 0.0), self._next_unit_seconds(r))
-        limit = run.model.card.max_starting
-        rate = self._capacity.rate(self._parallel(run.model)) if limit is not None else None
-        return self._admission.may_admit(
-            now, run.waiting_since, clocks.values(), limit, rate, leads.values()
-        )
-
-    def _next_unit_seconds(self, run: RequestRun) -> float:
-        """The expected run time of the run's queued units, the longest (0.0: none queued)."""
-        return max(
-            (
-                self._unit_seconds(live.model_id, live.plan)
-                for live in run.live.values()
-                if live.plan is not None
-            ),
-            default=0.0,
-        )
-
     def _unit_seconds(self, model_id: str, plan: WorkPlan) -> float:
         """A unit's expected run time: its ``resources.est_seconds`` when the loop gives one,
         else its ``num_tokens`` times the measured seconds per token of its component."""
         return plan.resources.est_seconds or self._unit_cost.estimate(
             (model_id, plan.component, plan.kind), plan.resources.num_tokens
         )
-
-    @staticmethod
-    def _awaits_client_text(run: RequestRun) -> bool:
-        """Whether the request has nothing to compute until its client sends more text (its
-        text input is open and every live loop is parked): its audio running out is then the
-        client's pause, not a stream the engine is late for, so admission does not wait on it."""
-        text_input = run.ctx.slots.get(TEXT_INPUT_SLOT)
-        if text_input is None or text_input.closed:
-            return False
-        return not any(live.queued or live.in_flight for live in run.live.values())
 
     def _parallel(self, model: ModelInstance) -> int:
         """Batches of ``model`` that can run at once: its most concurrent component's
@@ -555,24 +515,6 @@ class AsyncEngine:
             for spec in model.card.components
         )
         return max(1, min(self.config.num_workers, most))
-
-    def _admit_waiting(self) -> None:
-        """Admit waiting requests, oldest first, while the admission policy allows; their held
-        plans join the queue. A request still waiting is looked at again at the next step."""
-        assert self._admission is not None
-        now = time.monotonic()
-        while self._waiting:
-            run = self._waiting[0]
-            if not run.finished:
-                if not self._may_admit(run, now):
-                    return
-                if run.clock is not None and not run.clock.started:
-                    # First audio is due first_audio_s after admission, not after arrival:
-                    # a request that waited would otherwise be overdue and run ahead of
-                    # every admitted stream, starving those whose buffers run low.
-                    run.clock.first_audio_s = now - run.clock.arrival + self.config.first_audio_s
-                self._release_held(run)
-            self._waiting.popleft()
 
     def _priority(self, run: RequestRun, live: LiveLoop | None = None) -> float | None:
         """The scheduler priority of the loop's next unit under EDF: the request's playback
