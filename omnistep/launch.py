@@ -242,13 +242,13 @@ def ray_executor(
     """
     from functools import partial
 
-    from omnistep.engine.ray_executor import (
+    from omnistep.engine.deploy import (
         ComponentDeployment,
-        RayExecutor,
         load_deploy,
         parse_deploy,
         parse_recovery,
     )
+    from omnistep.engine.ray_executor import RayExecutor
     from omnistep.models.registry import build_component
 
     served = {c.card_id: (c.family, [comp.name for comp in c.components]) for c in cards}

@@ -62,8 +62,8 @@ from omnistep.core import (
     WeightVersionError,
 )
 from omnistep.core.card import count_nonfinite
-from omnistep.engine.engine import WEIGHT_UPDATE_MODES
 from omnistep.engine.openmp import releasing
+from omnistep.engine.weights import WEIGHT_UPDATE_MODES
 from omnistep.models.registry import DEFAULT_MODEL
 from omnistep.offline import (
     AsyncOmniEngine,

@@ -21,7 +21,9 @@ from omnistep.core import (
     WorkUnitKind,
 )
 from omnistep.engine import AsyncEngine, EngineConfig
-from omnistep.models.toy.card import ToyLM, ToyVocoder, build_card
+from omnistep.models.toy.card import build_card
+from omnistep.models.toy.lm import ToyLM
+from omnistep.models.toy.vocoder import ToyVocoder
 from omnistep.parity import collect, run_alone, run_interleaved
 
 

@@ -532,6 +532,6 @@ async def test_admission_max_wait_flag_reaches_the_engine():
     engine = load_engine(["toy"], "cpu", 8, admission_max_wait=7.5)
     try:
         assert engine.config.admission_max_wait_s == 7.5
-        assert engine._admission.max_wait_s == 7.5
+        assert engine._admission.policy.max_wait_s == 7.5
     finally:
         await engine.shutdown()

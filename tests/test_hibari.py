@@ -22,8 +22,13 @@ from omnistep.core import (
 from omnistep.engine import AsyncEngine
 from omnistep.models import registry
 from omnistep.models.hibari import dsp
-from omnistep.models.hibari.card import HibariSettings, build_card
-from omnistep.models.hibari.voice import HibariUnit, HibariVoiceComponent, embedded_model_path
+from omnistep.models.hibari.card import build_card
+from omnistep.models.hibari.voice import (
+    HibariSettings,
+    HibariUnit,
+    HibariVoiceComponent,
+    embedded_model_path,
+)
 from omnistep.models.sentence_voice import (
     Sentence,
     first_unit_threads,

@@ -24,8 +24,8 @@ from omnistep.core.program import Channel
 from omnistep.engine import AsyncEngine
 from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.audio_decode import AudioDecodeState
-from omnistep.models.toy.card import ToyLM
 from omnistep.models.toy.card import build_card as build_toy
+from omnistep.models.toy.lm import ToyLM
 from omnistep.parity import collect
 
 

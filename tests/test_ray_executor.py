@@ -26,13 +26,9 @@ from omnistep.core import (
     WeightUpdateError,
 )
 from omnistep.engine import AsyncEngine, EngineConfig
+from omnistep.engine.deploy import ComponentPlacement, DeployConfigError, parse_deploy
 from omnistep.engine.executor import InProcessExecutor
-from omnistep.engine.ray_executor import (
-    ComponentPlacement,
-    DeployConfigError,
-    RemoteComponent,
-    parse_deploy,
-)
+from omnistep.engine.ray_executor import RemoteComponent
 from omnistep.kv import kv_usage
 from omnistep.models.registry import build_card
 from omnistep.parity import collect, run_interleaved
@@ -215,7 +211,8 @@ async def test_payload_that_does_not_pickle_fails_its_units_clearly(ray_cluster)
     from functools import partial
 
     from omnistep.core import WorkUnitKind
-    from omnistep.engine.ray_executor import ComponentDeployment, RayExecutor
+    from omnistep.engine.deploy import ComponentDeployment
+    from omnistep.engine.ray_executor import RayExecutor
     from omnistep.models.registry import build_component
 
     factory = partial(build_component, "toy", "lm", "cpu", {})
@@ -579,7 +576,7 @@ def test_pickled_views_carry_their_own_elements_only():
 
     import torch
 
-    from omnistep.engine.ray_executor import dumps
+    from omnistep.engine.ray_worker import dumps
 
     batch = torch.randn(32, 64)  # [batch, hidden], as a GPT step's hidden states
     rows = [batch[b] for b in range(32)]
@@ -598,7 +595,7 @@ def test_generator_state_comes_back_into_the_drivers_generator():
 
     import torch
 
-    from omnistep.engine.ray_executor import dumps, stateful_fields
+    from omnistep.engine.ray_worker import dumps, stateful_fields
     from omnistep.loops.ar_decode import ARStepInput
 
     def payload(seed):
@@ -620,7 +617,7 @@ def test_generator_state_comes_back_into_the_drivers_generator():
 async def test_weight_update_reaches_every_replica_before_work_resumes(ray_cluster, tmp_path):
     """Two lm replicas on Ray: after ``update_weights`` both run the new table, every step
     after it records the new version, and outputs equal an in-process engine updated alike."""
-    from omnistep.models.toy.card import ToyLM
+    from omnistep.models.toy.lm import ToyLM
 
     deploy = tmp_path / "deploy.yaml"
     deploy.write_text("models:\n  toy:\n    components:\n      lm: {num_cpus: 0.5, replicas: 2}\n")

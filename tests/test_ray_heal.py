@@ -29,8 +29,14 @@ from omnistep.core import (
     SamplingParams,
 )
 from omnistep.engine import AsyncEngine, EngineConfig
-from omnistep.engine.deploy import DeployConfigError, RecoveryPolicy, parse_recovery
-from omnistep.engine.ray_executor import ComponentDeployment, ComponentPlacement, RayExecutor
+from omnistep.engine.deploy import (
+    ComponentDeployment,
+    ComponentPlacement,
+    DeployConfigError,
+    RecoveryPolicy,
+    parse_recovery,
+)
+from omnistep.engine.ray_executor import RayExecutor
 from omnistep.launch import build_cards
 from omnistep.models.registry import build_component
 from omnistep.parity import collect, run_interleaved
@@ -472,7 +478,7 @@ async def test_kill_during_weight_update_leaves_every_replica_at_one_version(ray
     before an update (it is being replaced when the update runs), then both killed before one:
     each replacement replays the updates, so afterwards every replica runs the same version
     and table, and outputs equal an in-process engine updated alike."""
-    from omnistep.models.toy.card import ToyLM
+    from omnistep.models.toy.lm import ToyLM
 
     path = tmp_path / "deploy.yaml"
     path.write_text(

@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 from safetensors.numpy import load, save, save_file
 
-from omnistep.models.toy.card import ToyLM
+from omnistep.models.toy.lm import ToyLM
 from tests.serving import running_server
 
 KEY = "sk-rollout-test"

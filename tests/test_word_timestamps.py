@@ -26,8 +26,9 @@ from starlette.testclient import TestClient
 
 from omnistep.core import Capability, ModelInstance, WordTiming
 from omnistep.engine import AsyncEngine
-from omnistep.models.hibari.card import MAX_PHONEMES, vocab_path
+from omnistep.models.hibari.card import MAX_PHONEMES
 from omnistep.models.hibari.card import build_card as build_hibari
+from omnistep.models.hibari.voice import vocab_path
 from omnistep.models.kokoro import weights as kokoro_weights
 from omnistep.models.misaki import MisakiFrontend, english_g2p
 from omnistep.models.sentence_voice import WordSpan, add_graph_output, word_timings

@@ -3,9 +3,11 @@
 
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import PlaybackClock
-from omnistep.engine.engine import AsyncEngine, RequestStream, WeightUpdate
+from omnistep.engine.engine import AsyncEngine
 from omnistep.engine.executor import Executor, InProcessExecutor
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
+from omnistep.engine.stream import RequestStream
+from omnistep.engine.weights import WeightUpdate
 
 __all__ = [
     "AsyncEngine",

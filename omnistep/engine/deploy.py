@@ -14,8 +14,8 @@ dead actor is replaced.
       max_backoff_s: 30.0        # the longest wait between tries
       ready_timeout_s: 300.0     # a new actor must be built and caught up within this
 
-Split out of ``omnistep.engine.ray_executor`` (which re-exports these names); imports neither
-ray nor torch. PyYAML is needed only to read a file (``load_deploy``).
+``omnistep.engine.ray_executor`` places the actors as parsed here; imports neither ray nor
+torch. PyYAML is needed only to read a file (``load_deploy``).
 """
 
 from __future__ import annotations

@@ -2,6 +2,12 @@
 
 One engine step is: take the next batch from the scheduler, execute it in the executor, fold each
 output back into its loop, publish what the loop emitted, and queue the loop's next plan.
+
+``AsyncEngine`` submits, steps, aborts and ends requests; the rest is in collaborators it calls,
+one module each: ``Admission`` (EDF request admission, ``admission.py``), ``WeightUpdates``
+(weight versions, pause and drain, ``weights.py``), ``Voices`` (clone and forget a voice,
+``voices.py``), ``FirstAudioHold`` (``first_audio.py``), and ``measure_occupancy``
+(``metrics.py``). Its public methods for them delegate, so callers see one object.
 """
 
 from __future__ import annotations
@@ -11,13 +17,9 @@ import logging
 import math
 import secrets
 import time
-from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
-
-import numpy as np
 
 from omnistep.core import (
     TEXT_INPUT_SLOT,
@@ -28,9 +30,7 @@ from omnistep.core import (
     EngineOverloadedError,
     InvalidRequestError,
     KernelNode,
-    LoopKind,
     LoopNode,
-    Modality,
     ModelInstance,
     ModelNotFoundError,
     Pending,
@@ -41,11 +41,11 @@ from omnistep.core import (
     RequestTimeoutError,
     StepResult,
     StreamChunk,
-    WeightVersionError,
     WorkPlan,
     check_text,
 )
 from omnistep.core.request import MAX_SEED
+from omnistep.engine.admission import ADMISSION_POLL_S, Admission
 from omnistep.engine.config import EngineConfig
 from omnistep.engine.deadlines import (
     AdmissionPolicy,
@@ -54,137 +54,15 @@ from omnistep.engine.deadlines import (
     UnitCostMeter,
 )
 from omnistep.engine.executor import ComponentHealth, Executor, InProcessExecutor, Outcome
-from omnistep.engine.metrics import EngineMetrics, Occupancy
-from omnistep.engine.openmp import releasing
+from omnistep.engine.first_audio import FirstAudioHold
+from omnistep.engine.metrics import EngineMetrics, Occupancy, measure_occupancy
 from omnistep.engine.scheduler import Batch, LiveLoop, Scheduler
-from omnistep.kv import KVPool, kv_pool, kv_usage
-
-ADMISSION_POLL_S = 0.05
-"""Seconds between admission checks while requests wait and no step wakes the loop."""
-WEIGHT_UPDATE_POLL_S = 0.005
-"""Seconds between checks while a weight update waits for batches or requests to finish."""
-WEIGHT_UPDATE_MODES = ("pause", "drain")
-_AUDIO_STAGES = (LoopKind.DENOISE, LoopKind.AUDIO_DECODE)
-"""Loop kinds that turn a request's codes into audio (``ModelCard.first_audio_alone``)."""
+from omnistep.engine.stream import RequestRun, RequestStream, StreamEnd
+from omnistep.engine.voices import Voices
+from omnistep.engine.weights import WeightUpdate, WeightUpdates
+from omnistep.kv import KVPool, kv_pool
 
 log = logging.getLogger("omnistep.engine")
-
-
-@dataclass(frozen=True, slots=True)
-class WeightUpdate:
-    """What ``AsyncEngine.apply_weights`` did.
-
-    Attributes:
-        model: the card id.
-        version: the weight version the model now runs.
-        casts: one ``"name: from -> to"`` line per tensor cast to the model's dtype.
-    """
-
-    model: str
-    version: int
-    casts: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class _End:
-    error: BaseException | None = None
-
-
-class RequestStream:
-    """The async iterator of one request's StreamChunks, returned by ``AsyncEngine.add_request``.
-
-    Iteration ends normally when the request finishes; raises ``RequestFailedError`` if a step
-    failed, ``RequestAbortedError`` if it was aborted. ``cancel()`` aborts the request.
-    """
-
-    def __init__(
-        self, request: Request, engine: AsyncEngine, ctx: ProgramContext, clock: PlaybackClock
-    ):
-        self.request = request
-        self._engine = engine
-        self._ctx = ctx
-        self._queue: asyncio.Queue[StreamChunk | _End] = asyncio.Queue()
-        self.finished = False
-        self.clock = clock
-        """The playback clock the request's deadlines follow (shared when it was given one)."""
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def seed(self) -> int:
-        """The request's seed (drawn by the engine when the request gave none)."""
-        assert self.request.seed is not None
-        return self.request.seed
-
-    @property
-    def trajectories(self) -> dict[str, list]:
-        """ROLLOUT records of the request's finished loops, by program node name."""
-        return self._ctx.trajectories
-
-    @property
-    def rollout_info(self) -> dict[str, dict]:
-        """ROLLOUT replay information of the request's finished loops (prompt, stop reason,
-        seed), by program node name."""
-        return self._ctx.rollout_info
-
-    @property
-    def usage(self) -> dict[str, int]:
-        """Token counts reported by the card: ``input_tokens``, ``output_tokens``."""
-        return self._ctx.usage
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> StreamChunk:
-        if self.finished:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, _End):
-            self.finished = True
-            if item.error is not None:
-                raise item.error
-            raise StopAsyncIteration
-        return item
-
-    def cancel(self) -> None:
-        """Abort the request if it is still running (e.g. the client went away)."""
-        if not self.finished:
-            self._engine.abort(self.request_id)
-
-    def append_text(self, text: str) -> None:
-        """Add ``text`` to the input of a request made with ``text_input=True``
-        (``AsyncEngine.append_text``). Must be called on the event loop."""
-        self._engine.append_text(self.request_id, text)
-
-    def end_text(self) -> None:
-        """No more text comes (``AsyncEngine.end_text``). Must be called on the event loop."""
-        self._engine.end_text(self.request_id)
-
-    def _put(self, item: StreamChunk | _End) -> None:
-        self._queue.put_nowait(item)
-
-
-@dataclass(eq=False)
-class _RequestRun:
-    """Engine-side bookkeeping of one request."""
-
-    model: ModelInstance
-    ctx: ProgramContext
-    stream: RequestStream
-    started: set[str] = field(default_factory=set)
-    done: set[str] = field(default_factory=set)
-    live: dict[str, LiveLoop] = field(default_factory=dict)
-    parked: list[LiveLoop] = field(default_factory=list)
-    clock: PlaybackClock | None = None  # its deadlines' clock, maybe shared with other runs
-    held: list[LiveLoop] | None = None  # plans of a request waiting for admission
-    held_for_audio: list[LiveLoop] = field(default_factory=list)  # see _first_audio_pending
-    waiting_since: float = 0.0  # when it was added (admission's max wait counts from here)
-    audio_s: float = 0.0  # seconds of audio it published (its own, for the metrics)
-    next_seq: int = 0
-    finished: bool = False
-    timer: asyncio.TimerHandle | None = None  # aborts the request at ``config.request_timeout``
 
 
 class AsyncEngine:
@@ -221,16 +99,21 @@ class AsyncEngine:
         self._busy: Counter[tuple[str, str]] = Counter()
         self._pools: dict[tuple[str, str], KVPool | None] = {}
         self._scheduler = Scheduler(self._max_batch_size, self._kv_pool)
-        self._runs: dict[str, _RequestRun] = {}
-        self._waiting: deque[_RequestRun] = deque()  # added, not yet admitted (EDF admission)
+        self._runs: dict[str, RequestRun] = {}
         self._edf = self.config.scheduling == "edf"
         self._capacity = CapacityMeter()
         self._unit_cost = UnitCostMeter()
-        self._admission = (
-            AdmissionPolicy(self.config.admission_guard_s, self.config.admission_max_wait_s)
-            if self._edf and self.config.admission_guard_s is not None
-            else None
-        )
+        self._admission: Admission | None = None  # EDF with an admission guard only
+        if self._edf and self.config.admission_guard_s is not None:
+            self._admission = Admission(
+                AdmissionPolicy(self.config.admission_guard_s, self.config.admission_max_wait_s),
+                self._capacity,
+                runs=lambda: self._runs.values(),
+                unit_seconds=self._unit_seconds,
+                parallel=self._parallel,
+                release=self._release_held,
+                first_audio_s=self.config.first_audio_s,
+            )
         self._wake = asyncio.Event()
         self._executor.attach(self.models.values(), wake=self._wake.set)
         self._task: asyncio.Task | None = None
@@ -239,12 +122,18 @@ class AsyncEngine:
         self.units_by_kind: Counter[str] = Counter()
         self.batch_sizes: Counter[int] = Counter()
         self.metrics = EngineMetrics(self.models)  # counts for /metrics (omnistep.server.metrics)
-        self.weight_versions: dict[str, int] = dict.fromkeys(self.models, 0)
-        """The weight version each card runs (0: as loaded), by card id."""
-        self._paused: set[str] = set()  # cards whose units wait (a weight update is applied)
-        self._draining: dict[str, list[_RequestRun]] = {}  # card -> requests held until resume
-        self._weight_locks: dict[str, asyncio.Lock] = {}
-        self._enroll_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnistep-enroll")
+        self._weights = WeightUpdates(
+            self.models,
+            self.resolve,
+            busy=self._model_busy,
+            runs=lambda: self._runs.values(),
+            resume=self._resume_drained,
+            wake=self._wake.set,
+        )
+        self._voices = Voices(self.resolve, self._weights)
+        self._first_audio = FirstAudioHold(
+            self._scheduler, self._priority, self._wake.set, self._edf
+        )
 
     # ----------------------------------------------------------------- public API
     def resolve(self, model_id: str) -> ModelInstance:
@@ -262,6 +151,11 @@ class AsyncEngine:
     def model_ids(self) -> tuple[str, ...]:
         """Every id a request may name, card by card: each card id, then its aliases."""
         return tuple(self._by_id)
+
+    @property
+    def weight_versions(self) -> dict[str, int]:
+        """The weight version each card runs (0: as loaded), by card id."""
+        return self._weights.versions
 
     def add_request(self, request: Request, clock: PlaybackClock | None = None) -> RequestStream:
         """Validate and start ``request``; returns its stream. Must be called on the event loop.
@@ -304,21 +198,14 @@ class AsyncEngine:
         continues = clock is not None and clock.started
         if clock is None:
             clock = PlaybackClock(now, self.config.first_audio_s)
-        run = _RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx, clock))
+        run = RequestRun(model=model, ctx=ctx, stream=RequestStream(request, self, ctx, clock))
         run.clock = clock
         run.waiting_since = now
-        drain = self._draining.get(model.card.card_id)
-        if drain is not None:  # a weight update drains this model: start after it
-            run.held = []
-            drain.append(run)
-        elif (
-            self._admission is not None
-            and not continues
-            and Modality.AUDIO in request.output_modalities
-            and (self._waiting or not self._may_admit(run, now))
+        # a weight update drains the model, or EDF admission holds a newcomer: it starts later
+        if self._weights.hold(run) or (
+            self._admission is not None and self._admission.holds(run, now, continues)
         ):
             run.held = []
-            self._waiting.append(run)
         self._runs[request.request_id] = run
         try:
             self._advance_program(run)
@@ -386,7 +273,7 @@ class AsyncEngine:
             channel.close()
             self._poke(run)
 
-    def _text_input(self, request_id: str) -> tuple[_RequestRun, Channel]:
+    def _text_input(self, request_id: str) -> tuple[RequestRun, Channel]:
         run = self._runs.get(request_id)
         if run is None or run.finished:
             raise InvalidRequestError(
@@ -399,7 +286,7 @@ class AsyncEngine:
             )
         return run, channel
 
-    def _poke(self, run: _RequestRun) -> None:
+    def _poke(self, run: RequestRun) -> None:
         """Ask the request's parked loops again (new input arrived from outside)."""
         try:
             self._repoll(run)
@@ -452,47 +339,7 @@ class AsyncEngine:
             WeightVersionError: ``version`` is not above the current one (nothing changed).
             WeightUpdateError: see above; nothing changed.
         """
-        if mode not in WEIGHT_UPDATE_MODES:
-            raise InvalidRequestError(
-                f"mode must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {mode!r}",
-                param="mode",
-            )
-        if version is not None and (
-            not isinstance(version, int) or isinstance(version, bool) or version < 0
-        ):
-            raise InvalidRequestError(
-                f"version must be a non-negative integer, got {version!r}", param="version"
-            )
-        model = self.resolve(model_id)
-        card_id = model.card.card_id
-        self._check_version(card_id, version)
-        prepared = await asyncio.to_thread(releasing(model.check_weights), tensors, check_finite)
-        async with self._weight_locks.setdefault(card_id, asyncio.Lock()):
-            self._check_version(card_id, version)  # another update may have run meanwhile
-            new_version = self.weight_versions[card_id] + 1 if version is None else version
-            try:
-                if mode == "drain":
-                    self._draining[card_id] = []
-                    await self._wait_until(lambda: not self._drain_pending(card_id))
-                self._paused.add(card_id)
-                await self._wait_until(lambda: not self._model_busy(card_id))
-                await asyncio.to_thread(releasing(model.update_weights), prepared, new_version)
-                self.weight_versions[card_id] = new_version
-            finally:
-                self._paused.discard(card_id)
-                self._release_drained(card_id)
-                self._wake.set()
-        casts = (
-            f" ({len(prepared.casts)} tensors cast to the model's dtype)" if prepared.casts else ""
-        )
-        log.info("model %s now runs weight version %d%s", card_id, new_version, casts)
-        return WeightUpdate(card_id, new_version, tuple(prepared.casts))
-
-    def _check_version(self, card_id: str, version: int | None) -> None:
-        """Raises WeightVersionError when an explicit ``version`` is not above the current."""
-        current = self.weight_versions[card_id]
-        if version is not None and version <= current:
-            raise WeightVersionError(card_id, version, current)
+        return await self._weights.apply(model_id, tensors, version, mode, check_finite)
 
     async def forget_voice(self, model_id: str, spec: str) -> None:
         """Free what the card keeps for a voice that was deleted (its ``voice_forgetter``;
@@ -503,19 +350,7 @@ class AsyncEngine:
         Raises:
             ModelNotFoundError: unknown model id.
         """
-        model = self.resolve(model_id)
-        forget = model.card.voice_forgetter
-        if forget is None:
-            return
-        card_id = model.card.card_id
-        async with self._weight_locks.setdefault(card_id, asyncio.Lock()):
-            try:
-                self._paused.add(card_id)
-                await self._wait_until(lambda: not self._model_busy(card_id))
-                await asyncio.to_thread(releasing(forget), model, spec)
-            finally:
-                self._paused.discard(card_id)
-                self._wake.set()
+        await self._voices.forget(model_id, spec)
 
     async def clone_voice(
         self, model_id: str, audio: Any, sample_rate: int, transcript: str
@@ -539,65 +374,19 @@ class AsyncEngine:
                 ``voice_cloning_unsupported``), samples that are not a 1-D float array, or what
                 the card rejects (a clip too short or too long, an empty transcript).
         """
-        model = self.resolve(model_id)
-        card = model.card
-        if Capability.VOICE_CLONING not in card.capabilities or card.voice_enroller is None:
-            raise InvalidRequestError(
-                f"model '{card.card_id}' cannot clone voices from a clip (only a voice-cloning "
-                "model can, e.g. a Qwen3-TTS Base folder)",
-                param="model",
-                code="voice_cloning_unsupported",
-            )
-        samples = np.asarray(audio)
-        if samples.ndim != 1 or samples.dtype.kind != "f":
-            raise InvalidRequestError(
-                f"audio must be float mono samples [N], got {samples.dtype} {samples.shape}",
-                param="audio",
-            )
-        if isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or sample_rate <= 0:
-            raise InvalidRequestError(
-                f"sample_rate must be a positive int, got {sample_rate!r}", param="sample_rate"
-            )
-        samples = np.ascontiguousarray(samples, dtype=np.float32)
-        loop = asyncio.get_running_loop()
-        enroller = card.voice_enroller
-        spec = await loop.run_in_executor(
-            self._enroll_pool, releasing(enroller), model, samples, sample_rate, transcript
-        )
-        log.info(
-            "cloned a voice for model %s (%.1f s of audio)",
-            card.card_id,
-            samples.shape[0] / sample_rate,
-        )
-        return spec
-
-    def _drain_pending(self, card_id: str) -> bool:
-        """Whether requests of the model that a drain does not hold are still running."""
-        held = {id(run) for run in self._draining.get(card_id, [])}
-        return any(
-            r.model.card.card_id == card_id and id(r) not in held for r in self._runs.values()
-        )
+        return await self._voices.clone(model_id, audio, sample_rate, transcript)
 
     def _model_busy(self, card_id: str) -> bool:
+        """Whether a batch of the card is being executed."""
         return any(n for (model_id, _), n in self._busy.items() if model_id == card_id)
 
-    @staticmethod
-    async def _wait_until(condition: Callable[[], bool]) -> None:
-        while not condition():
-            await asyncio.sleep(WEIGHT_UPDATE_POLL_S)
-
-    def _release_drained(self, card_id: str) -> None:
-        """Start the requests a drain held: their plans join the queue (or the admission
-        queue, when they still wait for admission)."""
-        for run in self._draining.pop(card_id, []):
-            if run.finished:
-                continue
-            if self._admission is not None and Modality.AUDIO in run.ctx.request.output_modalities:
-                self._waiting.append(run)  # still a newcomer: admission decides when it starts
-                continue
+    def _resume_drained(self, run: RequestRun) -> None:
+        """Start a request a weight drain held: its plans join the queue, or the admission
+        queue when it is an audio request under EDF admission (still a newcomer)."""
+        if self._admission is None or not self._admission.requeue(run):
             self._release_held(run)
 
-    def _release_held(self, run: _RequestRun) -> None:
+    def _release_held(self, run: RequestRun) -> None:
         """Queue the plans a held request's loops made while it waited (admission, a drain)."""
         held, run.held = run.held or [], None
         for live in held:
@@ -633,14 +422,7 @@ class AsyncEngine:
         the scheduler, batches being executed, and KV cache blocks in use (summed over the
         components that keep a paged KV cache; see ``omnistep.kv.kv_usage``). All are 0 when the
         engine is idle."""
-        return {
-            "live_requests": len(self._runs),
-            "waiting_requests": sum(1 for r in self._runs.values() if r.held is not None),
-            "live_loops": sum(len(r.live) for r in self._runs.values()),
-            "queued_units": self._scheduler.num_queued,
-            "running_batches": sum(self._busy.values()),
-            "kv_blocks_used": self._kv_blocks_used(),
-        }
+        return self.occupancy().totals()
 
     def component_health(self) -> list[ComponentHealth]:
         """The replicas of the components the executor runs elsewhere (Ray actors: live,
@@ -648,39 +430,12 @@ class AsyncEngine:
         metrics."""
         return self._executor.health()
 
-    def _kv_usage(self) -> Iterator[tuple[tuple[str, str], tuple[int, int]]]:
-        """((model id, component name), (used, free) blocks) of every component keeping a
-        paged KV cache (in the actors, for components the executor placed elsewhere)."""
-        for model_id, model in self.models.items():
-            for name, component in model.components.items():
-                usage = kv_usage(component)
-                if usage is not None:
-                    yield (model_id, name), usage
-
-    def _kv_blocks_used(self) -> int:
-        return sum(used for _, (used, _free) in self._kv_usage())
-
     def occupancy(self) -> Occupancy:
         """``stats()`` broken down by model, component and loop kind, plus free KV blocks, for
         the Prometheus gauges; every label that can occur is listed, with 0 when idle."""
-        live = dict.fromkeys(self.models, 0)
-        waiting = dict.fromkeys(self.models, 0)
-        loops = {(m, spec.kind.value): 0 for m, i in self.models.items() for spec in i.card.loops}
-        for run in self._runs.values():
-            card_id = run.model.card.card_id
-            live[card_id] += 1
-            if run.held is not None:
-                waiting[card_id] += 1
-            for live_loop in run.live.values():
-                key = (card_id, live_loop.loop.kind.value)
-                loops[key] = loops.get(key, 0) + 1
-        running = {
-            (model_id, name): self._busy[(model_id, name)]
-            for model_id, model in self.models.items()
-            for name in model.components
-        }
-        kv = dict(self._kv_usage())
-        return Occupancy(live, waiting, self._scheduler.num_queued, running, loops, kv)
+        return measure_occupancy(
+            self.models, self._runs.values(), self._busy, self._scheduler.num_queued
+        )
 
     async def shutdown(self) -> None:
         """Abort every request, stop the step loop and the executor."""
@@ -695,7 +450,7 @@ class AsyncEngine:
                 await asyncio.wait({task})
         finally:
             self._executor.close()
-            self._enroll_pool.shutdown(wait=False, cancel_futures=True)
+            self._voices.close()
 
     # ----------------------------------------------------------------- step loop
     def _ensure_running(self) -> None:
@@ -709,8 +464,8 @@ class AsyncEngine:
         try:
             while True:
                 self._wake.clear()
-                if self._waiting:
-                    self._admit_waiting()
+                if self._admission is not None and self._admission.waiting:
+                    self._admission.admit_waiting()
                 while self._num_running < self.config.num_workers:
                     batch = self._scheduler.next_batch(self._can_run)
                     if batch is None:
@@ -736,7 +491,7 @@ class AsyncEngine:
         this loop right after a step woke it, so the cancellation was lost and ``shutdown``
         hung (Ctrl-C during ``omnistep say --file``)."""
         timer = None
-        if self._waiting:
+        if self._admission is not None and self._admission.waiting:
             timer = asyncio.get_running_loop().call_later(ADMISSION_POLL_S, self._wake.set)
         try:
             await self._wake.wait()
@@ -744,54 +499,12 @@ class AsyncEngine:
             if timer is not None:
                 timer.cancel()
 
-    def _may_admit(self, run: _RequestRun, now: float) -> bool:
-        """The admission policy's answer for ``run`` given the admitted audio requests."""
-        assert self._admission is not None
-        clocks: dict[int, PlaybackClock] = {}  # by identity: the runs of one stream share one
-        leads: dict[int, float] = {}  # clock id -> its next unit's expected seconds (the most)
-        for r in self._runs.values():
-            if (
-                r.held is None
-                and r.clock is not None
-                and Modality.AUDIO in r.ctx.request.output_modalities
-                and not self._awaits_client_text(r)
-            ):
-                key = id(r.clock)
-                clocks[key] = r.clock
-                leads[key] = max(leads.get(key, 0.0), self._next_unit_seconds(r))
-        limit = run.model.card.max_starting
-        rate = self._capacity.rate(self._parallel(run.model)) if limit is not None else None
-        return self._admission.may_admit(
-            now, run.waiting_since, clocks.values(), limit, rate, leads.values()
-        )
-
-    def _next_unit_seconds(self, run: _RequestRun) -> float:
-        """The expected run time of the run's queued units, the longest (0.0: none queued)."""
-        return max(
-            (
-                self._unit_seconds(live.model_id, live.plan)
-                for live in run.live.values()
-                if live.plan is not None
-            ),
-            default=0.0,
-        )
-
     def _unit_seconds(self, model_id: str, plan: WorkPlan) -> float:
         """A unit's expected run time: its ``resources.est_seconds`` when the loop gives one,
         else its ``num_tokens`` times the measured seconds per token of its component."""
         return plan.resources.est_seconds or self._unit_cost.estimate(
             (model_id, plan.component, plan.kind), plan.resources.num_tokens
         )
-
-    @staticmethod
-    def _awaits_client_text(run: _RequestRun) -> bool:
-        """Whether the request has nothing to compute until its client sends more text (its
-        text input is open and every live loop is parked): its audio running out is then the
-        client's pause, not a stream the engine is late for, so admission does not wait on it."""
-        text_input = run.ctx.slots.get(TEXT_INPUT_SLOT)
-        if text_input is None or text_input.closed:
-            return False
-        return not any(live.queued or live.in_flight for live in run.live.values())
 
     def _parallel(self, model: ModelInstance) -> int:
         """Batches of ``model`` that can run at once: its most concurrent component's
@@ -803,25 +516,7 @@ class AsyncEngine:
         )
         return max(1, min(self.config.num_workers, most))
 
-    def _admit_waiting(self) -> None:
-        """Admit waiting requests, oldest first, while the admission policy allows; their held
-        plans join the queue. A request still waiting is looked at again at the next step."""
-        assert self._admission is not None
-        now = time.monotonic()
-        while self._waiting:
-            run = self._waiting[0]
-            if not run.finished:
-                if not self._may_admit(run, now):
-                    return
-                if run.clock is not None and not run.clock.started:
-                    # First audio is due first_audio_s after admission, not after arrival:
-                    # a request that waited would otherwise be overdue and run ahead of
-                    # every admitted stream, starving those whose buffers run low.
-                    run.clock.first_audio_s = now - run.clock.arrival + self.config.first_audio_s
-                self._release_held(run)
-            self._waiting.popleft()
-
-    def _priority(self, run: _RequestRun, live: LiveLoop | None = None) -> float | None:
+    def _priority(self, run: RequestRun, live: LiveLoop | None = None) -> float | None:
         """The scheduler priority of the loop's next unit under EDF: the request's playback
         deadline less the unit's expected run time (its ``resources.est_seconds`` when the
         loop gives one, else its ``num_tokens`` times the measured seconds per token of its
@@ -847,7 +542,7 @@ class AsyncEngine:
             log.error("engine step failed", exc_info=task.exception())
 
     def _can_run(self, model_id: str, component: str) -> bool:
-        if model_id in self._paused:
+        if self._weights.is_paused(model_id):
             return False
         spec = self.models[model_id].spec(component)
         limit = self._executor.capacity(model_id, component, spec.max_concurrency)
@@ -900,12 +595,12 @@ class AsyncEngine:
             if run.parked:
                 self._repoll(run)  # releases what waited for the first audio, when it may
             else:
-                self._update_held_for_audio(run)
+                self._first_audio.update(run)
         except Exception as exc:  # noqa: BLE001 - a loop bug fails its request only
             self._fail(run, exc, plan.label if plan else live.node.name)
 
     # ----------------------------------------------------------------- programs
-    def _advance_program(self, run: _RequestRun) -> None:
+    def _advance_program(self, run: RequestRun) -> None:
         """Start every node whose needed slots are bound; finish the request when all are done."""
         progressed = True
         while progressed and not run.finished:
@@ -925,7 +620,7 @@ class AsyncEngine:
             self._end(run, None)
         self._check_progress(run)
 
-    def _start_loop(self, run: _RequestRun, node: LoopNode) -> None:
+    def _start_loop(self, run: RequestRun, node: LoopNode) -> None:
         for slot in node.streams:
             run.ctx.slots[slot] = Channel()
         if node.when is not None and not node.when(run.ctx.request):
@@ -941,7 +636,7 @@ class AsyncEngine:
         run.live[node.name] = live
         self._schedule(run, live)
 
-    def _schedule(self, run: _RequestRun, live: LiveLoop) -> None:
+    def _schedule(self, run: RequestRun, live: LiveLoop) -> None:
         """Ask the loop for its next plan: queue it, park the loop (Pending) or finish it."""
         plan = live.loop.next(live.state)
         live.plan = None
@@ -954,49 +649,12 @@ class AsyncEngine:
             if run.held is not None:  # waiting for admission
                 run.held.append(live)
                 return
-            if live.loop.kind is LoopKind.AR_DECODE and self._first_audio_pending(run):
-                run.held_for_audio.append(live)
+            if self._first_audio.hold(run, live):
                 return
             self._scheduler.enqueue(live, self._priority(run, live))
             self._wake.set()
 
-    def _first_audio_pending(self, run: _RequestRun) -> bool:
-        """Whether the run's AR units wait (``ModelCard.first_audio_alone``): EDF, no audio
-        published yet, and a unit of one of its audio stages queued or running."""
-        return (
-            self._edf
-            and run.model.card.first_audio_alone
-            and run.clock is not None
-            and not run.clock.started
-            and any(
-                (live.queued or live.in_flight) and live.loop.kind in _AUDIO_STAGES
-                for live in run.live.values()
-            )
-        )
-
-    def _update_held_for_audio(self, run: _RequestRun) -> None:
-        """Hold or release the run's AR plans for its first audio (``first_audio_alone``):
-        queue the AR plans that waited for the first audio, once it is out or no audio
-        stage has a unit queued or running (it waits for their output). While it is pending,
-        AR plans queued before the audio unit (in the fold whose codes made the audio unit
-        ready: Qwen3-TTS's talker feeds its codec directly) leave the queue for the held list,
-        so that the first chunk runs without them."""
-        if run.finished:
-            return
-        if self._first_audio_pending(run):
-            for live in run.live.values():
-                if live.queued and live.loop.kind is LoopKind.AR_DECODE:
-                    self._scheduler.remove(live)
-                    run.held_for_audio.append(live)
-            return
-        if not run.held_for_audio:
-            return
-        held, run.held_for_audio = run.held_for_audio, []
-        for live in held:
-            self._scheduler.enqueue(live, self._priority(run, live))
-        self._wake.set()
-
-    def _finish_loop(self, run: _RequestRun, live: LiveLoop) -> None:
+    def _finish_loop(self, run: RequestRun, live: LiveLoop) -> None:
         result = live.loop.finalize(live.state)
         live.loop.release(live.state)
         for slot in live.node.streams:
@@ -1012,7 +670,7 @@ class AsyncEngine:
         self._repoll(run)
         self._advance_program(run)
 
-    def _repoll(self, run: _RequestRun) -> None:
+    def _repoll(self, run: RequestRun) -> None:
         """Ask parked loops again (another loop of the request made progress); a request whose
         live loops are all parked can never progress and fails."""
         while run.parked and not run.finished:
@@ -1021,11 +679,11 @@ class AsyncEngine:
                 self._schedule(run, live)
             if len(run.parked) == len(parked):
                 break
-        self._update_held_for_audio(run)
+        self._first_audio.update(run)
         self._check_progress(run)
 
     @staticmethod
-    def _check_progress(run: _RequestRun) -> None:
+    def _check_progress(run: RequestRun) -> None:
         """Raise if the request's loops are all parked: nothing could ever wake them."""
         if not run.parked or run.finished or run.held is not None:
             return
@@ -1036,7 +694,7 @@ class AsyncEngine:
             names = ", ".join(live.node.name for live in run.parked)
             raise RuntimeError(f"program deadlock: loops {names} wait for input that never comes")
 
-    def _publish(self, run: _RequestRun, outbox: list[StreamChunk]) -> None:
+    def _publish(self, run: RequestRun, outbox: list[StreamChunk]) -> None:
         clock = run.clock
         for chunk in outbox:
             if chunk.audio is not None and clock is not None and chunk.sample_rate:
@@ -1049,11 +707,11 @@ class AsyncEngine:
             chunk.seq = run.next_seq
             chunk.request_id = run.ctx.request.request_id
             run.next_seq += 1
-            run.stream._put(chunk)
+            run.stream.put(chunk)
         outbox.clear()
 
     # ----------------------------------------------------------------- endings
-    def _expire(self, run: _RequestRun) -> None:
+    def _expire(self, run: RequestRun) -> None:
         """``config.request_timeout`` passed: abort the request if it is still running."""
         timeout = self.config.request_timeout
         if run.finished or timeout is None:
@@ -1062,22 +720,22 @@ class AsyncEngine:
         message = f"The request did not finish within the server's {timeout:g} s limit."
         self._end(run, RequestTimeoutError(message, timeout))
 
-    def _fail(self, run: _RequestRun, exc: Exception, where: str) -> None:
+    def _fail(self, run: RequestRun, exc: Exception, where: str) -> None:
         log.warning("request %s failed in %s: %r", run.ctx.request.request_id, where, exc)
         error = RequestFailedError(f"{where}: {type(exc).__name__}: {exc}")
         error.__cause__ = exc
         self._end(run, error)
 
-    def _end(self, run: _RequestRun, error: BaseException | None) -> None:
+    def _end(self, run: RequestRun, error: BaseException | None) -> None:
         """Finish a request: release its loops and close its stream (with ``error`` if given)."""
         if run.finished:
             return
         self._release(run)
         wall_s = time.monotonic() - run.waiting_since
         self.metrics.request_ended(run.model.card.card_id, error, wall_s, run.audio_s)
-        run.stream._put(_End(error))
+        run.stream.put(StreamEnd(error))
 
-    def _release(self, run: _RequestRun) -> None:
+    def _release(self, run: RequestRun) -> None:
         run.finished = True
         if run.timer is not None:
             run.timer.cancel()

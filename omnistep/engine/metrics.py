@@ -4,7 +4,8 @@ The engine updates an ``EngineMetrics`` where events happen, with a few integer 
 each: a request ends (its status; its real-time factor when it finished with audio), a request
 publishes its first audio (time to first audio), a batch returns (its size, per component and
 unit kind). What the engine holds at a moment (live requests, queued units, KV blocks) is not
-kept here: ``AsyncEngine.occupancy()`` reads it from the engine's own state when asked.
+kept: ``measure_occupancy`` reads it from the engine's state when asked
+(``AsyncEngine.occupancy()``, ``AsyncEngine.stats()``).
 ``omnistep.server.metrics`` turns both into Prometheus metrics at scrape time.
 
 Both run on the event loop thread, so no locks are needed.
@@ -17,7 +18,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from omnistep.core import RequestAbortedError, RequestTimeoutError
+from omnistep.core import ModelInstance, RequestAbortedError, RequestTimeoutError
+from omnistep.engine.stream import RequestRun
+from omnistep.kv import kv_usage
 
 REQUEST_STATUSES = ("ok", "error", "aborted", "timeout", "rejected")
 """How a request ended: finished, failed in a step, aborted (client gone, shutdown), aborted at
@@ -166,3 +169,60 @@ class Occupancy:
     running_batches: dict[tuple[str, str], int]
     live_loops: dict[tuple[str, str], int]
     kv_blocks: dict[tuple[str, str], tuple[int, int]]
+
+    def totals(self) -> dict[str, int]:
+        """Each count summed over its labels (``AsyncEngine.stats()``): ``live_requests``,
+        ``waiting_requests``, ``live_loops``, ``queued_units``, ``running_batches``,
+        ``kv_blocks_used``."""
+        return {
+            "live_requests": sum(self.live_requests.values()),
+            "waiting_requests": sum(self.waiting_requests.values()),
+            "live_loops": sum(self.live_loops.values()),
+            "queued_units": self.queued_units,
+            "running_batches": sum(self.running_batches.values()),
+            "kv_blocks_used": sum(used for used, _free in self.kv_blocks.values()),
+        }
+
+
+def kv_blocks(models: Mapping[str, ModelInstance]) -> dict[tuple[str, str], tuple[int, int]]:
+    """``(used, free)`` KV blocks by ``(model id, component name)`` of every component keeping
+    a paged KV cache (``omnistep.kv.kv_usage``; in the actors for components placed there)."""
+    found = {}
+    for model_id, model in models.items():
+        for name, component in model.components.items():
+            usage = kv_usage(component)
+            if usage is not None:
+                found[(model_id, name)] = usage
+    return found
+
+
+def measure_occupancy(
+    models: Mapping[str, ModelInstance],
+    runs: Iterable[RequestRun],
+    busy: Mapping[tuple[str, str], int],
+    queued_units: int,
+) -> Occupancy:
+    """What an engine holds now, every label that can occur listed (0 when idle).
+
+    Args:
+        models: the engine's models by card id.
+        runs: its unfinished requests (a run with ``held`` set waits for admission).
+        busy: batches being executed by ``(model, component)``.
+        queued_units: WorkUnits ready in its scheduler.
+    """
+    live = dict.fromkeys(models, 0)
+    waiting = dict.fromkeys(models, 0)
+    loops = {(m, spec.kind.value): 0 for m, i in models.items() for spec in i.card.loops}
+    for run in runs:
+        live[run.card_id] += 1
+        if run.held is not None:
+            waiting[run.card_id] += 1
+        for live_loop in run.live.values():
+            key = (run.card_id, live_loop.loop.kind.value)
+            loops[key] = loops.get(key, 0) + 1
+    running = {
+        (model_id, name): busy.get((model_id, name), 0)
+        for model_id, model in models.items()
+        for name in model.components
+    }
+    return Occupancy(live, waiting, queued_units, running, loops, kv_blocks(models))

@@ -75,31 +75,20 @@ stateful vocoders (the Qwen3-TTS codec):
   would in process, whichever replica runs the next step and across preemptions, and the
   actor keeps no per-request random state. Nothing here is card-specific.
 
-Transport: payloads and outputs are pickled here with cloudpickle, and a tensor that views a
-larger storage (a row of a batch's hidden states, a frame of a mel spectrogram) is copied to
-its own storage first, since pickling a view sends its whole storage; values are unchanged.
-Tensors cross as they are (a CUDA tensor arrives on the same CUDA device index), so the driver
-and the actors of AR cards must use the same kind of device (``--device`` and the deploy
-file's ``device``): the per-request generator is made on the driver's device and must match
-the device the component samples on. A batch whose payloads do not pickle fails its requests
-with a ``TypeError`` that says so.
+Transport: payloads and outputs cross as cloudpickle bytes (``ray_worker.dumps``: a tensor
+that views a larger storage is sent as a copy of its own elements). Tensors cross as they are
+(a CUDA tensor arrives on the same CUDA device index), so the driver and the actors of AR cards
+must use the same kind of device (``--device`` and the deploy file's ``device``): the
+per-request generator is made on the driver's device and must match the device the component
+samples on. A batch whose payloads do not pickle fails its requests with a ``TypeError`` that
+says so.
 
-Deploy file (YAML, or JSON, which is YAML)::
-
-    models:
-      toy:                       # card id (or family name) of a served model
-        components:
-          lm: {num_cpus: 1, replicas: 1}
-          vocoder: {num_cpus: 0.5, replicas: 2, resources: {vocoder_node: 1}}
-
-Per component: ``num_cpus`` (default 1), ``num_gpus`` (default 0), ``resources`` (custom Ray
-resources, default none), ``replicas`` (default 1), ``device`` (default: ``--device``; set
-``cuda`` for a component given GPUs). Components the file does not name get the defaults.
-Replicas of an AR component each hold their own KV pool (``kv_cache_gb`` each); replicas give
-the same outputs as one actor where the card's batches do not change results
-(``batch_invariant``), since they split batches.
-
-(parsed in ``omnistep.engine.deploy``, with its ``recovery`` section: see below.)
+Files: ``deploy.py`` reads the deploy file (per component ``num_cpus``, ``num_gpus``,
+``resources``, ``replicas``, ``device``; the ``recovery`` section); ``ray_worker.py`` is the
+actor's side (``ComponentWorker``, the transport); this module is the serving process's side:
+placement, routing, the ``RemoteComponent`` stand-ins and healing. Replicas of an AR component
+each hold their own KV pool (``kv_cache_gb`` each); replicas give the same outputs as one actor
+where the card's batches do not change results (``batch_invariant``), since they split batches.
 
 Healing. A component actor that dies (a crash, the OOM killer, SIGKILL, its node lost) is
 replaced, and nothing else is touched:
@@ -140,14 +129,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
-import io
 import itertools
 import logging
 import math
 import pickle
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -162,190 +147,13 @@ from omnistep.core import (
     OmnistepError,
     WorkUnitKind,
 )
-from omnistep.engine.deploy import (  # re-exported: the deploy file was parsed here first
-    PLACEMENT_KEYS,
-    ComponentDeployment,
-    ComponentPlacement,
-    DeployConfigError,
-    RecoveryPolicy,
-    load_deploy,
-    parse_deploy,
-    parse_recovery,
-)
-from omnistep.engine.executor import ComponentHealth, Outcome, execute_released
-from omnistep.kv import kv_usage
+from omnistep.engine.deploy import ComponentDeployment, RecoveryPolicy
+from omnistep.engine.executor import ComponentHealth, Outcome
+from omnistep.engine.ray_worker import WATCH_GROUP, BatchReply, ComponentWorker, KVSnapshot, dumps
 
-__all__ = [
-    "PLACEMENT_KEYS",
-    "REPLAYED_CALLS",
-    "BatchReply",
-    "ComponentDeployment",
-    "ComponentPlacement",
-    "ComponentWorker",
-    "DeployConfigError",
-    "RayExecutor",
-    "RecoveryPolicy",
-    "RemoteComponent",
-    "dumps",
-    "load_deploy",
-    "parse_deploy",
-    "parse_recovery",
-    "stateful_fields",
-]
+__all__ = ["REPLAYED_CALLS", "RayExecutor", "RemoteComponent"]
 
 log = logging.getLogger("omnistep.engine.ray")
-
-
-def _picklable(exc: Exception) -> Exception:
-    """``exc`` itself if it pickles, else a RuntimeError carrying its type and message."""
-    try:
-        pickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - any pickling failure
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc
-
-
-def _is_partial_view(obj: object) -> bool:
-    """True for a plain strided ``torch.Tensor`` whose storage holds more than its elements
-    (pickling it would send the whole storage). Never imports torch."""
-    torch = sys.modules.get("torch")
-    if torch is None or type(obj) is not torch.Tensor:
-        return False
-    try:
-        if obj.layout is not torch.strided or obj.device.type == "meta":
-            return False
-        return obj.untyped_storage().nbytes() > obj.numel() * obj.element_size()
-    except Exception:  # noqa: BLE001 - tensors without a plain storage pickle as they are
-        return False
-
-
-@functools.cache
-def _compact_pickler() -> type:
-    """A cloudpickle Pickler that pickles a partial view as a copy of its own elements."""
-    from ray import cloudpickle
-
-    class CompactPickler(cloudpickle.CloudPickler):
-        def reducer_override(self, obj: object) -> Any:
-            if _is_partial_view(obj):
-                return obj.clone().__reduce_ex__(self.proto)  # type: ignore[attr-defined]
-            return super().reducer_override(obj)
-
-    return CompactPickler
-
-
-def dumps(obj: object) -> bytes:
-    """Pickle ``obj`` with cloudpickle, each tensor that views part of a larger storage copied
-    to its own first (same values; see the module docstring). ``pickle.loads`` reads it.
-
-    Raises:
-        Whatever pickling raises for an object that does not pickle.
-    """
-    buffer = io.BytesIO()
-    _compact_pickler()(buffer, protocol=5).dump(obj)
-    return buffer.getvalue()
-
-
-def stateful_fields(payload: object) -> list[tuple[str, Any]]:
-    """(name, value) of the payload's top-level dataclass fields whose value has callable
-    ``get_state`` and ``set_state`` (a ``torch.Generator``); empty for other payloads."""
-    if not dataclasses.is_dataclass(payload) or isinstance(payload, type):
-        return []
-    found = []
-    for f in dataclasses.fields(payload):
-        value = getattr(payload, f.name, None)
-        if callable(getattr(value, "get_state", None)) and callable(
-            getattr(value, "set_state", None)
-        ):
-            found.append((f.name, value))
-    return found
-
-
-KVSnapshot = tuple[int, int, int]
-"""(serial, used blocks, free blocks) of an actor's paged KV cache; a later serial is newer."""
-
-
-@dataclass(frozen=True)
-class BatchReply:
-    """What an actor returns for a batch.
-
-    Attributes:
-        outcomes: one ``StepResult`` or exception per payload, in order.
-        states: per payload, ``(field name, get_state())`` of its stateful fields after the
-            batch (see ``stateful_fields``).
-        kv: the actor's KV usage after the batch; None for a component without a paged cache.
-    """
-
-    outcomes: list[Outcome]
-    states: list[list[tuple[str, Any]]]
-    kv: KVSnapshot | None
-
-
-class ComponentWorker:
-    """The body of a component actor: builds the component, runs batches on it, frees
-    sequences and reports KV usage."""
-
-    def __init__(self, factory: Callable[[], Component]):
-        self.component = factory()
-        self._serial = itertools.count(1)
-        self._ended = threading.Event()  # never set: the actor ends by being killed
-
-    def watch(self) -> None:
-        """Block for as long as the actor lives. Called once, in its own concurrency group
-        (``WATCH_GROUP``), so it runs beside batches: the driver's call fails the moment the
-        actor's process dies, busy or idle, which is how the executor learns of a death."""
-        self._ended.wait()
-
-    def weight_version(self) -> int:
-        """The weight version the component runs (0: as loaded)."""
-        return int(getattr(self.component, "weight_version", 0))
-
-    def kv_usage(self) -> KVSnapshot | None:
-        """The component's KV blocks now, if it keeps a paged cache (``kv_usage``)."""
-        usage = kv_usage(self.component)
-        return None if usage is None else (next(self._serial), *usage)
-
-    def ready(self) -> tuple[int, KVSnapshot | None]:
-        """The actor's process id and KV usage, once the component is built."""
-        import os
-
-        return os.getpid(), self.kv_usage()
-
-    def run(self, blob: bytes) -> bytes:
-        """Run a pickled ``(kind, payloads)`` batch with ``execute_isolated``; returns a pickled
-        ``BatchReply`` (exceptions made picklable; outputs that do not pickle become errors).
-        The calling thread's OpenMP team is freed after the batch, as in-process: an actor
-        with ``max_concurrency`` > 1 runs batches on several threads."""
-        kind, payloads = pickle.loads(blob)
-        outcomes = execute_released(self.component, kind, payloads)
-        outcomes = [_picklable(o) if isinstance(o, Exception) else o for o in outcomes]
-        states = [[(n, v.get_state()) for n, v in stateful_fields(p)] for p in payloads]
-        try:
-            return dumps(BatchReply(outcomes, states, self.kv_usage()))
-        except Exception as exc:  # noqa: BLE001 - outputs that do not pickle fail their units
-            err = RuntimeError(f"outputs that do not pickle ({type(exc).__name__}: {exc})")
-            return dumps(BatchReply([err] * len(payloads), states, self.kv_usage()))
-
-    def free_sequence(self, seq_id: str) -> KVSnapshot | None:
-        """Free what the component holds for ``seq_id``; returns the KV usage after."""
-        free = getattr(self.component, "free_sequence", None)
-        if free is not None:
-            free(seq_id)
-        return self.kv_usage()
-
-    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """The component's ``weight_specs()``; empty when it takes no weight updates."""
-        report = getattr(self.component, "weight_specs", None)
-        return report() if callable(report) else {}
-
-    def call(self, method: str, blob: bytes) -> Any:
-        """``component.<method>(*args)`` with pickled ``args`` (a weight update, the version
-        that follows it, a refresh of derived copies, a voice enrollment); runs between
-        batches; returns the method's result."""
-        args = pickle.loads(blob)
-        if method == "weight_version":
-            self.component.weight_version = args[0]  # type: ignore[attr-defined]
-            return None
-        return getattr(self.component, method)(*args)
 
 
 REPLAYED_CALLS = frozenset({"update_weights", "refresh_text_embeds"})
@@ -359,9 +167,6 @@ at most one copy of the updated weights. ``weight_version`` is recorded as its l
 UNREACHABLE_GRACE_S = 5.0
 """Seconds an actor Ray reports unreachable (``ActorUnavailableError``, e.g. a network blip
 to its node) may stay so before it counts as dead and is replaced."""
-
-WATCH_GROUP = "omnistep_watch"
-"""The Ray concurrency group of ``ComponentWorker.watch`` (one thread, beside the batches)."""
 
 
 @dataclass(eq=False)

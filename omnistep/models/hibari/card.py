@@ -36,22 +36,19 @@ Imports: stdlib, ``omnistep.core``, ``omnistep.models``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from omnistep.core import OPENAI_VOICES, ModelCard, ModelFilesError
 from omnistep.models.hibari import dsp
 from omnistep.models.hibari.voice import (
-    HibariUnit,
+    HibariSettings,
     HibariVoiceComponent,
     embedded_model_path,
+    vocab_path,
 )
 from omnistep.models.misaki import MisakiFrontend
 from omnistep.models.sentence_voice import (
     FIRST_CHUNK_CHARS,
-    Sentence,
     first_unit_threads,
     sentence_card,
     session_threads,
@@ -63,38 +60,6 @@ VOICES: tuple[str, ...] = (SPEAKER, *OPENAI_VOICES)
 """Voice names the card accepts; all are the one voice ``heart``."""
 MAX_PHONEMES = 400
 """Phonemes per unit at most (hibari's ``tts.MAX_PHONEMES``): longer pieces are cut."""
-
-
-def vocab_path() -> Path:
-    """hibari's phoneme vocabulary, ``hibari/assets/vocab.json`` (character -> id, 0 = pad)."""
-    return embedded_model_path().parent / "vocab.json"
-
-
-@dataclass(frozen=True)
-class HibariSettings:
-    """The card-side settings of the voice (a ``SentenceVoice``): no ONNX session here.
-
-    Attributes:
-        sample_rate: 24000 Hz.
-        batched: False: each unit runs alone (hibari's graph takes one sentence per call).
-    """
-
-    sample_rate: int = dsp.SAMPLE_RATE
-    batched: bool = False
-
-    def make_unit(
-        self, sentence: Sentence, *, seed: int, speed: float, voice: str | None, all_cores: bool
-    ) -> HibariUnit:
-        """The unit of ``sentence``; ``voice`` is ignored (every accepted name is ``heart``).
-
-        Raises:
-            InvalidRequestError: (``param="speed"``) speed not finite and > 0.
-        """
-        return HibariUnit(sentence.phoneme_ids, speed, seed, all_cores)  # the unit checks speed
-
-    def finish(self, audio: np.ndarray) -> np.ndarray:
-        """The component's audio as is (hibari does not normalize)."""
-        return audio
 
 
 def build_card(

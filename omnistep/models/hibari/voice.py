@@ -15,6 +15,9 @@ Source: ``hibari/tts.py`` (``Hibari.__init__``: CPU session; ``Hibari.from_ids``
 fewer than 3 ids give no audio; ``Hibari.from_phonemes``: ``default_rng(seed)`` draws the noise)
 of hibari-tts 0.2.1.
 
+Also here: the card-side settings of the voice (``HibariSettings``, the ``SentenceVoice`` the
+sentence loop reads) and the packaged vocabulary (``vocab_path``).
+
 Imports: stdlib, numpy, onnxruntime, hibari-tts (its asset path only), ``omnistep.core``,
 ``omnistep.models``.
 """
@@ -33,6 +36,7 @@ import onnxruntime as ort
 from omnistep.core import InvalidRequestError, ModelFilesError, WorkUnitKind
 from omnistep.models.hibari import dsp
 from omnistep.models.sentence_voice import (
+    Sentence,
     SentenceAudio,
     SessionPool,
     add_graph_output,
@@ -220,3 +224,35 @@ class HibariVoiceComponent:
         audio = dsp.synthesize(*(f[0] for f in frames), np.random.default_rng(unit.seed))
         samples = np.rint(np.asarray(durations).reshape(-1)).astype(np.int64)
         return SentenceAudio(audio, samples * SAMPLES_PER_DURATION_FRAME)
+
+
+def vocab_path() -> Path:
+    """hibari's phoneme vocabulary, ``hibari/assets/vocab.json`` (character -> id, 0 = pad)."""
+    return embedded_model_path().parent / "vocab.json"
+
+
+@dataclass(frozen=True)
+class HibariSettings:
+    """The card-side settings of the voice (a ``SentenceVoice``): no ONNX session here.
+
+    Attributes:
+        sample_rate: 24000 Hz.
+        batched: False: each unit runs alone (hibari's graph takes one sentence per call).
+    """
+
+    sample_rate: int = dsp.SAMPLE_RATE
+    batched: bool = False
+
+    def make_unit(
+        self, sentence: Sentence, *, seed: int, speed: float, voice: str | None, all_cores: bool
+    ) -> HibariUnit:
+        """The unit of ``sentence``; ``voice`` is ignored (every accepted name is ``heart``).
+
+        Raises:
+            InvalidRequestError: (``param="speed"``) speed not finite and > 0.
+        """
+        return HibariUnit(sentence.phoneme_ids, speed, seed, all_cores)  # the unit checks speed
+
+    def finish(self, audio: np.ndarray) -> np.ndarray:
+        """The component's audio as is (hibari does not normalize)."""
+        return audio

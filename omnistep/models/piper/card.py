@@ -20,23 +20,18 @@ map to that speaker, so OpenAI clients work unchanged.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
-import numpy as np
-
-from omnistep.core import OPENAI_VOICES, ModelCard, ModelFilesError
+from omnistep.core import OPENAI_VOICES, ModelCard
 from omnistep.models.piper.frontend import PiperFrontend
 from omnistep.models.piper.voice import (
-    PiperUnit,
+    PiperSentenceVoice,
     PiperVoiceComponent,
     VoiceSettings,
     default_voice_paths,
+    voice_paths,
 )
 from omnistep.models.sentence_voice import (
     FIRST_CHUNK_CHARS,
     MAX_CONCURRENT_SENTENCES,
-    Sentence,
     first_unit_threads,
     sentence_card,
     sentence_seed,
@@ -47,76 +42,14 @@ __all__ = [
     "CARD_ID",
     "FIRST_CHUNK_CHARS",
     "MAX_CONCURRENT_SENTENCES",
-    "PiperSentenceVoice",
     "build_card",
     "first_unit_threads",
-    "peak_normalize",
     "sentence_seed",
     "session_threads",
-    "voice_paths",
 ]
 
 CARD_ID = "piper"
 SPEAKER = "joe"
-
-
-def peak_normalize(samples: np.ndarray) -> np.ndarray:
-    """``samples / max|samples|`` (piper's ``normalize_audio``); silence is returned as is."""
-    peak = float(np.max(np.abs(samples))) if samples.size else 0.0
-    return samples if peak < 1e-8 else (samples / peak).astype(np.float32)
-
-
-@dataclass(frozen=True)
-class PiperSentenceVoice:
-    """The ``SentenceVoice`` of a Piper voice: units with the config's scales, peak-normalized
-    sentences.
-
-    Attributes:
-        settings: the voice config's settings (``VoiceSettings``).
-    """
-
-    settings: VoiceSettings
-
-    @property
-    def sample_rate(self) -> int:
-        """Output samples per second, Hz (22050 for the embedded voice)."""
-        return self.settings.sample_rate
-
-    @property
-    def batched(self) -> bool:
-        """Whether units of equal length and scales run as one padded batch."""
-        return self.settings.batched
-
-    def make_unit(
-        self, sentence: Sentence, *, seed: int, speed: float, voice: str | None, all_cores: bool
-    ) -> PiperUnit:
-        """``VoiceSettings.make_unit`` for the sentence's ids (one speaker: ``voice`` is not
-        read)."""
-        return self.settings.make_unit(sentence.phoneme_ids, seed, speed, all_cores=all_cores)
-
-    def finish(self, audio: np.ndarray) -> np.ndarray:
-        """Peak-normalize the sentence, as piper's ``synthesize`` does by default."""
-        return peak_normalize(audio)
-
-
-def voice_paths(path: str) -> tuple[str, str]:
-    """The ``(VOICE.onnx, VOICE.onnx.json)`` paths of the voice file ``path``.
-
-    Raises:
-        ModelFilesError: ``path`` is not a file (a folder's ``*.onnx`` files are suggested), or
-            the config beside it is missing.
-    """
-    expected = "expected a Piper voice file VOICE.onnx with VOICE.onnx.json beside it"
-    if os.path.isdir(path):
-        voices = sorted(f for f in os.listdir(path) if f.endswith(".onnx"))
-        found = f"; it holds {', '.join(voices)}" if voices else ""
-        raise ModelFilesError(f"piper voice {path} is a folder ({expected}{found})")
-    if not os.path.isfile(path):
-        raise ModelFilesError(f"piper voice {path} not found ({expected})")
-    config_path = f"{path}.json"
-    if not os.path.isfile(config_path):
-        raise ModelFilesError(f"piper voice {path} has no {config_path} beside it ({expected})")
-    return path, config_path
 
 
 def build_card(

@@ -22,6 +22,10 @@ providers), ``piper/patch_voice_with_alignment.py`` (the ``Ceil`` tensor holds f
 ``infer``: ``z = randn(B, 2, T_x) * noise_w`` in the stochastic duration predictor, ``z_p = m_p +
 randn_like(m_p) * exp(logs_p) * noise_scale``, ``y_lengths = clamp_min(sum(ceil(w)), 1)``).
 
+Also here: the voice's files (``voice_paths``, ``default_voice_paths``) and its card-side
+settings (``VoiceSettings``, and ``PiperSentenceVoice``, the ``SentenceVoice`` the sentence loop
+reads: units with the config's scales, peak-normalized sentences).
+
 Imports: stdlib, numpy, onnx, onnxruntime, ``omnistep.core``.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +45,9 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from omnistep.core import ModelFilesError
 from omnistep.core.enums import WorkUnitKind
-from omnistep.models.sentence_voice import SentenceAudio, SessionPool
+from omnistep.models.sentence_voice import Sentence, SentenceAudio, SessionPool
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -516,3 +522,62 @@ def _seeded_graph(model_path: Path) -> tuple[bytes, dict[str, NoiseInput], str]:
         )
     durations = expose_durations(model)
     return model.SerializeToString(), noise, durations
+
+
+def peak_normalize(samples: np.ndarray) -> np.ndarray:
+    """``samples / max|samples|`` (piper's ``normalize_audio``); silence is returned as is."""
+    peak = float(np.max(np.abs(samples))) if samples.size else 0.0
+    return samples if peak < 1e-8 else (samples / peak).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class PiperSentenceVoice:
+    """The ``SentenceVoice`` of a Piper voice: units with the config's scales, peak-normalized
+    sentences.
+
+    Attributes:
+        settings: the voice config's settings (``VoiceSettings``).
+    """
+
+    settings: VoiceSettings
+
+    @property
+    def sample_rate(self) -> int:
+        """Output samples per second, Hz (22050 for the embedded voice)."""
+        return self.settings.sample_rate
+
+    @property
+    def batched(self) -> bool:
+        """Whether units of equal length and scales run as one padded batch."""
+        return self.settings.batched
+
+    def make_unit(
+        self, sentence: Sentence, *, seed: int, speed: float, voice: str | None, all_cores: bool
+    ) -> PiperUnit:
+        """``VoiceSettings.make_unit`` for the sentence's ids (one speaker: ``voice`` is not
+        read)."""
+        return self.settings.make_unit(sentence.phoneme_ids, seed, speed, all_cores=all_cores)
+
+    def finish(self, audio: np.ndarray) -> np.ndarray:
+        """Peak-normalize the sentence, as piper's ``synthesize`` does by default."""
+        return peak_normalize(audio)
+
+
+def voice_paths(path: str) -> tuple[str, str]:
+    """The ``(VOICE.onnx, VOICE.onnx.json)`` paths of the voice file ``path``.
+
+    Raises:
+        ModelFilesError: ``path`` is not a file (a folder's ``*.onnx`` files are suggested), or
+            the config beside it is missing.
+    """
+    expected = "expected a Piper voice file VOICE.onnx with VOICE.onnx.json beside it"
+    if os.path.isdir(path):
+        voices = sorted(f for f in os.listdir(path) if f.endswith(".onnx"))
+        found = f"; it holds {', '.join(voices)}" if voices else ""
+        raise ModelFilesError(f"piper voice {path} is a folder ({expected}{found})")
+    if not os.path.isfile(path):
+        raise ModelFilesError(f"piper voice {path} not found ({expected})")
+    config_path = f"{path}.json"
+    if not os.path.isfile(config_path):
+        raise ModelFilesError(f"piper voice {path} has no {config_path} beside it ({expected})")
+    return path, config_path

@@ -43,7 +43,8 @@ from omnistep.core import (
     WorkUnitKind,
 )
 from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
-from omnistep.models.toy.card import SAMPLE_RATE, VOCAB, TokenUnit, ToyLM, ToyVocoder
+from omnistep.models.toy.lm import VOCAB, TokenUnit, ToyLM
+from omnistep.models.toy.vocoder import SAMPLE_RATE, ToyVocoder
 
 TAIL_STEPS = 4
 """Steps fed the pad id after the text's last byte."""
