@@ -185,7 +185,8 @@ async def test_drain_holds_new_requests_until_the_running_ones_finish():
     new_table = model.components["lm"].table[::-1].copy()
     first = engine.add_request(_rollout("old weights", 4, slow=True))
     update = asyncio.create_task(engine.update_weights("toy", {"table": new_table}, mode="drain"))
-    await asyncio.sleep(0.01)
+    while "toy" not in engine._weights._draining:  # wait for the drain itself, not a fixed time
+        await asyncio.sleep(0.001)
     second = engine.add_request(_rollout("new weights", 5))
     assert engine.stats()["waiting_requests"] == 1
     [c async for c in first]
