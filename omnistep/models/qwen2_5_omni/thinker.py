@@ -322,7 +322,7 @@ class QwenThinker(PagedARModel):
     @torch.inference_mode()
     def teacher_forced_logits(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Sequence[int] | ThinkerPrompt,
         generated: Sequence[int | tuple[int]] = (),
         incremental: bool = False,
     ) -> torch.Tensor:
@@ -343,7 +343,8 @@ class QwenThinker(PagedARModel):
         frames = tuple((f,) if isinstance(f, int) else tuple(f) for f in generated)
         seq_id = self._teacher_seq_id()
         head = () if incremental else frames
-        first = ARPrefillInput(seq_id, tuple(prompt_ids), head, (), None, None)
+        prompt = prompt_ids if isinstance(prompt_ids, ThinkerPrompt) else tuple(prompt_ids)
+        first = ARPrefillInput(seq_id, prompt, head, (), None, None)
         steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
         return self._teacher_forced(first, steps if incremental else [])
 

@@ -1,0 +1,198 @@
+"""Qwen2.5-Omni hears and sees: chat requests holding audio, an image or a video run through
+the card (ENCODE units -> thinker prefill with TMRoPE -> talker -> token2wav) and match
+transformers' ``Qwen2_5OmniForConditionalGeneration`` on a tiny random checkpoint in the
+published layout (both encoders included)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from omnistep.core import (
+    Capability,
+    ChatMessage,
+    ExecutionProfile,
+    InvalidRequestError,
+    MediaItem,
+    MediaKind,
+    Modality,
+    ModelInstance,
+    Request,
+    SamplingParams,
+)
+from omnistep.engine import AsyncEngine
+from omnistep.models.qwen2_5_omni import card as omni_card
+from omnistep.models.qwen2_5_omni.card import QwenOmniOptions, build_card
+from omnistep.models.qwen2_5_omni.thinker import ThinkerPrompt
+from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
+from omnistep.parity import collect
+from omnistep.sampling import SamplingRow
+from tests.qwen_omni_ref import reference
+from tests.serving import abort_all
+
+TOL = 1e-4
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
+OPTIONS = QwenOmniOptions(
+    kv_cache_gb=0.02,
+    talker_max_new_tokens=16,
+    talker_sampling=SamplingRow(temperature=0.0, min_keep=1),
+    dit_chunking=None,  # whole-utterance DiT: transformers' token2wav
+)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return write_tiny_qwen_omni(tmp_path_factory.mktemp("omni_hear") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def model(root):
+    return ModelInstance.load(build_card(str(root), OPTIONS))
+
+
+def _clip(seconds: float = 3.0, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (0.1 * rng.standard_normal(int(16000 * seconds) + 77)).astype(np.float32)
+
+
+def _image(seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (200, 130, 3), dtype=np.uint8)
+
+
+def _frames() -> np.ndarray:
+    """5 frames at 2 fps, 60 x 90 (3 temporal patches: the last frame repeats)."""
+    return np.random.default_rng(2).integers(0, 256, (5, 60, 90, 3), dtype=np.uint8)
+
+
+def _item(kind: str, seed: int = 0) -> MediaItem:
+    source = "messages[0].content[0]"
+    if kind == "audio":
+        return MediaItem.of(MediaKind.AUDIO, _clip(seed=seed), sample_rate=16000, source=source)
+    if kind == "image":
+        return MediaItem.of(MediaKind.IMAGE, _image(1 + seed), source=source)
+    return MediaItem.of(MediaKind.VIDEO, _frames(), fps=2.0, source=source)
+
+
+QUESTION = {"audio": "What is said?", "image": "Describe it.", "video": "What happens?"}
+
+
+def _request(
+    kind: str,
+    audio_out: bool = False,
+    seed: int = 0,
+    item: MediaItem | None = None,
+    sampling: SamplingParams = GREEDY,
+    history: tuple[ChatMessage, ...] = (),
+) -> Request:
+    item = item or _item(kind)
+    text = QUESTION[kind]
+    message = ChatMessage("user", text, parts=(item, text))
+    outputs = {Modality.TEXT, Modality.AUDIO} if audio_out else {Modality.TEXT}
+    return Request(
+        "qwen2.5-omni",
+        messages=(*history, message),
+        seed=seed,
+        sampling=sampling,
+        profile=ExecutionProfile.ROLLOUT,
+        output_modalities=frozenset(outputs),
+        voice="Chelsie",
+    )
+
+
+async def _run(model, reqs):
+    eng = AsyncEngine([model])
+    streams = [eng.add_request(r) for r in reqs]
+
+    async def drain(stream):
+        return "".join([c.text async for c in stream if c.text])
+
+    texts = await asyncio.gather(*(drain(s) for s in streams))
+    await eng.shutdown()
+    return streams, texts
+
+
+def _reference_media(model, kind: str, item: MediaItem):
+    """``(clips, images, video)`` as ``reference.thinker_media_greedy`` takes them."""
+    if kind == "audio":
+        return [item.data], [], None
+    if kind == "image":
+        return [], [item.data], None
+    encoders = model.components["encoder"].encode.__self__
+    patches, grid, seconds = encoders.features.video_patches(item.data, item.fps)
+    return [], [], (patches, [grid], [seconds])
+
+
+def test_card_declares_media_inputs(model):
+    caps = model.card.capabilities
+    assert {Capability.AUDIO_INPUT, Capability.IMAGE_INPUT, Capability.VIDEO_INPUT} <= caps
+    assert model.card.media_sample_rate == 16000
+    assert "encoder" in model.components and "encode" in model.loops
+
+
+def test_a_folder_without_towers_takes_no_media(root, monkeypatch):
+    from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
+
+    real = QwenOmniFiles.tensor_names
+    monkeypatch.setattr(
+        QwenOmniFiles,
+        "tensor_names",
+        lambda self: {n for n in real(self) if not n.startswith("thinker.visual.")},
+    )
+    card = build_card(str(root), OPTIONS)
+    card.validate()
+    assert not {Capability.AUDIO_INPUT, Capability.IMAGE_INPUT} & card.capabilities
+    assert "encoder" not in {c.name for c in card.components}
+    assert omni_card.media_capabilities(QwenOmniFiles.locate(root)) == frozenset()
+
+
+@pytest.mark.parametrize("kind", ["audio", "image", "video"])
+async def test_thinker_with_media_matches_transformers(model, root, kind):
+    """Greedy text equal and every step's logits within 1e-4 (the paged prefill with the
+    encoder rows and TMRoPE positions, then decode steps at ``length + rope_delta``)."""
+    req = _request(kind)
+    (stream,), (text,) = await _run(model, [req])
+    prompt = stream.rollout_info["think"]["prompt"]
+    assert isinstance(prompt, ThinkerPrompt) and prompt.media == (req.media[0].sha256,)
+    rows = {"audio": 75, "image": 35, "video": 3 * 20 * 28 // 4}[kind]
+    assert sum(r.shape[0] for r in prompt.media_rows) == rows
+    tokens = [r.tokens[0] for r in stream.trajectories["think"]]
+    ref = reference.thinker_media_greedy(
+        root, prompt.ids, len(tokens), *_reference_media(model, kind, req.media[0])
+    )
+    assert tokens == ref.token_ids.tolist() and len(tokens) >= 2
+    if kind != "audio":
+        assert prompt.rope_delta != 0  # the 3-row positions are in play
+    thinker = model.components["thinker"]
+    ours = thinker.teacher_forced_logits(prompt, tokens[:-1], incremental=True)[:, 0]
+    assert ours.shape == ref.logits.shape
+    assert (ours - ref.logits).abs().max().item() < TOL
+    tok = model.card.program.nodes[0].fn.tokenizer
+    assert text == tok.decode(tokens, skip_special_tokens=True)
+    assert thinker.blocks.num_used_blocks == 0
+
+
+async def test_spoken_answer_to_an_audio_prompt_matches_transformers(model, root):
+    """Talker codes equal transformers' greedy talker on ``generate``'s hand-off (embeddings
+    zeroed at the audio placeholders), and the waveform equals its token2wav on those codes,
+    voice and seed, within 1e-4."""
+    req = _request("audio", audio_out=True, seed=7)
+    eng = AsyncEngine([model])
+    out = await collect(eng, req)
+    await eng.shutdown()
+    stream_tokens = out.trajectories["think"]
+    prompt = out.rollout_info["think"]["prompt"]
+    tokens = [r.tokens[0] for r in stream_tokens]
+    ref_thinker = reference.thinker_media_greedy(root, prompt.ids, len(tokens), [req.media[0].data])
+    ref_talker = reference.talker_greedy(root, ref_thinker, "Chelsie", steps=16)
+    codes = [r.tokens[0] for r in out.trajectories["talk"]]
+    assert codes == ref_talker.codes.tolist()[: len(codes)] and len(codes) >= 4
+    eos = set(model.loops["talk"].config.eos_token_ids)
+    audio_codes = [c for c in codes if c not in eos]
+    wave = reference.token2wav(root, torch.tensor(audio_codes), "Chelsie", seed=7).numpy()
+    assert out.audio.size == wave.size == 480 * len(audio_codes)
+    assert np.abs(out.audio - wave).max() <= TOL
