@@ -196,3 +196,129 @@ async def test_spoken_answer_to_an_audio_prompt_matches_transformers(model, root
     wave = reference.token2wav(root, torch.tensor(audio_codes), "Chelsie", seed=7).numpy()
     assert out.audio.size == wave.size == 480 * len(audio_codes)
     assert np.abs(out.audio - wave).max() <= TOL
+
+
+# ------------------------------------------------------------------ scheduling and reuse
+async def test_encoder_units_batch_across_requests_and_reuse_by_hash(model):
+    """Three requests' clips run as ENCODE units of one batch (one kind); a later turn that
+    repeats a clip (a chat resends its history) is answered from the encoder's cache."""
+    encoder = model.components["encoder"]
+    encoder.clear()
+    sizes: list[int] = []
+    real = encoder.execute
+
+    def recording(kind, payloads):
+        sizes.append(len(payloads))
+        return real(kind, payloads)
+
+    encoder.execute = recording
+    try:
+        reqs = [
+            _request(
+                "audio", item=_item("audio", seed=s), sampling=SamplingParams(max_new_tokens=2)
+            )
+            for s in range(3)
+        ]
+        for i, r in enumerate(reqs):
+            r.request_id = f"batch-{i}"
+        await _run(model, reqs)
+        assert max(sizes) >= 2 and sum(sizes) == 3 and encoder.num_encoded == 3
+        # the next turn: the first turn's clip again, plus a new image
+        first = reqs[0].messages[-1]
+        history = (first, ChatMessage("assistant", "ok"))
+        sizes.clear()
+        follow = _request("image", history=history, sampling=SamplingParams(max_new_tokens=2))
+        (stream,), _ = await _run(model, [follow])
+        assert sizes == [1, 1] and encoder.num_encoded == 4 and encoder.num_reused == 1
+        prompt = stream.rollout_info["think"]["prompt"]
+        assert prompt.media == (reqs[0].media[0].sha256, follow.media[-1].sha256)
+    finally:
+        del encoder.execute
+
+
+async def test_rollout_records_media_and_score_equals_recorded_logprobs(model):
+    """C2 over a media prompt: the rollout records the media by hash (the encode loop's and
+    the thinker prompt's), and ``score`` on the recorded prompt and tokens reproduces the
+    recorded log-probs."""
+    req = _request("image", sampling=SamplingParams(temperature=0.8, max_new_tokens=6), seed=4)
+    (stream,), _ = await _run(model, [req])
+    sha = req.media[0].sha256
+    assert stream.rollout_info["encode"]["media"] == (sha,)
+    info = stream.rollout_info["think"]
+    assert info["prompt"].media == (sha,)
+    records = stream.trajectories["think"]
+    tokens = [r.tokens for r in records]
+    recorded = torch.tensor([r.logprobs for r in records])
+    loop = model.loops["think"]
+    with torch.no_grad():
+        scored = loop.score(model, req, info["prompt"], tokens)
+    assert scored.shape == recorded.shape
+    assert (scored.float() - recorded).abs().max().item() <= 1e-6
+
+
+async def test_same_seed_same_bytes_and_codes_beside_other_requests(root):
+    """C1 and C3 for a media prompt under --batch-invariant: the same request twice gives the
+    same audio bytes, and beside other requests (their own media) the same codes and
+    audio, to the bit."""
+    opts = dataclasses.replace(OPTIONS, batch_invariant=True, talker_max_new_tokens=12)
+    bi = ModelInstance.load(build_card(str(root), opts))
+    small = SamplingParams(temperature=0.0, max_new_tokens=6)
+    reqs = [
+        _request("audio", audio_out=True, seed=1, sampling=small),
+        _request("image", audio_out=True, seed=2, sampling=small),
+        _request("audio", audio_out=True, seed=3, item=_item("audio", seed=5), sampling=small),
+    ]
+    eng = AsyncEngine([bi])
+    alone = await collect(eng, reqs[0])
+    again = await collect(eng, dataclasses.replace(reqs[0], request_id="again"))
+    together = await asyncio.gather(
+        *(collect(eng, dataclasses.replace(r, request_id=f"{r.request_id}-b")) for r in reqs)
+    )
+    await eng.shutdown()
+    assert alone.audio.size > 0 and alone.audio.tobytes() == again.audio.tobytes()
+    codes = [r.tokens for r in alone.trajectories["talk"]]
+    assert codes == [r.tokens for r in together[0].trajectories["talk"]]
+    assert alone.audio.tobytes() == together[0].audio.tobytes()
+
+
+# ------------------------------------------------------------------ bad input, aborts
+async def test_bad_media_is_refused_naming_the_part(model):
+    """Input the card path adds checks for (beyond the server's): audio longer than the
+    feature extractor reads, audio at another rate; refused at submission."""
+    eng = AsyncEngine([model])
+    source = "messages[0].content[0]"
+    long_clip = MediaItem.of(
+        MediaKind.AUDIO, np.zeros(16000 * 300 + 1, np.float32), sample_rate=16000, source=source
+    )
+    other_rate = MediaItem.of(MediaKind.AUDIO, _clip(), sample_rate=24000, source=source)
+    for item, code in ((long_clip, "audio_too_long"), (other_rate, "invalid_audio")):
+        with pytest.raises(InvalidRequestError) as err:
+            eng.add_request(_request("audio", item=item))
+        assert err.value.param == source and err.value.code == code
+        assert source in str(err.value)
+    assert eng.stats() == dict.fromkeys(eng.stats(), 0)
+    await eng.shutdown()
+
+
+async def test_aborted_mixed_requests_leave_nothing(model):
+    """Ten requests with audio, images and video, some asking for speech, aborted mid-way:
+    no KV block and no queued unit (encoder units included) is left."""
+    eng = AsyncEngine([model])
+    kinds = ("audio", "image", "video")
+    streams = [
+        eng.add_request(
+            _request(
+                kinds[i % 3],
+                audio_out=i % 2 == 0,
+                seed=i,
+                item=_item(kinds[i % 3], seed=i),
+                sampling=SamplingParams(temperature=0.0, max_new_tokens=40),
+            )
+        )
+        for i in range(10)
+    ]
+    await abort_all(eng, streams, 0.5)
+    assert eng.stats() == dict.fromkeys(eng.stats(), 0)
+    await eng.shutdown()
+    for name in ("thinker", "talker"):
+        assert model.components[name].blocks.num_used_blocks == 0
