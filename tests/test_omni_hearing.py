@@ -257,28 +257,27 @@ async def test_rollout_records_media_and_score_equals_recorded_logprobs(model):
 
 
 async def test_same_seed_same_bytes_and_codes_beside_other_requests(root):
-    """C1 and C3 for a media prompt under --batch-invariant: the same request twice gives the
-    same audio bytes, and beside other requests (their own media) the same codes and
-    audio, to the bit."""
-    opts = dataclasses.replace(OPTIONS, batch_invariant=True, talker_max_new_tokens=12)
+    """C1 and C3 for a media prompt under --batch-invariant: the request alone, and again with
+    the same seed beside another request (its own media, its units batched with these),
+    gives the same thinker tokens, talker codes and audio bytes."""
+    opts = dataclasses.replace(OPTIONS, batch_invariant=True, talker_max_new_tokens=6)
     bi = ModelInstance.load(build_card(str(root), opts))
-    small = SamplingParams(temperature=0.0, max_new_tokens=6)
+    small = SamplingParams(temperature=0.0, max_new_tokens=4)
     reqs = [
         _request("audio", audio_out=True, seed=1, sampling=small),
-        _request("image", audio_out=True, seed=2, sampling=small),
-        _request("audio", audio_out=True, seed=3, item=_item("audio", seed=5), sampling=small),
+        _request("audio", audio_out=True, seed=2, item=_item("audio", seed=5), sampling=small),
     ]
     eng = AsyncEngine([bi])
     alone = await collect(eng, reqs[0])
-    again = await collect(eng, dataclasses.replace(reqs[0], request_id="again"))
     together = await asyncio.gather(
         *(collect(eng, dataclasses.replace(r, request_id=f"{r.request_id}-b")) for r in reqs)
     )
     await eng.shutdown()
-    assert alone.audio.size > 0 and alone.audio.tobytes() == again.audio.tobytes()
-    codes = [r.tokens for r in alone.trajectories["talk"]]
-    assert codes == [r.tokens for r in together[0].trajectories["talk"]]
-    assert alone.audio.tobytes() == together[0].audio.tobytes()
+    for loop in ("think", "talk"):
+        tokens = [r.tokens for r in alone.trajectories[loop]]
+        assert tokens == [r.tokens for r in together[0].trajectories[loop]] and tokens
+    assert alone.audio.size > 0 and alone.audio.tobytes() == together[0].audio.tobytes()
+    assert together[1].audio.size > 0
 
 
 # ------------------------------------------------------------------ bad input, aborts
@@ -322,3 +321,78 @@ async def test_aborted_mixed_requests_leave_nothing(model):
     await eng.shutdown()
     for name in ("thinker", "talker"):
         assert model.components[name].blocks.num_used_blocks == 0
+
+
+# ------------------------------------------------------------------ /v1/chat/completions
+async def test_chat_completions_answer_media_parts(model, tmp_path):
+    """``input_audio`` and ``image_url`` parts reach the card through the server: answered
+    with text and speech, the stream equal to the whole response; a part the card cannot
+    read is a 400 naming it."""
+    import base64
+    import io
+    import json
+
+    import httpx
+    import soundfile as sf
+
+    from omnistep.server import ServerConfig, build_app
+    from tests.test_chat_media import audio_file, audio_part, data_url, image_part, png, tone
+
+    engine = AsyncEngine([model])
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    clip = audio_file(tone(1.0, 24000), 24000)
+    content = [audio_part(clip), {"type": "text", "text": "What is said?"}]
+    body = {
+        "model": "qwen2.5-omni",
+        "messages": [{"role": "user", "content": content}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "Chelsie", "format": "wav"},
+        "max_tokens": 4,
+        "temperature": 0,
+        "seed": 3,
+    }
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test/") as client:
+            r = await client.post("/v1/chat/completions", json=body, timeout=600)
+            assert r.status_code == 200, r.text
+            out = r.json()
+            message = out["choices"][0]["message"]
+            assert message["content"] and message["audio"]["transcript"] == message["content"]
+            wave, rate = sf.read(io.BytesIO(base64.b64decode(message["audio"]["data"])))
+            assert rate == 24000 and wave.size > 0
+            # the 1 s clip became 25 audio tokens in the prompt (the template has one)
+            assert out["usage"]["prompt_tokens"] >= 25
+            r = await client.post(
+                "/v1/chat/completions", json={**body, "stream": True}, timeout=600
+            )
+            assert r.status_code == 200
+            chunks = [
+                json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")
+            ]
+            deltas = [c["choices"][0]["delta"] for c in chunks if c.get("choices")]
+            text = "".join(d.get("content") or "" for d in deltas)
+            pieces = [(d.get("audio") or {}).get("data") for d in deltas]
+            streamed, _ = sf.read(io.BytesIO(b"".join(base64.b64decode(p) for p in pieces if p)))
+            assert text == message["content"]
+            assert streamed.size == wave.size and np.abs(streamed - wave).max() == 0
+            pixels = np.random.default_rng(1).integers(0, 255, (40, 60, 3), dtype=np.uint8)
+            image = [image_part(data_url(png(pixels), "image/png")), {"type": "text", "text": "?"}]
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    **body,
+                    "messages": [{"role": "user", "content": image}],
+                    "modalities": ["text"],
+                },
+                timeout=600,
+            )
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+            empty = [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]
+            r = await client.post(
+                "/v1/chat/completions",
+                json={**body, "messages": [{"role": "user", "content": empty}]},
+            )
+            assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]"
+    finally:
+        await engine.shutdown()
