@@ -8,8 +8,9 @@ alone, so its output does not depend on what else was batched.
 
 Outputs are kept in an LRU keyed by the item's ``sha256`` (``MediaItem.sha256``: its decoded
 content), so a conversation that repeats a clip or an image in later turns (a chat resends
-every earlier turn) encodes it once: a repeated item costs a dictionary look-up. The cache is
-dropped when the component's weights change.
+every earlier turn) encodes it once: a repeated item costs a dictionary look-up. The encoders
+take no weight updates (``update_weights`` reaches the LMs), so kept outputs stay valid;
+``clear`` drops them.
 
 Imports ``omnistep.core`` only (the family's ``encode`` does the tensor work).
 """
@@ -84,7 +85,7 @@ class MediaEncoderRunner:
         return [out[item.sha256] for item in payloads]
 
     def clear(self) -> None:
-        """Forget every kept output (after a weight update)."""
+        """Forget every kept output."""
         self._cache.clear()
 
     def _remember(self, key: str, encoded: Any) -> None:

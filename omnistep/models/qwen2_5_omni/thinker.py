@@ -240,7 +240,8 @@ class QwenThinker(PagedARModel):
     Attributes:
         embed_weight: ``[vocab, hidden]`` token embedding (``model.embed_tokens.weight``).
         lm_head: ``[vocab, hidden]`` output projection (``lm_head.weight``).
-        encoder_weights: audio tower / vision encoder tensors by official name (unused yet).
+        encoder_weights: audio tower / vision encoder tensors by official name when the
+            loaded state held them (the card's thinker leaves them to its ``encoder``).
     """
 
     stream_prompt_rows = True
@@ -299,7 +300,7 @@ class QwenThinker(PagedARModel):
     def _weight_tensors(self) -> dict[str, torch.Tensor]:
         """The official checkpoint's text-model names (``thinker.model.*``,
         ``thinker.lm_head.weight`` unless tied); the audio and vision encoders take no
-        updates (they do not run yet)."""
+        updates (they run in the ``encoder`` component)."""
         tensors = {
             f"thinker.model.{k}": v for k, v in self.llama.state_dict(keep_vars=True).items()
         }
