@@ -236,6 +236,54 @@ async def test_encoder_units_batch_across_requests_and_reuse_by_hash(model):
         del encoder.execute
 
 
+async def test_other_requests_keep_decoding_while_an_encoder_runs(model):
+    """A slow ENCODE batch holds back only its own request's prefill: a text chat's decode
+    steps run while it computes."""
+    import time
+
+    encoder, thinker = model.components["encoder"], model.components["thinker"]
+    encoder.clear()
+    windows: list[tuple[float, float]] = []
+    steps: list[float] = []
+    real_encode, real_think = encoder.execute, thinker.execute
+
+    def slow_encode(kind, payloads):
+        start = time.monotonic()
+        time.sleep(1.0)
+        out = real_encode(kind, payloads)
+        windows.append((start, time.monotonic()))
+        return out
+
+    def think(kind, payloads):
+        out = real_think(kind, payloads)
+        if str(kind) == "ar_token":
+            steps.append(time.monotonic())
+        return out
+
+    encoder.execute, thinker.execute = slow_encode, think
+    try:
+        text = Request(
+            "qwen2.5-omni",
+            messages=(ChatMessage("user", "tell me a long story"),),
+            seed=0,
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=40),
+            output_modalities=frozenset({Modality.TEXT}),
+        )
+        eng = AsyncEngine([model])
+        talking = eng.add_request(text)
+        first = await anext(aiter(talking))  # the text chat is decoding
+        assert first.text is not None
+        media = eng.add_request(_request("audio", sampling=SamplingParams(max_new_tokens=2)))
+        _ = [c async for c in media]
+        rest = [c async for c in talking]
+        await eng.shutdown()
+    finally:
+        del encoder.execute, thinker.execute
+    assert len(media.trajectories["think"]) == 2 and rest and len(windows) == 1
+    start, end = windows[0]
+    assert sum(start < t < end for t in steps) >= 2
+
+
 async def test_rollout_records_media_and_score_equals_recorded_logprobs(model):
     """C2 over a media prompt: the rollout records the media by hash (the encode loop's and
     the thinker prompt's), and ``score`` on the recorded prompt and tokens reproduces the
