@@ -24,6 +24,7 @@ from omnistep.core import (
     ModelInstance,
     Request,
     SamplingParams,
+    WorkUnitKind,
 )
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen2_5_omni import card as omni_card
@@ -444,3 +445,36 @@ async def test_chat_completions_answer_media_parts(model, tmp_path):
             assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]"
     finally:
         await engine.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+async def test_talker_takes_the_media_positions(model, root, kind):
+    """The talker's prefill on an image or video prompt (TMRoPE positions of the thinker's
+    prompt, the embedding part zeroed at the placeholders) equals transformers' talker
+    forward on ``generate``'s hand-off within 1e-4; 1-D positions would not."""
+    req = _request(kind, audio_out=True, sampling=SamplingParams(temperature=0.0, max_new_tokens=2))
+    (stream,), _ = await _run(model, [req])
+    prompt = stream.rollout_info["think"]["prompt"]
+    tokens = [r.tokens[0] for r in stream.trajectories["think"]]
+    clips, images, video = _reference_media(model, kind, req.media[0])
+    ref_thinker = reference.thinker_media_greedy(
+        root, prompt.ids, len(tokens), clips, images, video
+    )
+    assert ref_thinker.token_ids.tolist() == tokens
+    grids = [e.grid for e in prompt_encodings(model, req)]
+    rope = {"image_grid_thw": grids} if kind == "image" else {"video_grid_thw": grids}
+    if kind == "video":
+        rope["video_second_per_grid"] = [video[2][0]]
+    ref = reference.talker_media_prefill_logits(root, ref_thinker, "Chelsie", **rope)
+    talker_prompt = stream.rollout_info["talk"]["prompt"]
+    assert talker_prompt.positions is not None and talker_prompt.rope_delta == prompt.rope_delta
+    talker = model.components["talker"]
+    ours = talker.teacher_forced_logits(talker_prompt)[0, 0]
+    assert (ours - ref).abs().max().item() < TOL
+    flat = dataclasses.replace(talker_prompt, positions=None, rope_delta=0)
+    assert (talker.teacher_forced_logits(flat)[0, 0] - ref).abs().max().item() > 1e-3
+
+
+def prompt_encodings(model, req):
+    """The encoder's outputs for a request's media (from its cache: already encoded)."""
+    return model.components["encoder"].execute(WorkUnitKind.ENCODE, req.media)

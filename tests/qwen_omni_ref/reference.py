@@ -846,3 +846,33 @@ def thinker_media_greedy(
         token_hidden=cat(-1),
         eos_token_id=model.thinker.generation_config.eos_token_id,
     )
+
+
+def talker_media_prefill_logits(
+    root: Path, thinker: ThinkerGreedy, speaker: str, **rope_kwargs: Any
+) -> torch.Tensor:
+    """Codec logits ``[codec_vocab]`` of the talker's prefill on ``model.generate``'s hand-off
+    of a media prompt, by one talker forward WITH an attention mask (so it computes its TMRoPE
+    index from ``input_text_ids`` and ``rope_kwargs``, e.g. ``image_grid_thw``, and adds the
+    codec pad/bos embeddings: upstream's intent; ``generate`` drops an all-ones mask)."""
+    model, _ = load_reference(root)
+    inp = talker_inputs(root, thinker, speaker)
+    talker = model.talker
+    tensors = {
+        k: torch.as_tensor(v, dtype=torch.float if "second" in k else torch.long)
+        for k, v in rope_kwargs.items()
+    }
+    with _run():
+        talker.rope_deltas = None
+        out = talker(
+            input_ids=inp.input_ids,
+            input_text_ids=inp.input_text_ids,
+            inputs_embeds=inp.inputs_embeds.clone(),
+            attention_mask=torch.ones_like(inp.input_ids),
+            thinker_reply_part=inp.thinker_reply_part.clone(),
+            use_cache=False,
+            use_audio_in_video=False,
+            **tensors,
+        )
+        talker.rope_deltas = None
+    return out.logits[0, -1].float().clone()
