@@ -205,6 +205,7 @@ async def test_encoder_units_batch_across_requests_and_reuse_by_hash(model):
     repeats a clip (a chat resends its history) is answered from the encoder's cache."""
     encoder = model.components["encoder"]
     encoder.clear()
+    encoded, reused = encoder.num_encoded, encoder.num_reused
     sizes: list[int] = []
     real = encoder.execute
 
@@ -223,14 +224,15 @@ async def test_encoder_units_batch_across_requests_and_reuse_by_hash(model):
         for i, r in enumerate(reqs):
             r.request_id = f"batch-{i}"
         await _run(model, reqs)
-        assert max(sizes) >= 2 and sum(sizes) == 3 and encoder.num_encoded == 3
+        assert max(sizes) >= 2 and sum(sizes) == 3 and encoder.num_encoded - encoded == 3
         # the next turn: the first turn's clip again, plus a new image
         first = reqs[0].messages[-1]
         history = (first, ChatMessage("assistant", "ok"))
         sizes.clear()
         follow = _request("image", history=history, sampling=SamplingParams(max_new_tokens=2))
         (stream,), _ = await _run(model, [follow])
-        assert sizes == [1, 1] and encoder.num_encoded == 4 and encoder.num_reused == 1
+        assert sizes == [1, 1] and encoder.num_encoded - encoded == 4
+        assert encoder.num_reused - reused == 1
         prompt = stream.rollout_info["think"]["prompt"]
         assert prompt.media == (reqs[0].media[0].sha256, follow.media[-1].sha256)
     finally:
