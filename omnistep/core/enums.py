@@ -14,6 +14,8 @@ class LoopKind(StrEnum):
     """Codes or text segments to waveform, one chunk per unit."""
     ONESHOT = "oneshot"
     """A single unit."""
+    ENCODE = "encode"
+    """Media encoders: one ENCODE unit per media item of a request (its rows feed a prefill)."""
 
 
 class WorkUnitKind(StrEnum):
@@ -24,6 +26,8 @@ class WorkUnitKind(StrEnum):
     DENOISE_STEP = "denoise_step"
     AUDIO_CHUNK = "audio_chunk"
     ONESHOT = "oneshot"
+    ENCODE = "encode"
+    """A media encoder forward (an audio clip, an image, a video) whose rows feed a prefill."""
 
 
 class ExecutionProfile(StrEnum):

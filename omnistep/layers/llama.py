@@ -404,7 +404,9 @@ class LlamaModel(nn.Module):
         Args:
             inputs_embeds: ``[N, hidden]``, rows grouped by sequence as ``meta`` says.
             positions: LongTensor ``[N]`` on the model's device; sequence ``i``'s rows are
-                positions ``context_lens[i] - query_lens[i] ...``, as ``meta`` was built.
+                positions ``context_lens[i] - query_lens[i] ...``, as ``meta`` was built (an
+                M-RoPE stack, ``MRotaryEmbedding``, takes ``[3, N]``: a sequence's rows then
+                hold its own positions, e.g. TMRoPE's for media, in the same cache slots).
             meta: with ``batch_invariant`` set, every sequence's rows are bit-identical whatever
                 else is in the batch.
 
@@ -433,7 +435,8 @@ class LlamaModel(nn.Module):
 
         Args:
             inputs_embeds: ``[N, hidden]`` rows of one sequence, in order.
-            positions: LongTensor ``[N]``; default ``0 .. N-1``.
+            positions: LongTensor ``[N]``, or ``[R, N]`` for a multi-row rope (M-RoPE's
+                ``MRotaryEmbedding``); default ``0 .. N-1``.
             prefill_len: None: plain causal attention, one SDPA call over all rows (the
                 training shape). An int in ``[1, N]``: rows ``[0, prefill_len)`` attend as one
                 prefill and every later row as one decode step over the rows before it,
@@ -459,7 +462,7 @@ class LlamaModel(nn.Module):
         device = inputs_embeds.device
         if positions is None:
             positions = torch.arange(num_tokens, device=device)
-        if positions.shape != (num_tokens,):
+        if positions.ndim not in (1, 2) or positions.shape[-1] != num_tokens:
             raise ValueError(f"positions {tuple(positions.shape)} for {num_tokens} rows")
         pieces = (prefill_len,) if isinstance(prefill_len, int) else prefill_len
         if pieces is not None and (not pieces or min(pieces) < 1 or sum(pieces) > num_tokens):
@@ -487,6 +490,7 @@ class LlamaModel(nn.Module):
         prefill_lens: Sequence[int | Sequence[int] | None] | None = None,
         batch_invariant: bool = False,
         shared: Sequence[tuple[int, int] | None] | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``forward_dense`` of several whole sequences packed into one call: the row-wise
         work (projections, MLP, norms) runs once over every sequence's rows, attention per
@@ -510,6 +514,8 @@ class LlamaModel(nn.Module):
                 earlier sequence ``j`` (a group's common prompt), computed once there; its
                 own ``seq_lens[i]`` rows are its rows ``P..``, each a decode row (one
                 attention call per row under ``batch_invariant``, as serving decoded them).
+            positions: LongTensor ``[sum(seq_lens)]`` or ``[R, sum(seq_lens)]`` (M-RoPE);
+                None: ``offset .. offset + N_i - 1`` per sequence (its shared prompt's length).
 
         Returns:
             ``[sum(seq_lens), hidden]`` after the final norm.
@@ -547,9 +553,12 @@ class LlamaModel(nn.Module):
             else:
                 query_lens += [*pieces] + [1] * (n - sum(pieces))
         device = inputs_embeds.device
-        positions = torch.cat(
-            [torch.arange(o, o + n, device=device) for n, o in zip(lens, offsets, strict=True)]
-        )
+        if positions is None:
+            positions = torch.cat(
+                [torch.arange(o, o + n, device=device) for n, o in zip(lens, offsets, strict=True)]
+            )
+        elif positions.shape[-1] != sum(lens):
+            raise ValueError(f"positions {tuple(positions.shape)} for {sum(lens)} rows")
         starts = [0, *itertools.accumulate(lens)]
         per_row = [batch_invariant and p is not None for p in pieces_of]
         if len(lens) > 1 and not batch_invariant:  # one causal call per sequence

@@ -112,3 +112,54 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}, max_positions={self.max_positions}"
+
+
+class MRotaryEmbedding(RotaryEmbedding):
+    """Multimodal rope (M-RoPE) of Qwen2-VL / Qwen2.5-Omni: the ``head_dim // 2`` frequencies
+    are cut by ``mrope_section`` into (temporal, height, width) sections, each taking its angle
+    from that row of three-row positions; the layout repeats over both halves of the head
+    (transformers' ``Qwen2_5OmniRotaryEmbedding`` + ``apply_multimodal_rotary_pos_emb``).
+
+    Values are looked up in the same table as ``RotaryEmbedding`` (a column of row ``r`` is
+    that position's 1-D cos/sin), so three equal rows give exactly the 1-D rope of that
+    position: a text-only prompt is bit-identical either way.
+
+    Args:
+        mrope_section: frequencies per section, summing to ``head_dim // 2``.
+
+    Raises:
+        ValueError: sections that do not sum to ``head_dim // 2``.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        max_positions: int,
+        mrope_section: tuple[int, ...],
+        device: torch.device | str | None = None,
+    ):
+        super().__init__(head_dim, theta, max_positions, device)
+        if sum(mrope_section) * 2 != head_dim:
+            raise ValueError(
+                f"mrope_section={mrope_section} must sum to head_dim/2 = {head_dim // 2}"
+            )
+        self.mrope_section = tuple(int(s) for s in mrope_section)
+        rows = torch.repeat_interleave(
+            torch.arange(len(mrope_section)), torch.tensor(self.mrope_section)
+        )
+        # column j of cos/sin takes its angle from position row ``section_rows[j]``
+        self.register_buffer("section_rows", torch.cat([rows, rows]).to(device), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[N, head_dim]`` in ``dtype`` for LongTensor positions ``[N]`` (1-D
+        rope) or ``[len(mrope_section), N]`` (one row per section)."""
+        if positions.ndim == 1:
+            return super().forward(positions, dtype)
+        num = positions.shape[1]
+        index = self.section_rows.view(1, 1, -1).expand(1, num, -1)  # [1, N, head_dim]
+        cos = self.cos_cached[positions].gather(0, index)[0]  # [R, N, D] -> [N, D]
+        sin = self.sin_cached[positions].gather(0, index)[0]
+        return cos.to(dtype), sin.to(dtype)

@@ -1,4 +1,5 @@
-"""Generic loops shared by model families: AR decode and chunked audio decode.
+"""Generic loops shared by model families: AR decode, chunked audio decode, denoise and media
+encoding (``encode.EncodeLoop``).
 
 Imports ``omnistep.core`` only (and numpy); model specifics arrive through payloads and configs.
 """

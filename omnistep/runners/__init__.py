@@ -9,6 +9,8 @@
 - ``flow_matching``: the flow-matching ODE / SDE math of a denoise runner (time schedule,
   Kutta's 3/8 RK4 step, classifier-free guidance, Flow-GRPO's SDE step and its log-prob,
   per-frame and per-step noise).
+- ``encoder.MediaEncoderRunner``: the ENCODE component over a family's batched media
+  encoders (Qwen2.5-Omni's audio tower and vision encoder), outputs kept by content hash.
 - ``options.ServingOptions``: the KV/batching fields every family's options share, and the
   one ``KVCacheConfig.from_memory`` call they feed.
 

@@ -15,6 +15,9 @@ a batch of one takes the same path. A family subclass says only what is its own:
                             sequence, and differentiable in the weights it derives from
                             (default: ``_head``)
     _stream(rows, hidden)   what each output carries in ``ARStepOutput.hidden`` (default: None)
+    _prompt_positions(p)    ``(positions [position_rows, L], delta)`` of a prompt whose rows do
+                            not sit at ``0..L-1`` (M-RoPE media prompts; later rows continue at
+                            ``index + delta``, decode steps too); default None: row indices
 
 Frames are tuples of ``num_codebooks`` ids (1 for a text LM, 4 for ChatTTS's codebooks).
 
@@ -176,6 +179,10 @@ class PagedARModel:
     serving: bool = True
     """False on a ``training_copy``: it scores and trains, and never runs units."""
 
+    position_rows: int = 1
+    """Rows of rope positions the stack takes: 1, or 3 for an M-RoPE family (its
+    ``llama.rotary_emb`` an ``MRotaryEmbedding``)."""
+
     SERVING_STATE = (
         "cache",
         "table",
@@ -185,6 +192,7 @@ class PagedARModel:
         "_prefixes",
         "_admitted",
         "_waiting_rows",
+        "_position_deltas",
     )
     """Attributes a ``training_copy`` leaves out (the KV pool and its bookkeeping)."""
 
@@ -214,6 +222,8 @@ class PagedARModel:
         self._prefix_ids = itertools.count()
         self._admitted: _Admitted | None = None  # prefills ``admit`` took blocks for
         self._waiting_rows: tuple[ARPrefillInput, torch.Tensor] | None = None  # not admitted
+        # sequences whose decode positions are not their row index (``_prompt_positions``)
+        self._position_deltas: dict[str, int] = {}
         self.num_refused_prefills = 0
         """Prefills ``execute`` found no room for (answered preempted): 0 when the scheduler
         admits them (``admit``)."""
@@ -266,6 +276,13 @@ class PagedARModel:
     def _weights_updated(self, names: set[str]) -> None:
         """Refresh what the family derives from the updated tensors (e.g. folded heads).
         Pre-packed linears need nothing: they repack when a weight's version changes."""
+
+    def _prompt_positions(self, prompt: Any) -> tuple[torch.Tensor, int] | None:
+        """``(positions, delta)`` of a prompt whose ``L`` rows do not sit at ``0 .. L-1``
+        (Qwen's TMRoPE of media): LongTensor ``[position_rows, L]``, and the offset of every
+        later row (generated frames: row ``i`` at ``i + delta``). None (the default): each
+        row's position is its index."""
+        return None
 
     def _prompt_prefix(self, prompt: Any) -> tuple[Hashable, int] | None:
         """``(label, num_rows)``: the prompt's first ``num_rows`` input rows are shared with
@@ -341,6 +358,7 @@ class PagedARModel:
         """Free the sequence's KV blocks (those it shares stay with their other holders) and
         forget a group prompt it computed (idempotent)."""
         self.table.free(seq_id)
+        self._position_deltas.pop(seq_id, None)
         self._forget_shared(seq_id)
 
     def _forget_shared(self, seq_id: str) -> None:
@@ -503,7 +521,7 @@ class PagedARModel:
         """``_score_hidden`` of several trajectories, in one ``forward_packed``."""
         if len(prompts) != len(frames_of) or not prompts:
             raise ValueError(f"{len(prompts)} prompts for {len(frames_of)} trajectories")
-        rows, lens, query_lens, pieces_of, prompt_lens = [], [], [], [], []
+        rows, lens, query_lens, pieces_of, prompt_lens, positions = [], [], [], [], [], []
         shared: list[tuple[int, int] | None] = []
         firsts: dict[Hashable, int] = {}  # (prompt key, prompt rows) -> its first trajectory
         for i, (prompt, frames) in enumerate(zip(prompts, frames_of, strict=True)):
@@ -520,6 +538,7 @@ class PagedARModel:
             first = self._shared_prompt(firsts, x[:prompt_len], i, num_rows, match_serving)
             if first is not None:  # a group's prompt computed once: only the frames' rows
                 shared.append((first, prompt_len))
+                positions.append(self._positions(prompt, prompt_len, num_rows))
                 rows.append(x[prompt_len:])
                 lens.append(num_rows - prompt_len)
                 query_lens += [1] * (num_rows - prompt_len)
@@ -536,9 +555,10 @@ class PagedARModel:
                 pieces_of.append(None)
             rows.append(x)
             lens.append(num_rows)
+            positions.append(self._positions(prompt, 0, num_rows))
         embeds = self._lm_inputs(torch.cat(rows) if len(rows) > 1 else rows[0], query_lens)
         hidden = self.llama.forward_packed(
-            embeds, lens, pieces_of, self.batch_invariant, shared
+            embeds, lens, pieces_of, self.batch_invariant, shared, torch.cat(positions, dim=-1)
         ).split(lens)
         out = []
         for h, p, share in zip(hidden, prompt_lens, shared, strict=True):
@@ -680,6 +700,42 @@ class PagedARModel:
         """Sequences freed so far to make room for older ones."""
         return self.table.num_preemptions
 
+    # ------------------------------------------------------------ positions
+    def _positions(self, prompt: Any, start: int, end: int) -> torch.Tensor:
+        """Rope positions of rows ``start .. end - 1`` of a sequence with ``prompt``: LongTensor
+        ``[n]``, or ``[position_rows, n]`` for an M-RoPE family, on the device."""
+        given = self._prompt_positions(prompt)
+        if given is None:
+            positions = torch.arange(start, end, device=self.device)
+        else:
+            table, delta = given
+            num_prompt = table.shape[-1]
+            head = table[..., start : min(end, num_prompt)].to(self.device)
+            tail = torch.arange(max(start, num_prompt), end, device=self.device) + delta
+            positions = torch.cat([head, tail.expand(*head.shape[:-1], -1)], dim=-1)
+        if self.position_rows > 1 and positions.ndim == 1:
+            positions = positions.expand(self.position_rows, -1)
+        return positions
+
+    def _step_positions(self, seq_ids: Sequence[str]) -> torch.Tensor:
+        """Positions of each sequence's next row (its last cached one), ``[B]`` or
+        ``[position_rows, B]``."""
+        deltas = self._position_deltas
+        positions = torch.tensor(
+            [self.lengths[s] - 1 + deltas.get(s, 0) for s in seq_ids], device=self.device
+        )
+        if self.position_rows > 1:
+            positions = positions.expand(self.position_rows, -1)
+        return positions
+
+    def _note_positions(self, unit: ARPrefillInput) -> None:
+        """Remember the decode offset of a sequence whose prompt has its own positions."""
+        given = self._prompt_positions(unit.prompt)
+        if given is None or given[1] == 0:
+            self._position_deltas.pop(unit.seq_id, None)
+        else:
+            self._position_deltas[unit.seq_id] = given[1]
+
     # ------------------------------------------------------------ prefill / decode
     def _prefill(self, units: Sequence[ARPrefillInput]) -> list[ARStepOutput]:
         batch, self._admitted = self._admitted or _Admitted(), None
@@ -730,6 +786,7 @@ class PagedARModel:
         for i in forks:
             shared = self._shared[keys[i]]
             self.table.fork(shared.seq_id, units[i].seq_id, shared.num_tokens)
+            self._note_positions(units[i])
             self._on_admit(units[i])
             rows_out[i] = (shared.last_hidden, shared.stream)
         done = sorted(rows_out)
@@ -782,12 +839,17 @@ class PagedARModel:
         sequence already holds). Per unit, the final hidden state of its last row ``[hidden]``
         and what its output streams."""
         for unit in units:
+            self._note_positions(unit)
             self._on_admit(unit)
         lens = [x.shape[0] for x in inputs]
         rows = torch.cat(inputs)
         ends_at = [self.lengths[u.seq_id] for u in units]
         positions = torch.cat(
-            [torch.arange(e - n, e, device=self.device) for n, e in zip(lens, ends_at, strict=True)]
+            [
+                self._positions(u.prompt, e - n, e)
+                for u, n, e in zip(units, lens, ends_at, strict=True)
+            ],
+            dim=-1,
         )
         hidden = self._forward(rows, positions, [u.seq_id for u in units], lens)
         ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
@@ -948,9 +1010,7 @@ class PagedARModel:
             return results
         run_units = [units[i] for i in keep]
         rows = self._step_inputs(run_units)  # [B, in_dim]
-        positions = torch.tensor(
-            [self.lengths[u.seq_id] - 1 for u in run_units], device=self.device
-        )
+        positions = self._step_positions([u.seq_id for u in run_units])
         hidden = self._forward(rows, positions, [u.seq_id for u in run_units], [1] * len(keep))
         streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
         for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
@@ -1054,8 +1114,9 @@ class PagedARModel:
         try:
             self.blocks.allocate(seq_id, num_tokens)
             self.lengths[seq_id] = num_tokens
+            self._note_positions(first)
             self._on_admit(first)
-            positions = torch.arange(num_tokens, device=self.device)
+            positions = self._positions(first.prompt, 0, num_tokens)
             hidden = self._forward(inputs, positions, [seq_id], [num_tokens])
             # the head per forward, as generation applies it (the GEMM shape changes the last
             # bits)
@@ -1063,7 +1124,7 @@ class PagedARModel:
             for unit in steps:
                 self.lengths[seq_id] += 1
                 self.blocks.allocate(seq_id, self.lengths[seq_id])
-                position = torch.tensor([self.lengths[seq_id] - 1], device=self.device)
+                position = self._step_positions([seq_id])
                 hidden = self._forward(self._step_inputs([unit]), position, [seq_id], [1])
                 logits.append(self._head(hidden, seq_id))
         finally:

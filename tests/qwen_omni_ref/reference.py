@@ -777,3 +777,102 @@ def thinker_media_logits(
             input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **kwargs
         )
     return out.logits[0].float().clone()
+
+
+def _media_kwargs(
+    clips: Sequence[Any] = (), images: Sequence[Any] = (), video: tuple[Any, Any, Any] | None = None
+) -> dict[str, Any]:
+    """The thinker's media inputs as the processor makes them (see ``thinker_media_logits``)."""
+    kwargs: dict[str, Any] = {}
+    if clips:
+        kwargs["input_features"], kwargs["feature_attention_mask"] = mel_features(clips)
+    if images:
+        kwargs["pixel_values"], kwargs["image_grid_thw"] = image_inputs(images)
+    if video is not None:
+        patches, grids, seconds = video
+        kwargs["pixel_values_videos"] = torch.as_tensor(patches)
+        kwargs["video_grid_thw"] = torch.as_tensor(grids, dtype=torch.long)
+        kwargs["video_second_per_grid"] = torch.as_tensor(seconds, dtype=torch.float)
+    return kwargs
+
+
+def thinker_media_greedy(
+    root: Path,
+    input_ids: Sequence[int],
+    steps: int,
+    clips: Sequence[Any] = (),
+    images: Sequence[Any] = (),
+    video: tuple[Any, Any, Any] | None = None,
+) -> ThinkerGreedy:
+    """``thinker_greedy`` of an expanded media prompt (one placeholder per encoder row) with
+    its media (as ``thinker_media_logits``), an all-ones attention mask passed (so the
+    thinker computes its TMRoPE index). ``prompt_embeds`` are zero at the placeholders, as
+    ``model.generate`` hands them to the talker."""
+    model, _ = load_reference(root)
+    ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    with _run():
+        res = model.thinker.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=steps,
+            do_sample=False,
+            output_hidden_states=True,
+            output_logits=True,
+            return_dict_in_generate=True,
+            use_audio_in_video=False,
+            **_media_kwargs(clips, images, video),
+        )
+    hs = res.hidden_states
+    n = res.sequences.shape[1] - ids.shape[1]
+    cfg = model.config.thinker_config
+    placeholders = torch.tensor(
+        [cfg.audio_token_index, cfg.image_token_index, cfg.video_token_index]
+    )
+    embeds = hs[0][0][0].float().clone()
+    embeds[torch.isin(ids[0], placeholders)] = 0.0
+
+    def cat(layer: int) -> torch.Tensor:
+        if len(hs) < 2:
+            return torch.zeros(0, hs[0][layer].shape[-1])
+        return torch.cat([step[layer][0] for step in hs[1:]], dim=0).float().clone()
+
+    return ThinkerGreedy(
+        prompt_ids=ids[0].clone(),
+        token_ids=res.sequences[0, ids.shape[1] :].clone(),
+        logits=torch.stack([lg[0] for lg in res.logits[:n]]).float().clone(),
+        prompt_embeds=embeds,
+        prompt_hidden=hs[0][-1][0].float().clone(),
+        token_embeds=cat(0),
+        token_hidden=cat(-1),
+        eos_token_id=model.thinker.generation_config.eos_token_id,
+    )
+
+
+def talker_media_prefill_logits(
+    root: Path, thinker: ThinkerGreedy, speaker: str, **rope_kwargs: Any
+) -> torch.Tensor:
+    """Codec logits ``[codec_vocab]`` of the talker's prefill on ``model.generate``'s hand-off
+    of a media prompt, by one talker forward WITH an attention mask (so it computes its TMRoPE
+    index from ``input_text_ids`` and ``rope_kwargs``, e.g. ``image_grid_thw``, and adds the
+    codec pad/bos embeddings: upstream's intent; ``generate`` drops an all-ones mask)."""
+    model, _ = load_reference(root)
+    inp = talker_inputs(root, thinker, speaker)
+    talker = model.talker
+    tensors = {
+        k: torch.as_tensor(v, dtype=torch.float if "second" in k else torch.long)
+        for k, v in rope_kwargs.items()
+    }
+    with _run():
+        talker.rope_deltas = None
+        out = talker(
+            input_ids=inp.input_ids,
+            input_text_ids=inp.input_text_ids,
+            inputs_embeds=inp.inputs_embeds.clone(),
+            attention_mask=torch.ones_like(inp.input_ids),
+            thinker_reply_part=inp.thinker_reply_part.clone(),
+            use_cache=False,
+            use_audio_in_video=False,
+            **tensors,
+        )
+        talker.rope_deltas = None
+    return out.logits[0, -1].float().clone()

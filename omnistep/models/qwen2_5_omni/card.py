@@ -1,6 +1,11 @@
 """The ``qwen2_5_omni`` card: thinker -> talker -> token2wav (DiT ODE + BigVGAN).
 
-Program: ``frontend`` (chat template -> prompt ids, voice -> speaker) -> ``think`` (an
+Program: ``frontend`` (chat template -> prompt ids, voice -> speaker, the request's media
+items) -> ``encode`` (an ``EncodeLoop`` on the ``encoder``, a ``MediaEncoderRunner`` over the
+audio tower and vision encoder: one ENCODE unit per item, batched with other requests' items
+of its kind, outputs reused by content hash; only for requests with media) -> ``media_prompt``
+(placeholders expanded, encoder rows and TMRoPE positions: a ``ThinkerPrompt``; text-only
+prompts stay token ids) -> ``think`` (an
 ARDecodeLoop on the ``thinker``: text deltas are streamed as decoded, and every step's talker
 conditioning row goes on the ``thinker_rows`` Channel) and, at the same time, ``talk`` (the
 ``TalkerLoop`` on the ``talker``: it starts as soon as the thinker has streamed its prompt rows
@@ -19,7 +24,13 @@ accepted and map to the first speaker (Chelsie). Thinker sampling defaults come 
 ``generation_config.json`` (greedy when it does not sample); the talker's are transformers'
 ``generate`` defaults (temperature 0.9, top_k 40, top_p 0.8, repetition penalty 1.05).
 
-This module declares the card only: ``frontend`` (kernel node, tokenizer), ``thinker``,
+Media inputs (``Capability.AUDIO_INPUT``, ``IMAGE_INPUT``, ``VIDEO_INPUT``) are declared when
+the folder holds both towers (``thinker.audio_tower.*`` and ``thinker.visual.*``); the
+encoder then is a component of its own. A video's audio track is not used
+(``use_audio_in_video`` False).
+
+This module declares the card only: ``frontend`` (kernel node, tokenizer), ``encoders`` and
+``media_prompt`` (media), ``thinker``,
 ``talker`` and ``talker_loop``, ``dit`` and ``dit_component`` (the DENOISE_STEP component),
 ``bigvgan`` (run by the runner plane's ``ChunkVocoder``), ``loader``.
 """
@@ -55,14 +66,19 @@ from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop, whole_utterance
+from omnistep.loops.encode import EncodeConfig, EncodeLoop
 from omnistep.models.qwen2_5_omni.dit import DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.dit_component import DIT_PREFIX, DiTComponent, token2wav_starts
-from omnistep.models.qwen2_5_omni.frontend import ChatFrontend, load_tokenizer
+from omnistep.models.qwen2_5_omni.encoders import OmniEncoders, read_preprocessor
+from omnistep.models.qwen2_5_omni.frontend import ChatFrontend, MediaRules, load_tokenizer
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
+from omnistep.models.qwen2_5_omni.media_prompt import thinker_prompt
+from omnistep.models.qwen2_5_omni.mrope import MediaTokenIds
 from omnistep.models.qwen2_5_omni.talker import TALKER_GENERATE_DEFAULTS, load_talker
 from omnistep.models.qwen2_5_omni.talker_loop import TalkerLoop
-from omnistep.models.qwen2_5_omni.thinker import load_thinker
+from omnistep.models.qwen2_5_omni.thinker import ENCODER_PREFIXES, load_thinker
 from omnistep.models.qwen2_5_omni.token2wav import load_token2wav_part
+from omnistep.runners.encoder import MediaEncoderRunner
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
 from omnistep.sampling import SamplingRow
@@ -91,6 +107,8 @@ class QwenOmniOptions(ServingOptions):
             use greedy).
         first_audio_alone: a request's thinker and talker wait while its first audio chunk is
             being made (``ModelCard.first_audio_alone``; EDF scheduling only).
+        encoder_cache_items: encoder outputs kept by content hash (``MediaEncoderRunner``),
+            so a conversation's repeated media is encoded once.
     """
 
     thinker_max_new_tokens: int = 1024
@@ -101,6 +119,44 @@ class QwenOmniOptions(ServingOptions):
     vocoder_context: int = 34
     dit_chunking: DiTChunking | None = field(default_factory=DiTChunking)
     first_audio_alone: bool = True
+    encoder_cache_items: int = 64
+
+
+MEDIA_CAPABILITIES = {
+    "thinker.audio_tower.": (Capability.AUDIO_INPUT,),
+    "thinker.visual.": (Capability.IMAGE_INPUT, Capability.VIDEO_INPUT),
+}
+"""The media inputs a folder's towers give, by tensor name prefix."""
+
+
+def media_capabilities(files: QwenOmniFiles) -> frozenset[Capability]:
+    """The media input capabilities of a folder: all three when it holds both towers (the
+    encoder component loads both), else none."""
+    names = files.tensor_names()
+    present = [any(n.startswith(prefix) for n in names) for prefix in MEDIA_CAPABILITIES]
+    if not all(present):
+        return frozenset()
+    return frozenset(c for caps in MEDIA_CAPABILITIES.values() for c in caps)
+
+
+class MediaPromptNode:
+    """The ``media_prompt`` kernel node: ``chat_ids`` + the ENCODE outputs -> the thinker's
+    prompt (a ``ThinkerPrompt``; the ids unchanged when the request has no media)."""
+
+    def __init__(self, ids: MediaTokenIds, spatial_merge_size: int):
+        self.ids = ids
+        self.spatial_merge_size = spatial_merge_size
+
+    def __call__(self, ctx: ProgramContext) -> None:
+        media, encoded = ctx.slots["media"], ctx.slots.get("encoded")
+        if not media:
+            ctx.slots["thinker_prompt"] = ctx.slots["chat_ids"]
+            return
+        prompt = thinker_prompt(
+            ctx.slots["chat_ids"], self.ids, media, encoded, self.spatial_merge_size
+        )
+        ctx.slots["thinker_prompt"] = prompt
+        ctx.usage["input_tokens"] = len(prompt.ids)
 
 
 def thinker_sampling(generation: dict[str, Any]):
@@ -175,6 +231,8 @@ def build_card(
     talker_cfg = config["talker_config"]
     text = config["thinker_config"].get("text_config", config["thinker_config"])
     eos_ids = thinker_eos_ids(files.generation_config(), tokenizer)
+    media_caps = media_capabilities(files)
+    preprocessor = read_preprocessor(files.root)
 
     def kv_for(cfg: dict[str, Any]) -> KVCacheConfig:
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -184,8 +242,16 @@ def build_card(
     def build_thinker(device: str):
         check_device(device)
         state = files.tensors("thinker.")
+        state = {k: v for k, v in state.items() if not k.startswith(ENCODER_PREFIXES)}
         thinker_embed["weight"] = state.get("model.embed_tokens.weight")
         return load_thinker(state, config, kv_for(text), device, opts.dtype, opts.batch_invariant)
+
+    def build_encoder(device: str) -> MediaEncoderRunner:
+        check_device(device)
+        encoders = OmniEncoders.from_folder(files.root, device=device, dtype=opts.dtype)
+        return MediaEncoderRunner(
+            encoders.encode_items, opts.batch_invariant, opts.encoder_cache_items
+        )
 
     # Each half of token2wav reads only its own tensors, so a process that builds one of
     # them (a Ray actor) holds only its weights.
@@ -288,7 +354,19 @@ def build_card(
         report_frames=True,  # else it waits behind thinker and talker steps (EDF)
     )
     wants_audio = lambda req: Modality.AUDIO in req.output_modalities  # noqa: E731
-    frontend = ChatFrontend(tokenizer, speakers)
+    rules = MediaRules(
+        media_caps, int(preprocessor["sampling_rate"]), float(preprocessor["chunk_length"])
+    )
+    frontend = ChatFrontend(tokenizer, speakers, rules)
+    thinker_cfg = config["thinker_config"]
+    merge = int(thinker_cfg.get("vision_config", {}).get("spatial_merge_size", 2))
+    has_media = lambda req: bool(req.media)  # noqa: E731
+    # no towers: no encode loop (the frontend refuses requests with media)
+    encode_nodes = (
+        (LoopNode("encode", "encode", needs=("media",), binds="encoded", when=has_media),)
+        if media_caps
+        else ()
+    )
     program = Program(
         inputs=("request",),
         nodes=(
@@ -296,7 +374,14 @@ def build_card(
                 "frontend",
                 frontend,
                 needs=("request",),
-                binds=("thinker_prompt", "speaker"),
+                binds=("chat_ids", "media", "speaker"),
+            ),
+            *encode_nodes,
+            KernelNode(
+                "media_prompt",
+                MediaPromptNode(MediaTokenIds.from_config(config), merge),
+                needs=("chat_ids", "media", *(("encoded",) if media_caps else ())),
+                binds=("thinker_prompt",),
             ),
             LoopNode(
                 "think",
@@ -326,16 +411,32 @@ def build_card(
         ),
     )
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
+    encoder_parts = ()
+    if media_caps:
+        encoder_parts = (
+            ComponentSpec(
+                "encoder", build_encoder, opts.max_batch_size, "audio tower + vision encoder"
+            ),
+            LoopSpec(
+                "encode",
+                LoopKind.ENCODE,
+                (WorkUnitKind.ENCODE,),
+                ("encoder",),
+                lambda: EncodeLoop(EncodeConfig("encode", "encoder", "media")),
+            ),
+        )
     return ModelCard(
         card_id=CARD_ID,
         family="qwen2_5_omni",
         components=(
+            *encoder_parts[:1],
             ComponentSpec("thinker", build_thinker, opts.max_batch_size, "Qwen2.5 thinker LM"),
             ComponentSpec("talker", build_talker, opts.max_batch_size, "codec talker LM"),
             ComponentSpec("dit", build_dit, opts.max_batch_size, "token2wav DiT (flow matching)"),
             ComponentSpec("bigvgan", build_bigvgan, opts.max_batch_size, "token2wav BigVGAN"),
         ),
         loops=(
+            *encoder_parts[1:],
             LoopSpec(
                 "think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: ARDecodeLoop(think)
             ),
@@ -356,8 +457,9 @@ def build_card(
             ),
         ),
         program=program,
-        capabilities=frozenset({Capability.CHAT_TEXT, Capability.CHAT_AUDIO}),
+        capabilities=frozenset({Capability.CHAT_TEXT, Capability.CHAT_AUDIO, *media_caps}),
         sample_rate=24000,
+        media_sample_rate=int(preprocessor["sampling_rate"]),
         voices=tuple(speakers),
         default_voice=next(iter(speakers)),
         voice_validator=frontend.speaker_name,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,21 @@ def read_preprocessor(root: str | Path | None) -> dict[str, Any]:
         raw = json.loads(path.read_text())
         settings.update({k: raw[k] for k in PREPROCESSOR_DEFAULTS if k in raw})
     return settings
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedMedia:
+    """One media item as the thinker takes it (an ENCODE unit's output).
+
+    Attributes:
+        rows: float32 ``[num_tokens, thinker hidden]`` on the CPU: one row per placeholder.
+        grid: ``(t, h, w)`` patch grid of an image or video (None for audio).
+        seconds_per_grid: a video's seconds per temporal patch (None otherwise).
+    """
+
+    rows: torch.Tensor
+    grid: tuple[int, int, int] | None = None
+    seconds_per_grid: float | None = None
 
 
 class MediaFeatures:
@@ -217,10 +233,7 @@ class OmniEncoders:
         if not images:
             return []
         pairs = [self.features.image_patches(self._pixels(i)) for i in images]
-        patches, grids = [p for p, _ in pairs], [g for _, g in pairs]
-        rows = self.vision(self._tensor(np.concatenate(patches)), grids)
-        unit = self.vision.config.spatial_merge_size**2
-        return list(rows.split([t * h * w // unit for t, h, w in grids]))
+        return self._vision_rows([p for p, _ in pairs], [g for _, g in pairs])
 
     @torch.inference_mode()
     def encode_videos(self, videos: Sequence[MediaItem]) -> list[torch.Tensor]:
@@ -228,10 +241,43 @@ class OmniEncoders:
         if not videos:
             return []
         outs = [self.features.video_patches(self._frames(v), v.fps or VIDEO_FPS) for v in videos]
-        grids = [g for _, g, _ in outs]
-        rows = self.vision(self._tensor(np.concatenate([p for p, _, _ in outs])), grids)
+        return self._vision_rows([p for p, _, _ in outs], [g for _, g, _ in outs])
+
+    def _vision_rows(
+        self, patches: Sequence[np.ndarray], grids: Sequence[tuple[int, int, int]]
+    ) -> list[torch.Tensor]:
+        """The vision encoder over the items' patches in one forward; rows per item."""
+        rows = self.vision(self._tensor(np.concatenate(patches)), list(grids))
         unit = self.vision.config.spatial_merge_size**2
         return list(rows.split([t * h * w // unit for t, h, w in grids]))
+
+    @torch.inference_mode()
+    def encode_items(self, items: Sequence[MediaItem]) -> list[EncodedMedia]:
+        """``EncodedMedia`` per item, all of one kind, in one forward (features computed once:
+        the grids come with the rows). The ENCODE component's ``encode``.
+
+        Raises:
+            ValueError: items of several kinds, or an item ``encode_*`` refuses.
+        """
+        kinds = {item.kind for item in items}
+        if len(kinds) > 1:
+            raise ValueError(f"one kind per encoder batch, got {sorted(kinds)}")
+        if not items:
+            return []
+        kind = items[0].kind
+        if kind is MediaKind.AUDIO:
+            return [EncodedMedia(self._host(r)) for r in self.encode_audio(items)]
+        if kind is MediaKind.IMAGE:
+            pairs = [self.features.image_patches(self._pixels(i)) for i in items]
+            rows = self._vision_rows([p for p, _ in pairs], [g for _, g in pairs])
+            return [EncodedMedia(self._host(r), g) for r, (_, g) in zip(rows, pairs, strict=True)]
+        outs = [self.features.video_patches(self._frames(v), v.fps or VIDEO_FPS) for v in items]
+        rows = self._vision_rows([p for p, _, _ in outs], [g for _, g, _ in outs])
+        return [EncodedMedia(self._host(r), g, s) for r, (_, g, s) in zip(rows, outs, strict=True)]
+
+    @staticmethod
+    def _host(rows: torch.Tensor) -> torch.Tensor:
+        return rows.detach().float().cpu()
 
     def video_grids(self, videos: Sequence[MediaItem]) -> list[tuple[tuple[int, int, int], float]]:
         """``((t, h, w), seconds per temporal patch)`` of each video (for ``mrope``)."""

@@ -1,5 +1,12 @@
 """The ``frontend`` kernel node of Qwen2.5-Omni (chat template -> thinker prompt ids, voice ->
-speaker entry of ``spk_dict.pt``) and the folder's tokenizer.
+speaker entry of ``spk_dict.pt``; media parts -> placeholders and the request's media items)
+and the folder's tokenizer.
+
+A message with media parts (``ChatMessage.parts``) goes to the chat template as a list of
+content parts, ``{"type": "audio"}``, ``{"type": "image"}``, ``{"type": "video"}`` and
+``{"type": "text", "text": ...}``, in the request's order, as ``Qwen2_5OmniProcessor``'s
+callers write it; the template puts one placeholder (``<|AUDIO|>``, ``<|IMAGE|>``,
+``<|VIDEO|>``) per item, which the ``media_prompt`` node expands once the items are encoded.
 
 Imports: ``omnistep.core``; ``transformers`` inside ``load_tokenizer``.
 """
@@ -7,18 +14,83 @@ Imports: ``omnistep.core``; ``transformers`` inside ``load_tokenizer``.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from omnistep.core import OPENAI_VOICES, InvalidRequestError, ProgramContext
+from omnistep.core import (
+    OPENAI_VOICES,
+    Capability,
+    ChatMessage,
+    InvalidRequestError,
+    MediaItem,
+    MediaKind,
+    ProgramContext,
+)
+
+
+@dataclass(frozen=True)
+class MediaRules:
+    """What media the card's encoders take.
+
+    Attributes:
+        capabilities: the media input capabilities of the folder (its towers).
+        sample_rate: Hz audio items must have (the feature extractor's, 16 kHz).
+        max_audio_seconds: the longest clip the feature extractor reads (its ``chunk_length``,
+            300 s published: the processor cuts longer clips there).
+    """
+
+    capabilities: frozenset[Capability] = frozenset()
+    sample_rate: int = 16000
+    max_audio_seconds: float = 300.0
+
+    def check(self, item: MediaItem) -> None:
+        """Raises InvalidRequestError naming the item's request part (``MediaItem.source``):
+        a kind without its encoder (``unsupported_modality``), audio at another rate
+        (``invalid_audio``) or longer than ``max_audio_seconds`` (``audio_too_long``)."""
+        param = item.source or "messages"
+        if item.kind.capability not in self.capabilities:
+            raise InvalidRequestError(
+                f"{param}: this checkpoint has no {item.kind} encoder",
+                param=param,
+                code="unsupported_modality",
+            )
+        if item.kind is not MediaKind.AUDIO:
+            return
+        if item.sample_rate != self.sample_rate:
+            raise InvalidRequestError(
+                f"{param}: audio must be {self.sample_rate} Hz mono, got {item.sample_rate} Hz",
+                param=param,
+                code="invalid_audio",
+            )
+        if item.data.shape[0] > self.max_audio_seconds * self.sample_rate:
+            raise InvalidRequestError(
+                f"{param} lasts {item.data.shape[0] / self.sample_rate:.1f} s, more than the "
+                f"audio encoder reads ({self.max_audio_seconds:g} s)",
+                param=param,
+                code="audio_too_long",
+            )
+
+
+def template_content(message: ChatMessage) -> str | list[dict[str, str]]:
+    """A message's ``content`` for the chat template: its text, or its parts as content
+    parts (media as ``{"type": kind}``) when it has media."""
+    if not message.parts:
+        return message.content
+    return [
+        {"type": "text", "text": p} if isinstance(p, str) else {"type": str(p.kind)}
+        for p in message.parts
+    ]
 
 
 class ChatFrontend:
-    """Chat template -> prompt ids; voice -> speaker entry of ``spk_dict.pt``."""
+    """Chat template -> prompt ids (binds ``chat_ids``, ``media``, ``speaker``); voice ->
+    speaker entry of ``spk_dict.pt``."""
 
-    def __init__(self, tokenizer, speakers: dict[str, dict[str, Any]]):
+    def __init__(self, tokenizer, speakers: dict[str, dict[str, Any]], media: MediaRules):
         self.tokenizer = tokenizer
         self.speakers = speakers
         self.default_speaker = next(iter(speakers))
+        self.media = media
 
     def speaker_name(self, voice: str | None) -> str:
         """The speaker of ``voice`` (None and OpenAI voice names: the first speaker); also the
@@ -44,11 +116,15 @@ class ChatFrontend:
         if not req.messages:
             raise InvalidRequestError("messages are required", param="messages")
         voice = self.speaker_name(req.voice)
-        messages = [{"role": m.role, "content": m.content} for m in req.messages]
+        media = req.media
+        for item in media:
+            self.media.check(item)
+        messages = [{"role": m.role, "content": template_content(m)} for m in req.messages]
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=True
         )["input_ids"]
-        ctx.slots["thinker_prompt"] = tuple(int(i) for i in ids)
+        ctx.slots["chat_ids"] = tuple(int(i) for i in ids)
+        ctx.slots["media"] = media
         ctx.slots["speaker"] = self.speakers[voice]
         ctx.usage["input_tokens"] = len(ids)
 

@@ -61,6 +61,17 @@ class QwenOmniFiles:
             raise ModelFilesError(f"Qwen2.5-Omni checkpoint {self.root} is missing {missing[0]}")
         return [self.root / n for n in names]
 
+    def tensor_names(self) -> set[str]:
+        """Every tensor name of the checkpoint, read from the index (or the file's header):
+        no tensor is loaded."""
+        index = self.root / "model.safetensors.index.json"
+        if index.exists():
+            return set(json.loads(index.read_text())["weight_map"])
+        from safetensors import safe_open
+
+        with safe_open(str(self.root / "model.safetensors"), framework="pt", device="cpu") as f:
+            return set(f.keys())
+
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """All tensors whose name starts with ``prefix``, with the prefix removed."""
         from safetensors import safe_open

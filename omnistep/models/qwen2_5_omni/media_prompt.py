@@ -1,9 +1,9 @@
-"""The thinker prefill of a Qwen2.5-Omni prompt holding audio, images and video, offline:
-encoder rows placed at the placeholder positions, TMRoPE positions, and a dense thinker forward
-with M-RoPE.
+"""The thinker prompt of a Qwen2.5-Omni chat holding audio, images and video: placeholders
+expanded to one token per encoder row, the rows, and TMRoPE positions.
 
-Not wired into the card's program yet (a request's media do not reach the thinker): this is
-the reference path the scheduled encoder units will reproduce, checked against transformers'
+``thinker_prompt`` is what the card's ``media_prompt`` node runs on the ENCODE units' outputs
+(a ``ThinkerPrompt`` the paged thinker prefills); ``build_media_prompt`` + ``prefill_logits``
+are an offline dense path over the same pieces, checked against transformers'
 ``Qwen2_5OmniThinkerForConditionalGeneration`` (tests/test_omni_encoders.py).
 
 As the processor does, each media item's single placeholder in the chat-templated ids
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from omnistep.core import MediaItem, MediaKind
-from omnistep.models.qwen2_5_omni.encoders import OmniEncoders
+from omnistep.models.qwen2_5_omni.encoders import EncodedMedia, OmniEncoders
 from omnistep.models.qwen2_5_omni.mrope import MediaTokenIds, rope_index
-from omnistep.models.qwen2_5_omni.thinker import QwenThinker
+from omnistep.models.qwen2_5_omni.thinker import QwenThinker, ThinkerPrompt
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,52 @@ class MediaPrompt:
     embeds: torch.Tensor
     positions: np.ndarray
     rope_delta: int
+
+
+def thinker_prompt(
+    template_ids: Sequence[int],
+    ids: MediaTokenIds,
+    media: Sequence[MediaItem],
+    encoded: Sequence[EncodedMedia],
+    spatial_merge_size: int,
+) -> ThinkerPrompt:
+    """The ``ThinkerPrompt`` of a chat-templated prompt and its encoded media.
+
+    Args:
+        template_ids: the chat template's ids, one placeholder token per media item.
+        media: the items in prompt order; ``encoded``: their ENCODE outputs, same order.
+        spatial_merge_size: the vision encoder's patch merge (``vision_config``).
+
+    Raises:
+        ValueError: placeholders and items that do not pair up (count or kind).
+    """
+    kinds = {ids.audio: MediaKind.AUDIO, ids.image: MediaKind.IMAGE, ids.video: MediaKind.VIDEO}
+    slots = [kinds[t] for t in template_ids if t in kinds]
+    if slots != [m.kind for m in media] or len(encoded) != len(media):
+        raise ValueError(f"placeholders {slots} do not match the media {[m.kind for m in media]}")
+    expanded: list[int] = []
+    pieces = iter(encoded)
+    for token in template_ids:
+        expanded.extend([token] * (next(pieces).rows.shape[0] if token in kinds else 1))
+    of = lambda kind: [e for e, m in zip(encoded, media, strict=True) if m.kind is kind]  # noqa: E731
+    videos = of(MediaKind.VIDEO)
+    positions, delta = rope_index(
+        expanded,
+        ids,
+        audio_lengths=[e.rows.shape[0] for e in of(MediaKind.AUDIO)],
+        image_grids=[e.grid for e in of(MediaKind.IMAGE)],
+        video_grids=[e.grid for e in videos],
+        video_seconds_per_grid=[e.seconds_per_grid for e in videos],
+        spatial_merge_size=spatial_merge_size,
+    )
+    return ThinkerPrompt(
+        tuple(expanded),
+        tuple(e.rows for e in encoded),
+        positions,
+        delta,
+        tuple(kinds),
+        tuple(m.sha256 for m in media),
+    )
 
 
 def _encode(encoders: OmniEncoders, media: Sequence[MediaItem]) -> list[torch.Tensor]:

@@ -25,7 +25,10 @@ generated token ``g_j`` and ``p_i`` the same for prompt token ``i`` (the thinker
   thinker_embed(tts_text_end_token_id)`` once, then ``thinker_embed(tts_text_pad_token_id)`` for
   every later step. ``condition_for_step`` encodes this rule; ``TalkerCondition`` is the
   per-step payload.
-- Positions are ``0, 1, 2, ...`` (text-only M-RoPE reduces to 1-D rope, as for the thinker).
+- Positions are ``0, 1, 2, ...`` for a text-only prompt (M-RoPE reduces to 1-D rope, as for
+  the thinker). A media prompt's ``L`` rows take the thinker prompt's TMRoPE positions and every
+  later row ``index + rope_delta`` (transformers computes the talker's rope index over the
+  thinker's ids plus two text ids, so the delta is the thinker's); ``TalkerPrompt.positions``.
 
 So talker step ``t`` needs thinker row ``r_t``, which exists once the thinker has fed ``g_t``
 (thinker step ``t + 1``): the talker runs at least one token behind the thinker, and its prefill
@@ -61,6 +64,7 @@ import torch
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.batch_invariant import map_row_groups
 from omnistep.layers.llama import LlamaConfigLite
+from omnistep.layers.rope import MRotaryEmbedding
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 from omnistep.models.qwen2_5_omni.thinker import (
     check_mrope,
@@ -255,12 +259,16 @@ class TalkerPrompt:
         replay: conditions of decode steps ``1..n`` already run; a re-prefill after a preemption
             replays ``generated`` frames ``c_0..c_{n-1}`` with them, so it needs at least
             ``len(generated)`` (the condition of the preempted step included).
+        positions: int64 ``[3, L]`` TMRoPE positions of the thinker prompt (a media prompt),
+            or None (text only: ``0 .. L-1``); ``rope_delta``: later rows' offset.
     """
 
     prompt_conditions: torch.Tensor
     first_reply: torch.Tensor
     speaker_bos_id: int | None = None
     replay: tuple[TalkerCondition, ...] = ()
+    positions: torch.Tensor | None = None
+    rope_delta: int = 0
 
 
 # ---------------------------------------------------------------- the component
@@ -280,6 +288,8 @@ class QwenTalker(PagedARModel):
             (start, end, pad, speaker bos ids), by id.
     """
 
+    position_rows = 3
+
     def __init__(
         self,
         config: TalkerConfig,
@@ -290,6 +300,14 @@ class QwenTalker(PagedARModel):
     ):
         super().__init__(config.llama(), kv, device, dtype, batch_invariant)
         self.config = config
+        stack = self.llama.config
+        self.llama.rotary_emb = MRotaryEmbedding(
+            stack.head_dim,
+            stack.rope_theta,
+            stack.max_position_embeddings,
+            config.mrope_section,
+            self.device,
+        )
         factory = {"device": self.device, "dtype": dtype}
         self.codec_embed = torch.zeros(config.vocab_size, config.embedding_size, **factory)
         self.proj_weight = torch.zeros(config.hidden_size, config.embedding_size, **factory)
@@ -423,6 +441,11 @@ class QwenTalker(PagedARModel):
             conditions = self._conditions(prompt.replay[: len(unit.generated)])
             rows.append(self.codec_embed[codes] + conditions)
         return torch.cat(rows)
+
+    def _prompt_positions(self, prompt: Any) -> tuple[torch.Tensor, int] | None:
+        if not isinstance(prompt, TalkerPrompt) or prompt.positions is None:
+            return None
+        return prompt.positions, prompt.rope_delta
 
     def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
         codes = self._frame_ids([tuple(u.last) for u in units], self.config.vocab_size)

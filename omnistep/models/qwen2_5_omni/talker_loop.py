@@ -1,13 +1,19 @@
 """The talker's decode loop of Qwen2.5-Omni: AR decode of codec ids conditioned on the
 thinker's rows as they stream (``TalkerLoop``), on the shared ``ARDecodeLoop``.
 
-Imports: ``omnistep.core``, ``omnistep.loops``, this family's ``talker`` (prompt types).
+A media prompt's TMRoPE positions (the thinker's ``ThinkerPrompt``) go into the talker's prompt.
+
+Imports: torch, ``omnistep.core``, ``omnistep.loops``, this family's ``talker`` and ``thinker``
+(prompt types).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from omnistep.core import (
     Channel,
@@ -22,6 +28,7 @@ from omnistep.core import (
 )
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
 from omnistep.models.qwen2_5_omni.talker import TalkerPrompt, condition_for_step
+from omnistep.models.qwen2_5_omni.thinker import ThinkerPrompt
 
 
 @dataclass
@@ -30,6 +37,8 @@ class TalkerState(ARDecodeState):
 
     rows: Channel = field(default_factory=Channel)
     speaker_bos_id: int | None = None
+    positions: Any = None
+    rope_delta: int = 0
 
 
 class TalkerLoop(ARDecodeLoop):
@@ -47,10 +56,26 @@ class TalkerLoop(ARDecodeLoop):
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> TalkerState:
         base = super().init(req, model, ctx)
         fields_ = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        thinker_prompt = ctx.slots.get(self.config.prompt_slot)
+        media = isinstance(thinker_prompt, ThinkerPrompt)
         return TalkerState(
             **fields_,
             rows=ctx.slots[self.rows_slot],
             speaker_bos_id=ctx.slots["speaker"]["bos_token"],
+            positions=torch.from_numpy(thinker_prompt.positions) if media else None,
+            rope_delta=thinker_prompt.rope_delta if media else 0,
+        )
+
+    @staticmethod
+    def _prompt(state: TalkerState, replay: list) -> TalkerPrompt:
+        rows = state.rows
+        return TalkerPrompt(
+            rows[0],
+            rows[1],
+            state.speaker_bos_id,
+            tuple(replay),
+            state.positions,
+            state.rope_delta,
         )
 
     def next(self, state: TalkerState) -> WorkPlan | Done | Pending:
@@ -68,7 +93,7 @@ class TalkerLoop(ARDecodeLoop):
                 if cond is None:
                     return Pending()
                 replay.append(cond)
-            prompt = TalkerPrompt(rows[0], replies[0], state.speaker_bos_id, tuple(replay))
+            prompt = self._prompt(state, replay)
             plan.payload = dataclasses.replace(plan.payload, prompt=prompt)
             return plan
         cond = condition_for_step(len(state.frames), replies, rows.closed)
@@ -92,7 +117,5 @@ class TalkerLoop(ARDecodeLoop):
                 if cond is None:
                     raise RuntimeError(f"talker step {t} ran without its thinker condition")
                 replay.append(cond)
-            result.info["prompt"] = TalkerPrompt(
-                rows[0], replies[0], state.speaker_bos_id, tuple(replay)
-            )
+            result.info["prompt"] = self._prompt(state, replay)
         return result

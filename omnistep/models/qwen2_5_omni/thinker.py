@@ -1,20 +1,26 @@
 """The Qwen2.5-Omni thinker as a component: the Qwen2.5 text LM on a paged KV cache, batched across
-requests, for text input; configures the shared ``omnistep.runners.paged_ar.PagedARModel`` (as the
-talker and ChatTTS's GPT do) with its embedding, ``lm_head`` and the rows it streams.
+requests, for text and media prompts; configures the shared
+``omnistep.runners.paged_ar.PagedARModel`` (as the talker and ChatTTS's GPT do) with its
+embedding, ``lm_head``, rope positions and the rows it streams.
 
 Mirrors transformers' ``Qwen2_5OmniThinkerForConditionalGeneration`` (models/qwen2_5_omni/
 modeling_qwen2_5_omni.py): ``model.language_model`` is a Qwen2 decoder (``Qwen2_5OmniDecoderLayer``:
 q/k/v projections with bias, o_proj without, SwiGLU MLP, RMSNorm), ``lm_head`` maps the final
-normed hidden state to the text vocab. The audio tower and vision encoder weights are loaded and
-kept (``QwenThinker.encoder_weights``) but not run yet: prompts are token ids only.
+normed hidden state to the text vocab. The audio tower and vision encoder run in their own
+component (ENCODE units, ``encoders.py``); their rows reach the thinker in a ``ThinkerPrompt``.
+
+Prompts: token ids (text only), or a ``ThinkerPrompt``: the ids with one placeholder token per
+encoder row, the rows (which replace the placeholders' embeddings, as the thinker's
+``masked_scatter`` does) and their TMRoPE positions (``mrope.rope_index``).
 
 Rope: the thinker uses M-RoPE (``Qwen2_5OmniRotaryEmbedding``): three position ids per token
 (temporal, height, width); the rotary frequencies are split by ``mrope_section`` and each split
 takes its angles from one of the three. For text-only input ``get_rope_index`` gives all three the
 same ids ``0..L-1`` (and a zero ``rope_deltas``, so decode positions continue ``L, L+1, ...``), so
-every split reads the same angles and M-RoPE is exactly Llama's 1-D rope over ``head_dim``:
-``LlamaModel``'s ``RotaryEmbedding`` serves unchanged (checked against transformers in
-tests/test_qwen_lm.py).
+every split reads the same angles and M-RoPE is exactly Llama's 1-D rope over ``head_dim``
+(checked against transformers in tests/test_qwen_lm.py). Media prompts need the three rows: the
+stack's rope is an ``MRotaryEmbedding`` (``position_rows = 3``), which gives bit-identical
+values for equal rows; decode positions continue at ``length + rope_delta``.
 
 What the talker needs (``Qwen2_5OmniForConditionalGeneration.generate``): for every thinker token,
 its input embedding plus the thinker's last hidden state (after the final norm) at that position,
@@ -30,8 +36,10 @@ earlier output covered:
 
 The token the thinker samples last (its EOS, or the one cut by ``max_new_tokens``) is never fed,
 so it has no row: the talker reads the text-EOS embedding there instead (see the talker module).
-For audio/image/video prompts (later), transformers zeroes the embedding part at placeholder
-positions before the sum.
+At media placeholders transformers zeroes the embedding part before the sum (the row is the
+hidden state alone): the thinker's input rows carry one more column, 1 where the token's
+embedding conditions the talker and 0 at placeholders, which ``_lm_inputs`` drops and
+``_stream`` multiplies the embedding by.
 
 KV admission, preemption, batching and sampling: ``PagedARModel``'s.
 
@@ -44,15 +52,50 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.llama import LlamaConfigLite
+from omnistep.layers.rope import MRotaryEmbedding
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 from omnistep.runners.paged_ar import PagedARModel
 
 ENCODER_PREFIXES = ("audio_tower.", "visual.")
-"""Thinker weights kept for the (later) audio and vision inputs, by official key prefix."""
+"""Thinker weights of the audio tower and the vision encoder, by official key prefix."""
+
+
+@dataclass(frozen=True, eq=False)
+class ThinkerPrompt:
+    """A thinker prompt holding media (audio, images, video).
+
+    Attributes:
+        ids: the chat-templated ids with each media placeholder repeated once per encoder row.
+        media_rows: per media item, float32 ``[num_rows, hidden]`` (CPU), in prompt order:
+            they replace the embeddings of the placeholder tokens (``placeholder_ids``).
+        positions: int64 ``[3, len(ids)]`` TMRoPE positions (``mrope.rope_index``).
+        rope_delta: rows after the prompt sit at ``index + rope_delta``.
+        placeholder_ids: the audio, image and video placeholder token ids.
+        media: the items' ``MediaItem.sha256``, in prompt order (what a rollout records).
+    """
+
+    ids: tuple[int, ...]
+    media_rows: tuple[torch.Tensor, ...]
+    positions: np.ndarray
+    rope_delta: int
+    placeholder_ids: tuple[int, ...]
+    media: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.positions.shape != (3, len(self.ids)):
+            raise ValueError(f"positions {self.positions.shape} for {len(self.ids)} ids")
+        expected = sum(1 for t in self.ids if t in self.placeholder_ids)
+        got = sum(r.shape[0] for r in self.media_rows)
+        if expected != got:
+            raise ValueError(f"{expected} placeholder tokens for {got} encoder rows")
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 # ---------------------------------------------------------------- config helpers
@@ -197,10 +240,12 @@ class QwenThinker(PagedARModel):
     Attributes:
         embed_weight: ``[vocab, hidden]`` token embedding (``model.embed_tokens.weight``).
         lm_head: ``[vocab, hidden]`` output projection (``lm_head.weight``).
-        encoder_weights: audio tower / vision encoder tensors by official name (unused yet).
+        encoder_weights: audio tower / vision encoder tensors by official name when the
+            loaded state held them (the card's thinker leaves them to its ``encoder``).
     """
 
     stream_prompt_rows = True
+    position_rows = 3
 
     def __init__(
         self,
@@ -212,6 +257,14 @@ class QwenThinker(PagedARModel):
     ):
         super().__init__(config.llama(), kv, device, dtype, batch_invariant)
         self.config = config
+        stack = self.llama.config
+        self.llama.rotary_emb = MRotaryEmbedding(
+            config.head_dim,
+            stack.rope_theta,
+            stack.max_position_embeddings,
+            config.mrope_section,
+            self.device,
+        )
         shape = (config.vocab_size, config.hidden_size)
         self.embed_weight = torch.zeros(shape, device=self.device, dtype=dtype)
         self.lm_head = torch.zeros(shape, device=self.device, dtype=dtype)
@@ -247,7 +300,7 @@ class QwenThinker(PagedARModel):
     def _weight_tensors(self) -> dict[str, torch.Tensor]:
         """The official checkpoint's text-model names (``thinker.model.*``,
         ``thinker.lm_head.weight`` unless tied); the audio and vision encoders take no
-        updates (they do not run yet)."""
+        updates (they run in the ``encoder`` component)."""
         tensors = {
             f"thinker.model.{k}": v for k, v in self.llama.state_dict(keep_vars=True).items()
         }
@@ -270,7 +323,7 @@ class QwenThinker(PagedARModel):
     @torch.inference_mode()
     def teacher_forced_logits(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Sequence[int] | ThinkerPrompt,
         generated: Sequence[int | tuple[int]] = (),
         incremental: bool = False,
     ) -> torch.Tensor:
@@ -291,20 +344,45 @@ class QwenThinker(PagedARModel):
         frames = tuple((f,) if isinstance(f, int) else tuple(f) for f in generated)
         seq_id = self._teacher_seq_id()
         head = () if incremental else frames
-        first = ARPrefillInput(seq_id, tuple(prompt_ids), head, (), None, None)
+        prompt = prompt_ids if isinstance(prompt_ids, ThinkerPrompt) else tuple(prompt_ids)
+        first = ARPrefillInput(seq_id, prompt, head, (), None, None)
         steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
         return self._teacher_forced(first, steps if incremental else [])
 
     # ------------------------------------------------------------ hooks
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
-        if len(unit.prompt) == 0:
+        """``[L + len(generated), hidden + 1]``: embeddings (encoder rows at a
+        ``ThinkerPrompt``'s placeholders) and the talker flag column (see module docstring)."""
+        prompt = unit.prompt
+        ids = prompt.ids if isinstance(prompt, ThinkerPrompt) else prompt
+        if len(ids) == 0:
             raise ValueError(f"empty thinker prompt for sequence {unit.seq_id!r}")
-        frames = [(int(t),) for t in unit.prompt] + [tuple(f) for f in unit.generated]
-        return self.embed_weight[self._frame_ids(frames, self.config.vocab_size)]
+        frames = [(int(t),) for t in ids] + [tuple(f) for f in unit.generated]
+        ids_tensor = self._frame_ids(frames, self.config.vocab_size)
+        rows = self.embed_weight[ids_tensor]
+        flag = torch.ones(rows.shape[0], 1, device=self.device, dtype=rows.dtype)
+        if isinstance(prompt, ThinkerPrompt) and prompt.media_rows:
+            is_media = torch.zeros(rows.shape[0], dtype=torch.bool, device=self.device)
+            is_media[: len(ids)] = torch.isin(
+                ids_tensor[: len(ids)], torch.tensor(prompt.placeholder_ids, device=self.device)
+            )
+            media = torch.cat(prompt.media_rows).to(self.device, rows.dtype)
+            rows[is_media] = media
+            flag[is_media] = 0
+        return torch.cat([rows, flag], dim=1)
 
     def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
         ids = self._frame_ids([tuple(u.last) for u in units], self.config.vocab_size)
-        return self.embed_weight[ids]
+        rows = self.embed_weight[ids]
+        return torch.cat([rows, torch.ones_like(rows[:, :1])], dim=1)
+
+    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
+        return rows[:, :-1]
+
+    def _prompt_positions(self, prompt: Any) -> tuple[torch.Tensor, int] | None:
+        if not isinstance(prompt, ThinkerPrompt):
+            return None
+        return torch.from_numpy(prompt.positions), prompt.rope_delta
 
     def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
         return self._linear_rows(hidden.to(self.dtype), self.lm_head).unsqueeze(1)
@@ -318,7 +396,8 @@ class QwenThinker(PagedARModel):
     def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """``embed + last hidden`` per fed token, ``[n, hidden]`` float32 on the CPU (summed in
         the compute dtype, as transformers' ``generate`` does)."""
-        return (hidden + rows).float().cpu()
+        embeds = rows[:, :-1] * rows[:, -1:]  # 0 at media placeholders
+        return (hidden + embeds).float().cpu()
 
 
 def load_thinker(
