@@ -3,8 +3,8 @@ batch-invariant row helpers and a Llama decoder stack; ``ecapa_tdnn.SpeakerEncod
 ECAPA-TDNN speaker encoder of Qwen2.5-Omni and Qwen3-TTS; ``snake.SnakeBeta`` and the conv
 helpers; ``moe.MoEFeedForward``, the sparse MoE block of Qwen3-MoE and Qwen3-Omni;
 ``code_predictor.CodePredictor``, the Qwen3 talkers' code predictor; ``codec_decoder``, the
-12.5 Hz causal codec decoder (import these from their modules). The paged-KV AR component that uses them is the
-runner plane's (``omnistep.runners.paged_ar``).
+12.5 Hz causal codec decoder (import these from their modules). The paged-KV AR component that
+uses them is the runner plane's (``omnistep.runners.paged_ar``).
 
 The blocks import torch and ``omnistep.core`` only: nothing above them (``tests/test_layering``).
 """
