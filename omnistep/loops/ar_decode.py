@@ -155,6 +155,9 @@ class ARDecodeConfig:
             the sampled frame, which EOS drops).
         detokenize: ``detokenize(token_ids) -> text``; when set, the loop emits the growing
             text as TEXT deltas (held back while it ends in an incomplete character).
+        eos_all_codebooks: a frame ends generation only when every position ``eos_codebooks``
+            names (all when None) holds an EOS id (a delay pattern's end cascade,
+            ``omnistep.sampling.delay``); False: any one does.
         honor_request_cap: the request's ``max_new_tokens`` caps this loop too (False for a
             stage the caller does not count, e.g. a talker behind a chat's ``max_tokens``).
     """
@@ -174,6 +177,7 @@ class ARDecodeConfig:
     stream_on_eos: bool = False
     detokenize: Callable[[list[int]], str] | None = None
     honor_request_cap: bool = True
+    eos_all_codebooks: bool = False
 
 
 @dataclass
@@ -285,7 +289,8 @@ class ARDecodeLoop:
         """Whether the frame holds an EOS id at a position ``eos_codebooks`` names."""
         positions = self.config.eos_codebooks
         ids = frame if positions is None else [frame[i] for i in positions]
-        return any(t in self.config.eos_token_ids for t in ids)
+        hits = (t in self.config.eos_token_ids for t in ids)
+        return all(hits) if self.config.eos_all_codebooks else any(hits)
 
     def _emit_text(self, state: ARDecodeState) -> None:
         """Emit the text decoded so far beyond what was emitted (whole characters only)."""
