@@ -158,6 +158,10 @@ class ARDecodeConfig:
         eos_all_codebooks: a frame ends generation only when every position ``eos_codebooks``
             names (all when None) holds an EOS id (a delay pattern's end cascade,
             ``omnistep.sampling.delay``); False: any one does.
+        stream_delay: a codebook delay pattern (``omnistep.sampling.delay.DelayPattern``):
+            the stream receives the undelayed audio frames (``[num_codebooks]`` long tensors,
+            ``DelayPattern.undelay``) as soon as each is complete, instead of the sampled
+            (delayed) frames; the loop's result stays the sampled frames.
         honor_request_cap: the request's ``max_new_tokens`` caps this loop too (False for a
             stage the caller does not count, e.g. a talker behind a chat's ``max_tokens``).
     """
@@ -178,6 +182,7 @@ class ARDecodeConfig:
     detokenize: Callable[[list[int]], str] | None = None
     honor_request_cap: bool = True
     eos_all_codebooks: bool = False
+    stream_delay: Any = None
 
 
 @dataclass
@@ -279,7 +284,12 @@ class ARDecodeLoop:
                 state.stream.put(out.hidden)
             return state
         state.frames.append(tuple(out.tokens))
-        if state.stream is not None:
+        if state.stream is not None and self.config.stream_delay is not None:
+            delay = self.config.stream_delay  # the frame that just became complete, if any
+            n = len(state.frames)
+            for f in range(delay.num_ready(n - 1), delay.num_ready(n)):
+                state.stream.put(delay.undelay(state.frames, f, f + 1)[0])
+        elif state.stream is not None:
             state.stream.put(out.hidden if self.config.stream_hidden else tuple(out.tokens))
         if self.config.detokenize is not None:
             self._emit_text(state)

@@ -6,7 +6,8 @@ a row's result never depends on the other rows. ``processed_logprobs`` chains th
 ChatTTS's order (``GPT.generate`` in ChatTTS/model/gpt.py, processors from ``gen_logits`` in
 ChatTTS/model/processors.py):
 
-    delay pattern (forced ids, when a row has one) -> logits / temperature -> repetition penalty -> top-p -> top-k (min keep) -> EOS mask
+    delay pattern (forced ids, when a row has one: ``omnistep.sampling.delay``)
+    -> logits / temperature -> repetition penalty -> top-p -> top-k (min keep) -> EOS mask
     -> log-softmax
 
 Imports: torch and ``omnistep.core`` only (through ``omnistep.sampling.params``).

@@ -98,9 +98,7 @@ class DualFFNDecoderLayer(LlamaDecoderLayer):
         super().__init__(config, layer_idx, **f)
         self.audio_mlp = LlamaMLP(config, **f)
         self.audio_input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **f)
-        self.audio_post_attention_layernorm = RMSNorm(
-            config.hidden_size, config.rms_norm_eps, **f
-        )
+        self.audio_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **f)
         self._route = route
 
     def _block(self, hidden: torch.Tensor, attention, plans: RowPlans = NO_ROW_PLANS):

@@ -6,7 +6,8 @@ The folder (as ``HiggsAudioV2ForConditionalGeneration.from_pretrained`` and
     config.json                 model_type higgs_audio_v2 (``HiggsAudioV2Config``)
     model.safetensors           or model.safetensors.index.json + shards
     tokenizer.json, tokenizer_config.json   the Llama-3 text tokenizer with Higgs' special tokens
-    audio_tokenizer/config.json model_type higgs_audio_v2_tokenizer (``HiggsAudioV2TokenizerConfig``)
+    audio_tokenizer/config.json model_type higgs_audio_v2_tokenizer
+                                (``HiggsAudioV2TokenizerConfig``)
     audio_tokenizer/model.safetensors
 
 The audio tokenizer is published as its own repository (bosonai/higgs-audio-v2-tokenizer); the
@@ -116,8 +117,10 @@ class HiggsLMConfig:
         }
         if rope.get("rope_type", "default") not in ("default", "llama3"):
             raise HiggsCheckpointError(f"{path}: rope_type {rope.get('rope_type')!r} unsupported")
-        if cfg.get("hidden_act", "silu") != "silu" or cfg.get("attention_bias") or cfg.get(
-            "mlp_bias"
+        if (
+            cfg.get("hidden_act", "silu") != "silu"
+            or cfg.get("attention_bias")
+            or cfg.get("mlp_bias")
         ):
             raise HiggsCheckpointError(f"{path}: only silu, bias-free layers are supported")
         eos = cfg.get("eos_token_id", 128009)

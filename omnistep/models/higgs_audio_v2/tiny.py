@@ -105,11 +105,19 @@ def tokenizer_json() -> tuple[dict, dict[str, int]]:
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-                          "use_regex": True},
+        "pre_tokenizer": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
         "model": {
             "type": "BPE",
             "dropout": None,
@@ -199,7 +207,7 @@ def _codec_tensors(cfg: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
 
     def conv(name: str, out_ch: int, in_ch: int, k: int, transposed: bool = False) -> None:
         shape = (in_ch, out_ch, k) if transposed else (out_ch, in_ch, k)
-        t[f"{name}.weight"] = w(*shape, scale=(1.0 / (in_ch * k)) ** 0.5)
+        t[f"{name}.weight"] = w(*shape, scale=0.5 * (1.0 / (in_ch * k)) ** 0.5)
         t[f"{name}.bias"] = w(out_ch, scale=0.01)
 
     def snake(name: str, ch: int) -> None:
@@ -270,8 +278,14 @@ def write_folder(folder: str | Path, variant: str | None = None, seed: int = 0) 
     }
     (root / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     (root / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    gen = {"do_sample": True, "temperature": 1.0, "top_k": 50, "top_p": 0.95,
-           "eos_token_id": cfg["eos_token_id"], "max_new_tokens": 2048}
+    gen = {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_k": 50,
+        "top_p": 0.95,
+        "eos_token_id": cfg["eos_token_id"],
+        "max_new_tokens": 2048,
+    }
     (root / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     save_file(_lm_tensors(cfg, g), str(root / "model.safetensors"))
     (root / "audio_tokenizer" / "config.json").write_text(json.dumps(CODEC_CONFIG, indent=2))
