@@ -161,7 +161,9 @@ class ARDecodeConfig:
         stream_delay: a codebook delay pattern (``omnistep.sampling.delay.DelayPattern``):
             the stream receives the undelayed audio frames (``[num_codebooks]`` long tensors,
             ``DelayPattern.undelay``) as soon as each is complete, instead of the sampled
-            (delayed) frames; the loop's result stays the sampled frames.
+            (delayed) frames; the loop's result and a rollout's records stay the sampled
+            (delayed) steps, its ``mask`` marks the pattern's forced ids as no actions, and
+            ``info["delay"]`` holds the pattern (``in_frame_order`` maps records to frames).
         honor_request_cap: the request's ``max_new_tokens`` caps this loop too (False for a
             stage the caller does not count, e.g. a talker behind a chat's ``max_tokens``).
     """
@@ -320,6 +322,11 @@ class ARDecodeLoop:
             "seed": state.seed,
             "mask": self.sampled_mask([r.tokens for r in state.trajectory]),
         }
+        if self.config.stream_delay is not None:  # forced BOS/EOS ids are no actions
+            info["mask"] = self.config.stream_delay.forced_mask(
+                [r.tokens for r in state.trajectory]
+            )
+            info["delay"] = self.config.stream_delay
         return LoopResult(list(state.frames), metrics, state.trajectory, info)
 
     def score(

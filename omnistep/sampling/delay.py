@@ -113,6 +113,28 @@ class DelayPattern:
         ]
         return torch.tensor(rows, dtype=torch.long).reshape(-1, c)
 
+    def in_frame_order(self, values: Sequence[Sequence[float]]) -> list[list[float]]:
+        """Per-step, per-codebook values of a delayed stream (sampled ids, their log-probs)
+        put in audio-frame order: ``out[f][k] = values[f + k + 1][k]``, one row per audio
+        frame ``undelay`` gives (no clipping). What a trainer uses to see a rollout's actions
+        and log-probs frame by frame."""
+        c = self.num_codebooks
+        return [
+            [values[f + k + 1][k] for k in range(c)] for f in range(self.num_ready(len(values)))
+        ]
+
+    def forced_mask(self, frames: Sequence[Sequence[int]]) -> list[tuple[bool, ...]]:
+        """Per sampled step and codebook, whether the id was free (a sampled action) rather
+        than forced by the pattern (BOS before the delay, EOS in the end cascade)."""
+        t = torch.tensor([tuple(f) for f in frames], dtype=torch.long).reshape(
+            -1, self.num_codebooks
+        )
+        out = []
+        for i in range(t.shape[0]):
+            forced = self.forced(i, t[max(0, i - self.num_codebooks) : i].T)
+            out.append(tuple(token is None for token in forced))
+        return out
+
     def delay(self, codes: torch.Tensor) -> torch.Tensor:
         """Delayed rows of a clip's codes ``[T, num_codebooks]``: BOS, the codes, EOS, with
         codebook ``k`` shifted down ``k`` rows (BOS above, EOS below): ``[T + 1 + C, C]``."""
