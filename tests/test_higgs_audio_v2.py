@@ -275,3 +275,46 @@ def test_weights_command_writes_a_folder_the_registry_serves(tmp_path):
     assert registry.resolve_model_spec(str(folder)) == f"higgs_audio_v2={folder}"
     card = registry.build_card(f"higgs_audio_v2={folder}")
     assert card.family == "higgs_audio_v2" and card.sample_rate == 24000
+
+
+def test_served_over_http(root):
+    """``omnistep serve --model higgs_audio_v2=DIR``: /v1/audio/speech (OpenAI and cloned
+    voices), SSE streaming equal to the whole response, and 400s for a bad voice and for
+    reference audio (not encodable yet)."""
+    import base64
+
+    import httpx
+
+    from tests.serving import running_server
+
+    with running_server("--model", f"higgs_audio_v2={root}", timeout=300) as url:
+        body = {
+            "model": "higgs-audio-v2",
+            "input": TEXT,
+            "voice": "alloy",
+            "seed": 3,
+            "max_new_tokens": 20,
+            "response_format": "pcm",
+        }
+        pcm = httpx.post(url + "/v1/audio/speech", json=body, timeout=120)
+        assert pcm.status_code == 200, pcm.text
+        assert len(pcm.content) == 12 * 960 * 2  # 20 steps: 12 audio frames
+        sse = httpx.post(
+            url + "/v1/audio/speech", json={**body, "stream_format": "sse"}, timeout=120
+        )
+        deltas = [
+            json.loads(line[6:])
+            for line in sse.text.splitlines()
+            if line.startswith("data: ") and "speech.audio.delta" in line
+        ]
+        assert b"".join(base64.b64decode(d["audio"]) for d in deltas) == pcm.content
+        cloned = httpx.post(url + "/v1/audio/speech", json={**body, "voice": VOICE}, timeout=120)
+        assert cloned.status_code == 200, cloned.text
+        assert len(cloned.content) == len(pcm.content) and cloned.content != pcm.content
+        bad = httpx.post(url + "/v1/audio/speech", json={**body, "voice": "nobody"}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice"
+        clip = base64.b64encode(np.zeros(2400, dtype=np.int16).tobytes()).decode()
+        ref = {**body, "voice": None, "ref_audio": f"data:audio/pcm;base64,{clip}"}
+        refused = httpx.post(url + "/v1/audio/speech", json=ref, timeout=60)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "ref_audio"
