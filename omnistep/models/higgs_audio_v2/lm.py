@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from omnistep.kv import KVCacheConfig
+from omnistep.layers.batch_invariant import RowChunking, map_row_groups
 from omnistep.layers.llama import (
     NO_ROW_PLANS,
     LlamaConfigLite,
@@ -43,9 +44,9 @@ from omnistep.layers.llama import (
     LlamaMLP,
     LlamaModel,
     RowPlans,
-    _rows,
 )
 from omnistep.layers.norm import RMSNorm
+from omnistep.layers.rope import RotaryEmbedding
 from omnistep.loops.ar_decode import ARPrefillInput
 from omnistep.models.higgs_audio_v2.loader import (
     HiggsCheckpoint,
@@ -91,6 +92,11 @@ def llama3_inv_freq(head_dim: int, rope: dict[str, Any]) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def _rows(fn, x: torch.Tensor, plan) -> torch.Tensor:
+    """``fn(x)``, on the row chunks of batch-invariant mode when ``plan`` is set."""
+    return fn(x) if plan is None else map_row_groups(fn, x, plan)
+
+
 class DualFFNDecoderLayer(LlamaDecoderLayer):
     """A Llama layer with a second set of norms and MLP for audio rows (DualFFN)."""
 
@@ -128,11 +134,19 @@ class DualFFNStack(LlamaModel):
     the embeddings."""
 
     def __init__(self, config: LlamaConfigLite, rope: dict[str, Any], device=None, dtype=None):
-        super().__init__(config, device=device, dtype=dtype)
+        # LlamaModel's attributes, set here so its plain layers are never allocated (a 3B
+        # stack twice over): config, row_chunking, layers, norm, rotary_emb.
+        nn.Module.__init__(self)
+        self.config = config
+        self.row_chunking = RowChunking()
         self._route = threading.local()
         self.layers = nn.ModuleList(
             DualFFNDecoderLayer(config, i, self._route, device=device, dtype=dtype)
             for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device=device, dtype=dtype)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.max_position_embeddings, device=device
         )
         inv = llama3_inv_freq(config.head_dim, rope)
         freqs = torch.arange(config.max_position_embeddings).float()[:, None] * inv
@@ -187,10 +201,8 @@ class HiggsAudioV2LM(PagedARModel):
             rope_theta=config.rope_theta,
             max_position_embeddings=config.max_position_embeddings,
         )
-        super().__init__(llama, kv, device, dtype, batch_invariant, config.num_codebooks)
         self.config = config
-        self.llama = DualFFNStack(llama, config.rope, device=self.device, dtype=dtype).eval()
-        self.cache = self.llama.make_cache(kv.num_blocks, kv.block_size)
+        super().__init__(llama, kv, device, dtype, batch_invariant, config.num_codebooks)
         factory = {"device": self.device, "dtype": dtype}
         c, size = config.num_codebooks, config.codebook_size
         self.embed_tokens = torch.zeros(config.vocab_size, config.hidden_size, **factory)
@@ -241,6 +253,9 @@ class HiggsAudioV2LM(PagedARModel):
         return names
 
     # ------------------------------------------------------------ PagedARModel hooks
+    def _make_stack(self, llama: LlamaConfigLite, dtype: torch.dtype) -> DualFFNStack:
+        return DualFFNStack(llama, self.config.rope, device=self.device, dtype=dtype)
+
     def _audio_rows(self, frames: torch.Tensor) -> torch.Tensor:
         """``[n, hidden + 1]`` rows of frames ``[n, num_codebooks]`` (flag 1)."""
         emb = self.embed_audio[frames.to(self.device) + self.offsets].sum(dim=1)
