@@ -227,6 +227,25 @@ async def test_seed_and_batch_parity(root):
     assert max(engine.batch_sizes) > 1
 
 
+async def test_batch_invariant_mode_gives_the_same_bytes_beside_others(root):
+    """``batch_invariant``: a request's audio is bit-identical alone and beside a cloned-voice
+    request (whose prefill mixes text and audio rows) and another seed."""
+    engine = _engine(root, batch_invariant=True)
+    try:
+        fields = {"seed": 5, "sampling": SamplingParams(max_new_tokens=18)}
+        alone = await _run(engine, **fields)
+        together = await asyncio.gather(
+            _run(engine, **fields),
+            _run(engine, seed=8, voice=VOICE, sampling=SamplingParams(max_new_tokens=22)),
+            _run(engine, seed=6, sampling=SamplingParams(max_new_tokens=18)),
+        )
+    finally:
+        await engine.shutdown()
+    np.testing.assert_array_equal(_frames(alone), _frames(together[0]))
+    assert np.array_equal(alone.audio, together[0].audio)
+    assert not np.array_equal(_frames(together[0]), _frames(together[2]))
+
+
 async def test_rollout_logprobs_are_reproduced_by_score(root):
     engine = _engine(root, batch_invariant=True)
     try:

@@ -123,7 +123,8 @@ class DualFFNDecoderLayer(LlamaDecoderLayer):
             _rows(self.input_layernorm, hidden, plans.norm),
         )
         hidden = hidden + attention(attn_in)
-        audio_out = self.audio_mlp(_rows(self.audio_post_attention_layernorm, hidden, plans.norm))
+        audio_in = _rows(self.audio_post_attention_layernorm, hidden, plans.norm)
+        audio_out = self.audio_mlp(audio_in, plans)
         text_out = self.mlp(_rows(self.post_attention_layernorm, hidden, plans.norm), plans)
         return hidden + torch.where(pick, audio_out, text_out)
 
