@@ -337,3 +337,22 @@ def test_served_over_http(root):
         refused = httpx.post(url + "/v1/audio/speech", json=ref, timeout=60)
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == "ref_audio"
+
+
+def test_offline_rollout_group_shares_its_prompt_and_scores(root):
+    """``OmniEngine.rollout``: n samples of one text (the group shares the prompt's KV blocks)
+    with their masks, each equal to its seed run alone; ``score`` reproduces the log-probs."""
+    from omnistep.offline import OmniEngine
+
+    sampling = SamplingParams(max_new_tokens=12)
+    with OmniEngine(f"higgs_audio_v2={root}", kv_cache_gb=0.01) as eng:
+        [group] = eng.rollout([TEXT], n=3, seed=20, sampling=sampling, progress=False)
+        alone = eng.rollout([TEXT], n=1, seed=21, sampling=sampling, progress=False)[0]
+        scored = eng.score(group)
+    actions = [s.loops["decode"] for s in group.samples]
+    assert all(a.tokens.shape == (12, 8) and a.mask.shape == (12, 8) for a in actions)
+    assert not actions[0].mask[0].any() and actions[0].mask[9].all()
+    np.testing.assert_array_equal(actions[1].tokens, alone.samples[0].loops["decode"].tokens)
+    assert len({a.tokens.tobytes() for a in actions}) == 3
+    for a, s in zip(actions, scored, strict=True):
+        np.testing.assert_allclose(np.asarray(s["decode"]), a.logprobs, atol=1e-5, rtol=0)
