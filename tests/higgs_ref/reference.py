@@ -1,9 +1,9 @@
 """transformers' Higgs Audio v2 on a folder, run in a subprocess (``call``).
 
 ``HiggsAudioV2TokenizerModel``'s module imports torchaudio, which has no build for this torch;
-only its encoder's resampling uses it, so the subprocess puts a stub module in its place before
-importing it (the decode path compared here never calls it). Arguments and results cross by
-pickle.
+only its encoder's 24 -> 16 kHz resampling uses it, so the subprocess puts a stub module in its
+place before importing it (decode never calls it; encode gets omnistep's resampler).
+Arguments and results cross by pickle.
 
 Functions (each loads from ``root`` and returns numpy arrays):
 
@@ -13,6 +13,8 @@ Functions (each loads from ``root`` and returns numpy arrays):
   processor) -> the generated delayed frames ``[T, C]`` and the waveform
   ``HiggsAudioV2Processor.batch_decode`` makes of them with the folder's audio tokenizer.
 - ``decode(root, codes)``: ``HiggsAudioV2TokenizerModel.decode`` of codes ``[T, C]``.
+- ``encode(root, wave)``: ``HiggsAudioV2TokenizerModel.encode`` of a 24 kHz clip (the stub's
+  resampler is omnistep's ``resample_sinc``, see ``_stub_torchaudio``).
 """
 
 from __future__ import annotations
@@ -28,16 +30,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _stub_torchaudio() -> None:
+    """Stand-in ``torchaudio`` modules; ``functional.resample`` is omnistep's
+    ``resample_sinc`` (torchaudio's formula), so ``encode`` compares everything after the
+    resampler (HuBERT features, semantic and DAC encoders, RVQ, padding rule)."""
     import importlib.machinery
     import types
 
     import transformers  # noqa: F401  (its availability checks run before the stub exists)
 
+    from omnistep.models.higgs_audio_v2.encoder import resample_sinc
+
     for name in ("torchaudio", "torchaudio.functional"):
         module = types.ModuleType(name)
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
         sys.modules[name] = module
-    sys.modules["torchaudio"].functional = sys.modules["torchaudio.functional"]
+    functional = sys.modules["torchaudio.functional"]
+    functional.resample = lambda x, a, b: resample_sinc(x.reshape(-1, x.shape[-1]), a, b).reshape(
+        *x.shape[:-1], -1
+    )
+    sys.modules["torchaudio"].functional = functional
 
 
 def _lm(root: str):
@@ -100,6 +111,16 @@ def decode(root: str, codes):
     with torch.no_grad():
         wav = codec.decode(torch.as_tensor(codes)[None].transpose(1, 2)).audio_values
     return wav[0, 0].numpy()
+
+
+def encode(root: str, wave):
+    """``HiggsAudioV2TokenizerModel.encode`` of a 24 kHz clip ``[N]``: codes ``[T, Q]``."""
+    import torch
+
+    codec = _codec(root)
+    with torch.no_grad():
+        codes = codec.encode(torch.as_tensor(wave)[None, None]).audio_codes
+    return codes[0].T.numpy()
 
 
 def call(function: str, **kwargs: Any) -> Any:

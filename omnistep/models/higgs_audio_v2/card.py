@@ -11,10 +11,10 @@ covering the decoder's receptive field, so chunks equal the whole decode) -> ``u
 
 Voices: none given (or an OpenAI voice name) speaks in the model's own voice (no reference
 clip; upstream's "smart voice"); a voice spec ``{"ref_text": ..., "codes": [[8 ids], ...]}``
-(JSON; a clip already encoded by the audio tokenizer, e.g. with transformers'
-``HiggsAudioV2TokenizerModel.encode``) clones it: the clip goes in the prompt as an earlier
-assistant turn (``prompt`` module). Encoding a reference clip from audio (the tokenizer's
-HuBERT + DAC encoder) is not built yet: ``ref_audio`` is refused with a 400.
+(JSON: a clip's audio tokenizer codes ``[T, 8]`` and transcript) clones it: the clip goes
+in the prompt as an earlier assistant turn (``prompt`` module). Inline ``ref_audio`` +
+``ref_text`` and ``POST /v1/audio/voices`` run the card's ``voice_enroller``: the ``encoder``
+component (``encoder.py``: the tokenizer's HuBERT + DAC encoders and RVQ) makes that spec.
 
 Sampling defaults: the folder's ``generation_config.json`` (temperature, top_k, top_p), else
 transformers' (1.0, 50, 1.0); temperature 0 is greedy. No repetition penalty (transformers'
@@ -39,10 +39,12 @@ from omnistep.core import (
     LoopNode,
     LoopSpec,
     ModelCard,
+    ModelInstance,
     Program,
     ProgramContext,
     Request,
     WorkUnitKind,
+    call_component,
 )
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
@@ -53,6 +55,7 @@ from omnistep.models.higgs_audio_v2.codec import (
     codec_component,
     codec_from_checkpoint,
 )
+from omnistep.models.higgs_audio_v2.encoder import encoder_from_checkpoint
 from omnistep.models.higgs_audio_v2.lm import HiggsAudioV2LM
 from omnistep.models.higgs_audio_v2.loader import HiggsCheckpoint
 from omnistep.models.higgs_audio_v2.prompt import PromptBuilder, ReferenceClip
@@ -165,6 +168,12 @@ class HiggsFrontend:
         ctx.usage["input_tokens"] = len(prompt.ids)
 
 
+def _enroll(model: ModelInstance, audio, sample_rate: int, transcript: str) -> str:
+    """The card's ``voice_enroller``: the ``encoder`` component's ``enroll`` (a voice spec of
+    the clip's codes and transcript), through ``call_component``."""
+    return call_component(model.components["encoder"], "enroll", audio, sample_rate, transcript)
+
+
 def _usage(pattern: DelayPattern):
     def usage(ctx: ProgramContext) -> None:
         ctx.usage["output_tokens"] = pattern.num_ready(len(ctx.slots["frames"]))
@@ -208,6 +217,10 @@ def build_card(
         check_device(device)
         return codec_component(codec_from_checkpoint(checkpoint, device), opts.batch_invariant)
 
+    def build_encoder(device: str):
+        check_device(device)
+        return encoder_from_checkpoint(checkpoint, device)
+
     decode = ARDecodeConfig(
         loop_id="decode",
         component="lm",
@@ -250,6 +263,7 @@ def build_card(
         components=(
             ComponentSpec("lm", build_lm, opts.max_batch_size, "DualFFN Llama + audio head"),
             ComponentSpec("codec", build_codec, opts.max_batch_size, "audio tokenizer decoder"),
+            ComponentSpec("encoder", build_encoder, 1, "audio tokenizer encoder (cloning)"),
         ),
         loops=(
             LoopSpec(
@@ -268,11 +282,12 @@ def build_card(
             ),
         ),
         program=program,
-        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
+        capabilities=frozenset({Capability.TEXT_TO_SPEECH, Capability.VOICE_CLONING}),
         sample_rate=codec_cfg.sample_rate,
         voices=("default", *OPENAI_VOICES),
         default_voice="default",
         voice_validator=frontend.check_voice,
+        voice_enroller=_enroll,
         parity=frozenset({"C0", "C1", "C2", "C3", "stream", "reference"}),
         description="Higgs Audio v2: DualFFN Llama, 8 delayed codebooks at 25 frames/s -> "
         "audio tokenizer decoder, 24 kHz.",

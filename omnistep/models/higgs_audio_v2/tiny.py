@@ -6,7 +6,8 @@ Layout as ``loader`` reads it (and transformers 5.x ``from_pretrained`` loads it
 ``HiggsAudioV2ForConditionalGeneration``; tokenizer.json / tokenizer_config.json (a byte-level
 BPE of ``omnistep.text.tiny_bpe`` plus the Llama-3 chat and Higgs audio special tokens); and
 audio_tokenizer/ (model_type higgs_audio_v2_tokenizer, the DAC decoder, RVQ and fc2 tensors at
-the published names; the encoder side, unused by speech generation, at tiny sizes). Sizes are
+the published names, and the encoder side: HuBERT, the semantic and DAC encoders, the
+quantizers' ``project_in``, initialised by transformers' own modules). Sizes are
 tiny; what is kept: 8 codebooks, codec ids 0..1023 with stream BOS/EOS 1024/1025
 (``codebook_size`` 1026), 24 kHz at 25 frames/s (upsampling ratios 8, 5, 4, 2, 3), llama3 rope.
 Weights: ``N(0, 0.02)`` matrices and embeddings, unit norms, small biases, Snake alphas 1.
@@ -72,9 +73,9 @@ CODEC_CONFIG = {
         "num_hidden_layers": 1,
         "num_attention_heads": 2,
         "intermediate_size": 16,
-        "conv_dim": [8, 8],
-        "conv_stride": [5, 2],
-        "conv_kernel": [10, 3],
+        "conv_dim": [8, 8, 8, 8],
+        "conv_stride": [5, 4, 4, 4],
+        "conv_kernel": [10, 8, 8, 8],
         "num_conv_pos_embedding_groups": 2,
         "num_conv_pos_embeddings": 4,
         "mask_time_prob": 0.0,
@@ -251,6 +252,21 @@ def _codec_tensors(cfg: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
     return t
 
 
+def _codec_encoder_tensors(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
+    """The encoder side (HuBERT, semantic encoder, DAC encoder), initialised by
+    ``encoder.HiggsCodecEncoder``'s modules (transformers' own init), seeded."""
+    from omnistep.models.higgs_audio_v2.encoder import HiggsCodecEncoder
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        enc = HiggsCodecEncoder(cfg, 8)
+    t = {}
+    for prefix in ("semantic_model", "encoder_semantic", "acoustic_encoder"):
+        for name, value in getattr(enc, prefix).state_dict().items():
+            t[f"{prefix}.{name}"] = value.detach().clone().contiguous()
+    return t
+
+
 def write_folder(folder: str | Path, variant: str | None = None, seed: int = 0) -> Path:
     """``omnistep weights higgs_audio_v2 DIR``: write a tiny random folder (``variant``: only
     ``base``). Returns the folder.
@@ -289,5 +305,7 @@ def write_folder(folder: str | Path, variant: str | None = None, seed: int = 0) 
     (root / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     save_file(_lm_tensors(cfg, g), str(root / "model.safetensors"))
     (root / "audio_tokenizer" / "config.json").write_text(json.dumps(CODEC_CONFIG, indent=2))
-    save_file(_codec_tensors(CODEC_CONFIG, g), str(root / "audio_tokenizer" / "model.safetensors"))
+    codec = _codec_tensors(CODEC_CONFIG, g)
+    codec.update(_codec_encoder_tensors(CODEC_CONFIG, seed))
+    save_file(codec, str(root / "audio_tokenizer" / "model.safetensors"))
     return root
