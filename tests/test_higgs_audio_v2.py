@@ -313,6 +313,19 @@ async def test_voices(root):
         await engine.shutdown()
 
 
+def test_sampling_defaults_and_a_refused_repetition_penalty(root):
+    from omnistep.models.higgs_audio_v2.card import _generation_defaults, make_sampling
+
+    build = make_sampling(PATTERN, _generation_defaults(HiggsCheckpoint.open(root)))
+    row = build(Request("higgs-audio-v2", text="x"))
+    assert (row.temperature, row.top_k, row.top_p, row.delay) == (1.0, 50, 0.95, PATTERN)
+    greedy = build(Request("higgs-audio-v2", text="x", sampling=SamplingParams(temperature=0)))
+    assert greedy.is_greedy()
+    with pytest.raises(InvalidRequestError) as err:
+        build(Request("higgs-audio-v2", text="x", sampling=SamplingParams(repetition_penalty=1.1)))
+    assert err.value.param == "repetition_penalty"
+
+
 def test_weights_command_writes_a_folder_the_registry_serves(tmp_path):
     folder = registry.write_weights("higgs_audio_v2", tmp_path / "w")
     assert registry.resolve_model_spec(str(folder)) == f"higgs_audio_v2={folder}"

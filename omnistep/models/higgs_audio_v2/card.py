@@ -100,10 +100,20 @@ def _generation_defaults(checkpoint: HiggsCheckpoint) -> dict[str, float]:
 
 def make_sampling(pattern: DelayPattern, defaults: dict[str, float]):
     """``Request -> SamplingRow``: the request's temperature/top-p/top-k over the defaults,
-    the delay pattern, no EOS mask or repetition penalty."""
+    the delay pattern, no EOS mask.
+
+    Raises (from the row builder):
+        InvalidRequestError: a repetition penalty other than 1.
+    """
 
     def build(req: Request) -> SamplingRow:
         sp = req.sampling
+        if sp.repetition_penalty not in (None, 1.0):
+            raise InvalidRequestError(
+                "repetition_penalty is not supported by higgs_audio_v2 (its codebook logits "
+                "take none, as transformers' Higgs generation refuses one)",
+                param="repetition_penalty",
+            )
         return SamplingRow(
             temperature=float(sp.or_default("temperature", defaults["temperature"])),
             top_p=float(sp.or_default("top_p", defaults["top_p"])),
