@@ -155,6 +155,15 @@ class ARDecodeConfig:
             the sampled frame, which EOS drops).
         detokenize: ``detokenize(token_ids) -> text``; when set, the loop emits the growing
             text as TEXT deltas (held back while it ends in an incomplete character).
+        eos_all_codebooks: a frame ends generation only when every position ``eos_codebooks``
+            names (all when None) holds an EOS id (a delay pattern's end cascade,
+            ``omnistep.sampling.delay``); False: any one does.
+        stream_delay: a codebook delay pattern (``omnistep.sampling.delay.DelayPattern``):
+            the stream receives the undelayed audio frames (``[num_codebooks]`` long tensors,
+            ``DelayPattern.undelay``) as soon as each is complete, instead of the sampled
+            (delayed) frames; the loop's result and a rollout's records stay the sampled
+            (delayed) steps, its ``mask`` marks the pattern's forced ids as no actions, and
+            ``info["delay"]`` holds the pattern (``in_frame_order`` maps records to frames).
         honor_request_cap: the request's ``max_new_tokens`` caps this loop too (False for a
             stage the caller does not count, e.g. a talker behind a chat's ``max_tokens``).
     """
@@ -174,6 +183,8 @@ class ARDecodeConfig:
     stream_on_eos: bool = False
     detokenize: Callable[[list[int]], str] | None = None
     honor_request_cap: bool = True
+    eos_all_codebooks: bool = False
+    stream_delay: Any = None
 
 
 @dataclass
@@ -275,7 +286,12 @@ class ARDecodeLoop:
                 state.stream.put(out.hidden)
             return state
         state.frames.append(tuple(out.tokens))
-        if state.stream is not None:
+        if state.stream is not None and self.config.stream_delay is not None:
+            delay = self.config.stream_delay  # the frame that just became complete, if any
+            n = len(state.frames)
+            for f in range(delay.num_ready(n - 1), delay.num_ready(n)):
+                state.stream.put(delay.undelay(state.frames, f, f + 1)[0])
+        elif state.stream is not None:
             state.stream.put(out.hidden if self.config.stream_hidden else tuple(out.tokens))
         if self.config.detokenize is not None:
             self._emit_text(state)
@@ -285,7 +301,8 @@ class ARDecodeLoop:
         """Whether the frame holds an EOS id at a position ``eos_codebooks`` names."""
         positions = self.config.eos_codebooks
         ids = frame if positions is None else [frame[i] for i in positions]
-        return any(t in self.config.eos_token_ids for t in ids)
+        hits = (t in self.config.eos_token_ids for t in ids)
+        return all(hits) if self.config.eos_all_codebooks else any(hits)
 
     def _emit_text(self, state: ARDecodeState) -> None:
         """Emit the text decoded so far beyond what was emitted (whole characters only)."""
@@ -305,6 +322,11 @@ class ARDecodeLoop:
             "seed": state.seed,
             "mask": self.sampled_mask([r.tokens for r in state.trajectory]),
         }
+        if self.config.stream_delay is not None:  # forced BOS/EOS ids are no actions
+            info["mask"] = self.config.stream_delay.forced_mask(
+                [r.tokens for r in state.trajectory]
+            )
+            info["delay"] = self.config.stream_delay
         return LoopResult(list(state.frames), metrics, state.trajectory, info)
 
     def score(

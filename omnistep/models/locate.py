@@ -46,6 +46,12 @@ LAYOUTS: dict[str, WeightsLayout] = {
         architectures=("Qwen3TTSForConditionalGeneration",),
         description="config.json with model_type qwen3_tts (Qwen/Qwen3-TTS-12Hz-*)",
     ),
+    "higgs_audio_v2": WeightsLayout(
+        model_types=("higgs_audio_v2",),
+        architectures=("HiggsAudioV2ForConditionalGeneration",),
+        description="config.json with model_type higgs_audio_v2 (transformers layout of "
+        "bosonai/higgs-audio-v2-generation-3B-base)",
+    ),
     "qwen2_5_omni": WeightsLayout(
         model_types=("qwen2_5_omni",),
         architectures=("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel"),

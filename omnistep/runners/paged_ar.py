@@ -9,6 +9,7 @@ a batch of one takes the same path. A family subclass says only what is its own:
     _prefill_inputs(unit)   input rows ``[prompt rows + len(unit.generated), in_dim]``
     _step_inputs(units)     input rows ``[B, in_dim]``: each unit's ``last`` frame
     _lm_inputs(rows, lens)  ``inputs_embeds`` ``[N, hidden]`` of the stack (default: the rows)
+    _make_stack(cfg, dtype) the decoder stack (default: ``LlamaModel``)
     _head(hidden, seq_id)   logits ``[B, num_codebooks, vocab]`` of final hidden states
     _sampling_logits(l)     logits as the sampler sees them (default: unchanged)
     _score_head(h, prompt)  ``_head`` for ``score_logits``: chosen by the prompt, not by a
@@ -209,7 +210,7 @@ class PagedARModel:
         self.dtype = dtype
         self.batch_invariant = batch_invariant
         self.num_codebooks = num_codebooks
-        self.llama = LlamaModel(llama, device=self.device, dtype=dtype).eval()
+        self.llama = self._make_stack(llama, dtype).eval()
         self.cache = self.llama.make_cache(kv.num_blocks, kv.block_size)
         self.table = SequenceTable(BlockManager.from_config(kv))
         self.blocks = self.table.blocks
@@ -230,6 +231,12 @@ class PagedARModel:
         self.weight_version = 0
 
     # ------------------------------------------------------------ subclass hooks
+    def _make_stack(self, llama: LlamaConfigLite, dtype: torch.dtype) -> LlamaModel:
+        """The decoder stack, built once at construction (on ``self.device``): a
+        ``LlamaModel`` by default; a family whose layers differ (Higgs Audio v2's DualFFN)
+        returns its ``LlamaModel`` subclass."""
+        return LlamaModel(llama, device=self.device, dtype=dtype)
+
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
         """Input rows ``[prompt rows + len(unit.generated), in_dim]`` (compute dtype, on the
         device); raises ValueError for a malformed prompt."""

@@ -12,6 +12,7 @@ EOS mask, softmax.
 Imports: torch and ``omnistep.core`` only.
 """
 
+from omnistep.sampling.delay import DelayPattern
 from omnistep.sampling.params import SamplingRow
 from omnistep.sampling.processors import (
     BatchParams,
@@ -33,6 +34,7 @@ from omnistep.sampling.sampler import (
 
 __all__ = [
     "BatchParams",
+    "DelayPattern",
     "SampleOutput",
     "SamplingRow",
     "apply_repetition_penalty",

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omnistep.core.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from omnistep.sampling.delay import DelayPattern
 
 
 def _invalid(name: str, value: object, why: str) -> InvalidRequestError:
@@ -43,6 +47,8 @@ class SamplingRow:
         min_new_tokens: EOS is masked while fewer tokens than this have been generated.
         eos_token_id: the EOS id (the same in every codebook), or None.
         min_keep: top-p and top-k never keep fewer tokens than this (upstream ChatTTS: 3).
+        delay: the codebook delay pattern (``omnistep.sampling.delay``): forced BOS/EOS ids
+            masked in before any other processing; None: no delay.
     """
 
     temperature: float | tuple[float, ...] = 1.0
@@ -54,6 +60,7 @@ class SamplingRow:
     min_new_tokens: int = 0
     eos_token_id: int | None = None
     min_keep: int = 3
+    delay: DelayPattern | None = None
 
     def __post_init__(self) -> None:
         temps = self.temperature if isinstance(self.temperature, tuple) else (self.temperature,)

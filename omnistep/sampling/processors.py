@@ -6,7 +6,8 @@ a row's result never depends on the other rows. ``processed_logprobs`` chains th
 ChatTTS's order (``GPT.generate`` in ChatTTS/model/gpt.py, processors from ``gen_logits`` in
 ChatTTS/model/processors.py):
 
-    logits / temperature -> repetition penalty -> top-p -> top-k (min keep) -> EOS mask
+    delay pattern (forced ids, when a row has one: ``omnistep.sampling.delay``)
+    -> logits / temperature -> repetition penalty -> top-p -> top-k (min keep) -> EOS mask
     -> log-softmax
 
 Imports: torch and ``omnistep.core`` only (through ``omnistep.sampling.params``).
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from omnistep.sampling.delay import constrain
 from omnistep.sampling.params import SamplingRow
 
 NEG_INF = float("-inf")
@@ -217,6 +219,8 @@ def processed_logprobs(
         if len(seq) != batch:
             raise ValueError(f"'{name}' has {len(seq)} entries for a batch of {batch}")
     params = build_params(rows, num_generated, num_vq, vocab, logits.device)
+    if any(row.delay is not None for row in rows):  # forced ids first, as upstream Higgs
+        logits = constrain(logits, [row.delay for row in rows], history, num_generated)
     x = logits.float() / params.temperature
     if any(row.repetition_penalty != 1.0 for row in rows):
         windows = [row.penalty_window for row in rows]
