@@ -480,3 +480,74 @@ async def test_talker_takes_the_media_positions(model, root, kind):
 def prompt_encodings(model, req):
     """The encoder's outputs for a request's media (from its cache: already encoded)."""
     return model.components["encoder"].execute(WorkUnitKind.ENCODE, req.media)
+
+
+# ------------------------------------------------------------------ /v1/audio/transcriptions
+ASR_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def asr_model(root):
+    """The tiny card with a short thinker cap (random weights rarely say ``<|im_end|>``)."""
+    return ModelInstance.load(
+        build_card(str(root), dataclasses.replace(OPTIONS, thinker_max_new_tokens=ASR_STEPS))
+    )
+
+
+def test_transcription_prompt_is_the_asr_cookbook_chat(asr_model):
+    """System "You are a speech recognition model.", then the instruction naming the language
+    (English by default) and the audio; an unknown language is a typed 400 error."""
+    card = asr_model.card
+    assert Capability.TRANSCRIPTION in card.capabilities
+    audio = _item("audio")
+    system, user = card.transcription_prompt(audio, None, "ignored vocabulary")
+    assert (system.role, system.content) == ("system", "You are a speech recognition model.")
+    instruction = "Transcribe the English audio into text without any punctuation marks."
+    assert user.role == "user" and user.parts == (instruction, audio)
+    _, user = card.transcription_prompt(audio, "de", None)
+    assert user.parts[0] == "Transcribe the German audio into text without any punctuation marks."
+    with pytest.raises(InvalidRequestError) as info:
+        card.transcription_prompt(audio, "xx", None)
+    assert info.value.param == "language"
+
+
+async def test_sdk_transcription_equals_transformers_greedy_thinker(asr_model, root, tmp_path):
+    """``client.audio.transcriptions.create`` on a 16 kHz float WAV returns exactly the text
+    of transformers' greedy thinker ``generate`` on the cookbook chat with that clip, and
+    ``/v1/models`` lists ``transcription`` for the card."""
+    import io
+
+    import httpx
+    import openai
+    import soundfile as sf
+
+    from omnistep.server import ServerConfig, build_app
+
+    samples = _clip(2.0, seed=5)
+    wav = io.BytesIO()
+    sf.write(wav, samples, 16000, format="WAV", subtype="FLOAT")
+    engine = AsyncEngine([asr_model])
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test/v1/") as http:
+            client = openai.AsyncOpenAI(api_key="x", base_url="http://test/v1", http_client=http)
+            listed = {m.id: m for m in (await client.models.list()).data}
+            assert "transcription" in listed["qwen2.5-omni"].capabilities
+            out = await client.audio.transcriptions.create(
+                model="qwen2.5-omni", file=("clip.wav", wav.getvalue()), language="fr"
+            )
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.audio.transcriptions.create(
+                    model="qwen2.5-omni", file=("clip.wav", wav.getvalue()), language="xx"
+                )
+            assert info.value.body["param"] == "language"
+    finally:
+        await engine.shutdown()
+    instruction = "Transcribe the French audio into text without any punctuation marks."
+    messages = [
+        {"role": "system", "content": "You are a speech recognition model."},
+        {"role": "user", "content": [{"type": "text", "text": instruction}, {"type": "audio"}]},
+    ]
+    expected = reference.audio_chat_text_greedy(root, messages, [samples], ASR_STEPS)
+    assert out.text == expected.strip() and out.text
