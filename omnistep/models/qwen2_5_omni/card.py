@@ -133,6 +133,14 @@ MEDIA_CAPABILITIES = {
 """The media inputs a folder's towers give, by tensor name prefix."""
 
 
+SPEECH_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+    "perceiving auditory and visual inputs, as well as generating text and speech."
+)
+"""The system prompt the official model card requires for spoken answers (its README and
+``assets.QWEN_SPEECH_SYSTEM_PROMPT``; transformers only warns without it). Realtime sessions
+lead with it (``ModelCard.speech_system_prompt``); chat requests are left as sent."""
+
 ASR_SYSTEM_PROMPT = "You are a speech recognition model."
 """The system prompt of Qwen's ASR cookbook (``universal_audio_understanding.ipynb``)."""
 
@@ -521,6 +529,7 @@ def build_card(
         on_weights_updated=_refresh_talker_text_rows,
         first_audio_alone=opts.first_audio_alone,
         transcription_prompt=transcription_messages if asr else None,
+        speech_system_prompt=SPEECH_SYSTEM_PROMPT,
         parity=frozenset({"C0", "C1", "C3", "reference"}),
         description="Qwen2.5-Omni: thinker -> talker -> token2wav (DiT + BigVGAN), 24 kHz.",
     )
