@@ -480,3 +480,181 @@ async def test_talker_takes_the_media_positions(model, root, kind):
 def prompt_encodings(model, req):
     """The encoder's outputs for a request's media (from its cache: already encoded)."""
     return model.components["encoder"].execute(WorkUnitKind.ENCODE, req.media)
+
+
+# ------------------------------------------------------------------ /v1/audio/transcriptions
+ASR_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def asr_model(root):
+    """The tiny card with a short thinker cap (random weights rarely say ``<|im_end|>``)."""
+    return ModelInstance.load(
+        build_card(str(root), dataclasses.replace(OPTIONS, thinker_max_new_tokens=ASR_STEPS))
+    )
+
+
+def test_transcription_prompt_is_the_asr_cookbook_chat(asr_model):
+    """System "You are a speech recognition model.", then the instruction naming the language
+    (English by default) and the audio; an unknown language is a typed 400 error."""
+    card = asr_model.card
+    assert Capability.TRANSCRIPTION in card.capabilities
+    audio = _item("audio")
+    system, user = card.transcription_prompt(audio, None, "ignored vocabulary")
+    assert (system.role, system.content) == ("system", "You are a speech recognition model.")
+    instruction = "Transcribe the English audio into text without any punctuation marks."
+    assert user.role == "user" and user.parts == (instruction, audio)
+    _, user = card.transcription_prompt(audio, "de", None)
+    assert user.parts[0] == "Transcribe the German audio into text without any punctuation marks."
+    with pytest.raises(InvalidRequestError) as info:
+        card.transcription_prompt(audio, "xx", None)
+    assert info.value.param == "language"
+
+
+async def test_sdk_transcription_equals_transformers_greedy_thinker(asr_model, root, tmp_path):
+    """``client.audio.transcriptions.create`` on a 16 kHz float WAV returns exactly the text
+    of transformers' greedy thinker ``generate`` on the cookbook chat with that clip, and
+    ``/v1/models`` lists ``transcription`` for the card."""
+    import io
+
+    import httpx
+    import openai
+    import soundfile as sf
+
+    from omnistep.server import ServerConfig, build_app
+
+    samples = _clip(2.0, seed=5)
+    wav = io.BytesIO()
+    sf.write(wav, samples, 16000, format="WAV", subtype="FLOAT")
+    engine = AsyncEngine([asr_model])
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test/v1/") as http:
+            client = openai.AsyncOpenAI(api_key="x", base_url="http://test/v1", http_client=http)
+            listed = {m.id: m for m in (await client.models.list()).data}
+            assert "transcription" in listed["qwen2.5-omni"].capabilities
+            out = await client.audio.transcriptions.create(
+                model="qwen2.5-omni", file=("clip.wav", wav.getvalue()), language="fr"
+            )
+            with pytest.raises(openai.BadRequestError) as info:
+                await client.audio.transcriptions.create(
+                    model="qwen2.5-omni", file=("clip.wav", wav.getvalue()), language="xx"
+                )
+            assert info.value.body["param"] == "language"
+    finally:
+        await engine.shutdown()
+    instruction = "Transcribe the French audio into text without any punctuation marks."
+    messages = [
+        {"role": "system", "content": "You are a speech recognition model."},
+        {"role": "user", "content": [{"type": "text", "text": instruction}, {"type": "audio"}]},
+    ]
+    expected = reference.audio_chat_text_greedy(root, messages, [samples], ASR_STEPS)
+    assert out.text == expected.strip() and out.text
+
+
+# ------------------------------------------------------------------ WS /v1/realtime
+async def test_realtime_audio_turn_is_spoken_and_its_transcript_equals_the_chat_answer(
+    asr_model, tmp_path
+):
+    """``client.realtime.connect`` on the tiny omni card: a committed audio turn gets
+    ``response.output_audio.delta``s and a transcript equal to the chat API's greedy answer to
+    the same history. The session's chat leads with the card's speech system prompt, verbatim,
+    then the session's instructions as a second system message."""
+    import base64
+    import io
+    import socket
+
+    import openai
+    import soundfile as sf
+    import uvicorn
+
+    from omnistep.models.qwen2_5_omni.card import SPEECH_SYSTEM_PROMPT
+    from omnistep.server import ServerConfig, build_app
+
+    engine = AsyncEngine([asr_model])
+    sent: list[Request] = []
+    add_request = engine.add_request
+
+    def recording(req, *args, **kwargs):
+        sent.append(req)
+        return add_request(req, *args, **kwargs)
+
+    engine.add_request = recording
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    uv = uvicorn.Server(config)
+    serving = asyncio.ensure_future(uv.serve())
+    while not uv.started:
+        await asyncio.sleep(0.02)
+    client = openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
+    clip = (0.3 * np.sin(np.arange(36000) / 7.0)).astype(np.float32)  # 1.5 s at 24 kHz
+    pcm = base64.b64encode((clip * 32767).astype("<i2").tobytes()).decode()
+    try:
+        async with client.realtime.connect(model="qwen2.5-omni") as conn:
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "instructions": "Be brief.",
+                    "output_modalities": ["audio"],
+                    "audio": {"input": {"turn_detection": None}, "output": {"voice": "Ethan"}},
+                }
+            )
+            await conn.input_audio_buffer.append(audio=pcm)
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            events = []
+            async with asyncio.timeout(300):
+                async for event in conn:
+                    events.append(event)
+                    if event.type in ("response.done", "error"):
+                        break
+        assert events[-1].type == "response.done", events[-1]
+        assert events[-1].response.status == "completed"
+        audio = b"".join(
+            base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
+        )
+        transcript = "".join(
+            e.delta for e in events if e.type == "response.output_audio_transcript.delta"
+        )
+        assert len(audio) > 0 and len(audio) % 2 == 0 and transcript
+        (req,) = sent
+        assert [(m.role, m.content) for m in req.messages[:2]] == [
+            ("system", SPEECH_SYSTEM_PROMPT),
+            ("system", "Be brief."),
+        ]
+        (heard,) = req.media  # the session's 16 kHz item, sent again through the chat API
+        wav = io.BytesIO()
+        sf.write(wav, heard.data, 16000, format="WAV", subtype="FLOAT")
+        chat = await client.chat.completions.create(
+            model="qwen2.5-omni",
+            messages=[
+                {"role": "system", "content": SPEECH_SYSTEM_PROMPT},
+                {"role": "system", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "input_audio",
+                            "input_audio": {
+                                "data": base64.b64encode(wav.getvalue()).decode(),
+                                "format": "wav",
+                            },
+                        }
+                    ],
+                },
+            ],
+            modalities=["text", "audio"],
+            audio={"voice": "Ethan", "format": "wav"},
+            temperature=0,
+            seed=3,
+        )
+        assert sent[-1].media[0].sha256 == heard.sha256  # the same samples reached the card
+        assert chat.choices[0].message.audio.transcript == transcript
+    finally:
+        uv.should_exit = True
+        await serving
+        await engine.shutdown()

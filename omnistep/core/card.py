@@ -220,6 +220,11 @@ class ModelCard:
             or vocabulary to prefer, or None) are OpenAI's transcription hints, which the hook
             may fold into its instruction or ignore. Set with ``Capability.TRANSCRIPTION``;
             None: the card does not transcribe.
+        speech_system_prompt: the system prompt the model's authors require for spoken
+            answers (Qwen2.5-Omni's "You are Qwen, a virtual human..."): a realtime session
+            answering with audio leads its chat with it, verbatim, and puts the session's
+            ``instructions`` after it as a second system message. Chat requests are sent as
+            the client wrote them. None: the card needs none.
     """
 
     card_id: str
@@ -250,6 +255,7 @@ class ModelCard:
     transcription_prompt: (
         Callable[[MediaItem, str | None, str | None], tuple[ChatMessage, ...]] | None
     ) = field(default=None, compare=False, repr=False)
+    speech_system_prompt: str | None = None
 
     @property
     def model_ids(self) -> tuple[str, ...]:

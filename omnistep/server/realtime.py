@@ -20,8 +20,10 @@ Events are those of the ``openai`` SDK's ``types/realtime`` (GA shapes). Client 
 The conversation is kept as chat history: each item becomes a ``ChatMessage`` (user audio as a
 ``MediaItem`` resampled with soxr from 24 kHz to the card's ``media_sample_rate``; assistant
 turns as the text of what was said), and each response is one engine request over the whole
-history (``instructions`` as a leading system message), text out, plus audio when asked (the
-card's audio resampled to 24 kHz pcm16). The history is bounded (``MAX_ITEMS`` items,
+history (``instructions`` as a leading system message; for an audio answer from a card with a
+``speech_system_prompt``, that prompt leads, verbatim, and ``instructions`` follow as a second
+system message), text out, plus audio when asked (the card's audio resampled to 24 kHz
+pcm16). The history is bounded (``MAX_ITEMS`` items,
 ``MAX_HISTORY_AUDIO_SECONDS`` of user audio: the oldest items go first). KV reuse across turns
 (turn N+1 prefilling only the new audio) is a later step: each turn prefills the history again.
 
@@ -569,7 +571,11 @@ class RealtimeSession:
     def _request(self, response: _Response, instructions: str | None) -> Request:
         system = instructions if instructions is not None else self.config.instructions
         history = [m for i in self.items if i is not response.item for m in [i.chat_message()] if m]
-        messages = ([ChatMessage("system", system)] if system else []) + history
+        lead = [ChatMessage("system", system)] if system else []
+        required = self.card.speech_system_prompt
+        if response.item.audio_output and required and system != required:
+            lead.insert(0, ChatMessage("system", required))
+        messages = lead + history
         outputs = {Modality.TEXT} | ({Modality.AUDIO} if response.item.audio_output else set())
         return Request(
             model=self.model_id,

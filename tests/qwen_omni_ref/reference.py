@@ -876,3 +876,21 @@ def talker_media_prefill_logits(
         )
         talker.rope_deltas = None
     return out.logits[0, -1].float().clone()
+
+
+def audio_chat_text_greedy(root: Path, messages: Messages, clips: Sequence[Any], steps: int) -> str:
+    """The thinker's greedy text answer (``skip_special_tokens``, at most ``steps`` tokens) to
+    a chat whose messages hold audio parts (``{"type": "audio"}``, one per clip of ``clips``
+    in order, 16 kHz float32): the tokenizer's chat template, each ``<|AUDIO|>`` repeated as
+    many times as the audio tower gives rows for its clip (the processor's expansion: 2 mel
+    frames per step of the conv stem, then the 2x pooling), then ``thinker_media_greedy``."""
+    model, tok = load_reference(root)
+    ids = prompt_ids(root, messages).tolist()
+    _, mask = mel_features(clips)
+    counts = iter([((int(n) - 1) // 2 + 1 - 2) // 2 + 1 for n in mask.sum(-1)])
+    audio = model.config.thinker_config.audio_token_index
+    expanded: list[int] = []
+    for i in ids:
+        expanded.extend([i] * next(counts) if i == audio else [i])
+    out = thinker_media_greedy(root, expanded, steps, clips)
+    return tok.decode(out.token_ids.tolist(), skip_special_tokens=True)

@@ -26,7 +26,9 @@ accepted and map to the first speaker (Chelsie). Thinker sampling defaults come 
 
 Media inputs (``Capability.AUDIO_INPUT``, ``IMAGE_INPUT``, ``VIDEO_INPUT``) are declared when
 the folder holds both towers (``thinker.audio_tower.*`` and ``thinker.visual.*``); the
-encoder then is a component of its own. A video's audio track is not used
+encoder then is a component of its own, and the card transcribes (``Capability.TRANSCRIPTION``:
+``transcription_messages``, Qwen's ASR cookbook chat, answered by the thinker alone). A video's
+audio track is not used
 (``use_audio_in_video`` False).
 
 This module declares the card only: ``frontend`` (kernel node, tokenizer), ``encoders`` and
@@ -45,12 +47,14 @@ import torch
 
 from omnistep.core import (
     Capability,
+    ChatMessage,
     ComponentSpec,
     InvalidRequestError,
     KernelNode,
     LoopKind,
     LoopNode,
     LoopSpec,
+    MediaItem,
     Modality,
     ModelCard,
     ModelFilesError,
@@ -127,6 +131,64 @@ MEDIA_CAPABILITIES = {
     "thinker.visual.": (Capability.IMAGE_INPUT, Capability.VIDEO_INPUT),
 }
 """The media inputs a folder's towers give, by tensor name prefix."""
+
+
+SPEECH_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "
+    "perceiving auditory and visual inputs, as well as generating text and speech."
+)
+"""The system prompt the official model card requires for spoken answers (its README and
+``assets.QWEN_SPEECH_SYSTEM_PROMPT``; transformers only warns without it). Realtime sessions
+lead with it (``ModelCard.speech_system_prompt``); chat requests are left as sent."""
+
+ASR_SYSTEM_PROMPT = "You are a speech recognition model."
+"""The system prompt of Qwen's ASR cookbook (``universal_audio_understanding.ipynb``)."""
+
+ASR_INSTRUCTION = "Transcribe the {language} audio into text without any punctuation marks."
+"""The cookbook's ASR instruction; ``{language}``: the language's English name."""
+
+
+def language_name(code: str | None) -> str:
+    """The English name of an ISO-639-1 ``code`` (``"de"`` -> ``"German"``), from the list of
+    Whisper's tokenizer (``transformers.models.whisper.tokenization_whisper.LANGUAGES``, 100
+    languages: the audio tower is Whisper's); None -> ``"English"``, the cookbook's default.
+
+    Raises:
+        InvalidRequestError: (code ``unsupported_language``) a code not in that list.
+    """
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    if code is None:
+        return "English"
+    name = LANGUAGES.get(code.lower())
+    if name is None:
+        raise InvalidRequestError(
+            f"'language' {code!r} is not one Qwen2.5-Omni's audio tower knows; use an "
+            "ISO-639-1 code such as 'en', 'zh', 'de'",
+            param="language",
+            code="unsupported_language",
+        )
+    return name.title()
+
+
+def transcription_messages(
+    audio: MediaItem, language: str | None, prompt: str | None
+) -> tuple[ChatMessage, ...]:
+    """The card's ``transcription_prompt``: the layout of Qwen's ASR cookbook
+    (``QwenLM/Qwen2.5-Omni`` ``cookbooks/universal_audio_understanding.ipynb``): the system
+    message ``ASR_SYSTEM_PROMPT``, then a user message whose parts are the instruction
+    (``ASR_INSTRUCTION`` with ``language_name(language)``) then the audio. ``prompt`` is not
+    used (the cookbook has no place for it). Answered as text only (no talker).
+
+    Raises:
+        InvalidRequestError: an unknown ``language`` (``language_name``).
+    """
+    del prompt  # the cookbook's chat has no slot for a vocabulary prompt
+    instruction = ASR_INSTRUCTION.format(language=language_name(language))
+    return (
+        ChatMessage("system", ASR_SYSTEM_PROMPT),
+        ChatMessage("user", instruction, (instruction, audio)),
+    )
 
 
 def media_capabilities(files: QwenOmniFiles) -> frozenset[Capability]:
@@ -411,6 +473,7 @@ def build_card(
         ),
     )
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
+    asr = (Capability.TRANSCRIPTION,) if Capability.AUDIO_INPUT in media_caps else ()
     encoder_parts = ()
     if media_caps:
         encoder_parts = (
@@ -457,7 +520,7 @@ def build_card(
             ),
         ),
         program=program,
-        capabilities=frozenset({Capability.CHAT_TEXT, Capability.CHAT_AUDIO, *media_caps}),
+        capabilities=frozenset({Capability.CHAT_TEXT, Capability.CHAT_AUDIO, *media_caps, *asr}),
         sample_rate=24000,
         media_sample_rate=int(preprocessor["sampling_rate"]),
         voices=tuple(speakers),
@@ -465,6 +528,8 @@ def build_card(
         voice_validator=frontend.speaker_name,
         on_weights_updated=_refresh_talker_text_rows,
         first_audio_alone=opts.first_audio_alone,
+        transcription_prompt=transcription_messages if asr else None,
+        speech_system_prompt=SPEECH_SYSTEM_PROMPT,
         parity=frozenset({"C0", "C1", "C3", "reference"}),
         description="Qwen2.5-Omni: thinker -> talker -> token2wav (DiT + BigVGAN), 24 kHz.",
     )
