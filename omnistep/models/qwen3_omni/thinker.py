@@ -11,7 +11,9 @@ what this component runs (media prompts, which need 3-D positions, are a later s
 
 Routing (for rollouts: Rollout Routing Replay later): every forward's experts per token and MoE
 layer (``PagedARModel.last_routing``) are kept per sequence, ``routing(seq_id)`` ``[T, L, k]``
-in the order its tokens were computed; freed with the sequence.
+in the order its tokens were computed; reset when the sequence is (re)admitted, freed with it.
+A group member forked from a computed prompt has no rows for that prompt (the computing
+member has them); scoring (``score_*``) records nothing and cannot replay routing yet.
 
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``,
 ``omnistep.runners``.
@@ -38,7 +40,9 @@ ENCODER_PREFIXES = ("audio_tower.", "visual.")
 @dataclass(frozen=True)
 class ThinkerTextConfig:
     """``thinker_config.text_config`` (``Qwen3OmniMoeTextConfig``), the fields the text model
-    uses; defaults are transformers' (published values in brackets where they differ)."""
+    uses, defaults transformers'; ``from_dict(raw, "talker_config")`` reads the talker's
+    (``Qwen3OmniMoeTalkerTextConfig``: the same keys plus ``shared_expert_intermediate_size``,
+    ``norm_topk_prob`` false)."""
 
     vocab_size: int = 152064
     hidden_size: int = 2048
@@ -61,6 +65,8 @@ class ThinkerTextConfig:
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     tie_word_embeddings: bool = False
+    shared_expert_intermediate_size: int = 0
+    """The talker's gated shared expert width; 0 (the thinker): none."""
 
     def __post_init__(self) -> None:
         if sum(self.mrope_section) != self.head_dim // 2:
@@ -72,21 +78,25 @@ class ThinkerTextConfig:
             raise ValueError("thinker text_config: attention_bias=True is not supported")
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> ThinkerTextConfig:
-        """From ``config.json`` (the whole dict, ``thinker_config`` or its ``text_config``);
-        rope from ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``.
+    def from_dict(cls, raw: Mapping[str, Any], part: str = "thinker_config") -> ThinkerTextConfig:
+        """From ``config.json`` (the whole dict, its ``part`` -- ``thinker_config`` or
+        ``talker_config`` -- or that part's ``text_config``); rope from ``rope_parameters``
+        (transformers 5) or ``rope_theta`` + ``rope_scaling``.
 
         Raises:
             ValueError: a rope type other than default, or values the stack rejects.
         """
-        raw = raw.get("thinker_config", raw)
+        raw = raw.get(part, raw)
         tie = bool(raw.get("tie_word_embeddings", False))
         text = raw.get("text_config", raw)
         rope = dict(text.get("rope_scaling") or {}) | dict(text.get("rope_parameters") or {})
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"thinker text_config: unsupported rope {rope!r}")
-        names = {f for f in cls.__dataclass_fields__ if f in text}
+        names = {f for f in cls.__dataclass_fields__ if text.get(f) is not None}
         fields: dict[str, Any] = {n: text[n] for n in names}
+        if "num_experts" not in fields and text.get("num_local_experts") is not None:
+            # transformers 5 writes the talker's expert count under its attribute_map name
+            fields["num_experts"] = text["num_local_experts"]
         fields["mlp_only_layers"] = tuple(text.get("mlp_only_layers") or ())
         fields["rope_theta"] = rope.get("rope_theta", text.get("rope_theta", cls.rope_theta))
         if "mrope_section" in rope:
@@ -102,6 +112,7 @@ class ThinkerTextConfig:
             num_experts=self.num_experts,
             num_experts_per_tok=self.num_experts_per_tok,
             norm_topk_prob=self.norm_topk_prob,
+            shared_expert_intermediate_size=self.shared_expert_intermediate_size,
             hidden_act=self.hidden_act,
         )
         return LlamaConfigLite.of(
@@ -200,6 +211,12 @@ class Qwen3OmniThinker(PagedARModel):
         return self._teacher_forced(first, steps if incremental else [])
 
     # ------------------------------------------------------------ hooks
+    def _on_admit(self, unit: ARPrefillInput) -> None:
+        """A (re)started sequence's routing starts empty (a recompute after a preemption
+        records its prompt again; a group member forked from a computed prompt has no rows
+        for it)."""
+        self._routing[unit.seq_id] = []
+
     def _forward(
         self, rows: torch.Tensor, positions: torch.Tensor, seq_ids: list[str], query_lens: list[int]
     ) -> torch.Tensor:

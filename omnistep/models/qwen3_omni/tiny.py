@@ -102,7 +102,7 @@ class Qwen3OmniSizes:
     talker_layers: int = 2
     """(20)."""
     shared_expert_intermediate: int = 24
-    """The talker's shared expert width (768)."""
+    """The talker's gated shared expert width."""
     codebook_size: int = 64
     """Codes per codebook (2048)."""
     num_code_groups: int = 16
@@ -376,6 +376,11 @@ def write_tiny_qwen3_omni(
     for name, text in files.items():
         (root / name).write_text(text, encoding="utf-8")
     return root
+
+
+FOLDER_VARIANTS: tuple[str, ...] = ()
+"""One kind of folder (the Instruct layout), for ``omnistep weights`` once the family is
+registered."""
 
 
 def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
