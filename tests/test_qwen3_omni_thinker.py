@@ -110,3 +110,25 @@ def _ref_routing(ref, ids: list[int]) -> torch.Tensor:
         for logits in out.router_logits
     ]
     return torch.stack(per_layer, dim=1)
+
+
+def test_batch_invariant_logits_do_not_depend_on_the_batch(qwen3_omni_folder, models):
+    """C3 with MoE layers: in batch_invariant mode a prompt's logits and routing are the same
+    bits alone and prefilled beside another prompt."""
+    _, _, tok = models
+    ours = load_thinker(Qwen3OmniCheckpoint.open(qwen3_omni_folder), KV, batch_invariant=True)
+    first, second = _prompts(tok)
+
+    def prefill(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        units = [
+            ARPrefillInput(f"s{i}", tuple(p), (), (), GREEDY, None) for i, p in enumerate(prompts)
+        ]
+        outs = ours.execute(PREFILL, units)
+        routing = ours.routing("s0")
+        for i in range(len(prompts)):
+            ours.free_sequence(f"s{i}")
+        return outs[0].hidden, routing
+
+    alone, routing_alone = prefill([first])
+    beside, routing_beside = prefill([first, second])
+    assert torch.equal(alone, beside) and torch.equal(routing_alone, routing_beside)

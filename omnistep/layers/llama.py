@@ -3,7 +3,9 @@
 Imports torch and ``omnistep.layers`` only. Architecture and parameter names follow transformers'
 ``LlamaModel`` (models/llama/modeling_llama.py): pre-norm decoder layers (RMSNorm -> attention with
 rope -> residual; RMSNorm -> SwiGLU MLP -> residual) and a final RMSNorm, so a transformers state
-dict loads key for key (``load_hf_state_dict``). There is no token embedding: callers feed
+dict loads key for key (``load_hf_state_dict``); with ``LlamaConfigLite.moe`` the MLPs are
+``layers.moe.MoEFeedForward`` (Qwen3-MoE, Qwen3-Omni) and ``forward`` can return each MoE
+layer's routing. There is no token embedding: callers feed
 ``inputs_embeds`` (ChatTTS sums its own text/code embeddings). Inputs are varlen: the new tokens of
 B sequences flattened into N rows, described by an ``AttentionMetadata``. ``forward_dense`` runs
 one whole sequence without a cache, with autograd (a trainer's teacher-forced score).

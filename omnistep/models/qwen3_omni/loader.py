@@ -142,7 +142,7 @@ class Qwen3OmniCheckpoint:
         Raises:
             Qwen3OmniCheckpointError: the checkpoint has no talker, or a bad value (named).
         """
-        self._need_talker("code2wav")
+        self.need_talker("code2wav")
         try:
             return CodecDecoderConfig.from_code2wav(self.config["code2wav_config"])
         except (TypeError, ValueError) as exc:
@@ -169,7 +169,8 @@ class Qwen3OmniCheckpoint:
             prefix="code2wav.",
         )
 
-    def _need_talker(self, what: str) -> None:
+    def need_talker(self, what: str) -> None:
+        """Raise Qwen3OmniCheckpointError (naming ``what``) when the checkpoint has no talker."""
         if not self.has_talker:
             raise Qwen3OmniCheckpointError(
                 f"{self.root / 'config.json'} has enable_audio_output false: the checkpoint has "

@@ -69,7 +69,7 @@ def load_talker_stack(
         Qwen3OmniCheckpointError: the checkpoint has no talker.
         KeyError / RuntimeError: a missing or mis-shaped tensor (named).
     """
-    checkpoint._need_talker("talker")
+    checkpoint.need_talker("talker")
     config = ThinkerTextConfig.from_dict(checkpoint.config, "talker_config")
     tensors = checkpoint.tensors("talker.")
     llama = LlamaModel(config.llama(), device=device, dtype=dtype).eval()
