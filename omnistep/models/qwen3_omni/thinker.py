@@ -179,12 +179,17 @@ class Qwen3OmniThinker(PagedARModel):
 
     def routing(self, seq_id: str) -> torch.Tensor:
         """The experts sequence ``seq_id``'s computed tokens were routed to, LongTensor
-        ``[T, sparse layers, k]`` (tokens in the order computed: prompt, then each step).
+        ``[T, sparse layers, k]`` on the CPU (tokens in the order computed: prompt, then each
+        step).
 
         Raises:
             KeyError: no such live sequence.
         """
-        return torch.cat(self._routing[seq_id])
+        pieces = self._routing[seq_id]
+        if not pieces:  # a group member forked from a computed prompt, before its first step
+            sparse = sum(layer.sparse for layer in self.llama.layers)
+            return torch.zeros(0, sparse, self.config.num_experts_per_tok, dtype=torch.long)
+        return torch.cat(pieces).cpu()
 
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks and its routing record."""
@@ -224,7 +229,7 @@ class Qwen3OmniThinker(PagedARModel):
         if self.last_routing is not None:
             pieces = self.last_routing.split(query_lens)
             for seq_id, piece in zip(seq_ids, pieces, strict=True):
-                self._routing.setdefault(seq_id, []).append(piece.cpu())
+                self._routing.setdefault(seq_id, []).append(piece)  # no host sync here
         return hidden
 
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
