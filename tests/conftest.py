@@ -38,6 +38,16 @@ def qwen3_tts_folders(tmp_path_factory):
     return {info.variant: info for info in infos}
 
 
+@pytest.fixture(scope="session")
+def qwen3_omni_folder(tmp_path_factory):
+    """A tiny Qwen3-Omni folder in the published layout (seed 0, default sizes), written once
+    per session by transformers' own classes (omnistep.models.qwen3_omni.tiny).
+    Read-only: a test that breaks a folder copies it first."""
+    from omnistep.models.qwen3_omni.tiny import write_tiny_qwen3_omni
+
+    return write_tiny_qwen3_omni(tmp_path_factory.mktemp("qwen3_omni_shared"))
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray for the module using it (2 CPUs; ``ray.init`` takes about 7 s on the 2-core

@@ -51,6 +51,16 @@ every causal conv's last ``(kernel - 1) * dilation`` inputs (the whole decode's 
 at the start); every overlapping transposed conv's last input. A chunk then computes only its
 own frames, and its samples are the whole decode's within float rounding.
 
+Qwen3-Omni's code2wav (``Qwen3OmniMoeCode2Wav``, transformers ``models/qwen3_omni_moe``) is
+this decoder with ``CodecDecoderConfig.code_embedding`` (``from_code2wav``): codes enter as the
+mean over codebooks of one embedding table (no quantizer, pre_conv or transformer
+projections), and its transposed convs trim ``kernel - stride`` outputs on the left as well as
+on the right. That left trim only delays the wave: frame s's samples start at
+``s * hop - output_shift`` (555 for rates 8 5 4 3) and T frames give ``T * hop -
+output_shift`` samples; it stays causal, and every reach above is walked in the trimmed
+coordinates. A stream's first chunk is ``output_shift`` samples short (``StreamPass.lost``),
+later chunks are ``chunk * hop``.
+
 The conv stack (upsample, decoder) keeps its activations time-major, ``[B, T, C]``, as the
 transformer does: ``layers.conv.conv1d_nwc`` runs its convs on pre-packed weights over them
 without layout copies, kernel-1 convs and transposed convs are GEMMs over the ``B T`` rows, and
@@ -143,6 +153,15 @@ class CodecDecoderConfig:
     decoder_dim: int = 1536
     rope_scaling: Mapping[str, Any] | None = field(default=None, compare=False)
     """Only None / ``{"rope_type": "default"}`` is supported."""
+    code_embedding: bool = False
+    """Qwen3-Omni's code2wav (``Qwen3OmniMoeCode2Wav``) instead of the speech tokenizer's
+    decoder: the input is one table ``code_embedding`` ``[codebook_size * Q, hidden_size]``
+    (codebook q's code c at row ``q * codebook_size + c``) averaged over the Q codebooks, fed
+    to the transformer as it is (no quantizer, no pre_conv, no input/output projections:
+    ``latent_dim`` must equal ``hidden_size``); and every transposed conv trims its
+    ``kernel - stride`` extra outputs on both sides (``Qwen3OmniMoeCausalTransConvNet``), not
+    on the right only, so the wave starts ``output_shift`` samples later (module docstring).
+    ``from_code2wav`` sets it."""
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -189,6 +208,11 @@ class CodecDecoderConfig:
         scaling = self.rope_scaling or {}
         if scaling.get("rope_type", scaling.get("type", "default")) != "default":
             raise ValueError(f"CodecDecoderConfig.rope_scaling is not supported: {scaling!r}")
+        if self.code_embedding and self.latent_dim != self.hidden_size:
+            raise ValueError(
+                "CodecDecoderConfig.latent_dim must equal hidden_size with code_embedding, got "
+                f"{self.latent_dim} and {self.hidden_size}"
+            )
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> CodecDecoderConfig:
@@ -196,6 +220,24 @@ class CodecDecoderConfig:
         one); keys this decoder does not use are ignored."""
         raw = raw.get("decoder_config", raw)
         return cls(**known_fields(cls, raw))
+
+    @classmethod
+    def from_code2wav(cls, raw: Mapping[str, Any]) -> CodecDecoderConfig:
+        """From Qwen3-Omni's ``code2wav_config`` (``Qwen3OmniMoeCode2WavConfig``): the same
+        field names, ``code_embedding`` set, ``latent_dim`` = ``hidden_size``; RoPE from
+        ``rope_parameters`` (transformers 5) or ``rope_theta`` / ``rope_scaling`` (4.x).
+
+        Raises:
+            ValueError: bad or unsupported values (named), as the constructor.
+        """
+        fields = known_fields(cls, raw)
+        rope = raw.get("rope_parameters") or {}
+        if "rope_theta" in rope:
+            fields["rope_theta"] = rope["rope_theta"]
+        if rope and "rope_scaling" not in fields:
+            fields["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+        fields.update(code_embedding=True, latent_dim=fields.get("hidden_size", cls.hidden_size))
+        return cls(**fields)
 
     @classmethod
     def of(cls, config: Any) -> CodecDecoderConfig:
@@ -213,15 +255,31 @@ class CodecDecoderConfig:
         return math.prod(self.upsampling_ratios) * math.prod(self.upsample_rates)
 
     @property
+    def output_shift(self) -> int:
+        """Samples the wave starts later than frame 0's first sample: 0, or with
+        ``code_embedding`` the outputs every transposed conv trims on its left, carried to the
+        output rate (555 for rates 8 5 4 3: 8 * 60 + 5 * 12 + 4 * 3 + 3). Frame s's samples
+        are ``[s * hop - output_shift, (s + 1) * hop - output_shift)`` of the wave (from 0),
+        and T frames give ``T * hop - output_shift`` samples."""
+        if not self.code_embedding:
+            return 0
+        shift = 0
+        for rate in self.upsample_rates:  # the upsampling ratios' kernels equal their strides
+            shift = shift * rate + rate  # trim = kernel - stride = 2 rate - rate
+        return shift
+
+    @property
     def conv_context_frames(self) -> int:
         """Transformer-output frames before a frame that its first sample depends on: the
-        conv stack walked back from sample ``s * hop`` (10 for the published geometry)."""
+        conv stack walked back from the frame's first sample, ``s * hop - output_shift`` (10
+        for the published geometry of both decoders)."""
         big = 1 << 20  # any frame index far from 0 (the reach does not depend on it)
-        lo = _conv_reach(big * self.hop_length, DECODER_KERNEL)  # final conv
+        trim = self.code_embedding
+        lo = _conv_reach(big * self.hop_length - self.output_shift, DECODER_KERNEL)
         for rate in reversed(self.upsample_rates):
             for dilation in reversed(RESIDUAL_DILATIONS):
                 lo = _conv_reach(lo, DECODER_KERNEL, dilation)
-            lo = _transposed_conv_reach(lo, 2 * rate, rate)
+            lo = _transposed_conv_reach(lo, 2 * rate, rate, rate if trim else 0)
         lo = _conv_reach(lo, DECODER_KERNEL)  # decoder.0
         for ratio in reversed(self.upsampling_ratios):
             lo = _conv_reach(lo, CONVNEXT_KERNEL)
@@ -231,8 +289,9 @@ class CodecDecoderConfig:
     @property
     def transformer_context_frames(self) -> int:
         """Code frames before a transformer output that it depends on: the window per layer
-        plus pre_conv (570 published)."""
-        return self.num_hidden_layers * (self.sliding_window - 1) + PRE_CONV_KERNEL - 1
+        plus pre_conv (570 published; 568 with ``code_embedding``, which has no pre_conv)."""
+        pre_conv = 0 if self.code_embedding else PRE_CONV_KERNEL - 1
+        return self.num_hidden_layers * (self.sliding_window - 1) + pre_conv
 
     @property
     def left_context_frames(self) -> int:
@@ -257,10 +316,11 @@ def _conv_reach(lo: int, kernel: int, dilation: int = 1) -> int:
     return lo - (kernel - 1) * dilation
 
 
-def _transposed_conv_reach(lo: int, kernel: int, stride: int) -> int:
-    """First input a right-trimmed transposed conv's outputs from ``lo`` on read:
-    ``ceil((lo - kernel + 1) / stride)``."""
-    return -((kernel - 1 - lo) // stride)
+def _transposed_conv_reach(lo: int, kernel: int, stride: int, left_trim: int = 0) -> int:
+    """First input a trimmed transposed conv's outputs from ``lo`` on read: output o is the
+    untrimmed output ``u = o + left_trim``, which reads inputs from
+    ``ceil((u - kernel + 1) / stride)``."""
+    return -((kernel - 1 - lo - left_trim) // stride)
 
 
 class StreamPass:
@@ -285,6 +345,10 @@ class StreamPass:
         self.max_frames = max(self.frames)
         self.states = list(states)
         self.saved: list[torch.Tensor] = []
+        self.lost = [0] * len(self.frames)
+        """Steps each row lacks at the current rate: a stream's first pass through
+        left-trimmed transposed convs (``CodecDecoderConfig.code_embedding``) loses their
+        trimmed outputs, so row i holds ``frames[i] * rate - lost[i]`` real steps."""
 
     def carry(self, x: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
         """``x`` ``[B, ..., T, ...]`` with each row's saved last ``n`` steps before it along
@@ -296,7 +360,7 @@ class StreamPass:
         past = [x.new_zeros(shape) if s is None else s[index] for s in self.states]
         xs = torch.cat([torch.stack(past), x], dim)
         rate = x.shape[dim] // self.max_frames
-        ends = [f * rate for f in self.frames]  # real steps of each row's x
+        ends = [f * rate - lost for f, lost in zip(self.frames, self.lost, strict=True)]
         if len(set(ends)) == 1:
             self.saved.append(xs.narrow(dim, ends[0], n))
         else:
@@ -369,14 +433,17 @@ class CausalConvTranspose1d(nn.Module):
     """``Qwen3TTSTokenizerV2CausalTransConvNet``: transposed conv, the last ``kernel - stride``
     outputs trimmed; time-major ``[B, T, C_in]`` -> ``[B, stride * T, C_out]``."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int):
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, trim_left: bool = False):
         super().__init__()
         self.conv = nn.ConvTranspose1d(c_in, c_out, kernel, stride=stride)
         self.trim = kernel - stride
+        self.left_trim = self.trim if trim_left else 0
+        """Outputs trimmed on the left too (``Qwen3OmniMoeCausalTransConvNet``: ``T * stride -
+        left_trim`` outputs then)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._transposed(x)
-        return y[:, : y.shape[1] - self.trim] if self.trim else y
+        return y[:, self.left_trim : y.shape[1] - self.trim] if self.trim else y
 
     def _transposed(self, x: torch.Tensor) -> torch.Tensor:
         """The untrimmed transposed conv: ``[B, T, C_in]`` -> ``[B, stride (T - 1) + kernel,
@@ -430,7 +497,14 @@ class CausalConvTranspose1d(nn.Module):
         stride = self.conv.stride[0]
         carried = -(-self.trim // stride)
         y = self._transposed(sp.carry(x, carried, dim=1))
-        return y[:, carried * stride : (carried + x.shape[1]) * stride]
+        start, steps = carried * stride, x.shape[1] * stride
+        # a stream's first pass drops the left-trimmed outputs: those rows start left_trim
+        # later (their last left_trim steps are padding), as the whole decode does
+        shifts = [self.left_trim if s is None else 0 for s in sp.states]
+        sp.lost = [lost * stride + shift for lost, shift in zip(sp.lost, shifts, strict=True)]
+        if len(set(shifts)) == 1:
+            return y[:, start + shifts[0] : start + shifts[0] + steps]
+        return torch.stack([y[i, start + d : start + d + steps] for i, d in enumerate(shifts)])
 
 
 class ConvNeXtBlock(nn.Module):
@@ -569,8 +643,11 @@ class CodecTransformer(nn.Module):
             TransformerLayer(config) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.input_proj = PackedLinear(config.latent_dim, config.hidden_size)
-        self.output_proj = PackedLinear(config.hidden_size, config.latent_dim)
+        self.input_proj: nn.Module = nn.Identity()
+        self.output_proj: nn.Module = nn.Identity()
+        if not config.code_embedding:  # Qwen3-Omni's code2wav has no projections
+            self.input_proj = PackedLinear(config.latent_dim, config.hidden_size)
+            self.output_proj = PackedLinear(config.hidden_size, config.latent_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.config
@@ -627,12 +704,12 @@ class DecoderBlock(nn.Module):
     halve), residual units at dilations 1, 3, 9; parameters under ``block.{0..4}``;
     time-major ``[B, T, c_in]`` -> ``[B, rate T, c_out]``."""
 
-    def __init__(self, c_in: int, c_out: int, rate: int):
+    def __init__(self, c_in: int, c_out: int, rate: int, trim_left: bool = False):
         super().__init__()
         self.block = nn.ModuleList(
             [
                 SnakeBeta(c_in, channels_last=True),
-                CausalConvTranspose1d(c_in, c_out, 2 * rate, rate),
+                CausalConvTranspose1d(c_in, c_out, 2 * rate, rate, trim_left),
                 *(ResidualUnit(c_out, d) for d in RESIDUAL_DILATIONS),
             ]
         )
@@ -709,7 +786,10 @@ class DecodeRow:
 
 
 class CodecDecoder(nn.Module):
-    """``Qwen3TTSTokenizerV2Decoder``: codes ``[B, T, Q]`` -> float32 wave ``[B, T * hop]``.
+    """``Qwen3TTSTokenizerV2Decoder``: codes ``[B, T, Q]`` -> float32 wave ``[B, T * hop]``;
+    with ``config.code_embedding`` Qwen3-Omni's ``Qwen3OmniMoeCode2Wav`` (``[B, T * hop -
+    output_shift]``: parameters ``code_embedding.weight``, ``pre_transformer.*``,
+    ``upsample.*``, ``decoder.*``).
 
     ``decode`` is the whole utterance; ``decode_chunk`` / ``decode_rows`` decode windows exactly
     (module docstring); ``chunked_decode`` runs a chunk schedule. All outputs are clamped to
@@ -721,8 +801,14 @@ class CodecDecoder(nn.Module):
         super().__init__()
         c = config
         self.config = config
-        self.quantizer = _SplitQuantizer(c)
-        self.pre_conv = CausalConv1d(c.codebook_dim, c.latent_dim, PRE_CONV_KERNEL)
+        self.quantizer: _SplitQuantizer | None = None
+        self.pre_conv: CausalConv1d | None = None
+        self.code_embedding: nn.Embedding | None = None
+        if c.code_embedding:
+            self.code_embedding = nn.Embedding(c.codebook_size * c.num_quantizers, c.hidden_size)
+        else:
+            self.quantizer = _SplitQuantizer(c)
+            self.pre_conv = CausalConv1d(c.codebook_dim, c.latent_dim, PRE_CONV_KERNEL)
         self.pre_transformer = CodecTransformer(c)
         self.upsample = nn.ModuleList(
             nn.ModuleList(
@@ -737,7 +823,10 @@ class CodecDecoder(nn.Module):
         self.decoder = nn.ModuleList(
             [
                 CausalConv1d(c.latent_dim, c.decoder_dim, DECODER_KERNEL),
-                *(DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(c.upsample_rates)),
+                *(
+                    DecoderBlock(dims[i], dims[i + 1], r, c.code_embedding)
+                    for i, r in enumerate(c.upsample_rates)
+                ),
                 SnakeBeta(dims[-1], channels_last=True),
                 CausalConv1d(dims[-1], 1, DECODER_KERNEL),
             ]
@@ -753,10 +842,29 @@ class CodecDecoder(nn.Module):
         """Frames of left context exact chunks need (``CodecDecoderConfig.left_context_frames``)."""
         return self.config.left_context_frames
 
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters are."""
+        return self.decoder[0].conv.weight.device
+
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """The transformer's input before pre_conv: codes ``[B, T, Q]`` -> the split RVQ's
+        ``[B, T, codebook_dim]``, or with ``code_embedding`` the mean over codebooks of
+        ``code_embedding[q * codebook_size + code]``, ``[B, T, hidden_size]``."""
+        if self.code_embedding is not None:
+            c = self.config
+            offsets = torch.arange(c.num_quantizers, device=codes.device) * c.codebook_size
+            return self.code_embedding(codes + offsets).mean(dim=2)
+        assert self.quantizer is not None
+        return self.quantizer.decode(codes)
+
     def latents(self, codes: torch.Tensor) -> torch.Tensor:
-        """Quantizer, pre_conv and transformer: codes ``[B, T, Q]`` -> ``[B, T, latent_dim]``."""
-        x = self.quantizer.decode(codes)  # [B, T, codebook_dim]
-        return self.pre_transformer(self.pre_conv(x))
+        """Input (``embed``), pre_conv and transformer: codes ``[B, T, Q]`` -> ``[B, T,
+        latent_dim]``."""
+        x = self.embed(codes)
+        if self.pre_conv is not None:
+            x = self.pre_conv(x)
+        return self.pre_transformer(x)
 
     def waveform(self, latents: torch.Tensor, sp: StreamPass | None = None) -> torch.Tensor:
         """Upsamplers and decoder: ``[B, T, latent_dim]`` -> ``[B, T * hop]`` in [-1, 1], float32
@@ -775,8 +883,9 @@ class CodecDecoder(nn.Module):
         """``latents`` of chunks continuing ``streams``: codes ``[B, T, Q]`` (row i's first
         ``frames[i]`` real) -> ``[B, T, latent_dim]`` and each row's new ``latents`` state."""
         sp = StreamPass(frames, [s.latents for s in streams])
-        x = self.quantizer.decode(codes)  # [B, T, codebook_dim]
-        x = self.pre_conv.stream(x, sp)
+        x = self.embed(codes)
+        if self.pre_conv is not None:
+            x = self.pre_conv.stream(x, sp)
         start = torch.tensor([s.frames for s in streams], device=codes.device)
         return self.pre_transformer.stream(x, start, sp), sp.rows()
 
@@ -816,20 +925,21 @@ class CodecDecoder(nn.Module):
         codes, frames = self._stack_chunks(chunks)
         latents, latent_states = self._stream_latents(codes, frames, streams)
         conv_states: list[Sequence[torch.Tensor] | None] = [s.waves for s in streams]
-        pieces = []
+        hop = self.hop_length
+        pieces: list[list[torch.Tensor]] = [[] for _ in frames]
         piece = max(1, CONV_PIECE_ROW_FRAMES // len(frames))
         for lo in range(0, max(frames), piece):  # a row may have 0 frames left
             part = [min(max(n - lo, 0), piece) for n in frames]
             sp = StreamPass(part, conv_states)
-            pieces.append(self.waveform(latents[:, lo : lo + max(part)], sp))
+            wave = self.waveform(latents[:, lo : lo + max(part)], sp)  # [B, max(part) * hop]
+            for i, n in enumerate(part):  # a stream's first piece is output_shift shorter
+                pieces[i].append(wave[i, : n * hop - sp.lost[i]])
             conv_states = sp.rows()  # type: ignore[assignment]
-        wave = torch.cat(pieces, dim=1)  # [B, max(frames) * hop]
-        hop = self.hop_length
         new = [
             DecoderStream(s.frames + n, lat, conv)
             for s, n, lat, conv in zip(streams, frames, latent_states, conv_states, strict=True)
         ]
-        return [wave[i, : n * hop] for i, n in enumerate(frames)], new
+        return [torch.cat(row) for row in pieces], new
 
     @torch.inference_mode()
     def prime_stream(self, codes: torch.Tensor) -> DecoderStream:
@@ -855,7 +965,7 @@ class CodecDecoder(nn.Module):
 
     def _stack_chunks(self, chunks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
         """Chunks ``[frames_i, Q]`` as one right-padded int64 batch on the model's device."""
-        device = self.pre_conv.conv.weight.device
+        device = self.device
         q = self.config.num_quantizers
         for chunk in chunks:
             if chunk.dim() != 2 or chunk.shape[1] != q or chunk.shape[0] == 0:
@@ -925,7 +1035,7 @@ class CodecDecoder(nn.Module):
         """
         if not rows:
             return []
-        device = self.pre_conv.conv.weight.device
+        device = self.device
         hop, q = self.hop_length, self.config.num_quantizers
         spans = []
         for row in rows:
@@ -957,9 +1067,10 @@ class CodecDecoder(nn.Module):
             conv_in = latents.new_zeros(len(rows), conv_len, latents.shape[-1])
             for i, (first, left, chunk) in enumerate(conv_spans):
                 conv_in[i, : left + chunk - first] = latents[i, first : left + chunk]
-        wave = self.waveform(conv_in)  # [B, conv_len * hop]
+        wave = self.waveform(conv_in)  # [B, conv_len * hop - output_shift]
+        shift = self.config.output_shift  # frame f's samples start at f * hop - shift
         return [
-            wave[i, (left - first) * hop : (left - first + chunk) * hop]
+            wave[i, max(0, (left - first) * hop - shift) : (left - first + chunk) * hop - shift]
             for i, (first, left, chunk) in enumerate(conv_spans)
         ]
 
@@ -1018,6 +1129,7 @@ def load_codec_decoder(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     source: str = "speech_tokenizer/model.safetensors",
+    prefix: str = "decoder.",
 ) -> CodecDecoder:
     """Build the decoder from the speech tokenizer's tensors, strictly.
 
@@ -1029,12 +1141,13 @@ def load_codec_decoder(
             ``CodecDecoderConfig``, or the loader's ``SpeechDecoderConfig``.
         device, dtype: where and how it runs (upstream's file is float32).
         source: the file named in errors.
+        prefix: the decoder's tensors' prefix in ``tensors`` (``"code2wav."`` for
+            Qwen3-Omni's checkpoint, with a ``code_embedding`` config).
 
     Raises:
         ModelFilesError: tensors missing, unexpected or of the wrong shape (named).
     """
     config = CodecDecoderConfig.of(config)
-    prefix = "decoder."
     state = {
         k[len(prefix) :]: v
         for k, v in tensors.items()
@@ -1055,7 +1168,7 @@ def load_codec_decoder(
             f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
         )
         raise ModelFilesError(
-            f"{source}: speech tokenizer decoder tensors do not match the config: {shown}"
+            f"{source}: codec decoder tensors ({prefix}*) do not match the config: {shown}"
         )
     model.load_state_dict(state, strict=True, assign=True)
     return model.to(device=device, dtype=dtype).eval()

@@ -3,7 +3,9 @@
 Imports torch and ``omnistep.layers`` only. Architecture and parameter names follow transformers'
 ``LlamaModel`` (models/llama/modeling_llama.py): pre-norm decoder layers (RMSNorm -> attention with
 rope -> residual; RMSNorm -> SwiGLU MLP -> residual) and a final RMSNorm, so a transformers state
-dict loads key for key (``load_hf_state_dict``). There is no token embedding: callers feed
+dict loads key for key (``load_hf_state_dict``); with ``LlamaConfigLite.moe`` the MLPs are
+``layers.moe.MoEFeedForward`` (Qwen3-MoE, Qwen3-Omni) and ``forward`` can return each MoE
+layer's routing. There is no token embedding: callers feed
 ``inputs_embeds`` (ChatTTS sums its own text/code embeddings). Inputs are varlen: the new tokens of
 B sequences flattened into N rows, described by an ``AttentionMetadata``. ``forward_dense`` runs
 one whole sequence without a cache, with autograd (a trainer's teacher-forced score).
@@ -58,6 +60,12 @@ class LlamaConfigLite:
             for q/k/v when ``attention_bias`` is set.
         qk_norm: an RMSNorm over each head's ``head_dim`` on the projected queries and keys,
             before rope (Qwen3's ``q_norm``/``k_norm``, weights ``self_attn.{q,k}_norm.weight``).
+        moe: a ``layers.moe.MoEConfig``: layer i's MLP is a ``MoEFeedForward`` (weights
+            ``mlp.gate.weight``, ``mlp.experts.*``) unless i is in ``mlp_only_layers`` or
+            ``(i + 1) % decoder_sparse_step`` (Qwen3-MoE's rule, transformers
+            ``Qwen3OmniMoeThinkerTextDecoderLayer``); None: every layer is dense.
+        mlp_only_layers: layers kept dense in a MoE stack (config key ``mlp_only_layers``).
+        decoder_sparse_step: every this many layers is sparse (config key).
     """
 
     hidden_size: int
@@ -74,6 +82,9 @@ class LlamaConfigLite:
     mlp_bias: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    moe: Any = None
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = 1
 
     SIZE_FIELDS = (
         "hidden_size",
@@ -132,6 +143,19 @@ class LlamaConfigLite:
             raise ValueError(f"head_dim must be even for rope, got {self.head_dim}")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act must be 'silu', got {self.hidden_act!r}")
+        if self.moe is not None and self.moe.hidden_size != self.hidden_size:
+            raise ValueError(
+                f"moe.hidden_size={self.moe.hidden_size} differs from hidden_size="
+                f"{self.hidden_size}"
+            )
+
+    def is_sparse(self, layer_idx: int) -> bool:
+        """Whether layer ``layer_idx``'s MLP is the MoE block (see ``moe``)."""
+        return (
+            self.moe is not None
+            and layer_idx not in self.mlp_only_layers
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_hf(cls, config: Any) -> LlamaConfigLite:
@@ -295,9 +319,16 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfigLite, layer_idx: int, **factory: Any):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, **factory)
-        self.mlp = LlamaMLP(
-            config.hidden_size, config.intermediate_size, config.mlp_bias, **factory
-        )
+        self.sparse = config.is_sparse(layer_idx)
+        """The MLP is a ``MoEFeedForward`` (its routing goes to the forward's ``routing``)."""
+        if self.sparse:
+            from omnistep.layers.moe import MoEFeedForward  # moe imports this module
+
+            self.mlp: nn.Module = MoEFeedForward(config.moe, **factory)
+        else:
+            self.mlp = LlamaMLP(
+                config.hidden_size, config.intermediate_size, config.mlp_bias, **factory
+            )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
 
@@ -309,9 +340,13 @@ class LlamaDecoderLayer(nn.Module):
         cache: PagedKVCache,
         meta: AttentionMetadata,
         plans: RowPlans = NO_ROW_PLANS,
+        routing: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``plans`` set = batch-invariant."""
-        return self._block(hidden, lambda x: self.self_attn(x, cos, sin, cache, meta, plans), plans)
+        """``hidden`` ``[N, hidden]`` -> ``[N, hidden]``; ``plans`` set = batch-invariant; a
+        sparse layer appends its routing ``[N, k]`` to ``routing`` when given."""
+        return self._block(
+            hidden, lambda x: self.self_attn(x, cos, sin, cache, meta, plans), plans, routing
+        )
 
     def forward_dense(
         self,
@@ -333,11 +368,17 @@ class LlamaDecoderLayer(nn.Module):
         hidden: torch.Tensor,
         attention: Callable[[torch.Tensor], torch.Tensor],
         plans: RowPlans,
+        routing: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         attn_in = _rows(self.input_layernorm, hidden, plans.norm)
         hidden = hidden + attention(attn_in)
         mlp_in = _rows(self.post_attention_layernorm, hidden, plans.norm)
-        return hidden + self.mlp(mlp_in, plans)
+        if not self.sparse:
+            return hidden + self.mlp(mlp_in, plans)
+        out = self.mlp(mlp_in, batch_invariant=plans.norm is not None)  # MoEOutput
+        if routing is not None:
+            routing.append(out.expert_ids)
+        return hidden + out.hidden
 
 
 class LlamaModel(nn.Module):
@@ -398,6 +439,7 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         cache: PagedKVCache,
         meta: AttentionMetadata,
+        routing: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run the new tokens of a varlen batch; write their K/V into ``cache``.
 
@@ -409,6 +451,8 @@ class LlamaModel(nn.Module):
                 hold its own positions, e.g. TMRoPE's for media, in the same cache slots).
             meta: with ``batch_invariant`` set, every sequence's rows are bit-identical whatever
                 else is in the batch.
+            routing: when given, each MoE layer appends the experts each row was routed to,
+                LongTensor ``[N, k]``, in layer order (``config.moe``).
 
         Returns:
             Hidden states after the final norm, ``[N, hidden]``.
@@ -418,7 +462,7 @@ class LlamaModel(nn.Module):
         cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, cache, meta, plans)
+            hidden = layer(hidden, cos, sin, cache, meta, plans, routing)
         return _rows(self.norm, hidden, plans.norm)
 
     def forward_dense(
@@ -646,7 +690,8 @@ class LlamaModel(nn.Module):
             )
 
     def load_hf_state_dict(self, state_dict: Mapping[str, torch.Tensor], prefix: str = "") -> None:
-        """Load a transformers ``LlamaModel`` state dict, strictly, ignoring its embedding.
+        """Load a transformers ``LlamaModel`` state dict, strictly, ignoring its embedding; a
+        MoE layer's experts by their published per-expert names or fused (``layers.moe``).
 
         Keys are taken from those starting with ``prefix`` (e.g. ``"model."`` for a
         ``LlamaForCausalLM``), with the prefix stripped; ``embed_tokens.*`` (and any
@@ -659,4 +704,13 @@ class LlamaModel(nn.Module):
             key[len(prefix) :]: value for key, value in state_dict.items() if key.startswith(prefix)
         }
         kept = {k: v for k, v in selected.items() if not k.startswith(_IGNORED_HF_PREFIXES)}
+        if self.config.moe is not None:  # the published per-expert names -> fused tensors
+            from omnistep.layers.moe import fuse_expert_tensors
+
+            for i, layer in enumerate(self.layers):
+                if layer.sparse:
+                    p = f"layers.{i}.mlp."
+                    mlp = {k[len(p) :]: kept.pop(k) for k in list(kept) if k.startswith(p)}
+                    fused = fuse_expert_tensors(mlp, self.config.moe.num_experts)
+                    kept.update({p + k: v for k, v in fused.items()})
         self.load_state_dict(kept, strict=True)

@@ -229,6 +229,11 @@ class PagedARModel:
         """Prefills ``execute`` found no room for (answered preempted): 0 when the scheduler
         admits them (``admit``)."""
         self.weight_version = 0
+        self.last_routing: torch.Tensor | None = None
+        """A MoE stack's routing in its last forward: LongTensor ``[N, sparse layers, k]``, the
+        experts each row went to (most probable first), rows in that forward's order; None for
+        a dense stack. A family reads it right after ``_forward`` (e.g. to keep it per
+        sequence for a rollout)."""
 
     # ------------------------------------------------------------ subclass hooks
     def _make_stack(self, llama: LlamaConfigLite, dtype: torch.dtype) -> LlamaModel:
@@ -1052,7 +1057,10 @@ class PagedARModel:
             self.device,
             batch_invariant=self.batch_invariant,
         )
-        return self.llama(self._lm_inputs(rows, query_lens), positions, self.cache, meta)
+        routing: list[torch.Tensor] | None = [] if self.llama.config.moe is not None else None
+        hidden = self.llama(self._lm_inputs(rows, query_lens), positions, self.cache, meta, routing)
+        self.last_routing = torch.stack(routing, dim=1) if routing else None
+        return hidden
 
     def _rows(self, fn: Any, x: torch.Tensor) -> torch.Tensor:
         """``fn`` over rows ``[B, ...]``, in fixed 16-row chunks in batch-invariant mode."""

@@ -1,0 +1,269 @@
+"""Qwen3-Omni's thinker text model (text prompts) on the shared paged-KV AR component.
+
+The text model is transformers' ``Qwen3OmniMoeThinkerTextModel`` (models/qwen3_omni_moe): a
+Qwen3-MoE stack (q/k RMSNorm, no biases, MoE MLPs ``layers.moe.MoEFeedForward`` with
+``norm_topk_prob``; dense layers where ``mlp_only_layers`` / ``decoder_sparse_step`` say so),
+then the untied ``lm_head``. Its rope is interleaved MRoPE (``rope_parameters.mrope_section``,
+published (24, 20, 20) of 64 frequencies): each frequency takes the temporal, height or width
+position of its section. For text-only prompts the three positions are equal (the token index),
+so every frequency sees the same position and MRoPE is plain RoPE with ``rope_theta``: that is
+what this component runs (media prompts, which need 3-D positions, are a later slice).
+
+Routing (for rollouts: Rollout Routing Replay later): every forward's experts per token and MoE
+layer (``PagedARModel.last_routing``) are kept per sequence, ``routing(seq_id)`` ``[T, L, k]``
+in the order its tokens were computed; reset when the sequence is (re)admitted, freed with it.
+A group member forked from a computed prompt has no rows for that prompt (the computing
+member has them); scoring (``score_*``) records nothing and cannot replay routing yet.
+
+Imports torch, ``omnistep.core``, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``,
+``omnistep.runners``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnistep.kv import KVCacheConfig
+from omnistep.layers.llama import LlamaConfigLite
+from omnistep.layers.moe import MoEConfig
+from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+from omnistep.runners.paged_ar import PagedARModel
+
+ENCODER_PREFIXES = ("audio_tower.", "visual.")
+"""Thinker tensors of the encoders (not run by this component yet)."""
+
+
+@dataclass(frozen=True)
+class ThinkerTextConfig:
+    """``thinker_config.text_config`` (``Qwen3OmniMoeTextConfig``), the fields the text model
+    uses, defaults transformers'; ``from_dict(raw, "talker_config")`` reads the talker's
+    (``Qwen3OmniMoeTalkerTextConfig``: the same keys plus ``shared_expert_intermediate_size``,
+    ``norm_topk_prob`` false)."""
+
+    vocab_size: int = 152064
+    hidden_size: int = 2048
+    intermediate_size: int = 768
+    """Width of the dense layers' MLP (only ``mlp_only_layers`` use it)."""
+    num_hidden_layers: int = 48
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 4
+    head_dim: int = 128
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+    mrope_section: tuple[int, ...] = (24, 20, 20)
+    max_position_embeddings: int = 65536
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    moe_intermediate_size: int = 768
+    num_experts: int = 128
+    num_experts_per_tok: int = 8
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    tie_word_embeddings: bool = False
+    shared_expert_intermediate_size: int = 0
+    """The talker's gated shared expert width; 0 (the thinker): none."""
+
+    def __post_init__(self) -> None:
+        if sum(self.mrope_section) != self.head_dim // 2:
+            raise ValueError(
+                f"thinker text_config: mrope_section {list(self.mrope_section)} must sum to "
+                f"head_dim // 2 = {self.head_dim // 2}"
+            )
+        if self.attention_bias:
+            raise ValueError("thinker text_config: attention_bias=True is not supported")
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], part: str = "thinker_config") -> ThinkerTextConfig:
+        """From ``config.json`` (the whole dict, its ``part`` -- ``thinker_config`` or
+        ``talker_config`` -- or that part's ``text_config``); rope from ``rope_parameters``
+        (transformers 5) or ``rope_theta`` + ``rope_scaling``.
+
+        Raises:
+            ValueError: a rope type other than default, or values the stack rejects.
+        """
+        raw = raw.get(part, raw)
+        tie = bool(raw.get("tie_word_embeddings", False))
+        text = raw.get("text_config", raw)
+        rope = dict(text.get("rope_scaling") or {}) | dict(text.get("rope_parameters") or {})
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"thinker text_config: unsupported rope {rope!r}")
+        names = {f for f in cls.__dataclass_fields__ if text.get(f) is not None}
+        fields: dict[str, Any] = {n: text[n] for n in names}
+        if "num_experts" not in fields and text.get("num_local_experts") is not None:
+            # transformers 5 writes the talker's expert count under its attribute_map name
+            fields["num_experts"] = text["num_local_experts"]
+        fields["mlp_only_layers"] = tuple(text.get("mlp_only_layers") or ())
+        fields["rope_theta"] = rope.get("rope_theta", text.get("rope_theta", cls.rope_theta))
+        if "mrope_section" in rope:
+            fields["mrope_section"] = tuple(rope["mrope_section"])
+        fields["tie_word_embeddings"] = tie
+        return cls(**fields)
+
+    def llama(self) -> LlamaConfigLite:
+        """The decoder stack: Qwen3 attention (q/k norm) and MoE MLPs."""
+        moe = MoEConfig(
+            hidden_size=self.hidden_size,
+            moe_intermediate_size=self.moe_intermediate_size,
+            num_experts=self.num_experts,
+            num_experts_per_tok=self.num_experts_per_tok,
+            norm_topk_prob=self.norm_topk_prob,
+            shared_expert_intermediate_size=self.shared_expert_intermediate_size,
+            hidden_act=self.hidden_act,
+        )
+        return LlamaConfigLite.of(
+            self,
+            qk_norm=True,
+            hidden_act=self.hidden_act,
+            moe=moe,
+            mlp_only_layers=self.mlp_only_layers,
+            decoder_sparse_step=self.decoder_sparse_step,
+        )
+
+
+class Qwen3OmniThinker(PagedARModel):
+    """The thinker component for text prompts (module docstring).
+
+    PREFILL payloads are ``ARPrefillInput`` whose ``prompt`` is token ids (the chat template's);
+    AR_TOKEN payloads are ``ARStepInput``. Frames are 1-tuples of text ids; ``hidden`` streams
+    each fed token's last hidden state ``[n, hidden]`` float32 (what the talker will read).
+
+    Attributes:
+        embed_weight: ``[vocab, hidden]`` (``thinker.model.embed_tokens.weight``).
+        lm_head: ``[vocab, hidden]`` (``thinker.lm_head.weight``).
+    """
+
+    stream_prompt_rows = True
+
+    def __init__(
+        self,
+        config: ThinkerTextConfig,
+        kv: KVCacheConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        batch_invariant: bool = False,
+    ):
+        super().__init__(config.llama(), kv, device, dtype, batch_invariant)
+        self.config = config
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_weight = torch.zeros(shape, device=self.device, dtype=dtype)
+        self.lm_head = torch.zeros(shape, device=self.device, dtype=dtype)
+        self._routing: dict[str, list[torch.Tensor]] = {}
+
+    def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load the text model from thinker tensors by official name, ``thinker.`` removed
+        (``model.*``, ``lm_head.weight``; ``audio_tower.*`` / ``visual.*`` are skipped).
+
+        Raises:
+            ValueError: tensors of no part of the thinker, or no ``lm_head.weight`` while
+                the embeddings are not tied.
+            KeyError / RuntimeError: a missing or mis-shaped text-model tensor.
+        """
+        model = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        known = {f"model.{k}" for k in model} | {"lm_head.weight"}
+        unknown = [k for k in state if k not in known and not k.startswith(ENCODER_PREFIXES)]
+        if unknown:
+            raise ValueError(f"unexpected thinker tensors: {sorted(unknown)[:5]}")
+        if "embed_tokens.weight" not in model:
+            raise KeyError("missing thinker tensor model.embed_tokens.weight")
+        head = state.get("lm_head.weight")
+        if head is None and not self.config.tie_word_embeddings:
+            raise ValueError("no thinker lm_head.weight and tie_word_embeddings is False")
+        self.embed_weight.copy_(model["embed_tokens.weight"])
+        self.lm_head.copy_(model["embed_tokens.weight"] if head is None else head)
+        self.llama.load_hf_state_dict(model)
+
+    def routing(self, seq_id: str) -> torch.Tensor:
+        """The experts sequence ``seq_id``'s computed tokens were routed to, LongTensor
+        ``[T, sparse layers, k]`` on the CPU (tokens in the order computed: prompt, then each
+        step).
+
+        Raises:
+            KeyError: no such live sequence.
+        """
+        pieces = self._routing[seq_id]
+        if not pieces:  # a group member forked from a computed prompt, before its first step
+            sparse = sum(layer.sparse for layer in self.llama.layers)
+            return torch.zeros(0, sparse, self.config.num_experts_per_tok, dtype=torch.long)
+        return torch.cat(pieces).cpu()
+
+    def free_sequence(self, seq_id: str) -> None:
+        """Free the sequence's KV blocks and its routing record."""
+        self._routing.pop(seq_id, None)
+        super().free_sequence(seq_id)
+
+    @torch.inference_mode()
+    def teacher_forced_logits(
+        self, prompt_ids: Sequence[int], generated: Sequence[int] = (), incremental: bool = False
+    ) -> torch.Tensor:
+        """Logits ``[len(generated) + 1, 1, vocab]`` float32: row i is the distribution token
+        i was drawn from (row 0 after the prompt); ``incremental`` feeds ``generated`` one
+        decode step at a time (the serving path).
+
+        Raises:
+            KVCacheFullError: the sequence does not fit the KV pool. ValueError: an id outside
+                the vocab.
+        """
+        frames = tuple((int(t),) for t in generated)
+        seq_id = self._teacher_seq_id()
+        head = () if incremental else frames
+        first = ARPrefillInput(seq_id, tuple(prompt_ids), head, (), None, None)
+        steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
+        return self._teacher_forced(first, steps if incremental else [])
+
+    # ------------------------------------------------------------ hooks
+    def _on_admit(self, unit: ARPrefillInput) -> None:
+        """A (re)started sequence's routing starts empty (a recompute after a preemption
+        records its prompt again; a group member forked from a computed prompt has no rows
+        for it)."""
+        self._routing[unit.seq_id] = []
+
+    def _forward(
+        self, rows: torch.Tensor, positions: torch.Tensor, seq_ids: list[str], query_lens: list[int]
+    ) -> torch.Tensor:
+        hidden = super()._forward(rows, positions, seq_ids, query_lens)
+        if self.last_routing is not None:
+            pieces = self.last_routing.split(query_lens)
+            for seq_id, piece in zip(seq_ids, pieces, strict=True):
+                self._routing.setdefault(seq_id, []).append(piece)  # no host sync here
+        return hidden
+
+    def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
+        if len(unit.prompt) == 0:
+            raise ValueError(f"empty thinker prompt for sequence {unit.seq_id!r}")
+        frames = [(int(t),) for t in unit.prompt] + [tuple(f) for f in unit.generated]
+        return self.embed_weight[self._frame_ids(frames, self.config.vocab_size)]
+
+    def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
+        ids = self._frame_ids([tuple(u.last) for u in units], self.config.vocab_size)
+        return self.embed_weight[ids]
+
+    def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
+        return self._linear_rows(hidden.to(self.dtype), self.lm_head).unsqueeze(1)
+
+    def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.float().cpu()
+
+
+def load_thinker(
+    checkpoint: Any,
+    kv: KVCacheConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    batch_invariant: bool = False,
+) -> Qwen3OmniThinker:
+    """The thinker text model of a ``loader.Qwen3OmniCheckpoint``, loaded.
+
+    Raises:
+        ValueError / KeyError / RuntimeError: a bad config value or tensor (see
+            ``ThinkerTextConfig.from_dict``, ``Qwen3OmniThinker.load_weights``).
+    """
+    config = ThinkerTextConfig.from_dict(checkpoint.config)
+    thinker = Qwen3OmniThinker(config, kv, device, dtype, batch_invariant)
+    state = {k.removeprefix("thinker."): v for k, v in checkpoint.tensors("thinker.").items()}
+    thinker.load_weights(state)
+    return thinker
