@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -82,14 +83,7 @@ class TokenLoop:
             state.fail_step,
             state.slow,
         )
-        return WorkPlan(
-            WorkUnitKind.AR_TOKEN,
-            "lm",
-            ShapeSignature(WorkUnitKind.AR_TOKEN, (1,)),
-            unit,
-            ResourceRequest(num_tokens=1),
-            f"toy.token{state.step}",
-        )
+        return token_plan("lm", unit, f"toy.token{state.step}")
 
     def advance(self, state: TokenState, result: StepResult) -> TokenState:
         token, logprob, version = result.output
@@ -150,3 +144,16 @@ def fault_step(text: str) -> int | None:
     if "<fail>" in text:
         return FAIL_STEP
     return LATE_FAIL_STEP if "<fail-late>" in text else None
+
+
+def token_plan(component: str, unit: Any, label: str) -> WorkPlan:
+    """The plan of one AR_TOKEN unit of a toy card's token loop: one token (shape ``(1,)``)
+    of ``component``; ``label``: the unit's trace label."""
+    return WorkPlan(
+        WorkUnitKind.AR_TOKEN,
+        component,
+        ShapeSignature(WorkUnitKind.AR_TOKEN, (1,)),
+        unit,
+        ResourceRequest(num_tokens=1),
+        label,
+    )
