@@ -50,6 +50,7 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
+from omnistep.loops.base import new_state
 from omnistep.models.toy.card import VOICES, check_voice
 from omnistep.models.toy.lm import byte_ids
 from omnistep.models.toy.loop import token_plan
@@ -165,10 +166,10 @@ class SayLoop:
         cap = req.sampling.max_new_tokens
         scribe = model.components["scribe"]
         scribe.hold(req.request_id, max(1, ctx.usage["input_tokens"]))  # type: ignore[attr-defined]
-        return SayState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return new_state(
+            SayState,
+            req,
+            self.loop_id,
             words=words[:cap] if cap else words,
             scribe=scribe,  # type: ignore[arg-type]
             channel=ctx.slots["token_stream"],

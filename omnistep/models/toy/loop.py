@@ -27,6 +27,7 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
+from omnistep.loops.base import new_state
 from omnistep.models.toy.lm import EOS, FAIL_STEP, LATE_FAIL_STEP, TokenUnit
 
 
@@ -56,11 +57,11 @@ class TokenLoop:
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> TokenState:
         prompt = ctx.slots["prompt_ids"]
         sp = req.sampling
-        return TokenState(
+        return new_state(
+            TokenState,
+            req,
+            self.loop_id,
             channel=ctx.slots["token_stream"],
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
             seed=int(req.seed or 0),
             prev_token=prompt[-1],
             prompt=tuple(prompt),

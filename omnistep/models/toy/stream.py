@@ -40,6 +40,7 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
+from omnistep.loops.base import new_state
 from omnistep.models.toy.lm import VOCAB, TokenUnit, ToyLM, byte_ids
 from omnistep.models.toy.loop import token_plan
 from omnistep.models.toy.vocoder import SAMPLE_RATE, ToyVocoder, audio_loop_spec, vocode_node
@@ -76,10 +77,10 @@ class TrackLoop:
         text: Channel = ctx.slots[TEXT_INPUT_SLOT]
         if text.closed and not "".join(text[:]).strip():
             raise InvalidRequestError("input must not be empty", param="input")
-        return TrackState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return new_state(
+            TrackState,
+            req,
+            self.loop_id,
             seed=int(req.seed or 0),
             temperature=req.sampling.or_default("temperature", 1.0),
             max_new_tokens=req.sampling.max_new_tokens,
