@@ -337,7 +337,7 @@ class AsyncEngine:
             InvalidRequestError: an unknown mode, a ``version`` that is not a non-negative
                 integer.
             WeightVersionError: ``version`` is not above the current one (nothing changed).
-            WeightUpdateError: see above; nothing changed.
+            WeightUpdateError: a tensor the model rejects (see above); nothing changed.
         """
         return await self._weights.apply(model_id, tensors, version, mode, check_finite)
 
@@ -371,8 +371,9 @@ class AsyncEngine:
         Raises:
             ModelNotFoundError: unknown model id.
             InvalidRequestError: the model cannot clone voices (param ``model``, code
-                ``voice_cloning_unsupported``), samples that are not a 1-D float array, or what
-                the card rejects (a clip too short or too long, an empty transcript).
+                ``voice_cloning_unsupported``), samples that are not a 1-D float array, a
+                sample rate that is not a positive int, or what the card rejects (a clip too
+                short or too long, an empty transcript).
         """
         return await self._voices.clone(model_id, audio, sample_rate, transcript)
 

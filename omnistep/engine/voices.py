@@ -40,11 +40,8 @@ class Voices:
 
     async def forget(self, model_id: str, spec: str) -> None:
         """``AsyncEngine.forget_voice``: the model's units pause, running batches finish, the
-        card's ``voice_forgetter`` runs (nothing when it has none), work resumes.
-
-        Raises:
-            ModelNotFoundError: unknown model id.
-        """
+        card's ``voice_forgetter`` runs (nothing when it has none), work resumes. See there
+        for the errors raised."""
         model = self._resolve(model_id)
         forget = model.card.voice_forgetter
         if forget is None:
@@ -55,19 +52,7 @@ class Voices:
 
     async def clone(self, model_id: str, audio: Any, sample_rate: int, transcript: str) -> str:
         """``AsyncEngine.clone_voice``: the card's ``voice_enroller`` on the enrollment thread;
-        returns the voice's spec.
-
-        Args:
-            audio: float mono samples ``[N]`` (converted to float32).
-            sample_rate: their rate in Hz.
-            transcript: what the clip says.
-
-        Raises:
-            ModelNotFoundError: unknown model id.
-            InvalidRequestError: the model cannot clone voices (param ``model``, code
-                ``voice_cloning_unsupported``), samples that are not a 1-D float array, a
-                sample rate that is not a positive int, or what the card rejects.
-        """
+        returns the voice's spec. See there for the arguments and the errors raised."""
         model = self._resolve(model_id)
         card = model.card
         if Capability.VOICE_CLONING not in card.capabilities or card.voice_enroller is None:

@@ -127,15 +127,8 @@ class WeightUpdates:
         mode: str = "pause",
         check_finite: bool = True,
     ) -> WeightUpdate:
-        """``AsyncEngine.apply_weights`` (see there for the modes and what is checked).
-
-        Raises:
-            ModelNotFoundError: unknown model id.
-            InvalidRequestError: an unknown mode, a ``version`` that is not a non-negative
-                integer.
-            WeightVersionError: ``version`` is not above the current one (nothing changed).
-            WeightUpdateError: a tensor the model rejects; nothing changed.
-        """
+        """``AsyncEngine.apply_weights``: see there for the modes, what is checked and the
+        errors raised."""
         if mode not in WEIGHT_UPDATE_MODES:
             raise InvalidRequestError(
                 f"mode must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {mode!r}",

@@ -42,6 +42,7 @@ from omnistep.core import (
     WorkUnitKind,
     local_method,
 )
+from omnistep.loops.base import ConfiguredLoop
 from omnistep.sampling import make_generator
 
 Frame = tuple[int, ...]
@@ -207,23 +208,18 @@ class ARDecodeState(LoopState):
     seed: int = 0
 
 
-class ARDecodeLoop:
+class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
     """AR_DECODE loop (see module docstring)."""
 
     kind = LoopKind.AR_DECODE
-
-    def __init__(self, config: ARDecodeConfig):
-        self.config = config
-        self.loop_id = config.loop_id
 
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> ARDecodeState:
         cfg = self.config
         cap = (req.sampling.max_new_tokens if cfg.honor_request_cap else None) or cfg.max_new_tokens
         seed = (int(req.seed or 0) + cfg.seed_offset) % 2**63
-        return ARDecodeState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return self.new_state(
+            ARDecodeState,
+            req,
             seq_id=f"{req.request_id}/{self.loop_id}",
             prompt=ctx.slots[cfg.prompt_slot],
             sampling=cfg.make_sampling(req),

@@ -51,6 +51,7 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
+from omnistep.loops.base import ConfiguredLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,21 +185,16 @@ class AudioDecodeState(LoopState):
     owner: Any = None
 
 
-class AudioDecodeLoop:
+class AudioDecodeLoop(ConfiguredLoop[AudioDecodeConfig]):
     """AUDIO_DECODE loop (see module docstring)."""
 
     kind = LoopKind.AUDIO_DECODE
 
-    def __init__(self, config: AudioDecodeConfig):
-        self.config = config
-        self.loop_id = config.loop_id
-
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> AudioDecodeState:
         stateful = self.config.stream_state
-        return AudioDecodeState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return self.new_state(
+            AudioDecodeState,
+            req,
             channel=ctx.slots[self.config.in_slot],
             extras=ctx.slots.get(self.config.extras_slot or ""),
             seq_id=f"{req.request_id}/{self.loop_id}" if stateful else None,

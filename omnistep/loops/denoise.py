@@ -41,6 +41,7 @@ from omnistep.core import (
     WorkUnitKind,
     local_method,
 )
+from omnistep.loops.base import ConfiguredLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,20 +131,15 @@ class DenoiseState(LoopState):
     ctx: ProgramContext | None = None
 
 
-class DenoiseLoop:
+class DenoiseLoop(ConfiguredLoop[DenoiseConfig]):
     """DENOISE loop (see module docstring)."""
 
     kind = LoopKind.DENOISE
 
-    def __init__(self, config: DenoiseConfig):
-        self.config = config
-        self.loop_id = config.loop_id
-
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> DenoiseState:
-        return DenoiseState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return self.new_state(
+            DenoiseState,
+            req,
             source=ctx.slots[self.config.in_slot],
             out=ctx.slots[self.config.stream_slot],
             request=req,

@@ -31,6 +31,7 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
+from omnistep.loops.base import ConfiguredLoop
 
 
 @dataclass(frozen=True)
@@ -56,20 +57,15 @@ class EncodeState(LoopState):
     outputs: list[Any] = field(default_factory=list)
 
 
-class EncodeLoop:
+class EncodeLoop(ConfiguredLoop[EncodeConfig]):
     """ENCODE loop (see module docstring)."""
 
     kind = LoopKind.ENCODE
 
-    def __init__(self, config: EncodeConfig):
-        self.config = config
-        self.loop_id = config.loop_id
-
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> EncodeState:
-        return EncodeState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return self.new_state(
+            EncodeState,
+            req,
             items=tuple(ctx.slots[self.config.media_slot] or ()),
         )
 

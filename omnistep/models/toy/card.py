@@ -29,18 +29,31 @@ from omnistep.core import (
     LoopKind,
     LoopNode,
     LoopSpec,
-    Modality,
     ModelCard,
     Program,
     ProgramContext,
+    Request,
     WorkUnitKind,
 )
-from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
-from omnistep.models.toy.lm import VOCAB, ToyLM
+from omnistep.models.toy.lm import ToyLM, byte_ids
 from omnistep.models.toy.loop import TokenLoop, prompt_text
-from omnistep.models.toy.vocoder import SAMPLE_RATE, ToyVocoder
+from omnistep.models.toy.vocoder import SAMPLE_RATE, ToyVocoder, audio_loop_spec, vocode_node
 
 VOICES = ("default",)
+
+
+def check_voice(req: Request, card_id: str) -> None:
+    """Reject a voice other than those of ``VOICES`` (None means ``default``).
+
+    Raises:
+        InvalidRequestError: an unknown voice (param ``voice``, code ``unknown_voice``).
+    """
+    if req.voice is not None and req.voice not in VOICES:
+        raise InvalidRequestError(
+            f"unknown voice '{req.voice}' for model '{card_id}'; choose one of {', '.join(VOICES)}",
+            param="voice",
+            code="unknown_voice",
+        )
 
 
 def _tokenize(ctx: ProgramContext) -> None:
@@ -48,13 +61,8 @@ def _tokenize(ctx: ProgramContext) -> None:
     text = prompt_text(req)
     if not text.strip():
         raise InvalidRequestError("input must not be empty", param="input")
-    if req.voice is not None and req.voice not in VOICES:
-        raise InvalidRequestError(
-            f"unknown voice '{req.voice}' for model 'toy'; choose one of {', '.join(VOICES)}",
-            param="voice",
-            code="unknown_voice",
-        )
-    ctx.slots["prompt_ids"] = [1 + b % (VOCAB - 1) for b in text.encode()]
+    check_voice(req, "toy")
+    ctx.slots["prompt_ids"] = byte_ids(text)
     ctx.slots["toy_flags"] = {"fail_vocoder": "<fail-vocoder>" in text}
     ctx.usage["input_tokens"] = len(ctx.slots["prompt_ids"])
 
@@ -72,17 +80,6 @@ def build_card(
     max_batch_size: int = 8,
 ) -> ModelCard:
     """The toy card. ``path`` is ignored (the toy has no weights)."""
-    audio = AudioDecodeConfig(
-        loop_id="audio",
-        component="vocoder",
-        in_slot="token_stream",
-        sample_rate=SAMPLE_RATE,
-        first_chunk=first_chunk,
-        chunk=chunk_tokens,
-        left_context=1,
-        lookahead=lookahead,
-        extras_slot="toy_flags",
-    )
     program = Program(
         inputs=("request",),
         nodes=(
@@ -90,13 +87,7 @@ def build_card(
             LoopNode(
                 "decode", "tokens", needs=("prompt_ids",), binds="tokens", streams=("token_stream",)
             ),
-            LoopNode(
-                "vocode",
-                "audio",
-                needs=("token_stream",),
-                binds="samples",
-                when=lambda req: Modality.AUDIO in req.output_modalities,
-            ),
+            vocode_node(),
             KernelNode("count", _count, needs=("tokens", "samples")),
         ),
     )
@@ -109,12 +100,11 @@ def build_card(
         ),
         loops=(
             LoopSpec("tokens", LoopKind.AR_DECODE, (WorkUnitKind.AR_TOKEN,), ("lm",), TokenLoop),
-            LoopSpec(
-                "audio",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("vocoder",),
-                lambda: AudioDecodeLoop(audio),
+            audio_loop_spec(
+                first_chunk=first_chunk,
+                chunk=chunk_tokens,
+                lookahead=lookahead,
+                extras_slot="toy_flags",
             ),
         ),
         program=program,

@@ -40,22 +40,21 @@ from omnistep.core import (
     LoopSpec,
     LoopState,
     MediaItem,
-    Modality,
     ModelCard,
     ModelInstance,
     Program,
     ProgramContext,
     Request,
-    ResourceRequest,
-    ShapeSignature,
     StepResult,
     StreamChunk,
     WorkPlan,
     WorkUnitKind,
 )
-from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
-from omnistep.models.toy.card import SAMPLE_RATE, VOICES, ToyVocoder
-from omnistep.models.toy.stream import byte_ids
+from omnistep.loops.base import new_state
+from omnistep.models.toy.card import VOICES, check_voice
+from omnistep.models.toy.lm import byte_ids
+from omnistep.models.toy.loop import token_plan
+from omnistep.models.toy.vocoder import SAMPLE_RATE, ToyVocoder, audio_loop_spec, vocode_node
 
 MEDIA_SAMPLE_RATE = 16_000
 BLOCK_TOKENS = 16
@@ -167,10 +166,10 @@ class SayLoop:
         cap = req.sampling.max_new_tokens
         scribe = model.components["scribe"]
         scribe.hold(req.request_id, max(1, ctx.usage["input_tokens"]))  # type: ignore[attr-defined]
-        return SayState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return new_state(
+            SayState,
+            req,
+            self.loop_id,
             words=words[:cap] if cap else words,
             scribe=scribe,  # type: ignore[arg-type]
             channel=ctx.slots["token_stream"],
@@ -179,14 +178,7 @@ class SayLoop:
     def next(self, state: SayState) -> WorkPlan | Done:
         if state.step >= len(state.words):
             return Done()
-        return WorkPlan(
-            WorkUnitKind.AR_TOKEN,
-            "scribe",
-            ShapeSignature(WorkUnitKind.AR_TOKEN, (1,)),
-            WordUnit(state.words, state.step),
-            ResourceRequest(num_tokens=1),
-            f"toy_hear.word{state.step}",
-        )
+        return token_plan("scribe", WordUnit(state.words, state.step), f"toy_hear.word{state.step}")
 
     def advance(self, state: SayState, result: StepResult) -> SayState:
         word: str = result.output
@@ -208,12 +200,7 @@ class SayLoop:
 
 def _listen(ctx: ProgramContext) -> None:
     req = ctx.request
-    if req.voice is not None and req.voice not in VOICES:
-        raise InvalidRequestError(
-            f"unknown voice '{req.voice}' for model 'toy_hear'; choose one of {', '.join(VOICES)}",
-            param="voice",
-            code="unknown_voice",
-        )
+    check_voice(req, "toy_hear")
     ctx.slots["answer"] = answer_text(req.messages)
     audio_seconds = sum(item.seconds or 0.0 for item in req.media)
     text_chars = sum(len(m.content) for m in req.messages)
@@ -228,28 +215,12 @@ def _count(ctx: ProgramContext) -> None:
 def build_card(path: str | None = None, *, step_seconds: float = 0.0) -> ModelCard:
     """The hearing toy. ``path`` is ignored (no weights); ``step_seconds``: the scribe's sleep
     per batch (0: none)."""
-    audio = AudioDecodeConfig(
-        loop_id="audio",
-        component="vocoder",
-        in_slot="token_stream",
-        sample_rate=SAMPLE_RATE,
-        first_chunk=2,
-        chunk=4,
-        left_context=1,
-        lookahead=0,
-    )
     program = Program(
         inputs=("request",),
         nodes=(
             KernelNode("listen", _listen, needs=("request",), binds=("answer",)),
             LoopNode("say", "say", needs=("answer",), binds="text", streams=("token_stream",)),
-            LoopNode(
-                "vocode",
-                "audio",
-                needs=("token_stream",),
-                binds="samples",
-                when=lambda req: Modality.AUDIO in req.output_modalities,
-            ),
+            vocode_node(),
             KernelNode("count", _count, needs=("text", "samples")),
         ),
     )
@@ -262,13 +233,7 @@ def build_card(path: str | None = None, *, step_seconds: float = 0.0) -> ModelCa
         ),
         loops=(
             LoopSpec("say", LoopKind.AR_DECODE, (WorkUnitKind.AR_TOKEN,), ("scribe",), SayLoop),
-            LoopSpec(
-                "audio",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("vocoder",),
-                lambda: AudioDecodeLoop(audio),
-            ),
+            audio_loop_spec(lookahead=0),
         ),
         program=program,
         capabilities=frozenset(

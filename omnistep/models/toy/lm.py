@@ -23,6 +23,12 @@ LATE_FAIL_STEP = 20
 SLOW_STEP_SECONDS = 0.02
 
 
+def byte_ids(text: str) -> list[int]:
+    """The toy tokenizer: the text's UTF-8 bytes as ids in ``[1, VOCAB)`` (``1 + b % 63``;
+    0 is EOS)."""
+    return [1 + b % (VOCAB - 1) for b in text.encode()]
+
+
 @dataclass(frozen=True, slots=True)
 class TokenUnit:
     """One AR_TOKEN unit: the previous token, the step's seed material and sampling settings;

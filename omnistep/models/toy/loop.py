@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
+from omnistep.loops.base import new_state
 from omnistep.models.toy.lm import EOS, FAIL_STEP, LATE_FAIL_STEP, TokenUnit
 
 
@@ -55,11 +57,11 @@ class TokenLoop:
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> TokenState:
         prompt = ctx.slots["prompt_ids"]
         sp = req.sampling
-        return TokenState(
+        return new_state(
+            TokenState,
+            req,
+            self.loop_id,
             channel=ctx.slots["token_stream"],
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
             seed=int(req.seed or 0),
             prev_token=prompt[-1],
             prompt=tuple(prompt),
@@ -82,14 +84,7 @@ class TokenLoop:
             state.fail_step,
             state.slow,
         )
-        return WorkPlan(
-            WorkUnitKind.AR_TOKEN,
-            "lm",
-            ShapeSignature(WorkUnitKind.AR_TOKEN, (1,)),
-            unit,
-            ResourceRequest(num_tokens=1),
-            f"toy.token{state.step}",
-        )
+        return token_plan("lm", unit, f"toy.token{state.step}")
 
     def advance(self, state: TokenState, result: StepResult) -> TokenState:
         token, logprob, version = result.output
@@ -150,3 +145,16 @@ def fault_step(text: str) -> int | None:
     if "<fail>" in text:
         return FAIL_STEP
     return LATE_FAIL_STEP if "<fail-late>" in text else None
+
+
+def token_plan(component: str, unit: Any, label: str) -> WorkPlan:
+    """The plan of one AR_TOKEN unit of a toy card's token loop: one token (shape ``(1,)``)
+    of ``component``; ``label``: the unit's trace label."""
+    return WorkPlan(
+        WorkUnitKind.AR_TOKEN,
+        component,
+        ShapeSignature(WorkUnitKind.AR_TOKEN, (1,)),
+        unit,
+        ResourceRequest(num_tokens=1),
+        label,
+    )

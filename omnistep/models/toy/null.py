@@ -37,6 +37,7 @@ from omnistep.core import (
     WorkPlan,
     WorkUnitKind,
 )
+from omnistep.loops.base import new_state
 
 DEFAULT_STEPS = 20
 SHAPE = ShapeSignature(WorkUnitKind.AR_TOKEN, (1,))
@@ -72,10 +73,10 @@ class NullLoop:
         self.emit_every = emit_every
 
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> NullState:
-        return NullState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return new_state(
+            NullState,
+            req,
+            self.loop_id,
             steps=req.sampling.max_new_tokens or DEFAULT_STEPS,
             emit_every=self.emit_every,
         )

@@ -35,26 +35,20 @@ from omnistep.core import (
     Program,
     ProgramContext,
     Request,
-    ResourceRequest,
-    ShapeSignature,
     StepResult,
     StreamChunk,
     WorkPlan,
     WorkUnitKind,
 )
-from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
-from omnistep.models.toy.lm import VOCAB, TokenUnit, ToyLM
-from omnistep.models.toy.vocoder import SAMPLE_RATE, ToyVocoder
+from omnistep.loops.base import new_state
+from omnistep.models.toy.lm import VOCAB, TokenUnit, ToyLM, byte_ids
+from omnistep.models.toy.loop import token_plan
+from omnistep.models.toy.vocoder import SAMPLE_RATE, ToyVocoder, audio_loop_spec, vocode_node
 
 TAIL_STEPS = 4
 """Steps fed the pad id after the text's last byte."""
 NO_EOS = 2**31
 """``min_new_tokens`` of every unit: the lm never ends a request; the text's end does."""
-
-
-def byte_ids(text: str) -> list[int]:
-    """The text's UTF-8 bytes as ids in ``[1, VOCAB)`` (the ``toy`` card's tokenizer)."""
-    return [1 + b % (VOCAB - 1) for b in text.encode()]
 
 
 @dataclass
@@ -83,10 +77,10 @@ class TrackLoop:
         text: Channel = ctx.slots[TEXT_INPUT_SLOT]
         if text.closed and not "".join(text[:]).strip():
             raise InvalidRequestError("input must not be empty", param="input")
-        return TrackState(
-            request_id=req.request_id,
-            loop_id=self.loop_id,
-            profile=req.profile,
+        return new_state(
+            TrackState,
+            req,
+            self.loop_id,
             seed=int(req.seed or 0),
             temperature=req.sampling.or_default("temperature", 1.0),
             max_new_tokens=req.sampling.max_new_tokens,
@@ -111,14 +105,7 @@ class TrackLoop:
             return Done()
         prev = (state.prev_token + text_id) % VOCAB
         unit = TokenUnit(prev, state.seed, step, state.temperature, NO_EOS)
-        return WorkPlan(
-            WorkUnitKind.AR_TOKEN,
-            "lm",
-            ShapeSignature(WorkUnitKind.AR_TOKEN, (1,)),
-            unit,
-            ResourceRequest(num_tokens=1),
-            f"toy_stream.token{step}",
-        )
+        return token_plan("lm", unit, f"toy_stream.token{step}")
 
     def advance(self, state: TrackState, result: StepResult) -> TrackState:
         token, _logprob, _version = result.output
@@ -143,16 +130,6 @@ def _count(ctx: ProgramContext) -> None:
 
 def build_card(path: str | None = None, *, max_batch_size: int = 8) -> ModelCard:
     """The toy_stream card. ``path`` is ignored (no weights)."""
-    audio = AudioDecodeConfig(
-        loop_id="audio",
-        component="vocoder",
-        in_slot="token_stream",
-        sample_rate=SAMPLE_RATE,
-        first_chunk=2,
-        chunk=4,
-        left_context=1,
-        lookahead=1,
-    )
     program = Program(
         inputs=("request", TEXT_INPUT_SLOT),
         nodes=(
@@ -163,7 +140,7 @@ def build_card(path: str | None = None, *, max_batch_size: int = 8) -> ModelCard
                 binds="tokens",
                 streams=("token_stream",),
             ),
-            LoopNode("vocode", "audio", needs=("token_stream",), binds="samples"),
+            vocode_node(when_audio_out=False),
             KernelNode("count", _count, needs=("tokens", "samples")),
         ),
     )
@@ -176,13 +153,7 @@ def build_card(path: str | None = None, *, max_batch_size: int = 8) -> ModelCard
         ),
         loops=(
             LoopSpec("track", LoopKind.AR_DECODE, (WorkUnitKind.AR_TOKEN,), ("lm",), TrackLoop),
-            LoopSpec(
-                "audio",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("vocoder",),
-                lambda: AudioDecodeLoop(audio),
-            ),
+            audio_loop_spec(lookahead=1),
         ),
         program=program,
         capabilities=frozenset({Capability.TEXT_TO_SPEECH, Capability.STREAMING_TEXT_INPUT}),
