@@ -56,7 +56,8 @@ def test_make_run_installs_once_until_pyproject_changes(checkout):
 
 
 def test_make_test_installs_once_and_counts_for_make_run(checkout):
-    (checkout / ".ref" / "qwen-tts" / ".installed-2").touch()  # the reference overlay
+    (checkout / ".ref" / "qwen-tts" / ".installed-2").touch()  # the reference overlays
+    (checkout / ".ref" / "chatterbox" / ".installed-1").touch()
     first = _dry_run(checkout, "test")
     assert "pip install -q -e '.[voice,piper,chattts,test,dev]'" in first
     for name in (".installed-test", ".installed-run"):  # what the install touches
