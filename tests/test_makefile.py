@@ -35,7 +35,8 @@ def checkout(tmp_path: Path) -> Path:
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").touch()
-    (tmp_path / ".ref" / "qwen-tts").mkdir(parents=True)
+    for overlay in ("qwen-tts", "chatterbox"):
+        (tmp_path / ".ref" / overlay).mkdir(parents=True)
     return tmp_path
 
 
