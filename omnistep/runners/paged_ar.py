@@ -18,6 +18,15 @@ a batch of one takes the same path. A family subclass says only what is its own:
 
 Frames are tuples of ``num_codebooks`` ids (1 for a text LM, 4 for ChatTTS's codebooks).
 
+Classifier-free guidance (``_guidance``, ``_unconditional_inputs``): a family whose prompt names
+a guidance weight ``w`` gets a second, unconditional sequence per request (``uncond_id``), fed
+the rows ``_unconditional_inputs`` gives for the prompt and the same frames as the conditional
+one. The two are admitted together (both or neither), run in the same forward of every step,
+grown, preempted and freed together; the sampler sees ``cond + w * (cond - uncond)`` (Chatterbox
+T3, upstream ``t3.py``), so the log-probs a step reports are of the guided distribution it
+sampled from. A guided prompt is prefilled whole (no kept prefix, no group sharing) and is not
+scored yet (``score_logits`` raises).
+
 KV admission: the component is the scheduler's ``omnistep.kv.KVPool``. ``admit`` takes a
 prefill's blocks when they fit (after its shared prefix or group prompt), and the scheduler runs
 only admitted prefills; ``can_append`` says whether a decode batch's next tokens fit, and the
@@ -104,6 +113,15 @@ from omnistep.sampling import (
     sample,
 )
 
+UNCOND_SUFFIX = "#uncond"
+"""The unconditional sequence of a guided request is its ``seq_id`` plus this suffix."""
+
+
+def uncond_id(seq_id: str) -> str:
+    """The KV sequence id of ``seq_id``'s unconditional (classifier-free guidance) row."""
+    return seq_id + UNCOND_SUFFIX
+
+
 SCORE_MODES = ("processed", "policy")
 """``score_logprobs`` modes: the distribution sampled, or ``log_softmax(logits / T)``."""
 
@@ -185,6 +203,8 @@ class PagedARModel:
         "_prefixes",
         "_admitted",
         "_waiting_rows",
+        "_guided",
+        "_uncond_last",
     )
     """Attributes a ``training_copy`` leaves out (the KV pool and its bookkeeping)."""
 
@@ -214,6 +234,10 @@ class PagedARModel:
         self._prefix_ids = itertools.count()
         self._admitted: _Admitted | None = None  # prefills ``admit`` took blocks for
         self._waiting_rows: tuple[ARPrefillInput, torch.Tensor] | None = None  # not admitted
+        self._guided: dict[str, float] = {}  # seq_id -> guidance weight, while it holds blocks
+        # seq_id -> the unconditional row's last hidden state [hidden], from this step's forward
+        # to its sampling (emptied by ``_sample``)
+        self._uncond_last: dict[str, torch.Tensor] = {}
         self.num_refused_prefills = 0
         """Prefills ``execute`` found no room for (answered preempted): 0 when the scheduler
         admits them (``admit``)."""
@@ -254,6 +278,16 @@ class PagedARModel:
         to a sequence with this ``prompt``, computed (with autograd on) from the weights
         ``trainable_weights`` names, so gradients reach them. Default: ``_head``."""
         return self._head(hidden, "")
+
+    def _guidance(self, prompt: Any) -> float | None:
+        """The classifier-free guidance weight ``w`` of a prompt's sequence (the sampler sees
+        ``cond + w * (cond - uncond)``), or None (the default): no unconditional row."""
+        return None
+
+    def _unconditional_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
+        """Input rows of a guided prefill's unconditional sequence, shaped as
+        ``_prefill_inputs(unit)`` (the same count: both rows share positions)."""
+        raise NotImplementedError(f"{type(self).__name__} has no unconditional inputs")
 
     def _on_admit(self, unit: ARPrefillInput) -> None:
         """Called for each prefill unit that got its blocks (per-sequence bookkeeping)."""
@@ -300,18 +334,20 @@ class PagedARModel:
         """``omnistep.kv.KVPool.can_append``: whether one decode step of every held sequence
         of ``payloads`` fits in the free blocks and those only kept prefixes hold (evicted
         first), with no preemption."""
-        seq_ids = [p.seq_id for p in payloads if p.seq_id in self.lengths]
+        seq_ids = self._with_uncond([p.seq_id for p in payloads if p.seq_id in self.lengths])
         return self.table.blocks_to_grow(seq_ids) <= self.kv_blocks()[1]
 
     def preemption_frees(self, payload: Any) -> int:
         """``omnistep.kv.KVPool.preemption_frees``: blocks only the unit's sequence holds."""
-        return self.table.preemption_frees(payload.seq_id)
+        return sum(self.table.preemption_frees(s) for s in self._with_uncond([payload.seq_id]))
 
     def preempt(self, payload: Any) -> int:
         """``omnistep.kv.KVPool.preempt``: free the unit's sequence (and a group prompt it
         computed); its decode step answers ``preempted``. Returns the blocks freed."""
         self._forget_shared(payload.seq_id)
-        return self.table.preempt(payload.seq_id)
+        freed = sum(self.table.preempt(s) for s in self._with_uncond([payload.seq_id]))
+        self._guided.pop(payload.seq_id, None)
+        return freed
 
     @property
     def kept_prefix_blocks(self) -> int:
@@ -340,8 +376,19 @@ class PagedARModel:
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks (those it shares stay with their other holders) and
         forget a group prompt it computed (idempotent)."""
-        self.table.free(seq_id)
+        for held in self._with_uncond([seq_id]):
+            self.table.free(held)
+        self._guided.pop(seq_id, None)
         self._forget_shared(seq_id)
+
+    def _with_uncond(self, seq_ids: Sequence[str]) -> list[str]:
+        """``seq_ids`` with each guided one's unconditional sequence right after it."""
+        out = []
+        for seq_id in seq_ids:
+            out.append(seq_id)
+            if seq_id in self._guided:
+                out.append(uncond_id(seq_id))
+        return out
 
     def _forget_shared(self, seq_id: str) -> None:
         """Forget the group prompts ``seq_id`` computed."""
@@ -457,6 +504,8 @@ class PagedARModel:
         Raises:
             ValueError: as ``score_logits``, or prompts and frames of different counts.
         """
+        if any(self._guidance(p) is not None for p in prompts):
+            raise NotImplementedError("scoring a classifier-free-guided prompt is not built yet")
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
             hidden = self._score_hidden_batch(prompts, frames, match_serving)
             return self._score_heads(hidden, prompts)
@@ -752,6 +801,9 @@ class PagedARModel:
         waiting = self._waiting_rows
         rows = waiting[1] if waiting and waiting[0] is unit else self._prefill_inputs(unit)
         self._waiting_rows = None
+        weight = self._guidance(unit.prompt)
+        if weight is not None:
+            return self._admit_guided(unit, rows, float(weight), batch)
         key = self._share_key(unit, rows)
         if key is not None and (key in batch.computing or self._live_shared(key)):
             batch.entries[unit.seq_id] = _Entry(unit, None, key)
@@ -769,6 +821,22 @@ class PagedARModel:
             batch.computing.add(key)
         return True
 
+    def _admit_guided(
+        self, unit: ARPrefillInput, rows: torch.Tensor, weight: float, batch: _Admitted
+    ) -> bool:
+        """Admit a guided prefill's conditional and unconditional sequences together (whole
+        prompts, no sharing); False: neither is held."""
+        n = rows.shape[0]
+        uncond = uncond_id(unit.seq_id)
+        if self._admit(unit.seq_id, n, batch.pinned):
+            if self._admit(uncond, n, batch.pinned):
+                self._guided[unit.seq_id] = weight
+                batch.entries[unit.seq_id] = _Entry(unit, rows, None)
+                return True
+            self.table.free(unit.seq_id)
+        self._waiting_rows = (unit, rows)
+        return False
+
     def _fork_ready(self, entry: _Entry, batch: _Admitted) -> bool:
         """Whether a fork admitted earlier still has its group prompt: computed in this
         batch, or kept by a live sequence."""
@@ -783,17 +851,25 @@ class PagedARModel:
         and what its output streams."""
         for unit in units:
             self._on_admit(unit)
-        lens = [x.shape[0] for x in inputs]
-        rows = torch.cat(inputs)
-        ends_at = [self.lengths[u.seq_id] for u in units]
+        guided = [u for u in units if u.seq_id in self._guided]
+        uncond = [self._unconditional_inputs(u) for u in guided]
+        seq_ids = [u.seq_id for u in units] + [uncond_id(u.seq_id) for u in guided]
+        lens = [x.shape[0] for x in [*inputs, *uncond]]
+        rows = torch.cat([*inputs, *uncond])
+        ends_at = [self.lengths[s] for s in seq_ids]
         positions = torch.cat(
             [torch.arange(e - n, e, device=self.device) for n, e in zip(lens, ends_at, strict=True)]
         )
-        hidden = self._forward(rows, positions, [u.seq_id for u in units], lens)
+        hidden = self._forward(rows, positions, seq_ids, lens)
         ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
+        last = hidden[ends]  # [len(units) + len(guided), hidden]
+        num = len(units)
+        for j, unit in enumerate(guided):
+            self._uncond_last[unit.seq_id] = last[num + j]
         whole = [self.stream_prompt_rows and not u.generated for u in units]
-        streams = self._streams(rows, hidden, lens, whole)
-        return list(zip(hidden[ends], streams, strict=True))
+        cond_rows = sum(lens[:num])
+        streams = self._streams(rows[:cond_rows], hidden[:cond_rows], lens[:num], whole)
+        return list(zip(last[:num], streams, strict=True))
 
     # ------------------------------------------------------------ kept prefixes
     def _split(self, prompt: Any, num_rows: int) -> tuple[Hashable, int] | None:
@@ -938,24 +1014,43 @@ class PagedARModel:
 
     def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
         held = [i for i, u in enumerate(units) if u.seq_id not in self.table.preempted]
-        seq_ids = [units[i].seq_id for i in held]
-        if self._prefixes and all(s in self.lengths for s in seq_ids):
-            self._make_room(self.table.blocks_to_grow(seq_ids), set())  # before preempting
-        keep = [held[i] for i in self.table.grow(seq_ids)]
+        keep = self._grow(units, held)
         self.cache.copy_blocks(self.table.take_copies())  # shared blocks written this step
         results = [ARStepOutput(preempted=True)] * len(units)
         if not keep:
             return results
         run_units = [units[i] for i in keep]
         rows = self._step_inputs(run_units)  # [B, in_dim]
-        positions = torch.tensor(
-            [self.lengths[u.seq_id] - 1 for u in run_units], device=self.device
-        )
-        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], [1] * len(keep))
+        guided = [j for j, u in enumerate(run_units) if u.seq_id in self._guided]
+        seq_ids = [u.seq_id for u in run_units] + [uncond_id(run_units[j].seq_id) for j in guided]
+        if guided:  # the unconditional rows are fed the same frame
+            rows = torch.cat([rows, rows[guided]])
+        positions = torch.tensor([self.lengths[s] - 1 for s in seq_ids], device=self.device)
+        hidden = self._forward(rows, positions, seq_ids, [1] * len(seq_ids))
+        for k, j in enumerate(guided):
+            self._uncond_last[run_units[j].seq_id] = hidden[len(keep) + k]
+        hidden, rows = hidden[: len(keep)], rows[: len(keep)]
         streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
         for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
             results[i] = out
         return results
+
+    def _grow(self, units: Sequence[Any], held: list[int]) -> list[int]:
+        """Grow the held units' sequences (a guided one's unconditional sequence with it) by one
+        token, preempting the youngest when the pool runs out; a guided unit whose pair lost a
+        member is freed whole. Returns the indices of ``units`` that step."""
+        seq_ids = self._with_uncond([units[i].seq_id for i in held])
+        if self._prefixes and all(s in self.lengths for s in seq_ids):
+            self._make_room(self.table.blocks_to_grow(seq_ids), set())  # before preempting
+        grown = {seq_ids[k] for k in self.table.grow(seq_ids)}
+        keep = []
+        for i in held:
+            pair = self._with_uncond([units[i].seq_id])
+            if all(s in grown for s in pair):
+                keep.append(i)
+            elif any(s in grown for s in pair):  # half of a guided pair: free the other half
+                self.free_sequence(units[i].seq_id)
+        return keep
 
     def _forward(
         self,
@@ -1002,7 +1097,7 @@ class PagedARModel:
         self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
     ) -> list[ARStepOutput]:
         """Sample each row of ``hidden`` ``[B, hidden]`` with its unit's settings."""
-        logits = self._head(hidden, units[0].seq_id).float()
+        logits = self._guide(self._head(hidden, units[0].seq_id).float(), units)
         logits = self._sampling_logits(logits)  # [B, num_codebooks, V]
         history = [self._history(u.history, logits.shape[1]) for u in units]
         num_generated = [
@@ -1018,6 +1113,24 @@ class PagedARModel:
             ARStepOutput(tuple(t), tuple(lp), stream, False, tuple(pl), self.weight_version)
             for t, lp, pl, stream in zip(tokens, logprobs, policy, streams, strict=True)
         ]
+
+    def _guide(self, logits: torch.Tensor, units: Sequence[Any]) -> torch.Tensor:
+        """Classifier-free guidance of the guided rows of ``logits`` ``[B, C, V]`` float32:
+        ``cond + w * (cond - uncond)`` with the unconditional rows' head logits (their hidden
+        states kept by this step's forward in ``_uncond_last``)."""
+        guided = [j for j, u in enumerate(units) if u.seq_id in self._uncond_last]
+        if not guided:
+            return logits
+        uncond = torch.stack([self._uncond_last.pop(units[j].seq_id) for j in guided])
+        uncond_logits = self._head(uncond, units[guided[0]].seq_id).float()
+        index = torch.tensor(guided, device=logits.device)
+        weight = torch.tensor(
+            [self._guided[units[j].seq_id] for j in guided], device=logits.device
+        ).view(-1, 1, 1)
+        cond = logits[index]
+        logits = logits.clone()
+        logits[index] = cond + weight * (cond - uncond_logits)
+        return logits
 
     def _history(self, frames: tuple[tuple[int, ...], ...], width: int) -> torch.Tensor:
         """``[width, T]`` long tensor of recent frames (width: ids per frame)."""

@@ -68,7 +68,9 @@ def call_reference(target: str, timeout: float = 600, **kwargs: Any) -> Any:
             timeout=timeout,
         )
         if done.returncode != 0 or not reply.exists():
-            raise ReferenceRunError(f"{target} failed (rc={done.returncode}):\n{done.stderr[-4000:]}")
+            raise ReferenceRunError(
+                f"{target} failed (rc={done.returncode}):\n{done.stderr[-4000:]}"
+            )
         return pickle.loads(reply.read_bytes())
 
 

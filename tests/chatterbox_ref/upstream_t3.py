@@ -80,9 +80,8 @@ def _write_tokenizer(path: Path, vocab_size: int) -> None:
 
 
 def _load(root: str):
-    from safetensors.torch import load_file
-
     from chatterbox.models.t3.modules.cond_enc import T3Cond
+    from safetensors.torch import load_file
 
     t3, _ = _tiny_t3()
     t3.load_state_dict(load_file(Path(root) / "t3_cfg.safetensors"))
