@@ -164,9 +164,17 @@ def test_guided_prefill_waits_when_only_one_row_fits(checkpoint):
     assert t3.blocks.num_used_blocks == 0  # neither row holds blocks
 
 
-def test_scoring_a_guided_prompt_is_refused(t3, checkpoint):
-    with pytest.raises(NotImplementedError):
-        t3.score_logits(_prompt(checkpoint), [(5,)])
+def test_scoring_a_guided_trajectory_gives_the_served_logits(t3, checkpoint, reference):
+    """Train = serve under guidance: teacher-forced guided logits and log-probs of the greedy
+    trajectory equal what serving sampled from."""
+    tokens, logprobs, logits = _generate(t3, {"s": _prompt(checkpoint)})
+    frames = [(t,) for t in tokens["s"]]
+    scored = t3.score_logits(_prompt(checkpoint), frames)[:, 0]
+    torch.testing.assert_close(scored, logits["s"], rtol=0, atol=1e-5)
+    lp = t3.score_logprobs(_prompt(checkpoint), frames, GREEDY)[:, 0]
+    np.testing.assert_allclose(lp.numpy(), logprobs["s"], atol=1e-5)
+    plain = t3.score_logits(_prompt(checkpoint, cfg_weight=None), frames)[:, 0]
+    assert (plain - scored).abs().max() > 1e-2  # guidance is applied, not skipped
 
 
 def test_loader_names_a_missing_file(checkpoint, tmp_path):

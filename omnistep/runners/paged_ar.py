@@ -24,8 +24,9 @@ the rows ``_unconditional_inputs`` gives for the prompt and the same frames as t
 one. The two are admitted together (both or neither), run in the same forward of every step,
 grown, preempted and freed together; the sampler sees ``cond + w * (cond - uncond)`` (Chatterbox
 T3, upstream ``t3.py``), so the log-probs a step reports are of the guided distribution it
-sampled from. A guided prompt is prefilled whole (no kept prefix, no group sharing) and is not
-scored yet (``score_logits`` raises).
+sampled from; ``score_logits`` scores a guided prompt the same way (a teacher-forced forward of
+each row, guided logits). A guided prompt is prefilled whole (no kept prefix, no group
+sharing).
 
 KV admission: the component is the scheduler's ``omnistep.kv.KVPool``. ``admit`` takes a
 prefill's blocks when they fit (after its shared prefix or group prompt), and the scheduler runs
@@ -504,11 +505,20 @@ class PagedARModel:
         Raises:
             ValueError: as ``score_logits``, or prompts and frames of different counts.
         """
-        if any(self._guidance(p) is not None for p in prompts):
-            raise NotImplementedError("scoring a classifier-free-guided prompt is not built yet")
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
             hidden = self._score_hidden_batch(prompts, frames, match_serving)
-            return self._score_heads(hidden, prompts)
+            logits = self._score_heads(hidden, prompts)
+            guided = [i for i, p in enumerate(prompts) if self._guidance(p) is not None]
+            if not guided:
+                return logits
+            picked = [prompts[i] for i in guided]
+            hidden = self._score_hidden_batch(
+                picked, [frames[i] for i in guided], match_serving, unconditional=True
+            )
+            for i, uncond in zip(guided, self._score_heads(hidden, picked), strict=True):
+                weight = float(self._guidance(prompts[i]))
+                logits[i] = logits[i] + weight * (logits[i] - uncond)
+            return logits
 
     def _score_heads(
         self, hidden: list[torch.Tensor], prompts: Sequence[Any]
@@ -548,8 +558,10 @@ class PagedARModel:
         prompts: Sequence[Any],
         frames_of: Sequence[Sequence[Sequence[int]]],
         match_serving: bool,
+        unconditional: bool = False,
     ) -> list[torch.Tensor]:
-        """``_score_hidden`` of several trajectories, in one ``forward_packed``."""
+        """``_score_hidden`` of several trajectories, in one ``forward_packed``; with
+        ``unconditional``, of their guided prompts' unconditional rows."""
         if len(prompts) != len(frames_of) or not prompts:
             raise ValueError(f"{len(prompts)} prompts for {len(frames_of)} trajectories")
         rows, lens, query_lens, pieces_of, prompt_lens = [], [], [], [], []
@@ -562,7 +574,8 @@ class PagedARModel:
             if any(len(f) != len(frames[0]) for f in frames):
                 raise ValueError("frames of different widths")
             unit = ARPrefillInput(self._score_seq_id(), prompt, frames[:-1], (), None, None)
-            x = self._prefill_inputs(unit)  # [prompt_len + T - 1, in_dim]
+            inputs = self._unconditional_inputs if unconditional else self._prefill_inputs
+            x = inputs(unit)  # [prompt_len + T - 1, in_dim]
             num_rows = x.shape[0]
             prompt_len = num_rows - (len(frames) - 1)
             prompt_lens.append(prompt_len)
@@ -876,7 +889,7 @@ class PagedARModel:
         """``(label, n)`` of a prefill of ``num_rows`` rows whose first ``n`` rows come from a
         kept prefix (``_prompt_prefix``, at most ``num_rows - 1`` rows so the last row is
         computed), else None (also for ``stream_prompt_rows`` families)."""
-        if self.stream_prompt_rows:
+        if self.stream_prompt_rows or self._guidance(prompt) is not None:
             return None
         prefix = self._prompt_prefix(prompt)
         if prefix is None:
