@@ -23,7 +23,7 @@ from omnistep.models.chatterbox.loader import (
 )
 from omnistep.models.chatterbox.t3 import T3Prompt
 from omnistep.runners.paged_ar import uncond_id
-from omnistep.sampling import SamplingRow
+from omnistep.sampling import SamplingRow, processed_logprobs
 from tests.chatterbox_ref.env import call_reference
 
 TEXT = [10, 11, 9, 12, 30, 8]
@@ -121,6 +121,41 @@ def test_guided_greedy_matches_reference(t3, checkpoint, reference):
     expected = torch.log_softmax(ref_logits, -1)[torch.arange(len(ref_tokens)), ref_tokens]
     np.testing.assert_allclose(logprobs["r0"], expected.numpy(), atol=1e-4)
     assert t3.blocks.num_used_blocks == 0  # both rows freed
+
+
+def test_sampling_chain_matches_reference(checkpoint):
+    """Upstream's processors at its defaults (repetition penalty 1.2 over every generated id and
+    the start of speech, temperature 0.8, min_p 0.05, top_p 0.95 here to cut too) against
+    ``processed_logprobs`` on upstream's own guided logits, step by step: equal distributions
+    (the penalty once per id, as transformers', before temperature or after: they commute)."""
+    settings = dict(repetition_penalty=1.2, temperature=0.8, min_p=0.05, top_p=0.95)
+    ref = call_reference(
+        "tests.chatterbox_ref.upstream_t3:greedy",
+        root=str(checkpoint),
+        text_ids=TEXT,
+        cfg_weight=0.5,
+        exaggeration=0.7,
+        max_new_tokens=6,
+        **settings,
+    )
+    row = SamplingRow(
+        temperature=0.8,
+        top_p=0.95,
+        min_p=0.05,
+        repetition_penalty=1.2,
+        penalty_compounds=False,
+        penalty_window=4096,  # every generated id counts, as upstream's
+        min_keep=1,
+    )
+    logits = torch.from_numpy(ref["logits"])[:, None]  # [T, 1, V]
+    history = [torch.tensor([[6561, *ref["tokens"][:i]]]) for i in range(len(ref["tokens"]))]
+    n = len(history)
+    logp, _, _ = processed_logprobs(logits, [row] * n, history, list(range(n)))
+    probs = torch.from_numpy(ref["probs"])
+    kept, ours = probs > 0, logp[:, 0].exp()
+    assert bool((kept.sum(-1) < probs.shape[-1] * 0.7).all())  # min_p / top_p did cut
+    assert torch.equal(torch.isfinite(logp[:, 0]), kept)  # the same tokens cut
+    torch.testing.assert_close(ours, probs, rtol=0, atol=1e-6)  # measured: 6e-10
 
 
 def test_guidance_changes_the_distribution(t3, checkpoint, reference):

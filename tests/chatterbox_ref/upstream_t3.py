@@ -98,13 +98,19 @@ def greedy(
     max_new_tokens: int,
     speaker_emb: np.ndarray | None = None,
     prompt_tokens: list[int] | None = None,
+    repetition_penalty: float = 1.0,
+    temperature: float = 1.0,
+    min_p: float = 0.0,
+    top_p: float = 1.0,
 ) -> dict:
     """Upstream ``T3.inference`` (CFG on: a conditional and a text-free row) with argmax in
-    place of ``torch.multinomial`` and neutral processors (repetition penalty 1, temperature 1,
-    min_p 0, top_p 1). ``text_ids`` exclude the start/stop tokens (added as ``tts.py`` does).
+    place of ``torch.multinomial`` (so the path is deterministic) and the given processor
+    settings (its own transformers processors). ``text_ids`` exclude the start/stop tokens
+    (added as ``tts.py`` does).
 
     Returns ``{"tokens": [T] ids (the EOS included when drawn), "logits": [T, V] float32 guided
-    logits of each step, "prefix": [L, dim] float32 conditional prompt rows}``.
+    logits of each step, "probs": [T, V] float32 the distribution each step would sample from,
+    "prefix": [L, dim] float32 conditional prompt rows}``.
     """
     from chatterbox.models.t3 import t3 as t3_module
     from chatterbox.models.t3.modules.cond_enc import T3Cond
@@ -121,28 +127,30 @@ def greedy(
     )
     hp = t3.hp
     text = torch.tensor([[hp.start_text_token, *text_ids, hp.stop_text_token]] * 2)
-    recorded = []
+    recorded, probs_seen = [], []
+    penalty_class = t3_module.RepetitionPenaltyLogitsProcessor
 
-    class Recorder:  # stands in for the repetition penalty (1.0: identity) to see the logits
-        def __init__(self, penalty: float):
-            assert penalty == 1.0
-
+    class Recorder(penalty_class):  # records the guided logits the penalty receives
         def __call__(self, ids, logits):
             recorded.append(logits[0].float().clone())
-            return logits
+            return super().__call__(ids, logits)
+
+    def argmax(probs, num_samples):
+        probs_seen.append(probs[0].float().clone())
+        return probs.argmax(dim=-1, keepdim=True)
 
     t3_module.RepetitionPenaltyLogitsProcessor = Recorder
-    torch.multinomial = lambda probs, num_samples: probs.argmax(dim=-1, keepdim=True)
+    torch.multinomial = argmax
     with torch.inference_mode():
         tokens = t3.inference(
             t3_cond=cond,
             text_tokens=text,
             max_new_tokens=max_new_tokens,
-            temperature=1.0,
+            temperature=temperature,
             cfg_weight=cfg_weight,
-            repetition_penalty=1.0,
-            min_p=0.0,
-            top_p=1.0,
+            repetition_penalty=repetition_penalty,
+            min_p=min_p,
+            top_p=top_p,
         )
         embeds, _ = t3.prepare_input_embeds(
             t3_cond=cond, text_tokens=text, speech_tokens=text[:, :1] * 0 + hp.start_speech_token
@@ -150,5 +158,6 @@ def greedy(
     return {
         "tokens": tokens[0].tolist(),
         "logits": torch.stack(recorded).numpy(),
+        "probs": torch.stack(probs_seen).numpy(),
         "prefix": embeds[0].float().numpy(),
     }
