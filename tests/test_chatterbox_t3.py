@@ -190,6 +190,24 @@ def test_guided_rows_are_admitted_and_freed_together(t3, checkpoint):
     assert t3.blocks.num_used_blocks == 0
 
 
+def test_guided_replay_after_preemption_continues_the_same(t3, checkpoint, reference):
+    """A preempted guided request recomputes both rows by a prefill of its prompt and frames
+    (the unconditional one too); the next step's guided logits are those of the first run."""
+    tokens = reference["tokens"]
+    seen: list[torch.Tensor] = []
+    t3._sampling_logits = lambda logits: seen.append(logits.clone()) or logits
+    try:
+        replay = tuple((t,) for t in tokens[:3])
+        unit = ARPrefillInput("replay", _prompt(checkpoint), replay, replay, GREEDY, None)
+        [out] = t3.execute(WorkUnitKind.PREFILL, [unit])
+    finally:
+        del t3._sampling_logits
+        t3.free_sequence("replay")
+    assert out.tokens == (tokens[3],)
+    ref = torch.from_numpy(reference["logits"][3])
+    torch.testing.assert_close(seen[-1][0, 0], ref, rtol=0, atol=1e-4)
+
+
 def test_guided_prefill_waits_when_only_one_row_fits(checkpoint):
     t3 = load_t3(checkpoint, KVCacheConfig(num_blocks=5, block_size=16))  # 3 blocks a row
     unit = ARPrefillInput("big", _prompt(checkpoint), (), (), GREEDY, None)
