@@ -188,6 +188,11 @@ def test_guided_rows_are_admitted_and_freed_together(t3, checkpoint):
     assert t3.preempt(step) > 0
     assert "pair" not in t3.lengths and uncond_id("pair") not in t3.lengths
     assert t3.blocks.num_used_blocks == 0
+    assert t3.table.preempted == {"pair"}  # its step answers preempted; no stray row marked
+    [answer] = t3.execute(WorkUnitKind.AR_TOKEN, [step])
+    assert answer.preempted
+    t3.free_sequence("pair")
+    assert not t3.table.preempted
 
 
 def test_guided_replay_after_preemption_continues_the_same(t3, checkpoint, reference):

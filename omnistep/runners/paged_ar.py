@@ -346,8 +346,11 @@ class PagedARModel:
         """``omnistep.kv.KVPool.preempt``: free the unit's sequence (and a group prompt it
         computed); its decode step answers ``preempted``. Returns the blocks freed."""
         self._forget_shared(payload.seq_id)
-        freed = sum(self.table.preempt(s) for s in self._with_uncond([payload.seq_id]))
-        self._guided.pop(payload.seq_id, None)
+        freed = self.table.preempt(payload.seq_id)
+        if self._guided.pop(payload.seq_id, None) is not None:  # its unconditional row too
+            uncond = uncond_id(payload.seq_id)
+            freed += self.table.preemption_frees(uncond)
+            self.table.free(uncond)  # not marked: only the request's own step answers
         return freed
 
     @property
