@@ -62,12 +62,28 @@ $(QWEN_TTS_REF_MARK): | $(BIN)/python
 	$(BIN)/pip install -q --no-deps --target $(QWEN_TTS_REF) $(QWEN_TTS_REF_PKGS)
 	touch $@
 
+# The Chatterbox reference (chatterbox-tts 0.1.7) pins torch 2.6, transformers 5.2, gradio,
+# diffusers, resemble-perth (its watermarker) and more. Its T3 (the part the parity tests compare)
+# imports only torch, transformers, einops and tqdm, which the venv has; so the overlay holds the
+# package alone, --no-deps, and tests/chatterbox_ref/env.py imports its submodules without running
+# the package's __init__ (which imports every pipeline: librosa, perth, s3tokenizer, diffusers).
+# Bump the marker's number when the list changes.
+CHATTERBOX_REF := .ref/chatterbox
+CHATTERBOX_REF_PKGS := chatterbox-tts==0.1.7
+CHATTERBOX_REF_MARK := $(CHATTERBOX_REF)/.installed-1
+
+$(CHATTERBOX_REF_MARK): | $(BIN)/python
+	rm -rf $(CHATTERBOX_REF)
+	$(BIN)/pip install -q --no-deps --target $(CHATTERBOX_REF) $(CHATTERBOX_REF_PKGS)
+	touch $@
+
 $(TEST_STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install -q -e '.[voice,piper,chattts,test,dev]'
 	$(BIN)/pip install -q --no-deps $(REFERENCE_PKGS)
 	touch $@ $(RUN_STAMP)
 
-install-test: $(BIN)/python system-deps $(QWEN_TTS_REF_MARK) $(TEST_STAMP)
+install-test: $(BIN)/python system-deps $(QWEN_TTS_REF_MARK) $(CHATTERBOX_REF_MARK) \
+	$(TEST_STAMP)
 
 run: install
 	$(BIN)/omnistep serve --host $(HOST) --port $(PORT)

@@ -94,6 +94,36 @@ def test_rope_matches_transformers():
     assert torch.equal(k_rot, k_ref[0].transpose(0, 1))
 
 
+def test_llama3_rope_scaling_matches_transformers():
+    """Llama 3.1's rescaled frequencies (Chatterbox's T3 config) against transformers' rope on a
+    config whose low, medium and high frequency bands are all populated (head_dim 64)."""
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    config = LlamaConfig(
+        hidden_size=256,
+        num_attention_heads=4,
+        num_hidden_layers=1,
+        intermediate_size=64,
+        rope_theta=500000.0,
+        rope_scaling=scaling,
+    )
+    positions = torch.tensor([0, 1, 5, 300, 4095])
+    x = torch.randn(1, positions.numel(), 256)
+    cos_ref, sin_ref = LlamaRotaryEmbedding(config)(x, positions[None])
+    lite = LlamaConfigLite.from_hf(config)
+    assert lite.rope_scaling is not None and lite.rope_scaling.factor == 8.0
+    cos, sin = rope_cos_sin(positions, 64, 500000.0, torch.float32, "cpu", lite.rope_scaling)
+    torch.testing.assert_close(cos, cos_ref[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin, sin_ref[0], rtol=0, atol=1e-6)
+    plain, _ = rope_cos_sin(positions, 64, 500000.0, torch.float32, "cpu")
+    assert (plain - cos).abs().max() > 1e-3  # the scaling changes the low frequencies
+
+
 def test_map_row_chunks_pads_and_trims():
     weight = torch.randn(8, 6)
     x = torch.randn(21, 6)

@@ -35,7 +35,8 @@ def checkout(tmp_path: Path) -> Path:
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").touch()
-    (tmp_path / ".ref" / "qwen-tts").mkdir(parents=True)
+    for overlay in ("qwen-tts", "chatterbox"):
+        (tmp_path / ".ref" / overlay).mkdir(parents=True)
     return tmp_path
 
 
@@ -56,7 +57,8 @@ def test_make_run_installs_once_until_pyproject_changes(checkout):
 
 
 def test_make_test_installs_once_and_counts_for_make_run(checkout):
-    (checkout / ".ref" / "qwen-tts" / ".installed-2").touch()  # the reference overlay
+    (checkout / ".ref" / "qwen-tts" / ".installed-2").touch()  # the reference overlays
+    (checkout / ".ref" / "chatterbox" / ".installed-1").touch()
     first = _dry_run(checkout, "test")
     assert "pip install -q -e '.[voice,piper,chattts,test,dev]'" in first
     for name in (".installed-test", ".installed-run"):  # what the install touches

@@ -34,7 +34,7 @@ from omnistep.layers.paged_attention import (
     paged_attention,
     write_kv,
 )
-from omnistep.layers.rope import RotaryEmbedding, apply_rope
+from omnistep.layers.rope import Llama3RopeScaling, RotaryEmbedding, apply_rope
 
 _IGNORED_HF_PREFIXES = ("embed_tokens.", "rotary_emb.")
 
@@ -66,6 +66,7 @@ class LlamaConfigLite:
             ``Qwen3OmniMoeThinkerTextDecoderLayer``); None: every layer is dense.
         mlp_only_layers: layers kept dense in a MoE stack (config key ``mlp_only_layers``).
         decoder_sparse_step: every this many layers is sparse (config key).
+        rope_scaling: Llama 3.1's rope frequency rescaling (``rope_type: "llama3"``), or None.
     """
 
     hidden_size: int
@@ -85,6 +86,7 @@ class LlamaConfigLite:
     moe: Any = None
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = 1
+    rope_scaling: Llama3RopeScaling | None = None
 
     SIZE_FIELDS = (
         "hidden_size",
@@ -162,14 +164,22 @@ class LlamaConfigLite:
         """From a transformers ``LlamaConfig`` (``rope_parameters`` in v5, ``rope_theta`` before).
 
         Raises:
-            ValueError: a rope scaling type other than the default.
+            ValueError: a rope scaling type other than the default and Llama 3.1's.
         """
         # v5 keeps theta and type in rope_parameters; v4 has rope_theta and rope_scaling.
         rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
         rope = rope or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"rope_type must be 'default', got {rope_type!r}")
+        if rope_type not in ("default", "llama3"):
+            raise ValueError(f"rope_type must be 'default' or 'llama3', got {rope_type!r}")
+        scaling = None
+        if rope_type == "llama3":
+            scaling = Llama3RopeScaling(
+                float(rope["factor"]),
+                float(rope["low_freq_factor"]),
+                float(rope["high_freq_factor"]),
+                int(rope["original_max_position_embeddings"]),
+            )
         return cls(
             hidden_size=config.hidden_size,
             num_attention_heads=config.num_attention_heads,
@@ -183,6 +193,7 @@ class LlamaConfigLite:
             hidden_act=config.hidden_act,
             attention_bias=config.attention_bias,
             mlp_bias=config.mlp_bias,
+            rope_scaling=scaling,
         )
 
 
@@ -411,7 +422,11 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.rotary_emb = RotaryEmbedding(
-            config.head_dim, config.rope_theta, config.max_position_embeddings, device=device
+            config.head_dim,
+            config.rope_theta,
+            config.max_position_embeddings,
+            device=device,
+            scaling=config.rope_scaling,
         )
 
     def make_cache(

@@ -4,12 +4,16 @@ Formulas follow transformers' models/llama/modeling_llama.py: ``inv_freq = 1 / t
 (arange(0, head_dim, 2) / head_dim)`` (``compute_default_rope_parameters``), ``freqs = position *
 inv_freq`` and ``emb = cat(freqs, freqs)`` (``LlamaRotaryEmbedding.forward``), ``x * cos +
 rotate_half(x) * sin`` (``apply_rotary_pos_emb``). Angles are computed in float32 and the cos/sin
-are cast to the activation dtype, as there.
+are cast to the activation dtype, as there. ``Llama3RopeScaling`` rescales the inverse
+frequencies as Llama 3.1 does (transformers' ``_compute_llama3_parameters`` in
+modeling_rope_utils.py; config ``rope_scaling`` / ``rope_parameters``, ``rope_type: "llama3"``).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -28,17 +32,54 @@ def rope_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Te
     return (1.0 / (theta**exponents)).to(device)
 
 
+@dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1's frequency-dependent rope rescaling (config ``rope_type: "llama3"``).
+
+    Wavelengths longer than ``original_max_position_embeddings / low_freq_factor`` are divided
+    by ``factor``, shorter than ``.../ high_freq_factor`` kept, and those between interpolated
+    smoothly; the attention scale is unchanged (attention factor 1).
+
+    Attributes: the config keys of the same names.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0 or not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"bad llama3 rope scaling {self}")
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError("original_max_position_embeddings must be > 0")
+
+    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """Rescaled inverse frequencies ``[head_dim // 2]`` float32 of default ones."""
+        old = self.original_max_position_embeddings
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / self.low_freq_factor, inv_freq / self.factor, inv_freq)
+        smooth = (old / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = (wavelen >= old / self.high_freq_factor) & (wavelen <= old / self.low_freq_factor)
+        return torch.where(medium, smoothed, scaled)
+
+
 def rope_cos_sin(
     positions: torch.Tensor,
     head_dim: int,
     theta: float,
     dtype: torch.dtype,
     device: torch.device | str,
+    scaling: Llama3RopeScaling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of each position's rotation angles.
 
     Args:
         positions: LongTensor ``[N]`` of absolute token positions.
+        scaling: Llama 3.1's rescaling of the frequencies, or None (the default rope).
 
     Returns:
         ``(cos, sin)``, each ``[N, head_dim]`` in ``dtype``; both halves of the last dimension
@@ -46,6 +87,8 @@ def rope_cos_sin(
     """
     device = torch.device(device)
     inv_freq = rope_inv_freq(head_dim, float(theta), device)
+    if scaling is not None:
+        inv_freq = scaling.apply(inv_freq)
     freqs = positions.to(device)[:, None].float() * inv_freq  # [N, head_dim // 2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [N, head_dim]
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -79,6 +122,7 @@ class RotaryEmbedding(nn.Module):
         head_dim: rotated dimension per head (even).
         theta: rope base.
         max_positions: table length; positions must be below it.
+        scaling: Llama 3.1's frequency rescaling, or None.
     """
 
     def __init__(
@@ -87,6 +131,7 @@ class RotaryEmbedding(nn.Module):
         theta: float,
         max_positions: int,
         device: torch.device | str | None = None,
+        scaling: Llama3RopeScaling | None = None,
     ):
         super().__init__()
         if max_positions <= 0:
@@ -94,7 +139,7 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.theta = float(theta)
         positions = torch.arange(max_positions)
-        cos, sin = rope_cos_sin(positions, head_dim, self.theta, torch.float32, "cpu")
+        cos, sin = rope_cos_sin(positions, head_dim, self.theta, torch.float32, "cpu", scaling)
         self.register_buffer("cos_cached", cos.to(device), persistent=False)
         self.register_buffer("sin_cached", sin.to(device), persistent=False)
 

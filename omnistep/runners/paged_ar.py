@@ -22,6 +22,16 @@ a batch of one takes the same path. A family subclass says only what is its own:
 
 Frames are tuples of ``num_codebooks`` ids (1 for a text LM, 4 for ChatTTS's codebooks).
 
+Classifier-free guidance (``_guidance``, ``_unconditional_inputs``): a family whose prompt names
+a guidance weight ``w`` gets a second, unconditional sequence per request (``uncond_id``), fed
+the rows ``_unconditional_inputs`` gives for the prompt and the same frames as the conditional
+one. The two are admitted together (both or neither), run in the same forward of every step,
+grown, preempted and freed together; the sampler sees ``cond + w * (cond - uncond)`` (Chatterbox
+T3, upstream ``t3.py``), so the log-probs a step reports are of the guided distribution it
+sampled from; ``score_logits`` scores a guided prompt the same way (a teacher-forced forward of
+each row, guided logits). A guided prompt is prefilled whole (no kept prefix, no group
+sharing).
+
 KV admission: the component is the scheduler's ``omnistep.kv.KVPool``. ``admit`` takes a
 prefill's blocks when they fit (after its shared prefix or group prompt), and the scheduler runs
 only admitted prefills; ``can_append`` says whether a decode batch's next tokens fit, and the
@@ -107,6 +117,15 @@ from omnistep.sampling import (
     processed_logprobs,
     sample,
 )
+
+UNCOND_SUFFIX = "#uncond"
+"""The unconditional sequence of a guided request is its ``seq_id`` plus this suffix."""
+
+
+def uncond_id(seq_id: str) -> str:
+    """The KV sequence id of ``seq_id``'s unconditional (classifier-free guidance) row."""
+    return seq_id + UNCOND_SUFFIX
+
 
 SCORE_MODES = ("processed", "policy")
 """``score_logprobs`` modes: the distribution sampled, or ``log_softmax(logits / T)``."""
@@ -194,6 +213,8 @@ class PagedARModel:
         "_admitted",
         "_waiting_rows",
         "_position_deltas",
+        "_guided",
+        "_uncond_last",
     )
     """Attributes a ``training_copy`` leaves out (the KV pool and its bookkeeping)."""
 
@@ -225,6 +246,10 @@ class PagedARModel:
         self._waiting_rows: tuple[ARPrefillInput, torch.Tensor] | None = None  # not admitted
         # sequences whose decode positions are not their row index (``_prompt_positions``)
         self._position_deltas: dict[str, int] = {}
+        self._guided: dict[str, float] = {}  # seq_id -> guidance weight, while it holds blocks
+        # seq_id -> the unconditional row's last hidden state [hidden], from this step's forward
+        # to its sampling (emptied by ``_sample``)
+        self._uncond_last: dict[str, torch.Tensor] = {}
         self.num_refused_prefills = 0
         """Prefills ``execute`` found no room for (answered preempted): 0 when the scheduler
         admits them (``admit``)."""
@@ -276,6 +301,16 @@ class PagedARModel:
         to a sequence with this ``prompt``, computed (with autograd on) from the weights
         ``trainable_weights`` names, so gradients reach them. Default: ``_head``."""
         return self._head(hidden, "")
+
+    def _guidance(self, prompt: Any) -> float | None:
+        """The classifier-free guidance weight ``w`` of a prompt's sequence (the sampler sees
+        ``cond + w * (cond - uncond)``), or None (the default): no unconditional row."""
+        return None
+
+    def _unconditional_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
+        """Input rows of a guided prefill's unconditional sequence, shaped as
+        ``_prefill_inputs(unit)`` (the same count: both rows share positions)."""
+        raise NotImplementedError(f"{type(self).__name__} has no unconditional inputs")
 
     def _on_admit(self, unit: ARPrefillInput) -> None:
         """Called for each prefill unit that got its blocks (per-sequence bookkeeping)."""
@@ -329,18 +364,23 @@ class PagedARModel:
         """``omnistep.kv.KVPool.can_append``: whether one decode step of every held sequence
         of ``payloads`` fits in the free blocks and those only kept prefixes hold (evicted
         first), with no preemption."""
-        seq_ids = [p.seq_id for p in payloads if p.seq_id in self.lengths]
+        seq_ids = self._with_uncond([p.seq_id for p in payloads if p.seq_id in self.lengths])
         return self.table.blocks_to_grow(seq_ids) <= self.kv_blocks()[1]
 
     def preemption_frees(self, payload: Any) -> int:
         """``omnistep.kv.KVPool.preemption_frees``: blocks only the unit's sequence holds."""
-        return self.table.preemption_frees(payload.seq_id)
+        return sum(self.table.preemption_frees(s) for s in self._with_uncond([payload.seq_id]))
 
     def preempt(self, payload: Any) -> int:
         """``omnistep.kv.KVPool.preempt``: free the unit's sequence (and a group prompt it
         computed); its decode step answers ``preempted``. Returns the blocks freed."""
         self._forget_shared(payload.seq_id)
-        return self.table.preempt(payload.seq_id)
+        freed = self.table.preempt(payload.seq_id)
+        if self._guided.pop(payload.seq_id, None) is not None:  # its unconditional row too
+            uncond = uncond_id(payload.seq_id)
+            freed += self.table.preemption_frees(uncond)
+            self.table.free(uncond)  # not marked: only the request's own step answers
+        return freed
 
     @property
     def kept_prefix_blocks(self) -> int:
@@ -369,9 +409,20 @@ class PagedARModel:
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks (those it shares stay with their other holders) and
         forget a group prompt it computed (idempotent)."""
-        self.table.free(seq_id)
+        for held in self._with_uncond([seq_id]):
+            self.table.free(held)
+        self._guided.pop(seq_id, None)
         self._position_deltas.pop(seq_id, None)
         self._forget_shared(seq_id)
+
+    def _with_uncond(self, seq_ids: Sequence[str]) -> list[str]:
+        """``seq_ids`` with each guided one's unconditional sequence right after it."""
+        out = []
+        for seq_id in seq_ids:
+            out.append(seq_id)
+            if seq_id in self._guided:
+                out.append(uncond_id(seq_id))
+        return out
 
     def _forget_shared(self, seq_id: str) -> None:
         """Forget the group prompts ``seq_id`` computed."""
@@ -489,7 +540,18 @@ class PagedARModel:
         """
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
             hidden = self._score_hidden_batch(prompts, frames, match_serving)
-            return self._score_heads(hidden, prompts)
+            logits = self._score_heads(hidden, prompts)
+            guided = [i for i, p in enumerate(prompts) if self._guidance(p) is not None]
+            if not guided:
+                return logits
+            picked = [prompts[i] for i in guided]
+            hidden = self._score_hidden_batch(
+                picked, [frames[i] for i in guided], match_serving, unconditional=True
+            )
+            for i, uncond in zip(guided, self._score_heads(hidden, picked), strict=True):
+                weight = float(self._guidance(prompts[i]))
+                logits[i] = logits[i] + weight * (logits[i] - uncond)
+            return logits
 
     def _score_heads(
         self, hidden: list[torch.Tensor], prompts: Sequence[Any]
@@ -529,8 +591,10 @@ class PagedARModel:
         prompts: Sequence[Any],
         frames_of: Sequence[Sequence[Sequence[int]]],
         match_serving: bool,
+        unconditional: bool = False,
     ) -> list[torch.Tensor]:
-        """``_score_hidden`` of several trajectories, in one ``forward_packed``."""
+        """``_score_hidden`` of several trajectories, in one ``forward_packed``; with
+        ``unconditional``, of their guided prompts' unconditional rows."""
         if len(prompts) != len(frames_of) or not prompts:
             raise ValueError(f"{len(prompts)} prompts for {len(frames_of)} trajectories")
         rows, lens, query_lens, pieces_of, prompt_lens, positions = [], [], [], [], [], []
@@ -543,7 +607,8 @@ class PagedARModel:
             if any(len(f) != len(frames[0]) for f in frames):
                 raise ValueError("frames of different widths")
             unit = ARPrefillInput(self._score_seq_id(), prompt, frames[:-1], (), None, None)
-            x = self._prefill_inputs(unit)  # [prompt_len + T - 1, in_dim]
+            inputs = self._unconditional_inputs if unconditional else self._prefill_inputs
+            x = inputs(unit)  # [prompt_len + T - 1, in_dim]
             num_rows = x.shape[0]
             prompt_len = num_rows - (len(frames) - 1)
             prompt_lens.append(prompt_len)
@@ -718,16 +783,21 @@ class PagedARModel:
         ``[n]``, or ``[position_rows, n]`` for an M-RoPE family, on the device."""
         given = self._prompt_positions(prompt)
         if given is None:
-            positions = torch.arange(start, end, device=self.device)
-        else:
-            table, delta = given
-            num_prompt = table.shape[-1]
-            head = table[..., start : min(end, num_prompt)].to(self.device)
-            tail = torch.arange(max(start, num_prompt), end, device=self.device) + delta
-            positions = torch.cat([head, tail.expand(*head.shape[:-1], -1)], dim=-1)
+            return self._plain_positions(start, end)
+        table, delta = given
+        num_prompt = table.shape[-1]
+        head = table[..., start : min(end, num_prompt)].to(self.device)
+        tail = torch.arange(max(start, num_prompt), end, device=self.device) + delta
+        positions = torch.cat([head, tail.expand(*head.shape[:-1], -1)], dim=-1)
         if self.position_rows > 1 and positions.ndim == 1:
             positions = positions.expand(self.position_rows, -1)
         return positions
+
+    def _plain_positions(self, start: int, end: int) -> torch.Tensor:
+        """Positions ``start .. end - 1`` as ``_positions`` shapes them, for rows without a
+        prompt of their own (a guided request's unconditional rows)."""
+        positions = torch.arange(start, end, device=self.device)
+        return positions.expand(self.position_rows, -1) if self.position_rows > 1 else positions
 
     def _step_positions(self, seq_ids: Sequence[str]) -> torch.Tensor:
         """Positions of each sequence's next row (its last cached one), ``[B]`` or
@@ -821,6 +891,9 @@ class PagedARModel:
         waiting = self._waiting_rows
         rows = waiting[1] if waiting and waiting[0] is unit else self._prefill_inputs(unit)
         self._waiting_rows = None
+        weight = self._guidance(unit.prompt)
+        if weight is not None:
+            return self._admit_guided(unit, rows, float(weight), batch)
         key = self._share_key(unit, rows)
         if key is not None and (key in batch.computing or self._live_shared(key)):
             batch.entries[unit.seq_id] = _Entry(unit, None, key)
@@ -838,6 +911,22 @@ class PagedARModel:
             batch.computing.add(key)
         return True
 
+    def _admit_guided(
+        self, unit: ARPrefillInput, rows: torch.Tensor, weight: float, batch: _Admitted
+    ) -> bool:
+        """Admit a guided prefill's conditional and unconditional sequences together (whole
+        prompts, no sharing); False: neither is held."""
+        n = rows.shape[0]
+        uncond = uncond_id(unit.seq_id)
+        if self._admit(unit.seq_id, n, batch.pinned):
+            if self._admit(uncond, n, batch.pinned):
+                self._guided[unit.seq_id] = weight
+                batch.entries[unit.seq_id] = _Entry(unit, rows, None)
+                return True
+            self.table.free(unit.seq_id)
+        self._waiting_rows = (unit, rows)
+        return False
+
     def _fork_ready(self, entry: _Entry, batch: _Admitted) -> bool:
         """Whether a fork admitted earlier still has its group prompt: computed in this
         batch, or kept by a live sequence."""
@@ -853,28 +942,39 @@ class PagedARModel:
         for unit in units:
             self._note_positions(unit)
             self._on_admit(unit)
-        lens = [x.shape[0] for x in inputs]
-        rows = torch.cat(inputs)
-        ends_at = [self.lengths[u.seq_id] for u in units]
+        guided = [u for u in units if u.seq_id in self._guided]
+        uncond = [self._unconditional_inputs(u) for u in guided]
+        seq_ids = [u.seq_id for u in units] + [uncond_id(u.seq_id) for u in guided]
+        lens = [x.shape[0] for x in [*inputs, *uncond]]
+        rows = torch.cat([*inputs, *uncond])
+        ends_at = [self.lengths[s] for s in seq_ids]
+        num = len(units)
+        # an unconditional row has no prompt positions of its own: plain ones (no M-RoPE
+        # family guides)
+        prompts = [u.prompt for u in units] + [None] * len(guided)
         positions = torch.cat(
             [
-                self._positions(u.prompt, e - n, e)
-                for u, n, e in zip(units, lens, ends_at, strict=True)
+                self._positions(p, e - n, e) if p is not None else self._plain_positions(e - n, e)
+                for p, n, e in zip(prompts, lens, ends_at, strict=True)
             ],
             dim=-1,
         )
-        hidden = self._forward(rows, positions, [u.seq_id for u in units], lens)
+        hidden = self._forward(rows, positions, seq_ids, lens)
         ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
+        last = hidden[ends]  # [len(units) + len(guided), hidden]
+        for j, unit in enumerate(guided):
+            self._uncond_last[unit.seq_id] = last[num + j]
         whole = [self.stream_prompt_rows and not u.generated for u in units]
-        streams = self._streams(rows, hidden, lens, whole)
-        return list(zip(hidden[ends], streams, strict=True))
+        cond_rows = sum(lens[:num])
+        streams = self._streams(rows[:cond_rows], hidden[:cond_rows], lens[:num], whole)
+        return list(zip(last[:num], streams, strict=True))
 
     # ------------------------------------------------------------ kept prefixes
     def _split(self, prompt: Any, num_rows: int) -> tuple[Hashable, int] | None:
         """``(label, n)`` of a prefill of ``num_rows`` rows whose first ``n`` rows come from a
         kept prefix (``_prompt_prefix``, at most ``num_rows - 1`` rows so the last row is
         computed), else None (also for ``stream_prompt_rows`` families)."""
-        if self.stream_prompt_rows:
+        if self.stream_prompt_rows or self._guidance(prompt) is not None:
             return None
         prefix = self._prompt_prefix(prompt)
         if prefix is None:
@@ -1012,22 +1112,43 @@ class PagedARModel:
 
     def _decode(self, units: Sequence[Any]) -> list[ARStepOutput]:
         held = [i for i, u in enumerate(units) if u.seq_id not in self.table.preempted]
-        seq_ids = [units[i].seq_id for i in held]
-        if self._prefixes and all(s in self.lengths for s in seq_ids):
-            self._make_room(self.table.blocks_to_grow(seq_ids), set())  # before preempting
-        keep = [held[i] for i in self.table.grow(seq_ids)]
+        keep = self._grow(units, held)
         self.cache.copy_blocks(self.table.take_copies())  # shared blocks written this step
         results = [ARStepOutput(preempted=True)] * len(units)
         if not keep:
             return results
         run_units = [units[i] for i in keep]
         rows = self._step_inputs(run_units)  # [B, in_dim]
-        positions = self._step_positions([u.seq_id for u in run_units])
-        hidden = self._forward(rows, positions, [u.seq_id for u in run_units], [1] * len(keep))
+        guided = [j for j, u in enumerate(run_units) if u.seq_id in self._guided]
+        seq_ids = [u.seq_id for u in run_units] + [uncond_id(run_units[j].seq_id) for j in guided]
+        if guided:  # the unconditional rows are fed the same frame
+            rows = torch.cat([rows, rows[guided]])
+        positions = self._step_positions(seq_ids)
+        hidden = self._forward(rows, positions, seq_ids, [1] * len(seq_ids))
+        for k, j in enumerate(guided):
+            self._uncond_last[run_units[j].seq_id] = hidden[len(keep) + k]
+        hidden, rows = hidden[: len(keep)], rows[: len(keep)]
         streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
         for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
             results[i] = out
         return results
+
+    def _grow(self, units: Sequence[Any], held: list[int]) -> list[int]:
+        """Grow the held units' sequences (a guided one's unconditional sequence with it) by one
+        token, preempting the youngest when the pool runs out; a guided unit whose pair lost a
+        member is freed whole. Returns the indices of ``units`` that step."""
+        seq_ids = self._with_uncond([units[i].seq_id for i in held])
+        if self._prefixes and all(s in self.lengths for s in seq_ids):
+            self._make_room(self.table.blocks_to_grow(seq_ids), set())  # before preempting
+        grown = {seq_ids[k] for k in self.table.grow(seq_ids)}
+        keep = []
+        for i in held:
+            pair = self._with_uncond([units[i].seq_id])
+            if all(s in grown for s in pair):
+                keep.append(i)
+            elif any(s in grown for s in pair):  # half of a guided pair: free the other half
+                self.free_sequence(units[i].seq_id)
+        return keep
 
     def _forward(
         self,
@@ -1077,7 +1198,7 @@ class PagedARModel:
         self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
     ) -> list[ARStepOutput]:
         """Sample each row of ``hidden`` ``[B, hidden]`` with its unit's settings."""
-        logits = self._head(hidden, units[0].seq_id).float()
+        logits = self._guide(self._head(hidden, units[0].seq_id).float(), units)
         logits = self._sampling_logits(logits)  # [B, num_codebooks, V]
         history = [self._history(u.history, logits.shape[1]) for u in units]
         num_generated = [
@@ -1093,6 +1214,24 @@ class PagedARModel:
             ARStepOutput(tuple(t), tuple(lp), stream, False, tuple(pl), self.weight_version)
             for t, lp, pl, stream in zip(tokens, logprobs, policy, streams, strict=True)
         ]
+
+    def _guide(self, logits: torch.Tensor, units: Sequence[Any]) -> torch.Tensor:
+        """Classifier-free guidance of the guided rows of ``logits`` ``[B, C, V]`` float32:
+        ``cond + w * (cond - uncond)`` with the unconditional rows' head logits (their hidden
+        states kept by this step's forward in ``_uncond_last``)."""
+        guided = [j for j, u in enumerate(units) if u.seq_id in self._uncond_last]
+        if not guided:
+            return logits
+        uncond = torch.stack([self._uncond_last.pop(units[j].seq_id) for j in guided])
+        uncond_logits = self._head(uncond, units[guided[0]].seq_id).float()
+        index = torch.tensor(guided, device=logits.device)
+        weight = torch.tensor(
+            [self._guided[units[j].seq_id] for j in guided], device=logits.device
+        ).view(-1, 1, 1)
+        cond = logits[index]
+        logits = logits.clone()
+        logits[index] = cond + weight * (cond - uncond_logits)
+        return logits
 
     def _history(self, frames: tuple[tuple[int, ...], ...], width: int) -> torch.Tensor:
         """``[width, T]`` long tensor of recent frames (width: ids per frame)."""

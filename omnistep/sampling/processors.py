@@ -203,6 +203,19 @@ def _top_k_without_sort(logits: torch.Tensor, params: BatchParams, k: int) -> to
     return logits.masked_fill(cut, NEG_INF)
 
 
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Cut tokens less likely than ``min_p`` times the most likely one (transformers'
+    ``MinPLogitsWarper``, min_tokens_to_keep 1: the most likely always stays).
+
+    Args:
+        logits: ``[B, num_vq, V]`` float32 (after penalty and temperature).
+        min_p: ``[B, 1, 1]`` float32; a row with 0 is unchanged.
+    """
+    probs = torch.softmax(logits, dim=-1)
+    cut = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(cut, NEG_INF)
+
+
 def processed_logprobs(
     logits: torch.Tensor,
     rows: Sequence[SamplingRow],
@@ -230,6 +243,9 @@ def processed_logprobs(
             counts = torch.where(once[:, None, None], counts.clamp(max=1.0), counts)
         x = apply_repetition_penalty(x, counts, params.penalty)
     eos_only = x.masked_fill(params.eos_masked, NEG_INF)
+    if any(row.min_p > 0 for row in rows):
+        min_p = torch.tensor([row.min_p for row in rows], device=x.device).view(-1, 1, 1)
+        x = apply_min_p(x, min_p)
     x = apply_top_p_top_k(x, params).masked_fill(params.eos_masked, NEG_INF)
     # If top-p/top-k kept nothing but EOS and EOS is masked, upstream would sample from NaNs;
     # fall back to the penalised logits without EOS (never reached with min_keep >= 2).

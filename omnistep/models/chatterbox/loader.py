@@ -1,0 +1,105 @@
+"""Read the published Chatterbox folder (ResembleAI/chatterbox).
+
+Files as upstream ``ChatterboxTTS.from_local`` / ``from_pretrained`` name them:
+``ve.safetensors`` (voice encoder), ``t3_cfg.safetensors`` (T3), ``s3gen.safetensors``
+(S3Gen + HiFT), ``tokenizer.json`` (``tokenizers`` vocabulary), and the optional ``conds.pt``
+(the default voice: ``torch.save({"t3": T3Cond fields, "gen": S3Gen prompt})``). This slice
+loads T3 and the default voice's T3 conditioning; the other files are checked to exist.
+
+Imports torch, safetensors and this family's modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from omnistep.kv import KVCacheConfig
+from omnistep.models.chatterbox.t3 import ChatterboxT3, T3Config
+
+REQUIRED_FILES = ("ve.safetensors", "t3_cfg.safetensors", "s3gen.safetensors", "tokenizer.json")
+"""Files every published folder has (upstream ``from_pretrained``'s list, less ``conds.pt``)."""
+
+DEFAULT_VOICE_FILE = "conds.pt"
+
+
+class ChatterboxCheckpointError(FileNotFoundError):
+    """The folder lacks a published file (the message names it) or one is malformed."""
+
+
+@dataclass(frozen=True)
+class DefaultVoice:
+    """The T3 part of ``conds.pt``.
+
+    Attributes:
+        speaker: ``[speaker_dim]`` float32 voice-encoder embedding (``t3.speaker_emb``).
+        prompt_tokens: the voice's prompt speech tokens (``t3.cond_prompt_speech_tokens``).
+        exaggeration: its stored emotion scalar (``t3.emotion_adv``).
+    """
+
+    speaker: torch.Tensor
+    prompt_tokens: tuple[int, ...]
+    exaggeration: float
+
+
+def check_folder(root: str | Path) -> Path:
+    """The folder as a Path, with every ``REQUIRED_FILES`` present.
+
+    Raises:
+        ChatterboxCheckpointError: the folder or a file is missing (the first one named).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ChatterboxCheckpointError(f"Chatterbox checkpoint folder {root} does not exist")
+    for name in REQUIRED_FILES:
+        if not (root / name).is_file():
+            raise ChatterboxCheckpointError(f"Chatterbox checkpoint {root} has no {name}")
+    return root
+
+
+def load_t3(
+    root: str | Path,
+    kv: KVCacheConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    batch_invariant: bool = False,
+) -> ChatterboxT3:
+    """The T3 component with ``t3_cfg.safetensors``' weights (sizes read from its tensors).
+
+    Raises:
+        ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+    """
+    root = check_folder(root)
+    state = load_file(root / "t3_cfg.safetensors")
+    try:
+        config = T3Config.from_state_dict(state)
+        t3 = ChatterboxT3(config, kv, device, dtype, batch_invariant)
+        t3.load_weights(state)
+    except KeyError as exc:
+        raise ChatterboxCheckpointError(f"{root}: {exc.args[0]}") from exc
+    return t3
+
+
+def load_default_voice(root: str | Path) -> DefaultVoice | None:
+    """The default voice of ``conds.pt``, or None when the folder has none.
+
+    Raises:
+        ChatterboxCheckpointError: ``conds.pt`` lacks its ``t3`` fields.
+    """
+    path = Path(root) / DEFAULT_VOICE_FILE
+    if not path.is_file():
+        return None
+    conds = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        t3 = conds["t3"]
+        speaker = t3["speaker_emb"].float().reshape(-1)
+        tokens = t3["cond_prompt_speech_tokens"]
+        emotion = t3.get("emotion_adv")
+    except (KeyError, TypeError) as exc:
+        raise ChatterboxCheckpointError(f"{path} has no T3 conditionals ({exc})") from exc
+    prompt = () if tokens is None else tuple(int(t) for t in tokens.reshape(-1).tolist())
+    exaggeration = 0.5 if emotion is None else float(torch.as_tensor(emotion).reshape(-1)[0])
+    return DefaultVoice(speaker, prompt, exaggeration)
