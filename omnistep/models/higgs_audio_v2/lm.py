@@ -102,15 +102,17 @@ class DualFFNDecoderLayer(LlamaDecoderLayer):
 
     def __init__(self, config: LlamaConfigLite, layer_idx: int, route: threading.local, **f):
         super().__init__(config, layer_idx, **f)
-        self.audio_mlp = LlamaMLP(config, **f)
+        self.audio_mlp = LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.mlp_bias, **f
+        )
         self.audio_input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **f)
         self.audio_post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **f)
         self._route = route
 
-    def _block(self, hidden: torch.Tensor, attention, plans: RowPlans = NO_ROW_PLANS):
+    def _block(self, hidden: torch.Tensor, attention, plans: RowPlans = NO_ROW_PLANS, routing=None):
         audio = getattr(self._route, "audio", None)  # [N] bool
         if audio is None or not bool(audio.any()):
-            return super()._block(hidden, attention, plans)
+            return super()._block(hidden, attention, plans, routing)  # dense: routing unused
         if bool(audio.all()):
             attn_in = _rows(self.audio_input_layernorm, hidden, plans.norm)
             hidden = hidden + attention(attn_in)
@@ -164,8 +166,8 @@ class DualFFNStack(LlamaModel):
         finally:
             self._route.audio = None
 
-    def forward(self, inputs_embeds, positions, cache, meta):  # noqa: D102 - see LlamaModel
-        return self._routed(super().forward, inputs_embeds, positions, cache, meta)
+    def forward(self, inputs_embeds, positions, cache, meta, routing=None):  # noqa: D102 - see LlamaModel
+        return self._routed(super().forward, inputs_embeds, positions, cache, meta, routing)
 
     def forward_dense(self, inputs_embeds, *args, **kwargs):  # noqa: D102
         return self._routed(super().forward_dense, inputs_embeds, *args, **kwargs)
