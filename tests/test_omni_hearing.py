@@ -23,6 +23,7 @@ from omnistep.core import (
     Modality,
     ModelInstance,
     Request,
+    RequestAbortedError,
     SamplingParams,
     WorkUnitKind,
 )
@@ -34,7 +35,6 @@ from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 from omnistep.parity import collect
 from omnistep.sampling import SamplingRow
 from tests.qwen_omni_ref import reference
-from tests.serving import abort_all
 
 TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
@@ -367,7 +367,21 @@ async def test_aborted_mixed_requests_leave_nothing(model):
         )
         for i in range(10)
     ]
-    await abort_all(eng, streams, 0.5)
+    await asyncio.sleep(0.5)
+    for stream in streams:
+        stream.cancel()
+    aborted = 0
+    for stream in streams:  # a text-only answer may have ended before the abort on a fast box
+        try:
+            async for _ in stream:
+                pass
+        except RequestAbortedError:
+            aborted += 1
+    assert aborted >= 5  # the five spoken answers, at least, were cut mid-way
+    for _ in range(1200):  # a batch running at the abort folds, then frees
+        if not eng.stats()["running_batches"]:
+            break
+        await asyncio.sleep(0.05)
     assert eng.stats() == dict.fromkeys(eng.stats(), 0)
     await eng.shutdown()
     for name in ("thinker", "talker"):
