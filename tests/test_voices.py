@@ -297,9 +297,9 @@ def test_cards_validate_voices_without_a_request():
         toy.validate_voice("nobody")
     assert info.value.param == "voice" and info.value.code == "unknown_voice"
 
-    from omnistep.models.qwen2_5_omni.frontend import ChatFrontend
+    from omnistep.models.qwen2_5_omni.frontend import ChatFrontend, MediaRules
 
-    qwen = ChatFrontend(None, {"Chelsie": {}, "Ethan": {}})
+    qwen = ChatFrontend(None, {"Chelsie": {}, "Ethan": {}}, MediaRules())
     assert qwen.speaker_name("Ethan") == "Ethan" and qwen.speaker_name("alloy") == "Chelsie"
     with pytest.raises(InvalidRequestError, match="unknown voice"):
         qwen.speaker_name("Nobody")
