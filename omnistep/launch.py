@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 from omnistep.core import ModelCard, ModelInstance, OmnistepError
 from omnistep.engine import AsyncEngine, EngineConfig
-from omnistep.models.locate import is_hub_id
 from omnistep.models.registry import (
     build_card,
     distinct_names,
     parse_model_spec,
     resolve_model_spec,
 )
+from omnistep.runners.locate import is_hub_id
 
 log = logging.getLogger("omnistep.launch")
 

@@ -24,8 +24,9 @@ from omnistep.core import (
     SamplingParams,
 )
 from omnistep.launch import load_engine
-from omnistep.models import locate, registry
+from omnistep.models import registry
 from omnistep.parity import collect
+from omnistep.runners import locate
 
 # family, variant, card options, request fields, expected audio samples (None: any > 0)
 CASES = {

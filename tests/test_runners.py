@@ -1,6 +1,6 @@
 """The runner plane's shared pieces on their own (omnistep/runners/): the chunked vocoder
 component, the flow-matching math, the serving options, and the checkpoint-folder check they
-came with (models/locate.py). The families' tests run them on real checkpoints; these pin each
+came with (runners/locate.py). The families' tests run them on real checkpoints; these pin each
 piece's contract with hand-built inputs."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from torch import nn
 from omnistep.core import ModelFilesError, WorkUnitKind
 from omnistep.kv import KVCacheConfig
 from omnistep.loops import AudioChunkInput
-from omnistep.models.locate import checkpoint_folder
 from omnistep.runners.flow_matching import (
     SolverConfig,
     gaussian_logprob,
@@ -23,6 +22,7 @@ from omnistep.runners.flow_matching import (
     rk4_38_delta,
     sde_mean,
 )
+from omnistep.runners.locate import checkpoint_folder
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
 

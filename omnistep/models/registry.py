@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from omnistep.core import InvalidRequestError, MissingDependencyError, ModelCard
-from omnistep.models import locate
+from omnistep.runners import locate
 
 FAMILIES: dict[str, str] = {
     "toy": "omnistep.models.toy.card",

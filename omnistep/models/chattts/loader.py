@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from omnistep.models.locate import checkpoint_folder
+from omnistep.runners.locate import checkpoint_folder
 
 REQUIRED = (
     "asset/gpt/config.json",

@@ -22,7 +22,7 @@ scaling), ``num_codebooks``, ``codebook_size`` (codec ids + the stream BOS/EOS i
 ``acoustic_model_config`` (DAC: ``hidden_size``, ``decoder_hidden_size``,
 ``upsampling_ratios``), ``semantic_model_config.hidden_size``.
 
-Imports: the standard library, torch, safetensors, ``omnistep.core``, ``omnistep.models.locate``.
+Imports: the standard library, torch, safetensors, ``omnistep.core``, ``omnistep.runners.locate``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from omnistep.core import ModelFilesError
-from omnistep.models.locate import checkpoint_folder
+from omnistep.runners.locate import checkpoint_folder
 
 FAMILY = "Higgs Audio v2"
 LAYOUT = "config.json, model.safetensors, tokenizer.json, audio_tokenizer/ (transformers 5.x)"

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from omnistep.core import ModelFilesError
-from omnistep.models.locate import checkpoint_folder
+from omnistep.runners.locate import checkpoint_folder
 
 REQUIRED = ("config.json", "spk_dict.pt", "tokenizer_config.json")
 LAYOUT = (

@@ -11,7 +11,7 @@ shards (tensor names prefixed ``thinker.``, ``talker.``, ``code2wav.``; a single
 the error (``Qwen3OmniCheckpointError``).
 
 Imports: the standard library, torch, safetensors, ``omnistep.core``, ``omnistep.layers``,
-``omnistep.models.locate``.
+``omnistep.runners.locate``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from omnistep.core import ModelFilesError
 from omnistep.layers.codec_decoder import CodecDecoder, CodecDecoderConfig, load_codec_decoder
-from omnistep.models.locate import checkpoint_folder
+from omnistep.runners.locate import checkpoint_folder
 
 MODEL_TYPE = "qwen3_omni_moe"
 REQUIRED = ("config.json", "tokenizer_config.json", "vocab.json", "merges.txt")

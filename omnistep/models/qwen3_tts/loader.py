@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnistep.core import ModelFilesError
-from omnistep.models.locate import checkpoint_folder
+from omnistep.runners.locate import checkpoint_folder
 
 if TYPE_CHECKING:
     import torch
