@@ -205,7 +205,8 @@ def _rollout_input(item: Any, index: int) -> RolloutInput:
     of one).
 
     Raises:
-        InvalidRequestError: neither a string nor ``ChatMessage``s (param ``inputs[i]``).
+        InvalidRequestError: neither a string nor ``ChatMessage``s (param ``input``, as
+            ``Request`` names a bad text; the message names ``inputs[i]``).
     """
     if isinstance(item, str):
         return item
@@ -216,7 +217,7 @@ def _rollout_input(item: Any, index: int) -> RolloutInput:
     raise InvalidRequestError(
         f"inputs[{index}] must be a string or a non-empty list of ChatMessage, got "
         f"{type(item).__name__}",
-        param=f"inputs[{index}]",
+        param="input",
     )
 
 
