@@ -13,7 +13,9 @@ Parts (in any message, mixed with text parts in any order):
 URLs are read by ``media_fetch.read_media`` (the fetcher ``ref_audio`` uses). Audio is decoded
 by libsndfile or PyAV (``omnistep.audio.decode``), mixed to mono and resampled with the project's
 soxr resampler to ``ModelCard.media_sample_rate``; images and video frames by PyAV (FFmpeg) to
-RGB; video frames are sampled at ``MediaLimits.video_fps``. Every violation is an
+RGB; video frames are sampled at ``MediaLimits.video_fps``; with ``use_audio_in_video`` a
+video's audio track is decoded too (``decode_video_audio``) and rides on the video item
+(``MediaItem.audio``). Every violation is an
 ``InvalidRequestError`` (a 400) whose ``param`` names the part, ``messages[1].content[2]``.
 
 Imports numpy, av, pydantic, FastAPI (its thread pool), ``omnistep.core``, ``omnistep.audio``
