@@ -100,8 +100,9 @@ def model(root):
 
 async def test_video_with_its_audio_matches_transformers(model, root):
     """The prompt's ids equal the processor's layout, its positions ``get_rope_index``'s with
-    ``use_audio_in_video=True``, greedy tokens equal and logits within 1e-4; the rollout
-    records the video's and the track's hashes."""
+    ``use_audio_in_video=True``, greedy tokens equal and logits within 1e-4, the talker's
+    prefill logits (on those positions) within 1e-4 of its forward; the rollout records the
+    video's and the track's hashes."""
     item = decode_video_item(video_file(), SOURCE, MediaLimits(), audio_rate=16000)
     question = "What happens?"
     req = Request(
@@ -110,7 +111,8 @@ async def test_video_with_its_audio_matches_transformers(model, root):
         seed=0,
         sampling=SamplingParams(temperature=0.0, max_new_tokens=8),
         profile=ExecutionProfile.ROLLOUT,
-        output_modalities=frozenset({Modality.TEXT}),
+        output_modalities=frozenset({Modality.TEXT, Modality.AUDIO}),
+        voice="Chelsie",
     )
     eng = AsyncEngine([model])
     out = await collect(eng, req)
@@ -155,7 +157,21 @@ async def test_video_with_its_audio_matches_transformers(model, root):
     assert tokens == ref.token_ids.tolist() and len(tokens) >= 2
     ours = model.components["thinker"].teacher_forced_logits(prompt, tokens[:-1], incremental=True)
     assert (ours[:, 0] - ref.logits).abs().max().item() < TOL
-    assert torch.isfinite(ref.logits).all()
+    assert torch.isfinite(ref.logits).all() and out.audio.size > 0
+
+    talker_ref = reference.talker_media_prefill_logits(
+        root,
+        ref,
+        "Chelsie",
+        video_grid_thw=[grid],
+        video_second_per_grid=[seconds],
+        audio_feature_lengths=[frames],
+        use_audio_in_video=True,
+    )
+    talker_prompt = out.rollout_info["talk"]["prompt"]
+    assert talker_prompt.rope_delta == prompt.rope_delta
+    ours = model.components["talker"].teacher_forced_logits(talker_prompt)[0, 0]
+    assert (ours - talker_ref).abs().max().item() < TOL
 
 
 @pytest.mark.parametrize(

@@ -863,6 +863,8 @@ def talker_media_prefill_logits(
     model, _ = load_reference(root)
     inp = talker_inputs(root, thinker, speaker)
     talker = model.talker
+    rope_kwargs = dict(rope_kwargs)
+    use_audio_in_video = bool(rope_kwargs.pop("use_audio_in_video", False))
     tensors = {
         k: torch.as_tensor(v, dtype=torch.float if "second" in k else torch.long)
         for k, v in rope_kwargs.items()
@@ -876,7 +878,7 @@ def talker_media_prefill_logits(
             attention_mask=torch.ones_like(inp.input_ids),
             thinker_reply_part=inp.thinker_reply_part.clone(),
             use_cache=False,
-            use_audio_in_video=False,
+            use_audio_in_video=use_audio_in_video,
             **tensors,
         )
         talker.rope_deltas = None
