@@ -176,12 +176,16 @@ def build_media_prompt(
 
     Args:
         template_ids: the chat-templated prompt, one placeholder token per media item.
-        media: the items in prompt order (audio at the encoders' rate, images, videos; a
-            video's audio track is not used: no ``use_audio_in_video``).
+        media: the items in prompt order (audio at the encoders' rate, images, videos
+            without an audio track: this dense path has no ``use_audio_in_video``; the card's
+            ``thinker_prompt`` has).
 
     Raises:
-        ValueError: placeholders and items that do not pair up (count or kind).
+        ValueError: placeholders and items that do not pair up (count or kind), a video
+            carrying an audio track.
     """
+    if any(m.audio is not None for m in media):
+        raise ValueError("build_media_prompt has no use_audio_in_video: use thinker_prompt")
     kinds = {ids.audio: MediaKind.AUDIO, ids.image: MediaKind.IMAGE, ids.video: MediaKind.VIDEO}
     slots = [kinds[t] for t in template_ids if t in kinds]
     if slots != [m.kind for m in media]:
