@@ -8,7 +8,9 @@ running); ``AsyncOmniEngine`` is the same API as coroutines. Both build their en
 
 - ``generate(texts)``: audio for each text (a progress bar on a terminal, a progress line
   every 5 s elsewhere), ``SpeechOutput``s.
-- ``rollout(inputs, n, seed)``: ``n`` samples of each input, a ``RolloutGroup`` per input. The
+- ``rollout(inputs, n, seed)``: ``n`` samples of each input (a text; for a chat card also a
+  conversation: ``ChatMessage``s whose parts hold audio, images or video), a ``RolloutGroup``
+  per input. The
   samples of one input form a group (``Request.group``): AR components prefill the input once
   and share its KV blocks by reference. Sample ``k`` runs with seed ``seed + k`` and equals the
   same request sent alone with that seed. Each sample carries, per AR loop of the card's
@@ -48,7 +50,7 @@ import threading
 import time
 import uuid
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -146,6 +148,13 @@ class LoopActions:
         return np.ones(self.tokens.shape, dtype=bool)
 
     @property
+    def media(self) -> tuple[str, ...]:
+        """The ``MediaItem.sha256`` of the media the loop's prompt held, in prompt order (the
+        Qwen thinker's prompt over a conversation with audio, images or video); empty
+        otherwise."""
+        return tuple(getattr(self.prompt, "media", ()) or ())
+
+    @property
     def prompt_ids(self) -> list[int] | None:
         """The prompt's token ids when the loop's prompt is token ids (the Qwen thinker, the
         toy: what ``/v1/score`` replays), else None: ChatTTS's prompt holds a speaker vector
@@ -153,9 +162,16 @@ class LoopActions:
         return prompt_token_ids(self.prompt)
 
 
+RolloutInput = str | tuple[ChatMessage, ...]
+"""One rollout input: a text, or a conversation (chat cards)."""
+
+
 def check_rollout_args(
-    inputs: str | Sequence[str], n: int, seed: int | None, logprobs: str
-) -> tuple[list[str], int]:
+    inputs: str | Sequence[str | ChatMessage | Sequence[ChatMessage]],
+    n: int,
+    seed: int | None,
+    logprobs: str,
+) -> tuple[list[RolloutInput], int]:
     """``rollout``'s checks of its arguments, before anything runs: the inputs as a list and
     the base seed (drawn when ``seed`` is None).
 
@@ -172,7 +188,7 @@ def check_rollout_args(
             f"logprobs must be one of {', '.join(LOGPROB_MODES)}, got {logprobs!r}",
             param="logprobs",
         )
-    inputs = _texts(inputs, "inputs")
+    inputs = [_rollout_input(x, i) for i, x in enumerate(_texts(inputs, "inputs"))]
     if not inputs:
         raise InvalidRequestError("inputs is empty", param="inputs")
     if seed is None:
@@ -182,6 +198,27 @@ def check_rollout_args(
             f"seed must be an integer in [0, 2**63-1-n], got {seed!r}", param="seed"
         )
     return inputs, seed
+
+
+def _rollout_input(item: Any, index: int) -> RolloutInput:
+    """A rollout input as a text or a tuple of ``ChatMessage``s (one message: a conversation
+    of one).
+
+    Raises:
+        InvalidRequestError: neither a string nor ``ChatMessage``s (param ``input``, as
+            ``Request`` names a bad text; the message names ``inputs[i]``).
+    """
+    if isinstance(item, str):
+        return item
+    if isinstance(item, ChatMessage):
+        return (item,)
+    if isinstance(item, Sequence) and item and all(isinstance(m, ChatMessage) for m in item):
+        return tuple(item)
+    raise InvalidRequestError(
+        f"inputs[{index}] must be a string or a non-empty list of ChatMessage, got "
+        f"{type(item).__name__}",
+        param="input",
+    )
 
 
 def prompt_token_ids(prompt: Any) -> list[int] | None:
@@ -274,12 +311,12 @@ class RolloutGroup:
     """The ``n`` samples of one input.
 
     Attributes:
-        input: the input text.
+        input: the input text, or the conversation (``ChatMessage``s).
         group: the group id its requests carried (``Request.group``).
         samples: ``n`` samples, sample ``k`` at index ``k``.
     """
 
-    input: str
+    input: RolloutInput
     group: str
     samples: list[RolloutSample]
 
@@ -450,7 +487,7 @@ class AsyncOmniEngine:
 
     async def rollout(
         self,
-        inputs: Sequence[str],
+        inputs: str | Sequence[str | ChatMessage | Sequence[ChatMessage]],
         *,
         n: int = 1,
         seed: int = 0,
@@ -465,8 +502,10 @@ class AsyncOmniEngine:
 
         Sample ``k`` of every input runs with seed ``seed + k`` (``seed=None``: a random base,
         reported in each sample's ``seed``). A single string is one input. A chat card
-        (Qwen2.5-Omni) takes each input as one user message and speaks its reply when
-        ``audio`` is set.
+        (Qwen2.5-Omni) takes a text input as one user message, or a conversation
+        (``ChatMessage``s, their parts holding ``MediaItem``s: audio, images, video, as the
+        chat API builds them), and speaks its reply when ``audio`` is set; the thinker loop's
+        ``LoopActions.media`` then records the media hashes.
         Give a fixed ``voice`` where the card draws a random speaker per seed (ChatTTS
         without a voice): only equal prompts share their prefill.
 
@@ -494,8 +533,34 @@ class AsyncOmniEngine:
             out.append(RolloutGroup(text, group, samples))
         return out
 
+    async def prompts(
+        self,
+        item: str | Sequence[ChatMessage],
+        *,
+        seed: int,
+        model: str | None = None,
+        voice: str | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> dict[str, Any]:
+        """The prompt each AR loop of a rollout sample of ``item`` consumes, by loop name:
+        the sample's program run as far as its first token (``max_new_tokens=1``, text out),
+        so a sample whose prompt is not plain ids (a conversation with media) can be replayed
+        by ``score`` from its input.
+
+        Raises:
+            InvalidRequestError: a bad input or setting.
+            RequestFailedError: the request failed while running.
+        """
+        card = self.engine.models[self.card_id(model)].card
+        one = replace(sampling or SamplingParams(), max_new_tokens=1, min_new_tokens=None)
+        request = self._rollout_request(
+            card, _rollout_input(item, 0), voice, seed, one, False, None
+        )
+        done = await collect(self.engine, request)
+        return {name: info.get("prompt") for name, info in done.rollout_info.items()}
+
     @staticmethod
-    def _rollout_request(card, text, voice, seed, sampling, audio, group) -> Request:
+    def _rollout_request(card, item, voice, seed, sampling, audio, group) -> Request:
         common = {
             "voice": voice,
             "seed": seed,
@@ -504,11 +569,16 @@ class AsyncOmniEngine:
             "group": group,
         }
         if Capability.TEXT_TO_SPEECH in card.capabilities:
-            return Request(card.card_id, text=text, **common)
+            if not isinstance(item, str):
+                raise InvalidRequestError(
+                    f"model '{card.card_id}' reads text, not a conversation: give texts",
+                    param="inputs",
+                )
+            return Request(card.card_id, text=item, **common)
         modalities = {Modality.TEXT, Modality.AUDIO} if audio else {Modality.TEXT}
         return Request(
             card.card_id,
-            messages=(ChatMessage("user", text),),
+            messages=(ChatMessage("user", item),) if isinstance(item, str) else item,
             output_modalities=frozenset(modalities),
             **common,
         )

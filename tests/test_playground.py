@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import soundfile as sf
 from playwright.sync_api import sync_playwright
@@ -58,23 +59,29 @@ def base():
 
 
 @pytest.fixture(scope="module")
-def browser():
+def pw():
+    """One playwright driver for the module (a second one in the same process fails)."""
+    with sync_playwright() as driver:
+        yield driver
+
+
+@pytest.fixture(scope="module")
+def browser(pw):
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--autoplay-policy=no-user-gesture-required",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        yield browser
-        browser.close()
+    browser = pw.chromium.launch(
+        executable_path=CHROMIUM,
+        args=[
+            "--autoplay-policy=no-user-gesture-required",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ],
+    )
+    yield browser
+    browser.close()
 
 
 @pytest.fixture
@@ -216,3 +223,70 @@ def test_the_page_is_public_when_the_api_key_guards_the_api():
         assert httpx.get(url + "/v1/models").status_code == 401
         auth = {"Authorization": "Bearer k3y"}
         assert httpx.get(url + "/v1/models", headers=auth).status_code == 200
+
+
+# ------------------------------------------------------------------ the microphone
+MIC_SECONDS = 1.5
+
+
+@pytest.fixture(scope="module")
+def hearing(pw, tmp_path_factory):
+    """``(browser page factory, base URL)``: chromium whose microphone plays a 0.3-amplitude
+    440 Hz tone from a WAV file (a fake device; its permission prompt answered yes), and a
+    server of ``toy_hear`` (it answers with the duration and RMS it heard) and ``toy``."""
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
+    folder = tmp_path_factory.mktemp("mic")
+    tone = 0.3 * np.sin(2 * np.pi * 440 * np.arange(48000 * 4) / 48000)
+    sf.write(folder / "question.wav", tone.astype(np.float32), 48000, subtype="PCM_16")
+    with running_server("--model", "toy_hear", "--model", "toy") as url:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--autoplay-policy=no-user-gesture-required",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--use-fake-device-for-media-stream",
+                "--use-fake-ui-for-media-stream",
+                f"--use-file-for-fake-audio-capture={folder / 'question.wav'}",
+            ],
+        )
+        yield browser, url
+        browser.close()
+
+
+def test_microphone_question_gets_a_spoken_answer(hearing):
+    """Record ~1.5 s from the (fake) microphone, send it: the page posts an ``input_audio``
+    part to ``/v1/chat/completions``, shows toy_hear's answer (what it heard: about the
+    recorded duration, the tone's RMS) and plays its speech; a model that does not hear has
+    the button disabled."""
+    browser, url = hearing
+    context = browser.new_context(permissions=["microphone"])
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(url + "/")
+    page.wait_for_function("document.querySelectorAll('#model option').length > 0")
+    page.select_option("#model", "toy")
+    assert page.is_disabled("#mic")
+    page.select_option("#model", "toy_hear")
+    page.wait_for_function("!document.getElementById('mic').disabled")
+    page.click("#mic")
+    page.wait_for_function("window.playground.mic.recorder !== null")
+    page.wait_for_timeout(MIC_SECONDS * 1000)
+    with page.expect_request(lambda r: r.url.endswith("/v1/chat/completions")) as sent:
+        page.click("#mic")
+    body = json.loads(sent.value.post_data)
+    (part,) = body["messages"][0]["content"]
+    assert part["type"] == "input_audio" and part["input_audio"]["format"] == "webm"
+    assert body["modalities"] == ["text", "audio"] and body["audio"]["voice"] == "default"
+    page.wait_for_function("window.playground.mic.done", timeout=TIMEOUT_MS)
+    mic = page.evaluate("window.playground.mic")
+    assert mic["lastError"] is None and mic["recordedBytes"] > 1000, mic
+    heard = re.fullmatch(r"turn 1 heard (\d+\.\d\d) s rms (\d\.\d{3}) after 0 chars", mic["reply"])
+    assert heard, mic["reply"]
+    assert 0.8 * MIC_SECONDS <= float(heard[1]) <= MIC_SECONDS + 1.0
+    assert float(heard[2]) == pytest.approx(0.3 / np.sqrt(2), rel=0.1)
+    assert page.inner_text("#reply") == mic["reply"] and mic["replySeconds"] > 0.1
+    assert problems == []
+    context.close()

@@ -139,6 +139,10 @@ class MediaItem:
         sample_rate: audio samples per second (audio only).
         fps: frames per second of ``data`` (video only; the sampled rate, not the file's).
         source: the request part it came from, e.g. ``messages[1].content[2]``.
+        audio: a video's audio track (an AUDIO item), present when the caller asked for
+            ``use_audio_in_video``: a card that supports it interleaves the track's tokens
+            with the frames' (Qwen2.5-Omni: 2-second chunks); None otherwise (always for
+            audio and images).
     """
 
     kind: MediaKind
@@ -147,6 +151,7 @@ class MediaItem:
     sample_rate: int | None = None
     fps: float | None = None
     source: str = ""
+    audio: MediaItem | None = None
 
     @classmethod
     def of(
@@ -156,14 +161,24 @@ class MediaItem:
         sample_rate: int | None = None,
         fps: float | None = None,
         source: str = "",
+        audio: MediaItem | None = None,
     ) -> MediaItem:
-        """An item with its ``sha256`` computed from ``data`` (and its shape, dtype, rate);
-        the item holds a read-only view of ``data``, so the hash keeps describing it."""
+        """An item with its ``sha256`` computed from ``data`` (and its shape, dtype, rate,
+        and the hash of its audio track when it has one); the item holds a read-only view of
+        ``data``, so the hash keeps describing it.
+
+        Raises:
+            ValueError: ``audio`` on an item that is not a video, or not an AUDIO item.
+        """
+        if audio is not None and (kind is not MediaKind.VIDEO or audio.kind is not MediaKind.AUDIO):
+            raise ValueError("only a video item carries an audio track, and it must be audio")
         data = np.ascontiguousarray(data).view()
         data.flags.writeable = False
-        digest = hashlib.sha256(f"{kind}|{data.dtype}|{data.shape}|{sample_rate}|{fps}|".encode())
+        track = audio.sha256 if audio is not None else None
+        header = f"{kind}|{data.dtype}|{data.shape}|{sample_rate}|{fps}|"
+        digest = hashlib.sha256((header + (f"audio={track}|" if track else "")).encode())
         digest.update(data.reshape(-1).view(np.uint8))  # the buffer itself, no copy
-        return cls(kind, data, digest.hexdigest(), sample_rate, fps, source)
+        return cls(kind, data, digest.hexdigest(), sample_rate, fps, source, audio)
 
     @property
     def seconds(self) -> float | None:

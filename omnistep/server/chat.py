@@ -2,7 +2,8 @@
 
 Request: OpenAI's ``messages`` (text, and media parts: ``omnistep.server.media``),
 ``modalities`` (``["text"]`` or ``["text", "audio"]``), ``audio``
-(``{voice, format}``; wav, mp3, flac, opus, pcm16), ``stream``, sampling fields, ``seed``.
+(``{voice, format}``; wav, mp3, flac, opus, pcm16), ``stream``, sampling fields, ``seed``,
+``use_audio_in_video`` / ``mm_processor_kwargs`` (``MediaOptions``).
 Non-streamed: ``choices[0].message.content`` and ``message.audio`` = ``{id, data (base64),
 transcript, expires_at}``. Streamed: ``chat.completion.chunk`` events whose ``delta`` carries the
 text in ``content`` and the audio in ``audio`` = ``{id, data, transcript}``, then a chunk with the
@@ -96,13 +97,40 @@ class AudioOutput(OpenAIBody):
     format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
 
 
+class ProcessorKwargs(OpenAIBody):
+    """``mm_processor_kwargs`` (vLLM's and vllm-omni's field): ``use_audio_in_video`` is
+    read; other processor settings are accepted and ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    use_audio_in_video: bool = Field(default=False, strict=True)
+
+
+class MediaOptions(OpenAIBody):
+    """How media parts are read: ``use_audio_in_video`` (SGLang-Omni's top-level field) or
+    ``mm_processor_kwargs.use_audio_in_video`` (vLLM / vllm-omni): a video part's audio track
+    goes into the prompt with its frames (Qwen2.5-Omni: interleaved in 2-second chunks); a
+    video without one is then a 400 naming the part."""
+
+    use_audio_in_video: bool | None = Field(default=None, strict=True)
+    mm_processor_kwargs: ProcessorKwargs | None = None
+
+    @property
+    def audio_in_video(self) -> bool:
+        """Whether either field asks for the videos' audio."""
+        nested = (
+            self.mm_processor_kwargs is not None and self.mm_processor_kwargs.use_audio_in_video
+        )
+        return bool(self.use_audio_in_video) or nested
+
+
 class StreamOptions(OpenAIBody):
     """``stream_options``: accepted for compatibility (the usage chunk is always sent)."""
 
     include_usage: bool = False
 
 
-class ChatCompletionRequest(OpenAIBody):
+class ChatCompletionRequest(MediaOptions):
     """Body of ``POST /v1/chat/completions`` (the fields omnistep uses; others are ignored)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -125,27 +153,18 @@ class ChatCompletionRequest(OpenAIBody):
     def wants_audio(self) -> bool:
         return "audio" in self.modalities
 
-    def media_parts(self) -> list[tuple[tuple[int, int], MediaPart]]:
-        """``((message index, part index), part)`` of every media part, in order."""
-        return [
-            ((i, j), part)
-            for i, m in enumerate(self.messages)
-            if isinstance(m.content, list)
-            for j, part in enumerate(m.content)
-            if not isinstance(part, TextPart)
-        ]
-
-    def to_request(self, media: Mapping[tuple[int, int], MediaItem] | None = None) -> Request:
-        """The engine request, with the decoded media items by (message, part) index;
-        raises InvalidRequestError for an inconsistent body."""
-        media = media or {}
+    def to_request(self, messages: tuple[ChatMessage, ...] | None = None) -> Request:
+        """The engine request over the decoded ``messages`` (``decode_messages``; None: the
+        body's text only); raises InvalidRequestError for an inconsistent body."""
+        if messages is None:
+            messages = tuple(ChatMessage(m.role, m.text()) for m in self.messages)
         if self.wants_audio and self.audio is None:
             raise InvalidRequestError(
                 "'audio' ({voice, format}) is required when modalities include 'audio'",
                 param="audio",
                 code="missing_audio",
             )
-        if not media and not any(m.text().strip() for m in self.messages):
+        if not any(m.media for m in messages) and not any(m.content.strip() for m in messages):
             raise InvalidRequestError("messages have no text", param="messages")
         outputs = {Modality.TEXT} | ({Modality.AUDIO} if self.wants_audio else set())
         sampling = SamplingParams(
@@ -155,7 +174,7 @@ class ChatCompletionRequest(OpenAIBody):
         )
         return Request(
             model=self.model,
-            messages=tuple(m.chat_message(media, i) for i, m in enumerate(self.messages)),
+            messages=messages,
             voice=self.audio.voice if self.audio else None,
             seed=self.seed,
             sampling=sampling,
@@ -283,21 +302,38 @@ async def _events(reply: _Reply) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-async def _decode_media(
-    body: ChatCompletionRequest, card: ModelCard, http: HttpRequest
-) -> dict[tuple[int, int], MediaItem]:
-    """The body's media parts decoded, by (message, part) index; a 400 naming the part for a
-    kind the card cannot take, too many parts, or a part that cannot be read or decoded."""
-    parts = [(part_param(*key), part) for key, part in body.media_parts()]
-    if not parts:
-        return {}
-    limits: MediaLimits = http.app.state.media_limits
-    check_media_parts(parts, card, limits)
-    policy = http.app.state.media_policy
-    return {  # one at a time: a request's decoding takes one worker thread
-        key: await decode_part(part, part_param(*key), card, policy, limits)
-        for key, part in body.media_parts()
-    }
+def media_parts(messages: list[Message]) -> list[tuple[tuple[int, int], MediaPart]]:
+    """``((message index, part index), part)`` of every media part, in order."""
+    return [
+        ((i, j), part)
+        for i, m in enumerate(messages)
+        if isinstance(m.content, list)
+        for j, part in enumerate(m.content)
+        if not isinstance(part, TextPart)
+    ]
+
+
+async def decode_messages(
+    messages: list[Message],
+    card: ModelCard,
+    http: HttpRequest,
+    use_audio_in_video: bool = False,
+    prefix: str = "messages",
+) -> tuple[ChatMessage, ...]:
+    """The core messages of a chat's ``messages``, media parts decoded (the one parser of
+    ``/v1/chat/completions`` and ``/v1/rollouts``); a 400 naming the part (``prefix[i]
+    .content[j]``) for a kind the card cannot take, too many parts, or a part that cannot be
+    read or decoded."""
+    found = media_parts(messages)
+    media: dict[tuple[int, int], MediaItem] = {}
+    if found:
+        limits: MediaLimits = http.app.state.media_limits
+        check_media_parts([(part_param(*key, prefix), part) for key, part in found], card, limits)
+        policy = http.app.state.media_policy
+        for key, part in found:  # one at a time: a request's decoding takes one worker thread
+            param = part_param(*key, prefix)
+            media[key] = await decode_part(part, param, card, policy, limits, use_audio_in_video)
+    return tuple(m.chat_message(media, i) for i, m in enumerate(messages))
 
 
 @router.post("/v1/chat/completions")
@@ -306,8 +342,8 @@ async def create_chat_completion(body: ChatCompletionRequest, http: HttpRequest)
     engine: AsyncEngine = http.app.state.engine
     needed = Capability.CHAT_AUDIO if body.wants_audio else Capability.CHAT_TEXT
     model = require_capability(engine, body.model, needed)
-    media = await _decode_media(body, model.card, http)
-    request = body.to_request(media)
+    messages = await decode_messages(body.messages, model.card, http, body.audio_in_video)
+    request = body.to_request(messages)
     stream = engine.add_request(await resolve_voice(http.app, model.card, request))
     encoder = (
         make_encoder(AUDIO_FORMATS[body.audio.format], model.card.sample_rate)

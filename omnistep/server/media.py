@@ -13,7 +13,9 @@ Parts (in any message, mixed with text parts in any order):
 URLs are read by ``media_fetch.read_media`` (the fetcher ``ref_audio`` uses). Audio is decoded
 by libsndfile or PyAV (``omnistep.audio.decode``), mixed to mono and resampled with the project's
 soxr resampler to ``ModelCard.media_sample_rate``; images and video frames by PyAV (FFmpeg) to
-RGB; video frames are sampled at ``MediaLimits.video_fps``. Every violation is an
+RGB; video frames are sampled at ``MediaLimits.video_fps``; with ``use_audio_in_video`` a
+video's audio track is decoded too (``decode_video_audio``) and rides on the video item
+(``MediaItem.audio``). Every violation is an
 ``InvalidRequestError`` (a 400) whose ``param`` names the part, ``messages[1].content[2]``.
 
 Imports numpy, av, pydantic, FastAPI (its thread pool), ``omnistep.core``, ``omnistep.audio``
@@ -155,9 +157,10 @@ def part_kind(part: MediaPart) -> MediaKind:
     return _KIND[part.type]
 
 
-def part_param(message_index: int, part_index: int) -> str:
-    """The name errors give a part: ``messages[1].content[2]``."""
-    return f"messages[{message_index}].content[{part_index}]"
+def part_param(message_index: int, part_index: int, prefix: str = "messages") -> str:
+    """The name errors give a part: ``messages[1].content[2]`` (a rollout input's:
+    ``inputs[0][1].content[2]``)."""
+    return f"{prefix}[{message_index}].content[{part_index}]"
 
 
 def _bad(message: str, param: str, code: str) -> InvalidRequestError:
@@ -294,16 +297,58 @@ def _frame_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
     return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
 
 
-def decode_video_item(data: bytes, param: str, limits: MediaLimits) -> MediaItem:
+def decode_video_audio(data: bytes, param: str, limits: MediaLimits, rate: int) -> MediaItem:
+    """A video file's audio track (its first audio stream) as a mono float32 AUDIO
+    ``MediaItem`` at ``rate`` Hz: decoded by PyAV, resampled with soxr (the ``input_audio``
+    path's resampler); what ``use_audio_in_video`` reads.
+
+    Raises:
+        InvalidRequestError: the file has no audio stream (``video_without_audio``: the part
+            is named; transformers' ``get_rope_index`` cannot place a silent video among
+            ``use_audio_in_video`` ones either), a track that does not decode
+            (``invalid_video``), longer than ``max_video_seconds`` (``video_too_long``).
+    """
+    import av
+
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            has_audio = any(s.type == "audio" for s in container.streams)
+    except (av.FFmpegError, ValueError, OSError):
+        raise _bad(f"{param} is not a video this server decodes", param, "invalid_video") from None
+    if not has_audio:
+        raise _bad(
+            f"{param} has no audio track, and use_audio_in_video asks for one: send the video "
+            "without use_audio_in_video, or a video with sound",
+            param,
+            "video_without_audio",
+        )
+    try:
+        decoded = decode_audio(data, limits.max_video_seconds)
+    except AudioDecodeError as exc:
+        raise _bad(
+            f"{param}: its audio track does not decode: {exc}", param, "invalid_video"
+        ) from None
+    if decoded.truncated:
+        raise _video_too_long(param, limits)
+    resampler = Resampler(decoded.sample_rate, rate, quality="VHQ")
+    samples = np.concatenate([resampler.process(decoded.samples), resampler.flush()])
+    return MediaItem.of(MediaKind.AUDIO, samples, sample_rate=rate, source=param)
+
+
+def decode_video_item(
+    data: bytes, param: str, limits: MediaLimits, audio_rate: int | None = None
+) -> MediaItem:
     """Decode a video file with PyAV to RGB uint8 frames ``[num_frames, height, width, 3]``
     sampled at ``limits.video_fps`` (the first frame at or after each ``k / video_fps``
-    seconds), scaled down to ``limits.max_video_frame_pixels``; its audio track is not read.
+    seconds), scaled down to ``limits.max_video_frame_pixels``. With ``audio_rate``
+    (``use_audio_in_video``) its audio track comes along as ``MediaItem.audio`` at that rate
+    (``decode_video_audio``); otherwise the track is not read.
 
     Raises:
         InvalidRequestError: not a video or no frame (``invalid_video``), longer than
             ``max_video_seconds`` (``video_too_long``), more than ``max_video_frames`` sampled
             frames (``video_too_many_frames``), frames over ``max_image_pixels``
-            (``image_too_large``).
+            (``image_too_large``); with ``audio_rate``, what ``decode_video_audio`` raises.
     """
     import av
 
@@ -347,7 +392,10 @@ def decode_video_item(data: bytes, param: str, limits: MediaLimits) -> MediaItem
         raise _bad(f"{param} holds no video frames", param, "invalid_video")
     if len({f.shape for f in frames}) > 1:
         raise _bad(f"{param} changes frame size mid-stream", param, "invalid_video")
-    return MediaItem.of(MediaKind.VIDEO, np.stack(frames), fps=limits.video_fps, source=param)
+    audio = None if audio_rate is None else decode_video_audio(data, param, limits, audio_rate)
+    return MediaItem.of(
+        MediaKind.VIDEO, np.stack(frames), fps=limits.video_fps, source=param, audio=audio
+    )
 
 
 async def part_bytes(part: MediaPart, param: str, policy: MediaPolicy) -> bytes:
@@ -362,9 +410,15 @@ async def part_bytes(part: MediaPart, param: str, policy: MediaPolicy) -> bytes:
 
 
 async def decode_part(
-    part: MediaPart, param: str, card: ModelCard, policy: MediaPolicy, limits: MediaLimits
+    part: MediaPart,
+    param: str,
+    card: ModelCard,
+    policy: MediaPolicy,
+    limits: MediaLimits,
+    use_audio_in_video: bool = False,
 ) -> MediaItem:
-    """Read and decode one media part (decoding runs in the thread pool)."""
+    """Read and decode one media part (decoding runs in the thread pool); a video part with
+    ``use_audio_in_video`` carries its audio track at ``card.media_sample_rate``."""
     data = await part_bytes(part, param, policy)
     kind = part_kind(part)
     if kind is MediaKind.AUDIO:
@@ -375,4 +429,5 @@ async def decode_part(
         )
     if kind is MediaKind.IMAGE:
         return await run_in_threadpool(decode_image_item, data, param, limits)
-    return await run_in_threadpool(decode_video_item, data, param, limits)
+    rate = card.media_sample_rate if use_audio_in_video else None
+    return await run_in_threadpool(decode_video_item, data, param, limits, rate)

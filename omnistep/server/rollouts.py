@@ -48,10 +48,17 @@ from pydantic import (
 )
 
 from omnistep.audio import encode_all
-from omnistep.core import InvalidRequestError, RequestAbortedError, SamplingParams
+from omnistep.core import (
+    ChatMessage,
+    InvalidRequestError,
+    ModelCard,
+    RequestAbortedError,
+    SamplingParams,
+)
 from omnistep.core.request import MAX_FLOW_NOISE
 from omnistep.engine import AsyncEngine
 from omnistep.offline import MAX_GROUP_SIZE, AsyncOmniEngine, RolloutGroup
+from omnistep.server.chat import MediaOptions, Message, decode_messages
 from omnistep.server.protocol import (
     MAX_VOICE_CHARS,
     OpenAIBody,
@@ -75,11 +82,14 @@ MAX_ROLLOUT_SAMPLES = 1024
 """Samples (inputs x n) one ``POST /v1/rollouts`` may ask for."""
 
 
-class RolloutBody(SamplingFields, ReferenceVoiceFields):
+class RolloutBody(SamplingFields, ReferenceVoiceFields, MediaOptions):
     """Body of ``POST /v1/rollouts``.
 
-    Fields: ``model``; ``inputs`` (1..64 texts: speech inputs, or one user message each for a
-    chat card); ``n`` (samples per input, 1..256; inputs x n <= 1024); ``seed`` (sample ``k``
+    Fields: ``model``; ``inputs`` (1..64 of: a text, a speech input or one user message for a
+    chat card; or, for a chat card, a conversation: a ``messages`` list as
+    ``/v1/chat/completions`` takes it, text and media parts, parsed and decoded by the same
+    code, ``use_audio_in_video`` / ``mm_processor_kwargs`` too); ``n`` (samples per input,
+    1..256; inputs x n <= 1024); ``seed`` (sample ``k``
     of every input runs with ``seed + k``); ``voice`` (a saved name too, as on
     ``/v1/audio/speech``); ``ref_audio``, ``ref_text``, ``task_type`` (``ReferenceVoiceFields``:
     an inline cloned voice); sampling fields (``temperature``,
@@ -93,7 +103,7 @@ class RolloutBody(SamplingFields, ReferenceVoiceFields):
     """
 
     model: str = Field(min_length=1, max_length=200)
-    inputs: list[str] = Field(min_length=1, max_length=MAX_ROLLOUT_INPUTS)
+    inputs: list[str | list[Message]] = Field(min_length=1, max_length=MAX_ROLLOUT_INPUTS)
     n: StrictInt = Field(default=1, ge=1, le=MAX_GROUP_SIZE)
     seed: StrictInt = Field(default=0, ge=0, le=2**62)
     voice: str | None = Field(default=None, min_length=1, max_length=MAX_VOICE_CHARS)
@@ -116,8 +126,12 @@ class RolloutBody(SamplingFields, ReferenceVoiceFields):
 
     @field_validator("inputs")
     @classmethod
-    def _texts(cls, value: list[str]) -> list[str]:
+    def _texts(cls, value: list[str | list[Message]]) -> list[str | list[Message]]:
         for i, text in enumerate(value):
+            if not isinstance(text, str):
+                if not text:
+                    raise ValueError(f"input {i} is an empty conversation")
+                continue
             if not 1 <= len(text) <= 4096:
                 raise ValueError(f"input {i} must hold 1 to 4096 characters")
             bad = control_characters(text)
@@ -165,9 +179,10 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
         )
     omni = omni_engine(http)
     card = omni.engine.resolve(body.model).card
+    inputs = await rollout_inputs(body.inputs, card, http, body.audio_in_video)
     voice = await request_voice(http.app, card, body.voice, body)
     rollout = omni.rollout(
-        body.inputs,
+        inputs,
         n=body.n,
         seed=body.seed,
         model=body.model,
@@ -183,6 +198,28 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
     if wants_safetensors(http.headers.get("accept", "")):
         return Response(_safetensors(head, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
     return JSONResponse(_json(head, body, groups))
+
+
+async def rollout_inputs(
+    inputs: list[str | list[Message]], card: ModelCard, http: HttpRequest, audio_in_video: bool
+) -> list[str | tuple[ChatMessage, ...]]:
+    """The rollout's inputs for ``AsyncOmniEngine.rollout``: texts as they are,
+    conversations through the chat API's parser (``chat.decode_messages``; a part's errors
+    name it ``inputs[k][i].content[j]``)."""
+    out: list[str | tuple[ChatMessage, ...]] = []
+    for k, item in enumerate(inputs):
+        if isinstance(item, str):
+            out.append(item)
+        else:
+            out.append(await decode_messages(item, card, http, audio_in_video, f"inputs[{k}]"))
+    return out
+
+
+def echo_input(item: str | list[Message]) -> str | list[dict]:
+    """An input as the answer repeats it: the text, or the messages as sent."""
+    if isinstance(item, str):
+        return item
+    return [m.model_dump(mode="json", exclude_none=True) for m in item]
 
 
 async def _unless_client_leaves(http: HttpRequest, work: Awaitable[T]) -> T:
@@ -256,6 +293,7 @@ def _sample_meta(sample) -> dict:
                 "seed": a.seed,
                 "num_steps": len(a.tokens),
                 "prompt_ids": a.prompt_ids,
+                "media": list(a.media),
             }
             for name, a in sample.loops.items()
         },
@@ -283,7 +321,7 @@ DENOISE_TENSORS = ("x", "mean", "x_next")
 
 def _json(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
     out = []
-    for group in groups:
+    for item, group in zip(body.inputs, groups, strict=True):
         samples = []
         for sample in group.samples:
             entry = _sample_meta(sample)
@@ -308,7 +346,7 @@ def _json(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
                 else None
             )
             samples.append(entry)
-        out.append({"input": group.input, "group": group.group, "samples": samples})
+        out.append({"input": echo_input(item), "group": group.group, "samples": samples})
     return _envelope(head, body, out)
 
 
@@ -322,6 +360,7 @@ def _envelope(head: dict, body: RolloutBody, groups: list) -> dict:
         "logprobs": body.logprobs,
         "sampling": {k: v for k, v in asdict(body.sampling()).items() if v is not None},
         "audio_format": body.audio_format,
+        "use_audio_in_video": body.audio_in_video,
         "groups": groups,
     }
 
@@ -350,7 +389,8 @@ def _safetensors(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> b
             if sample.audio is not None:
                 tensors[f"{prefix}.audio"] = np.ascontiguousarray(sample.audio, np.float32)
             samples.append(_sample_meta(sample))
-        meta_groups.append({"input": group.input, "group": group.group, "samples": samples})
+        echo = echo_input(body.inputs[i])
+        meta_groups.append({"input": echo, "group": group.group, "samples": samples})
     meta = json.dumps(_envelope(head, body, meta_groups))
     return save(tensors, metadata={"rollout": meta})
 

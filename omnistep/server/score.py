@@ -6,7 +6,13 @@ The body is a rollout answer as ``POST /v1/rollouts`` gave it: its JSON (``objec
 tensors ``g{i}.s{k}.{loop}.tokens`` and the header's ``__metadata__["rollout"]``). Each
 sample's AR loops are replayed from their ``prompt_ids`` (loops whose prompt is not token ids
 have null there and are a 400 naming them: score those with the Python API), the sample's seed
-and the envelope's ``sampling``. Query parameters: ``mode`` (``processed`` or ``policy``;
+and the envelope's ``sampling``. A loop whose prompt held media (its ``media`` hashes: the
+Qwen thinker over a conversation with audio, images or video) is replayed from its group's
+``input``: the conversation is parsed and decoded again (the chat API's parser, the
+envelope's ``use_audio_in_video``), its prompt rebuilt by the card's own program
+(``AsyncOmniEngine.prompts``), and its media must hash as recorded (else a 400).
+
+Query parameters: ``mode`` (``processed`` or ``policy``;
 default: the rollout's ``logprobs``), ``entropy`` (``true``: also each step's entropy per
 codebook), ``masked`` (``true``: 0 where the rollout's ``mask`` is false).
 
@@ -24,15 +30,24 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
+from pydantic import TypeAdapter, ValidationError
 
 from omnistep.core import InvalidRequestError, SamplingParams
-from omnistep.offline import LOGPROB_MODES, LoopActions, LoopScore, RolloutSample
+from omnistep.offline import (
+    LOGPROB_MODES,
+    AsyncOmniEngine,
+    LoopActions,
+    LoopScore,
+    RolloutSample,
+)
+from omnistep.server.chat import Message, decode_messages
 from omnistep.server.rollouts import (
     SAFETENSORS_MEDIA_TYPE,
     bool_param,
@@ -69,6 +84,7 @@ async def score(http: HttpRequest) -> Response:
     omni = omni_engine(http)
     card_id = omni.card_id(_field(envelope, "model", str))
     samples = _samples(envelope, tensors, card_id)
+    samples = await _media_prompts(http, omni, envelope, samples)
     try:
         scores = await omni.score(
             [s for group in samples for s in group], mode=mode, entropy=entropy, masked=masked
@@ -162,7 +178,10 @@ def _sample(
     for name, loop in _field(sample, "loops", dict, where).items():
         at = f"{where}loops.{name}."
         prompt = loop.get("prompt_ids") if isinstance(loop, dict) else None
-        if not isinstance(prompt, list) or not all(
+        media = loop.get("media") if isinstance(loop, dict) else None
+        if prompt is None and isinstance(media, list) and media:
+            prompt = MediaPrompt(tuple(str(h) for h in media))  # rebuilt from the input
+        elif not isinstance(prompt, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
             raise InvalidRequestError(
@@ -188,10 +207,64 @@ def _sample(
             weight_versions=np.zeros(tokens.shape[0], np.int64),
             stop_reason=str(loop.get("stop_reason", "length")),
             seed=int(loop.get("seed", seed)),
-            prompt=tuple(prompt),
+            prompt=prompt if isinstance(prompt, MediaPrompt) else tuple(prompt),
             mask=mask,
         )
     return RolloutSample(index, seed, loops, "", None, 0, sampling, card_id)
+
+
+@dataclass(frozen=True)
+class MediaPrompt:
+    """A loop's recorded media hashes, standing for a prompt to rebuild from the input."""
+
+    media: tuple[str, ...]
+
+
+async def _media_prompts(
+    http: HttpRequest, omni: AsyncOmniEngine, envelope: dict, samples: list[list[RolloutSample]]
+) -> list[list[RolloutSample]]:
+    """``samples`` with every ``MediaPrompt`` replaced by the prompt rebuilt from its group's
+    input (see the module docstring).
+
+    Raises:
+        InvalidRequestError: a group input that is not a conversation, media that do not
+            decode, or media that do not hash as recorded (param ``groups[i].input``).
+    """
+    audio_in_video = envelope.get("use_audio_in_video") is True
+    out = []
+    for i, members in enumerate(samples):
+        if not any(isinstance(a.prompt, MediaPrompt) for s in members for a in s.loops.values()):
+            out.append(members)
+            continue
+        where = f"groups[{i}].input"
+        try:
+            messages = _CONVERSATION.validate_python(envelope["groups"][i].get("input"))
+        except ValidationError:
+            raise InvalidRequestError(f"'{where}' must be the conversation sent", where) from None
+        card = omni.engine.resolve(members[0].model).card
+        decoded = await decode_messages(messages, card, http, audio_in_video, where)
+        rebuilt = []
+        for sample in members:
+            prompts = await omni.prompts(
+                decoded, seed=sample.seed, model=sample.model, sampling=sample.sampling
+            )
+            loops = {}
+            for name, actions in sample.loops.items():
+                if isinstance(actions.prompt, MediaPrompt):
+                    prompt = prompts.get(name)
+                    if tuple(getattr(prompt, "media", ())) != actions.prompt.media:
+                        raise InvalidRequestError(
+                            f"the media of '{where}' do not hash as loop '{name}' recorded",
+                            where,
+                        )
+                    actions = replace(actions, prompt=prompt)
+                loops[name] = actions
+            rebuilt.append(replace(sample, loops=loops))
+        out.append(rebuilt)
+    return out
+
+
+_CONVERSATION = TypeAdapter(list[Message])
 
 
 def _values(value: Any) -> np.ndarray:

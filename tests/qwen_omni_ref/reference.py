@@ -717,8 +717,10 @@ def rope_index(
     video_grid_thw: Any = None,
     audio_seqlens: Any = None,
     second_per_grids: Any = None,
+    use_audio_in_video: bool = False,
 ) -> tuple[torch.Tensor, int]:
-    """``get_rope_index`` of one unpadded prompt: positions ``[3, L]`` and the delta."""
+    """``get_rope_index`` of one unpadded prompt: positions ``[3, L]`` and the delta
+    (``audio_seqlens``: mel frames per audio, the videos' tracks included in prompt order)."""
     model, _ = load_reference(root)
     ids = torch.tensor([list(input_ids)], dtype=torch.long)
 
@@ -731,7 +733,7 @@ def rope_index(
             tensor(image_grid_thw, torch.long),
             tensor(video_grid_thw, torch.long),
             torch.ones_like(ids),
-            False,
+            use_audio_in_video,
             tensor(audio_seqlens, torch.long),
             tensor(second_per_grids, torch.float),
         )
@@ -803,11 +805,14 @@ def thinker_media_greedy(
     clips: Sequence[Any] = (),
     images: Sequence[Any] = (),
     video: tuple[Any, Any, Any] | None = None,
+    use_audio_in_video: bool = False,
 ) -> ThinkerGreedy:
     """``thinker_greedy`` of an expanded media prompt (one placeholder per encoder row) with
     its media (as ``thinker_media_logits``), an all-ones attention mask passed (so the
     thinker computes its TMRoPE index). ``prompt_embeds`` are zero at the placeholders, as
-    ``model.generate`` hands them to the talker."""
+    ``model.generate`` hands them to the talker. With ``use_audio_in_video`` the video's
+    track is among ``clips`` (in prompt order) and the prompt holds its interleaved block
+    (``audio_in_video_placeholder``)."""
     model, _ = load_reference(root)
     ids = torch.tensor([list(input_ids)], dtype=torch.long)
     with _run():
@@ -819,7 +824,7 @@ def thinker_media_greedy(
             output_hidden_states=True,
             output_logits=True,
             return_dict_in_generate=True,
-            use_audio_in_video=False,
+            use_audio_in_video=use_audio_in_video,
             **_media_kwargs(clips, images, video),
         )
     hs = res.hidden_states
@@ -858,6 +863,8 @@ def talker_media_prefill_logits(
     model, _ = load_reference(root)
     inp = talker_inputs(root, thinker, speaker)
     talker = model.talker
+    rope_kwargs = dict(rope_kwargs)
+    use_audio_in_video = bool(rope_kwargs.pop("use_audio_in_video", False))
     tensors = {
         k: torch.as_tensor(v, dtype=torch.float if "second" in k else torch.long)
         for k, v in rope_kwargs.items()
@@ -871,7 +878,7 @@ def talker_media_prefill_logits(
             attention_mask=torch.ones_like(inp.input_ids),
             thinker_reply_part=inp.thinker_reply_part.clone(),
             use_cache=False,
-            use_audio_in_video=False,
+            use_audio_in_video=use_audio_in_video,
             **tensors,
         )
         talker.rope_deltas = None
@@ -894,3 +901,38 @@ def audio_chat_text_greedy(root: Path, messages: Messages, clips: Sequence[Any],
         expanded.extend([i] * next(counts) if i == audio else [i])
     out = thinker_media_greedy(root, expanded, steps, clips)
     return tok.decode(out.token_ids.tolist(), skip_special_tokens=True)
+
+
+def audio_in_video_placeholder(
+    root: Path, grid: Sequence[int], seconds_per_grid: float, num_audio_tokens: int
+) -> list[int]:
+    """The ids ``Qwen2_5OmniProcessor`` puts in place of one ``<|VIDEO|>`` read with
+    ``use_audio_in_video`` (its ``replace_video_with_audio_token``: ``<|audio_bos|>``, the
+    frames' and the track's tokens interleaved in ``seconds_per_chunk`` chunks,
+    ``<|audio_eos|>``), tokenized. The processor itself needs torchvision (its video
+    processor), so its method runs on a stand-in holding what it reads."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from transformers import Qwen2_5OmniProcessor
+
+    model, tok = load_reference(root)
+    cfg = model.config.thinker_config
+    stub = SimpleNamespace(
+        video_processor=SimpleNamespace(merge_size=cfg.vision_config.spatial_merge_size),
+        audio_bos_token="<|audio_bos|>",
+        audio_eos_token="<|audio_eos|>",
+        video_token="<|VIDEO|>",
+        audio_token="<|AUDIO|>",
+    )
+    stub.get_chunked_index = lambda *a: Qwen2_5OmniProcessor.get_chunked_index(stub, *a)
+    text = Qwen2_5OmniProcessor.replace_video_with_audio_token(
+        stub,
+        {"video_grid_thw": [np.array(grid)], "video_second_per_grid": [seconds_per_grid]},
+        0,
+        {"num_audio_tokens": [num_audio_tokens]},
+        0,
+        position_id_per_seconds=cfg.position_id_per_seconds,
+        seconds_per_chunk=cfg.seconds_per_chunk,
+    )
+    return list(tok(text, add_special_tokens=False)["input_ids"])

@@ -7,6 +7,8 @@ content parts, ``{"type": "audio"}``, ``{"type": "image"}``, ``{"type": "video"}
 ``{"type": "text", "text": ...}``, in the request's order, as ``Qwen2_5OmniProcessor``'s
 callers write it; the template puts one placeholder (``<|AUDIO|>``, ``<|IMAGE|>``,
 ``<|VIDEO|>``) per item, which the ``media_prompt`` node expands once the items are encoded.
+The ``media`` slot holds the items the ENCODE units run (``encode_list``): a video read with
+``use_audio_in_video`` (``MediaItem.audio``) is followed by its audio track.
 
 Imports: ``omnistep.core``; ``transformers`` inside ``load_tokenizer``.
 """
@@ -46,8 +48,11 @@ class MediaRules:
     def check(self, item: MediaItem) -> None:
         """Raises InvalidRequestError naming the item's request part (``MediaItem.source``):
         a kind without its encoder (``unsupported_modality``), audio at another rate
-        (``invalid_audio``) or longer than ``max_audio_seconds`` (``audio_too_long``)."""
+        (``invalid_audio``) or longer than ``max_audio_seconds`` (``audio_too_long``); a
+        video's audio track is checked as audio."""
         param = item.source or "messages"
+        if item.audio is not None:
+            self.check(item.audio)
         if item.kind.capability not in self.capabilities:
             raise InvalidRequestError(
                 f"{param}: this checkpoint has no {item.kind} encoder",
@@ -69,6 +74,12 @@ class MediaRules:
                 param=param,
                 code="audio_too_long",
             )
+
+
+def encode_list(media: tuple[MediaItem, ...]) -> tuple[MediaItem, ...]:
+    """The items the ENCODE units run, in order: each prompt item, and right after a video
+    its audio track when it carries one (``use_audio_in_video``)."""
+    return tuple(x for m in media for x in ((m,) if m.audio is None else (m, m.audio)))
 
 
 def template_content(message: ChatMessage) -> str | list[dict[str, str]]:
@@ -124,7 +135,7 @@ class ChatFrontend:
             messages, add_generation_prompt=True, tokenize=True, return_dict=True
         )["input_ids"]
         ctx.slots["chat_ids"] = tuple(int(i) for i in ids)
-        ctx.slots["media"] = media
+        ctx.slots["media"] = encode_list(media)
         ctx.slots["speaker"] = self.speakers[voice]
         ctx.usage["input_tokens"] = len(ids)
 

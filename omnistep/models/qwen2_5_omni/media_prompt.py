@@ -2,8 +2,9 @@
 expanded to one token per encoder row, the rows, and TMRoPE positions.
 
 ``thinker_prompt`` is what the card's ``media_prompt`` node runs on the ENCODE units' outputs
-(a ``ThinkerPrompt`` the paged thinker prefills); ``build_media_prompt`` + ``prefill_logits``
-are an offline dense path over the same pieces, checked against transformers'
+(a ``ThinkerPrompt`` the paged thinker prefills; a video carrying its audio track,
+``use_audio_in_video``, becomes the interleaved block of ``mrope``); ``build_media_prompt``
++ ``prefill_logits`` are an offline dense path over the same pieces, checked against transformers'
 ``Qwen2_5OmniThinkerForConditionalGeneration`` (tests/test_omni_encoders.py).
 
 As the processor does, each media item's single placeholder in the chat-templated ids
@@ -28,7 +29,7 @@ import torch
 
 from omnistep.core import MediaItem, MediaKind
 from omnistep.models.qwen2_5_omni.encoders import EncodedMedia, OmniEncoders
-from omnistep.models.qwen2_5_omni.mrope import MediaTokenIds, rope_index
+from omnistep.models.qwen2_5_omni.mrope import MediaTokenIds, audio_in_video_layout, rope_index
 from omnistep.models.qwen2_5_omni.thinker import QwenThinker, ThinkerPrompt
 
 
@@ -50,6 +51,54 @@ class MediaPrompt:
     rope_delta: int
 
 
+@dataclass(frozen=True)
+class _PromptItem:
+    """One media item of the prompt with its encoder output (and its track's, if any)."""
+
+    item: MediaItem
+    encoded: EncodedMedia
+    track: EncodedMedia | None = None
+
+
+def _pair(media: Sequence[MediaItem], encoded: Sequence[EncodedMedia]) -> list[_PromptItem]:
+    """Prompt items from the encode list (``frontend.encode_list``) and its outputs."""
+    if len(encoded) != len(media):
+        raise ValueError(f"{len(encoded)} encoder outputs for {len(media)} items")
+    out: list[_PromptItem] = []
+    i = 0
+    while i < len(media):
+        item = media[i]
+        if item.audio is not None:
+            if i + 1 >= len(media) or media[i + 1].sha256 != item.audio.sha256:
+                raise ValueError(f"the video {item.source} is not followed by its audio track")
+            out.append(_PromptItem(item, encoded[i], encoded[i + 1]))
+            i += 2
+        else:
+            out.append(_PromptItem(item, encoded[i]))
+            i += 1
+    return out
+
+
+def _expand(
+    token: int, piece: _PromptItem, ids: MediaTokenIds, merge: int
+) -> tuple[list[int], torch.Tensor]:
+    """The tokens a placeholder becomes and the rows they take, in order."""
+    rows = piece.encoded.rows
+    if piece.track is None:
+        return [token] * rows.shape[0], rows
+    if ids.audio_start is None or ids.audio_end is None:
+        raise ValueError("the config has no audio_start/end_token_id for use_audio_in_video")
+    grid, seconds = piece.encoded.grid, piece.encoded.seconds_per_grid
+    audio = piece.track.rows
+    layout = audio_in_video_layout(grid, seconds, audio.shape[0], ids, merge)
+    tokens = [ids.audio_start]
+    for kind, a, b in layout:
+        tokens += [ids.video if kind == "video" else ids.audio] * (b - a)
+    tokens.append(ids.audio_end)
+    chunks = [(rows if kind == "video" else audio)[a:b] for kind, a, b in layout]
+    return tokens, torch.cat(chunks)
+
+
 def thinker_prompt(
     template_ids: Sequence[int],
     ids: MediaTokenIds,
@@ -61,34 +110,43 @@ def thinker_prompt(
 
     Args:
         template_ids: the chat template's ids, one placeholder token per media item.
-        media: the items in prompt order; ``encoded``: their ENCODE outputs, same order.
+        media: the encode list (``frontend.encode_list``: the items in prompt order, a video's audio
+            track right after it); ``encoded``: their ENCODE outputs, same order.
         spatial_merge_size: the vision encoder's patch merge (``vision_config``).
 
     Raises:
         ValueError: placeholders and items that do not pair up (count or kind).
     """
     kinds = {ids.audio: MediaKind.AUDIO, ids.image: MediaKind.IMAGE, ids.video: MediaKind.VIDEO}
+    pieces = _pair(media, encoded)
     slots = [kinds[t] for t in template_ids if t in kinds]
-    if slots != [m.kind for m in media] or len(encoded) != len(media):
+    if slots != [p.item.kind for p in pieces]:
         raise ValueError(f"placeholders {slots} do not match the media {[m.kind for m in media]}")
     expanded: list[int] = []
-    pieces = iter(encoded)
+    rows: list[torch.Tensor] = []
+    queue = iter(pieces)
     for token in template_ids:
-        expanded.extend([token] * (next(pieces).rows.shape[0] if token in kinds else 1))
-    of = lambda kind: [e for e, m in zip(encoded, media, strict=True) if m.kind is kind]  # noqa: E731
+        if token not in kinds:
+            expanded.append(token)
+            continue
+        tokens, item_rows = _expand(token, next(queue), ids, spatial_merge_size)
+        expanded += tokens
+        rows.append(item_rows)
+    of = lambda kind: [p for p in pieces if p.item.kind is kind]  # noqa: E731
     videos = of(MediaKind.VIDEO)
     positions, delta = rope_index(
         expanded,
         ids,
-        audio_lengths=[e.rows.shape[0] for e in of(MediaKind.AUDIO)],
-        image_grids=[e.grid for e in of(MediaKind.IMAGE)],
-        video_grids=[e.grid for e in videos],
-        video_seconds_per_grid=[e.seconds_per_grid for e in videos],
+        audio_lengths=[p.encoded.rows.shape[0] for p in of(MediaKind.AUDIO)],
+        image_grids=[p.encoded.grid for p in of(MediaKind.IMAGE)],
+        video_grids=[p.encoded.grid for p in videos],
+        video_seconds_per_grid=[p.encoded.seconds_per_grid for p in videos],
         spatial_merge_size=spatial_merge_size,
+        video_audio_lengths=[None if p.track is None else p.track.rows.shape[0] for p in videos],
     )
     return ThinkerPrompt(
         tuple(expanded),
-        tuple(e.rows for e in encoded),
+        tuple(rows),
         positions,
         delta,
         tuple(kinds),
@@ -118,12 +176,16 @@ def build_media_prompt(
 
     Args:
         template_ids: the chat-templated prompt, one placeholder token per media item.
-        media: the items in prompt order (audio at the encoders' rate, images, videos; a
-            video's audio track is not used: no ``use_audio_in_video``).
+        media: the items in prompt order (audio at the encoders' rate, images, videos
+            without an audio track: this dense path has no ``use_audio_in_video``; the card's
+            ``thinker_prompt`` has).
 
     Raises:
-        ValueError: placeholders and items that do not pair up (count or kind).
+        ValueError: placeholders and items that do not pair up (count or kind), a video
+            carrying an audio track.
     """
+    if any(m.audio is not None for m in media):
+        raise ValueError("build_media_prompt has no use_audio_in_video: use thinker_prompt")
     kinds = {ids.audio: MediaKind.AUDIO, ids.image: MediaKind.IMAGE, ids.video: MediaKind.VIDEO}
     slots = [kinds[t] for t in template_ids if t in kinds]
     if slots != [m.kind for m in media]:

@@ -10,6 +10,15 @@ spatial merge) whose rows are ``start + t_index``, ``start + row``, ``start + co
 ``t_index = frame * seconds_per_grid * position_id_per_seconds`` (images: 0), so time is
 aligned with audio's 25 positions per second. Decode positions continue at ``L + delta``.
 
+``use_audio_in_video`` (a video item carrying its audio track, ``MediaItem.audio``), as
+``Qwen2_5OmniProcessor.replace_video_with_audio_token`` lays the prompt out and
+``get_rope_index`` positions it: the video's ``<|vision_bos|>`` is followed by
+``<|audio_bos|>``, then the frames' and the track's tokens interleaved in chunks of
+``seconds_per_chunk`` (2 s: 50 temporal positions) -- chunk ``j`` of the frames, then chunk
+``j`` of the audio -- then ``<|audio_eos|><|vision_eos|>``. Both BOS tokens take one position,
+both EOS tokens one position (the last chunk's maximum + 1); the frames and the track start at
+the same position, so a frame and the audio heard with it share their temporal position.
+
 Imports numpy only.
 """
 
@@ -30,17 +39,70 @@ class MediaTokenIds:
     image: int
     video: int
     position_id_per_seconds: float = 25.0
+    audio_start: int | None = None
+    audio_end: int | None = None
+    seconds_per_chunk: float = 2.0
 
     @classmethod
     def from_config(cls, raw: dict) -> MediaTokenIds:
-        """From ``config.json`` or its ``thinker_config``."""
+        """From ``config.json`` or its ``thinker_config`` (``audio_start_token_id``,
+        ``audio_end_token_id`` and ``seconds_per_chunk`` for ``use_audio_in_video``)."""
         raw = raw.get("thinker_config", raw)
+        start, end = raw.get("audio_start_token_id"), raw.get("audio_end_token_id")
         return cls(
             audio=int(raw["audio_token_index"]),
             image=int(raw["image_token_index"]),
             video=int(raw["video_token_index"]),
             position_id_per_seconds=float(raw.get("position_id_per_seconds", 25)),
+            audio_start=None if start is None else int(start),
+            audio_end=None if end is None else int(end),
+            seconds_per_chunk=float(raw.get("seconds_per_chunk", 2)),
         )
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        """Temporal positions per ``use_audio_in_video`` chunk (``int(25 * 2)`` = 50)."""
+        return int(self.position_id_per_seconds * self.seconds_per_chunk)
+
+
+def chunk_bounds(values: Sequence[float], tokens_per_chunk: int) -> list[tuple[int, int]]:
+    """``(start, end)`` slices of non-decreasing temporal ``values``: a new slice starts at
+    each value reaching the next multiple of ``tokens_per_chunk``, one multiple per value
+    (``get_chunked_index`` of transformers' Qwen2.5-Omni: a jump over several chunks opens
+    them one token at a time)."""
+    bounds, start, limit = [], 0, tokens_per_chunk
+    for i, value in enumerate(values):
+        if value >= limit:
+            bounds.append((start, i))
+            start, limit = i, limit + tokens_per_chunk
+    bounds.append((start, len(values)))
+    return bounds
+
+
+def video_time_index(grid: Sequence[int], merge: int, t_scale: float) -> np.ndarray:
+    """int64 ``[t * h/m * w/m]``: the temporal position offset of each token of a video."""
+    t, h, w = (int(v) for v in grid)
+    return np.repeat((np.arange(t) * t_scale).astype(np.int64), (h // merge) * (w // merge))
+
+
+def audio_in_video_layout(
+    grid: Sequence[int],
+    seconds_per_grid: float,
+    num_audio: int,
+    ids: MediaTokenIds,
+    merge: int,
+) -> list[tuple[str, int, int]]:
+    """The interleaving of a video's tokens and its audio track's under
+    ``use_audio_in_video``: ``("video" | "audio", start, end)`` slices of each, in prompt
+    order (chunk ``j`` of the frames, then chunk ``j`` of the audio)."""
+    scale = ids.position_id_per_seconds * seconds_per_grid
+    video = chunk_bounds(video_time_index(grid, merge, scale), ids.tokens_per_chunk)
+    audio = chunk_bounds(np.arange(num_audio), ids.tokens_per_chunk)
+    layout: list[tuple[str, int, int]] = []
+    for j in range(max(len(video), len(audio))):
+        layout += [("video", *video[j])] if j < len(video) else []
+        layout += [("audio", *audio[j])] if j < len(audio) else []
+    return [(kind, a, b) for kind, a, b in layout if b > a]
 
 
 def _run(start: int, length: int) -> np.ndarray:
@@ -61,6 +123,34 @@ def _vision(start: int, grid: Sequence[int], merge: int, t_scale: float) -> np.n
     return rows + start
 
 
+def _audio_in_video(
+    parts: list[np.ndarray],
+    tokens: list[int],
+    ed: int,
+    grid: Sequence[int],
+    seconds: float,
+    num_audio: int,
+    ids: MediaTokenIds,
+    merge: int,
+) -> int:
+    """Append the positions of a video block with its audio track (its first frame token at
+    ``ed``, both BOS tokens before it); returns the index after its two EOS tokens."""
+    bos = int(parts[-1].max()) + 1 if parts else 0
+    parts += [_run(bos, 1), _run(bos, 1)]  # <|vision_bos|> and <|audio_bos|>: one position
+    video = _vision(bos + 1, grid, merge, ids.position_id_per_seconds * seconds)
+    audio = _run(bos + 1, num_audio)
+    layout = audio_in_video_layout(grid, seconds, num_audio, ids, merge)
+    expected = [
+        ids.video if k == "video" else ids.audio for k, a, b in layout for _ in range(b - a)
+    ]
+    if tokens[ed : ed + len(expected)] != expected:
+        raise ValueError("a video with its audio track does not match its interleaved tokens")
+    parts += [(video if kind == "video" else audio)[:, a:b] for kind, a, b in layout]
+    eos = int(parts[-1].max()) + 1  # the last chunk's maximum, as get_rope_index
+    parts += [_run(eos, 1), _run(eos, 1)]  # <|audio_eos|> and <|vision_eos|>
+    return ed + len(expected) + 2
+
+
 def rope_index(
     input_ids: Sequence[int],
     ids: MediaTokenIds,
@@ -69,15 +159,19 @@ def rope_index(
     video_grids: Sequence[Sequence[int]] = (),
     video_seconds_per_grid: Sequence[float] = (),
     spatial_merge_size: int = 2,
+    video_audio_lengths: Sequence[int | None] = (),
 ) -> tuple[np.ndarray, int]:
     """Positions ``[3, len(input_ids)]`` int64 and the decode delta (``max + 1 - L``).
 
     Args:
-        input_ids: the prompt, each media item as ``<bos> placeholder * n <eos>``.
-        audio_lengths: tokens of each audio item, in prompt order.
+        input_ids: the prompt, each media item as ``<bos> placeholder * n <eos>`` (a video
+            with its audio track: the interleaved block of the module docstring).
+        audio_lengths: tokens of each audio item, in prompt order (not the videos' tracks).
         image_grids, video_grids: ``(t, h, w)`` patch grids, in prompt order.
         video_seconds_per_grid: seconds per temporal patch of each video
             (``temporal_patch_size / fps``).
+        video_audio_lengths: per video, the tokens of its audio track when it is read with
+            ``use_audio_in_video``, else None; empty: no video has one.
 
     Raises:
         ValueError: a media item whose placeholder run does not match its size, or more
@@ -87,6 +181,7 @@ def rope_index(
     kinds = {ids.audio: "audio", ids.image: "image", ids.video: "video"}
     queues = {"audio": list(audio_lengths), "image": list(image_grids), "video": list(video_grids)}
     seconds = list(video_seconds_per_grid)
+    tracks = list(video_audio_lengths) or [None] * len(video_grids)
     parts: list[np.ndarray] = []
     st = 0
 
@@ -101,6 +196,13 @@ def rope_index(
         if not queues[kind]:
             raise ValueError(f"more {kind} placeholders than {kind} items")
         size = queues[kind].pop(0)
+        track = tracks.pop(0) if kind == "video" else None
+        if track is not None:
+            if ed - st - 2 > 0:
+                parts.append(_run(start(), ed - st - 2))
+            grid, merge = size, spatial_merge_size
+            st = _audio_in_video(parts, tokens, ed, grid, seconds.pop(0), track, ids, merge)
+            continue
         if ed - st - 1 > 0:
             parts.append(_run(start(), ed - st - 1))
         parts.append(_run(start(), 1))  # the item's BOS
