@@ -25,8 +25,9 @@ head runs), so its size costs nothing per step. Weights: ``omnistep/models/higgs
 tiny.py``'s writer (float32), the layout both sides load.
 
 Work per request: one of ``TEXTS`` (eight English sentences, 14-16 words), the model's own
-voice (no reference clip), GREEDY, ``--frames`` F audio frames (default 100 = 4 s, about what
-such a sentence takes to say): ``max_new_tokens = F + 8`` delayed steps on both sides (the
+voice (no reference clip), GREEDY, ``--frames`` F audio frames (default 50 = 2 s; such a sentence
+takes about 4 s to say, but the reference's 8 sequential calls take ~1 s per frame on the
+shared 2-core box): ``max_new_tokens = F + 8`` delayed steps on both sides (the
 8-step delay pattern adds 8; random weights rarely draw the EOS, and the frames each side made
 are recorded and used). Both sides float32, ``--threads`` torch intra-op threads each.
 
@@ -43,9 +44,10 @@ are recorded and used). Both sides float32, ``--threads`` torch intra-op threads
 
 Order (as ``bench/qwen3_tts.py``): warm-ups (reference: ``TEXTS[0]`` at 9 steps; omnistep:
 ``TEXTS[0]`` under ``ExecutionProfile.ROLLOUT``, whose greedy codes are the work check, then a
-burst of 2); then ``--rounds`` rounds of: reference sequential over the 8 texts, an unmeasured
-omnistep burst of 2, omnistep at every level of ``--concurrency`` back to back. The work check
-compares omnistep's greedy delayed steps of ``TEXTS[0]`` with the reference's of round 1.
+burst of 2 at 4 frames); then ``--rounds`` rounds (default 1) of: reference sequential over
+the 8 texts, an unmeasured omnistep burst of 2 at 4 frames, omnistep at every level of
+``--concurrency`` back to back. The work check compares omnistep's greedy delayed steps of
+``TEXTS[0]`` with the reference's of round 1.
 
 Targets (issue 29, item 6)
 --------------------------
@@ -58,7 +60,7 @@ How to run
 ----------
 ::
 
-    PYTHONPATH=. .venv/bin/python bench/families.py          # Higgs, 2 layers, F = 100, 2 rounds
+    PYTHONPATH=. .venv/bin/python bench/families.py          # Higgs, 2 layers, F = 50, 1 round
     PYTHONPATH=. .venv/bin/python bench/families.py --layers 4 --frames 50 --rounds 1
     PYTHONPATH=. .venv/bin/python bench/families.py --quick  # tiny sizes, F = 4 (~30 s)
 
@@ -99,6 +101,8 @@ if str(REPO) not in sys.path:  # the references live in tests/
 DEFAULT_OUT = REPO / "bench" / "results" / "families.json"
 MARKER = "families-bench-sizes.json"
 SEED = 0
+WARM_FRAMES = 4
+"""Audio frames of the unmeasured warm-up bursts."""
 TARGETS = {"ttfa_c1": 0.25, "audio_per_s": 4.0, "ttfa_p99_cliff": 1.5}
 TEXTS = (
     "Please leave the package by the blue door on the left side of the house.",
@@ -128,7 +132,7 @@ class Family:
     card_id = ""
     sample_rate = 24000
     default_layers = 2
-    default_frames = 100
+    default_frames = 50
     quick_frames = 4
     components = ("lm", "codec")
     """Components whose ``execute`` is timed, in the order of the printed split."""
@@ -364,13 +368,17 @@ class Ours:
             pass
         return self.family.codes_of(stream)
 
-    async def burst(self, c: int, tag: str = "", quiet: bool = False) -> dict[str, Any]:
+    async def burst(
+        self, c: int, tag: str = "", quiet: bool = False, frames: int | None = None
+    ) -> dict[str, Any]:
+        """C requests at once (``frames`` audio frames each, default the run's), streamed to
+        their ends."""
         for t in self.timers.values():
             t.log.clear()
         load = load_avg()
         cpu0 = time.process_time()
         seed0, self.seed = self.seed, self.seed + c
-        reqs = [self.family.request(i, seed0 + i, self.frames) for i in range(c)]
+        reqs = [self.family.request(i, seed0 + i, frames or self.frames) for i in range(c)]
         start = time.perf_counter()
         submitted, streams = [], []
         for r in reqs:
@@ -481,7 +489,8 @@ def run_family(family: Family, root: Path, args: argparse.Namespace) -> dict[str
         warm_ref = ref.one(0, 1)
         ours = Ours(family, root, args.frames)
         ours_codes = loop.run_until_complete(ours.codes(0))
-        loop.run_until_complete(ours.burst(min(2, levels[-1]), quiet=True))
+        warm = min(2, levels[-1])
+        loop.run_until_complete(ours.burst(warm, quiet=True, frames=WARM_FRAMES))
         rounds, work = [], None
         for r in range(1, args.rounds + 1):
             print(f"{family.name}: round {r}/{args.rounds}", flush=True)
@@ -491,7 +500,7 @@ def run_family(family: Family, root: Path, args: argparse.Namespace) -> dict[str
             if work is None:
                 work = work_check(ours_codes, codes0)
                 print(f"  greedy work check on TEXTS[0]: {work}", flush=True)
-            loop.run_until_complete(ours.burst(min(2, levels[-1]), quiet=True))
+            loop.run_until_complete(ours.burst(warm, quiet=True, frames=WARM_FRAMES))
             for c in levels:
                 rnd["ours"][str(c)] = loop.run_until_complete(ours.burst(c, f"round {r}"))
             rounds.append(rnd)
@@ -672,14 +681,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", type=parse_families, default=sorted(FAMILIES))
     ap.add_argument("--concurrency", type=parse_levels, default=[1, 4, 8], help="e.g. 1,4,8")
     ap.add_argument("--layers", type=int, help="backbone layers (default: the family's, 2)")
-    ap.add_argument("--frames", type=int, help="audio frames per request (default 100)")
+    ap.add_argument("--frames", type=int, help="audio frames per request (default 50)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both sides")
-    ap.add_argument("--rounds", type=int, help="rounds of the paired comparisons (default 2)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the paired comparisons")
     ap.add_argument("--root", type=Path, default=Path("/tmp"), help="folder of the checkpoints")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 4 frames, 1 round")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    args.rounds = args.rounds or (1 if args.quick else 2)
     if min(args.rounds, args.threads, args.frames or 1, args.layers or 1) < 1:
         ap.error("--frames, --layers, --rounds and --threads must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
