@@ -420,6 +420,7 @@ class Ours:
             "cpu_s_per_audio_s": cpu / audio if audio else float("nan"),
             "split_s": {n: sum(t.seconds().values()) for n, t in self.timers.items()},
             "exec": {n: t.summary() for n, t in self.timers.items()},
+            "before_first_audio": self.before_first_audio(start),
             "loadavg_before": load,
             "loadavg": load_avg(),
             "requests": per,
@@ -432,6 +433,24 @@ class Ours:
                 flush=True,
             )
         return res
+
+    def before_first_audio(self, start: float) -> dict[str, float] | None:
+        """What ran before the burst's first audio: the AR component's calls (``ar_calls``,
+        ``ar_s``: prefill and steps) ending before the vocoder's first call starts, that call's
+        seconds (``first_vocoder_s``) and when it ended (``first_audio_s``, from the burst's
+        start). None without a vocoder call."""
+        ar, voc = self.family.components[0], self.family.components[-1]
+        vocoder = self.timers[voc].log
+        if not vocoder:
+            return None
+        _, _, v0, v1 = min(vocoder, key=lambda x: x[2])
+        calls = [(s, e) for _, _, s, e in self.timers[ar].log if e <= v0]
+        return {
+            "ar_calls": len(calls),
+            "ar_s": round(sum(e - s for s, e in calls), 3),
+            "first_vocoder_s": round(v1 - v0, 3),
+            "first_audio_s": round(v1 - start, 3),
+        }
 
 
 def reference_sequential(ref: Any, frames: int, tag: str) -> dict[str, Any]:
@@ -624,6 +643,8 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
     cpu_ratio = table[-1]["cpu_s_per_audio_s"] / table[idx[hi]]["cpu_s_per_audio_s"]
     print(f"  (info) CPU s per audio s, reference / omnistep C={hi}: {cpu_ratio:.3f}")
     print(f"  (info) greedy work check on TEXTS[0]: {res['work_check']}")
+    first = [b["before_first_audio"] for b in ours[lo]]
+    print(f"  (info) before the first audio at C={lo} (per round): {first}")
     figures = {
         "ttfa_c1_ratio": targets[0]["value"],
         "audio_per_s_ratio": targets[1]["value"],
@@ -636,6 +657,7 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
         "omnistep_ttfa_p99_s": {str(r["C"]): r["ttfa_p99_s"] for r in table[:-1]},
         "omnistep_rtf": {str(r["C"]): r["rtf"] for r in table[:-1]},
         "reference_rtf": table[-1]["rtf"],
+        "omnistep_before_first_audio_c1": first[0],
     }
     return {"table": table, "targets": targets, "figures": figures}
 
