@@ -297,7 +297,7 @@ class HiggsReference:
         return {
             "text": i % len(TEXTS),
             "seconds": out["seconds"],
-            "frames": max(out["steps"] - self.delay, 0),
+            "frames": out["samples"] // 960,  # decoded audio frames (960 samples each)
             "audio_s": out["samples"] / 24000,
             "split_s": {"lm": out["generate_s"], "codec": out["decode_s"]},
             "codes": out["frames"],

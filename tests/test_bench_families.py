@@ -75,6 +75,10 @@ def test_quick_run_reports_every_figure(result):
     assert [t["op"] for t in targets] == ["<=", ">=", "<="]
     assert all(_positive(t["value"]) and isinstance(t["met"], bool) for t in targets)
     assert all(len(t["paired"]) == 1 for t in targets)
+    # 4 frames < first chunk + look-ahead: the first audio came after every step
+    first = figures["omnistep_before_first_audio_c1"]
+    assert first["ar_calls"] == FRAMES + DELAY  # the prefill (step 1) and 11 AR_TOKEN steps
+    assert 0 < first["ar_s"] < first["first_audio_s"] and first["first_vocoder_s"] > 0
     # (a) is the C=1 TTFA over the reference's whole first call, as printed
     assert targets[0]["value"] == pytest.approx(
         figures["omnistep_ttfa_c1_s"] / figures["reference_first_audio_s"], rel=1e-3
