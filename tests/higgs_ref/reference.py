@@ -15,6 +15,10 @@ Functions (each loads from ``root`` and returns numpy arrays):
 - ``decode(root, codes)``: ``HiggsAudioV2TokenizerModel.decode`` of codes ``[T, C]``.
 - ``encode(root, wave)``: ``HiggsAudioV2TokenizerModel.encode`` of a 24 kHz clip (the stub's
   resampler is omnistep's ``resample_sinc``, see ``_stub_torchaudio``).
+
+``Session`` keeps one subprocess for many calls (``bench/families.py``): ``bench_load`` loads
+the model and audio tokenizer once into module globals, ``bench_generate`` times one greedy
+``generate`` + ``batch_decode`` with them.
 """
 
 from __future__ import annotations
@@ -121,6 +125,133 @@ def encode(root: str, wave):
     with torch.no_grad():
         codes = codec.encode(torch.as_tensor(wave)[None, None]).audio_codes
     return codes[0].T.numpy()
+
+
+_LOADED: dict[str, Any] = {}
+
+
+def bench_load(root: str, threads: int) -> dict[str, Any]:
+    """Load the model and the audio tokenizer of ``root`` once (float32, ``threads`` torch
+    intra-op threads) for ``bench_generate``; returns the load seconds and versions."""
+    import time
+
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    _LOADED["model"] = _lm(root).float()
+    _LOADED["codec"] = _codec(root).float()
+    return {
+        "load_s": round(time.perf_counter() - start, 2),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "dtype": str(next(_LOADED["model"].parameters()).dtype),
+    }
+
+
+def bench_generate(ids: list[int], audio: list[list[int]], max_new_tokens: int) -> dict[str, Any]:
+    """One greedy ``generate`` (``max_new_tokens`` steps at most) and
+    ``HiggsAudioV2Processor.batch_decode`` of its frames on the model ``bench_load`` loaded.
+
+    Returns: ``seconds`` (the whole call: transformers returns audio only at its end),
+    ``generate_s``, ``decode_s``, ``steps`` (generated delayed steps), ``samples`` (24 kHz
+    waveform length) and ``frames`` (the delayed steps ``[T, C]``, int64).
+    """
+    import time
+
+    import torch
+    from transformers import HiggsAudioV2Processor
+
+    model, codec = _LOADED["model"], _LOADED["codec"]
+    cfg = model.config
+    inputs = _inputs(ids, audio)
+    start = time.perf_counter()
+    with torch.no_grad():
+        seq = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+        mid = time.perf_counter()
+        proc = SimpleNamespace(
+            audio_stream_bos_id=cfg.audio_stream_bos_id,
+            audio_stream_eos_id=cfg.audio_stream_eos_id,
+            audio_tokenizer=codec,
+        )
+        proc.revert_delay_pattern = lambda x: HiggsAudioV2Processor.revert_delay_pattern(proc, x)
+        wav = HiggsAudioV2Processor.batch_decode(proc, seq)[0]
+    end = time.perf_counter()
+    frames = seq[0, len(audio) :].numpy()
+    return {
+        "seconds": end - start,
+        "generate_s": mid - start,
+        "decode_s": end - mid,
+        "steps": int(len(frames)),
+        "samples": int(wav.numel()),
+        "frames": frames,
+    }
+
+
+_SERVE = (
+    "import os, pickle, sys; from tests.higgs_ref import reference as r; "
+    "out = os.fdopen(os.dup(1), 'wb'); os.dup2(2, 1); sys.stdout = sys.stderr\n"
+    "while True:\n"
+    "    try: f, kw = pickle.load(sys.stdin.buffer)\n"
+    "    except EOFError: break\n"
+    "    try: reply = ('ok', getattr(r, f)(**kw))\n"
+    "    except Exception:\n"
+    "        import traceback; reply = ('error', traceback.format_exc())\n"
+    "    pickle.dump(reply, out); out.flush()\n"
+)
+
+
+class Session:
+    """One long-lived subprocess running this module's functions (``call`` starts one per
+    call): what a function keeps in module globals stays between calls. Replies come back
+    pickled on a duplicate of the subprocess's stdout (its prints go to stderr, which is
+    inherited). Use as a context manager or ``close`` it.
+    """
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVE], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def call(self, function: str, **kwargs: Any) -> Any:
+        """Run ``function`` of this module with ``kwargs`` in the session's subprocess.
+
+        Raises:
+            RuntimeError: the function raised (its traceback) or the subprocess died.
+        """
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            pickle.dump((function, kwargs), self.proc.stdin)
+            self.proc.stdin.flush()
+            status, value = pickle.load(self.proc.stdout)
+        except (BrokenPipeError, EOFError) as exc:
+            raise RuntimeError(f"{function}: the reference subprocess died") from exc
+        if status != "ok":
+            raise RuntimeError(f"{function} failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        """End the subprocess (EOF on its stdin; killed after 30 s)."""
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def call(function: str, **kwargs: Any) -> Any:

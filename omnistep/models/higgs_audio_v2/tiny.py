@@ -135,9 +135,11 @@ def tokenizer_json() -> tuple[dict, dict[str, int]]:
     return data, ids
 
 
-def lm_config(ids: dict[str, int], vocab_size: int) -> dict:
-    """``config.json`` of the tiny backbone (``HiggsAudioV2Config`` keys)."""
-    return {
+def lm_config(ids: dict[str, int], vocab_size: int, sizes: dict | None = None) -> dict:
+    """``config.json`` of the backbone (``HiggsAudioV2Config`` keys): ``LM_SIZES`` with
+    ``sizes`` over them (any ``config.json`` key, e.g. the published widths and
+    ``rope_parameters``)."""
+    cfg = {
         "model_type": "higgs_audio_v2",
         "architectures": ["HiggsAudioV2ForConditionalGeneration"],
         "vocab_size": vocab_size,
@@ -166,6 +168,8 @@ def lm_config(ids: dict[str, int], vocab_size: int) -> dict:
         "bos_token_id": ids["<|begin_of_text|>"],
         "eos_token_id": ids["<|eot_id|>"],
     }
+    cfg.update(sizes or {})
+    return cfg
 
 
 def _lm_tensors(cfg: dict, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -267,9 +271,20 @@ def _codec_encoder_tensors(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     return t
 
 
-def write_folder(folder: str | Path, variant: str | None = None, seed: int = 0) -> Path:
+def write_folder(
+    folder: str | Path,
+    variant: str | None = None,
+    seed: int = 0,
+    lm_sizes: dict | None = None,
+    codec_config: dict | None = None,
+) -> Path:
     """``omnistep weights higgs_audio_v2 DIR``: write a tiny random folder (``variant``: only
     ``base``). Returns the folder.
+
+    ``lm_sizes`` (``config.json`` keys over ``LM_SIZES``) and ``codec_config`` (the whole
+    audio tokenizer ``config.json`` instead of ``CODEC_CONFIG``) give other sizes in the same
+    layout, e.g. ``bench/families.py``'s published widths at reduced depth. The text vocabulary
+    stays the tiny tokenizer's.
 
     Raises:
         ValueError: another variant.
@@ -282,7 +297,8 @@ def write_folder(folder: str | Path, variant: str | None = None, seed: int = 0) 
     (root / "audio_tokenizer").mkdir(parents=True, exist_ok=True)
     tok, ids = tokenizer_json()
     vocab_size = max(ids.values()) + 1
-    cfg = lm_config(ids, vocab_size)
+    cfg = lm_config(ids, vocab_size, lm_sizes)
+    codec_cfg = codec_config or CODEC_CONFIG
     g = torch.Generator().manual_seed(seed)
     (root / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     tok_cfg = {
@@ -304,8 +320,8 @@ def write_folder(folder: str | Path, variant: str | None = None, seed: int = 0) 
     }
     (root / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     save_file(_lm_tensors(cfg, g), str(root / "model.safetensors"))
-    (root / "audio_tokenizer" / "config.json").write_text(json.dumps(CODEC_CONFIG, indent=2))
-    codec = _codec_tensors(CODEC_CONFIG, g)
-    codec.update(_codec_encoder_tensors(CODEC_CONFIG, seed))
+    (root / "audio_tokenizer" / "config.json").write_text(json.dumps(codec_cfg, indent=2))
+    codec = _codec_tensors(codec_cfg, g)
+    codec.update(_codec_encoder_tensors(codec_cfg, seed))
     save_file(codec, str(root / "audio_tokenizer" / "model.safetensors"))
     return root

@@ -1,0 +1,770 @@
+"""The P3 families' benchmark (issue 29, item 6): each family's card on omnistep vs. its
+reference runtime, in one run.
+
+One entry of ``FAMILIES`` per family (a ``Family``: how to write its folder, build its card,
+make a request, and run its reference); the driver and the report are shared. Families now:
+
+* ``higgs_audio_v2``: Higgs Audio v2 against transformers' ``HiggsAudioV2ForConditionalGeneration
+  .generate`` + ``HiggsAudioV2Processor.batch_decode``.
+
+What it measures (per family)
+-----------------------------
+A folder in the published layout with seeded random weights at the PUBLISHED WIDTHS and
+REDUCED DEPTH (``--layers``), written once into ``--root`` and reused while its marker names
+the same sizes. For Higgs the widths are read from transformers' own config defaults
+(``HiggsAudioV2Config()``: the Llama-3.2-3B backbone, hidden 3072, 24 heads / 8 KV heads of
+128, intermediate 8192, llama3 rope; ``HiggsAudioV2TokenizerConfig``'s acoustic sub-config
+defaults: DAC encoder 64, decoder 1024 channels, hidden 256, codebook dim 64, 1024 codes; its
+semantic model ``HubertConfig()``: hidden 768, 12 layers), with what the published folders
+fix beside them: upsampling ratios 8, 5, 4, 2, 3 (25 frames/s at 24 kHz; transformers'
+default is xcodec's 75 Hz), 8 codebooks (target bandwidths up to 2 kbps), ``codebook_size``
+1026 in the LM (ids 0..1023 plus the stream BOS/EOS). The backbone has ``--layers`` DualFFN
+layers (default 2 of 28); the audio tokenizer keeps its full size (its decoder has no depth to
+cut). The text vocabulary is the tiny test tokenizer's: text ids are only looked up (no text
+head runs), so its size costs nothing per step. Weights: ``omnistep/models/higgs_audio_v2/
+tiny.py``'s writer (float32), the layout both sides load.
+
+Work per request: one of ``TEXTS`` (eight English sentences, 14-16 words), the model's own
+voice (no reference clip), GREEDY, ``--frames`` F audio frames (default 50 = 2 s; such a sentence
+takes about 4 s to say, but the reference's 8 sequential calls take ~1 s per frame on the
+shared 2-core box): ``max_new_tokens = F + 8`` delayed steps on both sides (the
+8-step delay pattern adds 8; random weights rarely draw the EOS, and the frames each side made
+are recorded and used). Both sides float32, ``--threads`` torch intra-op threads each.
+
+* omnistep, in-process: ``AsyncEngine([ModelInstance.load(card)])`` with the card's defaults
+  (vocoder chunks: first 4 frames, each with 12 frames of left context and look-ahead).
+  A burst of C submits C requests at once; TTFA = ``add_request`` -> the first non-empty
+  AUDIO chunk; audio-s/s = audio seconds of the burst / its wall time; the LM and codec
+  ``execute`` time (``ExecTimer``).
+* the reference in ONE long-lived subprocess (``tests.higgs_ref.reference.Session``; it
+  waits on a pipe while omnistep runs), the model loaded once; the same prompt ids (built by
+  the card's ``PromptBuilder``), ``generate(do_sample=False, max_new_tokens=F + 8)`` then
+  ``batch_decode``, timed inside the subprocess. It returns audio only at the end, so its time
+  to first audio is its whole call. Eight texts one after another (sequential).
+
+Order (as ``bench/qwen3_tts.py``): warm-ups (reference: ``TEXTS[0]`` at 9 steps; omnistep:
+``TEXTS[0]`` under ``ExecutionProfile.ROLLOUT``, whose greedy codes are the work check, then a
+burst of 2 at 4 frames); then ``--rounds`` rounds (default 1) of: reference sequential over
+the 8 texts, an unmeasured omnistep burst of 2 at 4 frames, omnistep at every level of
+``--concurrency`` back to back. The work check compares omnistep's greedy delayed steps of
+``TEXTS[0]`` with the reference's of round 1.
+
+Targets (issue 29, item 6)
+--------------------------
+(a) omnistep TTFA p50 at C=1 / the reference's time to its first audio (its whole first
+call, the same text) <= 0.25; (b) omnistep audio-s/s at C=8 / the reference sequential over
+the same 8 texts >= 4; (c) omnistep TTFA p99 at C=8 / at C=4 <= 1.5. Also: RTF, CPU seconds
+per audio second, the split into LM and codec seconds on both sides.
+
+How to run
+----------
+::
+
+    PYTHONPATH=. .venv/bin/python bench/families.py          # Higgs, 2 layers, F = 50, 1 round
+    PYTHONPATH=. .venv/bin/python bench/families.py --layers 4 --frames 50 --rounds 1
+    PYTHONPATH=. .venv/bin/python bench/families.py --quick  # tiny sizes, F = 4 (~30 s)
+
+``--quick``: the tiny test folder, F = 4, one round (``tests/test_bench_families.py``); its
+numbers mean nothing. Output: a printed table per family and ``bench/results/families.json``
+(``--out``; ``targets`` in the form ``bench/compare.py`` reads). Wall-clock numbers depend on
+other load on the machine: the load average and CPU seconds go with every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnistep.core import ExecutionProfile, Modality, ModelInstance, Request, SamplingParams
+from omnistep.engine import AsyncEngine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ExecTimer, load_avg, median, target_row  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # the references live in tests/
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_OUT = REPO / "bench" / "results" / "families.json"
+MARKER = "families-bench-sizes.json"
+SEED = 0
+WARM_FRAMES = 4
+"""Audio frames of the unmeasured warm-up bursts."""
+TARGETS = {"ttfa_c1": 0.25, "audio_per_s": 4.0, "ttfa_p99_cliff": 1.5}
+TEXTS = (
+    "Please leave the package by the blue door on the left side of the house.",
+    "The morning train to the city was late again because of the heavy snow.",
+    "She opened the window and listened to the birds singing in the old garden.",
+    "We will meet at the corner cafe at noon and walk to the museum together.",
+    "His brother fixed the bicycle with a few simple tools and a lot of patience.",
+    "The library closes early on Fridays, so return your books before four o'clock.",
+    "A small boat drifted slowly across the lake while the sun went down behind the hills.",
+    "Remember to water the plants and feed the cat while I am away this weekend.",
+)
+"""Request ``i`` speaks ``TEXTS[i % 8]``."""
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
+
+
+# ----------------------------------------------------------------------------- families
+
+
+class Family:
+    """One family's part of the benchmark. Subclasses set the class attributes and implement
+    the methods; ``FAMILIES`` lists one instance per family."""
+
+    name = ""
+    card_id = ""
+    sample_rate = 24000
+    default_layers = 2
+    default_frames = 50
+    quick_frames = 4
+    components = ("lm", "codec")
+    """Components whose ``execute`` is timed, in the order of the printed split."""
+
+    def sizes(self, quick: bool, layers: int) -> dict[str, Any]:
+        """The folder's sizes (JSON; the marker compares them)."""
+        raise NotImplementedError
+
+    def write(self, root: Path, sizes: dict[str, Any]) -> None:
+        """Write the folder of ``sizes`` at ``root`` (seed ``SEED``)."""
+        raise NotImplementedError
+
+    def parameter_counts(self, root: Path) -> dict[str, int]:
+        """Parameters per part, from the files."""
+        raise NotImplementedError
+
+    def load(self, root: Path) -> ModelInstance:
+        """omnistep's model instance of the folder (its card, loaded on the CPU)."""
+        raise NotImplementedError
+
+    def request(self, i: int, seed: int, frames: int, rollout: bool = False) -> Request:
+        """Greedy request ``i`` (``TEXTS[i]``) for ``frames`` audio frames."""
+        raise NotImplementedError
+
+    def reference(self, root: Path, threads: int) -> Any:
+        """The reference runtime: ``.info`` (dict), ``.one(i, frames)`` -> dict with
+        ``seconds`` (the whole call), ``frames`` (audio frames made), ``audio_s``,
+        ``split_s`` (per part) and ``codes`` (comparable with ``codes_of``), ``.close()``."""
+        raise NotImplementedError
+
+    def codes_of(self, stream: Any) -> np.ndarray:
+        """The codes a ROLLOUT request recorded (comparable with the reference's)."""
+        return np.array([r.tokens for r in stream.trajectories["decode"]], dtype=np.int64)
+
+
+class HiggsFamily(Family):
+    """Higgs Audio v2 (``omnistep.models.higgs_audio_v2``) against transformers 5.x."""
+
+    name = "higgs_audio_v2"
+    card_id = "higgs-audio-v2"
+    delay = 8  # steps the codebook delay pattern adds (num_codebooks)
+
+    def sizes(self, quick: bool, layers: int) -> dict[str, Any]:
+        """Tiny test sizes (``quick``), or the published widths (transformers' config
+        defaults, module docstring) with ``layers`` backbone layers."""
+        if quick:
+            return {"lm": {}, "codec": None}
+        from transformers import HiggsAudioV2Config, HiggsAudioV2TokenizerConfig, HubertConfig
+
+        lm = HiggsAudioV2Config()
+        keys = (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "rope_parameters",
+        )
+        lm_sizes = {k: getattr(lm, k) for k in keys}
+        lm_sizes["rope_parameters"] = dict(lm_sizes["rope_parameters"])
+        lm_sizes["num_hidden_layers"] = layers
+        tok = HiggsAudioV2TokenizerConfig
+        acoustic = dict(tok.sub_configs_defaults["acoustic_model_config"].init_kwargs)
+        acoustic.update(
+            model_type="dac", downsampling_ratios=[8, 5, 4, 2, 3], upsampling_ratios=[8, 5, 4, 2, 3]
+        )
+        defaults = tok()
+        codec = {
+            "model_type": "higgs_audio_v2_tokenizer",
+            "target_bandwidths": [0.5, 1, 1.5, 2],
+            "sample_rate": defaults.sample_rate,
+            "codebook_size": defaults.codebook_size,
+            "codebook_dim": defaults.codebook_dim,
+            "semantic_sample_rate": defaults.semantic_sample_rate,
+            "downsample_factor": defaults.downsample_factor,
+            "acoustic_model_config": acoustic,
+            "semantic_model_config": {
+                "model_type": "hubert",
+                "hidden_size": HubertConfig().hidden_size,
+                "mask_time_prob": 0.0,
+            },
+        }
+        return {"lm": lm_sizes, "codec": codec}
+
+    def write(self, root: Path, sizes: dict[str, Any]) -> None:
+        from omnistep.models.higgs_audio_v2.tiny import write_folder
+
+        write_folder(root, seed=SEED, lm_sizes=sizes["lm"], codec_config=sizes["codec"])
+
+    def parameter_counts(self, root: Path) -> dict[str, int]:
+        from safetensors import safe_open
+
+        counts = {"lm": 0, "codec_decoder": 0, "codec_encoder": 0}
+        for path, tag in ((root / "model.safetensors", "lm"), (root / "audio_tokenizer" /
+                          "model.safetensors", "codec")):  # fmt: skip
+            with safe_open(str(path), "pt") as sf:
+                for name in sf.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    n = int(np.prod(sf.get_slice(name).get_shape()))
+                    if tag == "lm":
+                        counts["lm"] += n
+                    elif name.startswith(("semantic_model.", "encoder_semantic.", "acoustic_enc")):
+                        counts["codec_encoder"] += n
+                    elif "project_in" not in name and ".fc1." not in f".{name}":
+                        counts["codec_decoder"] += n
+        return counts
+
+    def load(self, root: Path) -> ModelInstance:
+        from omnistep.models.higgs_audio_v2.card import HiggsOptions, build_card
+
+        return ModelInstance.load(build_card(str(root), HiggsOptions(kv_cache_gb=0.25)))
+
+    def request(self, i: int, seed: int, frames: int, rollout: bool = False) -> Request:
+        return Request(
+            self.card_id,
+            text=TEXTS[i % len(TEXTS)],
+            seed=seed,
+            sampling=SamplingParams(temperature=0, max_new_tokens=frames + self.delay),
+            profile=ExecutionProfile.ROLLOUT if rollout else ExecutionProfile.SERVE,
+        )
+
+    def reference(self, root: Path, threads: int) -> HiggsReference:
+        return HiggsReference(root, threads, self.delay)
+
+
+class HiggsReference:
+    """transformers' Higgs Audio v2 in one ``Session`` subprocess, loaded once; prompts built
+    by the card's ``PromptBuilder`` (the ids omnistep's frontend makes)."""
+
+    def __init__(self, root: Path, threads: int, delay: int):
+        from omnistep.models.higgs_audio_v2.loader import HiggsCheckpoint
+        from omnistep.models.higgs_audio_v2.prompt import PromptBuilder
+        from omnistep.sampling.delay import DelayPattern
+        from tests.higgs_ref.reference import Session
+
+        ckpt = HiggsCheckpoint.open(root)
+        cfg = ckpt.lm
+        pattern = DelayPattern(cfg.num_codebooks, cfg.audio_stream_bos_id, cfg.audio_stream_eos_id)
+        builder = PromptBuilder(ckpt.tokenizer(), pattern)
+        self.prompts = [builder.build(t, ()) for t in TEXTS]
+        self.delay = delay
+        self.session = Session()
+        start = time.perf_counter()
+        self.info = self.session.call("bench_load", root=str(root), threads=threads)
+        self.info["start_and_load_s"] = round(time.perf_counter() - start, 2)
+        self.info["runtime"] = (
+            "transformers HiggsAudioV2ForConditionalGeneration.generate(do_sample=False) + "
+            "HiggsAudioV2Processor.batch_decode"
+        )
+        self.info["prompt_tokens"] = [len(p.ids) for p in self.prompts]
+        print(f"reference: started and loaded in {self.info['start_and_load_s']:.1f}s", flush=True)
+
+    def one(self, i: int, frames: int) -> dict[str, Any]:
+        prompt = self.prompts[i % len(TEXTS)]
+        out = self.session.call(
+            "bench_generate",
+            ids=list(prompt.ids),
+            audio=[list(a) for a in prompt.audio],
+            max_new_tokens=frames + self.delay,
+        )
+        return {
+            "text": i % len(TEXTS),
+            "seconds": out["seconds"],
+            "frames": out["samples"] // 960,  # decoded audio frames (960 samples each)
+            "audio_s": out["samples"] / 24000,
+            "split_s": {"lm": out["generate_s"], "codec": out["decode_s"]},
+            "codes": out["frames"],
+        }
+
+    def close(self) -> None:
+        self.session.close()
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (HiggsFamily(),)}
+"""One entry per family (Chatterbox to be added as a second ``Family``)."""
+
+
+def ensure_checkpoint(family: Family, root: Path, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The family's folder of ``sizes`` at ``root``: written once, reused while its marker
+    names the same sizes; written into a sibling folder and renamed (no half folder left)."""
+    want = json.dumps({"family": family.name, "seed": SEED, "sizes": sizes}, sort_keys=True)
+    marker = root / MARKER
+    if marker.exists() and marker.read_text() == want:
+        return {"written": False, "seconds": 0.0}
+    start = time.perf_counter()
+    tmp = root.with_name(f"{root.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    family.write(tmp, sizes)
+    (tmp / MARKER).write_text(want)
+    if root.exists():
+        shutil.rmtree(root)
+    tmp.rename(root)
+    return {"written": True, "seconds": round(time.perf_counter() - start, 1)}
+
+
+# ----------------------------------------------------------------------------- omnistep
+
+
+class Ours:
+    """A family's card loaded in one in-process ``AsyncEngine`` (all bursts on one loop)."""
+
+    def __init__(self, family: Family, root: Path, frames: int):
+        self.family, self.frames = family, frames
+        start = time.perf_counter()
+        self.model = family.load(root)
+        self.load_s = time.perf_counter() - start
+        self.timers = {n: ExecTimer(self.model.components[n]) for n in family.components}
+        self.engine = AsyncEngine([self.model])
+        self.seed = 1000
+        print(f"omnistep: loaded in {self.load_s:.1f}s", flush=True)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "load_s": round(self.load_s, 2),
+            "engine": "in-process AsyncEngine",
+            "engine_config": dataclasses.asdict(self.engine.config),
+        }
+
+    async def close(self) -> None:
+        await self.engine.shutdown()
+        leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in leftovers:  # the step loop's pending waiter outlives shutdown
+            task.cancel()
+        await asyncio.gather(*leftovers, return_exceptions=True)
+        del self.engine, self.model, self.timers
+        gc.collect()
+
+    async def codes(self, i: int) -> np.ndarray:
+        """Greedy codes of ``TEXTS[i]``, recorded under ROLLOUT."""
+        stream = self.engine.add_request(self.family.request(i, 1, self.frames, rollout=True))
+        async for _ in stream:
+            pass
+        return self.family.codes_of(stream)
+
+    async def burst(
+        self, c: int, tag: str = "", quiet: bool = False, frames: int | None = None
+    ) -> dict[str, Any]:
+        """C requests at once (``frames`` audio frames each, default the run's), streamed to
+        their ends."""
+        for t in self.timers.values():
+            t.log.clear()
+        load = load_avg()
+        cpu0 = time.process_time()
+        seed0, self.seed = self.seed, self.seed + c
+        reqs = [self.family.request(i, seed0 + i, frames or self.frames) for i in range(c)]
+        start = time.perf_counter()
+        submitted, streams = [], []
+        for r in reqs:
+            submitted.append(time.perf_counter())
+            streams.append(self.engine.add_request(r))
+
+        async def consume(i: int) -> dict[str, Any]:
+            first, samples = None, 0
+            async for chunk in streams[i]:
+                if chunk.modality is Modality.AUDIO and chunk.audio is not None:
+                    if chunk.audio.size and first is None:
+                        first = time.perf_counter()
+                    samples += chunk.audio.size
+            return {
+                "text": i % len(TEXTS),
+                "ttfa_s": None if first is None else first - submitted[i],
+                "total_s": time.perf_counter() - submitted[i],
+                "frames": int(streams[i].usage.get("output_tokens", 0)),
+                "audio_s": samples / self.family.sample_rate,
+            }
+
+        per = list(await asyncio.gather(*(consume(i) for i in range(c))))
+        wall = time.perf_counter() - start
+        cpu = time.process_time() - cpu0
+        audio = sum(p["audio_s"] for p in per)
+        ttfa = [p["ttfa_s"] for p in per if p["ttfa_s"] is not None]
+        res = {
+            "concurrency": c,
+            "tag": tag,
+            "wall_s": wall,
+            "frames": sum(p["frames"] for p in per),
+            "audio_s": audio,
+            "audio_s_per_s": audio / wall,
+            "rtf": wall / audio if audio else float("nan"),
+            "ttfa_p50_s": _pct(ttfa, 50),
+            "ttfa_p99_s": _pct(ttfa, 99),
+            "total_p50_s": median([p["total_s"] for p in per]),
+            "cpu_s": cpu,
+            "cpu_s_per_audio_s": cpu / audio if audio else float("nan"),
+            "split_s": {n: sum(t.seconds().values()) for n, t in self.timers.items()},
+            "exec": {n: t.summary() for n, t in self.timers.items()},
+            "before_first_audio": self.before_first_audio(start),
+            "loadavg_before": load,
+            "loadavg": load_avg(),
+            "requests": per,
+        }
+        if not quiet:
+            print(
+                f"  omnistep {tag:<8} C={c:<2} wall {wall:6.2f}s  {res['audio_s_per_s']:6.3f} "
+                f"audio-s/s  TTFA p50 {res['ttfa_p50_s']:6.3f}s p99 {res['ttfa_p99_s']:6.3f}s  "
+                f"load {res['loadavg'][0]}",
+                flush=True,
+            )
+        return res
+
+    def before_first_audio(self, start: float) -> dict[str, float] | None:
+        """What ran before the burst's first audio: the AR component's calls (``ar_calls``,
+        ``ar_s``: prefill and steps) ending before the vocoder's first call starts, that call's
+        seconds (``first_vocoder_s``) and when it ended (``first_audio_s``, from the burst's
+        start). None without a vocoder call."""
+        ar, voc = self.family.components[0], self.family.components[-1]
+        vocoder = self.timers[voc].log
+        if not vocoder:
+            return None
+        _, _, v0, v1 = min(vocoder, key=lambda x: x[2])
+        calls = [(s, e) for _, _, s, e in self.timers[ar].log if e <= v0]
+        return {
+            "ar_calls": len(calls),
+            "ar_s": round(sum(e - s for s, e in calls), 3),
+            "first_vocoder_s": round(v1 - v0, 3),
+            "first_audio_s": round(v1 - start, 3),
+        }
+
+
+def reference_sequential(ref: Any, frames: int, tag: str) -> dict[str, Any]:
+    """The reference over the 8 texts one after another."""
+    load = load_avg()
+    cpu0 = ref_cpu(ref)
+    per = [ref.one(i, frames) for i in range(len(TEXTS))]
+    cpu = ref_cpu(ref) - cpu0 if cpu0 is not None else float("nan")
+    seconds = sum(r["seconds"] for r in per)
+    audio = sum(r["audio_s"] for r in per)
+    res = {
+        "wall_s": seconds,
+        "frames": sum(r["frames"] for r in per),
+        "audio_s": audio,
+        "audio_s_per_s": audio / seconds,
+        "rtf": seconds / audio if audio else float("nan"),
+        "first_call_s": per[0]["seconds"],
+        "cpu_s": cpu,
+        "cpu_s_per_audio_s": cpu / audio if audio else float("nan"),
+        "split_s": {k: sum(r["split_s"][k] for r in per) for k in per[0]["split_s"]},
+        "loadavg_before": load,
+        "loadavg": load_avg(),
+        "requests": [{k: v for k, v in r.items() if k != "codes"} for r in per],
+        "codes_text0": per[0]["codes"],
+    }
+    print(
+        f"  reference {tag:<8} seq x{len(TEXTS)} wall {seconds:6.2f}s  "
+        f"{res['audio_s_per_s']:6.3f} audio-s/s  first call {res['first_call_s']:6.3f}s  "
+        f"load {res['loadavg'][0]}",
+        flush=True,
+    )
+    return res
+
+
+def ref_cpu(ref: Any) -> float | None:
+    from common import process_cpu_seconds
+
+    return process_cpu_seconds(getattr(getattr(ref, "session", None), "pid", None))
+
+
+def work_check(ours: np.ndarray, theirs: np.ndarray) -> dict[str, Any]:
+    """Greedy codes of the same text on both sides: step counts and how many leading steps
+    agree in every codebook (float differences may flip a near-tie later on)."""
+    n = min(len(ours), len(theirs))
+    same = np.all(ours[:n] == theirs[:n], axis=1) if n else np.zeros(0, bool)
+    agree = int(n if same.all() else np.argmin(same))
+    return {"steps": [int(len(ours)), int(len(theirs))], "leading_steps_equal": agree}
+
+
+def run_family(family: Family, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    levels: list[int] = args.concurrency
+    ref = family.reference(root, args.threads)
+    loop = asyncio.new_event_loop()
+    try:
+        warm_ref = ref.one(0, 1)
+        ours = Ours(family, root, args.frames)
+        ours_codes = loop.run_until_complete(ours.codes(0))
+        warm = min(2, levels[-1])
+        loop.run_until_complete(ours.burst(warm, quiet=True, frames=WARM_FRAMES))
+        rounds, work = [], None
+        for r in range(1, args.rounds + 1):
+            print(f"{family.name}: round {r}/{args.rounds}", flush=True)
+            rnd: dict[str, Any] = {"ours": {}}
+            rnd["reference"] = reference_sequential(ref, args.frames, f"round {r}")
+            codes0 = rnd["reference"].pop("codes_text0")
+            if work is None:
+                work = work_check(ours_codes, codes0)
+                print(f"  greedy work check on TEXTS[0]: {work}", flush=True)
+            loop.run_until_complete(ours.burst(warm, quiet=True, frames=WARM_FRAMES))
+            for c in levels:
+                rnd["ours"][str(c)] = loop.run_until_complete(ours.burst(c, f"round {r}"))
+            rounds.append(rnd)
+        info = ours.info()
+        loop.run_until_complete(ours.close())
+    finally:
+        loop.close()
+        ref.close()
+    return {
+        "rounds": rounds,
+        "omnistep": info,
+        "reference": ref.info,
+        "work_check": work,
+        "warmup_reference_s": round(warm_ref["seconds"], 3),
+    }
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
+    lo, hi = levels[0], levels[-1]
+    mid = 4 if 4 in levels else levels[-2]
+    rounds = res["rounds"]
+    ours = {c: [r["ours"][str(c)] for r in rounds] for c in levels}
+    ref = [r["reference"] for r in rounds]
+
+    def pooled_ttfa(c: int) -> list[float]:
+        return [q["ttfa_s"] for b in ours[c] for q in b["requests"] if q["ttfa_s"] is not None]
+
+    table = []
+    for c in levels:
+        runs, ttfa = ours[c], pooled_ttfa(c)
+        table.append(
+            {
+                "side": "omnistep",
+                "C": c,
+                "ttfa_p50_s": _pct(ttfa, 50),
+                "ttfa_p99_s": _pct(ttfa, 99),
+                "total_p50_s": median([r["total_p50_s"] for r in runs]),
+                "wall_s": median([r["wall_s"] for r in runs]),
+                "frames": runs[0]["frames"],
+                "audio_s_per_s": median([r["audio_s_per_s"] for r in runs]),
+                "rtf": median([r["rtf"] for r in runs]),
+                "cpu_s_per_audio_s": median([r["cpu_s_per_audio_s"] for r in runs]),
+                "split_s": {k: median([r["split_s"][k] for r in runs]) for k in runs[0]["split_s"]},
+                "load1_max": max(r["loadavg"][0] for r in runs),
+            }
+        )
+    table.append(
+        {
+            "side": "reference",
+            "C": f"seq {len(TEXTS)}",
+            "ttfa_p50_s": median([r["first_call_s"] for r in ref]),
+            "ttfa_p99_s": float("nan"),
+            "total_p50_s": median([q["seconds"] for r in ref for q in r["requests"]]),
+            "wall_s": median([r["wall_s"] for r in ref]),
+            "frames": ref[0]["frames"],
+            "audio_s_per_s": median([r["audio_s_per_s"] for r in ref]),
+            "rtf": median([r["rtf"] for r in ref]),
+            "cpu_s_per_audio_s": median([r["cpu_s_per_audio_s"] for r in ref]),
+            "split_s": {k: median([r["split_s"][k] for r in ref]) for k in ref[0]["split_s"]},
+            "load1_max": max(r["loadavg"][0] for r in ref),
+        }
+    )
+    print(f"\n{family.name}")
+    head = (
+        f"{'side':<9} {'C':>5} {'TTFA p50':>8} {'p99':>7} {'total p50':>9} {'wall':>7} "
+        f"{'frames':>6} {'audio-s/s':>9} {'RTF':>6} {'cpu s/audio s':>13}  "
+        f"{'seconds: ' + ' / '.join(family.components):<22} {'load1':>5}"
+    )
+    print(head)
+    print("-" * len(head))
+    for row in table:
+        parts = " / ".join(f"{row['split_s'][k]:.2f}" for k in family.components)
+        print(
+            f"{row['side']:<9} {row['C']!s:>5} {_fmt(row['ttfa_p50_s'], '8.3f')} "
+            f"{_fmt(row['ttfa_p99_s'], '7.3f')} {row['total_p50_s']:9.3f} {row['wall_s']:7.2f} "
+            f"{row['frames']:>6} {row['audio_s_per_s']:9.3f} {row['rtf']:6.2f} "
+            f"{_fmt(row['cpu_s_per_audio_s'], '13.2f')}  {parts:<22} {row['load1_max']:>5}"
+        )
+    print(
+        "(TTFA: omnistep = first streamed audio; reference = its whole first call, the same "
+        "text. omnistep's LM and codec run on separate threads and overlap.)"
+    )
+
+    def paired(fn: Any) -> list[float]:
+        return [fn(i) for i in range(len(rounds))]
+
+    idx = {c: levels.index(c) for c in levels}
+    targets = [
+        target_row(
+            f"{family.name} (a) TTFA p50 C={lo}: omnistep / reference's first audio",
+            table[0]["ttfa_p50_s"] / table[-1]["ttfa_p50_s"],
+            "<=",
+            TARGETS["ttfa_c1"],
+            paired(lambda i: ours[lo][i]["ttfa_p50_s"] / ref[i]["first_call_s"]),
+        ),
+        target_row(
+            f"{family.name} (b) audio-s/s C={hi}: omnistep / reference sequential x8",
+            table[idx[hi]]["audio_s_per_s"] / table[-1]["audio_s_per_s"],
+            ">=",
+            TARGETS["audio_per_s"],
+            paired(lambda i: ours[hi][i]["audio_s_per_s"] / ref[i]["audio_s_per_s"]),
+        ),
+        target_row(
+            f"{family.name} (c) TTFA p99 C={hi} / C={mid} (omnistep)",
+            table[idx[hi]]["ttfa_p99_s"] / table[idx[mid]]["ttfa_p99_s"],
+            "<=",
+            TARGETS["ttfa_p99_cliff"],
+            paired(lambda i: ours[hi][i]["ttfa_p99_s"] / ours[mid][i]["ttfa_p99_s"]),
+        ),
+    ]
+    print("targets (medians over rounds; TTFA percentiles over the pooled requests):")
+    for t in targets:
+        pair = ", ".join("-" if p is None else f"{p:.3f}" for p in t["paired"])
+        print(
+            f"  {t['name']:<66} {_fmt(t['value'], '7.3f')} (target {t['op']} {t['target']:<4}) "
+            f"{'MET   ' if t['met'] else 'MISSED'}  paired: {pair}"
+        )
+    cpu_ratio = table[-1]["cpu_s_per_audio_s"] / table[idx[hi]]["cpu_s_per_audio_s"]
+    print(f"  (info) CPU s per audio s, reference / omnistep C={hi}: {cpu_ratio:.3f}")
+    print(f"  (info) greedy work check on TEXTS[0]: {res['work_check']}")
+    first = [b["before_first_audio"] for b in ours[lo]]
+    print(f"  (info) before the first audio at C={lo} (per round): {first}")
+    figures = {
+        "ttfa_c1_ratio": targets[0]["value"],
+        "audio_per_s_ratio": targets[1]["value"],
+        "ttfa_p99_cliff_ratio": targets[2]["value"],
+        "cpu_per_audio_s_ratio": round(cpu_ratio, 4),
+        "omnistep_ttfa_c1_s": table[0]["ttfa_p50_s"],
+        "reference_first_audio_s": table[-1]["ttfa_p50_s"],
+        "omnistep_audio_s_per_s": {str(r["C"]): r["audio_s_per_s"] for r in table[:-1]},
+        "reference_audio_s_per_s": table[-1]["audio_s_per_s"],
+        "omnistep_ttfa_p99_s": {str(r["C"]): r["ttfa_p99_s"] for r in table[:-1]},
+        "omnistep_rtf": {str(r["C"]): r["rtf"] for r in table[:-1]},
+        "reference_rtf": table[-1]["rtf"],
+        "omnistep_before_first_audio_c1": first[0],
+    }
+    return {"table": table, "targets": targets, "figures": figures}
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and x != x:
+        return None
+    return x
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        levels = []
+    if len(levels) < 2 or levels[0] < 1:
+        raise argparse.ArgumentTypeError("--concurrency needs >= 2 levels >= 1, e.g. 1,4,8")
+    return levels
+
+
+def parse_families(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in FAMILIES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"--families: choose from {sorted(FAMILIES)}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--families", type=parse_families, default=sorted(FAMILIES))
+    ap.add_argument("--concurrency", type=parse_levels, default=[1, 4, 8], help="e.g. 1,4,8")
+    ap.add_argument("--layers", type=int, help="backbone layers (default: the family's, 2)")
+    ap.add_argument("--frames", type=int, help="audio frames per request (default 50)")
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both sides")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the paired comparisons")
+    ap.add_argument("--root", type=Path, default=Path("/tmp"), help="folder of the checkpoints")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, 4 frames, 1 round")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    if min(args.rounds, args.threads, args.frames or 1, args.layers or 1) < 1:
+        ap.error("--frames, --layers, --rounds and --threads must be >= 1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    torch.set_num_threads(args.threads)
+    t_start, load_start = time.perf_counter(), load_avg()
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, load {load_start}")
+    frames_arg = args.frames
+    families: dict[str, Any] = {}
+    targets: list[dict] = []
+    for name in args.families:
+        family = FAMILIES[name]
+        layers = args.layers or family.default_layers
+        args.frames = frames_arg or (family.quick_frames if args.quick else family.default_frames)
+        sizes = family.sizes(args.quick, layers)
+        root = args.root / f"omnistep-bench-{name}{'-quick' if args.quick else ''}"
+        ckpt = ensure_checkpoint(family, root, sizes)
+        ckpt.update(root=str(root), parameters=family.parameter_counts(root), sizes=sizes)
+        print(f"{name}: checkpoint {root}: written {ckpt['written']} ({ckpt['seconds']}s), "
+              f"parameters {ckpt['parameters']}", flush=True)  # fmt: skip
+        res = run_family(family, root, args)
+        summary = report(family, args.concurrency, res)
+        targets += summary["targets"]
+        families[name] = {
+            "checkpoint": ckpt,
+            "layers": None if args.quick else layers,
+            "frames": args.frames,
+            "max_new_tokens": args.frames + getattr(family, "delay", 0),
+            **summary,
+            "raw": res,
+        }
+    elapsed, load_end = time.perf_counter() - t_start, load_avg()
+    print(f"load average: start {load_start}, end {load_end}; bench took {elapsed:.0f}s")
+    args.frames = frames_arg
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+            "torch_threads": args.threads,
+        },
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "settings": {"texts": list(TEXTS), "sampling": "greedy", "voice": "the model's own"},
+        "families": families,
+        "targets": targets,
+        "seconds": round(elapsed, 1),
+        "loadavg": {"start": load_start, "end": load_end},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(_jsonable(result), indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
