@@ -29,7 +29,7 @@ from omnistep.models.hibari.voice import (
     HibariVoiceComponent,
     embedded_model_path,
 )
-from omnistep.models.sentence_voice import (
+from omnistep.runners.sentence_voice import (
     Sentence,
     first_unit_threads,
     sentence_seed,

@@ -44,6 +44,7 @@ ONLY = {
         "omnistep.loops",
         "omnistep.runners",
         "omnistep.sampling",
+        "omnistep.text",
     ),
 }
 
@@ -142,6 +143,23 @@ def test_no_model_family_imports_another():
         for name in _imports(path)
         for other in families
         if other != family and _breaks(name, f"omnistep.models.{other}")
+    ]
+    assert not broken, "\n".join(broken)
+
+
+def test_family_folders_import_no_module_beside_the_families():
+    """What families share lives in ``layers/`` or ``runners/``, not in a module of
+    ``models/`` itself (only the registry, which imports the families, sits there)."""
+    models = PACKAGE / "models"
+    families = sorted(p.parent.name for p in models.glob("*/__init__.py"))
+    beside = sorted(p.stem for p in models.glob("*.py") if p.stem != "__init__")
+    assert beside == ["registry"], beside
+    broken = [
+        f"{path.relative_to(PACKAGE.parent)} imports {name}"
+        for family in families
+        for path in sorted((models / family).rglob("*.py"))
+        for name in _imports(path)
+        if name.startswith("omnistep.models.") and name.split(".")[2] not in families
     ]
     assert not broken, "\n".join(broken)
 

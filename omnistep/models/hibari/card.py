@@ -46,8 +46,8 @@ from omnistep.models.hibari.voice import (
     embedded_model_path,
     vocab_path,
 )
-from omnistep.models.misaki import MisakiFrontend
-from omnistep.models.sentence_voice import (
+from omnistep.runners.misaki import MisakiFrontend
+from omnistep.runners.sentence_voice import (
     FIRST_CHUNK_CHARS,
     first_unit_threads,
     sentence_card,

@@ -35,7 +35,7 @@ import onnxruntime as ort
 
 from omnistep.core import InvalidRequestError, ModelFilesError, WorkUnitKind
 from omnistep.models.hibari import dsp
-from omnistep.models.sentence_voice import (
+from omnistep.runners.sentence_voice import (
     Sentence,
     SentenceAudio,
     SessionPool,

@@ -33,8 +33,8 @@ from omnistep.models.kokoro.loader import (
     load_voice_packs,
 )
 from omnistep.models.kokoro.voices import VoiceBank
-from omnistep.models.misaki import MisakiFrontend
-from omnistep.models.sentence_voice import (
+from omnistep.runners.misaki import MisakiFrontend
+from omnistep.runners.sentence_voice import (
     FIRST_CHUNK_CHARS,
     first_unit_threads,
     sentence_card,

@@ -35,7 +35,7 @@ from omnistep.core.enums import WorkUnitKind
 from omnistep.core.errors import ModelFilesError
 from omnistep.models.kokoro.loader import MAX_PHONEMES, SAMPLE_RATE, STYLE_DIM
 from omnistep.models.kokoro.voices import VoiceBank
-from omnistep.models.sentence_voice import (
+from omnistep.runners.sentence_voice import (
     Sentence,
     SentenceAudio,
     SessionPool,

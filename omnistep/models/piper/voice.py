@@ -47,7 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from omnistep.core import ModelFilesError
 from omnistep.core.enums import WorkUnitKind
-from omnistep.models.sentence_voice import Sentence, SentenceAudio, SessionPool
+from omnistep.runners.sentence_voice import Sentence, SentenceAudio, SessionPool
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from omnistep.core import InvalidRequestError
-from omnistep.models.sentence_voice import (
+from omnistep.runners.sentence_voice import (
     FIRST_CHUNK_CHARS,
     Sentence,
     WordSpan,
