@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from omnistep.kv import KVCacheConfig
+from omnistep.models.chatterbox.s3gen import FlowConfig, S3GenFlow
 from omnistep.models.chatterbox.t3 import ChatterboxT3, T3Config
 
 REQUIRED_FILES = ("ve.safetensors", "t3_cfg.safetensors", "s3gen.safetensors", "tokenizer.json")
@@ -81,6 +82,40 @@ def load_t3(
     except KeyError as exc:
         raise ChatterboxCheckpointError(f"{root}: {exc.args[0]}") from exc
     return t3
+
+
+def _load_module(module: torch.nn.Module, state: dict[str, torch.Tensor], prefix: str, path: Path):
+    """Load ``module`` from the tensors under ``prefix`` (names as published), strictly.
+
+    Raises:
+        ChatterboxCheckpointError: a tensor is missing or unexpected (named) or misshapen.
+    """
+    own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    try:
+        module.load_state_dict(own, strict=True)
+    except RuntimeError as exc:
+        raise ChatterboxCheckpointError(
+            f"{path} does not fit {type(module).__name__}: {exc}"
+        ) from exc
+
+
+def load_s3gen(
+    root: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> S3GenFlow:
+    """S3Gen's token-to-mel flow with the ``flow.`` tensors of ``s3gen.safetensors`` (sizes
+    read from them).
+
+    Raises:
+        ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+    """
+    path = check_folder(root) / "s3gen.safetensors"
+    state = load_file(path)
+    try:
+        flow = S3GenFlow(FlowConfig.from_state_dict(state, "flow."))
+    except (KeyError, ValueError) as exc:
+        raise ChatterboxCheckpointError(f"{path}: {exc}") from exc
+    _load_module(flow, state, "flow.", path)
+    return flow.to(device=device, dtype=dtype).eval()
 
 
 def load_default_voice(root: str | Path) -> DefaultVoice | None:
