@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from omnistep.kv import KVCacheConfig
+from omnistep.models.chatterbox.hift import HiFT, HiFTConfig
 from omnistep.models.chatterbox.s3gen import FlowConfig, S3GenFlow
 from omnistep.models.chatterbox.t3 import ChatterboxT3, T3Config
 
@@ -116,6 +117,26 @@ def load_s3gen(
         raise ChatterboxCheckpointError(f"{path}: {exc}") from exc
     _load_module(flow, state, "flow.", path)
     return flow.to(device=device, dtype=dtype).eval()
+
+
+def load_hift(
+    root: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> HiFT:
+    """The HiFT vocoder with the ``mel2wav.`` tensors of ``s3gen.safetensors`` (sizes read from
+    them; weight norm folded).
+
+    Raises:
+        ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+    """
+    path = check_folder(root) / "s3gen.safetensors"
+    state = load_file(path)
+    try:
+        hift = HiFT(HiFTConfig.from_state_dict(state, "mel2wav."))
+    except KeyError as exc:
+        raise ChatterboxCheckpointError(f"{path}: {exc}") from exc
+    _load_module(hift, state, "mel2wav.", path)
+    hift.fold_weight_norm()
+    return hift.to(device=device, dtype=dtype).eval()
 
 
 def load_default_voice(root: str | Path) -> DefaultVoice | None:
