@@ -74,8 +74,8 @@ def test_flow_guidance_and_noise_matter(case, flow):
     noise = _upstream_noise(inputs.num_frames, FLOW_SEED + 1)
     assert np.abs(flow.generate(inputs, noise).numpy() - ref["mel"]).max() > 1e-2
     times = cosine_time_points(10, torch.float32, "cpu")
-    guided, _ = flow.step([inputs], noise[None], times, 0)
-    plain, _ = flow.step([inputs], noise[None], times, 0, cfg_rate=0.0)
+    guided, _ = flow.step([inputs], noise[None], times, [0])
+    plain, _ = flow.step([inputs], noise[None], times, [0], cfg_rate=0.0)
     assert (guided - plain).abs().max() > 1e-3
 
 

@@ -151,3 +151,56 @@ def case(root: str, flow_seed: int, hift_seed: int, **inputs) -> dict:
     write_s3gen(root)
     mel = flow_mel(root, seed=flow_seed, **inputs)
     return {"mel": mel, **hift_wav(root, mel, hift_seed)}
+
+
+def write_folder(root: str, seed: int = 0, prompt_tokens: int = 8) -> None:
+    """The whole tiny published folder: ``upstream_t3.write_checkpoint`` (T3, tokenizer,
+    ``conds.pt``), this module's ``s3gen.safetensors``, and ``conds.pt``'s S3Gen half completed
+    as ``Conditionals.save`` stores it (``prompt_token`` ``[1, p]``, ``prompt_token_len``,
+    ``prompt_feat`` ``[1, 2p, 80]``, ``prompt_feat_len`` None, ``embedding`` ``[1, 192]``)."""
+    from tests.chatterbox_ref.upstream_t3 import write_checkpoint
+
+    write_checkpoint(root, seed=seed)
+    write_s3gen(root, seed=seed)
+    path = Path(root) / "conds.pt"
+    conds = torch.load(path, weights_only=True)
+    g = torch.Generator().manual_seed(seed + 1)
+    conds["gen"] = {
+        "prompt_token": torch.randint(0, 6561, (1, prompt_tokens), generator=g),
+        "prompt_token_len": torch.tensor([prompt_tokens]),
+        "prompt_feat": torch.randn(1, 2 * prompt_tokens, 80, generator=g),
+        "prompt_feat_len": None,
+        "embedding": torch.randn(1, 192, generator=g),
+    }
+    torch.save(conds, path)
+
+
+def token2wav(root: str, tokens: list[int], flow_seed: int, hift_seed: int) -> np.ndarray:
+    """Upstream ``S3Token2Wav.inference`` on ``tokens`` with ``conds.pt``'s ``gen`` as its
+    ``ref_dict``, composed from its parts (``S3Token2Wav`` itself imports torchaudio): the flow
+    (10 steps) with the global generator seeded ``flow_seed`` before it, HiFT with it seeded
+    ``hift_seed`` before it, then ``S3Token2Wav``'s ``trim_fade`` (its ``__init__``'s formula:
+    20 ms of zeros, then ``(cos(linspace(pi, 0, n)) + 1) / 2`` over 20 ms). Returns
+    ``[samples]`` float32."""
+    flow, hift = _load(root)
+    gen = torch.load(Path(root) / "conds.pt", weights_only=True)["gen"]
+    with torch.inference_mode():  # as S3Token2Wav.inference runs
+        return _token2wav(flow, hift, gen, tokens, flow_seed, hift_seed)
+
+
+def _token2wav(flow, hift, gen, tokens, flow_seed, hift_seed) -> np.ndarray:
+    torch.manual_seed(flow_seed)
+    mel, _ = flow.inference(
+        token=torch.tensor([tokens]),
+        token_len=torch.tensor([len(tokens)]),
+        finalize=True,
+        n_timesteps=10,
+        **gen,
+    )
+    torch.manual_seed(hift_seed)
+    wav, _ = hift.inference(speech_feat=mel)
+    n_trim = 24000 // 50
+    trim_fade = torch.zeros(2 * n_trim)
+    trim_fade[n_trim:] = (torch.cos(torch.linspace(torch.pi, 0, n_trim)) + 1) / 2
+    wav[:, : len(trim_fade)] *= trim_fade
+    return wav[0].float().numpy()

@@ -3,8 +3,9 @@
 Files as upstream ``ChatterboxTTS.from_local`` / ``from_pretrained`` name them:
 ``ve.safetensors`` (voice encoder), ``t3_cfg.safetensors`` (T3), ``s3gen.safetensors``
 (S3Gen + HiFT), ``tokenizer.json`` (``tokenizers`` vocabulary), and the optional ``conds.pt``
-(the default voice: ``torch.save({"t3": T3Cond fields, "gen": S3Gen prompt})``). This slice
-loads T3 and the default voice's T3 conditioning; the other files are checked to exist.
+(the default voice: ``torch.save({"t3": T3Cond fields, "gen": S3Gen prompt})``). T3, S3Gen's
+flow (``flow.*``) and HiFT (``mel2wav.*``) load from their files; the voice encoder and S3Gen's
+own speaker encoder and tokenizer (reference-clip cloning) are not loaded yet.
 
 Imports torch, safetensors and this family's modules.
 """
@@ -17,7 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from omnistep.core import ModelFilesError
 from omnistep.kv import KVCacheConfig
+from omnistep.models.chatterbox.frontend import Voice
 from omnistep.models.chatterbox.hift import HiFT, HiFTConfig
 from omnistep.models.chatterbox.s3gen import FlowConfig, S3GenFlow
 from omnistep.models.chatterbox.t3 import ChatterboxT3, T3Config
@@ -28,7 +31,7 @@ REQUIRED_FILES = ("ve.safetensors", "t3_cfg.safetensors", "s3gen.safetensors", "
 DEFAULT_VOICE_FILE = "conds.pt"
 
 
-class ChatterboxCheckpointError(FileNotFoundError):
+class ChatterboxCheckpointError(ModelFilesError):
     """The folder lacks a published file (the message names it) or one is malformed."""
 
 
@@ -159,3 +162,25 @@ def load_default_voice(root: str | Path) -> DefaultVoice | None:
     prompt = () if tokens is None else tuple(int(t) for t in tokens.reshape(-1).tolist())
     exaggeration = 0.5 if emotion is None else float(torch.as_tensor(emotion).reshape(-1)[0])
     return DefaultVoice(speaker, prompt, exaggeration)
+
+
+def load_voice(root: str | Path) -> Voice | None:
+    """Both halves of ``conds.pt`` (T3's and S3Gen's: ``prompt_token``, ``prompt_feat``,
+    ``embedding``), or None when the folder has no ``conds.pt``.
+
+    Raises:
+        ChatterboxCheckpointError: a half or one of its fields is missing (named).
+    """
+    t3 = load_default_voice(root)
+    if t3 is None:
+        return None
+    path = Path(root) / DEFAULT_VOICE_FILE
+    conds = torch.load(path, map_location="cpu", weights_only=True)
+    gen = conds.get("gen") if isinstance(conds, dict) else None
+    try:
+        tokens = gen["prompt_token"].reshape(-1).long()
+        mel = gen["prompt_feat"].float().reshape(-1, gen["prompt_feat"].shape[-1])
+        embedding = gen["embedding"].float().reshape(-1)
+    except (KeyError, TypeError) as exc:
+        raise ChatterboxCheckpointError(f"{path} has no S3Gen prompt field {exc}") from exc
+    return Voice(t3.speaker, t3.prompt_tokens, t3.exaggeration, tokens, mel, embedding)

@@ -183,14 +183,15 @@ class S3GenFlow(nn.Module):
         inputs: list[S3GenInputs],
         x: torch.Tensor,
         times: torch.Tensor,
-        step: int,
+        steps: list[int],
         cfg_rate: float = CFG_RATE,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Euler step ``step`` of schedule ``times`` for requests of equal length: ``x``
-        ``[B, mel_dim, T]`` -> ``(x_next, k1)`` with ``k1`` the guided velocity at the step's
-        start."""
-        t0 = times[step].expand(x.shape[0])
-        dt = (times[step + 1] - times[step]).expand(x.shape[0])
+        """One Euler step of schedule ``times`` for requests of equal length, row ``i`` taking
+        its step ``steps[i]``: ``x`` ``[B, mel_dim, T]`` -> ``(x_next, k1)`` with ``k1`` the
+        guided velocity at the step's start."""
+        index = torch.tensor(steps, device=times.device)
+        t0 = times[index]
+        dt = times[index + 1] - t0
         delta, k1 = euler_delta(lambda t, y: self.velocity(inputs, t, y, cfg_rate), t0, dt, x)
         return x + delta, k1
 
@@ -214,5 +215,5 @@ class S3GenFlow(nn.Module):
         x = noise.to(inputs.mu)[None]
         times = cosine_time_points(num_steps, x.dtype, x.device)
         for step in range(num_steps):
-            x, _ = self.step([inputs], x, times, step, cfg_rate)
+            x, _ = self.step([inputs], x, times, [step], cfg_rate)
         return x[0, :, inputs.prompt_frames :]

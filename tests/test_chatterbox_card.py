@@ -1,0 +1,151 @@
+"""The ``chatterbox`` card end to end on a tiny published folder written by the reference's own
+classes (T3, S3Gen flow, HiFT, ``conds.pt``): the served waveform equals upstream's
+``S3Token2Wav.inference`` on the tokens T3 sampled, with the same flow and HiFT seeds (T3's
+own sampling is compared in ``test_chatterbox_t3.py``: upstream draws it from the global
+generator, which no served request can share); C1; ``/v1/audio/speech`` streamed == whole
+bytes; voices; the text front end; the loader's errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from omnistep.core import (
+    ExecutionProfile,
+    InvalidRequestError,
+    ModelInstance,
+    Request,
+    SamplingParams,
+    derived_seed,
+)
+from omnistep.engine import AsyncEngine
+from omnistep.engine.collect import collect
+from omnistep.models import registry
+from omnistep.models.chatterbox.card import ChatterboxOptions, build_card
+from omnistep.models.chatterbox.frontend import FLOW_SEED_KEY, HIFT_SEED_KEY, punc_norm
+from omnistep.models.chatterbox.loader import ChatterboxCheckpointError
+from omnistep.runners import locate
+from tests.chatterbox_ref.env import call_reference
+
+TEXT = "hello there, how are you"
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    path = tmp_path_factory.mktemp("chatterbox-card")
+    call_reference("tests.chatterbox_ref.upstream_s3gen:write_folder", root=str(path))
+    return path
+
+
+def _engine(root, **options) -> AsyncEngine:
+    card = build_card(str(root), ChatterboxOptions(kv_cache_gb=0.01, **options))
+    return AsyncEngine([ModelInstance.load(card)])
+
+
+async def _speak(engine, seed: int, steps: int = STEPS, **fields):
+    req = Request(
+        "chatterbox",
+        text=TEXT,
+        seed=seed,
+        sampling=SamplingParams(max_new_tokens=steps),
+        profile=ExecutionProfile.ROLLOUT,
+        **fields,
+    )
+    return await collect(engine, req)
+
+
+def _tokens(got) -> list[int]:
+    return [int(r.tokens[0]) for r in got.trajectories["decode"]]
+
+
+async def test_served_waveform_equals_upstream_on_the_sampled_tokens(root):
+    engine = _engine(root)
+    try:
+        got = await _speak(engine, seed=5)
+        again = await _speak(engine, seed=5)
+        other = await _speak(engine, seed=6, steps=4)
+    finally:
+        await engine.shutdown()
+    tokens = _tokens(got)
+    assert 0 < len(tokens) <= STEPS
+    speech = [t for t in tokens if t < 6561]
+    assert got.audio.shape == (len(speech) * 2 * 480,)
+    np.testing.assert_array_equal(again.audio, got.audio)  # C1: same seed, same samples
+    assert not np.array_equal(other.audio, got.audio)
+    ref = call_reference(
+        "tests.chatterbox_ref.upstream_s3gen:token2wav",
+        root=str(root),
+        tokens=speech,
+        flow_seed=derived_seed(5, FLOW_SEED_KEY),
+        hift_seed=derived_seed(5, HIFT_SEED_KEY),
+    )
+    assert np.abs(ref).max() > 1e-3
+    np.testing.assert_allclose(got.audio, ref, atol=1e-4, rtol=0)
+
+
+async def test_speech_route_streams_the_same_bytes(root, tmp_path):
+    from omnistep.server import ServerConfig, build_app
+
+    engine = _engine(root)
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    body = {
+        "model": "chatterbox",
+        "input": TEXT,
+        "voice": "alloy",
+        "seed": 3,
+        "max_new_tokens": 6,
+        "response_format": "pcm",
+    }
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            whole = await http.post("/v1/audio/speech", json=body, timeout=300)
+            streamed = await http.post(
+                "/v1/audio/speech", json={**body, "stream": True}, timeout=300
+            )
+            bad = await http.post("/v1/audio/speech", json={**body, "voice": "nobody"})
+    finally:
+        await engine.shutdown()
+    assert whole.status_code == 200, whole.text
+    assert len(whole.content) > 0 and len(whole.content) % (480 * 2 * 2) == 0
+    assert streamed.content == whole.content
+    assert bad.status_code == 400 and "voice" in bad.text
+
+
+async def test_requests_batched_together_equal_each_alone(root):
+    engine = _engine(root)
+    try:
+        alone = [await _speak(engine, seed=s, steps=6) for s in (5, 6)]
+        together = await asyncio.gather(*(_speak(engine, seed=s, steps=6) for s in (5, 6)))
+    finally:
+        await engine.shutdown()
+    for a, b in zip(alone, together, strict=True):
+        assert _tokens(a) == _tokens(b)
+        np.testing.assert_allclose(a.audio, b.audio, atol=1e-5, rtol=0)
+
+
+def test_voices_and_front_end(root):
+    card = build_card(str(root), ChatterboxOptions(kv_cache_gb=0.01))
+    assert card.default_voice == "default" and "alloy" in card.voices
+    card.voice_validator("nova")
+    with pytest.raises(InvalidRequestError, match="unknown voice"):
+        card.voice_validator("somebody")
+    assert punc_norm("") == "You need to add some text for me to talk."
+    assert punc_norm("hello   world\u2026 yes: no") == "Hello world,  yes, no."
+    assert punc_norm("Done!") == "Done!"
+    assert punc_norm("it\u2019s \u201cfine\u201d") == 'It\'s "fine".'
+
+
+def test_registry_locate_and_loader_errors(root, tmp_path):
+    assert "chatterbox" in registry.FAMILIES
+    assert locate.LAYOUTS["chatterbox"].file_sets[0][0] == "t3_cfg.safetensors"
+    with pytest.raises(InvalidRequestError, match="needs weights"):
+        build_card(None)
+    for name in ("ve.safetensors", "t3_cfg.safetensors", "tokenizer.json"):
+        (tmp_path / name).write_bytes((root / name).read_bytes())
+    with pytest.raises(ChatterboxCheckpointError, match="s3gen.safetensors"):
+        build_card(str(tmp_path))
