@@ -24,6 +24,7 @@ from omnistep.models.chatterbox.frontend import Voice
 from omnistep.models.chatterbox.hift import HiFT, HiFTConfig
 from omnistep.models.chatterbox.s3gen import FlowConfig, S3GenFlow
 from omnistep.models.chatterbox.t3 import ChatterboxT3, T3Config
+from omnistep.models.chatterbox.voice_encoder import VoiceEncoder
 
 REQUIRED_FILES = ("ve.safetensors", "t3_cfg.safetensors", "s3gen.safetensors", "tokenizer.json")
 """Files every published folder has (upstream ``from_pretrained``'s list, less ``conds.pt``)."""
@@ -140,6 +141,24 @@ def load_hift(
     _load_module(hift, state, "mel2wav.", path)
     hift.fold_weight_norm()
     return hift.to(device=device, dtype=dtype).eval()
+
+
+def load_voice_encoder(root: str | Path, device: str | torch.device = "cpu") -> VoiceEncoder:
+    """The voice encoder with ``ve.safetensors``' tensors (GE2E's ``similarity_*`` scalars,
+    used only in training, are not needed).
+
+    Raises:
+        ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+    """
+    path = check_folder(root) / "ve.safetensors"
+    state = {k: v for k, v in load_file(path).items() if not k.startswith("similarity_")}
+    try:
+        hidden = state["proj.weight"].shape[1]
+        encoder = VoiceEncoder(hidden, state["proj.weight"].shape[0])
+    except KeyError as exc:
+        raise ChatterboxCheckpointError(f"{path}: no tensor {exc}") from exc
+    _load_module(encoder, state, "", path)
+    return encoder.to(device).eval()
 
 
 def load_default_voice(root: str | Path) -> DefaultVoice | None:
