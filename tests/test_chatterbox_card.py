@@ -108,12 +108,18 @@ async def test_speech_route_streams_the_same_bytes(root, tmp_path):
                 "/v1/audio/speech", json={**body, "stream": True}, timeout=300
             )
             bad = await http.post("/v1/audio/speech", json={**body, "voice": "nobody"})
+            unguided = await http.post(
+                "/v1/audio/speech", json={**body, "cfg_weight": 0.0, "exaggeration": 1.5}
+            )
+            too_much = await http.post("/v1/audio/speech", json={**body, "exaggeration": 3.0})
     finally:
         await engine.shutdown()
     assert whole.status_code == 200, whole.text
     assert len(whole.content) > 0 and len(whole.content) % (480 * 2 * 2) == 0
     assert streamed.content == whole.content
     assert bad.status_code == 400 and "voice" in bad.text
+    assert unguided.status_code == 200 and unguided.content != whole.content
+    assert too_much.status_code == 400 and "exaggeration" in too_much.text
 
 
 async def test_requests_batched_together_equal_each_alone(root):

@@ -13,7 +13,8 @@ Voices: the folder's ``conds.pt`` is the default voice; ``default`` and OpenAI's
 speak it. Reference-clip cloning (the voice encoder, S3Gen's tokenizer and speaker encoder) is
 not built yet. Sampling defaults are ``ChatterboxTTS.generate``'s: temperature 0.8, top-p 1.0,
 ``min_p`` 0.05, repetition penalty 1.2 once per generated id, at most 1000 tokens;
-``exaggeration`` and ``cfg_weight`` are card options (``--model`` options), not request fields.
+``exaggeration`` and ``cfg_weight`` are request fields (``SamplingParams``) over the card's
+options.
 Upstream watermarks its output (resemble-perth); this card does not (docs/models/chatterbox.md).
 """
 

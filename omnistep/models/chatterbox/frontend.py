@@ -112,8 +112,10 @@ class ChatterboxFrontend:
     Args:
         tokenizer: the text tokenizer.
         default_voice: ``conds.pt``'s voice (None: the folder has none, so no voice speaks).
-        cfg_weight: classifier-free guidance weight of T3 (0 turns it off).
-        exaggeration: emotion exaggeration; None keeps the voice's stored value.
+        cfg_weight: classifier-free guidance weight of T3 (0 turns it off) when a request's
+            ``SamplingParams.cfg_weight`` is unset.
+        exaggeration: emotion exaggeration when a request's ``SamplingParams.exaggeration`` is
+            unset; None keeps the voice's stored value.
     """
 
     def __init__(
@@ -159,8 +161,10 @@ class ChatterboxFrontend:
             raise InvalidRequestError("input text is empty", param="input")
         voice = self.voice(req.voice)
         ids = tuple(self.tokenizer.encode(punc_norm(req.text)))
-        exaggeration = voice.exaggeration if self.exaggeration is None else self.exaggeration
-        cfg = self.cfg_weight if self.cfg_weight > 0 else None
+        default = voice.exaggeration if self.exaggeration is None else self.exaggeration
+        exaggeration = float(req.sampling.or_default("exaggeration", default))
+        weight = float(req.sampling.or_default("cfg_weight", self.cfg_weight))
+        cfg = weight if weight > 0 else None
         ctx.slots["prompt"] = T3Prompt(ids, voice.speaker, voice.prompt_tokens, exaggeration, cfg)
         ctx.slots["voice"] = voice
         ctx.slots["hift_seed"] = derived_seed(req.seed, HIFT_SEED_KEY)
