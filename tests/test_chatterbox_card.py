@@ -12,6 +12,7 @@ import asyncio
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from omnistep.core import (
     ExecutionProfile,
@@ -155,3 +156,43 @@ def test_registry_locate_and_loader_errors(root, tmp_path):
         (tmp_path / name).write_bytes((root / name).read_bytes())
     with pytest.raises(ChatterboxCheckpointError, match="s3gen.safetensors"):
         build_card(str(tmp_path))
+
+
+async def test_rollout_records_flow_sde_steps_that_score_reproduces(root):
+    """``flow_noise_level`` > 0 under ROLLOUT: S3Gen's 10 Euler steps are sampled as Flow-GRPO
+    SDE steps and recorded; ``score_steps`` recomputes each step's log-prob within 1e-6
+    (``batch_invariant``: serving stepped each request alone, as scoring does). T3's records
+    carry the guided log-probs it sampled from."""
+    card = build_card(str(root), ChatterboxOptions(kv_cache_gb=0.01, batch_invariant=True))
+    instance = ModelInstance.load(card)
+    engine = AsyncEngine([instance])
+    sampling = SamplingParams(max_new_tokens=4, flow_noise_level=0.3)
+    try:
+        got, beside = await asyncio.gather(
+            collect(
+                engine,
+                Request(
+                    "chatterbox",
+                    text=TEXT,
+                    seed=5,
+                    sampling=sampling,
+                    profile=ExecutionProfile.ROLLOUT,
+                ),
+            ),
+            _speak(engine, seed=6, steps=4),
+        )
+    finally:
+        await engine.shutdown()
+    records = got.trajectories["flow"]
+    assert [r.step.step for r in records] == list(range(10))
+    recorded = torch.stack([r.step.logprob[0] for r in records])
+    scored = instance.components["s3gen"].score_steps(records)
+    assert scored.dtype == torch.float64 and torch.isfinite(scored).all()
+    np.testing.assert_allclose(scored.detach().numpy(), recorded.numpy(), atol=1e-6, rtol=0)
+    scored.sum().backward()  # a graph to the flow's weights, what a Flow-GRPO trainer needs
+    estimator = instance.components["s3gen"].flow.decoder.estimator
+    assert estimator.final_proj.weight.grad is not None
+    assert all(r.step.std > 0 for r in records)
+    decode = got.trajectories["decode"]
+    assert len(decode) == 4 and all(np.isfinite(r.logprobs).all() for r in decode)
+    assert not np.array_equal(got.audio, beside.audio)

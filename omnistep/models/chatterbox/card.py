@@ -120,7 +120,8 @@ def _flow_start(steps_seed_key: int):
         if not tokens:
             return None
         seed = derived_seed(req.seed, steps_seed_key)
-        return FlowStart(torch.tensor(tokens, dtype=torch.long), ctx.slots["voice"], seed)
+        level = float(req.sampling.or_default("flow_noise_level", 0.0))
+        return FlowStart(torch.tensor(tokens, dtype=torch.long), ctx.slots["voice"], seed, level)
 
     return make_start
 

@@ -110,14 +110,19 @@ class S3GenFlow(nn.Module):
         return self.config.estimator.mel_dim
 
     @torch.inference_mode()
-    def prepare(
+    def prepare(self, *args, **kwargs) -> S3GenInputs:
+        """``prepare_inputs`` under ``torch.inference_mode`` (serving)."""
+        return self.prepare_inputs(*args, **kwargs)
+
+    def prepare_inputs(
         self,
         tokens: torch.Tensor,
         prompt_tokens: torch.Tensor,
         prompt_mel: torch.Tensor,
         embedding: torch.Tensor,
     ) -> S3GenInputs:
-        """One request's ``mu``, speaker vector and prompt condition.
+        """One request's ``mu``, speaker vector and prompt condition (autograd follows the
+        caller's grad mode: a scorer recomputes them with it on).
 
         Args:
             tokens: ``[n]`` int64 speech tokens (< 6561).
@@ -177,7 +182,6 @@ class S3GenFlow(nn.Module):
         c, u = both.split(x.shape[0])
         return guided_velocity(c, u, cfg_rate)
 
-    @torch.inference_mode()
     def step(
         self,
         inputs: list[S3GenInputs],
@@ -188,7 +192,7 @@ class S3GenFlow(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One Euler step of schedule ``times`` for requests of equal length, row ``i`` taking
         its step ``steps[i]``: ``x`` ``[B, mel_dim, T]`` -> ``(x_next, k1)`` with ``k1`` the
-        guided velocity at the step's start."""
+        guided velocity at the step's start. Autograd follows the caller's grad mode."""
         index = torch.tensor(steps, device=times.device)
         t0 = times[index]
         dt = times[index + 1] - t0

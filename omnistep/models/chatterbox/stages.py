@@ -12,6 +12,12 @@ phase of the F0 over the whole utterance and its noise is drawn for the whole ut
 card decodes one chunk per request (the whole mel, once the flow has finished); the first 40 ms
 get upstream's ``trim_fade``.
 
+Rollouts: a request with ``flow_noise_level`` a > 0 samples every Euler step as Flow-GRPO's SDE
+(``runners.flow_matching``: ``sde_terms``, ``sde_mean``, ``sde_noise`` seeded
+``derived_seed(seed, 3)``, blocks of ``SDE_BLOCK`` frames over all frames, the prompt's
+included), and a unit that asks for its record gets a ``FlowStepRecord`` (the ``FlowStep``:
+state, mean, std, sample, log-prob); ``score_steps`` recomputes the log-probs with the same code.
+
 Noise: the flow's initial state is ``torch.randn((1, 80, T))`` of a CPU generator seeded with
 ``derived_seed(request seed, 1)`` (upstream's ``randn_like(mu)`` after ``torch.manual_seed``
 of that seed), HiFT's source noise ``SourceNoise.draw`` of one seeded ``derived_seed(seed, 2)``.
@@ -28,22 +34,45 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omnistep.core import WorkUnitKind
+from omnistep.core import WorkUnitKind, derived_seed
 from omnistep.loops import AudioChunkInput
 from omnistep.loops.denoise import DenoiseInput, DenoiseOutput
 from omnistep.models.chatterbox.frontend import Voice
 from omnistep.models.chatterbox.hift import HiFT, trim_fade
 from omnistep.models.chatterbox.s3gen import CFG_RATE, NUM_STEPS, S3GenFlow, S3GenInputs
-from omnistep.runners.flow_matching import cosine_time_points
+from omnistep.runners.flow_matching import (
+    FlowStep,
+    cosine_time_points,
+    gaussian_logprob,
+    sde_mean,
+    sde_noise,
+    sde_terms,
+)
+
+SDE_SEED_KEY = 3
+"""``derived_seed`` key of a request's SDE noise."""
+SDE_BLOCK = 50
+"""Frames per SDE noise block (``sde_noise``)."""
 
 
 @dataclass(frozen=True, eq=False)
 class FlowStart:
-    """A request's first flow unit: ``tokens`` ``[n]`` int64 (S3 ids), its voice, its seed."""
+    """A request's first flow unit: ``tokens`` ``[n]`` int64 (S3 ids), its voice, its seed,
+    its SDE noise level (0: the ODE)."""
 
     tokens: torch.Tensor
     voice: Voice
     seed: int
+    noise_level: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class FlowStepRecord:
+    """One recorded SDE step: the request's ``start`` (to recompute its conditioning) and the
+    step (``FlowStep``; ``x``, ``mean``, ``x_next`` ``[1, mel_dim, T]``)."""
+
+    start: FlowStart
+    step: FlowStep
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +83,7 @@ class FlowState:
     inputs: S3GenInputs
     x: torch.Tensor
     step: int
+    start: FlowStart
 
 
 def initial_noise(seed: int, frames: int, mel_dim: int = 80) -> torch.Tensor:
@@ -91,8 +121,54 @@ class FlowDenoiser:
         v = start.voice
         inputs = self.flow.prepare(start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding)
         noise = initial_noise(start.seed, inputs.num_frames, self.flow.mel_dim)
-        return FlowState(inputs, noise.to(inputs.mu), 0)
+        return FlowState(inputs, noise.to(inputs.mu), 0, start)
 
+    def _sde(
+        self, state: FlowState, ode_next: torch.Tensor, k1: torch.Tensor
+    ) -> tuple[torch.Tensor, FlowStep | None]:
+        """The SDE sample and its record from the ODE step (``[mel_dim, T]``), or the ODE
+        step and None at noise level 0."""
+        a, step = state.start.noise_level, state.step
+        if a <= 0:
+            return ode_next, None
+        mean, std = self._sde_mean(state.x, ode_next, k1, step, a)
+        frames, mel_dim = state.x.shape[-1], state.x.shape[0]
+        seed = derived_seed(state.start.seed, SDE_SEED_KEY)
+        eps = sde_noise(seed, step, 0, frames, SDE_BLOCK, mel_dim).transpose(0, 1)
+        x_next = mean + std * eps.to(mean)
+        record = FlowStep(
+            step=step,
+            t=float(self.times[step]),
+            t_next=float(self.times[step + 1]),
+            x=state.x[None].float().cpu(),
+            mean=mean[None].float().cpu(),
+            std=std,
+            x_next=x_next[None].float().cpu(),
+            logprob=gaussian_logprob(x_next[None], mean[None], std).cpu(),
+        )
+        return x_next, record
+
+    def _sde_mean(self, x, ode_next, k1, step: int, noise_level: float):
+        drift, std = sde_terms(self.times, step, noise_level)
+        return sde_mean(ode_next, drift, self.times[step], k1, x), std
+
+    def score_steps(self, records: Sequence[FlowStepRecord]) -> torch.Tensor:
+        """The log-probs of recorded SDE steps recomputed by serving's code (conditioning,
+        guided velocity, Euler step, drift correction), float64 ``[S]`` in the records' order;
+        autograd follows the caller's grad mode."""
+        out = []
+        for r in records:
+            v = r.start.voice
+            inputs = self.flow.prepare_inputs(
+                r.start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding
+            )
+            x = r.step.x.to(inputs.mu)
+            ode_next, k1 = self.flow.step([inputs], x, self.times, [r.step.step], self.cfg_rate)
+            mean, std = self._sde_mean(x, ode_next, k1, r.step.step, r.start.noise_level)
+            out.append(gaussian_logprob(r.step.x_next.to(mean), mean, std)[0])
+        return torch.stack(out)
+
+    @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: Sequence[DenoiseInput]) -> list[DenoiseOutput]:
         """One Euler step per unit, in the units' order.
 
@@ -107,9 +183,10 @@ class FlowDenoiser:
             key = i if self.batch_invariant else s.inputs.num_frames
             groups.setdefault(key, []).append(i)
         nxt: list[FlowState | None] = [None] * len(states)
+        records: list[FlowStep | None] = [None] * len(states)
         for rows in groups.values():
             batch = [states[i] for i in rows]
-            x, _ = self.flow.step(
+            x, k1 = self.flow.step(
                 [s.inputs for s in batch],
                 torch.stack([s.x for s in batch]),
                 self.times,
@@ -117,14 +194,20 @@ class FlowDenoiser:
                 self.cfg_rate,
             )
             for j, i in enumerate(rows):
-                nxt[i] = FlowState(batch[j].inputs, x[j], batch[j].step + 1)
-        return [self._output(s) for s in nxt]
+                s = batch[j]
+                x_next, records[i] = self._sde(s, x[j], k1[j])
+                nxt[i] = FlowState(s.inputs, x_next, s.step + 1, s.start)
+        return [
+            self._output(s, FlowStepRecord(s.start, r) if p.record and r is not None else None)
+            for s, r, p in zip(nxt, records, payloads, strict=True)
+        ]
 
-    def _output(self, state: FlowState) -> DenoiseOutput:
+    def _output(self, state: FlowState, record: FlowStepRecord | None) -> DenoiseOutput:
         if state.step < self.num_steps:
-            return DenoiseOutput(state)
+            return DenoiseOutput(state, record=record)
         mel = state.x[:, state.inputs.prompt_frames :].transpose(0, 1).float().cpu()
-        return DenoiseOutput(state, done=True, result=list(mel))  # [frames] rows of [80]
+        # [frames] rows of [80]
+        return DenoiseOutput(state, done=True, result=list(mel), record=record)
 
 
 class HiFTVocoder:
