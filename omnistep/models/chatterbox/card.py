@@ -54,6 +54,7 @@ from omnistep.models.chatterbox.frontend import (
 )
 from omnistep.models.chatterbox.hift import SAMPLE_RATE
 from omnistep.models.chatterbox.loader import (
+    ChatterboxCheckpointError,
     check_folder,
     load_hift,
     load_s3gen,
@@ -152,9 +153,8 @@ def build_card(
 
     def build_t3(device: str):
         check_device(device)
-        heads = t3_config.hidden_size // t3_config.head_dim
-        layers = _t3_layers(root)
-        kv = opts.kv_config(layers, heads, t3_config.head_dim)
+        layers, hidden = _t3_geometry(root)
+        kv = opts.kv_config(layers, hidden // t3_config.head_dim, t3_config.head_dim)
         return load_t3(root, kv, device, opts.dtype, opts.batch_invariant)
 
     def build_flow(device: str):
@@ -250,10 +250,19 @@ def build_card(
     )
 
 
-def _t3_layers(root) -> int:
-    """T3's layer count from ``t3_cfg.safetensors``' tensor names (no tensors read)."""
+def _t3_geometry(root) -> tuple[int, int]:
+    """T3's layer count and width from ``t3_cfg.safetensors``' header (no tensors read).
+
+    Raises:
+        ChatterboxCheckpointError: the file lacks ``speech_emb.weight``.
+    """
     from safetensors import safe_open
 
     with safe_open(root / "t3_cfg.safetensors", "pt") as f:
         names = list(f.keys())  # noqa: SIM118 (safe_open is not iterable)
-    return len({k.split(".")[2] for k in names if k.startswith("tfmr.layers.")})
+        if "speech_emb.weight" not in names:
+            raise ChatterboxCheckpointError(
+                f"{root / 't3_cfg.safetensors'} has no speech_emb.weight"
+            )
+        hidden = f.get_slice("speech_emb.weight").get_shape()[1]
+    return len({k.split(".")[2] for k in names if k.startswith("tfmr.layers.")}), hidden
