@@ -196,3 +196,17 @@ async def test_rollout_records_flow_sde_steps_that_score_reproduces(root):
     decode = got.trajectories["decode"]
     assert len(decode) == 4 and all(np.isfinite(r.logprobs).all() for r in decode)
     assert not np.array_equal(got.audio, beside.audio)
+
+
+async def test_weights_command_writes_a_folder_the_registry_serves(tmp_path):
+    """``omnistep weights chatterbox DIR`` (``tiny.write_folder``, this family's own modules
+    writing the published names): the registry finds the family from the files and serves it."""
+    folder = registry.write_weights("chatterbox", tmp_path / "tiny")
+    assert locate.infer_family(folder)[0] == "chatterbox"
+    card = registry.build_card(f"chatterbox={folder}", kv_cache_gb=0.01)
+    engine = AsyncEngine([ModelInstance.load(card)])
+    try:
+        got = await _speak(engine, seed=2, steps=3)
+    finally:
+        await engine.shutdown()
+    assert got.audio.size > 0 and np.abs(got.audio).max() > 0
