@@ -186,12 +186,19 @@ async def test_rollout_records_flow_sde_steps_that_score_reproduces(root):
     records = got.trajectories["flow"]
     assert [r.step.step for r in records] == list(range(10))
     recorded = torch.stack([r.step.logprob[0] for r in records])
-    scored = instance.components["s3gen"].score_steps(records)
-    assert scored.dtype == torch.float64 and torch.isfinite(scored).all()
-    np.testing.assert_allclose(scored.detach().numpy(), recorded.numpy(), atol=1e-6, rtol=0)
-    scored.sum().backward()  # a graph to the flow's weights, what a Flow-GRPO trainer needs
-    estimator = instance.components["s3gen"].flow.decoder.estimator
-    assert estimator.final_proj.weight.grad is not None
+    serving = instance.components["s3gen"]
+    scored = serving.score_steps(records)
+    assert scored.dtype == torch.float64 and not scored.requires_grad
+    np.testing.assert_allclose(scored.numpy(), recorded.numpy(), atol=1e-6, rtol=0)
+    # a trainer's copy: the same numbers, with a graph to the flow's weights by published name
+    trainer = serving.training_copy()
+    weights = trainer.trainable_weights(["flow.decoder.estimator.final_proj.weight"])
+    trained = trainer.score_steps(records)
+    np.testing.assert_allclose(trained.detach().numpy(), recorded.numpy(), atol=1e-6, rtol=0)
+    trained.sum().backward()
+    assert weights["flow.decoder.estimator.final_proj.weight"].grad.abs().sum() > 0
+    specs = serving.weight_specs()
+    assert specs["flow.encoder_proj.weight"] == ((80, 512), "torch.float32")
     assert all(r.step.std > 0 for r in records)
     decode = got.trajectories["decode"]
     assert len(decode) == 4 and all(np.isfinite(r.logprobs).all() for r in decode)
@@ -204,9 +211,17 @@ async def test_weights_command_writes_a_folder_the_registry_serves(tmp_path):
     folder = registry.write_weights("chatterbox", tmp_path / "tiny")
     assert locate.infer_family(folder)[0] == "chatterbox"
     card = registry.build_card(f"chatterbox={folder}", kv_cache_gb=0.01)
-    engine = AsyncEngine([ModelInstance.load(card)])
+    instance = ModelInstance.load(card)
+    engine = AsyncEngine([instance])
     try:
         got = await _speak(engine, seed=2, steps=3)
+        # a weight update by published names reaches S3Gen's flow (and T3's, by its names)
+        bias = torch.full((80,), 0.25)
+        instance.update_weights({"flow.encoder_proj.bias": bias}, version=1)
+        updated = await _speak(engine, seed=2, steps=3)
     finally:
         await engine.shutdown()
     assert got.audio.size > 0 and np.abs(got.audio).max() > 0
+    flow = instance.components["s3gen"]
+    assert torch.equal(flow.flow.encoder_proj.bias, bias) and flow.weight_version == 1
+    assert _tokens(updated) == _tokens(got) and not np.array_equal(updated.audio, got.audio)

@@ -17,6 +17,8 @@ Rollouts: a request with ``flow_noise_level`` a > 0 samples every Euler step as 
 ``derived_seed(seed, 3)``, blocks of ``SDE_BLOCK`` frames over all frames, the prompt's
 included), and a unit that asks for its record gets a ``FlowStepRecord`` (the ``FlowStep``:
 state, mean, std, sample, log-prob); ``score_steps`` recomputes the log-probs with the same code.
+Weight updates and trainer copies take the flow's tensors by their published names
+(``flow.*`` of ``s3gen.safetensors``).
 
 Noise: the flow's initial state is ``torch.randn((1, 80, T))`` of a CPU generator seeded with
 ``derived_seed(request seed, 1)`` (upstream's ``randn_like(mu)`` after ``torch.manual_seed``
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from omnistep.core import WorkUnitKind, derived_seed
+from omnistep.layers.training import require_training_copy, training_copy
 from omnistep.loops import AudioChunkInput
 from omnistep.loops.denoise import DenoiseInput, DenoiseOutput
 from omnistep.models.chatterbox.frontend import Voice
@@ -53,6 +56,8 @@ SDE_SEED_KEY = 3
 """``derived_seed`` key of a request's SDE noise."""
 SDE_BLOCK = 50
 """Frames per SDE noise block (``sde_noise``)."""
+FLOW_PREFIX = "flow."
+"""The flow's tensors' prefix in ``s3gen.safetensors`` (weight-update names)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +108,9 @@ class FlowDenoiser:
         batch_invariant: step every request alone (bit-identical whatever the batch).
     """
 
+    serving: bool = True
+    """False on a ``training_copy``: it scores and trains, and never runs units."""
+
     def __init__(
         self,
         flow: S3GenFlow,
@@ -114,8 +122,44 @@ class FlowDenoiser:
         self.num_steps = num_steps
         self.cfg_rate = cfg_rate
         self.batch_invariant = batch_invariant
+        self.weight_version = 0
         device = next(flow.parameters()).device
         self.times = cosine_time_points(num_steps, torch.float32, device)
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {FLOW_PREFIX + n: p for n, p in self.flow.named_parameters()}
+
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``name -> (shape, dtype)`` of every flow tensor a weight update may change, by the
+        published names (``flow.*``)."""
+        return {name: (tuple(t.shape), str(t.dtype)) for name, t in self._weights().items()}
+
+    @torch.no_grad()
+    def update_weights(self, tensors) -> None:
+        """Copy checked tensors (``ModelInstance.check_weights``) into the flow in place."""
+        targets = self._weights()
+        for name, value in tensors.items():
+            targets[name].copy_(torch.as_tensor(value))
+
+    def training_copy(self) -> FlowDenoiser:
+        """A trainer's copy (``omnistep.layers.training``): its own flow weights, equal to
+        these; it scores (``score_steps``) and hands out ``trainable_weights``."""
+        return training_copy(self)
+
+    def trainable_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """A training copy's flow parameters by published name (all when ``names`` is None),
+        set to require grad.
+
+        Raises:
+            ServingWeightsError: this component serves (take ``training_copy()`` first).
+            KeyError: a name the flow does not have.
+        """
+        require_training_copy(self)
+        weights = self._weights()
+        chosen = {n: weights[n] for n in (weights if names is None else names)}
+        for tensor in chosen.values():
+            tensor.requires_grad_(True)
+        return chosen
 
     def _begin(self, start: FlowStart) -> FlowState:
         v = start.voice
@@ -154,8 +198,13 @@ class FlowDenoiser:
 
     def score_steps(self, records: Sequence[FlowStepRecord]) -> torch.Tensor:
         """The log-probs of recorded SDE steps recomputed by serving's code (conditioning,
-        guided velocity, Euler step, drift correction), float64 ``[S]`` in the records' order;
-        autograd follows the caller's grad mode."""
+        guided velocity, Euler step, drift correction), float64 ``[S]`` in the records' order.
+        Autograd follows the caller's grad mode on a training copy; on the serving component
+        never (no graph reaches serving weights)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
+            return self._score_steps(records)
+
+    def _score_steps(self, records: Sequence[FlowStepRecord]) -> torch.Tensor:
         out = []
         for r in records:
             v = r.start.voice
@@ -175,6 +224,8 @@ class FlowDenoiser:
         Raises:
             ValueError: ``kind`` is not DENOISE_STEP (and what ``S3GenFlow.prepare`` raises).
         """
+        if not self.serving:
+            raise RuntimeError("a training copy of S3Gen's flow does not serve")
         if kind is not WorkUnitKind.DENOISE_STEP:
             raise ValueError(f"S3Gen runs DENOISE_STEP units, got {kind}")
         states = [self._begin(p.start) if p.start is not None else p.state for p in payloads]
