@@ -63,14 +63,21 @@ $(QWEN_TTS_REF_MARK): | $(BIN)/python
 	touch $@
 
 # The Chatterbox reference (chatterbox-tts 0.1.7) pins torch 2.6, transformers 5.2, gradio,
-# diffusers, resemble-perth (its watermarker) and more. Its T3 (the part the parity tests compare)
-# imports only torch, transformers, einops and tqdm, which the venv has; so the overlay holds the
-# package alone, --no-deps, and tests/chatterbox_ref/env.py imports its submodules without running
-# the package's __init__ (which imports every pipeline: librosa, perth, s3tokenizer, diffusers).
-# Bump the marker's number when the list changes.
+# diffusers, resemble-perth (its watermarker) and more. Its T3 imports only torch, transformers,
+# einops and tqdm, which the venv has. Its S3Gen flow and HiFT (tests/chatterbox_ref/
+# upstream_s3gen.py) import diffusers (the estimator's attention blocks), conformer, omegaconf
+# (a type in flow.py), scipy (HiFT's window) and librosa (the mel filters; its effects.trim, which
+# the voice encoder calls, imports scikit-learn): those go into the overlay too, --no-deps, with
+# librosa's imports as for qwen-tts. torchaudio (s3gen.py's
+# resampler, s3tokenizer) has no build for our torch: tests/chatterbox_ref/env.py imports the
+# submodules without the package __init__s that would import it. Bump the marker's number when
+# the list changes.
 CHATTERBOX_REF := .ref/chatterbox
-CHATTERBOX_REF_PKGS := chatterbox-tts==0.1.7
-CHATTERBOX_REF_MARK := $(CHATTERBOX_REF)/.installed-1
+CHATTERBOX_REF_PKGS := chatterbox-tts==0.1.7 diffusers==0.42.1 conformer==0.3.2 omegaconf==2.3.0 \
+	antlr4-python3-runtime==4.9.3 librosa==0.11.0 scipy==1.17.1 audioread==3.1.0 lazy_loader==0.6 \
+	decorator==5.3.1 joblib==1.6.0 pooch==1.9.0 platformdirs==4.14.9 scikit-learn==1.6.1 \
+	threadpoolctl==3.8.0 cloudpickle==3.1.2
+CHATTERBOX_REF_MARK := $(CHATTERBOX_REF)/.installed-2
 
 $(CHATTERBOX_REF_MARK): | $(BIN)/python
 	rm -rf $(CHATTERBOX_REF)

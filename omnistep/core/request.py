@@ -42,6 +42,11 @@ class SamplingParams:
             ``generate``'s names). None: the card's default (the checkpoint's
             ``generation_config.json``), or greedy when ``temperature`` is 0. Cards without a
             sub-stage ignore them.
+        exaggeration: Chatterbox's emotion-exaggeration scalar in [0, 2] (upstream
+            ``generate``'s name and its demo's range; 0.5 neutral). Other cards ignore it.
+        cfg_weight: the classifier-free guidance weight of a guided AR stage in [0, 2]
+            (Chatterbox's T3; upstream ``generate``'s name; 0 samples the conditional row
+            alone). Other cards ignore it.
 
     Raises:
         InvalidRequestError: a value out of range or of the wrong type (a bool, a string; a
@@ -59,9 +64,13 @@ class SamplingParams:
     subtalker_temperature: float | None = None
     subtalker_top_p: float | None = None
     subtalker_top_k: int | None = None
+    exaggeration: float | None = None
+    cfg_weight: float | None = None
 
     def __post_init__(self) -> None:
         checks = {
+            "exaggeration": lambda v: math.isfinite(v) and 0 <= v <= 2,
+            "cfg_weight": lambda v: math.isfinite(v) and 0 <= v <= 2,
             "subtalker_temperature": lambda v: math.isfinite(v) and v >= 0,
             "subtalker_top_p": lambda v: math.isfinite(v) and 0 < v <= 1,
             "subtalker_top_k": lambda v: v >= 0,

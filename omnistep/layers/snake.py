@@ -1,5 +1,6 @@
 """SnakeBeta, the periodic activation of BigVGAN-style vocoders (Lee et al. 2022, BigVGAN,
-arXiv 2206.04658): shared by Qwen2.5-Omni's BigVGAN and the Qwen3-TTS codec decoder.
+arXiv 2206.04658): shared by Qwen2.5-Omni's BigVGAN and the Qwen3-TTS codec decoder; Snake
+(Ziyin et al. 2020, arXiv 2006.08195), HiFTNet's (Chatterbox's HiFT).
 
 Imports torch only.
 """
@@ -38,3 +39,17 @@ class SnakeBeta(nn.Module):
             return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
         out = torch.mul(x, alpha).sin_().pow_(2)
         return out.mul_(inv_beta).add_(x)
+
+
+class Snake(nn.Module):
+    """Snake with a linear-scale alpha: ``x + sin^2(alpha x) / (alpha + 1e-9)`` per channel of
+    ``[B, C, T]`` (CosyVoice / Chatterbox ``hifigan.Snake`` with ``alpha_logscale=False``)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(channels))
+        self.no_div_by_zero = 0.000000001
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = self.alpha.unsqueeze(0).unsqueeze(-1)
+        return x + (1.0 / (alpha + self.no_div_by_zero)) * torch.pow(torch.sin(x * alpha), 2)

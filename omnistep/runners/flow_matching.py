@@ -8,7 +8,9 @@ the component (the family's model) evaluates the velocity, and this module holds
 - ``SolverConfig``: the time schedule, ``t = linspace(0, 1, n)`` with sway sampling
   ``t += s (cos(pi t / 2) - 1 + t)`` (F5-TTS, arXiv 2410.06885, eq. 7; upstream
   ``Qwen2_5OmniToken2WavDiTModel.sample``), and the classifier-free guidance scale.
-- ``rk4_38_delta``: one fixed step of Kutta's 3/8 rule (upstream ``RungeKutta4ODESolver``).
+- ``rk4_38_delta``: one fixed step of Kutta's 3/8 rule (upstream ``RungeKutta4ODESolver``);
+  ``euler_delta``: one Euler step (Matcha-TTS / CosyVoice's ``solve_euler``, Chatterbox's S3Gen)
+  on the cosine schedule ``cosine_time_points``.
 - ``guided_velocity``: classifier-free guidance ``f = c + (c - u) g`` (Ho and Salimans, arXiv
   2207.12598, in upstream's form).
 - ``sde_terms``, ``sde_mean``, ``sde_noise``, ``gaussian_logprob``, ``FlowStep``: the step
@@ -83,6 +85,32 @@ def rk4_38_delta(
     k3 = velocity(t0 + dt * two_thirds, y0 + h * (k2 - k1 * third))
     k4 = velocity(t1, y0 + h * (k1 - k2 + k3))
     return (k1 + 3 * (k2 + k3) + k4) * h / 8, k1
+
+
+def cosine_time_points(
+    num_steps: int, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """``[num_steps + 1]`` times ``1 - cos(pi s / 2)`` over ``s = linspace(0, 1, num_steps +
+    1)`` (Matcha-TTS / CosyVoice's ``t_scheduler: cosine``, computed as upstream
+    ``ConditionalCFM`` does, so the floats match): denser near t = 0 (noise).
+
+    Raises:
+        ValueError: ``num_steps`` is not an int >= 1.
+    """
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
+    span = torch.linspace(0, 1, num_steps + 1, device=device, dtype=dtype)
+    return 1 - torch.cos(span * 0.5 * torch.pi)
+
+
+def euler_delta(
+    velocity: Velocity, t0: torch.Tensor, dt: torch.Tensor, y0: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Euler step from ``t0`` over ``dt`` (per-row times ``[R]``, state ``y0`` ``[R, ...]``):
+    the increment ``dt * k1`` and ``k1 = f(t0, y0)``, the velocity at the step's start (what the
+    SDE's drift correction reads, as ``rk4_38_delta`` returns it)."""
+    k1 = velocity(t0, y0)
+    return dt.view(-1, *([1] * (y0.dim() - 1))) * k1, k1
 
 
 def guided_velocity(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:

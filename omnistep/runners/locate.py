@@ -61,6 +61,11 @@ LAYOUTS: dict[str, WeightsLayout] = {
         file_sets=(("asset/gpt/config.json", "asset/Embed.safetensors"),),
         description="asset/gpt/config.json and asset/Embed.safetensors (2Noise/ChatTTS)",
     ),
+    "chatterbox": WeightsLayout(
+        file_sets=(("t3_cfg.safetensors", "s3gen.safetensors", "ve.safetensors"),),
+        description="t3_cfg.safetensors, s3gen.safetensors and ve.safetensors "
+        "(ResembleAI/chatterbox)",
+    ),
     "kokoro": WeightsLayout(
         file_sets=(
             ("kokoro-v1.0.onnx", "voices-v1.0.bin"),

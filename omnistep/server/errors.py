@@ -209,6 +209,8 @@ _FIELD_NAMES = frozenset(
         "subtalker_temperature",
         "subtalker_top_p",
         "subtalker_top_k",
+        "exaggeration",
+        "cfg_weight",
     }
 )
 

@@ -114,6 +114,9 @@ class SamplingFields(OpenAIBody):
         default=None, gt=0, le=1, allow_inf_nan=False, strict=True
     )
     subtalker_top_k: int | None = Field(default=None, ge=0, le=10000, strict=True)
+    # Chatterbox's emotion exaggeration and T3 guidance weight (upstream generate's names)
+    exaggeration: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False, strict=True)
+    cfg_weight: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False, strict=True)
 
     def sampling(self) -> SamplingParams:
         """The ``SamplingParams`` of the fields that were given."""
@@ -126,6 +129,8 @@ class SamplingFields(OpenAIBody):
             "subtalker_temperature",
             "subtalker_top_p",
             "subtalker_top_k",
+            "exaggeration",
+            "cfg_weight",
         )
         given = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return SamplingParams(**given)

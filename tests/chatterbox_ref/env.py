@@ -45,6 +45,22 @@ def bypass_package_init() -> None:
     sys.modules["chatterbox"] = package
 
 
+def bare_package(name: str, folder: str) -> None:
+    """Register ``name`` as a bare package over ``folder`` of the overlay's ``chatterbox`` (its
+    ``__init__`` not run; subprocess only): ``chatterbox.models.s3gen``'s would import
+    torchaudio."""
+    import importlib.machinery
+    import types
+
+    bypass_package_init()
+    if name in sys.modules:
+        return
+    package = types.ModuleType(name)
+    package.__path__ = [str(REF_DIR / "chatterbox" / folder)]
+    package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    sys.modules[name] = package
+
+
 def call_reference(target: str, timeout: float = 600, **kwargs: Any) -> Any:
     """Call ``target`` (``"package.module:function"``) with ``kwargs`` in a fresh subprocess.
 

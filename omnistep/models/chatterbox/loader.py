@@ -3,8 +3,9 @@
 Files as upstream ``ChatterboxTTS.from_local`` / ``from_pretrained`` name them:
 ``ve.safetensors`` (voice encoder), ``t3_cfg.safetensors`` (T3), ``s3gen.safetensors``
 (S3Gen + HiFT), ``tokenizer.json`` (``tokenizers`` vocabulary), and the optional ``conds.pt``
-(the default voice: ``torch.save({"t3": T3Cond fields, "gen": S3Gen prompt})``). This slice
-loads T3 and the default voice's T3 conditioning; the other files are checked to exist.
+(the default voice: ``torch.save({"t3": T3Cond fields, "gen": S3Gen prompt})``). T3, S3Gen's
+flow (``flow.*``) and HiFT (``mel2wav.*``) load from their files; the voice encoder and S3Gen's
+own speaker encoder and tokenizer (reference-clip cloning) are not loaded yet.
 
 Imports torch, safetensors and this family's modules.
 """
@@ -17,8 +18,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from omnistep.core import ModelFilesError
 from omnistep.kv import KVCacheConfig
+from omnistep.models.chatterbox.frontend import Voice
+from omnistep.models.chatterbox.hift import HiFT, HiFTConfig
+from omnistep.models.chatterbox.s3gen import FlowConfig, S3GenFlow
 from omnistep.models.chatterbox.t3 import ChatterboxT3, T3Config
+from omnistep.models.chatterbox.voice_encoder import VoiceEncoder
 
 REQUIRED_FILES = ("ve.safetensors", "t3_cfg.safetensors", "s3gen.safetensors", "tokenizer.json")
 """Files every published folder has (upstream ``from_pretrained``'s list, less ``conds.pt``)."""
@@ -26,7 +32,7 @@ REQUIRED_FILES = ("ve.safetensors", "t3_cfg.safetensors", "s3gen.safetensors", "
 DEFAULT_VOICE_FILE = "conds.pt"
 
 
-class ChatterboxCheckpointError(FileNotFoundError):
+class ChatterboxCheckpointError(ModelFilesError):
     """The folder lacks a published file (the message names it) or one is malformed."""
 
 
@@ -83,6 +89,78 @@ def load_t3(
     return t3
 
 
+def _load_module(module: torch.nn.Module, state: dict[str, torch.Tensor], prefix: str, path: Path):
+    """Load ``module`` from the tensors under ``prefix`` (names as published), strictly.
+
+    Raises:
+        ChatterboxCheckpointError: a tensor is missing or unexpected (named) or misshapen.
+    """
+    own = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    try:
+        module.load_state_dict(own, strict=True)
+    except RuntimeError as exc:
+        raise ChatterboxCheckpointError(
+            f"{path} does not fit {type(module).__name__}: {exc}"
+        ) from exc
+
+
+def load_s3gen(
+    root: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> S3GenFlow:
+    """S3Gen's token-to-mel flow with the ``flow.`` tensors of ``s3gen.safetensors`` (sizes
+    read from them).
+
+    Raises:
+        ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+    """
+    path = check_folder(root) / "s3gen.safetensors"
+    state = load_file(path)
+    try:
+        flow = S3GenFlow(FlowConfig.from_state_dict(state, "flow."))
+    except (KeyError, ValueError) as exc:
+        raise ChatterboxCheckpointError(f"{path}: {exc}") from exc
+    _load_module(flow, state, "flow.", path)
+    return flow.to(device=device, dtype=dtype).eval()
+
+
+def load_hift(
+    root: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> HiFT:
+    """The HiFT vocoder with the ``mel2wav.`` tensors of ``s3gen.safetensors`` (sizes read from
+    them; weight norm folded).
+
+    Raises:
+        ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+    """
+    path = check_folder(root) / "s3gen.safetensors"
+    state = load_file(path)
+    try:
+        hift = HiFT(HiFTConfig.from_state_dict(state, "mel2wav."))
+    except KeyError as exc:
+        raise ChatterboxCheckpointError(f"{path}: {exc}") from exc
+    _load_module(hift, state, "mel2wav.", path)
+    hift.fold_weight_norm()
+    return hift.to(device=device, dtype=dtype).eval()
+
+
+def load_voice_encoder(root: str | Path, device: str | torch.device = "cpu") -> VoiceEncoder:
+    """The voice encoder with ``ve.safetensors``' tensors (GE2E's ``similarity_*`` scalars,
+    used only in training, are not needed).
+
+    Raises:
+        ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+    """
+    path = check_folder(root) / "ve.safetensors"
+    state = {k: v for k, v in load_file(path).items() if not k.startswith("similarity_")}
+    try:
+        hidden = state["proj.weight"].shape[1]
+        encoder = VoiceEncoder(hidden, state["proj.weight"].shape[0])
+    except KeyError as exc:
+        raise ChatterboxCheckpointError(f"{path}: no tensor {exc}") from exc
+    _load_module(encoder, state, "", path)
+    return encoder.to(device).eval()
+
+
 def load_default_voice(root: str | Path) -> DefaultVoice | None:
     """The default voice of ``conds.pt``, or None when the folder has none.
 
@@ -103,3 +181,25 @@ def load_default_voice(root: str | Path) -> DefaultVoice | None:
     prompt = () if tokens is None else tuple(int(t) for t in tokens.reshape(-1).tolist())
     exaggeration = 0.5 if emotion is None else float(torch.as_tensor(emotion).reshape(-1)[0])
     return DefaultVoice(speaker, prompt, exaggeration)
+
+
+def load_voice(root: str | Path) -> Voice | None:
+    """Both halves of ``conds.pt`` (T3's and S3Gen's: ``prompt_token``, ``prompt_feat``,
+    ``embedding``), or None when the folder has no ``conds.pt``.
+
+    Raises:
+        ChatterboxCheckpointError: a half or one of its fields is missing (named).
+    """
+    t3 = load_default_voice(root)
+    if t3 is None:
+        return None
+    path = Path(root) / DEFAULT_VOICE_FILE
+    conds = torch.load(path, map_location="cpu", weights_only=True)
+    gen = conds.get("gen") if isinstance(conds, dict) else None
+    try:
+        tokens = gen["prompt_token"].reshape(-1).long()
+        mel = gen["prompt_feat"].float().reshape(-1, gen["prompt_feat"].shape[-1])
+        embedding = gen["embedding"].float().reshape(-1)
+    except (KeyError, TypeError) as exc:
+        raise ChatterboxCheckpointError(f"{path} has no S3Gen prompt field {exc}") from exc
+    return Voice(t3.speaker, t3.prompt_tokens, t3.exaggeration, tokens, mel, embedding)

@@ -1,0 +1,268 @@
+"""The ``chatterbox`` card: T3 samples 25 Hz speech tokens with classifier-free guidance
+(AR_DECODE on the shared paged AR component), S3Gen's flow turns them into 50 Hz mel in 10
+Euler steps with its own guidance (DENOISE, one DENOISE_STEP unit per step, batched across
+requests), HiFT makes 24 kHz audio (AUDIO_DECODE).
+
+Program: ``frontend`` (``punc_norm``, ``tokenizer.json``, the voice -> ``T3Prompt`` and S3Gen
+voice prompt; checked at submission) -> ``decode`` (``ARDecodeLoop`` on ``t3``: the stop-of-speech
+id ends it; tokens go on ``tokens``) -> ``flow`` (``DenoiseLoop`` on ``s3gen``: one window over
+the whole utterance once T3 has finished, ids >= 6561 dropped as upstream) -> ``vocode``
+(``AudioDecodeLoop`` on ``hift``: one chunk, the whole mel) -> ``usage``.
+
+Voices: the folder's ``conds.pt`` is the default voice; ``default`` and OpenAI's voice names
+speak it. Reference-clip cloning (the voice encoder, S3Gen's tokenizer and speaker encoder) is
+not built yet. Sampling defaults are ``ChatterboxTTS.generate``'s: temperature 0.8, top-p 1.0,
+``min_p`` 0.05, repetition penalty 1.2 once per generated id, at most 1000 tokens;
+``exaggeration`` and ``cfg_weight`` are request fields (``SamplingParams``) over the card's
+options.
+Upstream watermarks its output (resemble-perth); this card does not (docs/models/chatterbox.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omnistep.core import (
+    OPENAI_VOICES,
+    Capability,
+    ComponentSpec,
+    InvalidRequestError,
+    KernelNode,
+    LoopKind,
+    LoopNode,
+    LoopSpec,
+    ModelCard,
+    Program,
+    ProgramContext,
+    Request,
+    WorkUnitKind,
+    derived_seed,
+)
+from omnistep.layers.device import check_device
+from omnistep.loops import AudioDecodeLoop
+from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
+from omnistep.loops.audio_decode import AudioDecodeConfig
+from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop
+from omnistep.models.chatterbox.frontend import (
+    DEFAULT_CFG_WEIGHT,
+    DEFAULT_EXAGGERATION,
+    FLOW_SEED_KEY,
+    ChatterboxFrontend,
+    TextTokenizer,
+)
+from omnistep.models.chatterbox.hift import SAMPLE_RATE
+from omnistep.models.chatterbox.loader import (
+    ChatterboxCheckpointError,
+    check_folder,
+    load_hift,
+    load_s3gen,
+    load_t3,
+    load_voice,
+)
+from omnistep.models.chatterbox.s3gen import CFG_RATE, NUM_STEPS, SPEECH_VOCAB
+from omnistep.models.chatterbox.stages import FlowDenoiser, FlowStart, HiFTVocoder
+from omnistep.models.chatterbox.t3 import T3Config
+from omnistep.runners.options import ServingOptions
+from omnistep.sampling import SamplingRow
+
+CARD_ID = "chatterbox"
+WHOLE_UTTERANCE = 1 << 30
+"""HiFT's first chunk in frames: the whole mel (its source is not chunk-exact)."""
+
+
+@dataclass(frozen=True)
+class ChatterboxOptions(ServingOptions):
+    """Serving options: ``ServingOptions`` (T3's KV cache, batching, dtype) and
+
+    Attributes:
+        max_new_tokens: cap on T3's speech tokens (upstream 1000: 40 s).
+        exaggeration: emotion exaggeration (upstream 0.5); None keeps the voice's stored value.
+        cfg_weight: T3's classifier-free guidance weight (upstream 0.5; 0: no guidance).
+        flow_steps: S3Gen's Euler steps (upstream 10).
+        flow_cfg_rate: S3Gen's guidance rate (upstream 0.7).
+    """
+
+    max_new_tokens: int = 1000
+    exaggeration: float | None = DEFAULT_EXAGGERATION
+    cfg_weight: float = DEFAULT_CFG_WEIGHT
+    flow_steps: int = NUM_STEPS
+    flow_cfg_rate: float = CFG_RATE
+
+
+def make_sampling(eos_token_id: int):
+    """``Request -> SamplingRow`` with ``ChatterboxTTS.generate``'s defaults for unset fields:
+    temperature 0.8, top-p 1.0, min-p 0.05, repetition penalty 1.2 applied once per id over
+    every generated token (transformers' processor, as upstream)."""
+
+    def build(req: Request) -> SamplingRow:
+        sp = req.sampling
+        return SamplingRow(
+            temperature=float(sp.or_default("temperature", 0.8)),
+            top_p=float(sp.or_default("top_p", 1.0)),
+            top_k=int(sp.or_default("top_k", 0)),
+            min_p=0.05,
+            repetition_penalty=float(sp.or_default("repetition_penalty", 1.2)),
+            penalty_compounds=False,
+            penalty_window=4096,
+            min_new_tokens=int(sp.or_default("min_new_tokens", 0)),
+            eos_token_id=eos_token_id,
+            min_keep=1,
+        )
+
+    return build
+
+
+def _flow_start(steps_seed_key: int):
+    def make_start(req: Request, ctx: ProgramContext, items: list, window) -> FlowStart | None:
+        ids = [int(item[0]) for item in items]
+        tokens = [t for t in ids if t < SPEECH_VOCAB]  # upstream drops T3's special ids
+        if not tokens:
+            return None
+        seed = derived_seed(req.seed, steps_seed_key)
+        level = float(req.sampling.or_default("flow_noise_level", 0.0))
+        return FlowStart(torch.tensor(tokens, dtype=torch.long), ctx.slots["voice"], seed, level)
+
+    return make_start
+
+
+def _usage(ctx: ProgramContext) -> None:
+    ctx.usage["output_tokens"] = len(ctx.slots["speech"])
+
+
+def build_card(
+    path: str | None = None, options: ChatterboxOptions | None = None, **overrides
+) -> ModelCard:
+    """The Chatterbox card on the published folder ``path`` (``ResembleAI/chatterbox``).
+
+    Raises:
+        InvalidRequestError: no path given.
+        ChatterboxCheckpointError: a missing or malformed file (named).
+    """
+    if path is None:
+        raise InvalidRequestError(
+            "the chatterbox family needs weights: --model chatterbox=/path/to/dir",
+            param="model",
+        )
+    opts = options or ChatterboxOptions(**overrides)
+    root = check_folder(path)
+    tokenizer = TextTokenizer(root / "tokenizer.json")
+    frontend = ChatterboxFrontend(tokenizer, load_voice(root), opts.cfg_weight, opts.exaggeration)
+    t3_config = T3Config()
+
+    def build_t3(device: str):
+        check_device(device)
+        layers, hidden = _t3_geometry(root)
+        kv = opts.kv_config(layers, hidden // t3_config.head_dim, t3_config.head_dim)
+        return load_t3(root, kv, device, opts.dtype, opts.batch_invariant)
+
+    def build_flow(device: str):
+        check_device(device)
+        flow = load_s3gen(root, device)
+        return FlowDenoiser(flow, opts.flow_steps, opts.flow_cfg_rate, opts.batch_invariant)
+
+    def build_hift(device: str):
+        check_device(device)
+        return HiFTVocoder(load_hift(root, device))
+
+    decode = ARDecodeConfig(
+        loop_id="decode",
+        component="t3",
+        prompt_slot="prompt",
+        make_sampling=make_sampling(t3_config.stop_speech),
+        max_new_tokens=opts.max_new_tokens,
+        eos_token_ids=(t3_config.stop_speech,),
+        stream_slot="tokens",
+        penalty_window=4096,
+    )
+    flow = DenoiseConfig(
+        loop_id="flow",
+        component="s3gen",
+        in_slot="tokens",
+        stream_slot="mel",
+        make_start=_flow_start(FLOW_SEED_KEY),
+        frames_per_item=2,
+    )
+    vocode = AudioDecodeConfig(
+        loop_id="vocode",
+        component="hift",
+        in_slot="mel",
+        sample_rate=SAMPLE_RATE,
+        first_chunk=WHOLE_UTTERANCE,
+        chunk=WHOLE_UTTERANCE,
+        extras_slot="hift_seed",
+    )
+    program = Program(
+        inputs=("request",),
+        nodes=(
+            KernelNode(
+                "frontend", frontend, needs=("request",), binds=("prompt", "voice", "hift_seed")
+            ),
+            LoopNode("decode", "decode", needs=("prompt",), binds="speech", streams=("tokens",)),
+            LoopNode(
+                "flow", "flow", needs=("tokens", "voice"), binds="mel_frames", streams=("mel",)
+            ),
+            LoopNode("vocode", "vocode", needs=("mel", "hift_seed"), binds="samples"),
+            KernelNode("usage", _usage, needs=("speech", "samples")),
+        ),
+    )
+    return ModelCard(
+        card_id=CARD_ID,
+        family="chatterbox",
+        components=(
+            ComponentSpec("t3", build_t3, opts.max_batch_size, "T3 Llama with CFG"),
+            ComponentSpec("s3gen", build_flow, opts.max_batch_size, "S3Gen flow matching"),
+            ComponentSpec("hift", build_hift, opts.max_batch_size, "HiFT vocoder"),
+        ),
+        loops=(
+            LoopSpec(
+                "decode",
+                LoopKind.AR_DECODE,
+                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
+                ("t3",),
+                lambda: ARDecodeLoop(decode),
+            ),
+            LoopSpec(
+                "flow",
+                LoopKind.DENOISE,
+                (WorkUnitKind.DENOISE_STEP,),
+                ("s3gen",),
+                lambda: DenoiseLoop(flow),
+            ),
+            LoopSpec(
+                "vocode",
+                LoopKind.AUDIO_DECODE,
+                (WorkUnitKind.AUDIO_CHUNK,),
+                ("hift",),
+                lambda: AudioDecodeLoop(vocode),
+            ),
+        ),
+        program=program,
+        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
+        sample_rate=SAMPLE_RATE,
+        voices=("default", *OPENAI_VOICES),
+        default_voice="default",
+        voice_validator=frontend.check_voice,
+        parity=frozenset({"C0", "C1", "stream", "reference"}),
+        description="Chatterbox: T3 Llama over 25 Hz speech tokens with CFG -> S3Gen flow "
+        "matching -> HiFT, 24 kHz.",
+    )
+
+
+def _t3_geometry(root) -> tuple[int, int]:
+    """T3's layer count and width from ``t3_cfg.safetensors``' header (no tensors read).
+
+    Raises:
+        ChatterboxCheckpointError: the file lacks ``speech_emb.weight``.
+    """
+    from safetensors import safe_open
+
+    with safe_open(root / "t3_cfg.safetensors", "pt") as f:
+        names = list(f.keys())  # noqa: SIM118 (safe_open is not iterable)
+        if "speech_emb.weight" not in names:
+            raise ChatterboxCheckpointError(
+                f"{root / 't3_cfg.safetensors'} has no speech_emb.weight"
+            )
+        hidden = f.get_slice("speech_emb.weight").get_shape()[1]
+    return len({k.split(".")[2] for k in names if k.startswith("tfmr.layers.")}), hidden

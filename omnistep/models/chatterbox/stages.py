@@ -1,0 +1,291 @@
+"""Chatterbox's S3Gen and HiFT as scheduler components.
+
+``FlowDenoiser`` runs DENOISE_STEP units (``loops.denoise``): a unit's ``start`` payload
+(``FlowStart``: the speech tokens, the voice, the noise seed) prepares the request's flow inputs
+(encoder, speaker projection, prompt mel) and draws its initial noise; every unit is one Euler
+step (10 per utterance, ``S3GenFlow.step``), units of requests with the same number of frames
+stepping together in one estimator call (each row at its own step); after the last step the
+request's mel rows ``[frames, 80]`` are the result.
+
+``HiFTVocoder`` runs AUDIO_CHUNK units (``loops.audio_decode``): HiFT's source is the cumulative
+phase of the F0 over the whole utterance and its noise is drawn for the whole utterance, so the
+card decodes one chunk per request (the whole mel, once the flow has finished); the first 40 ms
+get upstream's ``trim_fade``.
+
+Rollouts: a request with ``flow_noise_level`` a > 0 samples every Euler step as Flow-GRPO's SDE
+(``runners.flow_matching``: ``sde_terms``, ``sde_mean``, ``sde_noise`` seeded
+``derived_seed(seed, 3)``, blocks of ``SDE_BLOCK`` frames over all frames, the prompt's
+included), and a unit that asks for its record gets a ``FlowStepRecord`` (the ``FlowStep``:
+state, mean, std, sample, log-prob); ``score_steps`` recomputes the log-probs with the same code.
+Weight updates and trainer copies take the flow's tensors by their published names
+(``flow.*`` of ``s3gen.safetensors``).
+
+Noise: the flow's initial state is ``torch.randn((1, 80, T))`` of a CPU generator seeded with
+``derived_seed(request seed, 1)`` (upstream's ``randn_like(mu)`` after ``torch.manual_seed``
+of that seed), HiFT's source noise ``SourceNoise.draw`` of one seeded ``derived_seed(seed, 2)``.
+
+Imports torch, numpy, ``omnistep.core``, ``omnistep.loops`` (payload types) and this family's
+modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from omnistep.core import WorkUnitKind, derived_seed
+from omnistep.layers.training import require_training_copy, training_copy
+from omnistep.loops import AudioChunkInput
+from omnistep.loops.denoise import DenoiseInput, DenoiseOutput
+from omnistep.models.chatterbox.frontend import Voice
+from omnistep.models.chatterbox.hift import HiFT, trim_fade
+from omnistep.models.chatterbox.s3gen import CFG_RATE, NUM_STEPS, S3GenFlow, S3GenInputs
+from omnistep.runners.flow_matching import (
+    FlowStep,
+    cosine_time_points,
+    gaussian_logprob,
+    sde_mean,
+    sde_noise,
+    sde_terms,
+)
+
+SDE_SEED_KEY = 3
+"""``derived_seed`` key of a request's SDE noise."""
+SDE_BLOCK = 50
+"""Frames per SDE noise block (``sde_noise``)."""
+FLOW_PREFIX = "flow."
+"""The flow's tensors' prefix in ``s3gen.safetensors`` (weight-update names)."""
+
+
+@dataclass(frozen=True, eq=False)
+class FlowStart:
+    """A request's first flow unit: ``tokens`` ``[n]`` int64 (S3 ids), its voice, its seed,
+    its SDE noise level (0: the ODE)."""
+
+    tokens: torch.Tensor
+    voice: Voice
+    seed: int
+    noise_level: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class FlowStepRecord:
+    """One recorded SDE step: the request's ``start`` (to recompute its conditioning) and the
+    step (``FlowStep``; ``x``, ``mean``, ``x_next`` ``[1, mel_dim, T]``)."""
+
+    start: FlowStart
+    step: FlowStep
+
+
+@dataclass(frozen=True, eq=False)
+class FlowState:
+    """A request between flow steps: its prepared inputs, state ``x`` ``[80, T]`` and the
+    number of steps taken."""
+
+    inputs: S3GenInputs
+    x: torch.Tensor
+    step: int
+    start: FlowStart
+
+
+def initial_noise(seed: int, frames: int, mel_dim: int = 80) -> torch.Tensor:
+    """``[mel_dim, frames]``: upstream's ``torch.randn_like(mu)`` (``[1, mel_dim, T]``) after
+    ``torch.manual_seed(seed)``, from a CPU generator of its own."""
+    generator = torch.Generator().manual_seed(int(seed))
+    return torch.randn((1, mel_dim, frames), generator=generator)[0]
+
+
+class FlowDenoiser:
+    """DENOISE_STEP component over ``S3GenFlow`` (see the module docstring).
+
+    Args:
+        flow: the loaded flow.
+        num_steps: Euler steps per utterance (upstream 10).
+        cfg_rate: the flow's guidance rate (upstream 0.7).
+        batch_invariant: step every request alone (bit-identical whatever the batch).
+    """
+
+    serving: bool = True
+    """False on a ``training_copy``: it scores and trains, and never runs units."""
+
+    def __init__(
+        self,
+        flow: S3GenFlow,
+        num_steps: int = NUM_STEPS,
+        cfg_rate: float = CFG_RATE,
+        batch_invariant: bool = False,
+    ):
+        self.flow = flow
+        self.num_steps = num_steps
+        self.cfg_rate = cfg_rate
+        self.batch_invariant = batch_invariant
+        self.weight_version = 0
+        device = next(flow.parameters()).device
+        self.times = cosine_time_points(num_steps, torch.float32, device)
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        return {FLOW_PREFIX + n: p for n, p in self.flow.named_parameters()}
+
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``name -> (shape, dtype)`` of every flow tensor a weight update may change, by the
+        published names (``flow.*``)."""
+        return {name: (tuple(t.shape), str(t.dtype)) for name, t in self._weights().items()}
+
+    @torch.no_grad()
+    def update_weights(self, tensors) -> None:
+        """Copy checked tensors (``ModelInstance.check_weights``) into the flow in place."""
+        targets = self._weights()
+        for name, value in tensors.items():
+            targets[name].copy_(torch.as_tensor(value))
+
+    def training_copy(self) -> FlowDenoiser:
+        """A trainer's copy (``omnistep.layers.training``): its own flow weights, equal to
+        these; it scores (``score_steps``) and hands out ``trainable_weights``."""
+        return training_copy(self)
+
+    def trainable_weights(self, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+        """A training copy's flow parameters by published name (all when ``names`` is None),
+        set to require grad.
+
+        Raises:
+            ServingWeightsError: this component serves (take ``training_copy()`` first).
+            KeyError: a name the flow does not have.
+        """
+        require_training_copy(self)
+        weights = self._weights()
+        chosen = {n: weights[n] for n in (weights if names is None else names)}
+        for tensor in chosen.values():
+            tensor.requires_grad_(True)
+        return chosen
+
+    def _begin(self, start: FlowStart) -> FlowState:
+        v = start.voice
+        inputs = self.flow.prepare(start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding)
+        noise = initial_noise(start.seed, inputs.num_frames, self.flow.mel_dim)
+        return FlowState(inputs, noise.to(inputs.mu), 0, start)
+
+    def _sde(
+        self, state: FlowState, ode_next: torch.Tensor, k1: torch.Tensor
+    ) -> tuple[torch.Tensor, FlowStep | None]:
+        """The SDE sample and its record from the ODE step (``[mel_dim, T]``), or the ODE
+        step and None at noise level 0."""
+        a, step = state.start.noise_level, state.step
+        if a <= 0:
+            return ode_next, None
+        mean, std = self._sde_mean(state.x, ode_next, k1, step, a)
+        frames, mel_dim = state.x.shape[-1], state.x.shape[0]
+        seed = derived_seed(state.start.seed, SDE_SEED_KEY)
+        eps = sde_noise(seed, step, 0, frames, SDE_BLOCK, mel_dim).transpose(0, 1)
+        x_next = mean + std * eps.to(mean)
+        record = FlowStep(
+            step=step,
+            t=float(self.times[step]),
+            t_next=float(self.times[step + 1]),
+            x=state.x[None].float().cpu(),
+            mean=mean[None].float().cpu(),
+            std=std,
+            x_next=x_next[None].float().cpu(),
+            logprob=gaussian_logprob(x_next[None], mean[None], std).cpu(),
+        )
+        return x_next, record
+
+    def _sde_mean(self, x, ode_next, k1, step: int, noise_level: float):
+        drift, std = sde_terms(self.times, step, noise_level)
+        return sde_mean(ode_next, drift, self.times[step], k1, x), std
+
+    def score_steps(self, records: Sequence[FlowStepRecord]) -> torch.Tensor:
+        """The log-probs of recorded SDE steps recomputed by serving's code (conditioning,
+        guided velocity, Euler step, drift correction), float64 ``[S]`` in the records' order.
+        Autograd follows the caller's grad mode on a training copy; on the serving component
+        never (no graph reaches serving weights)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
+            return self._score_steps(records)
+
+    def _score_steps(self, records: Sequence[FlowStepRecord]) -> torch.Tensor:
+        out = []
+        for r in records:
+            v = r.start.voice
+            inputs = self.flow.prepare_inputs(
+                r.start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding
+            )
+            x = r.step.x.to(inputs.mu)
+            ode_next, k1 = self.flow.step([inputs], x, self.times, [r.step.step], self.cfg_rate)
+            mean, std = self._sde_mean(x, ode_next, k1, r.step.step, r.start.noise_level)
+            out.append(gaussian_logprob(r.step.x_next.to(mean), mean, std)[0])
+        return torch.stack(out)
+
+    @torch.inference_mode()
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[DenoiseInput]) -> list[DenoiseOutput]:
+        """One Euler step per unit, in the units' order.
+
+        Raises:
+            ValueError: ``kind`` is not DENOISE_STEP (and what ``S3GenFlow.prepare`` raises).
+        """
+        if not self.serving:
+            raise RuntimeError("a training copy of S3Gen's flow does not serve")
+        if kind is not WorkUnitKind.DENOISE_STEP:
+            raise ValueError(f"S3Gen runs DENOISE_STEP units, got {kind}")
+        states = [self._begin(p.start) if p.start is not None else p.state for p in payloads]
+        groups: dict[int, list[int]] = {}
+        for i, s in enumerate(states):
+            key = i if self.batch_invariant else s.inputs.num_frames
+            groups.setdefault(key, []).append(i)
+        nxt: list[FlowState | None] = [None] * len(states)
+        records: list[FlowStep | None] = [None] * len(states)
+        for rows in groups.values():
+            batch = [states[i] for i in rows]
+            x, k1 = self.flow.step(
+                [s.inputs for s in batch],
+                torch.stack([s.x for s in batch]),
+                self.times,
+                [s.step for s in batch],
+                self.cfg_rate,
+            )
+            for j, i in enumerate(rows):
+                s = batch[j]
+                x_next, records[i] = self._sde(s, x[j], k1[j])
+                nxt[i] = FlowState(s.inputs, x_next, s.step + 1, s.start)
+        return [
+            self._output(s, FlowStepRecord(s.start, r) if p.record and r is not None else None)
+            for s, r, p in zip(nxt, records, payloads, strict=True)
+        ]
+
+    def _output(self, state: FlowState, record: FlowStepRecord | None) -> DenoiseOutput:
+        if state.step < self.num_steps:
+            return DenoiseOutput(state, record=record)
+        mel = state.x[:, state.inputs.prompt_frames :].transpose(0, 1).float().cpu()
+        # [frames] rows of [80]
+        return DenoiseOutput(state, done=True, result=list(mel), record=record)
+
+
+class HiFTVocoder:
+    """AUDIO_CHUNK component over ``HiFT`` (see the module docstring): a unit's ``extras`` is
+    its request's HiFT noise seed."""
+
+    def __init__(self, hift: HiFT):
+        self.hift = hift
+
+    @torch.inference_mode()
+    def execute(self, kind: WorkUnitKind, payloads: Sequence[AudioChunkInput]) -> list[np.ndarray]:
+        """Each unit's chunk samples, float32 ``[chunk * 480]``.
+
+        Raises:
+            ValueError: ``kind`` is not AUDIO_CHUNK.
+        """
+        if kind is not WorkUnitKind.AUDIO_CHUNK:
+            raise ValueError(f"HiFT runs AUDIO_CHUNK units, got {kind}")
+        return [self._decode(p) for p in payloads]
+
+    def _decode(self, unit: AudioChunkInput) -> np.ndarray:
+        device = next(self.hift.parameters()).device
+        mel = torch.stack(list(unit.frames)).transpose(0, 1)[None].to(device)  # [1, 80, W]
+        generator = torch.Generator().manual_seed(int(unit.extras))
+        wav, _ = self.hift(mel, self.hift.draw_noise(mel.shape[-1], generator))
+        if unit.start == 0:
+            wav = trim_fade(wav)
+        hop = self.hift.config.samples_per_frame
+        out = wav[0, unit.left * hop : (unit.left + unit.chunk) * hop]
+        return np.ascontiguousarray(out.float().cpu().numpy())
