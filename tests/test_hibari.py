@@ -29,14 +29,14 @@ from omnistep.models.hibari.voice import (
     HibariVoiceComponent,
     embedded_model_path,
 )
+from omnistep.offline import OmniEngine
+from omnistep.parity import collect, run_alone, run_interleaved
 from omnistep.runners.sentence_voice import (
     Sentence,
     first_unit_threads,
     sentence_seed,
     session_threads,
 )
-from omnistep.offline import OmniEngine
-from omnistep.parity import collect, run_alone, run_interleaved
 from tests.serving import running_server
 
 hibari = pytest.importorskip("hibari")

@@ -30,10 +30,10 @@ from omnistep.models.hibari.card import MAX_PHONEMES
 from omnistep.models.hibari.card import build_card as build_hibari
 from omnistep.models.hibari.voice import vocab_path
 from omnistep.models.kokoro import weights as kokoro_weights
-from omnistep.runners.misaki import MisakiFrontend, english_g2p
-from omnistep.runners.sentence_voice import WordSpan, add_graph_output, word_timings
 from omnistep.models.toy.card import build_card as build_toy
 from omnistep.offline import OmniEngine
+from omnistep.runners.misaki import MisakiFrontend, english_g2p
+from omnistep.runners.sentence_voice import WordSpan, add_graph_output, word_timings
 from omnistep.server import ServerConfig, build_app
 from omnistep.server.speech_stream import PATH
 from omnistep.server.speech_timestamps import caption_cues
