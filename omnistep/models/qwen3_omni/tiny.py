@@ -249,7 +249,9 @@ def config_dict(sizes: Qwen3OmniSizes, ids: Qwen3OmniTokenIds) -> dict[str, Any]
     codec = codec_ids(s)
     talker_text = dict(
         text,
-        vocab_size=max(codec.values()) + 1,
+        # transformers' generate suppresses the top 1024 talker ids but EOS (the control
+        # block): the vocabulary must reach past it, as the published 3072 does
+        vocab_size=max(max(codec.values()) + 1, s.codebook_size + SUPPRESSED_TOP_IDS),
         hidden_size=s.talker_hidden,
         intermediate_size=2 * s.talker_hidden,
         num_hidden_layers=s.talker_layers,
@@ -272,6 +274,7 @@ def config_dict(sizes: Qwen3OmniSizes, ids: Qwen3OmniTokenIds) -> dict[str, Any]
             "image_token_id": ids.image_pad,
             "video_token_id": ids.video_pad,
             "audio_start_token_id": ids.audio_start,
+            "vision_start_token_id": ids.vision_start,
             "user_token_id": ids.user,
         },
         "talker_config": {
@@ -317,6 +320,10 @@ def config_dict(sizes: Qwen3OmniSizes, ids: Qwen3OmniTokenIds) -> dict[str, Any]
         "assistant_token_id": ids.assistant,
     }  # fmt: skip
 
+
+SUPPRESSED_TOP_IDS = 1024
+"""``Qwen3OmniMoeForConditionalGeneration.generate`` suppresses talker ids ``[vocab - 1024,
+vocab)`` except the codec EOS."""
 
 RESIDUAL_GAIN = 0.3
 """Factor on the 1x1 conv closing each code2wav residual unit (after the draw)."""

@@ -1,0 +1,312 @@
+"""The ``qwen3_omni`` card end to end on the tiny checkpoint: talker codes equal to transformers'
+``Qwen3OmniMoeForConditionalGeneration.generate`` (greedy, reply cut at its token cap and reply
+ended by EOS) and the waveform within 1e-4; the streamed code2wav chunks equal to the whole
+decode within 1e-5; ``/v1/chat/completions`` with text and audio (streamed == whole bytes, C1),
+C3 codes bit-identical beside other requests under ``batch_invariant``, 400s for bad input, the
+registry and ``omnistep weights``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from starlette.testclient import TestClient
+
+from omnistep.core import (
+    ChatMessage,
+    ExecutionProfile,
+    Modality,
+    ModelInstance,
+    Request,
+    SamplingParams,
+)
+from omnistep.engine import AsyncEngine
+from omnistep.models import registry
+from omnistep.models.qwen3_omni.card import Qwen3OmniOptions, build_card
+from omnistep.runners import locate
+from omnistep.server import ServerConfig, build_app
+
+MESSAGES = (ChatMessage("system", "be brief"), ChatMessage("user", "hello there, say something"))
+THINKER_TOKENS = 12
+TALKER_TOKENS = 20  # transformers' talker_max_new_tokens: 19 frames
+
+
+@functools.cache
+def _reference(folder: Path, eos: int) -> tuple[list[int], list[tuple[int, ...]], np.ndarray]:
+    """transformers' greedy generate: (reply ids, talker frames, waveform)."""
+    from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(folder).eval()
+    chat = [{"role": m.role, "content": m.content} for m in MESSAGES]
+    ids = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    ids = torch.tensor([ids["input_ids"]])
+    seen = {}
+    decode = model.code2wav.chunked_decode
+
+    def spy(codes, **kw):
+        seen["codes"] = codes.clone()
+        return decode(codes, **kw)
+
+    model.code2wav.chunked_decode = spy
+    sequences, wave = model.generate(
+        ids,
+        speaker="ethan",
+        thinker_max_new_tokens=THINKER_TOKENS,
+        thinker_do_sample=False,
+        thinker_eos_token_id=eos,
+        talker_do_sample=False,
+        talker_max_new_tokens=TALKER_TOKENS,
+    )
+    frames = [tuple(f) for f in seen["codes"][0].T.tolist()]
+    return sequences[0, ids.shape[1] :].tolist(), frames, wave[0, 0].numpy()
+
+
+def _request(seed: int = 0, audio: bool = True, text: str | None = None, **kw) -> Request:
+    outputs = {Modality.TEXT, Modality.AUDIO} if audio else {Modality.TEXT}
+    messages = MESSAGES if text is None else (ChatMessage("user", text),)
+    return Request(
+        "qwen3-omni",
+        messages=messages,
+        seed=seed,
+        sampling=SamplingParams(temperature=0.0, max_new_tokens=THINKER_TOKENS),
+        profile=ExecutionProfile.ROLLOUT,
+        output_modalities=frozenset(outputs),
+        voice="ethan",
+        **kw,
+    )
+
+
+async def _run(model: ModelInstance, requests: list[Request]):
+    engine = AsyncEngine([model])
+    streams = [engine.add_request(r) for r in requests]
+
+    async def drain(stream):
+        audio, text = [], ""
+        async for chunk in stream:
+            text += chunk.text or ""
+            if chunk.audio is not None:
+                audio.append(chunk.audio)
+        return text, np.concatenate(audio) if audio else np.zeros(0, np.float32)
+
+    outs = await asyncio.gather(*(drain(s) for s in streams))
+    await engine.shutdown()
+    return streams, outs
+
+
+def _greedy(folder: Path, **kw) -> ModelInstance:
+    opts = Qwen3OmniOptions(
+        kv_cache_gb=0.02, talker_max_new_tokens=TALKER_TOKENS, talker_greedy=True, **kw
+    )
+    return ModelInstance.load(build_card(str(folder), opts))
+
+
+@pytest.fixture(scope="module")
+def eos_folder(qwen3_omni_folder, tmp_path_factory) -> tuple[Path, int]:
+    """A copy of the tiny folder whose generation_config ends the thinker at the third token of
+    its greedy reply (a token not sampled before it), so the reply ends by EOS."""
+    from omnistep.models.qwen3_omni.tiny import tokenizer_files
+
+    im_end = tokenizer_files()[1].im_end
+    reply, _, _ = _reference(qwen3_omni_folder, im_end)
+    eos = next(t for i, t in enumerate(reply) if i >= 2 and t not in reply[:i])
+    folder = tmp_path_factory.mktemp("qwen3_omni_eos") / "ckpt"
+    shutil.copytree(qwen3_omni_folder, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    return folder, eos
+
+
+@pytest.mark.parametrize("ending", ["length", "eos"])
+def test_codes_and_wave_match_transformers_generate(qwen3_omni_folder, eos_folder, ending):
+    from omnistep.models.qwen3_omni.tiny import tokenizer_files
+
+    folder, eos = (
+        eos_folder if ending == "eos" else (qwen3_omni_folder, tokenizer_files()[1].im_end)
+    )
+    reply, frames, wave = _reference(folder, eos)
+    model = _greedy(folder)
+    (stream,), ((_, ours),) = asyncio.run(_run(model, [_request()]))
+    text_ids = [r.tokens[0] for r in stream.trajectories["think"]]
+    codes = [tuple(r.tokens) for r in stream.trajectories["talk"]]
+    if ending == "eos":
+        assert text_ids == reply and reply[-1] == eos and len(reply) == 3
+    else:
+        assert text_ids == reply and len(reply) == THINKER_TOKENS
+    assert codes[: len(frames)] == frames and len(frames) >= 4
+    # transformers drops the EOS frame; ours records it (codebook 0 EOS) as the last action
+    assert len(codes) in (len(frames), len(frames) + 1)
+    assert ours.shape == wave.shape
+    np.testing.assert_allclose(ours, wave, atol=1e-4, rtol=0)
+    assert np.abs(wave).max() > 0.05
+    # the streamed chunks (1, 8, 16... frames) equal code2wav's whole decode
+    decoder = model.components["code2wav"].decoder
+    whole = decoder.decode(torch.tensor(frames)[None])[0].numpy()
+    np.testing.assert_allclose(ours, whole, atol=1e-5, rtol=0)
+    for name in ("thinker", "talker"):
+        assert model.components[name].blocks.num_used_blocks == 0
+
+
+def test_talker_runs_one_token_behind_the_thinker(qwen3_omni_folder):
+    """The talker's prefill runs once the reply's first token exists, long before the thinker
+    is done: speech frames come while the text is being written."""
+    model = _greedy(qwen3_omni_folder, first_audio_alone=False)
+    calls: list[str] = []
+    for name in ("thinker", "talker"):
+        component = model.components[name]
+        original = component.execute
+
+        def wrapped(kind, payloads, _name=name, _original=original):
+            calls.append(_name)
+            return _original(kind, payloads)
+
+        component.execute = wrapped
+    asyncio.run(_run(model, [_request()]))
+    last_thinker = max(i for i, c in enumerate(calls) if c == "thinker")
+    first_talker = calls.index("talker")
+    assert first_talker < last_thinker - 5, calls
+
+
+def test_codes_identical_beside_other_requests(qwen3_omni_folder):
+    """C3 under batch_invariant: a sampled request's text, codes and samples alone equal those
+    beside two other requests (other prompts, seeds and voices), to the bit."""
+    opts = Qwen3OmniOptions(
+        kv_cache_gb=0.02, talker_max_new_tokens=TALKER_TOKENS, batch_invariant=True
+    )
+    model = ModelInstance.load(build_card(str(qwen3_omni_folder), opts))
+    sampled = SamplingParams(temperature=0.8, max_new_tokens=THINKER_TOKENS)
+
+    def req(seed, text=None, voice="ethan"):
+        return dataclasses.replace(_request(seed, text=text), sampling=sampled, voice=voice)
+
+    (alone,), ((_, wave_alone),) = asyncio.run(_run(model, [req(3)]))
+    others = [req(3), req(11, "tell me more", "chelsie"), req(5, "what now?", "aiden")]
+    streams, outs = asyncio.run(_run(model, others))
+    for loop in ("think", "talk"):
+        got = [r.tokens for r in streams[0].trajectories[loop]]
+        assert got == [r.tokens for r in alone.trajectories[loop]] and len(got) >= 2
+    assert np.array_equal(outs[0][1], wave_alone) and wave_alone.size > 0
+    others_codes = [r.tokens for r in streams[1].trajectories["talk"]]
+    assert others_codes != [r.tokens for r in alone.trajectories["talk"]]
+
+
+# ------------------------------------------------------------------ HTTP
+@pytest.fixture(scope="module")
+def client(qwen3_omni_folder, tmp_path_factory):
+    card = registry.build_card(
+        f"qwen3_omni={qwen3_omni_folder}", kv_cache_gb=0.02, talker_max_new_tokens=12
+    )
+    engine = AsyncEngine([ModelInstance.load(card)])
+    db = tmp_path_factory.mktemp("qwen3_omni_voices") / "v.db"
+    with TestClient(build_app(engine, ServerConfig(voices_db=str(db)))) as c:
+        yield c
+
+
+URL = "/v1/chat/completions"
+
+
+def _body(**kw):
+    return {
+        "model": "qwen3_omni",
+        "messages": [{"role": "user", "content": "say something"}],
+        "seed": 7,
+        "max_tokens": 8,
+        "temperature": 0.7,
+        **kw,
+    }
+
+
+def _audio_body(**kw):
+    audio = {"voice": "chelsie", "format": "pcm16"}
+    return _body(**{"modalities": ["text", "audio"], "audio": audio, **kw})
+
+
+def _streamed(client, body) -> tuple[str, bytes]:
+    with client.stream("POST", URL, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [json.loads(line)["choices"][0]["delta"] for line in lines if '"choices": [{' in line]
+    text = "".join(d.get("content") or "" for d in deltas)
+    data = b"".join(
+        base64.b64decode(d["audio"]["data"]) for d in deltas if d.get("audio", {}).get("data")
+    )
+    return text, data
+
+
+def test_served_under_the_folder_name_and_family(client, qwen3_omni_folder):
+    ids = {m["id"] for m in client.get("/v1/models").json()["data"]}
+    assert qwen3_omni_folder.name in ids
+    r = client.post(URL, json=_body(model=qwen3_omni_folder.name))
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] and "audio" not in message
+
+
+def test_chat_audio_same_seed_same_bytes_streamed_equals_whole(client):
+    first = client.post(URL, json=_audio_body()).json()
+    second = client.post(URL, json=_audio_body()).json()
+    audio = first["choices"][0]["message"]["audio"]
+    data = base64.b64decode(audio["data"])
+    assert data == base64.b64decode(second["choices"][0]["message"]["audio"]["data"])
+    assert len(data) >= 2 * 1920  # pcm16: at least one frame of 24 kHz audio
+    assert audio["transcript"] == first["choices"][0]["message"]["content"]
+    text, streamed = _streamed(client, _audio_body())
+    assert streamed == data and text == audio["transcript"]
+    other = client.post(URL, json=_audio_body(seed=8)).json()["choices"][0]["message"]["audio"]
+    assert base64.b64decode(other["data"]) != data
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_audio_body(audio={"voice": "nobody", "format": "wav"}), "voice"),
+        (
+            _body(
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "what is this?"},
+                            {
+                                "type": "image_url",
+                                "image_url": {"url": "data:image/png;base64,AAAA"},
+                            },
+                        ],
+                    }
+                ]
+            ),
+            None,
+        ),
+        (_body(messages=[]), "messages"),
+    ],
+)
+def test_bad_input_is_a_400(client, body, param):
+    r = client.post(URL, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    if param is not None:
+        assert param in (error.get("param") or "")
+
+
+def test_openai_voice_names_map_to_speakers(client):
+    a = client.post(URL, json=_audio_body(audio={"voice": "nova", "format": "pcm16"})).json()
+    b = client.post(URL, json=_audio_body()).json()  # chelsie
+    assert (
+        a["choices"][0]["message"]["audio"]["data"] == b["choices"][0]["message"]["audio"]["data"]
+    )
+
+
+# ------------------------------------------------------------------ registry
+def test_weights_writer_and_folder_detection(tmp_path):
+    folder = registry.write_weights("qwen3_omni", tmp_path / "Qwen3-Omni-tiny")
+    assert locate.infer_family(folder)[0] == "qwen3_omni"
+    card = registry.build_card(f"qwen3_omni={folder}")
+    assert card.card_id == "Qwen3-Omni-tiny" and {"qwen3-omni", "qwen3_omni"} <= set(card.aliases)
+    assert card.voices == ("chelsie", "ethan", "aiden") and card.default_voice == "ethan"
