@@ -306,3 +306,56 @@ def test_weights_writer_and_folder_detection(tmp_path):
     card = registry.build_card(f"qwen3_omni={folder}")
     assert card.card_id == "Qwen3-Omni-tiny" and {"qwen3-omni", "qwen3_omni"} <= set(card.aliases)
     assert set(card.voices) == {"chelsie", "ethan", "aiden"} and card.default_voice == "ethan"
+
+
+# ------------------------------------------------------------------ Thinking
+def test_split_reasoning_partitions_at_the_end_marker():
+    from omnistep.models.qwen3_omni.thinking import split_reasoning
+
+    assert split_reasoning("a plan") == ("a plan", None)
+    assert split_reasoning("<think>a plan</think>\n\nhi") == ("a plan", "\n\nhi")
+    assert split_reasoning("a plan</think>") == ("a plan", "")
+
+
+def test_thinking_loop_streams_reasoning_then_content(qwen3_omni_folder):
+    """Text before ``</think>`` goes out as reasoning chunks, the rest as content, whatever
+    the steps' boundaries."""
+    from omnistep.core import StepResult
+    from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeState, ARStepOutput
+    from omnistep.models.qwen3_omni.frontend import load_tokenizer
+    from omnistep.models.qwen3_omni.thinking import ThinkingLoop
+
+    tok = load_tokenizer(str(qwen3_omni_folder))
+    ids = tok("let me see</think>\n\nthe answer", add_special_tokens=False)["input_ids"]
+    assert tok.convert_tokens_to_ids("</think>") in ids
+    cfg = ARDecodeConfig("think", "thinker", "p", lambda r: None, detokenize=tok.decode)
+    loop, state = ThinkingLoop(cfg), ARDecodeState("r", "think", needs_prefill=False)
+    chunks = []
+    for token in ids:
+        loop.advance(state, StepResult(ARStepOutput((token,), (0.0,)), 1, 0.0))
+        chunks += state.outbox
+        state.outbox.clear()
+    reasoning = "".join(c.text for c in chunks if c.reasoning)
+    content = "".join(c.text for c in chunks if not c.reasoning)
+    assert (reasoning, content) == ("let me see", "\n\nthe answer")
+    assert chunks[0].reasoning and not chunks[-1].reasoning
+
+
+def test_thinking_checkpoint_answers_text_with_reasoning_content(tmp_path):
+    """The Thinking layout (no talker): text only, its reasoning in ``reasoning_content``
+    (the tiny model never closes its reasoning: all of its reply is reasoning), streamed ==
+    whole; asking for audio is a 400."""
+    folder = registry.write_weights("qwen3_omni", tmp_path / "Thinking", variant="thinking")
+    card = registry.build_card(f"qwen3_omni={folder}", kv_cache_gb=0.01)
+    assert "talker" not in {c.name for c in card.components}
+    engine = AsyncEngine([ModelInstance.load(card)])
+    with TestClient(build_app(engine, ServerConfig(voices_db=str(tmp_path / "v.db")))) as c:
+        body = _body(model="Thinking", max_tokens=6, temperature=0.0)
+        message = c.post(URL, json=body).json()["choices"][0]["message"]
+        assert message["reasoning_content"] and message["content"] == ""
+        with c.stream("POST", URL, json={**body, "stream": True}) as r:
+            lines = [line[6:] for line in r.iter_lines() if line.startswith("data: {")]
+        deltas = [json.loads(line)["choices"] for line in lines]
+        streamed = "".join(ch[0]["delta"].get("reasoning_content") or "" for ch in deltas if ch)
+        assert streamed == message["reasoning_content"]
+        assert c.post(URL, json=_audio_body(model="Thinking")).status_code == 400

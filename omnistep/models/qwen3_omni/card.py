@@ -11,7 +11,10 @@ chunks of new frames, the first chunk the talker's first frame) -> ``usage``. Th
 run only when audio output is asked for.
 
 A checkpoint without a talker (``enable_audio_output`` false: the Thinking and Captioner
-variants) is served as text only (``Capability.CHAT_TEXT``, no voices).
+variants) is served as text only (``Capability.CHAT_TEXT``, no voices). A thinking checkpoint
+(its chat template opens ``<think>`` in the assistant turn: Thinking) streams the reply's text
+before ``</think>`` as reasoning (``thinking.ThinkingLoop``: the chat API's
+``reasoning_content``, as vLLM returns it).
 
 Sampling: the thinker's from ``generation_config.json`` under the request's fields (greedy when
 the file does not sample, transformers' behaviour); the talker's transformers' ``generate``
@@ -63,6 +66,7 @@ from omnistep.models.qwen3_omni.talker import (
 )
 from omnistep.models.qwen3_omni.talker_loop import TalkerLoop
 from omnistep.models.qwen3_omni.thinker import ThinkerTextConfig, load_thinker
+from omnistep.models.qwen3_omni.thinking import THINK_END, THINK_START, ThinkingLoop
 from omnistep.runners.codec_vocoder import CodecDecoderComponent, codec_decode_config
 from omnistep.runners.options import ServingOptions
 from omnistep.sampling.generation import generation_eos_ids, generation_sampling
@@ -108,6 +112,16 @@ class Qwen3OmniOptions(ServingOptions):
 
 def _usage(ctx: ProgramContext) -> None:
     ctx.usage["output_tokens"] = len(ctx.slots["text_ids"])
+
+
+def thinks(tokenizer: Any) -> bool:
+    """Whether the chat template opens the reasoning in the assistant turn (the Thinking
+    checkpoint's does: ``<|im_start|>assistant\\n<think>\\n``)."""
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False
+    )
+    turn = prompt.rpartition("<|im_start|>assistant")[2]
+    return THINK_START in turn and THINK_END not in turn
 
 
 def _wants_audio(req: Request) -> bool:
@@ -189,8 +203,9 @@ def build_card(
         ComponentSpec("thinker", build_thinker, opts.max_batch_size, "MoE thinker LM"),
     ]
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
+    think_loop = ThinkingLoop if thinks(tokenizer) else ARDecodeLoop
     loops = [
-        LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: ARDecodeLoop(think))
+        LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: think_loop(think))
     ]
     capabilities = {Capability.CHAT_TEXT}
     if audio:
