@@ -28,7 +28,7 @@ Imports torch, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``, ``omnis
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +150,52 @@ class CodecTalker(PagedARModel):
         self.predictor = CodePredictor(predictor, h, self.device, dtype, batch_invariant)
         self._act = ACTIVATIONS[sizes.hidden_act]
         self._suppressed = torch.tensor(sizes.suppressed_ids(), device=self.device)
+
+    def _copy_named(
+        self, targets: Mapping[str, torch.Tensor], state: Mapping[str, Any], prefix: str
+    ) -> None:
+        """Copy ``state``'s tensors whose names start with ``prefix`` into ``targets`` (live
+        tensors by official name): every target must be given, nothing else.
+
+        Raises:
+            KeyError: a missing tensor (named). ValueError: a mis-shaped or unexpected one.
+        """
+        given = {k: v for k, v in state.items() if k.startswith(prefix)}
+        missing = sorted(set(targets) - set(given))
+        if missing:
+            raise KeyError(f"missing talker tensors: {missing[:5]}")
+        unexpected = sorted(set(given) - set(targets))
+        if unexpected:
+            raise ValueError(f"unexpected talker tensors: {unexpected[:5]}")
+        with torch.no_grad():
+            for name, target in targets.items():
+                value = torch.as_tensor(given[name])
+                if tuple(value.shape) != tuple(target.shape):
+                    raise ValueError(
+                        f"{name}: shape {tuple(value.shape)}, expected {tuple(target.shape)}"
+                    )
+                target.copy_(value)
+
+    def _prompt_inputs(
+        self, codec: torch.Tensor, text_ids: Sequence[int], unit: ARPrefillInput
+    ) -> torch.Tensor:
+        """A PREFILL's rows ``[L + n, hidden + text_hidden]``: the prompt's codec parts
+        ``codec`` ``[L, hidden]`` and text ids, then one row per frame replayed after a
+        preemption (its codebooks summed, with the prompt's ``replay_text`` id).
+
+        Raises:
+            ValueError: fewer ``replay_text`` ids than replayed frames, or a bad id.
+        """
+        replay = tuple(getattr(unit.prompt, "replay_text", ()))
+        if len(replay) < len(unit.generated):
+            raise ValueError(
+                f"replaying {len(unit.generated)} frames needs as many text ids, got {len(replay)}"
+            )
+        text_ids = list(text_ids)
+        if unit.generated:
+            codec = torch.cat([codec, self._frame_sums(self._frames(unit.generated))])
+            text_ids += replay[: len(unit.generated)]
+        return torch.cat([codec, self._text_part(text_ids)], dim=1)
 
     def _codec_rows(self, codec_ids: Sequence[int]) -> torch.Tensor:
         """``[n, hidden]``: ``codec_embedding`` rows of ids, zeros where an id is negative (a

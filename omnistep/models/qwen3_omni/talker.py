@@ -418,41 +418,24 @@ class Qwen3OmniTalker(CodecTalker):
             RuntimeError: a missing, unexpected or mis-shaped stack tensor (named).
         """
         stack_prefix = "talker.model."
-        own = {"talker.model.codec_embedding.weight"}
+        own = "talker.model.codec_embedding.weight"
+        if THINKER_EMBED not in state:
+            raise KeyError(f"missing thinker tensor {THINKER_EMBED} (the talker's text rows)")
+        skipped = ("talker.hidden_projection.", stack_prefix)
+        rest = {k: v for k, v in state.items() if not k.startswith(skipped) or k == own}
+        targets = self._weight_tensors()
+        self._copy_named(
+            {k: v for k, v in targets.items() if not k.startswith(stack_prefix) or k == own},
+            rest,
+            "talker.",
+        )
+        self._copy_named({THINKER_EMBED: self.text_embedding}, state, THINKER_EMBED)
         stack = {
             k.removeprefix(stack_prefix): v
             for k, v in state.items()
-            if k.startswith(stack_prefix) and k not in own
+            if k.startswith(stack_prefix) and k != own
         }
-        targets = {
-            k: v
-            for k, v in self._weight_tensors().items()
-            if not k.startswith(stack_prefix) or k in own
-        }
-        given = {
-            k: v
-            for k, v in state.items()
-            if k.startswith("talker.")
-            and not k.startswith(("talker.hidden_projection.", stack_prefix))
-            or k in own
-        }
-        missing = sorted(set(targets) - set(given))
-        if missing:
-            raise KeyError(f"missing talker tensors: {missing[:5]}")
-        unexpected = sorted(set(given) - set(targets))
-        if unexpected:
-            raise ValueError(f"unexpected talker tensors: {unexpected[:5]}")
-        if THINKER_EMBED not in state:
-            raise KeyError(f"missing thinker tensor {THINKER_EMBED} (the talker's text rows)")
         self.llama.load_hf_state_dict(stack)
-        with torch.no_grad():
-            for name, target in {**targets, THINKER_EMBED: self.text_embedding}.items():
-                value = torch.as_tensor(state[name])
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"{name}: shape {tuple(value.shape)}, expected {tuple(target.shape)}"
-                    )
-                target.copy_(value)
 
     def refresh_text_embeds(self, embed: torch.Tensor) -> None:
         """Copy the thinker's updated ``embed_tokens`` ``[vocab, thinker_hidden]``."""
@@ -464,17 +447,7 @@ class Qwen3OmniTalker(CodecTalker):
         prompt = unit.prompt
         if not isinstance(prompt, TalkerPrompt):
             raise ValueError(f"talker PREFILL needs a TalkerPrompt, got {type(prompt).__name__}")
-        if len(prompt.replay_text) < len(unit.generated):
-            raise ValueError(
-                f"replaying {len(unit.generated)} frames needs as many text ids, got "
-                f"{len(prompt.replay_text)}"
-            )
-        codec = self._codec_rows(prompt.codec_ids)
-        text_ids = list(prompt.text_ids)
-        if unit.generated:
-            codec = torch.cat([codec, self._frame_sums(self._frames(unit.generated))])
-            text_ids += prompt.replay_text[: len(unit.generated)]
-        return torch.cat([codec, self._text_part(text_ids)], dim=1)
+        return self._prompt_inputs(self._codec_rows(prompt.codec_ids), prompt.text_ids, unit)
 
 
 def load_talker(

@@ -343,22 +343,7 @@ class Qwen3TTSTalker(CodecTalker):
         Raises:
             KeyError: a missing tensor (named). ValueError: a mis-shaped or unexpected one.
         """
-        targets = self._weight_tensors()
-        given = {k: v for k, v in state.items() if k.startswith("talker.")}
-        missing = sorted(set(targets) - set(given))
-        if missing:
-            raise KeyError(f"missing talker tensors: {missing[:5]}")
-        unexpected = sorted(set(given) - set(targets))
-        if unexpected:
-            raise ValueError(f"unexpected talker tensors: {unexpected[:5]}")
-        with torch.no_grad():
-            for name, target in targets.items():
-                value = torch.as_tensor(given[name])
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"{name}: shape {tuple(value.shape)}, expected {tuple(target.shape)}"
-                    )
-                target.copy_(value)
+        self._copy_named(self._weight_tensors(), state, "talker.")
 
     def _weight_tensors(self) -> dict[str, torch.Tensor]:
         """Every live tensor by its official name (``talker.model.*``,
@@ -380,11 +365,6 @@ class Qwen3TTSTalker(CodecTalker):
         prompt = unit.prompt
         if not isinstance(prompt, Qwen3TTSPrompt):
             raise ValueError(f"talker PREFILL needs a Qwen3TTSPrompt, got {type(prompt).__name__}")
-        if len(prompt.replay_text) < len(unit.generated):
-            raise ValueError(
-                f"replaying {len(unit.generated)} frames needs as many text ids, got "
-                f"{len(prompt.replay_text)}"
-            )
         vocab = self.config.talker.vocab_size
         if any(not REF_FRAME_ROW <= c < vocab for c in prompt.codec_ids):
             raise ValueError(f"prompt codec id outside [0, {vocab})")
@@ -392,11 +372,7 @@ class Qwen3TTSTalker(CodecTalker):
         codec = self._codec_rows(prompt.codec_ids)
         if prompt.clone is not None:
             codec = self._clone_rows(codec, codec_ids, prompt.clone)
-        text_ids = list(prompt.text_ids)
-        if unit.generated:
-            codec = torch.cat([codec, self._frame_sums(self._frames(unit.generated))])
-            text_ids += prompt.replay_text[: len(unit.generated)]
-        return torch.cat([codec, self._text_part(text_ids)], dim=1)
+        return self._prompt_inputs(codec, prompt.text_ids, unit)
 
     def _clone_rows(
         self, codec: torch.Tensor, codec_ids: torch.Tensor, clone: CloneRows
