@@ -174,11 +174,16 @@ def test_talker_runs_one_token_behind_the_thinker(qwen3_omni_folder):
     assert first_talker < last_thinker - 5, calls
 
 
-def test_codes_identical_beside_other_requests(qwen3_omni_folder):
+@pytest.fixture(scope="module")
+def invariant_model(qwen3_omni_folder) -> ModelInstance:
+    opts = Qwen3OmniOptions(kv_cache_gb=0.02, talker_max_new_tokens=10, batch_invariant=True)
+    return ModelInstance.load(build_card(str(qwen3_omni_folder), opts))
+
+
+def test_codes_identical_beside_other_requests(invariant_model):
     """C3 under batch_invariant: a sampled request's text, codes and samples alone equal those
     beside two other requests (other prompts, seeds and voices), to the bit."""
-    opts = Qwen3OmniOptions(kv_cache_gb=0.02, talker_max_new_tokens=10, batch_invariant=True)
-    model = ModelInstance.load(build_card(str(qwen3_omni_folder), opts))
+    model = invariant_model
     sampled = SamplingParams(temperature=0.8, max_new_tokens=6)
 
     def req(seed, text=None, voice="ethan"):
@@ -193,6 +198,34 @@ def test_codes_identical_beside_other_requests(qwen3_omni_folder):
     assert np.array_equal(outs[0][1], wave_alone) and wave_alone.size > 0
     others_codes = [r.tokens for r in streams[1].trajectories["talk"]]
     assert others_codes != [r.tokens for r in alone.trajectories["talk"]]
+
+
+def test_rollout_logprobs_are_reproduced_by_score(invariant_model):
+    """C2: ``score`` on a rollout's recorded prompts (the talker's with its per-step text ids)
+    recomputes the thinker's and the talker's 16-codebook log-probs within 1e-6."""
+    model = invariant_model
+    req = dataclasses.replace(
+        _request(2), sampling=SamplingParams(temperature=0.8, max_new_tokens=6)
+    )
+    engine = AsyncEngine([model])
+
+    async def run():
+        stream = engine.add_request(req)
+        async for _ in stream:
+            pass
+        await engine.shutdown()
+        return stream
+
+    stream = asyncio.run(run())
+    for loop in ("think", "talk"):
+        records = stream.trajectories[loop]
+        info = stream.rollout_info[loop]
+        recorded = np.array([r.logprobs for r in records], dtype=np.float32)
+        assert np.any(recorded < 0)
+        frames = [r.tokens for r in records]
+        scored = model.loops[loop].score(model, req, info["prompt"], frames)
+        np.testing.assert_allclose(scored.detach().numpy(), recorded, atol=1e-6, rtol=0)
+    assert recorded.shape[1] == 16 and len(info["prompt"].replay_text) == len(records) - 1
 
 
 # ------------------------------------------------------------------ HTTP

@@ -251,7 +251,9 @@ def _audio_stages(
         loop_id="talk",
         component="talker",
         prompt_slot="chat_ids",
-        make_sampling=lambda req: talker_sampling(ids.codec_eos, opts.talker_greedy),
+        make_sampling=lambda req: talker_sampling(
+            ids.codec_eos, opts.talker_greedy, opts.talker_max_new_tokens
+        ),
         max_new_tokens=max(1, opts.talker_max_new_tokens - 1),
         eos_token_ids=(ids.codec_eos,),
         eos_codebooks=(0,),

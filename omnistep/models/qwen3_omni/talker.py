@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -290,11 +291,14 @@ TALKER_GENERATE_DEFAULTS = TalkerGenerateDefaults()
 
 
 def talker_sampling(
-    eos_id: int, greedy: bool = False, defaults: TalkerGenerateDefaults = TALKER_GENERATE_DEFAULTS
+    eos_id: int,
+    greedy: bool = False,
+    max_frames: int = 4096,
+    defaults: TalkerGenerateDefaults = TALKER_GENERATE_DEFAULTS,
 ) -> CodecTalkerSampling:
     """Both stages' rows; ``greedy`` (``talker_do_sample=False``, mirrored onto the code
     predictor) takes the argmax in both, the repetition penalty still applied to codebook 0
-    (each distinct id of the whole history once, transformers'
+    (each distinct id of the whole history, up to ``max_frames``, once: transformers'
     ``RepetitionPenaltyLogitsProcessor`` over the generated codes)."""
     d = defaults
     talker = SamplingRow(
@@ -302,7 +306,7 @@ def talker_sampling(
         top_p=d.top_p,
         top_k=d.top_k,
         repetition_penalty=d.repetition_penalty,
-        penalty_window=1 << 30,
+        penalty_window=max_frames,
         penalty_compounds=False,
         eos_token_id=eos_id,
         min_keep=1,
@@ -353,14 +357,7 @@ def predictor_config(config: Mapping[str, Any]) -> CodePredictorConfig:
     fields.setdefault("head_dim", fields["hidden_size"] // fields["num_attention_heads"])
     fields.setdefault("num_key_value_heads", fields["num_attention_heads"])
     fields.setdefault("max_position_embeddings", 32768)
-    return CodePredictorConfig.of(_Fields(fields))
-
-
-class _Fields:
-    """Attribute access over a config dict (``CodePredictorConfig.of`` reads attributes)."""
-
-    def __init__(self, fields: Mapping[str, Any]):
-        self.__dict__.update(fields)
+    return CodePredictorConfig.of(SimpleNamespace(**fields))
 
 
 class Qwen3OmniTalker(CodecTalker):
