@@ -46,8 +46,9 @@ it bitwise against upstream's ``apply_multimodal_rotary_pos_emb``). The predicto
 positions ``0..15`` per frame.
 
 Prefill/decode, KV admission, preemption and batching are the shared
-``omnistep.runners.paged_ar.PagedARModel``'s; this module configures its inputs and head and
-replaces its per-frame sampling with the two-stage one above.
+``omnistep.runners.paged_ar.PagedARModel``'s; the rows, the two-stage sampling above and the
+scoring are the shared ``omnistep.runners.codec_talker.CodecTalker``'s (Qwen3-Omni's talker
+is one too); this module gives the prompt layout.
 
 Prefix sharing: the samples of one group (``Request.group``) with one voice and one text share
 one prefill (``PagedARModel`` finds equal prompts by the content hash of their rows). Across
@@ -135,8 +136,8 @@ def talker_sizes(config: Qwen3TTSConfig) -> CodecTalkerSizes:
 
 
 def suppressed_ids(config: Qwen3TTSConfig) -> list[int]:
-    """Ids ``generate`` suppresses when sampling codebook 0: the top ``SUPPRESSED_TOP_IDS`` of
-    the talker vocab except the codec EOS (``CodecTalkerSizes.suppressed_ids``)."""
+    """Ids ``generate`` suppresses when sampling codebook 0: the top 1024 of the talker vocab
+    except the codec EOS (``CodecTalkerSizes.suppressed_ids``)."""
     return talker_sizes(config).suppressed_ids()
 
 
