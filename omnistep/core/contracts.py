@@ -138,6 +138,8 @@ class StreamChunk:
         request_id: set by the engine when published.
         words: the words spoken in this chunk's audio, with times in the request's timeline,
             from cards with ``Capability.WORD_TIMESTAMPS``; empty otherwise.
+        reasoning: a text delta of the model's reasoning (a thinking model's text before its
+            end-of-thinking marker), which the chat API returns as ``reasoning_content``.
     """
 
     modality: Modality
@@ -147,6 +149,7 @@ class StreamChunk:
     seq: int = -1
     request_id: str = ""
     words: tuple[WordTiming, ...] = ()
+    reasoning: bool = False
 
     @classmethod
     def of_audio(
@@ -158,9 +161,9 @@ class StreamChunk:
         return cls(Modality.AUDIO, audio=arr, sample_rate=sample_rate, words=words)
 
     @classmethod
-    def of_text(cls, text: str) -> StreamChunk:
-        """A text delta chunk."""
-        return cls(Modality.TEXT, text=text)
+    def of_text(cls, text: str, reasoning: bool = False) -> StreamChunk:
+        """A text delta chunk (``reasoning``: of the model's reasoning)."""
+        return cls(Modality.TEXT, text=text, reasoning=reasoning)
 
 
 @dataclass

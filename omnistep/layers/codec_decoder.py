@@ -71,7 +71,7 @@ without that prefix (``load_codec_decoder`` takes the file's names as they are).
 ``input_proj`` weights (encoder side, never used to decode) are not held.
 
 Imports: torch, ``omnistep.core`` and ``omnistep.layers`` only (the serving component is
-the family's ``models/qwen3_tts/codec.py``).
+``runners/codec_vocoder.py``).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ FAMILIES: dict[str, str] = {
     "chattts": "omnistep.models.chattts.card",
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",
     "qwen3_tts": "omnistep.models.qwen3_tts.card",
+    "qwen3_omni": "omnistep.models.qwen3_omni.card",
     "higgs_audio_v2": "omnistep.models.higgs_audio_v2.card",
     "chatterbox": "omnistep.models.chatterbox.card",
 }
@@ -40,6 +41,7 @@ EXTRAS: dict[str, str] = {
     "chattts": "chattts",
     "qwen2_5_omni": "qwen2_5_omni",
     "qwen3_tts": "qwen3_tts",
+    "qwen3_omni": "qwen3_omni",
     "higgs_audio_v2": "higgs_audio_v2",
     "chatterbox": "chatterbox",
 }
@@ -50,6 +52,7 @@ WEIGHT_WRITERS: dict[str, str] = {
     "chattts": "omnistep.models.chattts.tiny",
     "qwen3_tts": "omnistep.models.qwen3_tts.tiny",
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.tiny",
+    "qwen3_omni": "omnistep.models.qwen3_omni.tiny",
     "higgs_audio_v2": "omnistep.models.higgs_audio_v2.tiny",
     "chatterbox": "omnistep.models.chatterbox.tiny",
 }

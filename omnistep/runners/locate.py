@@ -57,6 +57,11 @@ LAYOUTS: dict[str, WeightsLayout] = {
         architectures=("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel"),
         description="config.json with model_type qwen2_5_omni (Qwen/Qwen2.5-Omni-*)",
     ),
+    "qwen3_omni": WeightsLayout(
+        model_types=("qwen3_omni_moe",),
+        architectures=("Qwen3OmniMoeForConditionalGeneration",),
+        description="config.json with model_type qwen3_omni_moe (Qwen/Qwen3-Omni-30B-A3B-*)",
+    ),
     "chattts": WeightsLayout(
         file_sets=(("asset/gpt/config.json", "asset/Embed.safetensors"),),
         description="asset/gpt/config.json and asset/Embed.safetensors (2Noise/ChatTTS)",

@@ -9,6 +9,8 @@ transcript, expires_at}``. Streamed: ``chat.completion.chunk`` events whose ``de
 text in ``content`` and the audio in ``audio`` = ``{id, data, transcript}``, then a chunk with the
 ``finish_reason``, a chunk with ``usage``, then ``[DONE]``. Audio deltas are pieces of one
 stream of the chosen format (one stateful encoder), so their concatenation is one valid file.
+A thinking model's reasoning (``StreamChunk.reasoning`` text) goes to ``reasoning_content``, as
+vLLM returns it (``message.reasoning_content``; streamed, ``delta.reasoning_content``).
 """
 
 from __future__ import annotations
@@ -236,14 +238,16 @@ def _sse(payload: dict) -> bytes:
 
 
 async def _collect(reply: _Reply) -> dict:
-    text, audio = [], []
+    text, audio, reasoning = [], [], []
     async for chunk in reply.stream:
         if chunk.modality is Modality.TEXT and chunk.text:
-            text.append(chunk.text)
+            (reasoning if chunk.reasoning else text).append(chunk.text)
         elif reply.encoder is not None and chunk.audio is not None:
             audio.append(reply.encode(chunk))
     content = "".join(text)
     message: dict = {"role": "assistant", "content": content}
+    if reasoning:  # vLLM's field for a reasoning model's thinking
+        message["reasoning_content"] = "".join(reasoning)
     if reply.encoder is not None:
         data = reply.encoder.with_lengths(b"".join(audio) + reply.encoder.flush())
         message["audio"] = {
@@ -269,7 +273,9 @@ async def _events(reply: _Reply) -> AsyncIterator[bytes]:
     try:
         yield reply.chunk({"role": "assistant", "content": ""})
         async for chunk in reply.stream:
-            if chunk.modality is Modality.TEXT and chunk.text:
+            if chunk.modality is Modality.TEXT and chunk.text and chunk.reasoning:
+                yield reply.chunk({"reasoning_content": chunk.text})
+            elif chunk.modality is Modality.TEXT and chunk.text:
                 yield reply.chunk({"content": chunk.text})
                 if reply.encoder is not None:  # the transcript grows with the text
                     yield reply.chunk(reply.audio_delta(b"", chunk.text))

@@ -86,6 +86,7 @@ from omnistep.runners.encoder import MediaEncoderRunner
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
 from omnistep.sampling import SamplingRow
+from omnistep.sampling.generation import generation_eos_ids, generation_sampling
 
 CARD_ID = "qwen2.5-omni"
 
@@ -221,36 +222,6 @@ class MediaPromptNode:
         ctx.usage["input_tokens"] = len(prompt.ids)
 
 
-def thinker_sampling(generation: dict[str, Any]):
-    """``Request -> SamplingRow`` for the thinker: request fields, else generation_config's."""
-    greedy = not generation.get("do_sample", False)
-
-    def build(req: Request) -> SamplingRow:
-        sp = req.sampling
-        return SamplingRow(
-            temperature=float(
-                sp.or_default("temperature", 0.0 if greedy else generation.get("temperature", 1.0))
-            ),
-            top_p=float(sp.or_default("top_p", generation.get("top_p", 1.0))),
-            top_k=int(sp.or_default("top_k", generation.get("top_k", 0) or 0)),
-            repetition_penalty=float(
-                sp.or_default("repetition_penalty", generation.get("repetition_penalty", 1.0))
-            ),
-            min_keep=1,
-        )
-
-    return build
-
-
-def thinker_eos_ids(generation: dict[str, Any], tokenizer) -> tuple[int, ...]:
-    """The thinker's end tokens: ``generation_config.json``'s ``eos_token_id`` (an id or a
-    list), as transformers' generate stops; ``<|im_end|>`` when the file does not say."""
-    eos = generation.get("eos_token_id")
-    if eos is None:
-        return (int(tokenizer.convert_tokens_to_ids("<|im_end|>")),)
-    return tuple(int(i) for i in (eos if isinstance(eos, list) else [eos]))
-
-
 def talker_sampling(req: Request) -> SamplingRow:
     """transformers' talker ``generate`` defaults (the request's fields drive the thinker)."""
     d = TALKER_GENERATE_DEFAULTS
@@ -292,7 +263,7 @@ def build_card(
     thinker_embed: dict[str, torch.Tensor | None] = {}
     talker_cfg = config["talker_config"]
     text = config["thinker_config"].get("text_config", config["thinker_config"])
-    eos_ids = thinker_eos_ids(files.generation_config(), tokenizer)
+    eos_ids = generation_eos_ids(files.generation_config(), tokenizer)
     media_caps = media_capabilities(files)
     preprocessor = read_preprocessor(files.root)
 
@@ -371,7 +342,7 @@ def build_card(
         loop_id="think",
         component="thinker",
         prompt_slot="thinker_prompt",
-        make_sampling=thinker_sampling(files.generation_config()),
+        make_sampling=generation_sampling(files.generation_config()),
         max_new_tokens=opts.thinker_max_new_tokens,
         eos_token_ids=eos_ids,
         stream_slot="thinker_rows",

@@ -78,6 +78,12 @@ CHAT_TEMPLATE = (
 )
 """A ChatML template for text parts (the published one also places media and thinking)."""
 
+THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"
+)
+"""The Thinking checkpoint's generation prompt opens the reasoning (``<think>\\n``), as the
+Qwen3 thinking models' templates do."""
+
 
 @dataclass(frozen=True)
 class Qwen3OmniSizes:
@@ -143,9 +149,9 @@ class Qwen3OmniTokenIds:
     added token too)."""
 
 
-def tokenizer_files() -> tuple[dict[str, str], Qwen3OmniTokenIds]:
+def tokenizer_files(template: str = CHAT_TEMPLATE) -> tuple[dict[str, str], Qwen3OmniTokenIds]:
     """``vocab.json``, ``merges.txt``, ``tokenizer_config.json``, ``chat_template.json``
-    texts and the ids they give."""
+    texts (with chat ``template``) and the ids they give."""
     vocab, merges = bpe_vocab_and_merges()
     e = len(vocab)
     added = {tok: e + i for i, tok in enumerate(ADDED_TOKENS)}
@@ -183,7 +189,7 @@ def tokenizer_files() -> tuple[dict[str, str], Qwen3OmniTokenIds]:
         "added_tokens_decoder": decoder,
         "additional_special_tokens": [t for t in ADDED_TOKENS[1:] if t not in NOT_SPECIAL],
         "bos_token": None,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "errors": "replace",
@@ -197,7 +203,7 @@ def tokenizer_files() -> tuple[dict[str, str], Qwen3OmniTokenIds]:
         "vocab.json": json.dumps(vocab, ensure_ascii=False),
         "merges.txt": "".join(f"{a} {b}\n" for a, b in merges),
         "tokenizer_config.json": _dumps(tokenizer_config),
-        "chat_template.json": _dumps({"chat_template": CHAT_TEMPLATE}),
+        "chat_template.json": _dumps({"chat_template": template}),
     }
     return files, ids
 
@@ -249,7 +255,9 @@ def config_dict(sizes: Qwen3OmniSizes, ids: Qwen3OmniTokenIds) -> dict[str, Any]
     codec = codec_ids(s)
     talker_text = dict(
         text,
-        vocab_size=max(codec.values()) + 1,
+        # transformers' generate suppresses the top 1024 talker ids but EOS (the control
+        # block): the vocabulary must reach past it, as the published 3072 does
+        vocab_size=max(max(codec.values()) + 1, s.codebook_size + SUPPRESSED_TOP_IDS),
         hidden_size=s.talker_hidden,
         intermediate_size=2 * s.talker_hidden,
         num_hidden_layers=s.talker_layers,
@@ -272,6 +280,7 @@ def config_dict(sizes: Qwen3OmniSizes, ids: Qwen3OmniTokenIds) -> dict[str, Any]
             "image_token_id": ids.image_pad,
             "video_token_id": ids.video_pad,
             "audio_start_token_id": ids.audio_start,
+            "vision_start_token_id": ids.vision_start,
             "user_token_id": ids.user,
         },
         "talker_config": {
@@ -318,6 +327,10 @@ def config_dict(sizes: Qwen3OmniSizes, ids: Qwen3OmniTokenIds) -> dict[str, Any]
     }  # fmt: skip
 
 
+SUPPRESSED_TOP_IDS = 1024
+"""``Qwen3OmniMoeForConditionalGeneration.generate`` suppresses talker ids ``[vocab - 1024,
+vocab)`` except the codec EOS."""
+
 RESIDUAL_GAIN = 0.3
 """Factor on the 1x1 conv closing each code2wav residual unit (after the draw)."""
 OUTPUT_GAIN = 0.15
@@ -357,18 +370,19 @@ def _gain(name: str, code2wav: Any) -> float:
 
 
 def write_tiny_qwen3_omni(
-    root: str | Path, seed: int = 0, sizes: Qwen3OmniSizes = TINY_SIZES
+    root: str | Path, seed: int = 0, sizes: Qwen3OmniSizes = TINY_SIZES, thinking: bool = False
 ) -> Path:
     """Write a seeded tiny Qwen3-Omni folder (module docstring) under ``root`` (created) in
     float32, sharded in pieces of about 200 kB as the published checkpoint is sharded; about
-    two seconds. Returns ``root``."""
+    two seconds. ``thinking``: the Thinking layout (``enable_audio_output`` false, so no
+    talker or code2wav tensors; the chat template opens ``<think>``). Returns ``root``."""
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    files, ids = tokenizer_files()
-    config = Qwen3OmniMoeConfig(**config_dict(sizes, ids))
+    files, ids = tokenizer_files(THINKING_CHAT_TEMPLATE if thinking else CHAT_TEMPLATE)
+    config = Qwen3OmniMoeConfig(**config_dict(sizes, ids), enable_audio_output=not thinking)
     with torch.device("cpu"):
         model = Qwen3OmniMoeForConditionalGeneration(config)
     _redraw(model, seed)
@@ -378,16 +392,21 @@ def write_tiny_qwen3_omni(
     return root
 
 
-FOLDER_VARIANTS: tuple[str, ...] = ()
-"""One kind of folder (the Instruct layout), for ``omnistep weights`` once the family is
-registered."""
+FOLDER_VARIANTS: tuple[str, ...] = ("instruct", "thinking")
+"""``omnistep weights qwen3_omni DIR [--variant]``: the Instruct layout (thinker, talker,
+code2wav) or the Thinking one (thinker only, reasoning template)."""
 
 
 def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
-    """``omnistep weights qwen3_omni DIR``: :func:`write_tiny_qwen3_omni` (one variant: the
-    Instruct layout). Returns ``folder``."""
-    del variant
-    return write_tiny_qwen3_omni(folder, seed)
+    """``omnistep weights qwen3_omni DIR``: :func:`write_tiny_qwen3_omni` of ``variant``
+    (``FOLDER_VARIANTS``; None: instruct). Returns ``folder``.
+
+    Raises:
+        ValueError: an unknown variant.
+    """
+    if variant not in (None, *FOLDER_VARIANTS):
+        raise ValueError(f"variant must be one of {', '.join(FOLDER_VARIANTS)}, got {variant!r}")
+    return write_tiny_qwen3_omni(folder, seed, thinking=variant == "thinking")
 
 
 def _dumps(obj: Any) -> str:

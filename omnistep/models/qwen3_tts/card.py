@@ -268,7 +268,7 @@ def build_card(
     def build_codec(device: str) -> CodecDecoderComponent:
         check_device(device)
         decoder = codec_from_checkpoint(checkpoint, device, opts.dtype)
-        return CodecDecoderComponent(decoder, opts.batch_invariant)
+        return CodecDecoderComponent(decoder, opts.batch_invariant, "the Qwen3-TTS codec decoder")
 
     def build_encoder(device: str) -> VoiceCloneComponent:
         check_device(device)

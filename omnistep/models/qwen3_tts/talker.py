@@ -46,8 +46,9 @@ it bitwise against upstream's ``apply_multimodal_rotary_pos_emb``). The predicto
 positions ``0..15`` per frame.
 
 Prefill/decode, KV admission, preemption and batching are the shared
-``omnistep.runners.paged_ar.PagedARModel``'s; this module configures its inputs and head and
-replaces its per-frame sampling with the two-stage one above.
+``omnistep.runners.paged_ar.PagedARModel``'s; the rows, the two-stage sampling above and the
+scoring are the shared ``omnistep.runners.codec_talker.CodecTalker``'s (Qwen3-Omni's talker
+is one too); this module gives the prompt layout.
 
 Prefix sharing: the samples of one group (``Request.group``) with one voice and one text share
 one prefill (``PagedARModel`` finds equal prompts by the content hash of their rows). Across
@@ -69,11 +70,9 @@ import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from omnistep.core import (
     Channel,
@@ -87,31 +86,23 @@ from omnistep.core import (
     WorkPlan,
 )
 from omnistep.kv import KVCacheConfig
-from omnistep.layers.batch_invariant import map_row_groups
-from omnistep.layers.code_predictor import CodePredictor, CodePredictorConfig
-from omnistep.layers.linear import linear
+from omnistep.layers.code_predictor import CodePredictorConfig
 from omnistep.layers.llama import LlamaConfigLite
 from omnistep.loops.ar_decode import (
     ARDecodeConfig,
     ARDecodeLoop,
     ARDecodeState,
     ARPrefillInput,
-    ARStepInput,
-    ARStepOutput,
 )
 from omnistep.models.qwen3_tts.loader import (
     GenerationDefaults,
     Qwen3TTSCheckpoint,
     Qwen3TTSConfig,
 )
-from omnistep.runners.paged_ar import SCORE_MODES, PagedARModel
+from omnistep.runners.codec_talker import CodecTalker, CodecTalkerSampling, CodecTalkerSizes
 from omnistep.sampling import (
     SamplingRow,
-    policy_distribution,
-    processed_logprobs,
-    sample,
 )
-from omnistep.sampling import entropy as entropy_of
 
 NEG_INF = float("-inf")
 NO_CODEC = -1
@@ -122,8 +113,6 @@ embedding (``CloneRows.speaker_embedding``)."""
 REF_FRAME_ROW = -3
 """``Qwen3TTSPrompt.codec_ids`` entry of a row whose codec part is the next reference frame of
 the cloned voice (``CloneRows.ref_codes``, in order), its 16 codebook embeddings summed."""
-SUPPRESSED_TOP_IDS = 1024
-"""Upstream ``generate`` suppresses the top 1024 talker ids (the control codes) except EOS."""
 
 
 # ---------------------------------------------------------------- configs
@@ -131,20 +120,31 @@ MIN_NEW_TOKENS = 2
 """Upstream ``generate`` masks the codec EOS for the first two frames (``min_new_tokens=2``)."""
 
 
+def talker_sizes(config: Qwen3TTSConfig) -> CodecTalkerSizes:
+    """The shared talker's sizes: ``text_projection`` is ``text_hidden -> text_hidden ->
+    hidden`` with SiLU; the text table is the talker's own ``text_embedding``."""
+    t = config.talker
+    return CodecTalkerSizes(
+        vocab_size=t.vocab_size,
+        hidden_size=t.hidden_size,
+        text_vocab_size=t.text_vocab_size,
+        text_hidden_size=t.text_hidden_size,
+        projection_size=t.text_hidden_size,
+        num_code_groups=t.num_code_groups,
+        eos_id=config.ids.codec_eos,
+    )
+
+
 def suppressed_ids(config: Qwen3TTSConfig) -> list[int]:
-    """Ids ``generate`` suppresses when sampling codebook 0: the top ``SUPPRESSED_TOP_IDS`` of
-    the talker vocab except the codec EOS."""
-    vocab = config.talker.vocab_size
-    start = max(0, vocab - SUPPRESSED_TOP_IDS)
-    return [i for i in range(start, vocab) if i != config.ids.codec_eos]
+    """Ids ``generate`` suppresses when sampling codebook 0: the top 1024 of the talker vocab
+    except the codec EOS (``CodecTalkerSizes.suppressed_ids``)."""
+    return talker_sizes(config).suppressed_ids()
 
 
-@dataclass(frozen=True, slots=True)
-class Qwen3TTSSampling:
+class Qwen3TTSSampling(CodecTalkerSampling):
     """One request's sampling rows: ``talker`` for codebook 0, ``predictor`` for 1..15."""
 
-    talker: SamplingRow
-    predictor: SamplingRow
+    __slots__ = ()
 
     @classmethod
     def from_defaults(
@@ -289,7 +289,7 @@ class Qwen3TTSPrompt:
 
 
 # ---------------------------------------------------------------- the talker
-class Qwen3TTSTalker(PagedARModel):
+class Qwen3TTSTalker(CodecTalker):
     """The talker component (see module docstring).
 
     PREFILL payloads are ``ARPrefillInput`` with a ``Qwen3TTSPrompt``; AR_TOKEN payloads are
@@ -298,10 +298,9 @@ class Qwen3TTSTalker(PagedARModel):
     Input rows are ``[codec part (hidden) | text embedding (text_hidden)]``; ``_lm_inputs``
     projects the text part and adds.
 
-    Attributes:
-        codec_embedding: ``[vocab, hidden]``; text_embedding: ``[text_vocab, text_hidden]``;
-        fc1_weight/fc1_bias, fc2_weight/fc2_bias: ``text_projection``; codec_head:
-        ``[vocab, hidden]``; predictor: the ``CodePredictor``.
+    The tensors, sampling and scoring are the shared ``runners.codec_talker.CodecTalker``'s
+    (``text_embedding`` is the talker's own ``talker.model.text_embedding``); this class adds
+    the prompt layout with its cloned-voice rows and the voice prefixes.
     """
 
     def __init__(
@@ -313,28 +312,10 @@ class Qwen3TTSTalker(PagedARModel):
         batch_invariant: bool = False,
     ):
         t = config.talker
-        if t.code_predictor.num_code_groups != t.num_code_groups:
-            raise ValueError(
-                f"the code predictor has {t.code_predictor.num_code_groups} code groups, the "
-                f"talker {t.num_code_groups}"
-            )
-        super().__init__(
-            LlamaConfigLite.qwen3(t), kv, device, dtype, batch_invariant, t.num_code_groups
-        )
-        self.config = config
-        self.eos_id = config.ids.codec_eos
-        factory = {"device": self.device, "dtype": dtype}
-        h, th = t.hidden_size, t.text_hidden_size
-        self.codec_embedding = torch.zeros(t.vocab_size, h, **factory)
-        self.text_embedding = torch.zeros(t.text_vocab_size, th, **factory)
-        self.fc1_weight = torch.zeros(th, th, **factory)
-        self.fc1_bias = torch.zeros(th, **factory)
-        self.fc2_weight = torch.zeros(h, th, **factory)
-        self.fc2_bias = torch.zeros(h, **factory)
-        self.codec_head = torch.zeros(t.vocab_size, h, **factory)
         predictor = CodePredictorConfig.of(t.code_predictor)
-        self.predictor = CodePredictor(predictor, h, self.device, dtype, batch_invariant)
-        self._suppressed = torch.tensor(suppressed_ids(config), device=self.device)
+        stack = LlamaConfigLite.qwen3(t)
+        super().__init__(stack, talker_sizes(config), predictor, kv, device, dtype, batch_invariant)
+        self.config = config
 
     @classmethod
     def from_checkpoint(
@@ -363,22 +344,7 @@ class Qwen3TTSTalker(PagedARModel):
         Raises:
             KeyError: a missing tensor (named). ValueError: a mis-shaped or unexpected one.
         """
-        targets = self._weight_tensors()
-        given = {k: v for k, v in state.items() if k.startswith("talker.")}
-        missing = sorted(set(targets) - set(given))
-        if missing:
-            raise KeyError(f"missing talker tensors: {missing[:5]}")
-        unexpected = sorted(set(given) - set(targets))
-        if unexpected:
-            raise ValueError(f"unexpected talker tensors: {unexpected[:5]}")
-        with torch.no_grad():
-            for name, target in targets.items():
-                value = torch.as_tensor(given[name])
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"{name}: shape {tuple(value.shape)}, expected {tuple(target.shape)}"
-                    )
-                target.copy_(value)
+        self._copy_named(self._weight_tensors(), state, "talker.")
 
     def _weight_tensors(self) -> dict[str, torch.Tensor]:
         """Every live tensor by its official name (``talker.model.*``,
@@ -395,55 +361,19 @@ class Qwen3TTSTalker(PagedARModel):
         return {**tensors, **self.predictor.weight_tensors()}
 
     # ------------------------------------------------------------ rows
-    def _text_part(self, text_ids: Sequence[int]) -> torch.Tensor:
-        """``text_embedding`` rows ``[n, text_hidden]`` of text ids (checked on the host)."""
-        text_ids = [int(t) for t in text_ids]
-        if any(not 0 <= t < self.config.talker.text_vocab_size for t in text_ids):
-            raise ValueError(f"a text id outside [0, {self.config.talker.text_vocab_size})")
-        return self.text_embedding[torch.tensor(text_ids, dtype=torch.long, device=self.device)]
-
-    def _frame_sums(self, frames: torch.Tensor) -> torch.Tensor:
-        """``[T, hidden]``: the 16 codebook embeddings of frames ``[T, G]`` summed, left to right
-        (a fixed elementwise order: each row's sum ignores the batch)."""
-        total = self.codec_embedding[frames[:, 0]]
-        for j, table in enumerate(self.predictor.codec_embedding):
-            total = total + table[frames[:, j + 1]]
-        return total
-
-    def _frames(self, frames: Sequence[Sequence[int]]) -> torch.Tensor:
-        """LongTensor ``[T, G]`` of frames; raises ValueError for a malformed one."""
-        cfg = self.config.talker
-        width, vocab_pred = cfg.num_code_groups, cfg.code_predictor.vocab_size
-        for frame in frames:
-            if len(frame) != width or not 0 <= frame[0] < cfg.vocab_size:
-                raise ValueError(f"frame {tuple(frame)!r} is not {width} talker/predictor ids")
-            if any(not 0 <= c < vocab_pred for c in frame[1:]):
-                raise ValueError(f"frame {tuple(frame)!r} has a code outside [0, {vocab_pred})")
-        return torch.tensor([tuple(f) for f in frames], dtype=torch.long, device=self.device)
-
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
         """Prompt rows then one row per replayed frame, ``[L + n, hidden + text_hidden]``."""
         prompt = unit.prompt
         if not isinstance(prompt, Qwen3TTSPrompt):
             raise ValueError(f"talker PREFILL needs a Qwen3TTSPrompt, got {type(prompt).__name__}")
-        if len(prompt.replay_text) < len(unit.generated):
-            raise ValueError(
-                f"replaying {len(unit.generated)} frames needs as many text ids, got "
-                f"{len(prompt.replay_text)}"
-            )
         vocab = self.config.talker.vocab_size
         if any(not REF_FRAME_ROW <= c < vocab for c in prompt.codec_ids):
             raise ValueError(f"prompt codec id outside [0, {vocab})")
         codec_ids = torch.tensor(prompt.codec_ids, dtype=torch.long, device=self.device)
-        has_codec = (codec_ids >= 0)[:, None]
-        codec = torch.where(has_codec, self.codec_embedding[codec_ids.clamp(min=0)], 0.0)
+        codec = self._codec_rows(prompt.codec_ids)
         if prompt.clone is not None:
             codec = self._clone_rows(codec, codec_ids, prompt.clone)
-        text_ids = list(prompt.text_ids)
-        if unit.generated:
-            codec = torch.cat([codec, self._frame_sums(self._frames(unit.generated))])
-            text_ids += prompt.replay_text[: len(unit.generated)]
-        return torch.cat([codec, self._text_part(text_ids)], dim=1)
+        return self._prompt_inputs(codec, prompt.text_ids, unit)
 
     def _clone_rows(
         self, codec: torch.Tensor, codec_ids: torch.Tensor, clone: CloneRows
@@ -475,32 +405,6 @@ class Qwen3TTSTalker(PagedARModel):
             codec[rows] = torch.stack(parts, dim=1).sum(1)
         return codec
 
-    def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
-        codec = self._frame_sums(self._frames([u.last for u in units]))
-        return torch.cat([codec, self._text_part([u.extra for u in units])], dim=1)
-
-    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
-        """``codec part + text_projection(text part)``, ``[N, hidden]`` (row-chunked by the
-        sequences' query lengths in batch-invariant mode, as the stack chunks)."""
-        hidden = self.config.talker.hidden_size
-
-        def project(x: torch.Tensor) -> torch.Tensor:
-            inner = F.silu(linear(x[:, hidden:], self.fc1_weight, self.fc1_bias))
-            return x[:, :hidden] + linear(inner, self.fc2_weight, self.fc2_bias)
-
-        rows = rows.to(self.dtype)
-        if not self.batch_invariant:
-            return project(rows)
-        return map_row_groups(project, rows, self.llama.row_chunking.plan(query_lens, rows.device))
-
-    def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
-        """Codebook-0 logits ``[B, 1, vocab]``."""
-        return self._linear_rows(hidden.to(self.dtype), self.codec_head).unsqueeze(1)
-
-    def _sampling_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The top 1024 ids but EOS get -inf (upstream ``suppress_tokens``)."""
-        return logits.index_fill(-1, self._suppressed, NEG_INF)
-
     def _prompt_prefix(self, prompt: Qwen3TTSPrompt) -> tuple[tuple, int] | None:
         """The voice's rows (``Qwen3TTSPrompt.voice_rows``, labelled by ``voice_key``)."""
         key = prompt.voice_key()
@@ -510,168 +414,6 @@ class Qwen3TTSTalker(PagedARModel):
         """Forget the kept prefixes of the cloned voice with content key ``clone_key``
         (``CloneRows.key``); returns how many were dropped."""
         return self.drop_prefixes(lambda key: key[0] == clone_key)
-
-    # ------------------------------------------------------------ sampling
-    def _sample(
-        self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
-    ) -> list[ARStepOutput]:
-        """Codebook 0 from the talker's logits, then codebooks 1..15 from the predictor, every
-        draw from the unit's generator; see the module docstring."""
-        batch = len(units)
-        logits = self._sampling_logits(self._head(hidden, units[0].seq_id).float())
-        history = [self._history(tuple((f[0],) for f in u.history), 1) for u in units]
-        num_generated = [
-            len(u.generated) if isinstance(u, ARPrefillInput) else u.num_generated for u in units
-        ]
-        generators = [u.generator for u in units]
-        with_policy = any(u.record for u in units)
-        first = sample(
-            logits,
-            [u.sampling.talker for u in units],
-            history,
-            num_generated,
-            generators,
-            with_policy,
-        )
-        code0 = first.tokens[:, 0]
-        sub_rows = [u.sampling.predictor for u in units]
-        no_history = [torch.zeros(1, 0, dtype=torch.long, device=self.device)] * batch
-        codes, logprobs, policy = (
-            [code0],
-            [first.logprobs[:, 0]],
-            [first.policy_logprobs[:, 0] if with_policy else None],
-        )
-
-        def choose(_j: int, step_logits: torch.Tensor) -> torch.Tensor:
-            out = sample(
-                step_logits[:, None], sub_rows, no_history, [0] * batch, generators, with_policy
-            )
-            codes.append(out.tokens[:, 0])
-            logprobs.append(out.logprobs[:, 0])
-            policy.append(out.policy_logprobs[:, 0] if with_policy else None)
-            return out.tokens[:, 0]
-
-        # every row runs the predictor (no host sync on code 0); an EOS row's codes are dropped
-        self.predictor.run(hidden.to(self.dtype), self.codec_embedding[code0], choose)
-        frame = torch.stack(codes, dim=1)  # [B, G]
-        frame_lp = torch.stack(logprobs, dim=1)
-        eos = (code0 == self.eos_id)[:, None]
-        keep = torch.zeros_like(eos).expand(-1, frame.shape[1]).clone()
-        keep[:, 1:] = eos  # an EOS frame's codebooks 1.. are not part of it
-        frame = frame.masked_fill(keep, 0)
-        frame_lp = frame_lp.masked_fill(keep, 0.0)
-        tokens, lps = frame.tolist(), frame_lp.tolist()
-        pols = (
-            torch.stack(policy, dim=1).masked_fill(keep, 0.0).tolist()
-            if with_policy
-            else [()] * batch
-        )
-        return [
-            ARStepOutput(tuple(t), tuple(lp), stream, False, tuple(pl), self.weight_version)
-            for t, lp, pl, stream in zip(tokens, lps, pols, streams, strict=True)
-        ]
-
-    # ------------------------------------------------------------ scoring
-    def score_logits_batch(
-        self,
-        prompts: Sequence[Qwen3TTSPrompt],
-        frames: Sequence[Sequence[Sequence[int]]],
-        match_serving: bool = True,
-    ) -> list[torch.Tensor]:
-        """Teacher-forced logits of recorded trajectories, differentiable in the weights:
-        the talker as in ``PagedARModel.score_logits_batch`` (one packed forward), then the
-        code predictor on every frame's talker hidden state with the frame's own codes fed
-        (one batch of all trajectories' rows, the path serving runs).
-
-        Args:
-            prompts: the recorded ``Qwen3TTSPrompt``s with ``replay_text`` for ``frames[:-1]``.
-            frames: per trajectory ``T >= 1`` frames of 16 ids, the last one included (its EOS
-                frame too).
-
-        Returns:
-            Per trajectory ``[T, 16, vocab]`` float32: codebook 0's raw talker logits, then the
-            predictor's raw logits of codebooks 1..15 in columns ``[0, predictor vocab)`` and
-            -inf beyond. An EOS frame's predictor rows are meaningless (its codes were not
-            sampled).
-
-        Raises:
-            ValueError: no frames, a malformed frame or prompt.
-        """
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
-            frames = [tuple(tuple(int(t) for t in f) for f in fs) for fs in frames]
-            if any(not fs for fs in frames):
-                raise ValueError("score needs at least one frame")
-            codes = torch.cat([self._frames(fs) for fs in frames])  # [sum T, 16]
-            hidden = torch.cat(self._score_hidden_batch(prompts, frames, match_serving))
-            talker = self._head(hidden, "").float()
-            teacher = codes[:, 1:]
-            predictor = self.predictor.run(
-                hidden.to(self.dtype),
-                self.codec_embedding[codes[:, 0]],
-                lambda j, _logits: teacher[:, j],
-            )
-            pad = talker.shape[-1] - predictor.shape[-1]
-            predictor = F.pad(predictor, (0, pad), value=NEG_INF)
-            logits = torch.cat([talker, predictor], dim=1)
-            return list(logits.split([len(fs) for fs in frames]))
-
-    def score_batch(
-        self,
-        prompts: Sequence[Qwen3TTSPrompt],
-        frames: Sequence[Sequence[Sequence[int]]],
-        samplings: Sequence[Qwen3TTSSampling],
-        mode: str = "processed",
-        penalty_window: int = 0,
-        match_serving: bool = True,
-        entropy: bool = False,
-    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """Log-probs ``[T, 16]`` of recorded trajectories' ids, as serving recorded them:
-        codebook 0 with the talker row (suppression, the codebook-0 history's penalty, the EOS
-        mask), codebooks 1..15 with the predictor row; an EOS frame's codebooks 1..15 are 0
-        (log-prob and entropy: they were not sampled). With ``entropy``, each step's entropy
-        per codebook of the scored distribution (nats).
-
-        Args:
-            samplings: each trajectory's ``Qwen3TTSSampling``.
-            penalty_window: the loop's ``ARDecodeConfig.penalty_window`` (0: all frames).
-            mode, match_serving: as in ``PagedARModel.score_batch``.
-
-        Raises:
-            ValueError: an unknown mode, or what ``score_logits_batch`` raises.
-        """
-        if mode not in SCORE_MODES:
-            raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
-        logits = torch.cat(self.score_logits_batch(prompts, frames, match_serving))
-        tokens = [self._frames(tuple(tuple(int(t) for t in f) for f in fs)) for fs in frames]
-        first = self._sampling_logits(logits[:, :1])
-        rest = logits[:, 1:, : self.config.talker.code_predictor.vocab_size]
-        talker_rows = [s.talker for s, t in zip(samplings, tokens, strict=True) for _ in t]
-        sub_rows = [s.predictor for s, t in zip(samplings, tokens, strict=True) for _ in t]
-        if mode == "policy":
-            logp0 = policy_distribution(first, talker_rows)
-            logp_rest = policy_distribution(rest, sub_rows)
-        else:
-            history, generated = [], []
-            for t in tokens:
-                history += [
-                    t[max(0, i - penalty_window) if penalty_window else 0 : i, :1].T
-                    for i in range(t.shape[0])
-                ]
-                generated += range(t.shape[0])
-            logp0 = processed_logprobs(first, talker_rows, history, generated)[0]
-            empty = [tokens[0].new_zeros(rest.shape[1], 0)] * len(sub_rows)
-            logp_rest = processed_logprobs(rest, sub_rows, empty, [0] * len(sub_rows))[0]
-        ids = torch.cat(tokens)
-        lp0 = logp0.gather(-1, ids[:, :1, None]).squeeze(-1)
-        lp_rest = logp_rest.gather(-1, ids[:, 1:, None]).squeeze(-1)
-        eos = ids[:, :1] == self.eos_id
-        logprobs = torch.cat([lp0, lp_rest.masked_fill(eos, 0.0)], dim=1)
-        sizes = [t.shape[0] for t in tokens]
-        if not entropy:
-            return [(lp, None) for lp in logprobs.split(sizes)]
-        ent_rest = entropy_of(logp_rest).masked_fill(eos, 0.0)
-        ent = torch.cat([entropy_of(logp0), ent_rest], dim=1)
-        return list(zip(logprobs.split(sizes), ent.split(sizes), strict=True))
 
 
 # ---------------------------------------------------------------- the text track
