@@ -34,8 +34,8 @@ BLOCK = 16
 OPTIONS = QwenOmniOptions(
     kv_cache_gb=0.0006,  # the thinker's pool: 89 blocks of 16 tokens
     block_size=BLOCK,
-    thinker_max_new_tokens=12,
-    talker_max_new_tokens=12,
+    thinker_max_new_tokens=8,
+    talker_max_new_tokens=8,
     talker_sampling=SamplingRow(temperature=0.0, min_keep=1),
     dit_chunking=None,
 )
@@ -150,7 +150,7 @@ async def test_dropped_sessions_leave_only_evictable_blocks_that_a_burst_reclaim
                         stream.cancel()
                         break
         for stream in streams:
-            with __import__("contextlib").suppress(Exception):
+            with contextlib.suppress(RequestAbortedError):
                 async for _ in stream:
                     pass
         for _ in range(100):
@@ -173,3 +173,67 @@ async def test_dropped_sessions_leave_only_evictable_blocks_that_a_burst_reclaim
         assert thinker.kv_blocks()[0] == 0
     finally:
         await engine.shutdown()
+
+
+async def test_realtime_session_turn_two_reuses_turn_one_through_the_sdk(model, tmp_path):
+    """Two spoken turns over ``client.realtime.connect``: both requests carry the session id
+    as their salt, the second's history holds the first answer's generated ids, and the
+    thinker computes only the rows turn 1 did not leave cached."""
+    import base64
+    import socket
+
+    import openai
+    import uvicorn
+
+    from omnistep.server import ServerConfig, build_app
+
+    thinker = model.components["thinker"]
+    engine = AsyncEngine([model])
+    sent: list[Request] = []
+    add_request = engine.add_request
+
+    def recording(req, *args, **kwargs):
+        sent.append(req)
+        return add_request(req, *args, **kwargs)
+
+    engine.add_request = recording
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    uv = uvicorn.Server(config)
+    serving = asyncio.ensure_future(uv.serve())
+    while not uv.started:
+        await asyncio.sleep(0.02)
+    client = openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
+    rows, cached = [], []
+    try:
+        async with client.realtime.connect(model="qwen2.5-omni") as conn:
+            session = {"type": "realtime", "output_modalities": ["text"]}
+            await conn.session.update(
+                session={**session, "audio": {"input": {"turn_detection": None}}}
+            )
+            for seed in (1, 2):
+                clip = 0.1 * np.random.default_rng(seed).standard_normal(24000)
+                pcm = base64.b64encode((clip * 32767).astype("<i2").tobytes()).decode()
+                before = thinker.num_prefill_rows, thinker.num_cached_rows
+                await conn.input_audio_buffer.append(audio=pcm)
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+                async with asyncio.timeout(300):
+                    async for event in conn:
+                        assert event.type != "error", event
+                        if event.type == "response.done":
+                            break
+                rows.append(thinker.num_prefill_rows - before[0])
+                cached.append(thinker.num_cached_rows - before[1])
+    finally:
+        uv.should_exit = True
+        await serving
+        await engine.shutdown()
+    first, second = sent
+    assert first.cache_salt == second.cache_salt and first.cache_salt.startswith("sess")
+    (reply,) = [m for m in second.messages if m.role == "assistant"]
+    assert reply.token_ids and cached[0] == 0 and cached[1] >= BLOCK
+    assert rows[1] < rows[0] + BLOCK  # only the new turn (and a partly filled block) computed

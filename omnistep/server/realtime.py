@@ -21,11 +21,11 @@ The conversation is kept as chat history: each item becomes a ``ChatMessage`` (u
 ``MediaItem`` resampled with soxr from 24 kHz to the card's ``media_sample_rate``; assistant
 turns as the text of what was said, and, for a finished answer, the token ids the model
 generated, ``RequestStream.text_ids``, which the card's template puts back verbatim), and each
-response is one engine request over the whole history (``instructions`` as a leading system message; for an audio answer from a card with a
-``speech_system_prompt``, that prompt leads, verbatim, and ``instructions`` follow as a second
-system message), text out, plus audio when asked (the card's audio resampled to 24 kHz
-pcm16). The history is bounded (``MAX_ITEMS`` items,
-``MAX_HISTORY_AUDIO_SECONDS`` of user audio: the oldest items go first).
+response is one engine request over the whole history (``instructions`` as a leading system
+message; for an audio answer from a card with a ``speech_system_prompt``, that prompt leads,
+verbatim, and ``instructions`` follow as a second system message), text out, plus audio when
+asked (the card's audio resampled to 24 kHz pcm16). The history is bounded (``MAX_ITEMS``
+items, ``MAX_HISTORY_AUDIO_SECONDS`` of user audio: the oldest items go first).
 
 KV across turns: each request carries the session id as its ``Request.cache_salt``, so an AR
 component with prefix caching (the Qwen2.5-Omni thinker) keeps the finished turn's full KV
