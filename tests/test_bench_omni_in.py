@@ -27,7 +27,7 @@ def test_defaults_sizes_and_bad_values_exit() -> None:
         2,
     )
     assert bench_omni_in.sizes_of(args).audio_d_model == 32  # tiny: the test sizes
-    for bad in (["--parts", "b"], ["--concurrency", "0"], ["--clip-seconds", "301"]):
+    for bad in (["--parts", "e"], ["--concurrency", "0"], ["--clip-seconds", "301"]):
         with pytest.raises(SystemExit):
             bench_omni_in.parse_args(bad)
 
