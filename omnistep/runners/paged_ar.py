@@ -174,11 +174,13 @@ class _SaltedRows:
     """What a salted sequence fed so far (prefix caching): per row a digest of its input
     bytes and positions keyed by the salt, and (``stream_prompt_rows``) its streamed row
     ``[1, ...]``; ``streams`` None once a row's stream is unknown (a replay after a
-    preemption streams only its last row)."""
+    preemption streams only its last row). Nothing is cached for a sequence freed before its
+    prefill ran."""
 
     salt: bytes
     digests: list[bytes]
     streams: list[torch.Tensor] | None
+    computed: bool = False  # its prefill ran: the K/V of its rows are in its blocks
 
 
 @dataclass
@@ -1100,7 +1102,10 @@ class PagedARModel:
     def _note_prefill(self, unit: ARPrefillInput, stream: Any) -> None:
         """Keep a salted prefill's streamed rows (one per prompt row when fresh)."""
         record = self._salted.get(unit.seq_id)
-        if record is None or record.streams is None:
+        if record is None:
+            return
+        record.computed = True
+        if record.streams is None:
             return
         if isinstance(stream, torch.Tensor) and stream.shape[0] == len(record.digests):
             record.streams.append(stream)
@@ -1128,7 +1133,7 @@ class PagedARModel:
         """Register a salted sequence's full blocks in the evictable cache (with their
         streamed rows), before it is freed; forget its record."""
         record = self._salted.pop(seq_id, None)
-        if record is None or seq_id not in self.lengths:
+        if record is None or not record.computed or seq_id not in self.lengths:
             return
         size = self.blocks.block_size
         num_rows = min(self.lengths[seq_id], len(record.digests))
