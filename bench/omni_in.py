@@ -8,7 +8,9 @@ A Qwen2.5-Omni checkpoint with seeded random weights is written once into ``--ro
 ``TINY_SIZES``) or ``--size audio-full`` (tiny LMs and token2wav, but the audio tower at the
 published width, ``d_model`` 1280, 20 heads, ffn 5120, 128 mel bins, with ``--audio-layers``
 layers instead of 32: reduced depth, full width, so the encoder's cost per layer is the real
-one). Everything runs in this process on ``--device`` with ``--threads`` torch threads.
+one), or ``--size thinker-wide`` (the thinker at Qwen2.5-0.5B's width, hidden 896, 14 heads,
+2 KV heads, ffn 4864, 4 layers: (c)'s prefill then costs compute, not per-call overhead).
+Everything runs in this process on ``--device`` with ``--threads`` torch threads.
 
 (a) **commit -> first audio byte, C=1.** omnistep: a uvicorn server of the card
 (``QwenOmniOptions``: thinker capped at ``--thinker-tokens``, greedy talker capped at
@@ -28,7 +30,8 @@ with its own ``--question-seconds`` clip, all committed at once: the p99 of thei
 against (a)'s C=1 TTFA of the same round (target: p99 / p50 <= 3; medians over rounds).
 
 (c) **a second turn's prefill with the session's KV kept vs recomputing the history.** One
-session answers the (a) clip, then a second clip; the thinker's PREFILL calls of the second
+session answers a ``--history-seconds`` clip (10 s: a conversation's earlier turns), then the
+(a) clip; the thinker's PREFILL calls of the second
 turn are timed (seconds, rows computed, rows taken from the prefix cache). Then the very
 request the server sent for turn 2 is run again with no ``cache_salt``: the whole history
 computed (its audio's encoder rows come from the encoder cache in both runs). Reported: the
@@ -88,6 +91,16 @@ SIZES: dict[str, dict[str, Any]] = {
     "tiny": {},
     # the published audio tower's width (Qwen2.5-Omni-7B audio_config), depth from --audio-layers
     "audio-full": {"audio_d_model": 1280, "audio_heads": 20, "audio_ffn": 5120},
+    # a wider thinker (Qwen2.5-0.5B-like width, 4 layers), so (c)'s prefill is compute, not
+    # per-call overhead
+    "thinker-wide": {
+        "hidden": 896,
+        "heads": 14,
+        "kv_heads": 2,
+        "intermediate": 4864,
+        "layers": 4,
+        "mrope_section": (16, 8, 8),
+    },
 }
 
 
@@ -103,6 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--parts", default="a,b,c,d", help="which measurements: a,b,c,d or some")
     ap.add_argument("--question-seconds", type=float, default=3.0)
+    ap.add_argument(
+        "--history-seconds", type=float, default=10.0, help="(c): the first turn's clip"
+    )
     ap.add_argument("--clip-seconds", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--thinker-tokens", type=int, default=8)
@@ -115,7 +131,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     positive = ("audio_layers", "threads", "rounds", "concurrency", "thinker_tokens")
     if any(getattr(args, name) < 1 for name in positive) or args.talker_tokens < 1:
         ap.error("counts must be >= 1")
-    if min(args.question_seconds, args.clip_seconds) <= 0 or args.clip_seconds > 300:
+    if (
+        min(args.question_seconds, args.clip_seconds, args.history_seconds) <= 0
+        or max(args.clip_seconds, args.history_seconds) > 300
+    ):
         ap.error("clip lengths must be in (0, 300] s (the feature extractor reads 300 s)")
     args.parts = sorted(parts)
     return args
@@ -469,7 +488,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"(C=1 {row['omnistep_a']['ttfa_s']:.3f} s)"
             )
         if "c" in args.parts:
-            row["second_turn_c"] = c = asyncio.run(second_turn(model, question, questions[0]))
+            history = clip(args.history_seconds, API_RATE, seed=5)
+            row["second_turn_c"] = c = asyncio.run(second_turn(model, history, question))
             print(
                 f"round {rnd} (c) second turn's prefill: kept {c['kept']['prefill_rows']} rows "
                 f"{c['kept']['prefill_s']:.4f} s vs recomputed {c['recomputed']['prefill_rows']} "
