@@ -35,7 +35,8 @@ def test_defaults_sizes_and_bad_values_exit() -> None:
 def test_a_small_run_writes_every_measurement(tmp_path) -> None:
     out = tmp_path / "omni_in.json"
     argv = ["--root", str(tmp_path / "ckpt"), "--out", str(out), "--rounds", "1"]
-    small = ["--question-seconds", "1", "--clip-seconds", "1", "--concurrency", "2"]
+    small = ["--question-seconds", "1", "--history-seconds", "2", "--clip-seconds", "1"]
+    small += ["--concurrency", "2"]
     record = bench_omni_in.main([*argv, *small, "--thinker-tokens", "2", "--talker-tokens", "8"])
     assert json.loads(out.read_text())["summary"] == record["summary"]
     (row,) = record["rounds"]
