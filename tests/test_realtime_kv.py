@@ -23,8 +23,10 @@ from omnistep.core import (
     Request,
     RequestAbortedError,
     SamplingParams,
+    WorkUnitKind,
 )
 from omnistep.engine import AsyncEngine
+from omnistep.loops.ar_decode import ARPrefillInput
 from omnistep.models.qwen2_5_omni.card import SPEECH_SYSTEM_PROMPT, QwenOmniOptions, build_card
 from omnistep.models.qwen2_5_omni.frontend import splice_replies
 from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
@@ -132,6 +134,18 @@ async def test_second_turn_prefills_only_new_rows_and_answers_as_a_fresh_history
         assert thinker.blocks.num_cached_blocks == cached_blocks
     finally:
         await engine.shutdown()
+
+
+def test_a_sequence_freed_before_its_prefill_ran_leaves_nothing_cached(model):
+    """Blocks admitted for a salted prefill hold no K/V until it runs: freed before (an abort
+    between admission and the batch), nothing is cached under their hashes."""
+    thinker = model.components["thinker"]
+    thinker.blocks.drop_cached()
+    unit = ARPrefillInput("early/think", tuple(range(10, 60)), (), (), None, None, None, False, "s")
+    assert thinker.admit(unit) and thinker.kv_blocks()[0] == 4
+    thinker.free_sequence(unit.seq_id)
+    assert thinker.execute(WorkUnitKind.PREFILL, []) == []  # the admitted batch, never run
+    assert (thinker.kv_blocks()[0], thinker.blocks.num_cached_blocks) == (0, 0)
 
 
 async def test_dropped_sessions_leave_only_evictable_blocks_that_a_burst_reclaims(model):
