@@ -8,7 +8,9 @@ A Qwen2.5-Omni checkpoint with seeded random weights is written once into ``--ro
 ``TINY_SIZES``) or ``--size audio-full`` (tiny LMs and token2wav, but the audio tower at the
 published width, ``d_model`` 1280, 20 heads, ffn 5120, 128 mel bins, with ``--audio-layers``
 layers instead of 32: reduced depth, full width, so the encoder's cost per layer is the real
-one). Everything runs in this process on ``--device`` with ``--threads`` torch threads.
+one), or ``--size thinker-wide`` (the thinker at Qwen2.5-0.5B's width, hidden 896, 14 heads,
+2 KV heads, ffn 4864, 4 layers: (c)'s prefill then costs compute, not per-call overhead).
+Everything runs in this process on ``--device`` with ``--threads`` torch threads.
 
 (a) **commit -> first audio byte, C=1.** omnistep: a uvicorn server of the card
 (``QwenOmniOptions``: thinker capped at ``--thinker-tokens``, greedy talker capped at
@@ -23,6 +25,18 @@ user turn holding the same clip resampled to 16 kHz as the session does), greedy
 same caps; ``generate`` returns audio only at its end, so its time to first audio is its whole
 time (prompt building and feature extraction included).
 
+(b) **commit -> first audio byte at C=8.** ``--concurrency`` sessions on one server, each
+with its own ``--question-seconds`` clip, all committed at once: the p99 of their TTFAs
+against (a)'s C=1 TTFA of the same round (target: p99 / p50 <= 3; medians over rounds).
+
+(c) **a second turn's prefill with the session's KV kept vs recomputing the history.** One
+session answers a ``--history-seconds`` clip (10 s: a conversation's earlier turns), then the
+(a) clip; the thinker's PREFILL calls of the second
+turn are timed (seconds, rows computed, rows taken from the prefix cache). Then the very
+request the server sent for turn 2 is run again with no ``cache_salt``: the whole history
+computed (its audio's encoder rows come from the encoder cache in both runs). Reported: the
+kept / recomputed ratio of PREFILL seconds (target <= 0.3) and of rows.
+
 (d) **encoder: 8 concurrent 10 s clips vs 8 sequential.** ``--concurrency`` chat requests,
 each with its own ``--clip-seconds`` clip and one thinker token (text only), submitted at once
 to an ``AsyncEngine``; then the same number one after another (new clips: the encoder's cache
@@ -30,8 +44,10 @@ would answer repeats). Each ``encoder.execute`` call is timed (batch size, secon
 the concurrent encoder wall (first ENCODE call start -> last end) against the sequential sum
 of ENCODE calls, and both end-to-end walls.
 
-Targets: (a) omnistep TTFA < transformers' time to its first audio; (d) concurrent encoder
-wall < sequential encoder time (the scheduler batches the 8 items into few forwards).
+Targets: (a) omnistep TTFA < transformers' time to its first audio (``a_ratio``: the issue
+asks <= 0.3); (b) p99 at C=8 <= 3x the C=1 TTFA; (c) kept / recomputed prefill <= 0.3; (d)
+concurrent encoder wall < sequential encoder time (the scheduler batches the 8 items into few
+forwards).
 
 How to run
 ----------
@@ -49,6 +65,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -69,10 +86,21 @@ MARKER = "omni-in-bench-sizes.json"
 API_RATE = 24_000
 INSTRUCTIONS = "Be brief."
 
+PARTS = ("a", "b", "c", "d")
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {},
     # the published audio tower's width (Qwen2.5-Omni-7B audio_config), depth from --audio-layers
     "audio-full": {"audio_d_model": 1280, "audio_heads": 20, "audio_ffn": 5120},
+    # a wider thinker (Qwen2.5-0.5B-like width, 4 layers), so (c)'s prefill is compute, not
+    # per-call overhead
+    "thinker-wide": {
+        "hidden": 896,
+        "heads": 14,
+        "kv_heads": 2,
+        "intermediate": 4864,
+        "layers": 4,
+        "mrope_section": (16, 8, 8),
+    },
 }
 
 
@@ -86,8 +114,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--parts", default="a,d", help="which measurements: a, d or a,d")
+    ap.add_argument("--parts", default="a,b,c,d", help="which measurements: a,b,c,d or some")
     ap.add_argument("--question-seconds", type=float, default=3.0)
+    ap.add_argument(
+        "--history-seconds", type=float, default=10.0, help="(c): the first turn's clip"
+    )
     ap.add_argument("--clip-seconds", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--thinker-tokens", type=int, default=8)
@@ -95,12 +126,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skip-transformers", action="store_true")
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
-    if not parts or parts - {"a", "d"}:
-        ap.error("--parts takes a, d or a,d")
+    if not parts or parts - set(PARTS):
+        ap.error(f"--parts takes some of {','.join(PARTS)}")
     positive = ("audio_layers", "threads", "rounds", "concurrency", "thinker_tokens")
     if any(getattr(args, name) < 1 for name in positive) or args.talker_tokens < 1:
         ap.error("counts must be >= 1")
-    if min(args.question_seconds, args.clip_seconds) <= 0 or args.clip_seconds > 300:
+    if (
+        min(args.question_seconds, args.clip_seconds, args.history_seconds) <= 0
+        or max(args.clip_seconds, args.history_seconds) > 300
+    ):
         ap.error("clip lengths must be in (0, 300] s (the feature extractor reads 300 s)")
     args.parts = sorted(parts)
     return args
@@ -150,10 +184,10 @@ def load_model(args: argparse.Namespace):  # noqa: ANN201 - ModelInstance
     return ModelInstance.load(build_card(str(args.root), options), device=args.device)
 
 
-# ----------------------------------------------------------------------------- (a)
-async def realtime_ttfa(model, question: np.ndarray) -> dict[str, float]:  # noqa: ANN001
-    """One realtime turn on a fresh in-process server: seconds from the commit to the first
-    audio delta and to ``response.done``, the audio seconds and the transcript."""
+# ----------------------------------------------------------------------------- (a) (b) (c)
+@contextlib.asynccontextmanager
+async def serving(model):  # noqa: ANN001, ANN201
+    """``(openai.AsyncOpenAI client, engine)`` of a fresh in-process uvicorn server of the card."""
     import openai
     import uvicorn
 
@@ -167,42 +201,45 @@ async def realtime_ttfa(model, question: np.ndarray) -> dict[str, float]:  # noq
         port = sock.getsockname()[1]
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
-    serving = asyncio.ensure_future(server.serve())
+    task = asyncio.ensure_future(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
-    client = openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
-    pcm = base64.b64encode((question * 32767).astype("<i2").tobytes()).decode()
-    first = None
-    audio_bytes = 0
-    transcript = ""
     try:
-        async with client.realtime.connect(model="qwen2.5-omni") as conn:
-            session = {
-                "type": "realtime",
-                "instructions": INSTRUCTIONS,
-                "output_modalities": ["audio"],
-                "audio": {"input": {"turn_detection": None}},
-            }
-            await conn.session.update(session=session)
-            await conn.input_audio_buffer.append(audio=pcm)
-            start = time.perf_counter()
-            await conn.input_audio_buffer.commit()
-            await conn.response.create()
-            async for event in conn:
-                if event.type == "response.output_audio.delta":
-                    first = first or time.perf_counter()
-                    audio_bytes += len(base64.b64decode(event.delta))
-                elif event.type == "response.output_audio_transcript.delta":
-                    transcript += event.delta
-                elif event.type == "error":
-                    raise RuntimeError(f"realtime error: {event.error.message}")
-                elif event.type == "response.done":
-                    break
-            done = time.perf_counter()
+        yield openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1"), engine
     finally:
         server.should_exit = True
-        await serving
+        await task
         await engine.shutdown()
+
+
+SESSION = {
+    "type": "realtime",
+    "instructions": INSTRUCTIONS,
+    "output_modalities": ["audio"],
+    "audio": {"input": {"turn_detection": None}},
+}
+
+
+async def spoken_turn(conn, question: np.ndarray) -> dict[str, Any]:  # noqa: ANN001
+    """One turn on an open session: append the clip, commit, ``response.create``; seconds
+    from sending the commit to the first audio delta (TTFA) and to ``response.done``."""
+    pcm = base64.b64encode((question * 32767).astype("<i2").tobytes()).decode()
+    await conn.input_audio_buffer.append(audio=pcm)
+    start = time.perf_counter()
+    await conn.input_audio_buffer.commit()
+    await conn.response.create()
+    first, audio_bytes, transcript = None, 0, ""
+    async for event in conn:
+        if event.type == "response.output_audio.delta":
+            first = first or time.perf_counter()
+            audio_bytes += len(base64.b64decode(event.delta))
+        elif event.type == "response.output_audio_transcript.delta":
+            transcript += event.delta
+        elif event.type == "error":
+            raise RuntimeError(f"realtime error: {event.error.message}")
+        elif event.type == "response.done":
+            break
+    done = time.perf_counter()
     if first is None:
         raise RuntimeError("the response had no audio")
     return {
@@ -210,6 +247,94 @@ async def realtime_ttfa(model, question: np.ndarray) -> dict[str, float]:  # noq
         "total_s": done - start,
         "audio_s": audio_bytes / 2 / API_RATE,
         "transcript": transcript,
+    }
+
+
+async def realtime_ttfa(model, questions: list[np.ndarray]) -> list[dict[str, Any]]:  # noqa: ANN001
+    """(a) / (b): one session per clip on one fresh server, all committed at once; each
+    session's ``spoken_turn``."""
+
+    async def session(client, question: np.ndarray) -> dict[str, Any]:  # noqa: ANN001
+        async with client.realtime.connect(model="qwen2.5-omni") as conn:
+            await conn.session.update(session=SESSION)
+            return await spoken_turn(conn, question)
+
+    async with serving(model) as (client, _):
+        return list(await asyncio.gather(*(session(client, q) for q in questions)))
+
+
+class PrefillMeter:
+    """Times the thinker's PREFILL calls (seconds, rows computed, rows from the cache)."""
+
+    def __init__(self, thinker):  # noqa: ANN001
+        self.thinker = thinker
+        self.calls: list[float] = []
+        self._real = thinker.execute
+
+    def __enter__(self) -> PrefillMeter:
+        from omnistep.core import WorkUnitKind
+
+        def timed(kind, payloads):  # noqa: ANN001, ANN202
+            start = time.perf_counter()
+            out = self._real(kind, payloads)
+            if kind is WorkUnitKind.PREFILL:
+                self.calls.append(time.perf_counter() - start)
+            return out
+
+        self.thinker.execute = timed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.thinker.execute
+
+    def take(self, since: tuple[int, int, int]) -> dict[str, float]:
+        """The PREFILL seconds and rows since ``since`` (``mark()``)."""
+        calls, rows, cached = since
+        return {
+            "prefill_s": sum(self.calls[calls:]),
+            "prefill_rows": self.thinker.num_prefill_rows - rows,
+            "cached_rows": self.thinker.num_cached_rows - cached,
+        }
+
+    def mark(self) -> tuple[int, int, int]:
+        return len(self.calls), self.thinker.num_prefill_rows, self.thinker.num_cached_rows
+
+
+async def second_turn(model, first: np.ndarray, second: np.ndarray) -> dict[str, Any]:  # noqa: ANN001
+    """(c): a session's second turn with its KV kept (the session's salt), then the same
+    request (the server's, recorded) with no salt: the history computed again. The thinker's
+    PREFILL seconds and rows of each."""
+    thinker = model.components["thinker"]
+    sent: list[Any] = []
+    async with serving(model) as (client, engine):
+        add_request = engine.add_request
+
+        def recording(req, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            sent.append(req)
+            return add_request(req, *args, **kwargs)
+
+        engine.add_request = recording
+        with PrefillMeter(thinker) as meter:
+            async with client.realtime.connect(model="qwen2.5-omni") as conn:
+                await conn.session.update(session=SESSION)
+                turn1 = await spoken_turn(conn, first)
+                mark = meter.mark()
+                turn2 = await spoken_turn(conn, second)
+                kept = meter.take(mark)
+            again = dataclasses.replace(
+                sent[-1], cache_salt=None, request_id=f"again-{time.time()}"
+            )
+            mark = meter.mark()
+            async for _ in add_request(again):
+                pass
+            recomputed = meter.take(mark)
+    return {
+        "turn1": turn1,
+        "turn2": turn2,
+        "kept": kept,
+        "recomputed": recomputed,
+        "rows_ratio": kept["prefill_rows"] / recomputed["prefill_rows"],
+        "time_ratio": kept["prefill_s"] / recomputed["prefill_s"],
     }
 
 
@@ -335,14 +460,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rounds": [],
     }
     question = clip(args.question_seconds, API_RATE, seed=0)
+    questions = [
+        clip(args.question_seconds, API_RATE, seed=10 + i) for i in range(args.concurrency)
+    ]
     if "a" in args.parts and not args.skip_transformers:
         transformers_first_audio(args, question)  # warm-up (loads the reference model)
-    if "a" in args.parts:
-        asyncio.run(realtime_ttfa(model, question))  # warm-up
+    if {"a", "b", "c"} & set(args.parts):
+        asyncio.run(realtime_ttfa(model, [question]))  # warm-up
     for rnd in range(args.rounds):
         row: dict[str, Any] = {"load_avg": os.getloadavg()}
+        if {"a", "b"} & set(args.parts):
+            (row["omnistep_a"],) = asyncio.run(realtime_ttfa(model, [question]))
         if "a" in args.parts:
-            row["omnistep_a"] = asyncio.run(realtime_ttfa(model, question))
             if not args.skip_transformers:
                 row["transformers_a"] = transformers_first_audio(args, question)
             print(f"round {rnd} (a) omnistep TTFA {row['omnistep_a']['ttfa_s']:.3f} s", end="")
@@ -350,6 +479,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print(f", transformers first audio {row['transformers_a']['first_audio_s']:.3f} s")
             else:
                 print()
+        if "b" in args.parts:
+            row["concurrent_b"] = asyncio.run(realtime_ttfa(model, questions))
+            ttfas = [r["ttfa_s"] for r in row["concurrent_b"]]
+            print(
+                f"round {rnd} (b) TTFA at C={args.concurrency}: p50 {median(ttfas):.3f} s, "
+                f"p99 {float(np.percentile(ttfas, 99)):.3f} s "
+                f"(C=1 {row['omnistep_a']['ttfa_s']:.3f} s)"
+            )
+        if "c" in args.parts:
+            history = clip(args.history_seconds, API_RATE, seed=5)
+            row["second_turn_c"] = c = asyncio.run(second_turn(model, history, question))
+            print(
+                f"round {rnd} (c) second turn's prefill: kept {c['kept']['prefill_rows']} rows "
+                f"{c['kept']['prefill_s']:.4f} s vs recomputed {c['recomputed']['prefill_rows']} "
+                f"rows {c['recomputed']['prefill_s']:.4f} s (time ratio {c['time_ratio']:.3f})"
+            )
         if "d" in args.parts:
             base = 1000 * (rnd + 1)
             clips = [clip(args.clip_seconds, 16000, base + i) for i in range(2 * args.concurrency)]
@@ -365,12 +510,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         record["rounds"].append(row)
     summary: dict[str, Any] = {}
     rounds = record["rounds"]
-    if "a" in args.parts:
+    if {"a", "b"} & set(args.parts):
         summary["omnistep_ttfa_s"] = median([r["omnistep_a"]["ttfa_s"] for r in rounds])
-        if not args.skip_transformers:
-            theirs = median([r["transformers_a"]["first_audio_s"] for r in rounds])
-            summary["transformers_first_audio_s"] = theirs
-            summary["a_met"] = summary["omnistep_ttfa_s"] < theirs
+    if "a" in args.parts and not args.skip_transformers:
+        theirs = median([r["transformers_a"]["first_audio_s"] for r in rounds])
+        summary["transformers_first_audio_s"] = theirs
+        summary["a_ratio"] = summary["omnistep_ttfa_s"] / theirs
+        summary["a_met"] = summary["omnistep_ttfa_s"] < theirs
+    if "b" in args.parts:
+        p99 = median(
+            [float(np.percentile([x["ttfa_s"] for x in r["concurrent_b"]], 99)) for r in rounds]
+        )
+        summary["concurrent_ttfa_p99_s"] = p99
+        summary["b_ratio"] = p99 / summary["omnistep_ttfa_s"]
+        summary["b_met"] = summary["b_ratio"] <= 3
+    if "c" in args.parts:
+        turns = [r["second_turn_c"] for r in rounds]
+        summary["second_turn_rows_ratio"] = median([t["rows_ratio"] for t in turns])
+        summary["second_turn_prefill_ratio"] = median([t["time_ratio"] for t in turns])
+        summary["c_met"] = summary["second_turn_prefill_ratio"] <= 0.3
     if "d" in args.parts:
         conc = median([r["concurrent_d"]["encoder_wall_s"] for r in rounds])
         seq = median([r["sequential_d"]["encoder_busy_s"] for r in rounds])

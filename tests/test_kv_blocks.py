@@ -450,3 +450,60 @@ def test_preemption_frees_only_blocks_no_one_else_holds():
     assert table.preempt("b") == 0 and table.num_preemptions == 1  # not held: nothing
     table.admit_prefill("b", 2)  # a new prefill clears the mark
     assert "b" not in table.preempted
+
+
+# ------------------------------------------------------------------ evictable prefix cache
+def test_kept_blocks_stay_cached_evictable_and_are_taken_back_by_match():
+    manager = BlockManager(num_blocks=6, block_size=4)
+    manager.allocate("turn1", 10)  # 3 blocks, 2 full
+    hashes = chain_hashes([bytes([i]) for i in range(8)], 4)
+    manager.cache("turn1", hashes, keep=True)
+    table = manager.block_table("turn1")
+    assert manager.free("turn1") == 3
+    # the 2 full blocks stay cached: free to allocate, not used, still found
+    counts = (manager.num_free_blocks, manager.num_used_blocks, manager.num_cached_blocks)
+    assert counts == (6, 0, 2)
+    assert manager.match(hashes) == table[:2]
+    manager.share("turn2", manager.match(hashes))  # taken back: held, not evictable
+    assert (manager.num_used_blocks, manager.num_cached_blocks) == (2, 0)
+    assert manager.ref_count(table[0]) == 1
+    manager.allocate("turn2", 12)
+    manager.free("turn2")
+    assert manager.num_cached_blocks == 2  # still hashed and kept
+
+
+def test_evictable_blocks_are_evicted_only_when_free_blocks_run_out_tail_first():
+    manager = BlockManager(num_blocks=4, block_size=2)
+    manager.allocate("s", 6)
+    hashes = chain_hashes([bytes([i]) for i in range(6)], 2)
+    manager.cache("s", hashes, keep=True)
+    head, middle, tail = manager.block_table("s")
+    manager.free("s")
+    assert manager.num_cached_blocks == 3
+    manager.allocate("a", 2)  # the one never-used free block: nothing evicted
+    assert manager.match(hashes) == [head, middle, tail]
+    manager.allocate("b", 2)  # evicts the least recently freed: the tail
+    assert manager.match(hashes) == [head, middle]
+    assert manager.can_allocate("c", 4) and not manager.can_allocate("c", 6)
+    manager.allocate("c", 4)  # a big request reclaims the rest
+    assert manager.match(hashes) == [] and manager.num_cached_blocks == 0
+    for seq in ("a", "b", "c"):
+        manager.free(seq)
+    assert manager.num_free_blocks == 4 and manager.num_used_blocks == 0
+
+
+def test_unkept_hashes_are_forgotten_on_free_and_forget_hashes_empties_the_cache():
+    manager = BlockManager(num_blocks=4, block_size=2)
+    manager.allocate("prefix", 4)
+    hashes = chain_hashes([b"a", b"b", b"c", b"d"], 2)
+    manager.cache("prefix", hashes)  # not kept: the kept-prefix use
+    manager.free("prefix")
+    assert manager.match(hashes) == [] and manager.num_cached_blocks == 0
+    manager.allocate("kept", 4)
+    manager.cache("kept", hashes, keep=True)
+    manager.free("kept")
+    assert manager.num_cached_blocks == 2
+    manager.forget_hashes()
+    assert (manager.num_cached_blocks, manager.match(hashes)) == (0, [])
+    assert manager.num_free_blocks == 4
+    manager.allocate("all", 8)  # every block is allocatable again

@@ -122,6 +122,9 @@ def test_truncated_transcript_keeps_the_heard_fraction_in_whole_words():
 # ------------------------------------------------------------------ sessions
 async def test_server_vad_turns_are_heard_answered_and_kept_as_history(tmp_path):
     async with server(tmp_path) as (client, engine):
+        sent: list = []
+        add_request = engine.add_request
+        engine.add_request = lambda req, *a, **k: sent.append(req) or add_request(req, *a, **k)
         async with client.realtime.connect(model="toy_hear") as conn:
             created = await until(conn, "session.created")
             assert created.session.audio.input.turn_detection.type == "server_vad"
@@ -175,6 +178,9 @@ async def test_server_vad_turns_are_heard_answered_and_kept_as_history(tmp_path)
                 e.delta for e in events if e.type == "response.output_audio_transcript.delta"
             )
             assert transcript2 == f"turn 2 {heard(clip)} after {len(transcript)} chars"
+            # both turns share the session's prefix-caching scope, and no one else's
+            first, second = sent
+            assert first.cache_salt == second.cache_salt and first.cache_salt.startswith("sess")
         assert (await idle(engine))["live_loops"] == 0
 
 

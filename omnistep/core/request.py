@@ -203,11 +203,18 @@ class MediaItem:
 class ChatMessage:
     """One chat message: ``role`` (system, user, assistant), its text ``content`` and, for
     messages with media, ``parts``: its text pieces (``str``) and ``MediaItem``s in the order
-    the request gave them (empty for a text-only message; ``content`` is then the text)."""
+    the request gave them (empty for a text-only message; ``content`` is then the text).
+
+    ``token_ids``: an assistant turn as the model generated it (its reply's token ids, which
+    detokenize to ``content``), or None. A card whose chat template can place them uses them
+    instead of tokenizing ``content`` again, so the next turn's prompt repeats the previous
+    sequence token for token (re-tokenized text may split differently) and its KV blocks are
+    found by prefix caching (``Request.cache_salt``)."""
 
     role: str
     content: str
     parts: tuple[str | MediaItem, ...] = ()
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def media(self) -> tuple[MediaItem, ...]:
@@ -249,6 +256,14 @@ class Request:
             AR components prefill a prompt once per group and share its KV blocks by reference
             between the group's requests whose prompts are equal; None shares nothing. Sharing
             never changes what a request samples.
+        cache_salt: the prefix-caching scope of the request (vLLM's ``cache_salt``): an AR
+            component with prefix caching keeps its sequences' full KV blocks after they end,
+            hashed with this salt, in the block manager's evictable cache, and a later request
+            with the same salt starts on the longest cached prefix of its prompt instead of
+            computing it (a realtime session's turns: the session id). Reuse changes the
+            floating-point path of the reused rows (they were computed in other forwards), so
+            None, the default, reuses nothing: a request's numbers then never depend on what
+            ran before it.
         non_streaming_mode: for cards with two prompt layouts (Qwen3-TTS; upstream's
             ``non_streaming_mode``): True puts the whole text in the prompt (the request
             starts once its text is complete), False feeds it one token per step (text may
@@ -279,6 +294,7 @@ class Request:
     group: str | None = None
     text_input: bool = False
     non_streaming_mode: bool | None = None
+    cache_salt: str | None = None
 
     @property
     def media(self) -> tuple[MediaItem, ...]:

@@ -69,6 +69,16 @@ class RequestStream:
         """Token counts reported by the card: ``input_tokens``, ``output_tokens``."""
         return self._ctx.usage
 
+    @property
+    def text_ids(self) -> tuple[int, ...] | None:
+        """The generated text's token ids once the request finished, when its card binds
+        them to a ``text_ids`` slot (a chat LM's reply: the Qwen thinker's frames, EOS not
+        included); None otherwise (not finished, cancelled, or a card without one)."""
+        frames = self._ctx.slots.get("text_ids")
+        if not self.finished or not isinstance(frames, list | tuple):
+            return None
+        return tuple(int(f[0]) if isinstance(f, tuple | list) else int(f) for f in frames)
+
     def __aiter__(self) -> RequestStream:
         return self
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -204,6 +204,15 @@ class BlockManager:
     name are stale, e.g. after a weight update). Rows past a partly filled block's hash may
     be written by its holder: the hashed rows stay as they were.
 
+    Evictable cache (vLLM's automatic prefix caching, SGLang's radix cache): blocks registered
+    with ``cache(..., keep=True)`` (full blocks only) do not return to the pool when their last
+    table is freed: they stay hashed, with no holder, in an LRU of evictable blocks (a freed
+    table's last block first, so a prefix outlives its tail), where ``match`` still finds
+    them and ``share`` takes them back. They count as free (``num_free_blocks``,
+    ``can_allocate``): a block is taken from the LRU, its hashes forgotten, only when no
+    unhashed free block is left (``num_cached_blocks`` counts them, ``drop_cached`` empties
+    the LRU).
+
     Placement keeps each table consecutive where it can, so attention reads a sequence as one
     slice of the pool instead of gathering its blocks (``omnistep.layers.paged_attention``): a
     table grows into the block after its last one when that block is free; otherwise (a new
@@ -224,6 +233,9 @@ class BlockManager:
         self._refs: dict[int, int] = {}  # block id -> tables holding it (used blocks only)
         self._cached: dict[int, int] = {}  # content hash -> block id holding those rows
         self._hashes_of: dict[int, list[int]] = {}  # block id -> content hashes it holds
+        self._keep: set[int] = set()  # blocks that stay cached when freed (``cache(keep=)``)
+        # held by no table, still hashed; least recently freed first
+        self._evictable: OrderedDict[int, None] = OrderedDict()
 
     @classmethod
     def from_config(cls, config: KVCacheConfig) -> BlockManager:
@@ -231,11 +243,18 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation may take: free ones and evictable cached ones."""
+        return len(self._free) + len(self._evictable)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks some table holds."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Evictable blocks: held by no table, kept for their content hashes."""
+        return len(self._evictable)
 
     @property
     def num_sequences(self) -> int:
@@ -256,7 +275,7 @@ class BlockManager:
 
     def can_allocate(self, seq_id: Hashable, num_tokens: int) -> bool:
         """Whether the sequence's table can grow to hold ``num_tokens`` tokens in total."""
-        return self._num_missing(seq_id, num_tokens) <= len(self._free)
+        return self._num_missing(seq_id, num_tokens) <= self.num_free_blocks
 
     def allocate(self, seq_id: Hashable, num_tokens: int) -> list[int]:
         """Grow the sequence's table to cover ``num_tokens`` tokens in total; return the table.
@@ -268,8 +287,8 @@ class BlockManager:
             KVCacheFullError: too few free blocks; nothing is allocated then.
         """
         num_missing = self._num_missing(seq_id, num_tokens)
-        if num_missing > len(self._free):
-            raise KVCacheFullError(seq_id, num_missing, len(self._free))
+        if num_missing > self.num_free_blocks:
+            raise KVCacheFullError(seq_id, num_missing, self.num_free_blocks)
         block_table = self._block_tables.setdefault(seq_id, [])
         for _ in range(num_missing):
             block_table.append(self._take_after(block_table[-1] if block_table else None))
@@ -277,7 +296,10 @@ class BlockManager:
 
     def _take_after(self, previous: int | None) -> int:
         """Take a free block for a table whose last block is ``previous``: the one after it if
-        free, else a new extent (``_extent_start``). The pool is not full."""
+        free, else a new extent (``_extent_start``); when only evictable blocks are left, the
+        least recently freed is evicted first. The pool is not full."""
+        if not self._free:
+            self._evict_one()
         block_id = previous + 1 if previous is not None else -1
         if block_id not in self._free:
             block_id = self._extent_start()
@@ -317,18 +339,23 @@ class BlockManager:
         """
         if seq_id in self._block_tables:
             raise ValueError(f"sequence {seq_id!r} already holds a block table")
-        free = [b for b in block_ids if b not in self._refs]
+        free = [b for b in block_ids if b not in self._refs and b not in self._evictable]
         if free:
             raise ValueError(f"block {free[0]} is not in use: it holds no K/V to share")
         for block_id in block_ids:
+            if block_id in self._evictable:  # a cached block taken back
+                del self._evictable[block_id]
+                self._refs[block_id] = 0
             self._refs[block_id] += 1
         self._block_tables[seq_id] = list(block_ids)
         return list(block_ids)
 
-    def cache(self, seq_id: Hashable, hashes: Sequence[int]) -> None:
+    def cache(self, seq_id: Hashable, hashes: Sequence[int], keep: bool = False) -> None:
         """Register the sequence's first ``len(hashes)`` blocks under ``hashes``
         (``chain_hashes`` of the rows they hold, in order); a hash registered before moves
-        to this sequence's block (the latest copy of equal rows is the one found).
+        to this sequence's block (the latest copy of equal rows is the one found). With
+        ``keep`` (full blocks only), the blocks stay cached, evictable, once no table holds
+        them (the class docstring's "Evictable cache").
 
         Raises:
             KeyError: the sequence holds no table. ValueError: more hashes than blocks.
@@ -337,13 +364,42 @@ class BlockManager:
         if len(hashes) > len(table):
             raise ValueError(f"{len(hashes)} hashes for {len(table)} blocks of {seq_id!r}")
         for block_id, content in zip(table, hashes, strict=False):
+            if keep:
+                self._keep.add(block_id)
             previous = self._cached.get(content)
             if previous == block_id:
                 continue
             if previous is not None:
-                self._hashes_of[previous].remove(content)
+                self._unhash(previous, content)
             self._cached[content] = block_id
             self._hashes_of.setdefault(block_id, []).append(content)
+
+    def _unhash(self, block_id: int, content: int) -> None:
+        """Drop one hash of a block; an evictable block left with none returns to the pool."""
+        hashes = self._hashes_of[block_id]
+        hashes.remove(content)
+        if not hashes:
+            del self._hashes_of[block_id]
+            if block_id in self._evictable:
+                del self._evictable[block_id]
+                self._keep.discard(block_id)
+                self._free.give([block_id])
+
+    def _evict_one(self) -> None:
+        """Return the least recently freed evictable block to the pool, forgetting its
+        hashes. There is one."""
+        block_id, _ = self._evictable.popitem(last=False)
+        self._keep.discard(block_id)
+        for content in self._hashes_of.pop(block_id, ()):
+            del self._cached[content]
+        self._free.give([block_id])
+
+    def drop_cached(self) -> int:
+        """Evict every evictable block (their K/V are no longer wanted); returns how many."""
+        count = len(self._evictable)
+        while self._evictable:
+            self._evict_one()
+        return count
 
     def match(self, hashes: Sequence[int]) -> list[int]:
         """The blocks holding the longest prefix of ``hashes`` (``chain_hashes`` of a
@@ -356,10 +412,17 @@ class BlockManager:
             blocks.append(block_id)
         return blocks
 
+    def cached_hashes(self) -> set[int]:
+        """The content hashes registered now (a view; do not change it)."""
+        return self._cached.keys()  # type: ignore[return-value]
+
     def forget_hashes(self) -> None:
-        """Forget every registered content hash (the K/V they name are stale)."""
+        """Forget every registered content hash (the K/V they name are stale); evictable
+        blocks return to the pool."""
+        self.drop_cached()
         self._cached.clear()
         self._hashes_of.clear()
+        self._keep.clear()
 
     def ref_count(self, block_id: int) -> int:
         """Tables holding ``block_id`` (0 for a free block)."""
@@ -392,7 +455,7 @@ class BlockManager:
         source = table[index]
         if self._refs[source] == 1:
             return None
-        if not self._free:
+        if not self.num_free_blocks:
             raise KVCacheFullError(seq_id, 1, 0)
         destination = self._take_after(table[index - 1] if index else None)
         self._refs[source] -= 1
@@ -417,24 +480,32 @@ class BlockManager:
             raise KeyError(f"no block table for sequence {seq_id!r}") from None
 
     def free(self, seq_id: Hashable) -> int:
-        """Return the sequence's blocks to the pool; a no-op for an unknown sequence.
+        """Return the sequence's blocks to the pool (kept ones, ``cache(keep=True)``, to the
+        evictable cache, last block first); a no-op for an unknown sequence.
 
         Returns:
-            The number of blocks returned to the pool (blocks another table still shares stay).
+            The number of blocks that became free or evictable (blocks another table still
+            shares stay).
         """
         block_table = self._block_tables.pop(seq_id, None)
         if not block_table:
             return 0
-        released = []
+        released, kept = [], []
         for block_id in block_table:
             self._refs[block_id] -= 1
             if not self._refs[block_id]:
                 del self._refs[block_id]
+                if block_id in self._keep and block_id in self._hashes_of:
+                    kept.append(block_id)
+                    continue
+                self._keep.discard(block_id)
                 for content in self._hashes_of.pop(block_id, ()):
                     del self._cached[content]
                 released.append(block_id)
+        for block_id in reversed(kept):  # a prefix's tail is evicted before its head
+            self._evictable[block_id] = None
         self._free.give(released)
-        return len(released)
+        return len(released) + len(kept)
 
     def usage(self) -> dict[str, int | float]:
         """Pool occupancy for metrics."""

@@ -72,6 +72,9 @@ class ARPrefillInput:
             this sequence on the KV blocks of an equal prompt of the same group instead of
             computing it again; None computes it.
         record: the step is recorded (ROLLOUT): its output carries the policy log-probs too.
+        cache_salt: the request's prefix-caching scope (``Request.cache_salt``): a component
+            with prefix caching starts the sequence on the longest cached prefix of its rows
+            under this salt, and keeps its blocks cached when it ends; None reuses nothing.
     """
 
     seq_id: str
@@ -82,6 +85,7 @@ class ARPrefillInput:
     generator: Any
     share_group: str | None = None
     record: bool = False
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +210,7 @@ class ARDecodeState(LoopState):
     text_emitted: int = 0
     share_group: str | None = None
     seed: int = 0
+    cache_salt: str | None = None
 
 
 class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
@@ -229,6 +234,7 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
             stream=ctx.slots[cfg.stream_slot] if cfg.stream_slot else None,
             share_group=req.group,
             seed=seed,
+            cache_salt=req.cache_salt,
         )
 
     def next(self, state: ARDecodeState) -> WorkPlan | Done:
@@ -245,6 +251,7 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
                 state.generator,
                 state.share_group,
                 state.profile is ExecutionProfile.ROLLOUT,
+                state.cache_salt,
             )
             kind, label = WorkUnitKind.PREFILL, f"{self.loop_id}.prefill"
             resources = ResourceRequest(num_tokens=len(state.frames) + 1)

@@ -70,6 +70,20 @@ requests hold); ``drop_prefixes`` frees them; a weight update drops them all. Sc
 ``match_serving`` runs the same two prefill pieces. Families with ``stream_prompt_rows`` are not
 split. Groups work on top: a group's first member computes (split), the others fork it whole.
 
+Prefix caching (``prefix_caching``, per request by ``ARPrefillInput.cache_salt``; vLLM's
+automatic prefix caching with its ``cache_salt``): a salted sequence's rows are hashed as
+they are fed (each row's input bytes and rope positions, keyed by the salt; chained per
+block, ``omnistep.kv.chain_hashes``), and when it ends (finished or aborted, not preempted)
+its full blocks are registered in the block manager's evictable cache
+(``BlockManager.cache(keep=True)``): held by no one, counted as free, evicted least recently
+freed first only when an admission needs their room. A later prefill with the same salt
+``match``es the longest cached prefix of its rows (all but its last row), starts on those
+blocks by reference and computes only the rest (positions continue). A family with
+``stream_prompt_rows`` keeps the streamed rows of each cached block beside it, so a fresh
+prefill still streams one row per prompt row. ``num_prefill_rows`` counts the rows prefill
+forwards computed, ``num_cached_rows`` those taken from the cache. Unsalted prefills (the
+default) never look: their numbers never depend on what ran before.
+
 Streams (``ARStepOutput.hidden``): with ``stream_prompt_rows`` (the Qwen thinker, whose every fed
 token conditions the talker) a fresh prefill streams one row per prompt row and a replay after a
 preemption only its last row; otherwise every output streams its last row only (ChatTTS: the
@@ -94,6 +108,7 @@ Imports torch, ``omnistep.core``, ``omnistep.kv``, the AR loop's payload types
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -143,12 +158,29 @@ class _SharedPrompt:
 
 @dataclass(frozen=True)
 class _Entry:
-    """An admitted prefill: the rows to compute (those past its kept prefix), or None for a
-    group member that forks its group's prompt (``key``)."""
+    """An admitted prefill: the rows to compute (those past its kept prefix or cached
+    prefix), or None for a group member that forks its group's prompt (``key``);
+    ``cached_stream``: the streamed rows ``[n, ...]`` of a cached prefix, streamed before the
+    computed rows'."""
 
     unit: ARPrefillInput
     rows: torch.Tensor | None
     key: Hashable | None
+    cached_stream: torch.Tensor | None = None
+
+
+@dataclass
+class _SaltedRows:
+    """What a salted sequence fed so far (prefix caching): per row a digest of its input
+    bytes and positions keyed by the salt, and (``stream_prompt_rows``) its streamed row
+    ``[1, ...]``; ``streams`` None once a row's stream is unknown (a replay after a
+    preemption streams only its last row). Nothing is cached for a sequence freed before its
+    prefill ran."""
+
+    salt: bytes
+    digests: list[bytes]
+    streams: list[torch.Tensor] | None
+    computed: bool = False  # its prefill ran: the K/V of its rows are in its blocks
 
 
 @dataclass
@@ -196,6 +228,10 @@ class PagedARModel:
     max_kept_prefixes: int = 16
     """Prompt prefixes (``_prompt_prefix``) kept at most; the least recently used go first."""
 
+    prefix_caching: bool = False
+    """Salted prefills (``ARPrefillInput.cache_salt``) reuse cached prefixes and leave their
+    blocks cached (the module docstring's "Prefix caching"); False ignores the salt."""
+
     serving: bool = True
     """False on a ``training_copy``: it scores and trains, and never runs units."""
 
@@ -215,6 +251,8 @@ class PagedARModel:
         "_position_deltas",
         "_guided",
         "_uncond_last",
+        "_salted",
+        "_cached_streams",
     )
     """Attributes a ``training_copy`` leaves out (the KV pool and its bookkeeping)."""
 
@@ -250,6 +288,13 @@ class PagedARModel:
         # seq_id -> the unconditional row's last hidden state [hidden], from this step's forward
         # to its sampling (emptied by ``_sample``)
         self._uncond_last: dict[str, torch.Tensor] = {}
+        self._salted: dict[str, _SaltedRows] = {}  # live salted sequences (prefix caching)
+        # block content hash -> the rows a cached block streamed [block_size, ...]
+        self._cached_streams: dict[int, torch.Tensor] = {}
+        self.num_prefill_rows = 0
+        """Rows prefill forwards computed (prompts, replays, kept prefixes)."""
+        self.num_cached_rows = 0
+        """Prompt rows taken from the prefix cache instead of computed."""
         self.num_refused_prefills = 0
         """Prefills ``execute`` found no room for (answered preempted): 0 when the scheduler
         admits them (``admit``)."""
@@ -375,6 +420,7 @@ class PagedARModel:
         """``omnistep.kv.KVPool.preempt``: free the unit's sequence (and a group prompt it
         computed); its decode step answers ``preempted``. Returns the blocks freed."""
         self._forget_shared(payload.seq_id)
+        self._salted.pop(payload.seq_id, None)
         freed = self.table.preempt(payload.seq_id)
         if self._guided.pop(payload.seq_id, None) is not None:  # its unconditional row too
             uncond = uncond_id(payload.seq_id)
@@ -408,7 +454,9 @@ class PagedARModel:
 
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks (those it shares stay with their other holders) and
-        forget a group prompt it computed (idempotent)."""
+        forget a group prompt it computed (idempotent). A salted sequence's full blocks stay
+        in the evictable cache (prefix caching)."""
+        self._keep_cached(seq_id)
         for held in self._with_uncond([seq_id]):
             self.table.free(held)
         self._guided.pop(seq_id, None)
@@ -466,6 +514,8 @@ class PagedARModel:
         self._weights_updated(set(tensors))
         self.drop_prefixes()  # their K/V came from the old weights
         self.blocks.forget_hashes()
+        self._salted.clear()
+        self._cached_streams.clear()
 
     def training_copy(self) -> PagedARModel:
         """A trainer's copy (``omnistep.layers.training``): its own weights, equal to these,
@@ -860,6 +910,12 @@ class PagedARModel:
             computed = self._compute_prefills([units[i] for i in run], inputs)
             rows_out = dict(zip(run, computed, strict=True))
             for i in run:
+                entry = batch.entries[units[i].seq_id]
+                last, stream = rows_out[i]
+                if entry.cached_stream is not None and stream is not None:
+                    rows_out[i] = (last, torch.cat([entry.cached_stream, stream]))
+                self._note_prefill(units[i], rows_out[i][1])
+            for i in run:
                 if keys[i] is not None:
                     last, stream = rows_out[i]
                     self._shared[keys[i]] = _SharedPrompt(
@@ -898,6 +954,10 @@ class PagedARModel:
         if key is not None and (key in batch.computing or self._live_shared(key)):
             batch.entries[unit.seq_id] = _Entry(unit, None, key)
             return True
+        salt = self._cache_salt(unit)
+        self._salted.pop(unit.seq_id, None)
+        if salt is not None:
+            return self._admit_cached(unit, rows, salt, batch)
         split = self._split(unit.prompt, rows.shape[0])
         if split is None:
             admitted = self._admit(unit.seq_id, rows.shape[0], batch.pinned)
@@ -960,6 +1020,7 @@ class PagedARModel:
             dim=-1,
         )
         hidden = self._forward(rows, positions, seq_ids, lens)
+        self.num_prefill_rows += sum(lens[:num])
         ends = torch.tensor(lens, device=self.device).cumsum(0) - 1
         last = hidden[ends]  # [len(units) + len(guided), hidden]
         for j, unit in enumerate(guided):
@@ -968,6 +1029,126 @@ class PagedARModel:
         cond_rows = sum(lens[:num])
         streams = self._streams(rows[:cond_rows], hidden[:cond_rows], lens[:num], whole)
         return list(zip(last[:num], streams, strict=True))
+
+    # ------------------------------------------------------------ prefix caching
+    def _cache_salt(self, unit: ARPrefillInput) -> bytes | None:
+        """The unit's salt as a BLAKE2b key (at most 64 bytes: longer salts are digested),
+        or None when the prefill neither reuses nor keeps blocks (no salt, no
+        ``prefix_caching``, a guided or group prompt, or one with a kept prefix)."""
+        salt = getattr(unit, "cache_salt", None)
+        if salt is None or not self.prefix_caching or unit.share_group is not None:
+            return None
+        if self._guidance(unit.prompt) is not None or self._prompt_prefix(unit.prompt):
+            return None
+        key = str(salt).encode()
+        return key if len(key) <= 64 else hashlib.blake2b(key).digest()
+
+    @staticmethod
+    def _row_digests(rows: torch.Tensor, positions: torch.Tensor, salt: bytes) -> list[bytes]:
+        """A 16-byte BLAKE2b digest, keyed by ``salt``, of each input row ``[n, in_dim]``
+        with its rope positions (``[n]`` or ``[position_rows, n]``): equal digests, equal K/V
+        inputs (M-RoPE positions differ between equal ids in other places)."""
+        raw = rows.detach().contiguous().view(torch.uint8).cpu().numpy()
+        pos = positions.reshape(-1, rows.shape[0]).T.contiguous().cpu().numpy().astype("<i8")
+        return [
+            hashlib.blake2b(r.tobytes() + p.tobytes(), digest_size=16, key=salt).digest()
+            for r, p in zip(raw, pos, strict=True)
+        ]
+
+    def _admit_cached(
+        self, unit: ARPrefillInput, rows: torch.Tensor, salt: bytes, batch: _Admitted
+    ) -> bool:
+        """Admit a salted prefill: start on the longest cached prefix of its rows (whole
+        blocks, the last row always computed; for ``stream_prompt_rows`` a fresh prefill
+        only as far as the blocks' streamed rows are kept), grow to all its rows. False:
+        nothing held.
+
+        Raises:
+            KVCacheFullError: longer than the whole pool.
+        """
+        seq_id, num_rows, size = unit.seq_id, rows.shape[0], self.blocks.block_size
+        whole = self.blocks.blocks_needed(num_rows)
+        if whole > self.blocks.num_blocks:
+            raise KVCacheFullError(seq_id, whole, self.blocks.num_blocks)
+        digests = self._row_digests(rows, self._positions(unit.prompt, 0, num_rows), salt)
+        hashes = chain_hashes(digests, size)[: (num_rows - 1) // size]
+        matched = self.blocks.match(hashes)
+        fresh_stream = self.stream_prompt_rows and not unit.generated
+        if fresh_stream:
+            known = itertools.takewhile(lambda h: h in self._cached_streams, hashes)
+            matched = matched[: len(list(known))]
+        num_cached = len(matched) * size
+        self.table.free(seq_id)
+        if matched:
+            self.table.share(seq_id, matched, num_cached)
+            room = self._make_room(self.table.extend_cost(seq_id, num_rows), batch.pinned)
+            admitted = room and self.table.extend(seq_id, num_rows)
+            if not admitted:
+                self.table.free(seq_id)  # the cached blocks go back to the cache
+        else:
+            admitted = self._admit(seq_id, num_rows, batch.pinned)
+        if not admitted:
+            self._waiting_rows = (unit, rows)
+            return False
+        cached_stream = None
+        if fresh_stream and matched:
+            cached_stream = torch.cat([self._cached_streams[h] for h in hashes[: len(matched)]])
+        streams = [] if fresh_stream else None
+        self._salted[seq_id] = _SaltedRows(salt, digests, streams)
+        batch.entries[seq_id] = _Entry(unit, rows[num_cached:], None, cached_stream)
+        self.num_cached_rows += num_cached
+        return True
+
+    def _note_prefill(self, unit: ARPrefillInput, stream: Any) -> None:
+        """Keep a salted prefill's streamed rows (one per prompt row when fresh)."""
+        record = self._salted.get(unit.seq_id)
+        if record is None:
+            return
+        record.computed = True
+        if record.streams is None:
+            return
+        if isinstance(stream, torch.Tensor) and stream.shape[0] == len(record.digests):
+            record.streams.append(stream)
+        else:
+            record.streams = None
+
+    def _note_fed(
+        self, units: Sequence[Any], rows: torch.Tensor, positions: torch.Tensor, streams: list
+    ) -> None:
+        """Add each salted sequence's fed row (digest and streamed row) of a decode step;
+        ``rows`` ``[B, in_dim]`` and the first ``B`` columns of ``positions`` are the units'."""
+        for j, unit in enumerate(units):
+            record = self._salted.get(unit.seq_id)
+            if record is None:
+                continue
+            pos = positions[..., j : j + 1]
+            record.digests += self._row_digests(rows[j : j + 1], pos, record.salt)
+            if record.streams is not None:
+                if isinstance(streams[j], torch.Tensor):
+                    record.streams.append(streams[j])
+                else:
+                    record.streams = None
+
+    def _keep_cached(self, seq_id: str) -> None:
+        """Register a salted sequence's full blocks in the evictable cache (with their
+        streamed rows), before it is freed; forget its record."""
+        record = self._salted.pop(seq_id, None)
+        if record is None or not record.computed or seq_id not in self.lengths:
+            return
+        size = self.blocks.block_size
+        num_rows = min(self.lengths[seq_id], len(record.digests))
+        hashes = chain_hashes(record.digests[:num_rows], size)[: num_rows // size]
+        if not hashes:
+            return
+        self.blocks.cache(seq_id, hashes, keep=True)
+        if record.streams is not None:
+            streamed = torch.cat(record.streams) if record.streams else None
+            if streamed is not None and streamed.shape[0] >= len(hashes) * size:
+                for b, content in enumerate(hashes):
+                    self._cached_streams[content] = streamed[b * size : (b + 1) * size].clone()
+        live = self.blocks.cached_hashes()
+        for content in [h for h in self._cached_streams if h not in live]:
+            del self._cached_streams[content]
 
     # ------------------------------------------------------------ kept prefixes
     def _split(self, prompt: Any, num_rows: int) -> tuple[Hashable, int] | None:
@@ -1054,6 +1235,7 @@ class PagedARModel:
         rows = torch.cat([r for r, _ in prefixes])
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         self._forward_tables(rows, positions, lens, lens, [t for _, t in prefixes])
+        self.num_prefill_rows += sum(lens)
 
     def _make_room(self, num_blocks: int, pinned: set[Hashable]) -> bool:
         """Evict kept prefixes (least recently used first, none in ``pinned``) until
@@ -1129,6 +1311,8 @@ class PagedARModel:
             self._uncond_last[run_units[j].seq_id] = hidden[len(keep) + k]
         hidden, rows = hidden[: len(keep)], rows[: len(keep)]
         streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
+        if self._salted:
+            self._note_fed(run_units, rows, positions, streams)
         for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
             results[i] = out
         return results

@@ -19,13 +19,23 @@ Events are those of the ``openai`` SDK's ``types/realtime`` (GA shapes). Client 
 
 The conversation is kept as chat history: each item becomes a ``ChatMessage`` (user audio as a
 ``MediaItem`` resampled with soxr from 24 kHz to the card's ``media_sample_rate``; assistant
-turns as the text of what was said), and each response is one engine request over the whole
-history (``instructions`` as a leading system message; for an audio answer from a card with a
-``speech_system_prompt``, that prompt leads, verbatim, and ``instructions`` follow as a second
-system message), text out, plus audio when asked (the card's audio resampled to 24 kHz
-pcm16). The history is bounded (``MAX_ITEMS`` items,
-``MAX_HISTORY_AUDIO_SECONDS`` of user audio: the oldest items go first). KV reuse across turns
-(turn N+1 prefilling only the new audio) is a later step: each turn prefills the history again.
+turns as the text of what was said, and, for a finished answer, the token ids the model
+generated, ``RequestStream.text_ids``, which the card's template puts back verbatim), and each
+response is one engine request over the whole history (``instructions`` as a leading system
+message; for an audio answer from a card with a ``speech_system_prompt``, that prompt leads,
+verbatim, and ``instructions`` follow as a second system message), text out, plus audio when
+asked (the card's audio resampled to 24 kHz pcm16). The history is bounded (``MAX_ITEMS``
+items, ``MAX_HISTORY_AUDIO_SECONDS`` of user audio: the oldest items go first).
+
+KV across turns: each request carries the session id as its ``Request.cache_salt``, so an AR
+component with prefix caching (the Qwen2.5-Omni thinker) keeps the finished turn's full KV
+blocks in its block manager's evictable cache and the next turn's prefill starts on the
+longest equal prefix of its prompt (the history as the model saw and said it) and computes
+only the new rows: the new user audio and the template around it. Nothing is pinned: cached
+blocks count as free and are evicted, least recently freed first, when an admission needs
+room, so a closed or dropped session leaves no live block (its cached ones age out), and a
+history trimmed at the front simply misses the cache (its rows change from the start).
+A truncated answer goes back as re-tokenized text (the cache hits up to it).
 
 Turn detection ``server_vad`` (the default, ``realtime_vad.EnergyVad``): speech start sends
 ``speech_started``; silence after it sends ``speech_stopped``, commits the turn (from
@@ -509,6 +519,7 @@ class RealtimeSession:
                 "audio_end_ms",
             )
         item.text = truncate_transcript(item.text, played, item.output_samples)
+        item.token_ids = None  # the history keeps the heard text, re-tokenized
         item.output_samples = item.played_samples = played
         await self.send(
             "conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end_ms
@@ -583,6 +594,7 @@ class RealtimeSession:
             voice=self.voice_spec if response.item.audio_output else None,
             sampling=SamplingParams(max_new_tokens=self.config.max_output_tokens),
             output_modalities=frozenset(outputs),
+            cache_salt=self.id,  # the session's turns reuse its KV blocks, no one else's
         )
 
     async def _respond_quietly(
@@ -617,6 +629,7 @@ class RealtimeSession:
                 raise RequestAbortedError("cancelled before it started")
             response.stream = self.engine.add_request(self._request(response, instructions))
             await self._stream(response)
+            response.item.token_ids = response.stream.text_ids  # type: ignore[union-attr]
             usage = response.stream.usage  # type: ignore[union-attr]
             cap = self.config.max_output_tokens
             if cap is not None and usage["output_tokens"] >= cap:

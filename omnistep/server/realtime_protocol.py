@@ -218,6 +218,10 @@ class Item:
         played_samples: of those, what the client played (``conversation.item.truncate``);
             None: all of them.
         status: ``completed``, ``in_progress`` or ``incomplete`` (a cancelled answer).
+        token_ids: a finished assistant answer's text as the model generated it
+            (``RequestStream.text_ids``), fed back in later prompts so they repeat the
+            answer's sequence token for token (prefix caching); None after a truncation, or
+            when the card gives none.
     """
 
     id: str
@@ -228,6 +232,7 @@ class Item:
     output_samples: int = 0
     played_samples: int | None = None
     status: str = "completed"
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def audio_seconds(self) -> float:
@@ -236,7 +241,9 @@ class Item:
     def chat_message(self) -> ChatMessage | None:
         """The item as chat history; None when it holds nothing."""
         if self.role == "assistant":
-            return ChatMessage("assistant", self.text) if self.text else None
+            if not self.text and not self.token_ids:
+                return None
+            return ChatMessage("assistant", self.text, token_ids=self.token_ids)
         text = "".join(p for p in self.parts if isinstance(p, str))
         if all(isinstance(p, str) for p in self.parts):
             return ChatMessage(self.role, text) if text else None

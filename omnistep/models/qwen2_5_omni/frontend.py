@@ -93,9 +93,42 @@ def template_content(message: ChatMessage) -> str | list[dict[str, str]]:
     ]
 
 
+def splice_replies(
+    ids: list[int], replies: list[tuple[int, ...] | None], head: list[int]
+) -> list[int]:
+    """Put assistant turns' generated ids into a templated prompt whose assistant messages
+    were rendered empty: ``replies[k]`` (None: that message was rendered with its text) goes
+    right after the ``k``-th occurrence of ``head`` (the ids of ``<|im_start|>assistant\n``),
+    in order; later occurrences (the generation prompt) are left as they are.
+
+    Raises:
+        ValueError: fewer occurrences of ``head`` than replies.
+    """
+    out, start, k = [], 0, 0
+    n = len(head)
+    i = 0
+    while k < len(replies) and i <= len(ids) - n:
+        if ids[i : i + n] == head:
+            out += ids[start : i + n]
+            if replies[k] is not None:
+                out += replies[k]
+            start = i = i + n
+            k += 1
+        else:
+            i += 1
+    if k < len(replies):
+        raise ValueError(f"{len(replies)} assistant turns, {k} found in the templated prompt")
+    return out + ids[start:]
+
+
 class ChatFrontend:
     """Chat template -> prompt ids (binds ``chat_ids``, ``media``, ``speaker``); voice ->
-    speaker entry of ``spk_dict.pt``."""
+    speaker entry of ``spk_dict.pt``.
+
+    An assistant message with ``token_ids`` (a realtime session's earlier answer, as the
+    thinker generated it) is rendered empty and its ids are put in its place
+    (``splice_replies``): re-tokenizing its text may split it otherwise, and the prompt
+    would then differ from the sequence whose KV blocks the prefix cache holds."""
 
     def __init__(self, tokenizer, speakers: dict[str, dict[str, Any]], media: MediaRules):
         self.tokenizer = tokenizer
@@ -130,11 +163,19 @@ class ChatFrontend:
         media = req.media
         for item in media:
             self.media.check(item)
-        messages = [{"role": m.role, "content": template_content(m)} for m in req.messages]
+        replies = [m.token_ids for m in req.messages if m.role == "assistant"]
+        messages = [
+            {"role": m.role, "content": "" if m.token_ids is not None else template_content(m)}
+            for m in req.messages
+        ]
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=True
         )["input_ids"]
-        ctx.slots["chat_ids"] = tuple(int(i) for i in ids)
+        ids = [int(i) for i in ids]
+        if any(r is not None for r in replies):
+            head = self.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+            ids = splice_replies(ids, replies, [int(i) for i in head])
+        ctx.slots["chat_ids"] = tuple(ids)
         ctx.slots["media"] = encode_list(media)
         ctx.slots["speaker"] = self.speakers[voice]
         ctx.usage["input_tokens"] = len(ids)

@@ -41,7 +41,9 @@ hidden state alone): the thinker's input rows carry one more column, 1 where the
 embedding conditions the talker and 0 at placeholders, which ``_lm_inputs`` drops and
 ``_stream`` multiplies the embedding by.
 
-KV admission, preemption, batching and sampling: ``PagedARModel``'s.
+KV admission, preemption, batching and sampling: ``PagedARModel``'s, with its prefix caching
+on (``prefix_caching``): a salted request (a realtime session's turn) starts on the cached
+blocks of the longest equal prefix of its rows and streams their kept rows to the talker.
 
 Imports torch, ``omnistep.kv``, ``layers`` and ``loops``.
 """
@@ -246,6 +248,7 @@ class QwenThinker(PagedARModel):
 
     stream_prompt_rows = True
     position_rows = 3
+    prefix_caching = True  # a realtime session's turns (``Request.cache_salt``)
 
     def __init__(
         self,
