@@ -131,7 +131,8 @@ def generate(
         return feat
 
     model._encode_wav = record_encode
-    torch.randn = _NoiseQueue(noises)
+    queue = _NoiseQueue(noises)
+    torch.randn = queue
     kwargs = dict(
         target_text=text,
         reference_wav_path=reference_wav,
@@ -140,10 +141,13 @@ def generate(
         inference_timesteps=inference_timesteps,
         cfg_value=cfg_value,
     )
-    if streaming:
-        chunks = [c[0].float().numpy() for c in model.generate_streaming(**kwargs)]
-    else:
-        chunks = [model.generate(**kwargs)[0].float().numpy()]
+    try:
+        if streaming:
+            chunks = [c[0].float().numpy() for c in model.generate_streaming(**kwargs)]
+        else:
+            chunks = [model.generate(**kwargs)[0].float().numpy()]
+    finally:
+        torch.randn = queue.real
     return {
         "text_ids": list(model.text_tokenizer(text)),
         "prefill_lm": rec["lm"][0],
@@ -159,20 +163,35 @@ def generate(
     }
 
 
-def vae_decode(root: str, latents: np.ndarray, chunk_patches: list[int] | None = None) -> dict:
-    """Upstream ``AudioVAE.decode`` of ``latents`` ``[feat_dim, frames]`` (whole), and, with
-    ``chunk_patches``, its ``streaming_decode`` fed those many frames per call.
+def write_and_generate(
+    root: str, seed: int = 0, schedules: list[list[int]] = (), **kwargs: Any
+) -> dict[str, Any]:
+    """``write_weights``, then ``generate(root, **kwargs)``, then ``vae_decode`` of the
+    generated patches with ``schedules``, in one subprocess (the tests' one reference call):
+    ``generate``'s dict plus ``"vae"`` (``vae_decode``'s)."""
+    write_weights(root, seed)
+    out = generate(root, **kwargs)
+    patches = out["patches"]  # [T, C, P] -> [C, T * P]
+    latents = np.ascontiguousarray(patches.transpose(1, 0, 2).reshape(patches.shape[1], -1))
+    out["vae"] = vae_decode(root, latents, schedules)
+    return out
 
-    Returns ``{"whole": [samples], "chunks": [[samples_i], ...]}`` float32."""
+
+def vae_decode(root: str, latents: np.ndarray, schedules: list[list[int]] = ()) -> dict:
+    """Upstream ``AudioVAE.decode`` of ``latents`` ``[feat_dim, frames]`` (whole), and, per
+    schedule of ``schedules``, its ``streaming_decode`` fed that many frames per call.
+
+    Returns ``{"whole": [samples], "streams": [[[samples_i], ...] per schedule]}`` float32."""
     model = _load(root)
     z = torch.from_numpy(latents)[None].float()
+    streams = []
     with torch.inference_mode():
         whole = model.audio_vae.decode(z)[0, 0].numpy()
-        chunks = []
-        if chunk_patches:
+        for schedule in schedules:
+            chunks, start = [], 0
             with model.audio_vae.streaming_decode() as dec:
-                start = 0
-                for n in chunk_patches:
+                for n in schedule:
                     chunks.append(dec.decode_chunk(z[..., start : start + n])[0, 0].numpy())
                     start += n
-    return {"whole": whole, "chunks": chunks}
+            streams.append(chunks)
+    return {"whole": whole, "streams": streams}
