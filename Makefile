@@ -82,15 +82,16 @@ $(CHATTERBOX_REF_MARK): | $(BIN)/python
 # compare) imports torch, transformers, einops, pydantic, tqdm, safetensors (from the venv) and
 # librosa (its reference-clip loader), which the venv lacks: so the overlay holds the package and
 # librosa with what librosa imports that the venv lacks (scipy, audioread, lazy_loader,
-# decorator, joblib, pooch, platformdirs; numba, soxr, msgpack, soundfile come from the venv),
-# all --no-deps. tests/voxcpm_ref/env.py registers bare `voxcpm` and `voxcpm.model` packages so
+# decorator, joblib, cloudpickle, pooch, platformdirs; numba, soxr, msgpack and soundfile come
+# from the venv), all --no-deps. tests/voxcpm_ref/env.py registers bare `voxcpm` and `voxcpm.model` packages so
 # their __init__s do not run (they import core.py's huggingface/modelscope pipeline and the
 # VoxCPM1 model, which needs torchaudio). Nothing is stubbed. Bump the marker when the list
 # changes.
 VOXCPM_REF := .ref/voxcpm
 VOXCPM_REF_PKGS := voxcpm==2.0.3 librosa==0.11.0 scipy==1.17.1 audioread==3.1.0 \
-	lazy_loader==0.6 decorator==5.3.1 joblib==1.6.0 pooch==1.9.0 platformdirs==4.14.9
-VOXCPM_REF_MARK := $(VOXCPM_REF)/.installed-1
+	lazy_loader==0.6 decorator==5.3.1 joblib==1.6.0 cloudpickle==3.1.2 pooch==1.9.0 \
+	platformdirs==4.14.9
+VOXCPM_REF_MARK := $(VOXCPM_REF)/.installed-2
 
 $(VOXCPM_REF_MARK): | $(BIN)/python
 	rm -rf $(VOXCPM_REF)

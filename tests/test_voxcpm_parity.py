@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnistep.models.voxcpm.lm import Prompt
+from omnistep.models.voxcpm.lm import Prompt, build_prompt, encode_reference
 from omnistep.models.voxcpm.loader import VoxCPMCheckpointError, load_voxcpm
 from omnistep.models.voxcpm.tiny import AUDIO_START, write_tiny_voxcpm
 from tests.voxcpm_ref.env import call_reference
@@ -38,14 +38,37 @@ def checkpoint(tmp_path_factory) -> Path:
     return write_tiny_voxcpm(tmp_path_factory.mktemp("voxcpm"))
 
 
+CLIP_SAMPLES = 16000 + 1234  # 1.08 s at 16 kHz: not a whole number of patches (2560 samples)
+
+
+def _clip() -> np.ndarray:
+    """A 16 kHz reference clip: two tones and some noise."""
+    t = np.arange(CLIP_SAMPLES) / 16000
+    rng = np.random.default_rng(3)
+    wave = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 1330 * t)
+    return (wave + 0.05 * rng.standard_normal(CLIP_SAMPLES)).astype(np.float32)
+
+
 @pytest.fixture(scope="module")
 def reference(checkpoint) -> dict:
     """Upstream writes the weights, generates (streamed) and decodes the patches whole and in
-    each of ``SCHEDULES``, in one subprocess."""
+    each of ``SCHEDULES``, then generates with a reference clip, in one subprocess."""
+    import soundfile as sf
+
+    clip_path = checkpoint / "clip.wav"
+    sf.write(clip_path, _clip(), 16000, subtype="FLOAT")
     return call_reference(
         "tests.voxcpm_ref.upstream:write_and_generate",
         root=str(checkpoint),
         schedules=SCHEDULES,
+        clone={
+            "text": "a cat",
+            "noises": _noises(STEPS, seed=1),
+            "max_len": STEPS,
+            "inference_timesteps": TIMESTEPS,
+            "cfg_value": CFG,
+            "reference_wav": str(clip_path),
+        },
         text=TEXT,
         noises=_noises(STEPS),
         max_len=STEPS,
@@ -61,9 +84,9 @@ def model(checkpoint, reference):  # the reference wrote the weights
 
 
 def _zero_shot_prompt(text_ids: list[int]) -> Prompt:
-    ids = torch.tensor([*text_ids, AUDIO_START])
-    n = len(ids)
-    return Prompt(ids, torch.ones(n), torch.zeros(n), torch.zeros(n, PATCH, FEAT))
+    prompt = build_prompt(text_ids, PATCH, FEAT)
+    assert prompt.text_ids[-1] == AUDIO_START and bool(prompt.text_mask.all())
+    return prompt
 
 
 def _diff(ours: torch.Tensor, theirs: np.ndarray) -> float:
@@ -160,6 +183,38 @@ def test_chunked_decode_equals_whole_and_upstream_streaming(model, reference):
             assert _diff(ours, chunk) < 1e-4
     # upstream's streamed generate (one chunk per patch) is the same waveform
     assert _diff(whole, reference["waveform"]) < 1e-4
+
+
+def test_reference_clip_prompt_matches(model, reference):
+    """Voice cloning by a reference clip (upstream's reference-only mode): the clip's latent
+    patches, the prompt's hidden states, the LocDiT conditioning and the solved patches."""
+    weights = model
+    clone = reference["clone"]
+    feat = encode_reference(weights.encoder, torch.from_numpy(_clip()), PATCH)
+    # 17234 samples, right-padded to whole patches of 4 latents x 640 samples: 7 patches
+    assert feat.shape == clone["ref_feat"].shape == (7, PATCH, FEAT)
+    assert _diff(feat, clone["ref_feat"]) < 1e-4
+    prompt = build_prompt(clone["text_ids"], PATCH, FEAT, feat)
+    patches = torch.from_numpy(clone["patches"]).transpose(1, 2)
+    with torch.no_grad():
+        out = weights.backbone.teacher_forced(prompt, patches)
+        solved = weights.backbone.estimator.solve(
+            out["mu"],
+            torch.from_numpy(clone["cond"]),
+            torch.from_numpy(np.stack(_noises(STEPS, seed=1))),
+            TIMESTEPS,
+            CFG,
+        )
+    assert _diff(out["prefill_lm"], clone["prefill_lm"]) < 1e-4
+    assert _diff(out["prefill_residual"], clone["prefill_residual"]) < 1e-4
+    assert _diff(out["mu"], clone["mu"]) < 1e-4
+    assert _diff(solved, clone["patches"]) < 1e-4
+    # the clip changes the prompt: the zero-shot prompt of the same text gives other rows
+    with torch.no_grad():
+        plain = weights.backbone.teacher_forced(
+            build_prompt(clone["text_ids"], PATCH, FEAT), patches
+        )
+    assert _diff(plain["mu"], clone["mu"]) > 1e-3
 
 
 def test_loader_names_the_missing_file(model, checkpoint, tmp_path):

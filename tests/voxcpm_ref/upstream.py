@@ -164,13 +164,20 @@ def generate(
 
 
 def write_and_generate(
-    root: str, seed: int = 0, schedules: list[list[int]] = (), **kwargs: Any
+    root: str,
+    seed: int = 0,
+    schedules: list[list[int]] = (),
+    clone: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     """``write_weights``, then ``generate(root, **kwargs)``, then ``vae_decode`` of the
     generated patches with ``schedules``, in one subprocess (the tests' one reference call):
-    ``generate``'s dict plus ``"vae"`` (``vae_decode``'s)."""
+    ``generate``'s dict plus ``"vae"`` (``vae_decode``'s) and, with ``clone``, ``"clone"``:
+    ``generate(root, **clone)`` (e.g. with ``reference_wav``)."""
     write_weights(root, seed)
     out = generate(root, **kwargs)
+    if clone is not None:
+        out["clone"] = generate(root, **clone)
     patches = out["patches"]  # [T, C, P] -> [C, T * P]
     latents = np.ascontiguousarray(patches.transpose(1, 0, 2).reshape(patches.shape[1], -1))
     out["vae"] = vae_decode(root, latents, schedules)

@@ -1,4 +1,10 @@
-"""VoxCPM2's AudioVAE decoder: latents ``[B, C, T]`` at 25 Hz -> 48 kHz audio.
+"""VoxCPM2's AudioVAE: the decoder (latents ``[B, C, T]`` at 25 Hz -> 48 kHz audio) and the
+encoder (16 kHz audio -> latents, for reference clips).
+
+Encoder (upstream ``CausalEncoder``, ``AudioVAE.encode``): the clip right-padded to a multiple
+of ``prod(encoder_rates)`` (640), a k=7 causal conv from one channel, per rate a block of three
+causal residual units (depthwise in VoxCPM2), Snake and a strided causal conv (kernel 2s, left
+padding s) doubling the channels, then ``fc_mu`` (k=3): the latents are the posterior means.
 
 Upstream ``voxcpm/modules/audiovae/audio_vae_v2.py: CausalDecoder``: a causal (left-padded)
 conv stack, depthwise in VoxCPM2 (a k=7 depthwise conv and a 1x1 conv in, then per upsampling
@@ -47,18 +53,30 @@ class Snake(nn.Module):
 
 
 class CausalConv(nn.Conv1d):
-    """A conv padded on the left by ``(kernel - 1) * dilation`` (what upstream's
-    ``CausalConv1d`` pads for every conv of the decoder); streams through ``state``."""
+    """A conv padded on the left by ``left`` samples (default ``(kernel - 1) * dilation``,
+    what upstream's ``CausalConv1d`` pads for every conv of the decoder; the encoder's strided
+    convs pad ``stride``); streams through ``state`` (stride 1 only)."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1):
-        super().__init__(cin, cout, kernel, dilation=dilation, groups=groups)
-        self.left = (kernel - 1) * dilation
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        kernel: int,
+        dilation: int = 1,
+        groups: int = 1,
+        stride: int = 1,
+        left: int | None = None,
+    ):
+        super().__init__(cin, cout, kernel, dilation=dilation, groups=groups, stride=stride)
+        self.left = (kernel - 1) * dilation if left is None else left
 
     def forward(self, x: torch.Tensor, state: State | None = None) -> torch.Tensor:
         if self.left == 0:
             return super().forward(x)
         if state is None:
             return super().forward(F.pad(x, (self.left, 0)))
+        if self.stride[0] != 1:
+            raise ValueError("a strided conv does not stream")
         prev = state.get(id(self))
         if prev is None:
             prev = x.new_zeros(x.shape[0], x.shape[1], self.left)
@@ -198,3 +216,50 @@ class AudioVAEDecoder(nn.Module):
                 x = cond(x, bucket)
             x = layer(x) if isinstance(layer, nn.Tanh) else layer(x, state)
         return x[:, 0]
+
+
+class EncoderBlock(nn.Module):
+    """Three residual units, Snake, a strided causal conv doubling the channels (upstream
+    ``CausalEncoderBlock``)."""
+
+    def __init__(self, cout: int, stride: int, depthwise: bool):
+        super().__init__()
+        cin = cout // 2
+        groups = cin if depthwise else 1
+        self.block = Chain(
+            *(ResidualUnit(cin, d, groups) for d in (1, 3, 9)),
+            Snake(cin),
+            CausalConv(cin, cout, 2 * stride, stride=stride, left=stride),
+        )
+
+    def forward(self, x: torch.Tensor, state: State | None = None) -> torch.Tensor:
+        return self.block(x)
+
+
+class AudioVAEEncoder(nn.Module):
+    """The encoder, parameters named as upstream's ``audio_vae.encoder.*`` (``block.*``,
+    ``fc_mu``; ``fc_logvar`` is not needed at inference and not loaded) with weight norm folded.
+
+    Args:
+        config: the ``audio_vae_config`` dict (``VoxCPMConfig.audio_vae``).
+    """
+
+    def __init__(self, config: dict[str, Any]):
+        super().__init__()
+        width, latent = int(config["encoder_dim"]), int(config["latent_dim"])
+        rates, depthwise = [int(r) for r in config["encoder_rates"]], bool(config["depthwise"])
+        self.hop = math.prod(rates)
+        self.sample_rate = int(config["sample_rate"])
+        layers: list[nn.Module] = [CausalConv(1, width, 7)]
+        for stride in rates:
+            width *= 2
+            layers.append(EncoderBlock(width, stride, depthwise))
+        self.block = Chain(*layers)
+        self.fc_mu = CausalConv(width, latent, 3)
+
+    def encode(self, audio: torch.Tensor) -> torch.Tensor:
+        """``audio`` ``[B, samples]`` at ``sample_rate`` -> latents ``[B, C, ceil(samples /
+        hop)]`` (right-padded with zeros to a multiple of ``hop`` first)."""
+        pad = -audio.shape[-1] % self.hop
+        x = F.pad(audio, (0, pad)).unsqueeze(1)
+        return self.fc_mu(self.block(x))

@@ -23,9 +23,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistep.layers.llama import LlamaModel
+from omnistep.models.voxcpm.audio_vae import AudioVAEEncoder
 from omnistep.models.voxcpm.config import VoxCPMConfig
 from omnistep.models.voxcpm.locdit import LocDiT
 from omnistep.models.voxcpm.locenc import LocEnc
+
+AUDIO_START, AUDIO_END, REF_AUDIO_START, REF_AUDIO_END = 101, 102, 103, 104
+"""Upstream's control token ids (hard-coded in ``VoxCPM2Model.__init__``)."""
 
 
 class ScalarQuantizer(nn.Module):
@@ -57,6 +61,40 @@ class Prompt:
     text_mask: torch.Tensor
     audio_mask: torch.Tensor
     feats: torch.Tensor
+
+
+def build_prompt(
+    text_ids: list[int], patch_size: int, feat_dim: int, ref_feat: torch.Tensor | None = None
+) -> Prompt:
+    """The prompt rows of upstream ``_generate``'s zero-shot and reference-only modes:
+    ``[ref_audio_start, ref patches..., ref_audio_end]`` when ``ref_feat`` ``[R, P, C]`` is
+    given (the clip's patches on audio rows, zeros elsewhere), then the text tokens and
+    ``audio_start``. (Upstream's continuation modes, a prompt clip with its transcript, are not
+    built yet.)"""
+    zeros = torch.zeros(1, patch_size, feat_dim)
+    ids = [*text_ids, AUDIO_START]
+    n = len(ids)
+    parts = [(torch.tensor(ids), torch.ones(n), torch.zeros(n), zeros.expand(n, -1, -1))]
+    if ref_feat is not None:
+        r = ref_feat.shape[0]
+        ref_ids = torch.tensor([REF_AUDIO_START] + [0] * r + [REF_AUDIO_END])
+        text = torch.cat([torch.ones(1), torch.zeros(r), torch.ones(1)])
+        parts.insert(0, (ref_ids, text, 1 - text, torch.cat([zeros, ref_feat.float(), zeros])))
+    cols = list(zip(*parts, strict=True))
+    return Prompt(*(torch.cat(col) for col in cols))
+
+
+def encode_reference(
+    encoder: AudioVAEEncoder, audio: torch.Tensor, patch_size: int
+) -> torch.Tensor:
+    """A reference clip's patches ``[R, P, C]``: ``audio`` ``[samples]`` float at the encoder's
+    rate (16 kHz), right-padded with zeros to whole patches, encoded (upstream ``_encode_wav``
+    with ``padding_mode="right"``)."""
+    span = patch_size * encoder.hop
+    audio = F.pad(audio.float(), (0, -audio.shape[-1] % span))
+    with torch.no_grad():
+        latents = encoder.encode(audio[None])[0]  # [C, R * P]
+    return latents.view(latents.shape[0], -1, patch_size).permute(1, 2, 0)
 
 
 class VoxCPMBackbone(nn.Module):

@@ -5,16 +5,16 @@ Files: ``config.json``; the tokenizer (``tokenizer.json`` / ``tokenizer_config.j
 AudioVAE; ``audiovae.safetensors`` (or ``audiovae.pth``): the AudioVAE state dict, with weight
 norm as ``weight_g`` / ``weight_v``. Tensor names are upstream's; two are renamed here:
 ``base_lm.embed_tokens.weight`` -> ``embed_tokens.weight`` and ``feat_decoder.estimator.*`` ->
-``estimator.*``. The AudioVAE's encoder (reference clips -> latents) is not loaded yet.
-"""
+``estimator.*``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from omnistep.models.voxcpm.audio_vae import AudioVAEDecoder, fold_weight_norm
+from omnistep.models.voxcpm.audio_vae import AudioVAEDecoder, AudioVAEEncoder, fold_weight_norm
 from omnistep.models.voxcpm.config import VoxCPMConfig
 from omnistep.models.voxcpm.lm import VoxCPMBackbone
 
@@ -63,27 +63,44 @@ def backbone_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def decoder_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The AudioVAE state dict's ``decoder.*`` tensors with weight norm folded, under
-    ``AudioVAEDecoder`` names."""
-    out = {}
+def vae_state(raw: dict[str, torch.Tensor], part: str) -> dict[str, torch.Tensor]:
+    """The AudioVAE state dict's ``{part}.*`` tensors (``part``: ``decoder`` or ``encoder``)
+    with weight norm folded, under ``AudioVAEDecoder`` / ``AudioVAEEncoder`` names."""
+    out, prefix = {}, f"{part}."
     for name, value in raw.items():
-        if not name.startswith("decoder.") or name.endswith("sr_bin_boundaries"):
+        if not name.startswith(prefix) or name.endswith("sr_bin_boundaries"):
             continue
-        name = name[len("decoder.") :]
+        name = name[len(prefix) :]
         if name.endswith(".weight_v"):
             base = name[: -len("_v")]
-            out[base] = fold_weight_norm(raw[f"decoder.{base}_g"], value)
+            g = raw.get(f"{prefix}{base}_g")
+            if g is None:
+                raise VoxCPMCheckpointError(f"AudioVAE: {prefix}{base}_v without its _g")
+            out[base] = fold_weight_norm(g, value)
         elif not name.endswith(".weight_g"):
             out[name] = value
     return out
 
 
+@dataclass
+class VoxCPMWeights:
+    """A loaded folder: its config, the backbone (LMs, LocEnc, LocDiT, heads), the AudioVAE's
+    decoder and encoder."""
+
+    config: VoxCPMConfig
+    backbone: VoxCPMBackbone
+    vae: AudioVAEDecoder
+    encoder: AudioVAEEncoder
+
+    def __iter__(self):  # (config, backbone, vae) unpacking
+        return iter((self.config, self.backbone, self.vae))
+
+
 def load_voxcpm(
     root: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-) -> tuple[VoxCPMConfig, VoxCPMBackbone, AudioVAEDecoder]:
-    """``(config, backbone, vae_decoder)`` of a folder, in ``dtype`` (the VAE in float32, as
-    upstream keeps it) on ``device``, in eval mode.
+) -> VoxCPMWeights:
+    """A folder's modules, the backbone in ``dtype`` (the AudioVAE in float32, as upstream
+    keeps it) on ``device``, in eval mode.
 
     Raises:
         VoxCPMCheckpointError: a missing file (named) or tensor, or a wrong shape.
@@ -94,7 +111,11 @@ def load_voxcpm(
     backbone = VoxCPMBackbone(config)
     model_file = _first(root, ("model.safetensors", "pytorch_model.bin"))
     _fill(backbone, backbone_state(_read(model_file)), model_file.name)
-    vae = AudioVAEDecoder(config.audio_vae)
+    vae, encoder = AudioVAEDecoder(config.audio_vae), AudioVAEEncoder(config.audio_vae)
     vae_file = _first(root, ("audiovae.safetensors", "audiovae.pth"))
-    _fill(vae, decoder_state(_read(vae_file)), vae_file.name)
-    return config, backbone.to(device, dtype).eval(), vae.to(device).eval()
+    vae_raw = _read(vae_file)
+    _fill(vae, vae_state(vae_raw, "decoder"), vae_file.name)
+    _fill(encoder, vae_state(vae_raw, "encoder"), vae_file.name)
+    return VoxCPMWeights(
+        config, backbone.to(device, dtype).eval(), vae.to(device).eval(), encoder.to(device).eval()
+    )
