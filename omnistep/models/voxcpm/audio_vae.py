@@ -206,6 +206,40 @@ class AudioVAEDecoder(nn.Module):
         self.sr_cond_model = nn.ModuleList(c if c is not None else nn.Identity() for c in conds)
         self._conditioned = [c is not None for c in conds]
 
+    @property
+    def left_context_frames(self) -> int:
+        """Latent frames of left context that make a window's last samples equal the whole
+        decode's: the causal receptive field, summed over the layers in latent frames (a
+        conv's left padding at its input rate; two input samples for a transposed conv),
+        rounded up. 21 for VoxCPM2's rates."""
+        frames, rate = 0.0, 1  # samples per latent frame at the current layer's input
+        for layer in self.model:
+            for mod in layer.modules():
+                if isinstance(mod, CausalTransposeConv):
+                    frames += 2 / rate
+                    rate *= mod.s
+                elif isinstance(mod, CausalConv):
+                    frames += mod.left / rate
+        return math.ceil(frames)
+
+    def init_state(self, batch: int = 1) -> State:
+        """A stream's state before its first chunk: zero tails for every layer (what the
+        whole decode's left padding holds), ``batch`` rows."""
+        state: State = {}
+        param = next(self.parameters())
+        for mod in self.modules():
+            if isinstance(mod, CausalTransposeConv):
+                state[id(mod)] = param.new_zeros(batch, mod.in_channels, 1)
+            elif isinstance(mod, CausalConv) and mod.left:
+                state[id(mod)] = param.new_zeros(batch, mod.in_channels, mod.left)
+        return state
+
+    def decode_chunk(self, window: torch.Tensor, left: int, chunk: int) -> torch.Tensor:
+        """``ChunkVocoder``'s call: ``window`` ``[B, C, left + chunk]`` latents -> the
+        ``chunk`` frames' samples ``[B, chunk * hop]`` (the window decoded from zero state;
+        exact when ``left >= left_context_frames`` or the window starts the stream)."""
+        return self.decode(window)[:, left * self.hop : (left + chunk) * self.hop]
+
     def decode(self, z: torch.Tensor, state: State | None = None) -> torch.Tensor:
         """``z`` ``[B, C, T]`` -> ``[B, T * hop]`` samples in [-1, 1]. With ``state`` (a dict,
         empty at a stream's start) the call continues the previous ones of that stream."""
