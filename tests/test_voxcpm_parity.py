@@ -2,8 +2,10 @@
 tiny folder whose weights upstream's own ``VoxCPM2Model`` wrote: the base and residual LMs'
 hidden states over the prompt and every step (teacher-forced on upstream's patches), the
 LocDiT conditioning and stop logits, the LocDiT's Euler/CFG-Zero* solve from the same noise,
-and the AudioVAE decoder's waveform, all within 1e-4; the chunked (streaming) decode equals the
-whole decode within 1e-5 and upstream's own streaming decode; the loader's file checks."""
+the AudioVAE decoder's waveform, and the paged AR component's patches and stop decisions (two
+requests batched, a replay after a preemption), all within 1e-4; the chunked (streaming)
+decode equals the whole decode within 1e-5 and upstream's own streaming decode; the loader's
+file checks."""
 
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+from omnistep.core import WorkUnitKind
+from omnistep.kv import KVCacheConfig
+from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+from omnistep.models.voxcpm.ar import VoxCPMAR, VoxCPMPrompt, stop_sampling
 from omnistep.models.voxcpm.lm import Prompt, build_prompt, encode_reference
 from omnistep.models.voxcpm.loader import VoxCPMCheckpointError, load_voxcpm
 from omnistep.models.voxcpm.tiny import AUDIO_START, write_tiny_voxcpm
@@ -240,3 +246,58 @@ def test_loader_names_a_misshapen_tensor(model, checkpoint, tmp_path):
     save_file(state, str(copy / "model.safetensors"))
     with pytest.raises(VoxCPMCheckpointError, match="stop_head.weight"):
         load_voxcpm(copy)
+
+
+class _GivenNoise(VoxCPMAR):
+    """The AR component with each sequence's LocDiT noise taken from a list (upstream's)."""
+
+    def __init__(self, *args, noises: dict[str, list[np.ndarray]], **kwargs):
+        self.noises = {k: list(v) for k, v in noises.items()}
+        super().__init__(*args, **kwargs)
+
+    def _noise(self, unit) -> torch.Tensor:
+        return torch.from_numpy(self.noises[unit.seq_id].pop(0))
+
+
+def _prefill(seq_id: str, prompt: VoxCPMPrompt, generated: tuple = ()) -> ARPrefillInput:
+    return ARPrefillInput(seq_id, prompt, generated, (), stop_sampling(2), None)
+
+
+def test_paged_ar_component_reproduces_upstream(model, reference):
+    """Both requests (zero-shot and cloned) batched on the paged component: every step's patch
+    and stop decision equal upstream's; a replayed prefill after a preemption continues with
+    the same patch."""
+    weights, clone = model, reference["clone"]
+    feat = encode_reference(weights.encoder, torch.from_numpy(_clip()), PATCH)
+    prompts = {
+        "plain": VoxCPMPrompt(build_prompt(reference["text_ids"], PATCH, FEAT), CFG, TIMESTEPS),
+        "clone": VoxCPMPrompt(build_prompt(clone["text_ids"], PATCH, FEAT, feat), CFG, TIMESTEPS),
+    }
+    refs = {"plain": reference, "clone": clone}
+    noises = {"plain": _noises(STEPS), "clone": _noises(STEPS, seed=1)}
+    ar = _GivenNoise(weights.backbone, KVCacheConfig(num_blocks=32, block_size=4), noises=noises)
+    outs = ar.execute(WorkUnitKind.PREFILL, [_prefill(s, p) for s, p in prompts.items()])
+    got = {s: [o] for s, o in zip(prompts, outs, strict=True)}
+    for step in range(1, STEPS):
+        units = [
+            ARStepInput(
+                s, got[s][-1].tokens, step, (), stop_sampling(2), None, extra=got[s][-1].hidden
+            )
+            for s in prompts
+        ]
+        for s, out in zip(prompts, ar.execute(WorkUnitKind.AR_TOKEN, units), strict=True):
+            got[s].append(out)
+    for s, ref in refs.items():
+        patches = torch.stack([o.hidden for o in got[s]]).transpose(1, 2)  # [T, C, P]
+        assert _diff(patches, ref["patches"]) < 1e-4, s
+        stops = [int(np.argmax(row)) if i > 2 else 0 for i, row in enumerate(ref["stop_logits"])]
+        assert [o.tokens[0] for o in got[s]] == stops, s
+    # preempted after two patches: the replay prefill (prompt + both patches) gives the third
+    ar.free_sequence("clone")
+    replay = VoxCPMPrompt(
+        prompts["clone"].rows, CFG, TIMESTEPS, (got["clone"][0].hidden, got["clone"][1].hidden)
+    )
+    ar.noises["clone"] = _noises(STEPS, seed=1)[2:]
+    frames = tuple(o.tokens for o in got["clone"][:2])
+    (out,) = ar.execute(WorkUnitKind.PREFILL, [_prefill("clone", replay, frames)])
+    assert _diff(out.hidden.T, clone["patches"][2]) < 1e-4
