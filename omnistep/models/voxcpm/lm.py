@@ -11,7 +11,7 @@ solve of the next patch, and ``stop_head(silu(stop_proj(lm)))`` gives the stop l
 (``[continue, stop]``). The new patch's embedding is the next row of both LMs.
 
 ``teacher_forced`` computes a whole utterance's steps from its prompt and patches at once
-(the parity tests' and a trainer's view); the paged serving path is not wired yet.
+(the parity tests' and a trainer's view); the paged serving path is ``ar.VoxCPMAR``.
 """
 
 from __future__ import annotations
