@@ -60,12 +60,16 @@ class VoxCPMPrompt:
         cfg_value: LocDiT guidance scale (upstream default 2.0).
         timesteps: Euler steps of each patch's solve (upstream ``inference_timesteps``, 10).
         patches: patches generated before a preemption, ``[P, C]`` each, replayed in order.
+        max_len: most patches the request generates (upstream ``_generate``'s
+            ``min(int(text_len * 6 + 10), max_len)``; read by ``loop.VoxCPMLoop``); None: the
+            loop's cap only.
     """
 
     rows: Prompt
     cfg_value: float = 2.0
     timesteps: int = 10
     patches: tuple[torch.Tensor, ...] = ()
+    max_len: int | None = None
 
 
 class DualCache:
