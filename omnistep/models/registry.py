@@ -29,6 +29,7 @@ FAMILIES: dict[str, str] = {
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.card",
     "qwen3_tts": "omnistep.models.qwen3_tts.card",
     "higgs_audio_v2": "omnistep.models.higgs_audio_v2.card",
+    "voxcpm": "omnistep.models.voxcpm.card",
 }
 """Family name -> module that defines ``build_card(path: str | None) -> ModelCard``."""
 
@@ -40,6 +41,7 @@ EXTRAS: dict[str, str] = {
     "qwen2_5_omni": "qwen2_5_omni",
     "qwen3_tts": "qwen3_tts",
     "higgs_audio_v2": "higgs_audio_v2",
+    "voxcpm": "voxcpm",
 }
 """Family -> the ``pip install 'omnistep[EXTRA]'`` extra holding its dependencies."""
 

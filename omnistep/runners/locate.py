@@ -57,6 +57,13 @@ LAYOUTS: dict[str, WeightsLayout] = {
         architectures=("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel"),
         description="config.json with model_type qwen2_5_omni (Qwen/Qwen2.5-Omni-*)",
     ),
+    "voxcpm": WeightsLayout(
+        file_sets=(
+            ("config.json", "audiovae.safetensors"),
+            ("config.json", "audiovae.pth"),
+        ),
+        description="config.json with audiovae.safetensors or audiovae.pth (openbmb/VoxCPM2)",
+    ),
     "chattts": WeightsLayout(
         file_sets=(("asset/gpt/config.json", "asset/Embed.safetensors"),),
         description="asset/gpt/config.json and asset/Embed.safetensors (2Noise/ChatTTS)",
