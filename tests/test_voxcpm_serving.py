@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 from contextlib import asynccontextmanager
 
@@ -23,6 +24,7 @@ import pytest
 import soundfile as sf
 import torch
 
+from omnistep.audio import encode_all
 from omnistep.core import InvalidRequestError, ModelInstance, Request
 from omnistep.engine import AsyncEngine
 from omnistep.models.registry import build_card as build_registered
@@ -92,7 +94,8 @@ def reference(folder) -> dict:
 
 
 def _engine(folder, **options) -> AsyncEngine:
-    card = build_card(str(folder), VoxCPMOptions(kv_cache_gb=0.01, max_len=MAX_LEN, **options))
+    options = {"kv_cache_gb": 0.01, **options}
+    card = build_card(str(folder), VoxCPMOptions(max_len=MAX_LEN, **options))
     return AsyncEngine([ModelInstance.load(card)])
 
 
@@ -153,6 +156,12 @@ async def client(folder, db):
         await engine.shutdown()
 
 
+def _served(waveform: np.ndarray) -> np.ndarray:
+    """``waveform`` (48 kHz) through the server's WAV encoder (24 kHz, float), decoded."""
+    data = encode_all("wav", [waveform.astype(np.float32)], 48000)
+    return sf.read(io.BytesIO(data), dtype="float32")[0]
+
+
 def _speech(**fields):
     body = {"model": "voxcpm2", "input": TEXT, "seed": SEED, "response_format": "pcm"}
     return {**body, **fields}
@@ -161,11 +170,14 @@ def _speech(**fields):
 async def test_speech_endpoint(folder, reference, tmp_path):
     """Whole vs streamed bytes, OpenAI voice names, inline and saved clones, 400s."""
     async with client(folder, tmp_path / "v.db") as c:
-        whole = await c.post(SPEECH, json=_speech())
-        assert whole.status_code == 200, whole.text
-        pcm = np.frombuffer(whole.content, dtype="<i2").astype(np.float32) / 32767
-        assert len(pcm) == len(reference["waveform"])
-        assert float(np.abs(pcm - np.clip(reference["waveform"], -1, 1)).max()) < 2e-4
+        wav = await c.post(SPEECH, json=_speech(response_format="wav"))
+        assert wav.status_code == 200, wav.text
+        samples, rate = sf.read(io.BytesIO(wav.content), dtype="float32")
+        want = _served(reference["waveform"])  # upstream's 48 kHz audio as the server sends it
+        assert rate == 24000 and len(samples) == len(want)
+        assert float(np.abs(samples - want).max()) < 1e-4
+        whole = await c.post(SPEECH, json=_speech())  # pcm: 24 kHz int16
+        assert whole.status_code == 200 and len(whole.content) == 2 * len(samples)
         async with c.stream("POST", SPEECH, json=_speech(stream_format="audio")) as r:
             assert r.status_code == 200
             streamed = b"".join([chunk async for chunk in r.aiter_bytes()])
@@ -173,17 +185,24 @@ async def test_speech_endpoint(folder, reference, tmp_path):
         alloy = await c.post(SPEECH, json=_speech(voice="alloy"))
         assert alloy.content == whole.content  # every OpenAI name is the zero-shot voice
         ref = base64.b64encode(_wav_bytes(_clip(), 16000)).decode()
-        body = _speech(input=CLONE_TEXT, seed=CLONE_SEED, ref_audio=ref, ref_text="a clip")
+        body = _speech(
+            input=CLONE_TEXT,
+            seed=CLONE_SEED,
+            ref_audio=ref,
+            ref_text="a clip",
+            response_format="wav",
+        )
         inline = await c.post(SPEECH, json=body)
         assert inline.status_code == 200, inline.text
-        pcm = np.frombuffer(inline.content, dtype="<i2").astype(np.float32) / 32767
-        want = np.clip(reference["clone"]["waveform"], -1, 1)
-        assert len(pcm) == len(want) and float(np.abs(pcm - want).max()) < 2e-4
+        samples, _ = sf.read(io.BytesIO(inline.content), dtype="float32")
+        want = _served(reference["clone"]["waveform"])
+        assert len(samples) == len(want) and float(np.abs(samples - want).max()) < 1e-4
         files = {"audio_sample": ("a.wav", _wav_bytes(_clip(), 16000), "audio/wav")}
         data = {"name": "alice", "model": "voxcpm2", "consent": "c", "transcript": "a clip"}
         saved = await c.post("/v1/audio/voices", data=data, files=files)
         assert saved.status_code == 201, saved.text
-        by_name = await c.post(SPEECH, json=_speech(input=CLONE_TEXT, seed=CLONE_SEED, voice="alice"))
+        body = _speech(input=CLONE_TEXT, seed=CLONE_SEED, voice="alice", response_format="wav")
+        by_name = await c.post(SPEECH, json=body)
         assert by_name.status_code == 200 and by_name.content == inline.content
         for fields, param in (
             ({"voice": "nobody"}, "voice"),
@@ -213,3 +232,38 @@ def test_card_registry_and_folder_errors(folder, reference, tmp_path):
     with pytest.raises(Exception, match="model.safetensors"):
         build_card(str(empty))
     asyncio.run(asyncio.sleep(0))
+
+
+async def test_preemption_replays_the_patches(folder, reference, monkeypatch):
+    """A KV pool of 7 blocks of 4 rows for three requests of up to 15 rows: one is
+    preempted, and its replayed prefill (prompt + kept patches) gives the same audio as
+    alone, the first one within 1e-4 of upstream."""
+    from omnistep.models.voxcpm.config import VoxCPMConfig
+    from omnistep.models.voxcpm.loop import VoxCPMLoop
+
+    config = VoxCPMConfig.from_file(folder / "config.json")
+    base, res = config.base_lm(), config.residual_lm()
+    layers = base.num_hidden_layers + res.num_hidden_layers
+    block = 2 * layers * 4 * base.num_key_value_heads * base.head_dim * 4
+    preempted = []
+    advance = VoxCPMLoop.advance
+
+    def counting(self, state, result):
+        preempted.append(result.output.preempted)
+        return advance(self, state, result)
+
+    monkeypatch.setattr(VoxCPMLoop, "advance", counting)
+    small = _engine(folder, kv_cache_gb=7.5 * block / 2**30, block_size=4)
+    roomy = _engine(folder)
+    reqs = [_req(), _req(seed=SEED + 1), _req(seed=SEED + 2)]
+    try:
+        tight = await run_interleaved(small, reqs)
+        assert any(preempted)
+        for got, req in zip(tight, reqs, strict=True):
+            alone = await collect(roomy, dataclasses.replace(req, request_id=f"{req.seed}/alone"))
+            assert len(got.audio) == len(alone.audio)
+            assert float(np.abs(got.audio - alone.audio).max()) < 1e-4
+        assert float(np.abs(tight[0].audio - reference["waveform"]).max()) < 1e-4
+    finally:
+        await small.shutdown()
+        await roomy.shutdown()

@@ -232,4 +232,3 @@ def build_card(
         "LocDiT flow-matching solve per patch, causal AudioVAE decoder, 48 kHz; zero-shot or "
         "cloned from a reference clip.",
     )
-
