@@ -12,7 +12,6 @@ serving path runs unchanged."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import io
@@ -25,14 +24,12 @@ import soundfile as sf
 import torch
 
 from omnistep.audio import encode_all
-from omnistep.core import InvalidRequestError, ModelInstance, Request
+from omnistep.core import ModelInstance, Request
 from omnistep.engine import AsyncEngine
-from omnistep.models.registry import build_card as build_registered
 from omnistep.models.voxcpm.card import VoxCPMOptions, build_card
 from omnistep.models.voxcpm.frontend import SPEC_PREFIX
 from omnistep.models.voxcpm.tiny import write_tiny_voxcpm
 from omnistep.parity import collect, run_interleaved
-from omnistep.runners.locate import infer_family
 from omnistep.sampling import make_generator
 from tests.voxcpm_ref.env import call_reference
 
@@ -213,25 +210,6 @@ async def test_speech_endpoint(folder, reference, tmp_path):
             r = await c.post(SPEECH, json=_speech(**fields))
             assert r.status_code == 400, (fields, r.text)
             assert r.json()["error"]["param"] == param, r.json()
-
-
-def test_card_registry_and_folder_errors(folder, reference, tmp_path):
-    assert infer_family(folder)[0] == "voxcpm"
-    card = build_registered(f"voxcpm={folder}", kv_cache_gb=0.01)
-    assert card.card_id == "voxcpm2" and "voxcpm" in card.model_ids
-    assert card.default_voice == "default" and "alloy" in card.voices
-    card.validate_voice("nova")
-    with pytest.raises(InvalidRequestError):
-        card.validate_voice("nobody")
-    with pytest.raises(InvalidRequestError, match="needs weights"):
-        build_card(None)
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    (empty / "config.json").write_text((folder / "config.json").read_text())
-    (empty / "tokenizer_config.json").write_text("{}")
-    with pytest.raises(Exception, match="model.safetensors"):
-        build_card(str(empty))
-    asyncio.run(asyncio.sleep(0))
 
 
 async def test_preemption_replays_the_patches(folder, reference, monkeypatch):

@@ -51,6 +51,7 @@ WEIGHT_WRITERS: dict[str, str] = {
     "qwen3_tts": "omnistep.models.qwen3_tts.tiny",
     "qwen2_5_omni": "omnistep.models.qwen2_5_omni.tiny",
     "higgs_audio_v2": "omnistep.models.higgs_audio_v2.tiny",
+    "voxcpm": "omnistep.models.voxcpm.tiny",
 }
 """Family -> module behind ``omnistep weights FAMILY DIR``: it defines
 ``write_folder(folder: Path, variant: str | None, seed: int) -> Path`` (writes a folder

@@ -157,3 +157,50 @@ def write_tiny_voxcpm(root: str | Path, **overrides: Any) -> Path:
     (out / "config.json").write_text(json.dumps(config, indent=2))
     write_tokenizer(out)
     return out
+
+
+FOLDER_VARIANTS: tuple[str, ...] = ()
+"""One kind of folder."""
+
+
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
+    """``omnistep weights voxcpm DIR``: the tiny folder (``write_tiny_voxcpm``) with random
+    weights from ``seed``, written by omnistep's own modules under upstream's tensor names
+    (``model.safetensors``; ``audiovae.safetensors`` with ``decoder.`` / ``encoder.`` tensors,
+    the convs' weights already folded as plain ``weight``: ``load_voxcpm`` reads them, upstream's
+    weight-normed AudioVAE would want ``weight_g`` / ``weight_v``). For serving smoke tests and
+    ``omnistep weights``; the parity tests use upstream's own writer.
+
+    Raises:
+        ValueError: a ``variant`` (the family has one kind of folder).
+    """
+    if variant is not None:
+        raise ValueError(f"voxcpm has one kind of folder, not '{variant}'")
+    import torch
+    from safetensors.torch import save_file
+
+    from omnistep.models.voxcpm.audio_vae import AudioVAEDecoder, AudioVAEEncoder
+    from omnistep.models.voxcpm.config import VoxCPMConfig
+    from omnistep.models.voxcpm.lm import VoxCPMBackbone
+
+    root = write_tiny_voxcpm(folder)
+    config = VoxCPMConfig.from_file(root / "config.json")
+    torch.manual_seed(seed)
+    backbone = VoxCPMBackbone(config)
+    state = {}
+    for name, value in backbone.state_dict().items():
+        if name == "embed_tokens.weight":
+            name = "base_lm.embed_tokens.weight"
+        elif name.startswith("estimator."):
+            name = "feat_decoder." + name
+        state[name] = value.contiguous()
+    save_file(state, str(root / "model.safetensors"))
+    vae: dict[str, torch.Tensor] = {}
+    for part, module in (
+        ("decoder", AudioVAEDecoder(config.audio_vae)),
+        ("encoder", AudioVAEEncoder(config.audio_vae)),
+    ):
+        for name, value in module.state_dict().items():
+            vae[f"{part}.{name}"] = value.contiguous()
+    save_file(vae, str(root / "audiovae.safetensors"))
+    return root
