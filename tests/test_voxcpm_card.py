@@ -74,3 +74,31 @@ def test_missing_files_are_named(folder, tmp_path):
     (part / "model.safetensors").unlink()
     with pytest.raises(ModelFilesError, match="model.safetensors"):
         build_card(str(part))
+
+
+async def test_batch_invariant_c3_is_bit_identical(folder):
+    """``--batch-invariant``: a request's samples beside two others (batched LM steps, LocDiT
+    solves and decoder chunks) equal its samples alone, bit for bit; zero-shot and cloned."""
+    from omnistep.core import ModelInstance, Request
+    from omnistep.engine import AsyncEngine
+    from omnistep.models.voxcpm.card import VoxCPMOptions
+    from omnistep.parity import collect, run_interleaved
+
+    card = build_card(str(folder), VoxCPMOptions(kv_cache_gb=0.01, max_len=5, batch_invariant=True))
+    engine = AsyncEngine([ModelInstance.load(card)])
+    clip = np.sin(np.arange(16000) * 0.05).astype(np.float32)
+    try:
+        spec = await engine.clone_voice("voxcpm2", clip, 16000, "x")
+        reqs = [
+            Request("voxcpm2", text="the cat", seed=1),
+            Request("voxcpm2", text="a hat", seed=2, voice=spec),
+            Request("voxcpm2", text="in the", seed=3),
+        ]
+        busy = await run_interleaved(engine, reqs)
+        for req, got in zip(reqs, busy, strict=True):
+            alone = await collect(
+                engine, Request(req.model, text=req.text, seed=req.seed, voice=req.voice)
+            )
+            assert len(got.audio) > 0 and np.array_equal(got.audio, alone.audio), req.text
+    finally:
+        await engine.shutdown()

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from omnistep.kv import KVCacheConfig
+from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.llama import LlamaConfigLite
 from omnistep.layers.paged_attention import AttentionMetadata, PagedKVCache
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
@@ -88,11 +89,12 @@ class DualStack(nn.Module):
     """Base LM -> quantizer / fusion -> residual LM over one batch of rows (the backbone's own
     modules, shared with it)."""
 
-    def __init__(self, backbone: VoxCPMBackbone):
+    def __init__(self, backbone: VoxCPMBackbone, batch_invariant: bool = False):
         super().__init__()
         self.backbone = backbone
         self.config = backbone.base_lm.config
         self.width = backbone.config.hidden_size
+        self.batch_invariant = batch_invariant
 
     def make_cache(self, num_blocks: int, block_size: int) -> DualCache:
         return DualCache(
@@ -117,8 +119,15 @@ class DualStack(nn.Module):
             rows[:, 2 * h + 2 :],
         )
         base = b.base_lm(combined, positions, cache.base, meta)
-        lm = b.fsq_layer(base) * audio + base * text
-        res_in = b.fusion_concat_proj(torch.cat([lm, embeds * audio], dim=-1))
+
+        def mix(x: torch.Tensor) -> torch.Tensor:  # row-wise: quantizer, then fusion
+            base, embeds, audio, text = x[:, :h], x[:, h : 2 * h], x[:, -2:-1], x[:, -1:]
+            lm = b.fsq_layer(base) * audio + base * text
+            return torch.cat([lm, b.fusion_concat_proj(torch.cat([lm, embeds * audio], -1))], -1)
+
+        mixed = torch.cat([base, embeds, audio, text], dim=-1)
+        mixed = map_row_chunks(mix, mixed) if self.batch_invariant else mix(mixed)
+        lm, res_in = mixed[:, :h], mixed[:, h:]
         res = b.residual_lm(res_in, positions, cache.residual, meta)
         return torch.cat([lm, res, raw], dim=-1)
 
@@ -144,10 +153,11 @@ class VoxCPMAR(PagedARModel):
         config = backbone.config
         self.width, self.patch, self.feat = config.hidden_size, config.patch_size, config.feat_dim
         self._settings: dict[str, tuple[float, int]] = {}  # seq_id -> (cfg_value, timesteps)
+        self._batch_invariant = batch_invariant
         super().__init__(config.base_lm(), kv, device, dtype, batch_invariant)
 
     def _make_stack(self, llama: LlamaConfigLite, dtype: torch.dtype) -> DualStack:
-        return DualStack(self.backbone.to(self.device, dtype))
+        return DualStack(self.backbone.to(self.device, dtype), self._batch_invariant)
 
     def _input_rows(self, combined, embeds, audio, text, raw) -> torch.Tensor:  # noqa: ANN001
         return torch.cat([combined, embeds, audio[:, None], text[:, None], raw], dim=-1)
@@ -187,10 +197,16 @@ class VoxCPMAR(PagedARModel):
             raise ValueError("a VoxCPM step needs its previous patch [P, C] in ARStepInput.extra")
         patches = torch.stack([u.extra for u in units]).to(self.device, self.dtype)
         with torch.no_grad():
-            return self._patch_rows(patches)
+            return self._row_wise(self._patch_rows, patches)
+
+    def _row_wise(self, fn: Any, x: torch.Tensor) -> torch.Tensor:
+        """``fn`` over rows ``[B, ...]``: in fixed 16-row chunks under ``batch_invariant`` (so
+        a row's result does not depend on the batch), else at once."""
+        return map_row_chunks(fn, x) if self._batch_invariant else fn(x)
 
     def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
-        return self.backbone.stop_logits(hidden[:, : self.width]).unsqueeze(1)  # [B, 1, 2]
+        logits = self._row_wise(self.backbone.stop_logits, hidden[:, : self.width])
+        return logits.unsqueeze(1)  # [B, 1, 2]
 
     def _on_admit(self, unit: ARPrefillInput) -> None:
         self._settings[unit.seq_id] = (unit.prompt.cfg_value, unit.prompt.timesteps)
@@ -216,18 +232,26 @@ class VoxCPMAR(PagedARModel):
         lm, res, raw = hidden[:, :h], hidden[:, h : 2 * h], hidden[:, 2 * h :]
         settings = [self._settings[u.seq_id] for u in units]
         steps = {s for _, s in settings}
+        c, p = self.feat, self.patch
         with torch.no_grad():
-            mu = self.backbone.dit_condition(lm, res)
-            cond = raw.view(-1, self.patch, self.feat).transpose(1, 2)
             noise = torch.stack([self._noise(u) for u in units]).to(hidden.device, hidden.dtype)
-            cfg = torch.tensor([c for c, _ in settings], dtype=hidden.dtype, device=hidden.device)
+            cfg = torch.tensor([g for g, _ in settings], dtype=hidden.dtype, device=hidden.device)
+            # per row: [lm (H) | residual (H) | previous patch (C P) | noise (C P) | cfg (1)]
+            packed = torch.cat([lm, res, raw, noise.flatten(1), cfg[:, None]], dim=-1)
             patches = torch.empty_like(noise)
             for n in steps:  # one solve per distinct step count (normally one)
+
+                def solve(x: torch.Tensor, n: int = n) -> torch.Tensor:
+                    mu = self.backbone.dit_condition(x[:, :h], x[:, h : 2 * h])
+                    rest = x[:, 2 * h :]
+                    cond = rest[:, : p * c].reshape(-1, p, c).transpose(1, 2)
+                    z = rest[:, p * c : 2 * p * c].reshape(-1, c, p)
+                    out = self.backbone.estimator.solve(mu, cond, z, n, rest[:, -1])
+                    return out.flatten(1)
+
                 rows = [i for i, (_, s) in enumerate(settings) if s == n]
                 index = torch.tensor(rows, device=hidden.device)
-                patches[index] = self.backbone.estimator.solve(
-                    mu[index], cond[index], noise[index], n, cfg[index]
-                )
+                patches[index] = self._row_wise(solve, packed[index]).view(-1, c, p)
         patches = patches.transpose(1, 2).float().cpu()  # [B, P, C]
         return [
             ARStepOutput(
