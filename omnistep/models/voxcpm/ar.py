@@ -20,8 +20,11 @@ is ``[lm row (H) | residual row (H) | raw patch]``. From the last row of each se
 
 The next step's unit carries the patch it feeds back in ``ARStepInput.extra`` (``[P, C]``); a
 prefill that replays a preempted request lists the patches it had generated in
-``VoxCPMPrompt.patches``. Not yet: ``score_logits`` (a dense forward over both stacks), kept
-prefixes of a voice's rows, and the loop and card around it.
+``VoxCPMPrompt.patches`` (``loop.VoxCPMLoop`` does both). Under ``batch_invariant`` the
+LMs use their RowPlans and the row-wise parts here (quantizer/fusion, the step's LocEnc
+embedding, the stop head, the LocDiT solve with its conditioning) run in fixed 16-row chunks
+(``layers.batch_invariant.map_row_chunks``), so a request's patches do not depend on its batch.
+Not yet: ``score_logits`` (a dense forward over both stacks), kept prefixes of a voice's rows.
 """
 
 from __future__ import annotations
