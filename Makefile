@@ -84,13 +84,34 @@ $(CHATTERBOX_REF_MARK): | $(BIN)/python
 	$(BIN)/pip install -q --no-deps --target $(CHATTERBOX_REF) $(CHATTERBOX_REF_PKGS)
 	touch $@
 
+# The VoxCPM2 reference (voxcpm 2.0.3) declares gradio, funasr, modelscope, torchaudio,
+# torchcodec, datasets and more. VoxCPM2Model (voxcpm/model/voxcpm2.py, the part the parity tests
+# compare) imports torch, transformers, einops, pydantic, tqdm, safetensors (from the venv) and
+# librosa (its reference-clip loader), which the venv lacks: so the overlay holds the package and
+# librosa with what librosa imports that the venv lacks (scipy, audioread, lazy_loader,
+# decorator, joblib, cloudpickle, pooch, platformdirs; numba, soxr, msgpack and soundfile come
+# from the venv), all --no-deps. tests/voxcpm_ref/env.py registers bare `voxcpm` and `voxcpm.model` packages so
+# their __init__s do not run (they import core.py's huggingface/modelscope pipeline and the
+# VoxCPM1 model, which needs torchaudio). Nothing is stubbed. Bump the marker when the list
+# changes.
+VOXCPM_REF := .ref/voxcpm
+VOXCPM_REF_PKGS := voxcpm==2.0.3 librosa==0.11.0 scipy==1.17.1 audioread==3.1.0 \
+	lazy_loader==0.6 decorator==5.3.1 joblib==1.6.0 cloudpickle==3.1.2 pooch==1.9.0 \
+	platformdirs==4.14.9
+VOXCPM_REF_MARK := $(VOXCPM_REF)/.installed-2
+
+$(VOXCPM_REF_MARK): | $(BIN)/python
+	rm -rf $(VOXCPM_REF)
+	$(BIN)/pip install -q --no-deps --target $(VOXCPM_REF) $(VOXCPM_REF_PKGS)
+	touch $@
+
 $(TEST_STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install -q -e '.[voice,piper,chattts,test,dev]'
 	$(BIN)/pip install -q --no-deps $(REFERENCE_PKGS)
 	touch $@ $(RUN_STAMP)
 
 install-test: $(BIN)/python system-deps $(QWEN_TTS_REF_MARK) $(CHATTERBOX_REF_MARK) \
-	$(TEST_STAMP)
+	$(VOXCPM_REF_MARK) $(TEST_STAMP)
 
 run: install
 	$(BIN)/omnistep serve --host $(HOST) --port $(PORT)

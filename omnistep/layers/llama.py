@@ -34,7 +34,7 @@ from omnistep.layers.paged_attention import (
     paged_attention,
     write_kv,
 )
-from omnistep.layers.rope import Llama3RopeScaling, RotaryEmbedding, apply_rope
+from omnistep.layers.rope import Llama3RopeScaling, LongRopeScaling, RotaryEmbedding, apply_rope
 
 _IGNORED_HF_PREFIXES = ("embed_tokens.", "rotary_emb.")
 
@@ -66,7 +66,13 @@ class LlamaConfigLite:
             ``Qwen3OmniMoeThinkerTextDecoderLayer``); None: every layer is dense.
         mlp_only_layers: layers kept dense in a MoE stack (config key ``mlp_only_layers``).
         decoder_sparse_step: every this many layers is sparse (config key).
-        rope_scaling: Llama 3.1's rope frequency rescaling (``rope_type: "llama3"``), or None.
+        rope_scaling: Llama 3.1's rope frequency rescaling (``rope_type: "llama3"``),
+            MiniCPM's LongRoPE (``LongRopeScaling``), or None.
+        rope: rotate queries and keys; False: no position encoding at all (VoxCPM's residual
+            LM with ``residual_lm_no_rope``).
+        residual_scale: each block's attention and MLP outputs are multiplied by this before
+            the residual add (MiniCPM's muP depth scaling, ``scale_depth /
+            sqrt(num_hidden_layers)`` when ``use_mup``); 1.0 adds them unscaled.
     """
 
     hidden_size: int
@@ -86,7 +92,9 @@ class LlamaConfigLite:
     moe: Any = None
     mlp_only_layers: tuple[int, ...] = ()
     decoder_sparse_step: int = 1
-    rope_scaling: Llama3RopeScaling | None = None
+    rope_scaling: Llama3RopeScaling | LongRopeScaling | None = None
+    rope: bool = True
+    residual_scale: float = 1.0
 
     SIZE_FIELDS = (
         "hidden_size",
@@ -298,7 +306,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:  # Qwen3: per-head RMSNorm of queries and keys before rope
             q = _rows(self.q_norm, q, plans.norm)
             k = _rows(self.k_norm, k, plans.norm)
-        q, k = apply_rope(q, k, cos, sin)
+        if cos is not None:  # None: a stack without position encoding (config.rope False)
+            q, k = apply_rope(q, k, cos, sin)
         out = attend(q, k, v)  # [N, H, D]
         return _rows(self.o_proj, out.reshape(num_tokens, -1), row_plan)
 
@@ -342,6 +351,7 @@ class LlamaDecoderLayer(nn.Module):
             )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **factory)
+        self.residual_scale = config.residual_scale
 
     def forward(
         self,
@@ -382,14 +392,42 @@ class LlamaDecoderLayer(nn.Module):
         routing: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         attn_in = _rows(self.input_layernorm, hidden, plans.norm)
-        hidden = hidden + attention(attn_in)
+        hidden = hidden + self._scaled(attention(attn_in))
         mlp_in = _rows(self.post_attention_layernorm, hidden, plans.norm)
         if not self.sparse:
-            return hidden + self.mlp(mlp_in, plans)
+            return hidden + self._scaled(self.mlp(mlp_in, plans))
         out = self.mlp(mlp_in, batch_invariant=plans.norm is not None)  # MoEOutput
         if routing is not None:
             routing.append(out.expert_ids)
         return hidden + out.hidden
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        """A block branch's output times ``residual_scale`` (untouched at 1.0)."""
+        return branch if self.residual_scale == 1.0 else branch * self.residual_scale
+
+    def forward_bidirectional(
+        self, hidden: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``B`` sequences of equal length, ``hidden`` ``[B, S, hidden]``, each row attending
+        to every row of its sequence (no mask, no cache; see
+        ``LlamaModel.forward_bidirectional``); ``cos``/``sin`` ``[B * S, head_dim]`` or None."""
+        batch, length, width = hidden.shape
+        attn = self.self_attn
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            q = q.view(batch, length, attn.num_heads, -1).transpose(1, 2)
+            k = k.view(batch, length, attn.num_kv_heads, -1).transpose(1, 2)
+            v = v.view(batch, length, attn.num_kv_heads, -1).transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                q, k, v, scale=attn.scaling, enable_gqa=attn.num_heads != attn.num_kv_heads
+            )
+            return out.transpose(1, 2).reshape(batch * length, attn.num_heads, -1)
+
+        flat = hidden.reshape(batch * length, width)
+        out = self._block(
+            flat, lambda x: attn._attention(x, cos, sin, attend, NO_ROW_PLANS), NO_ROW_PLANS
+        )
+        return out.view(batch, length, width)
 
 
 class LlamaModel(nn.Module):
@@ -428,6 +466,38 @@ class LlamaModel(nn.Module):
             device=device,
             scaling=config.rope_scaling,
         )
+
+    def _cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The rope table's rows for ``positions``, or ``(None, None)`` without rope."""
+        if not self.config.rope:
+            return None, None
+        return self.rotary_emb(positions, dtype)
+
+    def forward_bidirectional(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
+        """``B`` independent sequences of equal length ``S``, ``inputs_embeds`` ``[B, S,
+        hidden]``, with full (unmasked) self-attention inside each and positions ``0..S-1``; no
+        cache, autograd works. VoxCPM's LocEnc and LocDiT (upstream ``MiniCPMModel.forward``
+        with ``is_causal=False``) run their stacks this way.
+
+        Returns:
+            Hidden states after the final norm, ``[B, S, hidden]``.
+
+        Raises:
+            ValueError: ``S`` past ``max_position_embeddings``.
+        """
+        batch, length, _ = inputs_embeds.shape
+        if length > self.rotary_emb.max_positions:
+            raise ValueError(
+                f"{length} rows exceed max_position_embeddings={self.rotary_emb.max_positions}"
+            )
+        positions = torch.arange(length, device=inputs_embeds.device).repeat(batch)
+        cos, sin = self._cos_sin(positions, inputs_embeds.dtype)
+        hidden = inputs_embeds
+        for layer in self.layers:
+            hidden = layer.forward_bidirectional(hidden, cos, sin)
+        return self.norm(hidden)
 
     def make_cache(
         self,
@@ -474,7 +544,7 @@ class LlamaModel(nn.Module):
         """
         self._check_inputs(inputs_embeds, meta)
         plans = self.row_plans(inputs_embeds, meta.query_lens_host, meta.batch_invariant)
-        cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
+        cos, sin = self._cos_sin(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, cache, meta, plans, routing)
@@ -536,7 +606,7 @@ class LlamaModel(nn.Module):
         else:
             query_lens = [*pieces] + [1] * (num_tokens - sum(pieces))
         plans = self.row_plans(inputs_embeds, query_lens, batch_invariant)
-        cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
+        cos, sin = self._cos_sin(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
         for layer in self.layers:
             hidden = layer.forward_dense(hidden, cos, sin, prefill_len, plans)
@@ -662,7 +732,7 @@ class LlamaModel(nn.Module):
             Hidden states after the final norm, ``[N, hidden]``.
         """
         plans = self.row_plans(inputs_embeds, query_lens, batch_invariant)
-        cos, sin = self.rotary_emb(positions, inputs_embeds.dtype)
+        cos, sin = self._cos_sin(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
         for i, layer in enumerate(self.layers):
 

@@ -67,19 +67,67 @@ class Llama3RopeScaling:
         return torch.where(medium, smoothed, scaled)
 
 
+@dataclass(frozen=True)
+class LongRopeScaling:
+    """MiniCPM's LongRoPE (config ``rope_scaling`` with ``long_factor`` / ``short_factor``;
+    upstream ``voxcpm/modules/minicpm4/model.py: MiniCPMLongRoPE``).
+
+    Each frequency is divided by its extension factor (``long_factor`` when the table covers
+    more than ``original_max_position_embeddings`` positions, else ``short_factor``), and cos
+    and sin are multiplied by the attention factor ``sqrt(1 + ln(max / original) /
+    ln(original))`` (with ``max`` = ``max_position_embeddings``; 1 when they are equal).
+
+    Attributes: the config keys of the same names (``max_position_embeddings`` from the model's
+    config, which upstream uses to pick the factors, whatever the sequence length).
+    """
+
+    long_factor: tuple[float, ...]
+    short_factor: tuple[float, ...]
+    original_max_position_embeddings: int
+    max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if len(self.long_factor) != len(self.short_factor):
+            raise ValueError("long_factor and short_factor differ in length")
+        if min(self.original_max_position_embeddings, self.max_position_embeddings) <= 1:
+            raise ValueError(f"bad LongRoPE position counts in {self}")
+
+    @property
+    def factors(self) -> tuple[float, ...]:
+        long = self.max_position_embeddings > self.original_max_position_embeddings
+        return self.long_factor if long else self.short_factor
+
+    @property
+    def attention_factor(self) -> float:
+        old = self.original_max_position_embeddings
+        return math.sqrt(1 + math.log(self.max_position_embeddings / old) / math.log(old))
+
+    def angles(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+        """``[N, head_dim // 2]`` angles of float ``positions`` ``[N]``: ``(p / ext) * inv_freq``
+        in upstream's order of operations."""
+        if len(self.factors) != inv_freq.shape[0]:
+            raise ValueError(
+                f"LongRoPE has {len(self.factors)} factors for head_dim {2 * inv_freq.shape[0]}"
+            )
+        ext = torch.tensor(self.factors, dtype=torch.float32, device=inv_freq.device)
+        return torch.outer(positions, 1.0 / ext) * inv_freq
+
+
 def rope_cos_sin(
     positions: torch.Tensor,
     head_dim: int,
     theta: float,
     dtype: torch.dtype,
     device: torch.device | str,
-    scaling: Llama3RopeScaling | None = None,
+    scaling: Llama3RopeScaling | LongRopeScaling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of each position's rotation angles.
 
     Args:
         positions: LongTensor ``[N]`` of absolute token positions.
-        scaling: Llama 3.1's rescaling of the frequencies, or None (the default rope).
+        scaling: Llama 3.1's rescaling of the frequencies, MiniCPM's LongRoPE (frequencies
+            divided by per-dimension factors, cos/sin times its attention factor), or None
+            (the default rope).
 
     Returns:
         ``(cos, sin)``, each ``[N, head_dim]`` in ``dtype``; both halves of the last dimension
@@ -87,6 +135,11 @@ def rope_cos_sin(
     """
     device = torch.device(device)
     inv_freq = rope_inv_freq(head_dim, float(theta), device)
+    if isinstance(scaling, LongRopeScaling):
+        freqs = scaling.angles(positions.to(device).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        factor = scaling.attention_factor
+        return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
     if scaling is not None:
         inv_freq = scaling.apply(inv_freq)
     freqs = positions.to(device)[:, None].float() * inv_freq  # [N, head_dim // 2]
@@ -122,7 +175,7 @@ class RotaryEmbedding(nn.Module):
         head_dim: rotated dimension per head (even).
         theta: rope base.
         max_positions: table length; positions must be below it.
-        scaling: Llama 3.1's frequency rescaling, or None.
+        scaling: Llama 3.1's frequency rescaling, MiniCPM's LongRoPE, or None.
     """
 
     def __init__(
@@ -131,7 +184,7 @@ class RotaryEmbedding(nn.Module):
         theta: float,
         max_positions: int,
         device: torch.device | str | None = None,
-        scaling: Llama3RopeScaling | None = None,
+        scaling: Llama3RopeScaling | LongRopeScaling | None = None,
     ):
         super().__init__()
         if max_positions <= 0:

@@ -31,6 +31,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_omni": "omnistep.models.qwen3_omni.card",
     "higgs_audio_v2": "omnistep.models.higgs_audio_v2.card",
     "chatterbox": "omnistep.models.chatterbox.card",
+    "voxcpm": "omnistep.models.voxcpm.card",
 }
 """Family name -> module that defines ``build_card(path: str | None) -> ModelCard``."""
 
@@ -44,6 +45,7 @@ EXTRAS: dict[str, str] = {
     "qwen3_omni": "qwen3_omni",
     "higgs_audio_v2": "higgs_audio_v2",
     "chatterbox": "chatterbox",
+    "voxcpm": "voxcpm",
 }
 """Family -> the ``pip install 'omnistep[EXTRA]'`` extra holding its dependencies."""
 
@@ -55,6 +57,7 @@ WEIGHT_WRITERS: dict[str, str] = {
     "qwen3_omni": "omnistep.models.qwen3_omni.tiny",
     "higgs_audio_v2": "omnistep.models.higgs_audio_v2.tiny",
     "chatterbox": "omnistep.models.chatterbox.tiny",
+    "voxcpm": "omnistep.models.voxcpm.tiny",
 }
 """Family -> module behind ``omnistep weights FAMILY DIR``: it defines
 ``write_folder(folder: Path, variant: str | None, seed: int) -> Path`` (writes a folder

@@ -8,9 +8,15 @@ the component (the family's model) evaluates the velocity, and this module holds
 - ``SolverConfig``: the time schedule, ``t = linspace(0, 1, n)`` with sway sampling
   ``t += s (cos(pi t / 2) - 1 + t)`` (F5-TTS, arXiv 2410.06885, eq. 7; upstream
   ``Qwen2_5OmniToken2WavDiTModel.sample``), and the classifier-free guidance scale.
+- ``sway_time_points``: the schedule alone, ascending (0 = noise) or descending (1 = noise,
+  VoxCPM's ``UnifiedCFM``); ``cfg_zero_star``, ``cfg_zero_init_steps``: CFG-Zero* guidance
+  (Fan et al., arXiv 2503.18886: the unconditional velocity rescaled by its optimal projection
+  scale, and the first steps' velocity zeroed; upstream
+  ``voxcpm/modules/locdit/unified_cfm.py: solve_euler``).
 - ``rk4_38_delta``: one fixed step of Kutta's 3/8 rule (upstream ``RungeKutta4ODESolver``);
-  ``euler_delta``: one Euler step (Matcha-TTS / CosyVoice's ``solve_euler``, Chatterbox's S3Gen)
-  on the cosine schedule ``cosine_time_points``.
+  ``euler_delta``: one Euler step (Matcha-TTS / CosyVoice's ``solve_euler``, Chatterbox's S3Gen
+  on the cosine schedule ``cosine_time_points``; VoxCPM's LocDiT on the descending sway
+  schedule, with a negative ``dt``).
 - ``guided_velocity``: classifier-free guidance ``f = c + (c - u) g`` (Ho and Salimans, arXiv
   2207.12598, in upstream's form).
 - ``sde_terms``, ``sde_mean``, ``sde_noise``, ``gaussian_logprob``, ``FlowStep``: the step
@@ -57,10 +63,43 @@ class SolverConfig:
 
     def time_points(self, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
         """``[num_steps]`` times in [0, 1], computed exactly as upstream's ``sample``."""
-        t = torch.linspace(0, 1, self.num_steps, device=device, dtype=dtype)
-        if self.sway_coefficient is not None:
-            t += self.sway_coefficient * (torch.cos(torch.pi / 2 * t) - 1 + t)
-        return t
+        return sway_time_points(self.num_steps, self.sway_coefficient, dtype, device)
+
+
+def sway_time_points(
+    num_points: int,
+    sway: float | None,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    descending: bool = False,
+) -> torch.Tensor:
+    """``[num_points]`` times: ``linspace(0, 1)`` (``descending``: ``linspace(1, 0)``, the
+    convention where t = 1 is noise), then sway sampling ``t += s (cos(pi t / 2) - 1 + t)``
+    unless ``sway`` is None. The expressions are upstream's (Qwen2.5-Omni's ``sample``,
+    VoxCPM's ``UnifiedCFM.forward``), so the floats match."""
+    start, end = (1, 0) if descending else (0, 1)
+    t = torch.linspace(start, end, num_points, device=device, dtype=dtype)
+    if sway is not None:
+        t = t + sway * (torch.cos(torch.pi / 2 * t) - 1 + t)
+    return t
+
+
+def cfg_zero_init_steps(num_points: int) -> int:
+    """How many first Euler steps CFG-Zero* leaves at zero velocity: ``max(1, int(0.04 n))``
+    of ``n`` time points (upstream ``solve_euler``'s ``zero_init_steps``)."""
+    return max(1, int(num_points * 0.04))
+
+
+def cfg_zero_star(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """CFG-Zero* guidance of per-row velocities ``[B, ...]``: ``s* = <c, u> / (|u|^2 + 1e-8)``
+    per row, then ``u s* + scale (c - u s*)`` (arXiv 2503.18886, eq. 7; upstream
+    ``UnifiedCFM.optimized_scale`` and ``solve_euler``)."""
+    rows = cond.shape[0]
+    c, u = cond.reshape(rows, -1), uncond.reshape(rows, -1)
+    dot = torch.sum(c * u, dim=1, keepdim=True)
+    norm = torch.sum(u**2, dim=1, keepdim=True) + 1e-8
+    st = (dot / norm).view(rows, *([1] * (cond.ndim - 1)))
+    return uncond * st + scale * (cond - uncond * st)
 
 
 def rk4_38_delta(
@@ -106,9 +145,11 @@ def cosine_time_points(
 def euler_delta(
     velocity: Velocity, t0: torch.Tensor, dt: torch.Tensor, y0: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One Euler step from ``t0`` over ``dt`` (per-row times ``[R]``, state ``y0`` ``[R, ...]``):
-    the increment ``dt * k1`` and ``k1 = f(t0, y0)``, the velocity at the step's start (what the
-    SDE's drift correction reads, as ``rk4_38_delta`` returns it)."""
+    """One Euler step from ``t0`` over ``dt`` (per-row times ``[R]``, or one 0-d time for every
+    row; state ``y0`` ``[R, ...]``): the increment ``dt * k1`` and ``k1 = f(t0, y0)``, the
+    velocity at the step's start (what the SDE's drift correction reads, as ``rk4_38_delta``
+    returns it). On a descending schedule (t = 1 noise -> 0 data, VoxCPM) ``dt`` is negative:
+    ``(-h) * k1`` is bit-equal to upstream's ``x - h * v``'s increment."""
     k1 = velocity(t0, y0)
     return dt.view(-1, *([1] * (y0.dim() - 1))) * k1, k1
 

@@ -62,6 +62,13 @@ LAYOUTS: dict[str, WeightsLayout] = {
         architectures=("Qwen3OmniMoeForConditionalGeneration",),
         description="config.json with model_type qwen3_omni_moe (Qwen/Qwen3-Omni-30B-A3B-*)",
     ),
+    "voxcpm": WeightsLayout(
+        file_sets=(
+            ("config.json", "audiovae.safetensors"),
+            ("config.json", "audiovae.pth"),
+        ),
+        description="config.json with audiovae.safetensors or audiovae.pth (openbmb/VoxCPM2)",
+    ),
     "chattts": WeightsLayout(
         file_sets=(("asset/gpt/config.json", "asset/Embed.safetensors"),),
         description="asset/gpt/config.json and asset/Embed.safetensors (2Noise/ChatTTS)",
