@@ -307,8 +307,160 @@ class HiggsReference:
         self.session.close()
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (HiggsFamily(),)}
-"""One entry per family (Chatterbox to be added as a second ``Family``)."""
+class ChatterboxFamily(Family):
+    """Chatterbox (``omnistep.models.chatterbox``) against upstream ``chatterbox-tts`` 0.1.7
+    (``T3.inference`` + ``S3Token2Wav.inference``'s flow, HiFT and fade)."""
+
+    name = "chatterbox"
+    card_id = "chatterbox"
+    components = ("t3", "s3gen", "hift")
+    cfg_weight = 0.5
+    exaggeration = 0.5
+
+    def sizes(self, quick: bool, layers: int) -> dict[str, Any]:
+        """Tiny test sizes (``quick``: ``tiny.py``'s), or the published widths: T3 upstream's
+        ``Llama_520M`` (hidden 1024, 16 heads of 64, MLP 4096) with ``layers`` of its 30
+        layers; S3Gen and HiFT whole, at ``S3Token2Wav``'s sizes (encoder 512 wide, FF 2048,
+        6 + 4 blocks; estimator 256 channels, 8 heads, 4 blocks, 12 mid blocks; HiFT 512
+        base channels, F0 predictor 512)."""
+        if quick:
+            return {"t3": {"num_hidden_layers": 2, "intermediate_size": 256}, "s3gen": {}}
+        from omnistep.models.chatterbox.t3 import T3Config
+
+        t3 = T3Config()
+        return {
+            "t3": {"num_hidden_layers": layers, "intermediate_size": t3.intermediate_size},
+            "s3gen": {
+                "linear_units": 2048,
+                "num_blocks": 6,
+                "channels": 256,
+                "n_blocks": 4,
+                "num_mid_blocks": 12,
+                "num_heads": 8,
+                "base_channels": 512,
+                "f0_channels": 512,
+            },
+        }
+
+    def write(self, root: Path, sizes: dict[str, Any]) -> None:
+        from omnistep.models.chatterbox.hift import HiFTConfig
+        from omnistep.models.chatterbox.s3gen import FlowConfig
+        from omnistep.models.chatterbox.s3gen_encoder import EncoderConfig
+        from omnistep.models.chatterbox.s3gen_estimator import EstimatorConfig
+        from omnistep.models.chatterbox.t3 import T3Config
+        from omnistep.models.chatterbox.tiny import write_folder
+
+        if not sizes["s3gen"]:  # quick: tiny.py's own sizes
+            write_folder(root, seed=SEED)
+            return
+        z = sizes["s3gen"]
+        flow = FlowConfig(
+            encoder=EncoderConfig(ffn_dim=z["linear_units"], num_blocks=z["num_blocks"]),
+            estimator=EstimatorConfig(
+                channels=z["channels"],
+                num_heads=z["num_heads"],
+                num_blocks=z["n_blocks"],
+                num_mid_blocks=z["num_mid_blocks"],
+            ),
+        )
+        write_folder(
+            root,
+            seed=SEED,
+            t3_config=T3Config(**sizes["t3"]),
+            flow_config=flow,
+            hift_config=HiFTConfig(base_channels=z["base_channels"], f0_channels=z["f0_channels"]),
+        )
+
+    def parameter_counts(self, root: Path) -> dict[str, int]:
+        from safetensors import safe_open
+
+        counts = {"t3": 0, "s3gen_flow": 0, "hift": 0}
+        for file in ("t3_cfg.safetensors", "s3gen.safetensors"):
+            with safe_open(str(root / file), "pt") as sf:
+                for name in sf.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    n = int(np.prod(sf.get_slice(name).get_shape()))
+                    part = "t3" if file.startswith("t3") else "s3gen_flow"
+                    counts["hift" if name.startswith("mel2wav.") else part] += n
+        return counts
+
+    def load(self, root: Path) -> ModelInstance:
+        from omnistep.models.chatterbox.card import ChatterboxOptions, build_card
+
+        return ModelInstance.load(build_card(str(root), ChatterboxOptions(kv_cache_gb=0.25)))
+
+    def request(self, i: int, seed: int, frames: int, rollout: bool = False) -> Request:
+        return Request(
+            self.card_id,
+            text=TEXTS[i % len(TEXTS)],
+            seed=seed,
+            sampling=SamplingParams(
+                temperature=0,
+                repetition_penalty=1.0,
+                max_new_tokens=frames,
+                cfg_weight=self.cfg_weight,
+                exaggeration=self.exaggeration,
+            ),
+            profile=ExecutionProfile.ROLLOUT if rollout else ExecutionProfile.SERVE,
+        )
+
+    def reference(self, root: Path, threads: int) -> ChatterboxReference:
+        return ChatterboxReference(self, root, threads)
+
+    def codes_of(self, stream: Any) -> np.ndarray:
+        tokens = [np.ravel(r.tokens) for r in stream.trajectories["decode"]]
+        return np.array(tokens, dtype=np.int64).reshape(len(tokens), -1)
+
+
+class ChatterboxReference:
+    """Upstream Chatterbox in one ``tests.chatterbox_ref.bench_ref.Session`` subprocess, loaded
+    once; the text ids made by the card's own front end (``punc_norm`` + ``tokenizer.json``)."""
+
+    def __init__(self, family: ChatterboxFamily, root: Path, threads: int):
+        from omnistep.models.chatterbox.frontend import TextTokenizer, punc_norm
+        from tests.chatterbox_ref.bench_ref import Session
+
+        sizes = json.loads((root / MARKER).read_text())["sizes"]
+        tokenizer = TextTokenizer(root / "tokenizer.json")
+        self.ids = [tokenizer.encode(punc_norm(t)) for t in TEXTS]
+        self.family = family
+        self.session = Session()
+        start = time.perf_counter()
+        self.info = self.session.call(
+            "bench_load", root=str(root), threads=threads, t3_sizes=sizes["t3"],
+            s3gen_sizes=sizes["s3gen"],
+        )  # fmt: skip
+        self.info["start_and_load_s"] = round(time.perf_counter() - start, 2)
+        self.info["runtime"] = (
+            "chatterbox-tts 0.1.7 T3.inference (CFG 0.5, argmax) + S3Token2Wav.inference's "
+            "flow (10 Euler steps, CFG 0.7), HiFT and trim_fade"
+        )
+        self.info["prompt_tokens"] = [len(i) + 2 for i in self.ids]
+        print(f"reference: started and loaded in {self.info['start_and_load_s']:.1f}s", flush=True)
+
+    def one(self, i: int, frames: int) -> dict[str, Any]:
+        out = self.session.call(
+            "bench_generate",
+            text_ids=self.ids[i % len(TEXTS)],
+            max_new_tokens=frames,
+            cfg_weight=self.family.cfg_weight,
+            exaggeration=self.family.exaggeration,
+            seed=SEED + i,
+        )
+        return {
+            "text": i % len(TEXTS),
+            "seconds": out["seconds"],
+            "frames": sum(t < 6561 for t in out["tokens"]),  # speech tokens (25 Hz)
+            "audio_s": out["samples"] / 24000,
+            "split_s": {"t3": out["t3_s"], "s3gen": out["s3gen_s"], "hift": out["hift_s"]},
+            "codes": np.asarray(out["tokens"], dtype=np.int64).reshape(-1, 1),
+        }
+
+    def close(self) -> None:
+        self.session.close()
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (HiggsFamily(), ChatterboxFamily())}
+"""One entry per family."""
 
 
 def ensure_checkpoint(family: Family, root: Path, sizes: dict[str, Any]) -> dict[str, Any]:
