@@ -134,6 +134,8 @@ class Family:
     default_layers = 2
     default_frames = 50
     quick_frames = 4
+    warm_reference_frames = 1
+    """Audio frames of the reference's warm-up call."""
     components = ("lm", "codec")
     """Components whose ``execute`` is timed, in the order of the printed split."""
 
@@ -314,6 +316,7 @@ class ChatterboxFamily(Family):
     name = "chatterbox"
     card_id = "chatterbox"
     components = ("t3", "s3gen", "hift")
+    warm_reference_frames = 4  # HiFT's F0 predictor needs >= 3 mel frames (2 per token)
     cfg_weight = 0.5
     exaggeration = 0.5
 
@@ -449,7 +452,7 @@ class ChatterboxReference:
         return {
             "text": i % len(TEXTS),
             "seconds": out["seconds"],
-            "frames": sum(t < 6561 for t in out["tokens"]),  # speech tokens (25 Hz)
+            "frames": len(out["tokens"]),  # T3's tokens, as omnistep's usage counts them
             "audio_s": out["samples"] / 24000,
             "split_s": {"t3": out["t3_s"], "s3gen": out["s3gen_s"], "hift": out["hift_s"]},
             "codes": np.asarray(out["tokens"], dtype=np.int64).reshape(-1, 1),
@@ -657,7 +660,7 @@ def run_family(family: Family, root: Path, args: argparse.Namespace) -> dict[str
     ref = family.reference(root, args.threads)
     loop = asyncio.new_event_loop()
     try:
-        warm_ref = ref.one(0, 1)
+        warm_ref = ref.one(0, family.warm_reference_frames)
         ours = Ours(family, root, args.frames)
         ours_codes = loop.run_until_complete(ours.codes(0))
         warm = min(2, levels[-1])
