@@ -6,6 +6,8 @@ make a request, and run its reference); the driver and the report are shared. Fa
 
 * ``higgs_audio_v2``: Higgs Audio v2 against transformers' ``HiggsAudioV2ForConditionalGeneration
   .generate`` + ``HiggsAudioV2Processor.batch_decode``.
+* ``chatterbox``: Chatterbox against upstream ``chatterbox-tts`` 0.1.7 (``T3.inference`` +
+  ``S3Token2Wav.inference``'s flow, HiFT and fade), see "Chatterbox" below.
 
 What it measures (per family)
 -----------------------------
@@ -49,6 +51,34 @@ the 8 texts, an unmeasured omnistep burst of 2 at 4 frames, omnistep at every le
 ``--concurrency`` back to back. The work check compares omnistep's greedy delayed steps of
 ``TEXTS[0]`` with the reference's of round 1.
 
+Chatterbox
+----------
+Folder: ``omnistep/models/chatterbox/tiny.py``'s writer (this family's own modules, seeded
+random weights, float32) given the published sizes: T3 is upstream's ``Llama_520M`` (hidden
+1024, 16 heads of 64, MLP 4096, Llama 3.1 rope) with ``--layers`` of its 30 layers (default
+2); S3Gen's flow and HiFT whole, at ``S3Token2Wav``'s arguments (encoder 512 wide, FF 2048,
+6 + 4 blocks; estimator 256 channels, 8 heads, 4 blocks, 12 mid blocks; HiFT 512 base
+channels, F0 predictor 512); the voice encoder at its size (not run: the default voice of
+``conds.pt``). Text vocabulary: the tiny character tokenizer (ids only looked up).
+
+Work per request: one of ``TEXTS``, the default voice, exaggeration 0.5, T3 with CFG weight 0.5
+(a conditional and an unconditional row), GREEDY with repetition penalty 1.0 (upstream's
+penalty also counts its start-of-speech id, see docs/models/chatterbox.md), ``--frames`` F T3
+tokens (default 50 = 2 s at 25 tokens/s); ids >= 6561 are dropped before the flow on both
+sides (random weights draw some); the flow's 10 Euler steps with guidance 0.7; HiFT; the fade.
+
+* omnistep: the ``chatterbox`` card (``ChatterboxOptions(kv_cache_gb=0.25)``), components
+  ``t3``, ``s3gen`` and ``hift`` timed. The flow starts once T3 has finished and HiFT decodes
+  the whole mel (the card's design, docs/models/chatterbox.md), so the first audio is the
+  whole utterance on this side too.
+* the reference in one ``tests.chatterbox_ref.bench_ref.Session`` subprocess (the
+  ``.ref/chatterbox`` overlay on its path): upstream ``T3`` built from ``Llama_520M`` with the
+  folder's depth and its ``T3.inference`` (``torch.multinomial`` replaced by argmax), then
+  upstream's ``CausalMaskedDiffWithXvec.inference`` (10 steps) and ``HiFTGenerator.inference``
+  with ``trim_fade`` as ``S3Token2Wav.inference`` composes them (``S3Token2Wav`` itself imports
+  torchaudio). Same text ids (the card's ``punc_norm`` + ``tokenizer.json``). Work check:
+  the greedy T3 tokens of ``TEXTS[0]``.
+
 Targets (issue 29, item 6)
 --------------------------
 (a) omnistep TTFA p50 at C=1 / the reference's time to its first audio (its whole first
@@ -60,11 +90,13 @@ How to run
 ----------
 ::
 
-    PYTHONPATH=. .venv/bin/python bench/families.py          # Higgs, 2 layers, F = 50, 1 round
+    PYTHONPATH=. .venv/bin/python bench/families.py          # both families, 2 layers, F = 50
+    PYTHONPATH=. .venv/bin/python bench/families.py --families chatterbox
     PYTHONPATH=. .venv/bin/python bench/families.py --layers 4 --frames 50 --rounds 1
     PYTHONPATH=. .venv/bin/python bench/families.py --quick  # tiny sizes, F = 4 (~30 s)
 
-``--quick``: the tiny test folder, F = 4, one round (``tests/test_bench_families.py``); its
+``--quick``: the family's tiny test folder, F = 4, one round (``tests/test_bench_families.py``,
+one family per run); its
 numbers mean nothing. Output: a printed table per family and ``bench/results/families.json``
 (``--out``; ``targets`` in the form ``bench/compare.py`` reads). Wall-clock numbers depend on
 other load on the machine: the load average and CPU seconds go with every measurement.
