@@ -6,6 +6,8 @@ make a request, and run its reference); the driver and the report are shared. Fa
 
 * ``higgs_audio_v2``: Higgs Audio v2 against transformers' ``HiggsAudioV2ForConditionalGeneration
   .generate`` + ``HiggsAudioV2Processor.batch_decode``.
+* ``chatterbox``: Chatterbox against upstream ``chatterbox-tts`` 0.1.7 (``T3.inference`` +
+  ``S3Token2Wav.inference``'s flow, HiFT and fade), see "Chatterbox" below.
 
 What it measures (per family)
 -----------------------------
@@ -42,12 +44,41 @@ are recorded and used). Both sides float32, ``--threads`` torch intra-op threads
   ``batch_decode``, timed inside the subprocess. It returns audio only at the end, so its time
   to first audio is its whole call. Eight texts one after another (sequential).
 
-Order (as ``bench/qwen3_tts.py``): warm-ups (reference: ``TEXTS[0]`` at 9 steps; omnistep:
+Order (as ``bench/qwen3_tts.py``): warm-ups (reference: ``TEXTS[0]`` at 9 steps, Chatterbox's
+at ``--frames``; omnistep:
 ``TEXTS[0]`` under ``ExecutionProfile.ROLLOUT``, whose greedy codes are the work check, then a
 burst of 2 at 4 frames); then ``--rounds`` rounds (default 1) of: reference sequential over
 the 8 texts, an unmeasured omnistep burst of 2 at 4 frames, omnistep at every level of
 ``--concurrency`` back to back. The work check compares omnistep's greedy delayed steps of
 ``TEXTS[0]`` with the reference's of round 1.
+
+Chatterbox
+----------
+Folder: ``omnistep/models/chatterbox/tiny.py``'s writer (this family's own modules, seeded
+random weights, float32) given the published sizes: T3 is upstream's ``Llama_520M`` (hidden
+1024, 16 heads of 64, MLP 4096, Llama 3.1 rope) with ``--layers`` of its 30 layers (default
+2); S3Gen's flow and HiFT whole, at ``S3Token2Wav``'s arguments (encoder 512 wide, FF 2048,
+6 + 4 blocks; estimator 256 channels, 8 heads, 4 blocks, 12 mid blocks; HiFT 512 base
+channels, F0 predictor 512); the voice encoder at its size (not run: the default voice of
+``conds.pt``). Text vocabulary: the tiny character tokenizer (ids only looked up).
+
+Work per request: one of ``TEXTS``, the default voice, exaggeration 0.5, T3 with CFG weight 0.5
+(a conditional and an unconditional row), GREEDY with repetition penalty 1.0 (upstream's
+penalty also counts its start-of-speech id, see docs/models/chatterbox.md), ``--frames`` F T3
+tokens (default 50 = 2 s at 25 tokens/s); ids >= 6561 are dropped before the flow on both
+sides (random weights draw some); the flow's 10 Euler steps with guidance 0.7; HiFT; the fade.
+
+* omnistep: the ``chatterbox`` card (``ChatterboxOptions(kv_cache_gb=0.25)``), components
+  ``t3``, ``s3gen`` and ``hift`` timed. The flow starts once T3 has finished and HiFT decodes
+  the whole mel (the card's design, docs/models/chatterbox.md), so the first audio is the
+  whole utterance on this side too.
+* the reference in one ``tests.chatterbox_ref.bench_ref.Session`` subprocess (the
+  ``.ref/chatterbox`` overlay on its path): upstream ``T3`` built from ``Llama_520M`` with the
+  folder's depth and its ``T3.inference`` (``torch.multinomial`` replaced by argmax), then
+  upstream's ``CausalMaskedDiffWithXvec.inference`` (10 steps) and ``HiFTGenerator.inference``
+  with ``trim_fade`` as ``S3Token2Wav.inference`` composes them (``S3Token2Wav`` itself imports
+  torchaudio). Same text ids (the card's ``punc_norm`` + ``tokenizer.json``). Work check:
+  the greedy T3 tokens of ``TEXTS[0]``.
 
 Targets (issue 29, item 6)
 --------------------------
@@ -60,11 +91,13 @@ How to run
 ----------
 ::
 
-    PYTHONPATH=. .venv/bin/python bench/families.py          # Higgs, 2 layers, F = 50, 1 round
+    PYTHONPATH=. .venv/bin/python bench/families.py          # both families, 2 layers, F = 50
+    PYTHONPATH=. .venv/bin/python bench/families.py --families chatterbox
     PYTHONPATH=. .venv/bin/python bench/families.py --layers 4 --frames 50 --rounds 1
     PYTHONPATH=. .venv/bin/python bench/families.py --quick  # tiny sizes, F = 4 (~30 s)
 
-``--quick``: the tiny test folder, F = 4, one round (``tests/test_bench_families.py``); its
+``--quick``: the family's tiny test folder, F = 4, one round (``tests/test_bench_families.py``,
+one family per run); its
 numbers mean nothing. Output: a printed table per family and ``bench/results/families.json``
 (``--out``; ``targets`` in the form ``bench/compare.py`` reads). Wall-clock numbers depend on
 other load on the machine: the load average and CPU seconds go with every measurement.
@@ -134,6 +167,8 @@ class Family:
     default_layers = 2
     default_frames = 50
     quick_frames = 4
+    warm_reference_frames: int | None = 1
+    """Audio frames of the reference's warm-up call (None: the run's ``--frames``)."""
     components = ("lm", "codec")
     """Components whose ``execute`` is timed, in the order of the printed split."""
 
@@ -307,8 +342,164 @@ class HiggsReference:
         self.session.close()
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (HiggsFamily(),)}
-"""One entry per family (Chatterbox to be added as a second ``Family``)."""
+class ChatterboxFamily(Family):
+    """Chatterbox (``omnistep.models.chatterbox``) against upstream ``chatterbox-tts`` 0.1.7
+    (``T3.inference`` + ``S3Token2Wav.inference``'s flow, HiFT and fade)."""
+
+    name = "chatterbox"
+    card_id = "chatterbox"
+    components = ("t3", "s3gen", "hift")
+    warm_reference_frames = None
+    """A whole-length warm-up (omnistep's is the work-check request at ``--frames``): after a
+    4-token warm-up, upstream's first 50-token call took 14.5 s against 3.1-4.3 s for the
+    next seven on a quiet box (HiFT's F0 predictor needs >= 3 mel frames anyway)."""
+    cfg_weight = 0.5
+    exaggeration = 0.5
+
+    def sizes(self, quick: bool, layers: int) -> dict[str, Any]:
+        """Tiny test sizes (``quick``: ``tiny.py``'s), or the published widths: T3 upstream's
+        ``Llama_520M`` (hidden 1024, 16 heads of 64, MLP 4096) with ``layers`` of its 30
+        layers; S3Gen and HiFT whole, at ``S3Token2Wav``'s sizes (encoder 512 wide, FF 2048,
+        6 + 4 blocks; estimator 256 channels, 8 heads, 4 blocks, 12 mid blocks; HiFT 512
+        base channels, F0 predictor 512)."""
+        if quick:
+            return {"t3": {"num_hidden_layers": 2, "intermediate_size": 256}, "s3gen": {}}
+        from omnistep.models.chatterbox.t3 import T3Config
+
+        t3 = T3Config()
+        return {
+            "t3": {"num_hidden_layers": layers, "intermediate_size": t3.intermediate_size},
+            "s3gen": {
+                "linear_units": 2048,
+                "num_blocks": 6,
+                "channels": 256,
+                "n_blocks": 4,
+                "num_mid_blocks": 12,
+                "num_heads": 8,
+                "base_channels": 512,
+                "f0_channels": 512,
+            },
+        }
+
+    def write(self, root: Path, sizes: dict[str, Any]) -> None:
+        from omnistep.models.chatterbox.hift import HiFTConfig
+        from omnistep.models.chatterbox.s3gen import FlowConfig
+        from omnistep.models.chatterbox.s3gen_encoder import EncoderConfig
+        from omnistep.models.chatterbox.s3gen_estimator import EstimatorConfig
+        from omnistep.models.chatterbox.t3 import T3Config
+        from omnistep.models.chatterbox.tiny import write_folder
+
+        if not sizes["s3gen"]:  # quick: tiny.py's own sizes
+            write_folder(root, seed=SEED)
+            return
+        z = sizes["s3gen"]
+        flow = FlowConfig(
+            encoder=EncoderConfig(ffn_dim=z["linear_units"], num_blocks=z["num_blocks"]),
+            estimator=EstimatorConfig(
+                channels=z["channels"],
+                num_heads=z["num_heads"],
+                num_blocks=z["n_blocks"],
+                num_mid_blocks=z["num_mid_blocks"],
+            ),
+        )
+        write_folder(
+            root,
+            seed=SEED,
+            t3_config=T3Config(**sizes["t3"]),
+            flow_config=flow,
+            hift_config=HiFTConfig(base_channels=z["base_channels"], f0_channels=z["f0_channels"]),
+        )
+
+    def parameter_counts(self, root: Path) -> dict[str, int]:
+        from safetensors import safe_open
+
+        counts = {"t3": 0, "s3gen_flow": 0, "hift": 0}
+        for file in ("t3_cfg.safetensors", "s3gen.safetensors"):
+            with safe_open(str(root / file), "pt") as sf:
+                for name in sf.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    n = int(np.prod(sf.get_slice(name).get_shape()))
+                    part = "t3" if file.startswith("t3") else "s3gen_flow"
+                    counts["hift" if name.startswith("mel2wav.") else part] += n
+        return counts
+
+    def load(self, root: Path) -> ModelInstance:
+        from omnistep.models.chatterbox.card import ChatterboxOptions, build_card
+
+        return ModelInstance.load(build_card(str(root), ChatterboxOptions(kv_cache_gb=0.25)))
+
+    def request(self, i: int, seed: int, frames: int, rollout: bool = False) -> Request:
+        return Request(
+            self.card_id,
+            text=TEXTS[i % len(TEXTS)],
+            seed=seed,
+            sampling=SamplingParams(
+                temperature=0,
+                repetition_penalty=1.0,
+                max_new_tokens=frames,
+                cfg_weight=self.cfg_weight,
+                exaggeration=self.exaggeration,
+            ),
+            profile=ExecutionProfile.ROLLOUT if rollout else ExecutionProfile.SERVE,
+        )
+
+    def reference(self, root: Path, threads: int) -> ChatterboxReference:
+        return ChatterboxReference(self, root, threads)
+
+    def codes_of(self, stream: Any) -> np.ndarray:
+        tokens = [np.ravel(r.tokens) for r in stream.trajectories["decode"]]
+        return np.array(tokens, dtype=np.int64).reshape(len(tokens), -1)
+
+
+class ChatterboxReference:
+    """Upstream Chatterbox in one ``tests.chatterbox_ref.bench_ref.Session`` subprocess, loaded
+    once; the text ids made by the card's own front end (``punc_norm`` + ``tokenizer.json``)."""
+
+    def __init__(self, family: ChatterboxFamily, root: Path, threads: int):
+        from omnistep.models.chatterbox.frontend import TextTokenizer, punc_norm
+        from tests.chatterbox_ref.bench_ref import Session
+
+        sizes = json.loads((root / MARKER).read_text())["sizes"]
+        tokenizer = TextTokenizer(root / "tokenizer.json")
+        self.ids = [tokenizer.encode(punc_norm(t)) for t in TEXTS]
+        self.family = family
+        self.session = Session()
+        start = time.perf_counter()
+        self.info = self.session.call(
+            "bench_load", root=str(root), threads=threads, t3_sizes=sizes["t3"],
+            s3gen_sizes=sizes["s3gen"],
+        )  # fmt: skip
+        self.info["start_and_load_s"] = round(time.perf_counter() - start, 2)
+        self.info["runtime"] = (
+            "chatterbox-tts 0.1.7 T3.inference (CFG 0.5, argmax) + S3Token2Wav.inference's "
+            "flow (10 Euler steps, CFG 0.7), HiFT and trim_fade"
+        )
+        self.info["prompt_tokens"] = [len(i) + 2 for i in self.ids]
+        print(f"reference: started and loaded in {self.info['start_and_load_s']:.1f}s", flush=True)
+
+    def one(self, i: int, frames: int) -> dict[str, Any]:
+        out = self.session.call(
+            "bench_generate",
+            text_ids=self.ids[i % len(TEXTS)],
+            max_new_tokens=frames,
+            cfg_weight=self.family.cfg_weight,
+            exaggeration=self.family.exaggeration,
+            seed=SEED + i,
+        )
+        return {
+            "text": i % len(TEXTS),
+            "seconds": out["seconds"],
+            "frames": len(out["tokens"]),  # T3's tokens, as omnistep's usage counts them
+            "audio_s": out["samples"] / 24000,
+            "split_s": {"t3": out["t3_s"], "s3gen": out["s3gen_s"], "hift": out["hift_s"]},
+            "codes": np.asarray(out["tokens"], dtype=np.int64).reshape(-1, 1),
+        }
+
+    def close(self) -> None:
+        self.session.close()
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (HiggsFamily(), ChatterboxFamily())}
+"""One entry per family."""
 
 
 def ensure_checkpoint(family: Family, root: Path, sizes: dict[str, Any]) -> dict[str, Any]:
@@ -505,7 +696,7 @@ def run_family(family: Family, root: Path, args: argparse.Namespace) -> dict[str
     ref = family.reference(root, args.threads)
     loop = asyncio.new_event_loop()
     try:
-        warm_ref = ref.one(0, 1)
+        warm_ref = ref.one(0, family.warm_reference_frames or args.frames)
         ours = Ours(family, root, args.frames)
         ours_codes = loop.run_until_complete(ours.codes(0))
         warm = min(2, levels[-1])

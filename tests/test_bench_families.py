@@ -1,6 +1,7 @@
-"""``bench/families.py --quick`` (tiny Higgs folder, 4 frames) reports every figure, did the
-same work on both sides (greedy codes identical to transformers'), and its long-lived
-reference ``Session`` keeps state and reports errors.
+"""``bench/families.py --quick`` (each family's tiny folder, 4 frames) reports every figure,
+did the same work on both sides (Higgs: greedy codes identical to transformers'; Chatterbox:
+greedy T3 tokens identical to upstream ``T3.inference``'s, the same audio length per text), and
+the long-lived reference ``Session``s keep state and report errors.
 
 The numbers are timings of a tiny model on a shared machine: the test asserts that every
 figure is present, finite and positive, never how large a timing is.
@@ -33,13 +34,14 @@ def _positive(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("families_bench")
+def _quick_run(tmp: Path, family: str) -> dict:
+    """``--quick`` for one family (one thread each side, OMP too)."""
     out = tmp / "families.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    args = ["--quick", "--root", str(tmp), "--out", str(out), "--threads", "1"]
+    env["OMP_NUM_THREADS"] = "1"
+    args = ["--quick", "--families", family, "--root", str(tmp), "--out", str(out)]
+    args += ["--threads", "1"]
     done = subprocess.run(
         [sys.executable, str(BENCH), *args], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=600,
@@ -49,11 +51,21 @@ def result(tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
-def test_quick_run_reports_every_figure(result):
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    return _quick_run(tmp_path_factory.mktemp("families_bench"), "higgs_audio_v2")
+
+
+@pytest.fixture(scope="module")
+def chatterbox_result(tmp_path_factory) -> dict:
+    return _quick_run(tmp_path_factory.mktemp("families_bench_chatterbox"), "chatterbox")
+
+
+def _check_figures(result: dict, name: str) -> dict:
+    """Every figure of family ``name`` present, finite and positive; its figures."""
     assert result["args"]["quick"] and result["args"]["concurrency"] == [1, 4, 8]
-    assert list(result["families"]) == ["higgs_audio_v2"]
-    fam = result["families"]["higgs_audio_v2"]
-    assert fam["frames"] == FRAMES and fam["max_new_tokens"] == FRAMES + DELAY
+    assert list(result["families"]) == [name]
+    fam = result["families"][name]
     assert all(_positive(n) for n in fam["checkpoint"]["parameters"].values())
     figures = fam["figures"]
     for key in (
@@ -75,14 +87,21 @@ def test_quick_run_reports_every_figure(result):
     assert [t["op"] for t in targets] == ["<=", ">=", "<="]
     assert all(_positive(t["value"]) and isinstance(t["met"], bool) for t in targets)
     assert all(len(t["paired"]) == 1 for t in targets)
-    # 4 frames < first chunk + look-ahead: the first audio came after every step
-    first = figures["omnistep_before_first_audio_c1"]
-    assert first["ar_calls"] == FRAMES + DELAY  # the prefill (step 1) and 11 AR_TOKEN steps
-    assert 0 < first["ar_s"] < first["first_audio_s"] and first["first_vocoder_s"] > 0
     # (a) is the C=1 TTFA over the reference's whole first call, as printed
     assert targets[0]["value"] == pytest.approx(
         figures["omnistep_ttfa_c1_s"] / figures["reference_first_audio_s"], rel=1e-3
     )
+    return figures
+
+
+def test_quick_run_reports_every_figure(result):
+    fam = result["families"]["higgs_audio_v2"]
+    assert fam["frames"] == FRAMES and fam["max_new_tokens"] == FRAMES + DELAY
+    figures = _check_figures(result, "higgs_audio_v2")
+    # 4 frames < first chunk + look-ahead: the first audio came after every step
+    first = figures["omnistep_before_first_audio_c1"]
+    assert first["ar_calls"] == FRAMES + DELAY  # the prefill (step 1) and 11 AR_TOKEN steps
+    assert 0 < first["ar_s"] < first["first_audio_s"] and first["first_vocoder_s"] > 0
 
 
 def test_quick_run_did_the_same_work_on_both_sides(result):
@@ -106,6 +125,66 @@ def test_quick_run_did_the_same_work_on_both_sides(result):
     steps = FRAMES + DELAY
     assert raw["work_check"] == {"steps": [steps, steps], "leading_steps_equal": steps}
     assert raw["reference"]["torch_threads"] == 1 and raw["reference"]["dtype"] == "torch.float32"
+
+
+def test_chatterbox_quick_run_reports_every_figure(chatterbox_result):
+    fam = chatterbox_result["families"]["chatterbox"]
+    assert fam["frames"] == FRAMES and fam["max_new_tokens"] == FRAMES  # no delay pattern
+    assert sorted(fam["checkpoint"]["parameters"]) == ["hift", "s3gen_flow", "t3"]
+    figures = _check_figures(chatterbox_result, "chatterbox")
+    # the flow starts when T3 has finished: the first audio came after all of T3's calls
+    first = figures["omnistep_before_first_audio_c1"]
+    assert first["ar_calls"] == FRAMES  # the prefill (token 1) and 3 steps
+    assert 0 < first["ar_s"] < first["first_audio_s"] and first["first_vocoder_s"] > 0
+
+
+def test_chatterbox_quick_run_did_the_same_work_on_both_sides(chatterbox_result):
+    raw = chatterbox_result["families"]["chatterbox"]["raw"]
+    (rnd,) = raw["rounds"]
+    ref = rnd["reference"]
+    assert [r["text"] for r in ref["requests"]] == list(range(8))
+    assert all(r["frames"] == FRAMES for r in ref["requests"])  # no stop id within 4 steps
+    ref_audio = {r["text"]: r["audio_s"] for r in ref["requests"]}
+    for c in (1, 4, 8):
+        burst = rnd["ours"][str(c)]
+        assert len(burst["requests"]) == c
+        for req in burst["requests"]:  # the same greedy tokens give the same audio length
+            assert req["frames"] == FRAMES
+            assert req["audio_s"] == pytest.approx(ref_audio[req["text"]]) and req["audio_s"] > 0
+            assert 0 < req["ttfa_s"] <= req["total_s"]
+        assert burst["exec"]["t3"]["ar_token"]["calls"] >= FRAMES - 1
+        assert set(burst["split_s"]) == {"t3", "s3gen", "hift"}
+        assert all(_positive(v) for v in burst["split_s"].values())
+    assert set(ref["split_s"]) == {"t3", "s3gen", "hift"}
+    assert all(_positive(v) for v in ref["split_s"].values())
+    # greedy T3 tokens of TEXTS[0] (CFG 0.5): omnistep's equal upstream T3.inference's
+    assert raw["work_check"] == {"steps": [FRAMES, FRAMES], "leading_steps_equal": FRAMES}
+    assert raw["reference"]["torch_threads"] == 1 and raw["reference"]["dtype"] == "torch.float32"
+
+
+def test_chatterbox_published_sizes_at_reduced_depth():
+    from omnistep.models.chatterbox.t3 import T3Config
+
+    sizes = bench.FAMILIES["chatterbox"].sizes(quick=False, layers=3)
+    assert sizes["t3"] == {"num_hidden_layers": 3, "intermediate_size": 4096}
+    t3 = T3Config(**sizes["t3"])  # upstream Llama_520M: width 1024, 16 heads of 64
+    assert (t3.hidden_size, t3.head_dim, t3.num_hidden_layers) == (1024, 64, 3)
+    z = sizes["s3gen"]  # S3Token2Wav's arguments
+    assert (z["linear_units"], z["num_blocks"]) == (2048, 6)
+    assert (z["channels"], z["n_blocks"], z["num_mid_blocks"], z["num_heads"]) == (256, 4, 12, 8)
+    assert (z["base_channels"], z["f0_channels"]) == (512, 512)
+    assert bench.FAMILIES["chatterbox"].sizes(quick=True, layers=3)["s3gen"] == {}
+
+
+def test_chatterbox_reference_session_reports_errors_and_answers_again():
+    from tests.chatterbox_ref.bench_ref import Session as ChatterboxSession
+
+    with ChatterboxSession() as ref:
+        with pytest.raises(RuntimeError, match="KeyError"):  # nothing loaded yet
+            ref.call("bench_generate", text_ids=[1], max_new_tokens=1, cfg_weight=0.5,
+                     exaggeration=0.5, seed=0)  # fmt: skip
+        assert ref.proc.poll() is None
+    assert ref.proc.returncode == 0
 
 
 def test_work_check_counts_the_leading_equal_steps():

@@ -87,6 +87,17 @@ def test_cosine_schedule_values():
         cosine_time_points(0, torch.float32, "cpu")
 
 
+def test_estimator_sizes_read_back_from_the_tensors():
+    """Every size (blocks per stage included: the published estimator has 4) is read back from
+    a state dict under the published prefix."""
+    from omnistep.models.chatterbox.s3gen_estimator import EstimatorConfig, S3GenEstimator
+
+    config = EstimatorConfig(channels=64, num_heads=2, num_blocks=3, num_mid_blocks=2)
+    prefix = "flow.decoder.estimator."
+    state = {prefix + k: v for k, v in S3GenEstimator(config).state_dict().items()}
+    assert EstimatorConfig.from_state_dict(state, prefix) == config
+
+
 def test_prepare_rejects_bad_input(flow):
     inputs = _inputs()
     with pytest.raises(ValueError, match="speech tokens"):

@@ -25,9 +25,25 @@ from tests.chatterbox_ref.env import bare_package
 
 HIFT_BASE = 64
 F0_CHANNELS = 32
+TINY_SIZES = {
+    "linear_units": 64,
+    "num_blocks": 1,
+    "channels": 64,
+    "n_blocks": 1,
+    "num_mid_blocks": 2,
+    "num_heads": 2,
+    "base_channels": HIFT_BASE,
+    "f0_channels": F0_CHANNELS,
+}
+"""The tiny sizes: encoder FF and blocks, estimator channels / blocks / mid blocks / heads,
+HiFT base channels and F0 predictor width (upstream's published values: 2048, 6, 256, 4, 12,
+8, 512, 512)."""
 
 
-def _modules():
+def _modules(sizes: dict | None = None):
+    """Upstream's flow and HiFT with ``S3Token2Wav``'s arguments; ``sizes`` (keys of
+    ``TINY_SIZES``) replaces the tiny sizes (``bench_ref`` passes the published ones)."""
+    z = TINY_SIZES | (sizes or {})
     bare_package("chatterbox.models", "models")
     bare_package("chatterbox.models.s3gen", "models/s3gen")
     from chatterbox.models.s3gen.configs import CFM_PARAMS
@@ -41,8 +57,8 @@ def _modules():
     encoder = UpsampleConformerEncoder(
         output_size=512,
         attention_heads=8,
-        linear_units=64,
-        num_blocks=1,
+        linear_units=z["linear_units"],
+        num_blocks=z["num_blocks"],
         dropout_rate=0.1,
         positional_dropout_rate=0.1,
         attention_dropout_rate=0.1,
@@ -58,24 +74,24 @@ def _modules():
         in_channels=320,
         out_channels=80,
         causal=True,
-        channels=[64],
+        channels=[z["channels"]],
         dropout=0.0,
         attention_head_dim=64,
-        n_blocks=1,
-        num_mid_blocks=2,
-        num_heads=2,
+        n_blocks=z["n_blocks"],
+        num_mid_blocks=z["num_mid_blocks"],
+        num_heads=z["num_heads"],
         act_fn="gelu",
     )
     decoder = CausalConditionalCFM(spk_emb_dim=80, cfm_params=CFM_PARAMS, estimator=estimator)
     flow = CausalMaskedDiffWithXvec(encoder=encoder, decoder=decoder)
     hift = HiFTGenerator(
         sampling_rate=24000,
-        base_channels=HIFT_BASE,
+        base_channels=z["base_channels"],
         upsample_rates=[8, 5, 3],
         upsample_kernel_sizes=[16, 11, 7],
         source_resblock_kernel_sizes=[7, 7, 11],
         source_resblock_dilation_sizes=[[1, 3, 5], [1, 3, 5], [1, 3, 5]],
-        f0_predictor=ConvRNNF0Predictor(cond_channels=F0_CHANNELS),
+        f0_predictor=ConvRNNF0Predictor(cond_channels=z["f0_channels"]),
     )
     return flow.eval(), hift.eval()
 
@@ -96,10 +112,10 @@ def write_s3gen(root: str, seed: int = 0) -> None:
     save_file({k: v.contiguous() for k, v in state.items()}, Path(root) / "s3gen.safetensors")
 
 
-def _load(root: str):
+def _load(root: str, sizes: dict | None = None):
     from safetensors.torch import load_file
 
-    flow, hift = _modules()
+    flow, hift = _modules(sizes)
     state = load_file(Path(root) / "s3gen.safetensors")
     flow.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("flow.")})
     hift.load_state_dict({k[8:]: v for k, v in state.items() if k.startswith("mel2wav.")})

@@ -52,8 +52,8 @@ class EstimatorConfig:
         if any(k.startswith(prefix + "down_blocks.1.") for k in state):
             raise ValueError("S3Gen estimators with more than one channel level are not supported")
         conv = state[prefix + "down_blocks.0.0.block1.block.0.weight"]  # [channels, in, 3]
-        blocks = {
-            k.split(".")[len(prefix.split(".")) + 1]
+        blocks = {  # the j of down_blocks.0.1.j.*
+            k.split(".")[len(prefix.split(".")) + 2]
             for k in state
             if k.startswith(prefix + "down_blocks.0.1.")
         }

@@ -35,12 +35,12 @@ def _tokenizer(path: Path) -> None:
     tok.save(str(path))
 
 
-def _t3_state() -> dict[str, torch.Tensor]:
+def _t3_state(config=None) -> dict[str, torch.Tensor]:
     from omnistep.kv import KVCacheConfig
     from omnistep.models.chatterbox.t3 import ChatterboxT3, T3Config
 
     t3 = ChatterboxT3(
-        T3Config(num_hidden_layers=2, intermediate_size=256),
+        config or T3Config(num_hidden_layers=2, intermediate_size=256),
         KVCacheConfig(num_blocks=4, block_size=16),
     )
     state = {f"tfmr.{k}": v for k, v in t3.llama.state_dict().items()}
@@ -59,19 +59,20 @@ def _t3_state() -> dict[str, torch.Tensor]:
     return state
 
 
-def _s3gen_state() -> dict[str, torch.Tensor]:
+def _s3gen_state(flow_config=None, hift_config=None) -> dict[str, torch.Tensor]:
     from omnistep.models.chatterbox.hift import HiFT, HiFTConfig
     from omnistep.models.chatterbox.s3gen import FlowConfig, S3GenFlow
     from omnistep.models.chatterbox.s3gen_encoder import EncoderConfig
     from omnistep.models.chatterbox.s3gen_estimator import EstimatorConfig
 
     flow = S3GenFlow(
-        FlowConfig(
+        flow_config
+        or FlowConfig(
             encoder=EncoderConfig(ffn_dim=64, num_blocks=1),
             estimator=EstimatorConfig(channels=64, num_heads=2, num_blocks=1, num_mid_blocks=2),
         )
     )
-    hift = HiFT(HiFTConfig(base_channels=64, f0_channels=32))
+    hift = HiFT(hift_config or HiFTConfig(base_channels=64, f0_channels=32))
     with torch.no_grad():  # a voiced F0 (~150 Hz), so the harmonic source is exercised
         hift.f0_predictor.classifier.bias.fill_(150.0)
     state = {f"flow.{k}": v for k, v in flow.state_dict().items()}
@@ -88,8 +89,20 @@ def _ve_state() -> dict[str, torch.Tensor]:
     }
 
 
-def write_folder(folder: str | Path, variant: str | None = None, seed: int = 0) -> Path:
+def write_folder(
+    folder: str | Path,
+    variant: str | None = None,
+    seed: int = 0,
+    *,
+    t3_config=None,
+    flow_config=None,
+    hift_config=None,
+) -> Path:
     """Write the tiny folder under ``folder`` (created); returns it.
+
+    ``t3_config`` (``t3.T3Config``), ``flow_config`` (``s3gen.FlowConfig``) and ``hift_config``
+    (``hift.HiFTConfig``) replace the tiny sizes (``bench/families.py`` writes the published
+    widths at reduced depth this way); the voice encoder is always at its published size.
 
     Raises:
         ValueError: a ``variant`` (this family has one kind).
@@ -102,8 +115,8 @@ def write_folder(folder: str | Path, variant: str | None = None, seed: int = 0) 
     root.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     for name, state in (
-        ("t3_cfg.safetensors", _t3_state()),
-        ("s3gen.safetensors", _s3gen_state()),
+        ("t3_cfg.safetensors", _t3_state(t3_config)),
+        ("s3gen.safetensors", _s3gen_state(flow_config, hift_config)),
         ("ve.safetensors", _ve_state()),
     ):
         save_file({k: v.detach().contiguous() for k, v in state.items()}, root / name)
