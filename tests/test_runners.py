@@ -73,6 +73,28 @@ def test_chunk_vocoder_batch_invariant_and_channels_first():
         vocoder.execute(WorkUnitKind.DENOISE_STEP, units)
 
 
+def test_chunk_vocoder_runs_a_subclass_decode_without_autograd():
+    """``execute`` turns autograd off for the whole decode, also for a subclass that overrides
+    ``decode`` (the Qwen3 codec component, VoxCPM's AudioVAE): with it on, every chunk recorded
+    a graph through the decoder's parameters."""
+    seen: list[tuple[bool, bool]] = []
+
+    class Streams(ChunkVocoder):
+        def decode(self, payloads):
+            seen.append((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+            return [
+                self.decoder.decode_chunk(torch.stack(list(p.frames))[None], p.left, p.chunk)[0]
+                for p in payloads
+            ]
+
+    module = _Hop2()
+    out = Streams(module, "streams").execute(
+        WorkUnitKind.AUDIO_CHUNK, [_unit([[1.0, 2.0], [3.0, 4.0]], 0, 2)]
+    )
+    assert seen == [(True, False)]
+    assert out[0].tolist() == [3.0, -3.0, 7.0, -7.0]
+
+
 def test_rk4_38_step_integrates_a_linear_flow_to_fourth_order():
     # dy/dt = a y: one 3/8-rule step gives y0 (1 + z + z^2/2 + z^3/6 + z^4/24), z = a h
     a, h = -0.7, 0.3
