@@ -194,6 +194,8 @@ _FIELD_NAMES = frozenset(
         "url",
         "data",
         "detail",
+        "use_audio_in_video",
+        "mm_processor_kwargs",
         "max_tokens",
         "max_completion_tokens",
         "n",
