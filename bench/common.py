@@ -158,3 +158,46 @@ def target_row(name: str, value: float | None, op: str, target: float, paired: l
         "met": bool(met),
         "paired": [None if p is None else round(p, 4) for p in paired],
     }
+
+
+SENTENCES = (
+    "Please leave the package by the blue door on the left side of the house.",
+    "The morning train to the city was late again because of the heavy snow.",
+    "She opened the window and listened to the birds singing in the old garden.",
+    "We will meet at the corner cafe at noon and walk to the museum together.",
+    "His brother fixed the bicycle with a few simple tools and a lot of patience.",
+    "The library closes early on Fridays, so return your books before four o'clock.",
+    "A small boat drifted slowly across the lake while the sun went down behind the hills.",
+    "Remember to water the plants and feed the cat while I am away this weekend.",
+)
+"""Eight English sentences of 14-16 words: the texts of the family benches (request ``i``
+speaks ``SENTENCES[i % 8]``; ``bench/qwen3_tts.py``, ``bench/families.py``)."""
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``xs`` (``omnistep.bench.client.percentile``: linear
+    interpolation, numpy's default), NaN for none rather than None."""
+    from omnistep.bench.client import percentile as client_percentile
+
+    value = client_percentile(xs, q)
+    return math.nan if value is None else value
+
+
+def parse_levels(text: str) -> list[int]:
+    """``--concurrency``: ``omnistep.bench.client.parse_levels`` (sorted, unique, each >= 1),
+    needing at least two levels, since the benches compare one level against another.
+
+    Raises:
+        argparse.ArgumentTypeError: not a comma list of >= 2 positive integers.
+    """
+    import argparse
+
+    from omnistep.bench.client import parse_levels as client_parse_levels
+
+    try:
+        levels = client_parse_levels(text)
+    except ValueError:
+        levels = []
+    if len(levels) < 2:
+        raise argparse.ArgumentTypeError("--concurrency needs >= 2 levels >= 1, e.g. 1,4,8")
+    return levels

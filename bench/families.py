@@ -125,7 +125,15 @@ from omnistep.core import ExecutionProfile, Modality, ModelInstance, Request, Sa
 from omnistep.engine import AsyncEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ExecTimer, load_avg, median, target_row  # noqa: E402
+from common import (  # noqa: E402
+    SENTENCES,
+    ExecTimer,
+    load_avg,
+    median,
+    parse_levels,
+    percentile,
+    target_row,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the references live in tests/
@@ -137,21 +145,7 @@ SEED = 0
 WARM_FRAMES = 4
 """Audio frames of the unmeasured warm-up bursts."""
 TARGETS = {"ttfa_c1": 0.25, "audio_per_s": 4.0, "ttfa_p99_cliff": 1.5}
-TEXTS = (
-    "Please leave the package by the blue door on the left side of the house.",
-    "The morning train to the city was late again because of the heavy snow.",
-    "She opened the window and listened to the birds singing in the old garden.",
-    "We will meet at the corner cafe at noon and walk to the museum together.",
-    "His brother fixed the bicycle with a few simple tools and a lot of patience.",
-    "The library closes early on Fridays, so return your books before four o'clock.",
-    "A small boat drifted slowly across the lake while the sun went down behind the hills.",
-    "Remember to water the plants and feed the cat while I am away this weekend.",
-)
-"""Request ``i`` speaks ``TEXTS[i % 8]``."""
-
-
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
+TEXTS = SENTENCES
 
 
 # ----------------------------------------------------------------------------- families
@@ -604,8 +598,8 @@ class Ours:
             "audio_s": audio,
             "audio_s_per_s": audio / wall,
             "rtf": wall / audio if audio else float("nan"),
-            "ttfa_p50_s": _pct(ttfa, 50),
-            "ttfa_p99_s": _pct(ttfa, 99),
+            "ttfa_p50_s": percentile(ttfa, 50),
+            "ttfa_p99_s": percentile(ttfa, 99),
             "total_p50_s": median([p["total_s"] for p in per]),
             "cpu_s": cpu,
             "cpu_s_per_audio_s": cpu / audio if audio else float("nan"),
@@ -748,8 +742,8 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
             {
                 "side": "omnistep",
                 "C": c,
-                "ttfa_p50_s": _pct(ttfa, 50),
-                "ttfa_p99_s": _pct(ttfa, 99),
+                "ttfa_p50_s": percentile(ttfa, 50),
+                "ttfa_p99_s": percentile(ttfa, 99),
                 "total_p50_s": median([r["total_p50_s"] for r in runs]),
                 "wall_s": median([r["wall_s"] for r in runs]),
                 "frames": runs[0]["frames"],
@@ -869,16 +863,6 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, float) and x != x:
         return None
     return x
-
-
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        levels = []
-    if len(levels) < 2 or levels[0] < 1:
-        raise argparse.ArgumentTypeError("--concurrency needs >= 2 levels >= 1, e.g. 1,4,8")
-    return levels
 
 
 def parse_families(text: str) -> list[str]:

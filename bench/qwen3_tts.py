@@ -114,7 +114,15 @@ from omnistep.engine import AsyncEngine
 from omnistep.models.qwen3_tts.card import Qwen3TTSOptions, build_card
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ExecTimer, load_avg, median, union_seconds  # noqa: E402
+from common import (  # noqa: E402
+    SENTENCES,
+    ExecTimer,
+    load_avg,
+    median,
+    parse_levels,
+    percentile,
+    union_seconds,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the checkpoint writer and the reference live in tests/
@@ -131,21 +139,7 @@ SEED = 0
 DEPTHS = {"bench": (8, 2, 8), "full": (28, 5, 8)}
 """``--depth`` -> (talker layers, code predictor layers, codec decoder transformer layers)."""
 TARGETS = {"ttfa_c1": 0.25, "frames_per_s": 4.0, "ttfa_p99_cliff": 1.5}
-TEXTS = (
-    "Please leave the package by the blue door on the left side of the house.",
-    "The morning train to the city was late again because of the heavy snow.",
-    "She opened the window and listened to the birds singing in the old garden.",
-    "We will meet at the corner cafe at noon and walk to the museum together.",
-    "His brother fixed the bicycle with a few simple tools and a lot of patience.",
-    "The library closes early on Fridays, so return your books before four o'clock.",
-    "A small boat drifted slowly across the lake while the sun went down behind the hills.",
-    "Remember to water the plants and feed the cat while I am away this weekend.",
-)
-"""The requests' texts (request i speaks ``TEXTS[i % 8]``); 14-16 words each."""
-
-
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
+TEXTS = SENTENCES
 
 
 # ----------------------------------------------------------------------------- checkpoint
@@ -332,8 +326,8 @@ class Ours:
             "audio_s": audio,
             "frames_per_s": frames / wall,
             "rtf": wall / audio if audio else float("nan"),
-            "ttfa_p50_s": _pct(ttfa, 50),
-            "ttfa_p99_s": _pct(ttfa, 99),
+            "ttfa_p50_s": percentile(ttfa, 50),
+            "ttfa_p99_s": percentile(ttfa, 99),
             "ttfa_max_s": max(ttfa, default=float("nan")),
             "total_p50_s": median([p["total_s"] for p in per]),
             "cpu_s": cpu,
@@ -524,8 +518,8 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
                 "side": "omnistep",
                 "C": c,
                 "rounds": len(runs),
-                "ttfa_p50_s": _pct(ttfa, 50),
-                "ttfa_p99_s": _pct(ttfa, 99),
+                "ttfa_p50_s": percentile(ttfa, 50),
+                "ttfa_p99_s": percentile(ttfa, 99),
                 "total_p50_s": median([r["total_p50_s"] for r in runs]),
                 "wall_s": median([r["wall_s"] for r in runs]),
                 "frames": runs[0]["frames"],
@@ -662,16 +656,6 @@ def parse_layers(text: str) -> tuple[int, int, int]:
     if len(layers) != 3 or min(layers) < 1:
         raise argparse.ArgumentTypeError("--layers needs three positive ints: TALKER,PRED,CODEC")
     return layers  # type: ignore[return-value]
-
-
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        levels = []
-    if len(levels) < 2 or levels[0] < 1:
-        raise argparse.ArgumentTypeError("--concurrency needs >= 2 levels >= 1, e.g. 1,4,8")
-    return levels
 
 
 def main(argv: list[str] | None = None) -> int:
