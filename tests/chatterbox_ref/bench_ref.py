@@ -2,9 +2,8 @@
 ``bench/families.py``: loaded once, then timed text -> waveform calls.
 
 ``Session`` starts the venv's python with the ``.ref/chatterbox`` overlay first on its path and
-``chatterbox`` registered as a bare package (``env.bypass_package_init``), as ``env.call_reference``
-does, but keeps the process for many calls (``tests.higgs_ref.reference.Session``'s protocol:
-pickled calls on stdin, pickled replies on a duplicate of stdout).
+``chatterbox`` registered as a bare package, as ``env.call_reference`` does, but keeps the
+process for many calls (``tests.ref_overlay.ReferenceSession``).
 
 - ``bench_load(root, threads, t3_sizes, s3gen_sizes)``: upstream ``T3`` (the ``Llama_520M``
   config with ``t3_sizes``' layers and MLP width) and upstream's flow + HiFT
@@ -21,13 +20,10 @@ pickled calls on stdin, pickled replies on a duplicate of stdout).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
-from tests.chatterbox_ref.env import REF_DIR, REPO
-from tests.higgs_ref.reference import Session as _HiggsSession
+from tests.chatterbox_ref.env import OVERLAY
+from tests.ref_overlay import ReferenceSession
 
 _LOADED: dict[str, Any] = {}
 BENCH_CONFIG = "omnistep_bench"
@@ -153,39 +149,13 @@ def bench_generate(
     }
 
 
-_SERVE = (
-    "import os, pickle, sys; from tests.chatterbox_ref.env import bypass_package_init; "
-    "bypass_package_init(); from tests.chatterbox_ref import bench_ref as r; "
-    "out = os.fdopen(os.dup(1), 'wb'); os.dup2(2, 1); sys.stdout = sys.stderr\n"
-    "while True:\n"
-    "    try: f, kw = pickle.load(sys.stdin.buffer)\n"
-    "    except EOFError: break\n"
-    "    try: reply = ('ok', getattr(r, f)(**kw))\n"
-    "    except Exception:\n"
-    "        import traceback; reply = ('error', traceback.format_exc())\n"
-    "    pickle.dump(reply, out); out.flush()\n"
-)
-
-
-class Session(_HiggsSession):
+class Session(ReferenceSession):
     """One long-lived reference subprocess running this module's functions (``call``), with
-    the overlay on its path; tqdm's progress bars (``T3.inference``) off.
+    the overlay on its path (``tests.ref_overlay.ReferenceSession`` of ``env.OVERLAY``).
 
     Raises (constructor):
         FileNotFoundError: the overlay is not installed (``make install-test``).
     """
 
     def __init__(self) -> None:
-        if not (REF_DIR / "chatterbox").is_dir():
-            raise FileNotFoundError(f"{REF_DIR} has no chatterbox: run `make install-test` first")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REF_DIR), str(REPO)])
-        env["TQDM_DISABLE"] = "1"
-        env["PYTHONWARNINGS"] = "ignore::FutureWarning"  # diffusers' and transformers' notices
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVE],
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
+        super().__init__(OVERLAY, module="tests.chatterbox_ref.bench_ref")

@@ -23,14 +23,14 @@ the model and audio tokenizer once into module globals, ``bench_generate`` times
 
 from __future__ import annotations
 
-import pickle
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.ref_overlay import REPO, Overlay, ReferenceRunError, ReferenceSession
+
+__all__ = ["REPO", "VENV", "ReferenceRunError", "Session", "call"]
 
 
 def _stub_torchaudio() -> None:
@@ -190,88 +190,28 @@ def bench_generate(ids: list[int], audio: list[list[int]], max_new_tokens: int) 
     }
 
 
-_SERVE = (
-    "import os, pickle, sys; from tests.higgs_ref import reference as r; "
-    "out = os.fdopen(os.dup(1), 'wb'); os.dup2(2, 1); sys.stdout = sys.stderr\n"
-    "while True:\n"
-    "    try: f, kw = pickle.load(sys.stdin.buffer)\n"
-    "    except EOFError: break\n"
-    "    try: reply = ('ok', getattr(r, f)(**kw))\n"
-    "    except Exception:\n"
-    "        import traceback; reply = ('error', traceback.format_exc())\n"
-    "    pickle.dump(reply, out); out.flush()\n"
-)
+VENV = Overlay(folder=None, package=None, env_module="tests.higgs_ref.reference")
+"""transformers' Higgs Audio v2 runs on the venv itself, in its own process (no overlay)."""
 
 
-class Session:
-    """One long-lived subprocess running this module's functions (``call`` starts one per
-    call): what a function keeps in module globals stays between calls. Replies come back
-    pickled on a duplicate of the subprocess's stdout (its prints go to stderr, which is
-    inherited). Use as a context manager or ``close`` it.
+class Session(ReferenceSession):
+    """One long-lived subprocess running this module's functions (``call("bench_load", ...)``;
+    ``tests.ref_overlay.ReferenceSession``): what a function keeps in module globals stays
+    between calls. Use as a context manager or ``close`` it.
     """
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVE], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def call(self, function: str, **kwargs: Any) -> Any:
-        """Run ``function`` of this module with ``kwargs`` in the session's subprocess.
-
-        Raises:
-            RuntimeError: the function raised (its traceback) or the subprocess died.
-        """
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            pickle.dump((function, kwargs), self.proc.stdin)
-            self.proc.stdin.flush()
-            status, value = pickle.load(self.proc.stdout)
-        except (BrokenPipeError, EOFError) as exc:
-            raise RuntimeError(f"{function}: the reference subprocess died") from exc
-        if status != "ok":
-            raise RuntimeError(f"{function} failed:\n{value}")
-        return value
-
-    def close(self) -> None:
-        """End the subprocess (EOF on its stdin; killed after 30 s)."""
-        if self.proc.poll() is None:
-            try:
-                assert self.proc.stdin is not None
-                self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(VENV, module="tests.higgs_ref.reference")
 
 
 def call(function: str, **kwargs: Any) -> Any:
     """Run ``function`` of this module with ``kwargs`` in a fresh subprocess.
 
     Raises:
-        RuntimeError: the subprocess failed (its stderr tail in the message).
+        ReferenceRunError: the subprocess failed (its stderr tail in the message).
     """
-    code = (
-        "import pickle, sys; from tests.higgs_ref import reference as r; "
-        "f, kw = pickle.load(sys.stdin.buffer); "
-        "sys.stdout.buffer.write(pickle.dumps(getattr(r, f)(**kw)))"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        input=pickle.dumps((function, kwargs)),
-        capture_output=True,
-        cwd=REPO,
-        timeout=600,
-    )
-    if proc.returncode:
-        raise RuntimeError(proc.stderr.decode(errors="replace")[-3000:])
-    return pickle.loads(proc.stdout)
+    return VENV.call(f"tests.higgs_ref.reference:{function}", **kwargs)
+
+
+if __name__ == "__main__":
+    VENV.serve_main(sys.argv[1:])
