@@ -77,6 +77,8 @@ def _request(
 
 
 async def _answer(engine: AsyncEngine, request: Request):
+    """(text, generated ids, audio, input tokens) of one request; ``LAST_USAGE`` keeps its
+    usage."""
     stream = engine.add_request(request)
     text, audio = [], []
     async for chunk in stream:
@@ -85,7 +87,12 @@ async def _answer(engine: AsyncEngine, request: Request):
         elif chunk.audio is not None:
             audio.append(chunk.audio)
     samples = np.concatenate(audio) if audio else np.zeros(0, np.float32)
+    LAST_USAGE.clear()
+    LAST_USAGE.update(stream.usage)
     return "".join(text), stream.text_ids, samples, stream.usage["input_tokens"]
+
+
+LAST_USAGE: dict[str, int] = {}
 
 
 def test_splice_replies_puts_ids_after_each_assistant_head():
@@ -104,6 +111,7 @@ async def test_second_turn_prefills_only_new_rows_and_answers_as_a_fresh_history
         rows0 = thinker.num_prefill_rows
         text1, ids1, audio1, n1 = await _answer(engine, _request(first, "session-a"))
         assert thinker.num_prefill_rows - rows0 == n1  # nothing cached yet: the whole prompt
+        assert LAST_USAGE.get("cached_tokens", 0) == 0
         assert ids1 and audio1.size
         # the cached sequence: the prompt and every fed reply id (the last sampled is not fed
         # when the cap stopped it)
@@ -116,6 +124,7 @@ async def test_second_turn_prefills_only_new_rows_and_answers_as_a_fresh_history
         computed = thinker.num_prefill_rows - rows0
         cached = thinker.num_cached_rows - cached0
         assert cached == fed // BLOCK * BLOCK and computed == n2 - cached
+        assert LAST_USAGE["cached_tokens"] == cached  # the request's usage says so
         assert computed < n2 - n1 + BLOCK  # the new turn and a partly filled block
         # a fresh session (another salt) on the same history computes all of it ...
         rows0 = thinker.num_prefill_rows
@@ -221,7 +230,7 @@ async def test_realtime_session_turn_two_reuses_turn_one_through_the_sdk(model, 
     while not uv.started:
         await asyncio.sleep(0.02)
     client = openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
-    rows, cached = [], []
+    rows, cached, reported = [], [], []
     try:
         async with client.realtime.connect(model="qwen2.5-omni") as conn:
             session = {"type": "realtime", "output_modalities": ["text"]}
@@ -239,6 +248,8 @@ async def test_realtime_session_turn_two_reuses_turn_one_through_the_sdk(model, 
                     async for event in conn:
                         assert event.type != "error", event
                         if event.type == "response.done":
+                            details = event.response.usage.input_token_details
+                            reported.append(details.cached_tokens)
                             break
                 rows.append(thinker.num_prefill_rows - before[0])
                 cached.append(thinker.num_cached_rows - before[1])
@@ -250,4 +261,5 @@ async def test_realtime_session_turn_two_reuses_turn_one_through_the_sdk(model, 
     assert first.cache_salt == second.cache_salt and first.cache_salt.startswith("sess")
     (reply,) = [m for m in second.messages if m.role == "assistant"]
     assert reply.token_ids and cached[0] == 0 and cached[1] >= BLOCK
+    assert reported == cached  # response.done's usage.input_token_details.cached_tokens
     assert rows[1] < rows[0] + BLOCK  # only the new turn (and a partly filled block) computed

@@ -73,7 +73,9 @@ class ProgramContext:
         trajectories: ROLLOUT records of finished loops, by program node name.
         rollout_info: ROLLOUT replay information of finished loops (``LoopResult.info``), by
             program node name.
-        usage: token counts the card reports (``input_tokens``, ``output_tokens``).
+        usage: token counts the card reports (``input_tokens``, ``output_tokens``), and
+            ``cached_tokens``: prompt rows its AR loops took from the prefix cache (set by the
+            engine when a loop finishes; absent when none).
     """
 
     request: Request

@@ -667,6 +667,9 @@ class AsyncEngine:
             run.ctx.trajectories[live.node.name] = result.trajectory
         if result.info is not None:
             run.ctx.rollout_info[live.node.name] = result.info
+        cached = int(result.metrics.get("cached_tokens", 0))
+        if cached:  # prompt rows its AR loops found in the prefix cache
+            run.ctx.usage["cached_tokens"] = run.ctx.usage.get("cached_tokens", 0) + cached
         run.done.add(live.node.name)
         self._repoll(run)
         self._advance_program(run)

@@ -125,6 +125,8 @@ class ARStepOutput:
         policy_logprobs: log-probs of those ids under ``log_softmax(logits / temperature)``,
             when the unit was recorded (``record``); else empty.
         weight_version: the version of the weights the step ran under.
+        cached_rows: PREFILL only: prompt rows taken from the prefix cache rather than computed
+            (``Request.cache_salt``), reported as the request's ``cached_tokens``.
     """
 
     tokens: Frame = ()
@@ -133,6 +135,7 @@ class ARStepOutput:
     preempted: bool = False
     policy_logprobs: tuple[float, ...] = ()
     weight_version: int = 0
+    cached_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,7 @@ class ARDecodeState(LoopState):
     share_group: str | None = None
     seed: int = 0
     cache_salt: str | None = None
+    cached_rows: int = 0
 
 
 class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
@@ -278,6 +282,7 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
             return state
         state.needs_prefill = False
         state.step += 1
+        state.cached_rows += out.cached_rows
         if state.profile is ExecutionProfile.ROLLOUT:
             record = ActionRecord(
                 tuple(out.tokens), out.logprobs, out.policy_logprobs, out.weight_version
@@ -316,7 +321,11 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
         state.text_emitted = len(text)
 
     def finalize(self, state: ARDecodeState) -> LoopResult:
-        metrics = {"tokens": float(len(state.frames)), "preemptions": float(state.num_preemptions)}
+        metrics = {
+            "tokens": float(len(state.frames)),
+            "preemptions": float(state.num_preemptions),
+            "cached_tokens": float(state.cached_rows),
+        }
         if state.profile is not ExecutionProfile.ROLLOUT:
             return LoopResult(list(state.frames), metrics)
         info = {

@@ -112,7 +112,7 @@ import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -161,12 +161,13 @@ class _Entry:
     """An admitted prefill: the rows to compute (those past its kept prefix or cached
     prefix), or None for a group member that forks its group's prompt (``key``);
     ``cached_stream``: the streamed rows ``[n, ...]`` of a cached prefix, streamed before the
-    computed rows'."""
+    computed rows'; ``num_cached``: the rows taken from the prefix cache."""
 
     unit: ARPrefillInput
     rows: torch.Tensor | None
     key: Hashable | None
     cached_stream: torch.Tensor | None = None
+    num_cached: int = 0
 
 
 @dataclass
@@ -933,6 +934,9 @@ class PagedARModel:
             streams = [rows_out[i][1] for i in done]
             outputs = self._sample(hidden, [units[i] for i in done], streams)
             for i, out in zip(done, outputs, strict=True):
+                entry = batch.entries.get(units[i].seq_id)
+                if entry is not None and entry.num_cached:
+                    out = replace(out, cached_rows=entry.num_cached)
                 results[i] = out
         return results
 
@@ -1095,7 +1099,7 @@ class PagedARModel:
             cached_stream = torch.cat([self._cached_streams[h] for h in hashes[: len(matched)]])
         streams = [] if fresh_stream else None
         self._salted[seq_id] = _SaltedRows(salt, digests, streams)
-        batch.entries[seq_id] = _Entry(unit, rows[num_cached:], None, cached_stream)
+        batch.entries[seq_id] = _Entry(unit, rows[num_cached:], None, cached_stream, num_cached)
         self.num_cached_rows += num_cached
         return True
 

@@ -203,6 +203,7 @@ class _Reply:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.stream.usage.get("cached_tokens", 0)},
         }
 
     def finish_reason(self) -> str:

@@ -771,7 +771,7 @@ class RealtimeSession:
                 "total_tokens": usage["input_tokens"] + usage["output_tokens"],
                 "input_tokens": usage["input_tokens"],
                 "output_tokens": usage["output_tokens"],
-                "input_token_details": {"cached_tokens": 0},
+                "input_token_details": {"cached_tokens": usage.get("cached_tokens", 0)},
             }
         return body
 
