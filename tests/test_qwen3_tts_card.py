@@ -351,7 +351,7 @@ async def test_a_burst_that_outgrows_the_kv_pool_finishes_with_its_codes(
     assert talker.blocks.num_blocks == 13
     engine = AsyncEngine([model], EngineConfig(scheduling=policy))
     try:
-        # a hang guard, not a timing: the burst takes a few seconds alone, minutes on a loaded 2-core box
+        # a hang guard, not a timing: a few seconds alone, minutes on a loaded 2-core box
         tight = await asyncio.wait_for(asyncio.gather(*(_run(engine, **f) for f in fields)), 600)
         assert engine.stats()["kv_blocks_used"] == 0
     finally:
