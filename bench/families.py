@@ -44,8 +44,7 @@ are recorded and used). Both sides float32, ``--threads`` torch intra-op threads
   ``batch_decode``, timed inside the subprocess. It returns audio only at the end, so its time
   to first audio is its whole call. Eight texts one after another (sequential).
 
-Order (as ``bench/qwen3_tts.py``): warm-ups (reference: ``TEXTS[0]`` at 9 steps, Chatterbox's
-at ``--frames``; omnistep:
+Order (as ``bench/qwen3_tts.py``): warm-ups (reference: ``TEXTS[0]`` at ``--frames``; omnistep:
 ``TEXTS[0]`` under ``ExecutionProfile.ROLLOUT``, whose greedy codes are the work check, then a
 burst of 2 at 4 frames); then ``--rounds`` rounds (default 1) of: reference sequential over
 the 8 texts, an unmeasured omnistep burst of 2 at 4 frames, omnistep at every level of
@@ -161,8 +160,11 @@ class Family:
     default_layers = 2
     default_frames = 50
     quick_frames = 4
-    warm_reference_frames: int | None = 1
-    """Audio frames of the reference's warm-up call (None: the run's ``--frames``)."""
+    warm_reference_frames: int | None = None
+    """Audio frames of the reference's warm-up call (None: the run's ``--frames``, the
+    default: after a 4-token warm-up, upstream Chatterbox's first 50-token call took 14.5 s
+    against 3.1-4.3 s for the next seven on a quiet box, so every family's reference warms up
+    at the measured length; omnistep's warm-up is the work-check request at ``--frames``)."""
     components = ("lm", "codec")
     """Components whose ``execute`` is timed, in the order of the printed split."""
 
@@ -343,10 +345,6 @@ class ChatterboxFamily(Family):
     name = "chatterbox"
     card_id = "chatterbox"
     components = ("t3", "s3gen", "hift")
-    warm_reference_frames = None
-    """A whole-length warm-up (omnistep's is the work-check request at ``--frames``): after a
-    4-token warm-up, upstream's first 50-token call took 14.5 s against 3.1-4.3 s for the
-    next seven on a quiet box (HiFT's F0 predictor needs >= 3 mel frames anyway)."""
     cfg_weight = 0.5
     exaggeration = 0.5
 
