@@ -234,3 +234,35 @@ def clone_case(
     with torch.inference_mode():
         wav = upstream_s3gen._token2wav(flow, hift, gen, speech, flow_seed, hift_seed)
     return {"conds": conds, "tokens": t3["tokens"], "wav": wav}
+
+
+def case(
+    root: str,
+    wav_path: str,
+    wav16: np.ndarray,
+    wav24: np.ndarray,
+    text: str,
+    max_new_tokens: int,
+    flow_seed: int,
+    hift_seed: int,
+) -> dict:
+    """One subprocess for a test module: the tiny folder (``upstream_s3gen.write_folder``, then
+    ``write_encoders``), ``features`` of ``wav16`` / ``wav24``, ``encoders`` on those
+    features, and ``clone_case`` of the clip at ``wav_path`` speaking ``text`` (already
+    ``punc_norm``-ed; encoded as ``EnTokenizer.encode`` does: spaces as ``[SPACE]``, then
+    ``tokenizer.json``). Returns ``{"features", "encoders", "clone"}``."""
+    from tokenizers import Tokenizer
+
+    from tests.chatterbox_ref.upstream_s3gen import write_folder
+
+    write_folder(root)
+    write_encoders(root)
+    feats = features(wav16, wav24)
+    models = encoders(root, feats["log_mel"], feats["fbank"])
+    ids = (
+        Tokenizer.from_file(str(Path(root) / "tokenizer.json"))
+        .encode(text.replace(" ", "[SPACE]"))
+        .ids
+    )
+    clone = clone_case(root, wav_path, ids, max_new_tokens, flow_seed, hift_seed)
+    return {"features": feats, "encoders": models, "clone": clone}
