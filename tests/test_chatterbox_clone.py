@@ -167,43 +167,41 @@ def _speech(**fields) -> dict:
     return {**body, "max_new_tokens": 4, **fields}
 
 
-async def test_saved_voice_equals_the_inline_clip(client):
-    clip = _wav_bytes(_clip(), CLIP_RATE)
-    inline = await client.post(
-        SPEECH, json=_speech(ref_audio=base64.b64encode(clip).decode(), ref_text="a clip")
-    )
-    assert inline.status_code == 200, inline.text
+def _inline(clip: bytes) -> dict:
+    return _speech(ref_audio=base64.b64encode(clip).decode(), ref_text="a clip")
+
+
+async def _save(client, name: str, clip: bytes) -> httpx.Response:
     files = {"audio_sample": ("a.wav", clip, "audio/wav")}
-    form = {"name": "alice", "model": "chatterbox", "consent": "c", "transcript": "a clip"}
-    saved = await client.post("/v1/audio/voices", data=form, files=files)
+    form = {"name": name, "model": "chatterbox", "consent": "c", "transcript": "a clip"}
+    return await client.post("/v1/audio/voices", data=form, files=files)
+
+
+BAD_CLIPS = [
+    (b"not audio at all" * 8, "invalid_audio"),
+    (_wav_bytes(_clip()[: CLIP_RATE // 5], CLIP_RATE), "audio_too_short"),
+    (_wav_bytes(np.zeros(CLIP_RATE, dtype=np.float32), CLIP_RATE), "invalid_audio"),
+]
+"""Clips refused by both routes: not audio, 0.2 s, silent."""
+
+
+async def test_saved_voice_equals_the_inline_clip_and_bad_clips_are_400s(client):
+    clip = _wav_bytes(_clip(), CLIP_RATE)
+    inline = await client.post(SPEECH, json=_inline(clip))
+    assert inline.status_code == 200, inline.text
+    saved = await _save(client, "alice", clip)
     assert saved.status_code == 201, saved.text
     by_name = await client.post(SPEECH, json=_speech(voice="alice"))
     assert by_name.status_code == 200 and by_name.content == inline.content
     default = await client.post(SPEECH, json=_speech())
     assert default.status_code == 200 and default.content != inline.content
-
-
-@pytest.mark.parametrize(
-    ("clip", "code"),
-    [
-        (b"", "empty_file"),
-        (b"not audio at all" * 8, "invalid_audio"),
-        (_wav_bytes(_clip()[: CLIP_RATE // 5], CLIP_RATE), "audio_too_short"),
-        (_wav_bytes(np.zeros(CLIP_RATE, dtype=np.float32), CLIP_RATE), "invalid_audio"),
-    ],
-)
-async def test_bad_clips_are_400s(client, clip, code):
-    inline = await client.post(
-        SPEECH, json=_speech(ref_audio=base64.b64encode(clip).decode(), ref_text="a clip")
-    )
-    assert inline.status_code == 400, inline.text
-    assert inline.json()["error"]["code"] == code and inline.json()["error"]["param"] == "ref_audio"
-    files = {"audio_sample": ("a.wav", clip, "audio/wav")}
-    form = {"name": "bob", "model": "chatterbox", "consent": "c", "transcript": "a clip"}
-    saved = await client.post("/v1/audio/voices", data=form, files=files)
-    assert saved.status_code == 400 and saved.json()["error"]["code"] == code, saved.text
-
-
-async def test_a_damaged_spec_is_a_400(client):
-    r = await client.post(SPEECH, json=_speech(voice="chatterbox-voice:@@@"))
-    assert r.status_code == 400 and r.json()["error"]["param"] == "voice", r.text
+    for bad, code in BAD_CLIPS:
+        r = await client.post(SPEECH, json=_inline(bad))
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+        assert r.json()["error"]["param"] == "ref_audio"
+        r = await _save(client, "bob", bad)
+        assert r.status_code == 400 and r.json()["error"]["code"] == code, r.text
+    empty = await _save(client, "bob", b"")
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_file"
+    damaged = await client.post(SPEECH, json=_speech(voice="chatterbox-voice:@@@"))
+    assert damaged.status_code == 400 and damaged.json()["error"]["param"] == "voice"
