@@ -131,7 +131,6 @@ async def test_cloned_voice_speaks_as_upstream(case):
             "chatterbox", decoded.samples, decoded.sample_rate, "a clip"
         )
         got = await collect(engine, _request(spec))
-        default = await collect(engine, _request("default"))
     finally:
         await engine.shutdown()
     voice, ref = voice_from_spec(spec, 256), case["clone"]["conds"]
@@ -145,7 +144,6 @@ async def test_cloned_voice_speaks_as_upstream(case):
     want = case["clone"]["wav"]
     assert got.audio.shape == want.shape and np.abs(want).max() > 1e-3
     np.testing.assert_allclose(got.audio, want, atol=1e-4, rtol=0)
-    assert default.audio.shape != got.audio.shape or not np.allclose(default.audio, got.audio)
 
 
 @pytest.fixture
