@@ -171,8 +171,9 @@ def voice_from_spec(spec: str, speaker_dim: int, mel_dim: int = 80) -> Voice:
 
     Raises:
         InvalidRequestError: param ``voice``: not base64 of an ``.npz`` with the six fields,
-            or fields of the wrong shape (a speaker embedding not ``[speaker_dim]``, a prompt
-            mel not ``[2p or 2p + 1, mel_dim]``, token ids outside ``[0, 6561)``).
+            or fields of the wrong shape (a speaker embedding not ``[speaker_dim]``, an x-vector
+            not 1-D, a prompt mel not ``[2p or 2p + 1, mel_dim]``, token ids outside
+            ``[0, 6561)``).
     """
 
     def bad(why: str) -> InvalidRequestError:
@@ -187,6 +188,8 @@ def voice_from_spec(spec: str, speaker_dim: int, mel_dim: int = 80) -> Voice:
     tokens, gen_tokens, mel = arrays["prompt_tokens"], arrays["gen_tokens"], arrays["gen_mel"]
     if arrays["speaker"].shape != (speaker_dim,) or arrays["exaggeration"].shape != (1,):
         raise bad("speaker embedding or exaggeration of the wrong shape")
+    if arrays["gen_embedding"].ndim != 1 or arrays["gen_embedding"].size == 0:
+        raise bad("x-vector of the wrong shape")
     if (
         mel.ndim != 2
         or mel.shape[1] != mel_dim
