@@ -68,20 +68,25 @@ $(QWEN_TTS_REF_MARK): | $(BIN)/python
 # upstream_s3gen.py) import diffusers (the estimator's attention blocks), conformer, omegaconf
 # (a type in flow.py), scipy (HiFT's window) and librosa (the mel filters; its effects.trim, which
 # the voice encoder calls, imports scikit-learn): those go into the overlay too, --no-deps, with
-# librosa's imports as for qwen-tts. torchaudio (s3gen.py's
-# resampler, s3tokenizer) has no build for our torch: tests/chatterbox_ref/env.py imports the
-# submodules without the package __init__s that would import it. Bump the marker's number when
-# the list changes.
+# librosa's imports as for qwen-tts. The reference-clip front ends (tests/chatterbox_ref/
+# upstream_clone.py) need s3tokenizer (S3TokenizerV2, which upstream's S3Tokenizer subclasses;
+# its utils import onnx, from the venv) and torchaudio (s3gen.py's resampler, xvector.py's
+# Kaldi fbank): torchaudio's compiled libraries do not load beside our torch, so they are
+# deleted after the install and torchaudio imports without its extension; the parts upstream
+# calls (compliance.kaldi, transforms.Resample) are plain torch. tests/chatterbox_ref/env.py
+# imports the submodules without the package __init__s. Bump the marker's number when the
+# list changes.
 CHATTERBOX_REF := .ref/chatterbox
 CHATTERBOX_REF_PKGS := chatterbox-tts==0.1.7 diffusers==0.42.1 conformer==0.3.2 omegaconf==2.3.0 \
 	antlr4-python3-runtime==4.9.3 librosa==0.11.0 scipy==1.17.1 audioread==3.1.0 lazy_loader==0.6 \
 	decorator==5.3.1 joblib==1.6.0 pooch==1.9.0 platformdirs==4.14.9 scikit-learn==1.6.1 \
-	threadpoolctl==3.8.0 cloudpickle==3.1.2
-CHATTERBOX_REF_MARK := $(CHATTERBOX_REF)/.installed-2
+	threadpoolctl==3.8.0 cloudpickle==3.1.2 s3tokenizer==0.3.0 torchaudio==2.11.0
+CHATTERBOX_REF_MARK := $(CHATTERBOX_REF)/.installed-3
 
 $(CHATTERBOX_REF_MARK): | $(BIN)/python
 	rm -rf $(CHATTERBOX_REF)
 	$(BIN)/pip install -q --no-deps --target $(CHATTERBOX_REF) $(CHATTERBOX_REF_PKGS)
+	rm -f $(CHATTERBOX_REF)/torchaudio/lib/*.so
 	touch $@
 
 # The VoxCPM2 reference (voxcpm 2.0.3) declares gradio, funasr, modelscope, torchaudio,

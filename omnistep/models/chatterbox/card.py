@@ -10,17 +10,22 @@ the whole utterance once T3 has finished, ids >= 6561 dropped as upstream) -> ``
 (``AudioDecodeLoop`` on ``hift``: one chunk, the whole mel) -> ``usage``.
 
 Voices: the folder's ``conds.pt`` is the default voice; ``default`` and OpenAI's voice names
-speak it. Reference-clip cloning (the voice encoder, S3Gen's tokenizer and speaker encoder) is
-not built yet. Sampling defaults are ``ChatterboxTTS.generate``'s: temperature 0.8, top-p 1.0,
-``min_p`` 0.05, repetition penalty 1.2 once per generated id, at most 1000 tokens;
-``exaggeration`` and ``cfg_weight`` are request fields (``SamplingParams``) over the card's
-options.
+speak it. A folder whose ``s3gen.safetensors`` holds S3Gen's tokenizer and speaker encoder (the
+published one does) clones a reference clip (``Capability.VOICE_CLONING``): the ``cloner``
+component (no loop runs on it) makes a voice's spec as ``prepare_conditionals`` does
+(``clone.py``), which ``POST /v1/audio/voices`` saves and the inline ``ref_audio`` fields make
+per request; a request naming a spec speaks it. Sampling defaults are
+``ChatterboxTTS.generate``'s: temperature 0.8, top-p 1.0, ``min_p`` 0.05, repetition penalty
+1.2 once per generated id, at most 1000 tokens; ``exaggeration`` and ``cfg_weight`` are request
+fields (``SamplingParams``) over the card's options.
 Upstream watermarks its output (resemble-perth); this card does not (docs/models/chatterbox.md).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -34,10 +39,12 @@ from omnistep.core import (
     LoopNode,
     LoopSpec,
     ModelCard,
+    ModelInstance,
     Program,
     ProgramContext,
     Request,
     WorkUnitKind,
+    call_component,
     derived_seed,
 )
 from omnistep.layers.device import check_device
@@ -45,6 +52,7 @@ from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.loops.audio_decode import AudioDecodeConfig
 from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop
+from omnistep.models.chatterbox.clone import VoiceCloner, voice_from_spec
 from omnistep.models.chatterbox.frontend import (
     DEFAULT_CFG_WEIGHT,
     DEFAULT_EXAGGERATION,
@@ -56,6 +64,8 @@ from omnistep.models.chatterbox.hift import SAMPLE_RATE
 from omnistep.models.chatterbox.loader import (
     ChatterboxCheckpointError,
     check_folder,
+    has_clone_encoders,
+    load_clone_encoders,
     load_hift,
     load_s3gen,
     load_t3,
@@ -127,6 +137,11 @@ def _flow_start(steps_seed_key: int):
     return make_start
 
 
+def _enroll(model: ModelInstance, audio: Any, sample_rate: int, transcript: str) -> str:
+    """The ``voice_enroller``: the ``cloner`` component's ``enroll`` (a cloned voice's spec)."""
+    return call_component(model.components["cloner"], "enroll", audio, sample_rate, transcript)
+
+
 def _usage(ctx: ProgramContext) -> None:
     ctx.usage["output_tokens"] = len(ctx.slots["speech"])
 
@@ -148,8 +163,15 @@ def build_card(
     opts = options or ChatterboxOptions(**overrides)
     root = check_folder(path)
     tokenizer = TextTokenizer(root / "tokenizer.json")
-    frontend = ChatterboxFrontend(tokenizer, load_voice(root), opts.cfg_weight, opts.exaggeration)
+    clones = has_clone_encoders(root)
     t3_config = T3Config()
+    cloned = None
+    if clones:
+        parse = functools.partial(voice_from_spec, speaker_dim=t3_config.speaker_dim)
+        cloned = functools.lru_cache(maxsize=64)(parse)
+    frontend = ChatterboxFrontend(
+        tokenizer, load_voice(root), opts.cfg_weight, opts.exaggeration, cloned
+    )
 
     def build_t3(device: str):
         check_device(device)
@@ -165,6 +187,10 @@ def build_card(
     def build_hift(device: str):
         check_device(device)
         return HiFTVocoder(load_hift(root, device))
+
+    def build_cloner(device: str):
+        check_device(device)
+        return VoiceCloner(*load_clone_encoders(root, device))
 
     decode = ARDecodeConfig(
         loop_id="decode",
@@ -214,6 +240,11 @@ def build_card(
             ComponentSpec("t3", build_t3, opts.max_batch_size, "T3 Llama with CFG"),
             ComponentSpec("s3gen", build_flow, opts.max_batch_size, "S3Gen flow matching"),
             ComponentSpec("hift", build_hift, opts.max_batch_size, "HiFT vocoder"),
+            *(
+                [ComponentSpec("cloner", build_cloner, 1, "S3 tokenizer, CAMPPlus, voice encoder")]
+                if clones
+                else []
+            ),
         ),
         loops=(
             LoopSpec(
@@ -239,11 +270,14 @@ def build_card(
             ),
         ),
         program=program,
-        capabilities=frozenset({Capability.TEXT_TO_SPEECH}),
+        capabilities=frozenset(
+            {Capability.TEXT_TO_SPEECH, *([Capability.VOICE_CLONING] if clones else [])}
+        ),
         sample_rate=SAMPLE_RATE,
         voices=("default", *OPENAI_VOICES),
         default_voice="default",
         voice_validator=frontend.check_voice,
+        voice_enroller=_enroll if clones else None,
         parity=frozenset({"C0", "C1", "stream", "reference"}),
         description="Chatterbox: T3 Llama over 25 Hz speech tokens with CFG -> S3Gen flow "
         "matching -> HiFT, 24 kHz.",

@@ -12,6 +12,7 @@ Imports ``tokenizers``, torch, ``omnistep.core`` and this family's modules.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,9 @@ _PUNCTUATION = (
 )
 """Upstream ``punc_norm``'s replacements, applied in this order."""
 _SENTENCE_ENDS = (".", "!", "?", "-", ",")
+
+SPEC_PREFIX = "chatterbox-voice:"
+"""How a cloned voice's spec starts (``clone.voice_to_spec``)."""
 
 FLOW_SEED_KEY, HIFT_SEED_KEY = 1, 2
 """``derived_seed`` keys of a request's S3Gen initial noise and HiFT source noise."""
@@ -116,6 +120,8 @@ class ChatterboxFrontend:
             ``SamplingParams.cfg_weight`` is unset.
         exaggeration: emotion exaggeration when a request's ``SamplingParams.exaggeration`` is
             unset; None keeps the voice's stored value.
+        cloned: ``spec -> Voice`` for cloned voices' specs (``clone.voice_from_spec``); None:
+            the folder cannot clone, so no spec is accepted.
     """
 
     def __init__(
@@ -124,22 +130,31 @@ class ChatterboxFrontend:
         default_voice: Voice | None,
         cfg_weight: float = DEFAULT_CFG_WEIGHT,
         exaggeration: float | None = DEFAULT_EXAGGERATION,
+        cloned: Callable[[str], Voice] | None = None,
     ):
         self.tokenizer = tokenizer
         self.default_voice = default_voice
         self.cfg_weight = cfg_weight
         self.exaggeration = exaggeration
+        self.cloned = cloned
 
     def voice(self, name: str | None) -> Voice:
-        """The voice a request names: the default for None, ``default`` and OpenAI's names.
+        """The voice a request names: the default for None, ``default`` and OpenAI's names; a
+        cloned voice's spec (``SPEC_PREFIX``) when the folder can clone.
 
         Raises:
-            InvalidRequestError: another name, or no default voice in the folder (``voice``).
+            InvalidRequestError: another name, a damaged spec, or no default voice in the
+                folder (``voice``).
         """
+        if name is not None and name.startswith(SPEC_PREFIX) and self.cloned is not None:
+            return self.cloned(name)
         if name is not None and name != "default" and name not in OPENAI_VOICES:
+            clone = (
+                ", or a cloned voice (POST /v1/audio/voices, or ref_audio)" if self.cloned else ""
+            )
             raise InvalidRequestError(
                 f"unknown voice {name[:40]!r}: chatterbox speaks its default voice "
-                "('default' or an OpenAI voice name)",
+                f"('default' or an OpenAI voice name){clone}",
                 param="voice",
                 code="invalid_voice",
             )

@@ -4,8 +4,9 @@ Files as upstream ``ChatterboxTTS.from_local`` / ``from_pretrained`` name them:
 ``ve.safetensors`` (voice encoder), ``t3_cfg.safetensors`` (T3), ``s3gen.safetensors``
 (S3Gen + HiFT), ``tokenizer.json`` (``tokenizers`` vocabulary), and the optional ``conds.pt``
 (the default voice: ``torch.save({"t3": T3Cond fields, "gen": S3Gen prompt})``). T3, S3Gen's
-flow (``flow.*``) and HiFT (``mel2wav.*``) load from their files; the voice encoder and S3Gen's
-own speaker encoder and tokenizer (reference-clip cloning) are not loaded yet.
+flow (``flow.*``) and HiFT (``mel2wav.*``) load from their files; for reference-clip cloning, the
+voice encoder (``ve.safetensors``), S3Gen's speech tokenizer (``tokenizer.*``) and speaker
+encoder (``speaker_encoder.*``, CAMPPlus) load too (``load_clone_encoders``).
 
 Imports torch, safetensors and this family's modules.
 """
@@ -20,8 +21,10 @@ from safetensors.torch import load_file
 
 from omnistep.core import ModelFilesError
 from omnistep.kv import KVCacheConfig
+from omnistep.models.chatterbox.campplus import CAMPPlus, CAMPPlusConfig
 from omnistep.models.chatterbox.frontend import Voice
 from omnistep.models.chatterbox.hift import HiFT, HiFTConfig
+from omnistep.models.chatterbox.s3_tokenizer import S3Tokenizer, S3TokenizerConfig
 from omnistep.models.chatterbox.s3gen import FlowConfig, S3GenFlow
 from omnistep.models.chatterbox.t3 import ChatterboxT3, T3Config
 from omnistep.models.chatterbox.voice_encoder import VoiceEncoder
@@ -159,6 +162,45 @@ def load_voice_encoder(root: str | Path, device: str | torch.device = "cpu") -> 
         raise ChatterboxCheckpointError(f"{path}: no tensor {exc}") from exc
     _load_module(encoder, state, "", path)
     return encoder.to(device).eval()
+
+
+TOKENIZER_PREFIX, SPEAKER_ENCODER_PREFIX = "tokenizer.", "speaker_encoder."
+"""``s3gen.safetensors``' prefixes of the S3 tokenizer and CAMPPlus."""
+
+
+def has_clone_encoders(root: str | Path) -> bool:
+    """Whether ``s3gen.safetensors`` holds the S3 tokenizer and CAMPPlus (the published file
+    does; read from its header, no tensor loaded)."""
+    from safetensors import safe_open
+
+    with safe_open(Path(root) / "s3gen.safetensors", "pt") as f:
+        names = list(f.keys())  # noqa: SIM118 (safe_open is not iterable)
+    return all(
+        any(n.startswith(p) for n in names) for p in (TOKENIZER_PREFIX, SPEAKER_ENCODER_PREFIX)
+    )
+
+
+def load_clone_encoders(
+    root: str | Path, device: str | torch.device = "cpu"
+) -> tuple[S3Tokenizer, CAMPPlus, VoiceEncoder]:
+    """The S3 tokenizer (``tokenizer.*``) and CAMPPlus (``speaker_encoder.*``) of
+    ``s3gen.safetensors`` and the voice encoder of ``ve.safetensors`` (sizes read from the
+    tensors; the published file has no mel-filter or window buffers: they are computed).
+
+    Raises:
+        ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+    """
+    path = check_folder(root) / "s3gen.safetensors"
+    state = load_file(path)
+    try:
+        tokenizer = S3Tokenizer(S3TokenizerConfig.from_state_dict(state, TOKENIZER_PREFIX))
+        campplus = CAMPPlus(CAMPPlusConfig.from_state_dict(state, SPEAKER_ENCODER_PREFIX))
+    except KeyError as exc:
+        raise ChatterboxCheckpointError(f"{path}: {exc.args[0]}") from exc
+    _load_module(tokenizer, state, TOKENIZER_PREFIX, path)
+    _load_module(campplus, state, SPEAKER_ENCODER_PREFIX, path)
+    encoder = load_voice_encoder(root, device)
+    return tokenizer.to(device).eval(), campplus.to(device).eval(), encoder
 
 
 def load_default_voice(root: str | Path) -> DefaultVoice | None:

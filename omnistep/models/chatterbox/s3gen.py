@@ -127,12 +127,15 @@ class S3GenFlow(nn.Module):
         Args:
             tokens: ``[n]`` int64 speech tokens (< 6561).
             prompt_tokens: ``[p]`` int64 the voice's prompt tokens.
-            prompt_mel: ``[2p, mel_dim]`` the voice's prompt mel (24 kHz, 50 Hz frames).
+            prompt_mel: ``[2p or 2p + 1, mel_dim]`` the voice's prompt mel (24 kHz, 50 Hz frames).
             embedding: ``[speaker_dim]`` the voice's x-vector.
 
         Raises:
-            ValueError: a token outside the vocabulary, or a prompt mel whose length is not
-                ``upsample`` x the prompt tokens' (upstream trims the tokens to match).
+            ValueError: a token outside the vocabulary, or a prompt mel shorter than
+                ``upsample`` x the prompt tokens or longer by ``upsample`` or more. (Upstream's
+                ``embed_ref`` trims a clip's tokens to ``mel frames // 2``: an odd-length mel
+                keeps one frame more than ``2p``, and the output, which starts after the
+                prompt's frames, is one frame shorter, as upstream's.)
         """
         device = self.input_embedding.weight.device
         ids = torch.cat([prompt_tokens.reshape(-1), tokens.reshape(-1)]).to(
@@ -142,11 +145,11 @@ class S3GenFlow(nn.Module):
             raise ValueError(
                 f"S3Gen takes speech tokens in [0, {self.config.vocab_size}), got {ids.tolist()}"
             )
-        ratio = self.config.encoder.upsample
-        if prompt_mel.shape[0] != ratio * prompt_tokens.numel():
+        ratio, num_prompt = self.config.encoder.upsample, prompt_tokens.numel()
+        if not ratio * num_prompt <= prompt_mel.shape[0] < ratio * (num_prompt + 1):
             raise ValueError(
-                f"prompt mel has {prompt_mel.shape[0]} frames for {prompt_tokens.numel()} "
-                f"prompt tokens (S3Gen needs {ratio} per token)"
+                f"prompt mel has {prompt_mel.shape[0]} frames for {num_prompt} "
+                f"prompt tokens (S3Gen needs {ratio} per token, and at most {ratio - 1} more)"
             )
         lengths = torch.tensor([ids.numel()], device=device)
         h = self.encoder(self.input_embedding(ids)[None], lengths)

@@ -4,7 +4,9 @@ Every file ``ChatterboxTTS.from_local`` reads, with this family's own modules at
 (randomly initialised) writing their tensors under the published names: ``t3_cfg.safetensors``
 (T3: 2 layers, MLP 256; width 1024, which the Perceiver fixes), ``s3gen.safetensors`` (``flow.*``:
 encoder FF 64, 1 + 4 layers, estimator 64 channels, 2 heads, 1 block, 2 mid stages;
-``mel2wav.*``: HiFT 64 base channels, weight norm as ``parametrizations`` tensors),
+``mel2wav.*``: HiFT 64 base channels, weight norm as ``parametrizations`` tensors;
+``tokenizer.*``: the S3 tokenizer at width 128, 2 heads, 2 layers; ``speaker_encoder.*``:
+CAMPPlus with 32 channels, growth 8, bottleneck 16: the folder clones reference clips),
 ``ve.safetensors`` (the voice encoder at its published size), ``tokenizer.json`` (a
 character-level ``tokenizers`` vocabulary with upstream's special tokens, ``[START]`` = 255,
 ``[STOP]`` = 0) and ``conds.pt`` (a random default voice: both halves). Not a voice anyone
@@ -75,7 +77,14 @@ def _s3gen_state(flow_config=None, hift_config=None) -> dict[str, torch.Tensor]:
     hift = HiFT(hift_config or HiFTConfig(base_channels=64, f0_channels=32))
     with torch.no_grad():  # a voiced F0 (~150 Hz), so the harmonic source is exercised
         hift.f0_predictor.classifier.bias.fill_(150.0)
+    from omnistep.models.chatterbox.campplus import CAMPPlus, CAMPPlusConfig
+    from omnistep.models.chatterbox.s3_tokenizer import S3Tokenizer, S3TokenizerConfig
+
+    tokenizer = S3Tokenizer(S3TokenizerConfig(width=128, num_heads=2, num_layers=2))
+    campplus = CAMPPlus(CAMPPlusConfig(init_channels=32, growth=8, bottleneck=16))
     state = {f"flow.{k}": v for k, v in flow.state_dict().items()}
+    state |= {f"tokenizer.{k}": v for k, v in tokenizer.state_dict().items()}
+    state |= {f"speaker_encoder.{k}": v for k, v in campplus.state_dict().items()}
     return state | {f"mel2wav.{k}": v for k, v in hift.state_dict().items()}
 
 
