@@ -44,7 +44,9 @@ every stage (thinker argmax, ``Qwen3OmniOptions.talker_greedy`` = ``talker_do_sa
   talker_do_sample=False, ...)`` of the eight texts one after another; the thinker's
   ``generate``, the talker's ``generate`` (its code predictor's ``generate`` inside every
   frame) and code2wav's ``chunked_decode`` timed. It returns audio only at the end, so its
-  time to first audio is its whole call.
+  time to first audio is its whole call. ``--reference-texts`` N < 8 runs it over the first N
+  texts only (on a loaded CPU one call can take minutes); (b) compares rates, audio seconds
+  per wall second, so it stays like for like.
 
 Order (``families.run_family``): the reference's warm-up call (TEXTS[0], whole length), then
 omnistep's (TEXTS[0] under ``ExecutionProfile.ROLLOUT``: its text ids and codes are the work
@@ -435,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, help="talker frames, 80 ms each (default 24)")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the paired comparisons")
+    ap.add_argument("--reference-texts", type=int, default=8,
+                    help="texts the reference runs per round (1-8; (b) uses its rate)")  # fmt: skip
     ap.add_argument("--moe-reps", type=int, default=10, help="timed calls of (d) per mode")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both sides and (d))")
     ap.add_argument("--root", type=Path, default=Path("/tmp"), help="folder of the checkpoint")
@@ -446,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(*counts, args.moe_reps, args.text_tokens or 1, args.frames or 1) < 1:
         ap.error("--layers, --talker-layers, --experts, --text-tokens, --frames, --threads, "
                  "--rounds and --moe-reps must be >= 1")  # fmt: skip
+    if not 1 <= args.reference_texts <= len(SENTENCES):
+        ap.error("--reference-texts must be 1..8")
     if args.experts < 8 and not args.quick:
         ap.error("--experts must be >= 8 (top 8 per token)")
     if args.device != "cpu" and not torch.cuda.is_available():

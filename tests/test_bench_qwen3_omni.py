@@ -1,6 +1,7 @@
-"""``bench/qwen3_omni.py --quick`` (the tiny folder, 4 reply tokens, 4 talker frames) reports
-every figure and did the same work on both sides (greedy text ids and 16-codebook frames equal
-to transformers' ``generate``); the published-width config has the published widths.
+"""``bench/qwen3_omni.py --quick`` (the tiny folder, 4 reply tokens, 4 talker frames, the
+reference over 3 texts) reports every figure and did the same work on both sides (greedy text
+ids and 16-codebook frames equal to transformers' ``generate``); the published-width config
+has the published widths.
 
 The numbers are timings of a tiny model on a shared machine: the test asserts that every
 figure is present, finite and positive, never how large a timing is.
@@ -20,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench" / "qwen3_omni.py"
 FRAMES = 4
 TOKENS = 4
+REF_TEXTS = 3
 
 _spec = importlib.util.spec_from_file_location("bench_qwen3_omni", BENCH)
 bench = importlib.util.module_from_spec(_spec)
@@ -38,7 +40,7 @@ def result(tmp_path_factory) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = "1"
     args = ["--quick", "--root", str(tmp), "--out", str(out), "--threads", "1"]
-    args += ["--moe-reps", "3", "--json"]
+    args += ["--moe-reps", "3", "--reference-texts", str(REF_TEXTS), "--json"]
     done = subprocess.run(
         [sys.executable, str(BENCH), *args], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=600,
@@ -103,7 +105,7 @@ def test_quick_run_did_the_same_work_on_both_sides(result):
         assert set(burst["split_s"]) == {"thinker", "talker", "code2wav"}
         assert all(_positive(v) for v in burst["split_s"].values())
     ref = rnd["reference"]
-    assert [r["text"] for r in ref["requests"]] == list(range(8))
+    assert [r["text"] for r in ref["requests"]] == list(range(REF_TEXTS))  # --reference-texts
     assert all(r["frames"] == FRAMES for r in ref["requests"])
     assert all(r["audio_s"] == pytest.approx((FRAMES * 1920 - 555) / 24000)
                for r in ref["requests"])  # fmt: skip
