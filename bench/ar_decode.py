@@ -99,7 +99,7 @@ from omnistep.models.chattts.card import ChatTTSOptions, build_card, make_sampli
 from omnistep.sampling import sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import call_summary, load_avg, median, union_seconds  # noqa: E402
+from common import call_summary, fmt, jsonable, load_avg, median, union_seconds  # noqa: E402
 from device_timing import DEVICES, device_info, now, resolve_device  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -650,10 +650,6 @@ def _row(side: str, config: str, c: int, runs: list[dict[str, Any]]) -> dict[str
     }
 
 
-def _fmt(x: float, spec: str) -> str:
-    return "-" if x != x else format(x, spec)
-
-
 def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
     n, lo, hi = args.tokens, levels[0], levels[-1]
     rounds = res["rounds"]
@@ -704,8 +700,8 @@ def report(args: argparse.Namespace, levels: list[int], res: dict[str, Any]) -> 
     for r in rows:
         print(
             f"{r['side']:<9} {r['config']:<26} {r['C']:>3} {r['N']:>4} {r['runs']:>4} "
-            f"{_fmt(r['wall_s'], '7.2f')} {_fmt(r['tok_s'], '7.1f')} "
-            f"{_fmt(r['ttfa_p50_s'], '9.3f')} {_fmt(r['cpu_ms_per_token'], '10.0f')} "
+            f"{fmt(r['wall_s'], '7.2f')} {fmt(r['tok_s'], '7.1f')} "
+            f"{fmt(r['ttfa_p50_s'], '9.3f')} {fmt(r['cpu_ms_per_token'], '10.0f')} "
             f"{r['load1']:>9}"
         )
 
@@ -802,16 +798,6 @@ def _gpt_tok_s(bursts: list[dict[str, Any]]) -> float:
     return frames / seconds if seconds else float("nan")
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and x != x:
-        return None
-    return x
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--concurrency", default="1,4,16", help="omnistep burst sizes")
@@ -865,7 +851,7 @@ def main() -> None:
         "loadavg_end": load_avg(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_jsonable(result), indent=1))
+    args.out.write_text(json.dumps(jsonable(result), indent=1))
     print(f"wrote {args.out}")
 
 

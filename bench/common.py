@@ -201,3 +201,23 @@ def parse_levels(text: str) -> list[int]:
     if len(levels) < 2:
         raise argparse.ArgumentTypeError("--concurrency needs >= 2 levels >= 1, e.g. 1,4,8")
     return levels
+
+
+def fmt(x: float | None, spec: str) -> str:
+    """``format(x, spec)`` for a table cell; ``-`` for None or NaN (a figure with nothing
+    behind it)."""
+    return "-" if x is None or x != x else format(x, spec)
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with what ``json.dumps`` cannot write replaced: dict keys as strings, tuples as
+    lists, numpy arrays and scalars (anything with ``tolist``) as Python values, NaN as None."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonable(v) for v in x]
+    if hasattr(x, "tolist"):
+        return jsonable(x.tolist())
+    if isinstance(x, float) and x != x:
+        return None
+    return x

@@ -127,6 +127,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     SENTENCES,
     ExecTimer,
+    fmt,
+    jsonable,
     load_avg,
     median,
     parse_levels,
@@ -167,6 +169,9 @@ class Family:
     at the measured length; omnistep's warm-up is the work-check request at ``--frames``)."""
     components = ("lm", "codec")
     """Components whose ``execute`` is timed, in the order of the printed split."""
+    ar_component: str | None = None
+    """The AR component whose calls before the first audio are counted (None: the first of
+    ``components``)."""
 
     def sizes(self, quick: bool, layers: int) -> dict[str, Any]:
         """The folder's sizes (JSON; the marker compares them)."""
@@ -194,9 +199,17 @@ class Family:
         ``split_s`` (per part) and ``codes`` (comparable with ``codes_of``), ``.close()``."""
         raise NotImplementedError
 
-    def codes_of(self, stream: Any) -> np.ndarray:
+    def codes_of(self, stream: Any) -> Any:
         """The codes a ROLLOUT request recorded (comparable with the reference's)."""
         return np.array([r.tokens for r in stream.trajectories["decode"]], dtype=np.int64)
+
+    def work_check(self, ours: Any, theirs: Any) -> dict[str, Any]:
+        """Compare ``codes_of`` with the reference's ``codes`` (default: ``work_check``)."""
+        return work_check(ours, theirs)
+
+    def frames_of(self, stream: Any, samples: int) -> int:
+        """The frames a finished request made (default: its usage's ``output_tokens``)."""
+        return int(stream.usage.get("output_tokens", 0))
 
 
 class HiggsFamily(Family):
@@ -579,7 +592,7 @@ class Ours:
                 "text": i % len(TEXTS),
                 "ttfa_s": None if first is None else first - submitted[i],
                 "total_s": time.perf_counter() - submitted[i],
-                "frames": int(streams[i].usage.get("output_tokens", 0)),
+                "frames": self.family.frames_of(streams[i], samples),
                 "audio_s": samples / self.family.sample_rate,
             }
 
@@ -622,7 +635,8 @@ class Ours:
         ``ar_s``: prefill and steps) ending before the vocoder's first call starts, that call's
         seconds (``first_vocoder_s``) and when it ended (``first_audio_s``, from the burst's
         start). None without a vocoder call."""
-        ar, voc = self.family.components[0], self.family.components[-1]
+        ar = self.family.ar_component or self.family.components[0]
+        voc = self.family.components[-1]
         vocoder = self.timers[voc].log
         if not vocoder:
             return None
@@ -636,11 +650,11 @@ class Ours:
         }
 
 
-def reference_sequential(ref: Any, frames: int, tag: str) -> dict[str, Any]:
-    """The reference over the 8 texts one after another."""
+def reference_sequential(ref: Any, frames: int, tag: str, texts: int = len(TEXTS)) -> dict:
+    """The reference over the first ``texts`` of the 8 texts, one after another."""
     load = load_avg()
     cpu0 = ref_cpu(ref)
-    per = [ref.one(i, frames) for i in range(len(TEXTS))]
+    per = [ref.one(i, frames) for i in range(texts)]
     cpu = ref_cpu(ref) - cpu0 if cpu0 is not None else float("nan")
     seconds = sum(r["seconds"] for r in per)
     audio = sum(r["audio_s"] for r in per)
@@ -660,7 +674,7 @@ def reference_sequential(ref: Any, frames: int, tag: str) -> dict[str, Any]:
         "codes_text0": per[0]["codes"],
     }
     print(
-        f"  reference {tag:<8} seq x{len(TEXTS)} wall {seconds:6.2f}s  "
+        f"  reference {tag:<8} seq x{texts} wall {seconds:6.2f}s  "
         f"{res['audio_s_per_s']:6.3f} audio-s/s  first call {res['first_call_s']:6.3f}s  "
         f"load {res['loadavg'][0]}",
         flush=True,
@@ -671,7 +685,8 @@ def reference_sequential(ref: Any, frames: int, tag: str) -> dict[str, Any]:
 def ref_cpu(ref: Any) -> float | None:
     from common import process_cpu_seconds
 
-    return process_cpu_seconds(getattr(getattr(ref, "session", None), "pid", None))
+    pid = getattr(ref, "pid", None) or getattr(getattr(ref, "session", None), "pid", None)
+    return process_cpu_seconds(pid)
 
 
 def work_check(ours: np.ndarray, theirs: np.ndarray) -> dict[str, Any]:
@@ -697,10 +712,11 @@ def run_family(family: Family, root: Path, args: argparse.Namespace) -> dict[str
         for r in range(1, args.rounds + 1):
             print(f"{family.name}: round {r}/{args.rounds}", flush=True)
             rnd: dict[str, Any] = {"ours": {}}
-            rnd["reference"] = reference_sequential(ref, args.frames, f"round {r}")
+            texts = getattr(args, "reference_texts", None) or len(TEXTS)
+            rnd["reference"] = reference_sequential(ref, args.frames, f"round {r}", texts)
             codes0 = rnd["reference"].pop("codes_text0")
             if work is None:
-                work = work_check(ours_codes, codes0)
+                work = family.work_check(ours_codes, codes0)
                 print(f"  greedy work check on TEXTS[0]: {work}", flush=True)
             loop.run_until_complete(ours.burst(warm, quiet=True, frames=WARM_FRAMES))
             for c in levels:
@@ -755,7 +771,7 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
     table.append(
         {
             "side": "reference",
-            "C": f"seq {len(TEXTS)}",
+            "C": f"seq {len(ref[0]['requests'])}",
             "ttfa_p50_s": median([r["first_call_s"] for r in ref]),
             "ttfa_p99_s": float("nan"),
             "total_p50_s": median([q["seconds"] for r in ref for q in r["requests"]]),
@@ -779,10 +795,10 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
     for row in table:
         parts = " / ".join(f"{row['split_s'][k]:.2f}" for k in family.components)
         print(
-            f"{row['side']:<9} {row['C']!s:>5} {_fmt(row['ttfa_p50_s'], '8.3f')} "
-            f"{_fmt(row['ttfa_p99_s'], '7.3f')} {row['total_p50_s']:9.3f} {row['wall_s']:7.2f} "
+            f"{row['side']:<9} {row['C']!s:>5} {fmt(row['ttfa_p50_s'], '8.3f')} "
+            f"{fmt(row['ttfa_p99_s'], '7.3f')} {row['total_p50_s']:9.3f} {row['wall_s']:7.2f} "
             f"{row['frames']:>6} {row['audio_s_per_s']:9.3f} {row['rtf']:6.2f} "
-            f"{_fmt(row['cpu_s_per_audio_s'], '13.2f')}  {parts:<22} {row['load1_max']:>5}"
+            f"{fmt(row['cpu_s_per_audio_s'], '13.2f')}  {parts:<22} {row['load1_max']:>5}"
         )
     print(
         "(TTFA: omnistep = first streamed audio; reference = its whole first call, the same "
@@ -802,7 +818,7 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
             paired(lambda i: ours[lo][i]["ttfa_p50_s"] / ref[i]["first_call_s"]),
         ),
         target_row(
-            f"{family.name} (b) audio-s/s C={hi}: omnistep / reference sequential x8",
+            f"{family.name} (b) audio-s/s C={hi}: omnistep / reference sequential",
             table[idx[hi]]["audio_s_per_s"] / table[-1]["audio_s_per_s"],
             ">=",
             TARGETS["audio_per_s"],
@@ -820,7 +836,7 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
     for t in targets:
         pair = ", ".join("-" if p is None else f"{p:.3f}" for p in t["paired"])
         print(
-            f"  {t['name']:<66} {_fmt(t['value'], '7.3f')} (target {t['op']} {t['target']:<4}) "
+            f"  {t['name']:<66} {fmt(t['value'], '7.3f')} (target {t['op']} {t['target']:<4}) "
             f"{'MET   ' if t['met'] else 'MISSED'}  paired: {pair}"
         )
     cpu_ratio = table[-1]["cpu_s_per_audio_s"] / table[idx[hi]]["cpu_s_per_audio_s"]
@@ -843,24 +859,6 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
         "omnistep_before_first_audio_c1": first[0],
     }
     return {"table": table, "targets": targets, "figures": figures}
-
-
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None or x != x else format(x, spec)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, float) and x != x:
-        return None
-    return x
 
 
 def parse_families(text: str) -> list[str]:
@@ -934,7 +932,7 @@ def main(argv: list[str] | None = None) -> int:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_jsonable(result), indent=1))
+    args.out.write_text(json.dumps(jsonable(result), indent=1))
     print(f"wrote {args.out}")
     return 0
 

@@ -109,7 +109,7 @@ from omnistep.models.qwen2_5_omni.dit import DiTChunking
 from omnistep.sampling import SamplingRow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ExecTimer, load_avg, median, union_seconds  # noqa: E402
+from common import ExecTimer, fmt, jsonable, load_avg, median, union_seconds  # noqa: E402
 from dit_joins import parse_setting  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -633,10 +633,6 @@ def _row(side: str, c: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def _fmt(x: float, spec: str) -> str:
-    return "-" if x != x else format(x, spec)
-
-
 def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
     lo, hi = levels[0], levels[-1]
     rounds = res["rounds"]
@@ -665,12 +661,12 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['side']:<16} {r['C']:>2} {_fmt(r['ttfa_p50_s'], '8.2f')} "
-            f"{_fmt(r['ttfa_max_s'], '8.2f')} {_fmt(r['total_p50_s'], '9.2f')} "
+            f"{r['side']:<16} {r['C']:>2} {fmt(r['ttfa_p50_s'], '8.2f')} "
+            f"{fmt(r['ttfa_max_s'], '8.2f')} {fmt(r['total_p50_s'], '9.2f')} "
             f"{r['wall_s']:6.2f} {r['thinker_tok_s']:11.1f} {r['talker_tok_s']:10.1f} "
             f"{r['audio_s_per_s']:9.3f} {r['thinker_tokens']:>6}/{r['talker_tokens']:<7} "
             f"{r['audio_s']:7.2f} {r['cpu_s']:6.1f} {r['cpu_s_per_audio_s']:7.2f} "
-            f"{_fmt(r['underrun_s_p50'], '9.2f')} {_fmt(r['underrun_s_max'], '9.2f')} "
+            f"{fmt(r['underrun_s_p50'], '9.2f')} {fmt(r['underrun_s_max'], '9.2f')} "
             f"{r['load1_max']:>5}"
         )
     print(
@@ -811,16 +807,6 @@ def _phase_summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and x != x:
-        return None
-    return x
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--concurrency", default="1,8", help="omnistep burst sizes")
@@ -891,7 +877,7 @@ def main() -> None:
         "loadavg_end": load_avg(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_jsonable(result), indent=1))
+    args.out.write_text(json.dumps(jsonable(result), indent=1))
     print(f"wrote {args.out}")
 
 

@@ -117,6 +117,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     SENTENCES,
     ExecTimer,
+    fmt,
+    jsonable,
     load_avg,
     median,
     parse_levels,
@@ -566,8 +568,8 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
         split = row["split_ms_per_frame"]
         parts = " / ".join(f"{split[k]:.0f}" for k in ("talker_forward", "code_predictor", "codec"))
         print(
-            f"{row['side']:<9} {row['C']!s:>5} {_fmt(row['ttfa_p50_s'], '8.3f')} "
-            f"{_fmt(row['ttfa_p99_s'], '7.3f')} {row['total_p50_s']:9.3f} {row['wall_s']:7.2f} "
+            f"{row['side']:<9} {row['C']!s:>5} {fmt(row['ttfa_p50_s'], '8.3f')} "
+            f"{fmt(row['ttfa_p99_s'], '7.3f')} {row['total_p50_s']:9.3f} {row['wall_s']:7.2f} "
             f"{row['frames']:>6} {row['frames_per_s']:8.2f} {row['rtf']:6.2f} "
             f"{row['cpu_ms_per_frame']:9.0f}  {parts:<36} {row['load1_max']:>5}"
         )
@@ -628,24 +630,6 @@ def report(levels: list[int], res: dict[str, Any]) -> dict[str, Any]:
         "qwen_tts_rtf": table[-1]["rtf"],
     }
     return {"table": table, "targets": targets, "figures": figures}
-
-
-def _fmt(x: float, spec: str) -> str:
-    return "-" if x != x else format(x, spec)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, float) and x != x:
-        return None
-    return x
 
 
 def parse_layers(text: str) -> tuple[int, int, int]:
@@ -729,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_jsonable(result), indent=1))
+    args.out.write_text(json.dumps(jsonable(result), indent=1))
     print(f"wrote {args.out}")
     return 0
 
