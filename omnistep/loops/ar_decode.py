@@ -125,6 +125,13 @@ class ARStepOutput:
         policy_logprobs: log-probs of those ids under ``log_softmax(logits / temperature)``,
             when the unit was recorded (``record``); else empty.
         weight_version: the version of the weights the step ran under.
+        routing: a recorded unit's MoE routing (a MoE stack's, else None): int16 numpy
+            ``[sparse layers, k]``, the experts of the row whose output this step sampled
+            from (most probable first).
+        prompt_routing: a recorded PREFILL's routing of its sequence's other rows (the
+            prompt's rows but the last; after a preemption also the replayed frames' rows),
+            int16 ``[rows - 1, sparse layers, k]``; None when not every row was computed by
+            this prefill (a cached prefix) or the stack is dense.
     """
 
     tokens: Frame = ()
@@ -133,6 +140,8 @@ class ARStepOutput:
     preempted: bool = False
     policy_logprobs: tuple[float, ...] = ()
     weight_version: int = 0
+    routing: Any = None
+    prompt_routing: Any = None
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,7 @@ class ARDecodeState(LoopState):
     share_group: str | None = None
     seed: int = 0
     cache_salt: str | None = None
+    prompt_routing: Any = None
 
 
 class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
@@ -279,8 +289,14 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
         state.needs_prefill = False
         state.step += 1
         if state.profile is ExecutionProfile.ROLLOUT:
+            if not state.trajectory and out.routing is not None:  # the first prefill's
+                state.prompt_routing = out.prompt_routing
             record = ActionRecord(
-                tuple(out.tokens), out.logprobs, out.policy_logprobs, out.weight_version
+                tuple(out.tokens),
+                out.logprobs,
+                out.policy_logprobs,
+                out.weight_version,
+                out.routing,
             )
             state.trajectory.append(record)
         if self._is_eos(out.tokens):
@@ -325,6 +341,8 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
             "seed": state.seed,
             "mask": self.sampled_mask([r.tokens for r in state.trajectory]),
         }
+        if state.prompt_routing is not None:
+            info["prompt_routing"] = state.prompt_routing
         if self.config.stream_delay is not None:  # forced BOS/EOS ids are no actions
             info["mask"] = self.config.stream_delay.forced_mask(
                 [r.tokens for r in state.trajectory]
@@ -377,6 +395,7 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
         mode: str = "processed",
         match_serving: bool = True,
         entropy: bool = False,
+        routing: Sequence[Any] | None = None,
     ) -> list[tuple[Any, Any]]:
         """``score`` of several recorded trajectories in one packed teacher-forced forward
         (the component's ``score_batch``, e.g. ``PagedARModel.score_batch``).
@@ -385,6 +404,9 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
             reqs: per trajectory a request with the sample's ``SamplingParams``.
             prompts, tokens: per trajectory, as in ``score``.
             entropy: also each step's entropy per codebook of the scored distribution.
+            routing: Rollout Routing Replay (a MoE component): per trajectory the experts
+                of every row of its forward, ``[prompt rows + T - 1, MoE layers, k]``
+                (``LoopActions.replay_routing()``); None: the router chooses.
 
         Returns:
             Per trajectory ``(log-probs [T, num_vq], entropy [T, num_vq] or None)``.
@@ -397,7 +419,9 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
         frames = [[tuple(int(t) for t in frame) for frame in tok] for tok in tokens]
         rows = [self.config.make_sampling(req) for req in reqs]
         window = self.config.penalty_window
-        return scorer(prompts, frames, rows, mode, window, match_serving, entropy)
+        if routing is None:
+            return scorer(prompts, frames, rows, mode, window, match_serving, entropy)
+        return scorer(prompts, frames, rows, mode, window, match_serving, entropy, routing=routing)
 
     def sampled_mask(self, frames: Sequence[Frame]) -> list[tuple[bool, ...]]:
         """Which ids of recorded frames were sampled actions: all of a frame, except in an

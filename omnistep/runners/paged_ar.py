@@ -112,7 +112,7 @@ import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -154,6 +154,7 @@ class _SharedPrompt:
     num_tokens: int
     last_hidden: torch.Tensor  # [hidden], the final hidden state of the prompt's last row
     stream: Any  # what the computing sequence's prefill output streamed
+    routing: torch.Tensor | None = None  # MoE routing of its rows [n, layers, k], if recorded
 
 
 @dataclass(frozen=True)
@@ -575,6 +576,7 @@ class PagedARModel:
         prompts: Sequence[Any],
         frames: Sequence[Sequence[Sequence[int]]],
         match_serving: bool = True,
+        routing: Sequence[Any] | None = None,
     ) -> list[torch.Tensor]:
         """``score_logits`` of several trajectories in one packed forward
         (``LlamaModel.forward_packed``: every GEMM over all of their rows at once, attention
@@ -582,18 +584,27 @@ class PagedARModel:
         (``_score_head_key``). Equal to ``score_logits`` of each to the bit under
         ``batch_invariant``, else within float rounding (tests/test_score.py measures it).
 
+        Args:
+            routing: Rollout Routing Replay (a MoE stack): per trajectory the experts of
+                every row of its forward, integer ``[prompt rows + T - 1, sparse layers, k]``
+                (the rollout's ``prompt_routing`` then its ``routing``; numpy or torch), so
+                the forward uses the rollout's experts; None: the router chooses.
+
         Returns:
             One ``[T_i, num_codebooks, V]`` float32 tensor per trajectory, in order.
 
         Raises:
-            ValueError: as ``score_logits``, or prompts and frames of different counts.
+            ValueError: as ``score_logits``, prompts and frames of different counts, or a
+                ``routing`` of another shape (or on a dense stack, or a guided prompt).
         """
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
-            hidden = self._score_hidden_batch(prompts, frames, match_serving)
+            hidden = self._score_hidden_batch(prompts, frames, match_serving, routing=routing)
             logits = self._score_heads(hidden, prompts)
             guided = [i for i, p in enumerate(prompts) if self._guidance(p) is not None]
             if not guided:
                 return logits
+            if routing is not None:
+                raise ValueError("routing replay of a guided (CFG) prompt is not supported")
             picked = [prompts[i] for i in guided]
             hidden = self._score_hidden_batch(
                 picked, [frames[i] for i in guided], match_serving, unconditional=True
@@ -642,12 +653,17 @@ class PagedARModel:
         frames_of: Sequence[Sequence[Sequence[int]]],
         match_serving: bool,
         unconditional: bool = False,
+        routing: Sequence[Any] | None = None,
     ) -> list[torch.Tensor]:
         """``_score_hidden`` of several trajectories, in one ``forward_packed``; with
-        ``unconditional``, of their guided prompts' unconditional rows."""
+        ``unconditional``, of their guided prompts' unconditional rows; with ``routing``
+        (``score_logits_batch``), replaying each trajectory's experts."""
         if len(prompts) != len(frames_of) or not prompts:
             raise ValueError(f"{len(prompts)} prompts for {len(frames_of)} trajectories")
+        if routing is not None and len(routing) != len(prompts):
+            raise ValueError(f"{len(routing)} routings for {len(prompts)} trajectories")
         rows, lens, query_lens, pieces_of, prompt_lens, positions = [], [], [], [], [], []
+        replay: list[torch.Tensor] = []
         shared: list[tuple[int, int] | None] = []
         firsts: dict[Hashable, int] = {}  # (prompt key, prompt rows) -> its first trajectory
         for i, (prompt, frames) in enumerate(zip(prompts, frames_of, strict=True)):
@@ -662,7 +678,12 @@ class PagedARModel:
             num_rows = x.shape[0]
             prompt_len = num_rows - (len(frames) - 1)
             prompt_lens.append(prompt_len)
+            experts = None if routing is None else self._replay_rows(routing[i], num_rows, i)
             first = self._shared_prompt(firsts, x[:prompt_len], i, num_rows, match_serving)
+            if first is not None and experts is not None:
+                experts = experts[prompt_len:]
+            if experts is not None:
+                replay.append(experts)
             if first is not None:  # a group's prompt computed once: only the frames' rows
                 shared.append((first, prompt_len))
                 positions.append(self._positions(prompt, prompt_len, num_rows))
@@ -685,7 +706,13 @@ class PagedARModel:
             positions.append(self._positions(prompt, 0, num_rows))
         embeds = self._lm_inputs(torch.cat(rows) if len(rows) > 1 else rows[0], query_lens)
         hidden = self.llama.forward_packed(
-            embeds, lens, pieces_of, self.batch_invariant, shared, torch.cat(positions, dim=-1)
+            embeds,
+            lens,
+            pieces_of,
+            self.batch_invariant,
+            shared,
+            torch.cat(positions, dim=-1),
+            torch.cat(replay) if replay else None,
         ).split(lens)
         out = []
         for h, p, share in zip(hidden, prompt_lens, shared, strict=True):
@@ -694,6 +721,23 @@ class PagedARModel:
             else:  # the prompt's last row is the first trajectory's
                 out.append(torch.cat([hidden[share[0]][p - 1 : p], h]))
         return out
+
+    def _replay_rows(self, routing: Any, num_rows: int, index: int) -> torch.Tensor:
+        """Trajectory ``index``'s recorded routing as LongTensor ``[num_rows, layers, k]`` on
+        the device.
+
+        Raises:
+            ValueError: a dense stack, or another number of rows.
+        """
+        if self.llama.config.moe is None:
+            raise ValueError(f"{type(self).__name__} has no MoE layers: no routing to replay")
+        experts = torch.as_tensor(routing).to(self.device, torch.long)
+        if experts.ndim != 3 or experts.shape[0] != num_rows:
+            raise ValueError(
+                f"routing of trajectory {index} must be [{num_rows} rows (prompt rows + frames - "
+                f"1), MoE layers, k], got {list(experts.shape)}"
+            )
+        return experts
 
     def _shared_prompt(
         self,
@@ -760,11 +804,13 @@ class PagedARModel:
         penalty_window: int = 16,
         match_serving: bool = True,
         entropy: bool = False,
+        routing: Sequence[Any] | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """``score_logprobs`` of several trajectories (one ``score_logits_batch``, one
         sampling pass over all their rows), and with ``entropy`` the entropy of each step's
         scored distribution per codebook (``omnistep.sampling.entropy``, nats; processed or
-        policy as ``mode`` says).
+        policy as ``mode`` says); ``routing``: replay each trajectory's recorded MoE routing
+        (``score_logits_batch``).
 
         Returns:
             Per trajectory ``(logprobs [T_i, num_codebooks], entropy [T_i, num_codebooks] or
@@ -775,7 +821,7 @@ class PagedARModel:
         """
         if mode not in SCORE_MODES:
             raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
-        logits = self.score_logits_batch(prompts, frames, match_serving)
+        logits = self.score_logits_batch(prompts, frames, match_serving, routing)
         logits = self._sampling_logits(torch.cat(logits) if len(logits) > 1 else logits[0])
         tokens = [self._frame_tensor(f) for f in frames]
         logp = self._distribution(logits, tokens, samplings, mode, penalty_window)
@@ -901,6 +947,7 @@ class PagedARModel:
             for unit in units
         ]
         rows_out: dict[int, tuple[torch.Tensor, Any]] = {}
+        routing: dict[int, torch.Tensor | None] = {}  # recorded units' rows' MoE routing
         if run:
             if batch.prefixes:
                 self._compute_prefixes(list(batch.prefixes.values()))
@@ -909,6 +956,7 @@ class PagedARModel:
             inputs = [batch.entries[units[i].seq_id].rows for i in run]
             computed = self._compute_prefills([units[i] for i in run], inputs)
             rows_out = dict(zip(run, computed, strict=True))
+            routing = self._prefill_routing([units[i] for i in run], run, inputs)
             for i in run:
                 entry = batch.entries[units[i].seq_id]
                 last, stream = rows_out[i]
@@ -919,7 +967,11 @@ class PagedARModel:
                 if keys[i] is not None:
                     last, stream = rows_out[i]
                     self._shared[keys[i]] = _SharedPrompt(
-                        units[i].seq_id, self.lengths[units[i].seq_id], last.clone(), stream
+                        units[i].seq_id,
+                        self.lengths[units[i].seq_id],
+                        last.clone(),
+                        stream,
+                        routing.get(i),
                     )
         for i in forks:
             shared = self._shared[keys[i]]
@@ -927,14 +979,44 @@ class PagedARModel:
             self._note_positions(units[i])
             self._on_admit(units[i])
             rows_out[i] = (shared.last_hidden, shared.stream)
+            if units[i].record and shared.routing is not None:  # the group's prompt rows
+                routing[i] = shared.routing
         done = sorted(rows_out)
         if done:
             hidden = torch.stack([rows_out[i][0] for i in done])
             streams = [rows_out[i][1] for i in done]
             outputs = self._sample(hidden, [units[i] for i in done], streams)
             for i, out in zip(done, outputs, strict=True):
-                results[i] = out
+                results[i] = self._with_routing(out, routing.get(i), prefill=True)
         return results
+
+    def _prefill_routing(
+        self, units: Sequence[ARPrefillInput], index: Sequence[int], inputs: Sequence[torch.Tensor]
+    ) -> dict[int, torch.Tensor | None]:
+        """The MoE routing ``[rows, layers, k]`` (device) of each recorded unit of the
+        prefill forward just run (``last_routing``, its rows in ``inputs``' order), by the
+        unit's index in ``index``; None where the forward computed only some of the
+        sequence's rows (a cached or kept prefix: the rest's routing is unknown)."""
+        if self.last_routing is None:
+            return {}
+        out: dict[int, torch.Tensor | None] = {}
+        start = 0
+        for i, unit, rows in zip(index, units, inputs, strict=True):
+            n = rows.shape[0]
+            if unit.record:
+                whole = n == self.lengths.get(unit.seq_id, -1)
+                out[i] = self.last_routing[start : start + n] if whole else None
+            start += n
+        return out
+
+    @staticmethod
+    def _with_routing(out: ARStepOutput, rows: torch.Tensor | None, prefill: bool) -> ARStepOutput:
+        """``out`` with its step's MoE routing (``ARStepOutput.routing``; a prefill's also
+        ``prompt_routing``) from its rows' routing ``[n, layers, k]``: int16 on the CPU."""
+        if rows is None or out.preempted:
+            return out
+        host = rows.to("cpu", torch.int16).numpy()
+        return replace(out, routing=host[-1], prompt_routing=host[:-1] if prefill else None)
 
     def _admit_unit(self, unit: ARPrefillInput, batch: _Admitted) -> bool:
         """Admit one prefill into ``batch``: a fresh member of a group whose prompt is kept
@@ -1307,14 +1389,17 @@ class PagedARModel:
             rows = torch.cat([rows, rows[guided]])
         positions = self._step_positions(seq_ids)
         hidden = self._forward(rows, positions, seq_ids, [1] * len(seq_ids))
+        step_routing = self.last_routing
         for k, j in enumerate(guided):
             self._uncond_last[run_units[j].seq_id] = hidden[len(keep) + k]
         hidden, rows = hidden[: len(keep)], rows[: len(keep)]
         streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
         if self._salted:
             self._note_fed(run_units, rows, positions, streams)
-        for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
-            results[i] = out
+        sampled = self._sample(hidden, run_units, streams)
+        for j, (i, out) in enumerate(zip(keep, sampled, strict=True)):
+            rec = step_routing is not None and run_units[j].record
+            results[i] = self._with_routing(out, step_routing[j : j + 1] if rec else None, False)
         return results
 
     def _grow(self, units: Sequence[Any], held: list[int]) -> list[int]:
