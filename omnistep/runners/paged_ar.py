@@ -240,6 +240,10 @@ class PagedARModel:
     """Rows of rope positions the stack takes: 1, or 3 for an M-RoPE family (its
     ``llama.rotary_emb`` an ``MRotaryEmbedding``)."""
 
+    _expert_prefix: str | None = None
+    """The checkpoint's name of the stack (e.g. ``"thinker.model."``) for the per-expert
+    aliases of ``_weight_aliases``; None: none."""
+
     SERVING_STATE = (
         "cache",
         "table",
@@ -365,6 +369,24 @@ class PagedARModel:
         """The live tensors a weight update copies into, by the checkpoint's own tensor names
         (the family's loader names). Empty (the default): the component takes no updates."""
         return {}
+
+    def _weight_aliases(self) -> dict[str, torch.Tensor]:
+        """More names a weight update may write, each a view of a ``_weight_tensors`` tensor
+        (a MoE layer's published per-expert names inside its fused experts,
+        ``layers.moe.expert_views``): in ``weight_specs`` and ``update_weights``, not in
+        ``trainable_weights`` (gradients land on the fused tensors). Default: the stack's
+        per-expert names under ``_expert_prefix`` when it has MoE layers."""
+        prefix = self._expert_prefix
+        if prefix is None or self.llama.config.moe is None:
+            return {}
+        from omnistep.layers.moe import expert_views
+
+        views: dict[str, torch.Tensor] = {}
+        for i, layer in enumerate(self.llama.layers):
+            if layer.sparse:
+                for name, view in expert_views(layer.mlp).items():
+                    views[f"{prefix}layers.{i}.mlp.{name}"] = view
+        return views
 
     def _weights_updated(self, names: set[str]) -> None:
         """Refresh what the family derives from the updated tensors (e.g. folded heads).
@@ -497,7 +519,8 @@ class PagedARModel:
     def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """``name -> (shape, dtype)`` of every tensor ``update_weights`` may change (checkpoint
         names; dtype as ``str(tensor.dtype)``)."""
-        return {name: (tuple(t.shape), str(t.dtype)) for name, t in self._weight_tensors().items()}
+        tensors = {**self._weight_tensors(), **self._weight_aliases()}
+        return {name: (tuple(t.shape), str(t.dtype)) for name, t in tensors.items()}
 
     @torch.no_grad()
     def update_weights(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -510,6 +533,8 @@ class PagedARModel:
             KeyError: a name ``weight_specs`` does not list (callers check first).
         """
         targets = self._weight_tensors()
+        if any(name not in targets for name in tensors):
+            targets.update(self._weight_aliases())
         for name, value in tensors.items():  # numpy arrays too (check_weights accepts them)
             targets[name].copy_(torch.as_tensor(value))
         self._weights_updated(set(tensors))
@@ -528,7 +553,8 @@ class PagedARModel:
         """A training copy's weights by checkpoint name (``weight_specs``' names; all when
         ``names`` is None), each set to require grad: what a trainer's optimizer takes.
         ``score_logits`` computes from these tensors (a derived copy, such as a folded or
-        tied head, is derived again inside its graph), so its gradients land here. Send new
+        tied head, is derived again inside its graph), so its gradients land here. Names of
+        ``_weight_aliases`` (per-expert views) are skipped: their fused tensors train. Send new
         values to serving with the engine's ``update_weights`` (the copy's ``_weight_tensors``).
 
         Raises:
@@ -537,7 +563,12 @@ class PagedARModel:
         """
         require_training_copy(self)
         tensors = self._weight_tensors()
-        picked = tensors if names is None else {name: tensors[name] for name in names}
+        aliases = set(self._weight_aliases()) if names is not None else set()
+        picked = (
+            tensors
+            if names is None
+            else {name: tensors[name] for name in names if name not in aliases}
+        )
         for tensor in picked.values():
             tensor.requires_grad_(True)
         return picked

@@ -138,6 +138,8 @@ class Qwen3OmniThinker(PagedARModel):
     """
 
     stream_prompt_rows = True
+    _expert_prefix = "thinker.model."
+    SERVING_STATE = (*PagedARModel.SERVING_STATE, "_routing")
 
     def __init__(
         self,
@@ -176,6 +178,24 @@ class Qwen3OmniThinker(PagedARModel):
         self.embed_weight.copy_(model["embed_tokens.weight"])
         self.lm_head.copy_(model["embed_tokens.weight"] if head is None else head)
         self.llama.load_hf_state_dict(model)
+
+    def _weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The text model's tensors by their official names: ``thinker.model.*`` (a MoE
+        layer's experts fused as transformers 5 holds them, ``mlp.experts.gate_up_proj`` /
+        ``mlp.experts.down_proj``; the published per-expert names are ``_weight_aliases``),
+        ``thinker.model.embed_tokens.weight`` and ``thinker.lm_head.weight`` (unless tied).
+        The encoders take no updates (not served yet)."""
+        stack = self.llama.state_dict(keep_vars=True).items()
+        tensors = {f"thinker.model.{k}": v for k, v in stack}
+        tensors["thinker.model.embed_tokens.weight"] = self.embed_weight
+        if not self.config.tie_word_embeddings:
+            tensors["thinker.lm_head.weight"] = self.lm_head
+        return tensors
+
+    def _weights_updated(self, names: set[str]) -> None:
+        """A tied head follows the embeddings."""
+        if self.config.tie_word_embeddings and "thinker.model.embed_tokens.weight" in names:
+            self.lm_head.copy_(self.embed_weight)
 
     def routing(self, seq_id: str) -> torch.Tensor:
         """The experts sequence ``seq_id``'s computed tokens were routed to, LongTensor
