@@ -1002,7 +1002,7 @@ class PagedARModel:
                         self.lengths[units[i].seq_id],
                         last.clone(),
                         stream,
-                        routing.get(i),
+                        None if routing.get(i) is None else routing[i].clone(),
                     )
         for i in forks:
             shared = self._shared[keys[i]]
