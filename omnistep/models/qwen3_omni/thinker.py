@@ -9,11 +9,15 @@ position of its section. For text-only prompts the three positions are equal (th
 so every frequency sees the same position and MRoPE is plain RoPE with ``rope_theta``: that is
 what this component runs (media prompts, which need 3-D positions, are a later slice).
 
-Routing (for rollouts: Rollout Routing Replay later): every forward's experts per token and MoE
-layer (``PagedARModel.last_routing``) are kept per sequence, ``routing(seq_id)`` ``[T, L, k]``
-in the order its tokens were computed; reset when the sequence is (re)admitted, freed with it.
-A group member forked from a computed prompt has no rows for that prompt (the computing
-member has them); scoring (``score_*``) records nothing and cannot replay routing yet.
+Routing: every forward's experts per token and MoE layer (``PagedARModel.last_routing``) are
+kept per sequence, ``routing(seq_id)`` ``[T, L, k]`` in the order its tokens were computed;
+reset when the sequence is (re)admitted, freed with it. A group member forked from a computed
+prompt has no rows for that prompt (the computing member has them). Rollouts get theirs from
+``PagedARModel`` (``ARStepOutput.routing``, a group's prompt rows shared), and scoring replays
+them (``score_batch(..., routing=)``: Rollout Routing Replay).
+
+Weight updates take the official names (``_weight_tensors``), a MoE layer's experts also by
+their published per-expert names (``_weight_aliases``).
 
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``,
 ``omnistep.runners``.
