@@ -130,6 +130,15 @@ class LoopActions:
             Qwen3-TTS does not sample codebooks 1..15 there and records 0s, ChatTTS samples
             them but drops the frame, so they act on nothing); a loss masks the rest
             (``score(..., masked=True)``). None: every id (built without one).
+        routing: a MoE component's routing (Qwen3-Omni's thinker and talker), int16
+            ``[T, MoE layers, k]``: for each sampled frame ``i``, the experts each MoE layer
+            routed the row whose output frame ``i`` was drawn from (the prompt's last row
+            for frame 0, the row fed frame ``i - 1`` after), most probable first, recorded
+            from the step's own forward. None: a dense stack (or not recorded).
+        prompt_routing: int16 ``[prompt rows - 1, MoE layers, k]``: the same for the
+            prompt's other rows (a group's members share their prompt's); with ``routing``
+            every row of the teacher-forced forward, what ``score(..., routing_replay=True)``
+            replays. None when unknown (a dense stack; rows taken from a prefix cache).
     """
 
     tokens: np.ndarray
@@ -140,6 +149,16 @@ class LoopActions:
     seed: int
     prompt: Any
     mask: np.ndarray | None = None
+    routing: np.ndarray | None = None
+    prompt_routing: np.ndarray | None = None
+
+    def replay_routing(self) -> np.ndarray | None:
+        """int16 ``[prompt rows - 1 + T, MoE layers, k]``: ``prompt_routing`` then
+        ``routing``, one row per row of the teacher-forced forward (Rollout Routing Replay);
+        None when either is unknown."""
+        if self.routing is None or self.prompt_routing is None:
+            return None
+        return np.concatenate([self.prompt_routing, self.routing])
 
     def sampled(self) -> np.ndarray:
         """bool ``[T, num_codebooks]``: ``mask``, or all True when it is None."""
@@ -640,6 +659,7 @@ class AsyncOmniEngine:
         entropy: bool = False,
         masked: bool = False,
         batch_size: int = 16,
+        routing_replay: bool = False,
     ) -> list[dict[str, Any]]:
         """``score_samples`` on a worker thread (the event loop keeps serving meanwhile);
         see there. The tensors' graphs work from any thread."""
@@ -655,6 +675,7 @@ class AsyncOmniEngine:
             entropy=entropy,
             masked=masked,
             batch_size=batch_size,
+            routing_replay=routing_replay,
         )
 
     async def update_weights(
@@ -829,6 +850,7 @@ def score_samples(
     entropy: bool = False,
     masked: bool = False,
     batch_size: int = 16,
+    routing_replay: bool = False,
 ) -> list[dict[str, Any]]:
     """Recompute the log-probs of rollout samples' recorded actions (train = serve).
 
@@ -868,6 +890,11 @@ def score_samples(
             GEMM over all their rows, attention per sequence); each sample's result equals
             its own scoring to the bit under ``batch_invariant``, and within float32
             rounding of the larger GEMMs otherwise (docs/rl.md, "Scoring").
+        routing_replay: Rollout Routing Replay for MoE components (Qwen3-Omni's thinker and
+            talker): every MoE layer of the teacher-forced forward uses the experts the
+            rollout recorded (``LoopActions.replay_routing()``) instead of its router's
+            choice, their weights still the router's probabilities (so gradients reach the
+            router). Every AR loop scored must have recorded its routing.
 
     A denoise loop's SDE steps (``RolloutSample.denoise``, Flow-GRPO) are scored the same
     way: each step's mean recomputed by the component's own code (the window's conditioning,
@@ -885,7 +912,8 @@ def score_samples(
 
     Raises:
         InvalidRequestError: an unknown mode or loop name, a sample of a model not served (or
-            not the trainer's), ``reference`` without a trainer made with one.
+            not the trainer's), ``reference`` without a trainer made with one, or
+            ``routing_replay`` for a loop that recorded no routing (a dense model).
         NotImplementedError: a loop or component that cannot score (a card's non-AR loop, or
             components running in other processes, as with the Ray executor).
     """
@@ -918,7 +946,15 @@ def score_samples(
         model = _scoring_model(engine, card_id, copy, trainer)
         loop = model.loops[_loop_id(model, name)]
         scores = _score_loop(
-            loop, model, items, loop_mode, match_serving, entropy, batch_size, f"{card_id}/{name}"
+            loop,
+            model,
+            items,
+            loop_mode,
+            match_serving,
+            entropy,
+            batch_size,
+            f"{card_id}/{name}",
+            routing_replay,
         )
         for (i, _, actions), (logprobs, ent) in zip(items, scores, strict=True):
             if masked:
@@ -971,10 +1007,24 @@ def _score_loop(
     entropy: bool,
     batch_size: int,
     label: str,
+    routing_replay: bool = False,
 ) -> list[tuple[Any, Any]]:
     """``(log-probs, entropy or None)`` of each item's actions: ``batch_size`` trajectories
     per packed forward (``loop.score_batch``), or one by one (``loop.score``) for a loop
-    without one."""
+    without one; ``routing_replay``: each trajectory's recorded routing replayed.
+
+    Raises:
+        InvalidRequestError: ``routing_replay`` for an item that recorded no routing.
+        NotImplementedError: a loop that cannot score (or replay routing)."""
+    routings = None
+    if routing_replay:
+        routings = [a.replay_routing() for _, _, a in items]
+        if any(r is None for r in routings):
+            raise InvalidRequestError(
+                f"loop '{label}' recorded no MoE routing to replay (a dense model, or a "
+                "prompt taken from a prefix cache): score it without routing_replay",
+                param="routing_replay",
+            )
     requests = [
         Request(
             model.card.card_id,
@@ -992,11 +1042,20 @@ def _score_loop(
             prompts = [a.prompt for _, _, a in part]
             tokens = [a.tokens for _, _, a in part]
             reqs = requests[start : start + batch_size]
-            out += batched(model, reqs, prompts, tokens, mode, match_serving, entropy)
+            if routings is None:
+                out += batched(model, reqs, prompts, tokens, mode, match_serving, entropy)
+                continue
+            replay = routings[start : start + batch_size]
+            out += batched(
+                model, reqs, prompts, tokens, mode, match_serving, entropy, routing=replay
+            )
         return out
     scorer = getattr(loop, "score", None)
-    if scorer is None:
-        raise NotImplementedError(f"loop '{label}' cannot score")
+    if scorer is None or routings is not None:
+        raise NotImplementedError(
+            f"loop '{label}' cannot score"
+            + (" with routing replay" if routings is not None else "")
+        )
     if entropy:
         raise NotImplementedError(f"loop '{label}' gives no entropies")
     return [
@@ -1076,7 +1135,13 @@ def _actions(records: list, info: dict, mode: str) -> LoopActions:
     width = len(records[0].tokens) if records else 1
     field_name = "logprobs" if mode == "processed" else "policy_logprobs"
     mask = info.get("mask")
+    routing = None
+    if records and all(getattr(r, "routing", None) is not None for r in records):
+        routing = np.stack([np.asarray(r.routing, dtype=np.int16) for r in records])
+    prompt_routing = info.get("prompt_routing")
     return LoopActions(
+        routing=routing,
+        prompt_routing=None if prompt_routing is None else np.asarray(prompt_routing, np.int16),
         mask=None if mask is None else np.array(mask, dtype=bool).reshape(-1, width),
         tokens=np.array([r.tokens for r in records], dtype=np.int64).reshape(-1, width),
         logprobs=np.array([getattr(r, field_name) for r in records], dtype=np.float32).reshape(

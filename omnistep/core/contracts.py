@@ -199,12 +199,16 @@ class ActionRecord:
         policy_logprobs: per codebook, the log-probability under ``log_softmax(logits /
             temperature)``, no truncation (``policy`` mode: what a PPO/GRPO ratio uses).
         weight_version: the version of the component's weights the step ran under.
+        routing: a MoE stack's routing of the step (Rollout Routing Replay): int16 numpy
+            ``[sparse layers, k]``, the experts of the row whose output the frame was
+            sampled from; None for a dense stack.
     """
 
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
     policy_logprobs: tuple[float, ...]
     weight_version: int = 0
+    routing: Any = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -390,13 +390,16 @@ class LlamaDecoderLayer(nn.Module):
         attention: Callable[[torch.Tensor], torch.Tensor],
         plans: RowPlans,
         routing: list[torch.Tensor] | None = None,
+        expert_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The block on rows ``[N, hidden]``; a sparse layer replays ``expert_ids`` ``[N, k]``
+        when given (``MoEFeedForward.forward``) and appends its routing to ``routing``."""
         attn_in = _rows(self.input_layernorm, hidden, plans.norm)
         hidden = hidden + self._scaled(attention(attn_in))
         mlp_in = _rows(self.post_attention_layernorm, hidden, plans.norm)
         if not self.sparse:
             return hidden + self._scaled(self.mlp(mlp_in, plans))
-        out = self.mlp(mlp_in, batch_invariant=plans.norm is not None)  # MoEOutput
+        out = self.mlp(mlp_in, expert_ids, batch_invariant=plans.norm is not None)  # MoEOutput
         if routing is not None:
             routing.append(out.expert_ids)
         return hidden + out.hidden
@@ -620,6 +623,7 @@ class LlamaModel(nn.Module):
         batch_invariant: bool = False,
         shared: Sequence[tuple[int, int] | None] | None = None,
         positions: torch.Tensor | None = None,
+        expert_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``forward_dense`` of several whole sequences packed into one call: the row-wise
         work (projections, MLP, norms) runs once over every sequence's rows, attention per
@@ -645,6 +649,9 @@ class LlamaModel(nn.Module):
                 attention call per row under ``batch_invariant``, as serving decoded them).
             positions: LongTensor ``[sum(seq_lens)]`` or ``[R, sum(seq_lens)]`` (M-RoPE);
                 None: ``offset .. offset + N_i - 1`` per sequence (its shared prompt's length).
+            expert_ids: integer ``[sum(seq_lens), sparse layers, k]``: a MoE stack replays
+                these experts (Rollout Routing Replay; see ``forward_attend``); None: the
+                router chooses.
 
         Returns:
             ``[sum(seq_lens), hidden]`` after the final norm.
@@ -706,7 +713,9 @@ class LlamaModel(nn.Module):
                 outs.append(causal_attention_tail(q[a:b], keys, values, scale, per_row[i]))
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-        return self.forward_attend(inputs_embeds, positions, attend, query_lens, batch_invariant)
+        return self.forward_attend(
+            inputs_embeds, positions, attend, query_lens, batch_invariant, expert_ids
+        )
 
     def forward_attend(
         self,
@@ -715,6 +724,7 @@ class LlamaModel(nn.Module):
         attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
         query_lens: Sequence[int],
         batch_invariant: bool = False,
+        expert_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The stack with a caller's attention: the same layers, rope, norms and linear kernels
         as ``forward``, but each layer's attention is ``attend(layer_idx, q, k, v)`` on the
@@ -727,10 +737,28 @@ class LlamaModel(nn.Module):
             query_lens: rows per sequence (they sum to N): the row chunks of batch-invariant
                 mode, as ``forward`` picks them from ``AttentionMetadata.query_lens_host``.
             batch_invariant: chunk the row-wise work to fixed shapes (``RowChunking``).
+            expert_ids: integer ``[N, sparse layers, k]``: MoE layer ``j`` (the ``j``-th
+                sparse layer) routes row ``n`` to ``expert_ids[n, j]`` instead of its router's
+                choice (Rollout Routing Replay: the weights are still the router's
+                probabilities at those experts, so replaying the routing the router chose
+                gives the same rows to the bit).
 
         Returns:
             Hidden states after the final norm, ``[N, hidden]``.
+
+        Raises:
+            ValueError: ``expert_ids`` given to a dense stack, or not ``[N, sparse layers,
+                k]`` with ids in ``[0, num_experts)``.
         """
+        sparse = [i for i, layer in enumerate(self.layers) if layer.sparse]
+        if expert_ids is not None:
+            k = self.config.moe.num_experts_per_tok if self.config.moe is not None else 0
+            want = (inputs_embeds.shape[0], len(sparse), k)
+            if not sparse or tuple(expert_ids.shape) != want:
+                raise ValueError(
+                    f"expert_ids must be {list(want)} (rows, MoE layers, k), got "
+                    f"{list(expert_ids.shape)}"
+                )
         plans = self.row_plans(inputs_embeds, query_lens, batch_invariant)
         cos, sin = self._cos_sin(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
@@ -741,7 +769,10 @@ class LlamaModel(nn.Module):
                     x, cos, sin, lambda q, k, v: attend(i, q, k, v), plans
                 )
 
-            hidden = layer._block(hidden, attention, plans)
+            replay = None
+            if expert_ids is not None and layer.sparse:
+                replay = expert_ids[:, sparse.index(i)]
+            hidden = layer._block(hidden, attention, plans, expert_ids=replay)
         return _rows(self.norm, hidden, plans.norm)
 
     def row_plans(

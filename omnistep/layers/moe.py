@@ -323,6 +323,25 @@ class MoEFeedForward(nn.Module):
         self.load_state_dict({k: fused[k] for k in wanted}, strict=True)
 
 
+def expert_views(layer: MoEFeedForward) -> dict[str, torch.Tensor]:
+    """The published per-expert names of a layer's fused experts, relative to its ``mlp.``,
+    each a view sharing the fused tensor's storage and version counter (an in-place
+    ``copy_`` into it changes the layer, and its pre-packed copies refresh):
+    ``experts.{e}.gate_proj.weight`` ``gate_up_proj[e, :I]``, ``experts.{e}.up_proj.weight``
+    ``gate_up_proj[e, I:]`` (``[I, H]`` each) and ``experts.{e}.down_proj.weight``
+    ``down_proj[e]`` (``[H, I]``). Views for writing (weight updates), not for training:
+    gradients land on the fused parameters."""
+    inner = layer.config.moe_intermediate_size
+    gate_up = layer.experts.gate_up_proj.detach()
+    down = layer.experts.down_proj.detach()
+    views: dict[str, torch.Tensor] = {}
+    for e in range(layer.config.num_experts):
+        views[f"experts.{e}.gate_proj.weight"] = gate_up[e, :inner]
+        views[f"experts.{e}.up_proj.weight"] = gate_up[e, inner:]
+        views[f"experts.{e}.down_proj.weight"] = down[e]
+    return views
+
+
 def fuse_expert_tensors(state: Mapping[str, torch.Tensor], num_experts: int) -> dict[str, Any]:
     """``state`` (one layer's ``mlp.`` tensors, prefix stripped) with per-expert
     ``experts.{e}.{gate,up,down}_proj.weight`` replaced by the fused ``experts.gate_up_proj``

@@ -127,6 +127,13 @@ class ARStepOutput:
         weight_version: the version of the weights the step ran under.
         cached_rows: PREFILL only: prompt rows taken from the prefix cache rather than computed
             (``Request.cache_salt``), reported as the request's ``cached_tokens``.
+        routing: a recorded unit's MoE routing (a MoE stack's, else None): int16 numpy
+            ``[sparse layers, k]``, the experts of the row whose output this step sampled
+            from (most probable first).
+        prompt_routing: a recorded PREFILL's routing of its sequence's other rows (the
+            prompt's rows but the last; after a preemption also the replayed frames' rows),
+            int16 ``[rows - 1, sparse layers, k]``; None when not every row was computed by
+            this prefill (a cached prefix) or the stack is dense.
     """
 
     tokens: Frame = ()
@@ -136,6 +143,8 @@ class ARStepOutput:
     policy_logprobs: tuple[float, ...] = ()
     weight_version: int = 0
     cached_rows: int = 0
+    routing: Any = None
+    prompt_routing: Any = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,7 @@ class ARDecodeState(LoopState):
     seed: int = 0
     cache_salt: str | None = None
     cached_rows: int = 0
+    prompt_routing: Any = None
 
 
 class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
@@ -284,8 +294,14 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
         state.step += 1
         state.cached_rows += out.cached_rows
         if state.profile is ExecutionProfile.ROLLOUT:
+            if not state.trajectory and out.routing is not None:  # the first prefill's
+                state.prompt_routing = out.prompt_routing
             record = ActionRecord(
-                tuple(out.tokens), out.logprobs, out.policy_logprobs, out.weight_version
+                tuple(out.tokens),
+                out.logprobs,
+                out.policy_logprobs,
+                out.weight_version,
+                out.routing,
             )
             state.trajectory.append(record)
         if self._is_eos(out.tokens):
@@ -334,6 +350,8 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
             "seed": state.seed,
             "mask": self.sampled_mask([r.tokens for r in state.trajectory]),
         }
+        if state.prompt_routing is not None:
+            info["prompt_routing"] = state.prompt_routing
         if self.config.stream_delay is not None:  # forced BOS/EOS ids are no actions
             info["mask"] = self.config.stream_delay.forced_mask(
                 [r.tokens for r in state.trajectory]
@@ -386,6 +404,7 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
         mode: str = "processed",
         match_serving: bool = True,
         entropy: bool = False,
+        routing: Sequence[Any] | None = None,
     ) -> list[tuple[Any, Any]]:
         """``score`` of several recorded trajectories in one packed teacher-forced forward
         (the component's ``score_batch``, e.g. ``PagedARModel.score_batch``).
@@ -394,6 +413,9 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
             reqs: per trajectory a request with the sample's ``SamplingParams``.
             prompts, tokens: per trajectory, as in ``score``.
             entropy: also each step's entropy per codebook of the scored distribution.
+            routing: Rollout Routing Replay (a MoE component): per trajectory the experts
+                of every row of its forward, ``[prompt rows + T - 1, MoE layers, k]``
+                (``LoopActions.replay_routing()``); None: the router chooses.
 
         Returns:
             Per trajectory ``(log-probs [T, num_vq], entropy [T, num_vq] or None)``.
@@ -406,7 +428,9 @@ class ARDecodeLoop(ConfiguredLoop[ARDecodeConfig]):
         frames = [[tuple(int(t) for t in frame) for frame in tok] for tok in tokens]
         rows = [self.config.make_sampling(req) for req in reqs]
         window = self.config.penalty_window
-        return scorer(prompts, frames, rows, mode, window, match_serving, entropy)
+        if routing is None:
+            return scorer(prompts, frames, rows, mode, window, match_serving, entropy)
+        return scorer(prompts, frames, rows, mode, window, match_serving, entropy, routing=routing)
 
     def sampled_mask(self, frames: Sequence[Frame]) -> list[tuple[bool, ...]]:
         """Which ids of recorded frames were sampled actions: all of a frame, except in an

@@ -326,6 +326,7 @@ class CodecTalker(PagedARModel):
         prompts: Sequence[Any],
         frames: Sequence[Sequence[Sequence[int]]],
         match_serving: bool = True,
+        routing: Sequence[Any] | None = None,
     ) -> list[torch.Tensor]:
         """Teacher-forced logits of recorded trajectories, differentiable in the weights:
         the talker as in ``PagedARModel.score_logits_batch`` (one packed forward), then the
@@ -336,6 +337,8 @@ class CodecTalker(PagedARModel):
             prompts: the recorded ``Any``s with ``replay_text`` for ``frames[:-1]``.
             frames: per trajectory ``T >= 1`` frames of 16 ids, the last one included (its EOS
                 frame too).
+            routing: a MoE talker's recorded routing per trajectory, replayed
+                (``PagedARModel.score_logits_batch``); None: its router chooses.
 
         Returns:
             Per trajectory ``[T, 16, vocab]`` float32: codebook 0's raw talker logits, then the
@@ -351,7 +354,9 @@ class CodecTalker(PagedARModel):
             if any(not fs for fs in frames):
                 raise ValueError("score needs at least one frame")
             codes = torch.cat([self._frames(fs) for fs in frames])  # [sum T, 16]
-            hidden = torch.cat(self._score_hidden_batch(prompts, frames, match_serving))
+            hidden = torch.cat(
+                self._score_hidden_batch(prompts, frames, match_serving, routing=routing)
+            )
             talker = self._head(hidden, "").float()
             teacher = codes[:, 1:]
             predictor = self.predictor.run(
@@ -373,6 +378,7 @@ class CodecTalker(PagedARModel):
         penalty_window: int = 0,
         match_serving: bool = True,
         entropy: bool = False,
+        routing: Sequence[Any] | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Log-probs ``[T, 16]`` of recorded trajectories' ids, as serving recorded them:
         codebook 0 with the talker row (suppression, the codebook-0 history's penalty, the EOS
@@ -383,14 +389,14 @@ class CodecTalker(PagedARModel):
         Args:
             samplings: each trajectory's ``CodecTalkerSampling``.
             penalty_window: the loop's ``ARDecodeConfig.penalty_window`` (0: all frames).
-            mode, match_serving: as in ``PagedARModel.score_batch``.
+            mode, match_serving, routing: as in ``PagedARModel.score_batch``.
 
         Raises:
             ValueError: an unknown mode, or what ``score_logits_batch`` raises.
         """
         if mode not in SCORE_MODES:
             raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
-        logits = torch.cat(self.score_logits_batch(prompts, frames, match_serving))
+        logits = torch.cat(self.score_logits_batch(prompts, frames, match_serving, routing))
         tokens = [self._frames(tuple(tuple(int(t) for t in f) for f in fs)) for fs in frames]
         first = self._sampling_logits(logits[:, :1])
         rest = logits[:, 1:, : self.predictor.config.vocab_size]

@@ -154,6 +154,7 @@ class _SharedPrompt:
     num_tokens: int
     last_hidden: torch.Tensor  # [hidden], the final hidden state of the prompt's last row
     stream: Any  # what the computing sequence's prefill output streamed
+    routing: torch.Tensor | None = None  # MoE routing of its rows [n, layers, k], if recorded
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,10 @@ class PagedARModel:
     position_rows: int = 1
     """Rows of rope positions the stack takes: 1, or 3 for an M-RoPE family (its
     ``llama.rotary_emb`` an ``MRotaryEmbedding``)."""
+
+    _expert_prefix: str | None = None
+    """The checkpoint's name of the stack (e.g. ``"thinker.model."``) for the per-expert
+    aliases of ``_weight_aliases``; None: none."""
 
     SERVING_STATE = (
         "cache",
@@ -365,6 +370,24 @@ class PagedARModel:
         """The live tensors a weight update copies into, by the checkpoint's own tensor names
         (the family's loader names). Empty (the default): the component takes no updates."""
         return {}
+
+    def _weight_aliases(self) -> dict[str, torch.Tensor]:
+        """More names a weight update may write, each a view of a ``_weight_tensors`` tensor
+        (a MoE layer's published per-expert names inside its fused experts,
+        ``layers.moe.expert_views``): in ``weight_specs`` and ``update_weights``, not in
+        ``trainable_weights`` (gradients land on the fused tensors). Default: the stack's
+        per-expert names under ``_expert_prefix`` when it has MoE layers."""
+        prefix = self._expert_prefix
+        if prefix is None or self.llama.config.moe is None:
+            return {}
+        from omnistep.layers.moe import expert_views
+
+        views: dict[str, torch.Tensor] = {}
+        for i, layer in enumerate(self.llama.layers):
+            if layer.sparse:
+                for name, view in expert_views(layer.mlp).items():
+                    views[f"{prefix}layers.{i}.mlp.{name}"] = view
+        return views
 
     def _weights_updated(self, names: set[str]) -> None:
         """Refresh what the family derives from the updated tensors (e.g. folded heads).
@@ -497,7 +520,8 @@ class PagedARModel:
     def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """``name -> (shape, dtype)`` of every tensor ``update_weights`` may change (checkpoint
         names; dtype as ``str(tensor.dtype)``)."""
-        return {name: (tuple(t.shape), str(t.dtype)) for name, t in self._weight_tensors().items()}
+        tensors = {**self._weight_tensors(), **self._weight_aliases()}
+        return {name: (tuple(t.shape), str(t.dtype)) for name, t in tensors.items()}
 
     @torch.no_grad()
     def update_weights(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -510,6 +534,8 @@ class PagedARModel:
             KeyError: a name ``weight_specs`` does not list (callers check first).
         """
         targets = self._weight_tensors()
+        if any(name not in targets for name in tensors):
+            targets.update(self._weight_aliases())
         for name, value in tensors.items():  # numpy arrays too (check_weights accepts them)
             targets[name].copy_(torch.as_tensor(value))
         self._weights_updated(set(tensors))
@@ -528,7 +554,8 @@ class PagedARModel:
         """A training copy's weights by checkpoint name (``weight_specs``' names; all when
         ``names`` is None), each set to require grad: what a trainer's optimizer takes.
         ``score_logits`` computes from these tensors (a derived copy, such as a folded or
-        tied head, is derived again inside its graph), so its gradients land here. Send new
+        tied head, is derived again inside its graph), so its gradients land here. Names of
+        ``_weight_aliases`` (per-expert views) are skipped: their fused tensors train. Send new
         values to serving with the engine's ``update_weights`` (the copy's ``_weight_tensors``).
 
         Raises:
@@ -537,7 +564,12 @@ class PagedARModel:
         """
         require_training_copy(self)
         tensors = self._weight_tensors()
-        picked = tensors if names is None else {name: tensors[name] for name in names}
+        aliases = set(self._weight_aliases()) if names is not None else set()
+        picked = (
+            tensors
+            if names is None
+            else {name: tensors[name] for name in names if name not in aliases}
+        )
         for tensor in picked.values():
             tensor.requires_grad_(True)
         return picked
@@ -576,6 +608,7 @@ class PagedARModel:
         prompts: Sequence[Any],
         frames: Sequence[Sequence[Sequence[int]]],
         match_serving: bool = True,
+        routing: Sequence[Any] | None = None,
     ) -> list[torch.Tensor]:
         """``score_logits`` of several trajectories in one packed forward
         (``LlamaModel.forward_packed``: every GEMM over all of their rows at once, attention
@@ -583,18 +616,27 @@ class PagedARModel:
         (``_score_head_key``). Equal to ``score_logits`` of each to the bit under
         ``batch_invariant``, else within float rounding (tests/test_score.py measures it).
 
+        Args:
+            routing: Rollout Routing Replay (a MoE stack): per trajectory the experts of
+                every row of its forward, integer ``[prompt rows + T - 1, sparse layers, k]``
+                (the rollout's ``prompt_routing`` then its ``routing``; numpy or torch), so
+                the forward uses the rollout's experts; None: the router chooses.
+
         Returns:
             One ``[T_i, num_codebooks, V]`` float32 tensor per trajectory, in order.
 
         Raises:
-            ValueError: as ``score_logits``, or prompts and frames of different counts.
+            ValueError: as ``score_logits``, prompts and frames of different counts, or a
+                ``routing`` of another shape (or on a dense stack, or a guided prompt).
         """
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
-            hidden = self._score_hidden_batch(prompts, frames, match_serving)
+            hidden = self._score_hidden_batch(prompts, frames, match_serving, routing=routing)
             logits = self._score_heads(hidden, prompts)
             guided = [i for i, p in enumerate(prompts) if self._guidance(p) is not None]
             if not guided:
                 return logits
+            if routing is not None:
+                raise ValueError("routing replay of a guided (CFG) prompt is not supported")
             picked = [prompts[i] for i in guided]
             hidden = self._score_hidden_batch(
                 picked, [frames[i] for i in guided], match_serving, unconditional=True
@@ -643,12 +685,17 @@ class PagedARModel:
         frames_of: Sequence[Sequence[Sequence[int]]],
         match_serving: bool,
         unconditional: bool = False,
+        routing: Sequence[Any] | None = None,
     ) -> list[torch.Tensor]:
         """``_score_hidden`` of several trajectories, in one ``forward_packed``; with
-        ``unconditional``, of their guided prompts' unconditional rows."""
+        ``unconditional``, of their guided prompts' unconditional rows; with ``routing``
+        (``score_logits_batch``), replaying each trajectory's experts."""
         if len(prompts) != len(frames_of) or not prompts:
             raise ValueError(f"{len(prompts)} prompts for {len(frames_of)} trajectories")
+        if routing is not None and len(routing) != len(prompts):
+            raise ValueError(f"{len(routing)} routings for {len(prompts)} trajectories")
         rows, lens, query_lens, pieces_of, prompt_lens, positions = [], [], [], [], [], []
+        replay: list[torch.Tensor] = []
         shared: list[tuple[int, int] | None] = []
         firsts: dict[Hashable, int] = {}  # (prompt key, prompt rows) -> its first trajectory
         for i, (prompt, frames) in enumerate(zip(prompts, frames_of, strict=True)):
@@ -663,7 +710,12 @@ class PagedARModel:
             num_rows = x.shape[0]
             prompt_len = num_rows - (len(frames) - 1)
             prompt_lens.append(prompt_len)
+            experts = None if routing is None else self._replay_rows(routing[i], num_rows, i)
             first = self._shared_prompt(firsts, x[:prompt_len], i, num_rows, match_serving)
+            if first is not None and experts is not None:
+                experts = experts[prompt_len:]
+            if experts is not None:
+                replay.append(experts)
             if first is not None:  # a group's prompt computed once: only the frames' rows
                 shared.append((first, prompt_len))
                 positions.append(self._positions(prompt, prompt_len, num_rows))
@@ -686,7 +738,13 @@ class PagedARModel:
             positions.append(self._positions(prompt, 0, num_rows))
         embeds = self._lm_inputs(torch.cat(rows) if len(rows) > 1 else rows[0], query_lens)
         hidden = self.llama.forward_packed(
-            embeds, lens, pieces_of, self.batch_invariant, shared, torch.cat(positions, dim=-1)
+            embeds,
+            lens,
+            pieces_of,
+            self.batch_invariant,
+            shared,
+            torch.cat(positions, dim=-1),
+            torch.cat(replay) if replay else None,
         ).split(lens)
         out = []
         for h, p, share in zip(hidden, prompt_lens, shared, strict=True):
@@ -695,6 +753,23 @@ class PagedARModel:
             else:  # the prompt's last row is the first trajectory's
                 out.append(torch.cat([hidden[share[0]][p - 1 : p], h]))
         return out
+
+    def _replay_rows(self, routing: Any, num_rows: int, index: int) -> torch.Tensor:
+        """Trajectory ``index``'s recorded routing as LongTensor ``[num_rows, layers, k]`` on
+        the device.
+
+        Raises:
+            ValueError: a dense stack, or another number of rows.
+        """
+        if self.llama.config.moe is None:
+            raise ValueError(f"{type(self).__name__} has no MoE layers: no routing to replay")
+        experts = torch.as_tensor(routing).to(self.device, torch.long)
+        if experts.ndim != 3 or experts.shape[0] != num_rows:
+            raise ValueError(
+                f"routing of trajectory {index} must be [{num_rows} rows (prompt rows + frames - "
+                f"1), MoE layers, k], got {list(experts.shape)}"
+            )
+        return experts
 
     def _shared_prompt(
         self,
@@ -761,11 +836,13 @@ class PagedARModel:
         penalty_window: int = 16,
         match_serving: bool = True,
         entropy: bool = False,
+        routing: Sequence[Any] | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """``score_logprobs`` of several trajectories (one ``score_logits_batch``, one
         sampling pass over all their rows), and with ``entropy`` the entropy of each step's
         scored distribution per codebook (``omnistep.sampling.entropy``, nats; processed or
-        policy as ``mode`` says).
+        policy as ``mode`` says); ``routing``: replay each trajectory's recorded MoE routing
+        (``score_logits_batch``).
 
         Returns:
             Per trajectory ``(logprobs [T_i, num_codebooks], entropy [T_i, num_codebooks] or
@@ -776,7 +853,7 @@ class PagedARModel:
         """
         if mode not in SCORE_MODES:
             raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
-        logits = self.score_logits_batch(prompts, frames, match_serving)
+        logits = self.score_logits_batch(prompts, frames, match_serving, routing)
         logits = self._sampling_logits(torch.cat(logits) if len(logits) > 1 else logits[0])
         tokens = [self._frame_tensor(f) for f in frames]
         logp = self._distribution(logits, tokens, samplings, mode, penalty_window)
@@ -902,6 +979,7 @@ class PagedARModel:
             for unit in units
         ]
         rows_out: dict[int, tuple[torch.Tensor, Any]] = {}
+        routing: dict[int, torch.Tensor | None] = {}  # recorded units' rows' MoE routing
         if run:
             if batch.prefixes:
                 self._compute_prefixes(list(batch.prefixes.values()))
@@ -910,6 +988,7 @@ class PagedARModel:
             inputs = [batch.entries[units[i].seq_id].rows for i in run]
             computed = self._compute_prefills([units[i] for i in run], inputs)
             rows_out = dict(zip(run, computed, strict=True))
+            routing = self._prefill_routing([units[i] for i in run], run, inputs)
             for i in run:
                 entry = batch.entries[units[i].seq_id]
                 last, stream = rows_out[i]
@@ -920,7 +999,11 @@ class PagedARModel:
                 if keys[i] is not None:
                     last, stream = rows_out[i]
                     self._shared[keys[i]] = _SharedPrompt(
-                        units[i].seq_id, self.lengths[units[i].seq_id], last.clone(), stream
+                        units[i].seq_id,
+                        self.lengths[units[i].seq_id],
+                        last.clone(),
+                        stream,
+                        None if routing.get(i) is None else routing[i].clone(),
                     )
         for i in forks:
             shared = self._shared[keys[i]]
@@ -928,17 +1011,48 @@ class PagedARModel:
             self._note_positions(units[i])
             self._on_admit(units[i])
             rows_out[i] = (shared.last_hidden, shared.stream)
+            if units[i].record and shared.routing is not None:  # the group's prompt rows
+                routing[i] = shared.routing
         done = sorted(rows_out)
         if done:
             hidden = torch.stack([rows_out[i][0] for i in done])
             streams = [rows_out[i][1] for i in done]
             outputs = self._sample(hidden, [units[i] for i in done], streams)
             for i, out in zip(done, outputs, strict=True):
+                out = self._with_routing(out, routing.get(i), prefill=True)
                 entry = batch.entries.get(units[i].seq_id)
                 if entry is not None and entry.num_cached:
                     out = replace(out, cached_rows=entry.num_cached)
                 results[i] = out
         return results
+
+    def _prefill_routing(
+        self, units: Sequence[ARPrefillInput], index: Sequence[int], inputs: Sequence[torch.Tensor]
+    ) -> dict[int, torch.Tensor | None]:
+        """The MoE routing ``[rows, layers, k]`` (device) of each recorded unit of the
+        prefill forward just run (``last_routing``, its rows in ``inputs``' order), by the
+        unit's index in ``index``; None where the forward computed only some of the
+        sequence's rows (a cached or kept prefix: the rest's routing is unknown)."""
+        if self.last_routing is None:
+            return {}
+        out: dict[int, torch.Tensor | None] = {}
+        start = 0
+        for i, unit, rows in zip(index, units, inputs, strict=True):
+            n = rows.shape[0]
+            if unit.record:
+                whole = n == self.lengths.get(unit.seq_id, -1)
+                out[i] = self.last_routing[start : start + n] if whole else None
+            start += n
+        return out
+
+    @staticmethod
+    def _with_routing(out: ARStepOutput, rows: torch.Tensor | None, prefill: bool) -> ARStepOutput:
+        """``out`` with its step's MoE routing (``ARStepOutput.routing``; a prefill's also
+        ``prompt_routing``) from its rows' routing ``[n, layers, k]``: int16 on the CPU."""
+        if rows is None or out.preempted:
+            return out
+        host = rows.to("cpu", torch.int16).numpy()
+        return replace(out, routing=host[-1], prompt_routing=host[:-1] if prefill else None)
 
     def _admit_unit(self, unit: ARPrefillInput, batch: _Admitted) -> bool:
         """Admit one prefill into ``batch``: a fresh member of a group whose prompt is kept
@@ -1311,14 +1425,17 @@ class PagedARModel:
             rows = torch.cat([rows, rows[guided]])
         positions = self._step_positions(seq_ids)
         hidden = self._forward(rows, positions, seq_ids, [1] * len(seq_ids))
+        step_routing = self.last_routing
         for k, j in enumerate(guided):
             self._uncond_last[run_units[j].seq_id] = hidden[len(keep) + k]
         hidden, rows = hidden[: len(keep)], rows[: len(keep)]
         streams = self._streams(rows, hidden, [1] * len(keep), [True] * len(keep))
         if self._salted:
             self._note_fed(run_units, rows, positions, streams)
-        for i, out in zip(keep, self._sample(hidden, run_units, streams), strict=True):
-            results[i] = out
+        sampled = self._sample(hidden, run_units, streams)
+        for j, (i, out) in enumerate(zip(keep, sampled, strict=True)):
+            rec = step_routing is not None and run_units[j].record
+            results[i] = self._with_routing(out, step_routing[j : j + 1] if rec else None, False)
         return results
 
     def _grow(self, units: Sequence[Any], held: list[int]) -> list[int]:

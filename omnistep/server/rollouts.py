@@ -13,7 +13,10 @@ the tensors ``g{i}.s{k}.{loop}.tokens`` (int64 ``[T, num_codebooks]``), ``.logpr
 (float32 ``[samples]``) when audio was asked for; a denoise loop's SDE steps (cascade cards
 with ``flow_noise_level``) as ``g{i}.s{k}.{loop}.logprobs`` (float64 ``[S]``),
 ``.weight_versions`` (int64 ``[S]``) and ``.{j}.x`` / ``.{j}.mean`` / ``.{j}.x_next`` (float32
-``[frames, mel_dim]`` of step ``j``'s window); everything else (inputs, seeds, stop reasons,
+``[frames, mel_dim]`` of step ``j``'s window); a MoE loop's (Qwen3-Omni) ``.routing`` (int16
+``[T, MoE layers, k]``, ``LoopActions.routing``) and ``.prompt_routing`` (int16 ``[prompt rows
+- 1, MoE layers, k]``), JSON ``"routing"`` / ``"prompt_routing"`` (null for a dense loop);
+everything else (inputs, seeds, stop reasons,
 texts, sample rates, each loop's ``prompt_ids``, the request's ``sampling``, each step's ``t``,
 ``t_next``, ``std`` and window) is the JSON string in the header's ``__metadata__["rollout"]``.
 Each loop's ``prompt_ids`` are the token ids it was conditioned on when its prompt is token ids
@@ -331,6 +334,8 @@ def _json(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
                     logprobs=actions.logprobs.tolist(),
                     weight_versions=actions.weight_versions.tolist(),
                     mask=actions.sampled().tolist(),
+                    routing=_listed(actions.routing),
+                    prompt_routing=_listed(actions.prompt_routing),
                 )
             for name, steps in sample.denoise.items():
                 entry["denoise"][name].update(
@@ -348,6 +353,11 @@ def _json(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
             samples.append(entry)
         out.append({"input": echo_input(item), "group": group.group, "samples": samples})
     return _envelope(head, body, out)
+
+
+def _listed(array: np.ndarray | None) -> list | None:
+    """A routing array as nested lists (None stays None)."""
+    return None if array is None else array.tolist()
 
 
 def _envelope(head: dict, body: RolloutBody, groups: list) -> dict:
@@ -379,6 +389,10 @@ def _safetensors(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> b
                 tensors[f"{prefix}.{name}.logprobs"] = actions.logprobs
                 tensors[f"{prefix}.{name}.weight_versions"] = actions.weight_versions
                 tensors[f"{prefix}.{name}.mask"] = np.ascontiguousarray(actions.sampled())
+                for key in ("routing", "prompt_routing"):
+                    value = getattr(actions, key)
+                    if value is not None:
+                        tensors[f"{prefix}.{name}.{key}"] = np.ascontiguousarray(value, np.int16)
             for name, steps in sample.denoise.items():
                 tensors[f"{prefix}.{name}.logprobs"] = steps.logprobs
                 tensors[f"{prefix}.{name}.weight_versions"] = steps.weight_versions

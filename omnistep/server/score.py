@@ -14,7 +14,9 @@ envelope's ``use_audio_in_video``), its prompt rebuilt by the card's own program
 
 Query parameters: ``mode`` (``processed`` or ``policy``;
 default: the rollout's ``logprobs``), ``entropy`` (``true``: also each step's entropy per
-codebook), ``masked`` (``true``: 0 where the rollout's ``mask`` is false).
+codebook), ``masked`` (``true``: 0 where the rollout's ``mask`` is false), ``routing_replay``
+(``true``: a MoE loop's forward uses the experts the rollout recorded, its ``routing`` and
+``prompt_routing``; a loop without them is a 400).
 
 The answer: JSON ``{"object": "score", "model", "weight_version", "mode", "groups": [{"group",
 "samples": [{"index", "loops": {name: {"logprobs", "entropy"?}}}]}]}``, or with ``Accept:
@@ -67,7 +69,7 @@ async def score(http: HttpRequest) -> Response:
     A malformed answer, a model not served, a loop without ``prompt_ids`` or ids outside the
     vocab are 400s naming the field; nothing is held."""
     query = http.query_params
-    unknown = sorted(set(query) - {"mode", "entropy", "masked"})
+    unknown = sorted(set(query) - {"mode", "entropy", "masked", "routing_replay"})
     if unknown:
         raise InvalidRequestError(f"unknown query parameter(s) {', '.join(unknown)}", unknown[0])
     content_type = http.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -81,13 +83,18 @@ async def score(http: HttpRequest) -> Response:
         raise InvalidRequestError(f"mode must be one of {', '.join(LOGPROB_MODES)}", "mode")
     entropy = bool_param(query.get("entropy", "false"), "entropy")
     masked = bool_param(query.get("masked", "false"), "masked")
+    replay = bool_param(query.get("routing_replay", "false"), "routing_replay")
     omni = omni_engine(http)
     card_id = omni.card_id(_field(envelope, "model", str))
     samples = _samples(envelope, tensors, card_id)
     samples = await _media_prompts(http, omni, envelope, samples)
     try:
         scores = await omni.score(
-            [s for group in samples for s in group], mode=mode, entropy=entropy, masked=masked
+            [s for group in samples for s in group],
+            mode=mode,
+            entropy=entropy,
+            masked=masked,
+            routing_replay=replay,
         )
     except NotImplementedError as exc:  # a loop that cannot score, or give entropies
         raise InvalidRequestError(str(exc), "entropy" if entropy else "groups") from None
@@ -200,7 +207,12 @@ def _sample(
                 f"'{at}tokens' must be [T >= 1, num_codebooks]", at + "tokens"
             )
         mask = None if mask is None else np.asarray(mask, dtype=bool).reshape(tokens.shape)
+        routing = {
+            key: _routing(loop, tensors, f"g{i}.s{index}.{name}.{key}", key, at)
+            for key in ("routing", "prompt_routing")
+        }
         loops[name] = LoopActions(
+            **routing,
             tokens=tokens,
             logprobs=np.zeros(tokens.shape, np.float32),  # not read by score
             mode="processed",
@@ -211,6 +223,30 @@ def _sample(
             mask=mask,
         )
     return RolloutSample(index, seed, loops, "", None, 0, sampling, card_id)
+
+
+def _routing(
+    loop: dict, tensors: dict | None, tensor_name: str, key: str, at: str
+) -> np.ndarray | None:
+    """A loop's recorded ``routing`` / ``prompt_routing`` (int16 ``[rows, MoE layers, k]``)
+    from the JSON field or the safetensors tensor; None when absent or null.
+
+    Raises:
+        InvalidRequestError: not a 3-D array of non-negative integers.
+    """
+    value = loop.get(key) if tensors is None else tensors.get(tensor_name)
+    if value is None:
+        return None
+    try:
+        array = np.asarray(value)
+        ok = array.ndim == 3 and array.dtype.kind in "iu" and (array.size == 0 or array.min() >= 0)
+    except (ValueError, TypeError):
+        ok = False
+    if not ok:
+        raise InvalidRequestError(
+            f"'{at}{key}' must be [rows, MoE layers, k] non-negative integers", at + key
+        )
+    return array.astype(np.int16)
 
 
 @dataclass(frozen=True)

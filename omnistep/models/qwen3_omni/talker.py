@@ -390,10 +390,13 @@ class Qwen3OmniTalker(CodecTalker):
             batch_invariant,
         )
 
+    _expert_prefix = "talker.model."
+
     def _weight_tensors(self) -> dict[str, torch.Tensor]:
         """Every live talker tensor by its official name (``talker.model.*``, its MoE
         experts fused as ``LlamaModel`` holds them: ``mlp.experts.gate_up_proj`` /
-        ``down_proj``; ``talker.text_projection.*``, ``talker.codec_head.weight``,
+        ``down_proj``, the published per-expert names being ``_weight_aliases``;
+        ``talker.text_projection.*``, ``talker.codec_head.weight``,
         ``talker.code_predictor.*``); the thinker's embedding is the thinker's."""
         stack = self.llama.state_dict(keep_vars=True).items()
         tensors = {f"talker.model.{k}": v for k, v in stack}

@@ -9,11 +9,15 @@ position of its section. For text-only prompts the three positions are equal (th
 so every frequency sees the same position and MRoPE is plain RoPE with ``rope_theta``: that is
 what this component runs (media prompts, which need 3-D positions, are a later slice).
 
-Routing (for rollouts: Rollout Routing Replay later): every forward's experts per token and MoE
-layer (``PagedARModel.last_routing``) are kept per sequence, ``routing(seq_id)`` ``[T, L, k]``
-in the order its tokens were computed; reset when the sequence is (re)admitted, freed with it.
-A group member forked from a computed prompt has no rows for that prompt (the computing
-member has them); scoring (``score_*``) records nothing and cannot replay routing yet.
+Routing: every forward's experts per token and MoE layer (``PagedARModel.last_routing``) are
+kept per sequence, ``routing(seq_id)`` ``[T, L, k]`` in the order its tokens were computed;
+reset when the sequence is (re)admitted, freed with it. A group member forked from a computed
+prompt has no rows for that prompt (the computing member has them). Rollouts get theirs from
+``PagedARModel`` (``ARStepOutput.routing``, a group's prompt rows shared), and scoring replays
+them (``score_batch(..., routing=)``: Rollout Routing Replay).
+
+Weight updates take the official names (``_weight_tensors``), a MoE layer's experts also by
+their published per-expert names (``_weight_aliases``).
 
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``,
 ``omnistep.runners``.
@@ -138,6 +142,8 @@ class Qwen3OmniThinker(PagedARModel):
     """
 
     stream_prompt_rows = True
+    _expert_prefix = "thinker.model."
+    SERVING_STATE = (*PagedARModel.SERVING_STATE, "_routing")
 
     def __init__(
         self,
@@ -176,6 +182,24 @@ class Qwen3OmniThinker(PagedARModel):
         self.embed_weight.copy_(model["embed_tokens.weight"])
         self.lm_head.copy_(model["embed_tokens.weight"] if head is None else head)
         self.llama.load_hf_state_dict(model)
+
+    def _weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The text model's tensors by their official names: ``thinker.model.*`` (a MoE
+        layer's experts fused as transformers 5 holds them, ``mlp.experts.gate_up_proj`` /
+        ``mlp.experts.down_proj``; the published per-expert names are ``_weight_aliases``),
+        ``thinker.model.embed_tokens.weight`` and ``thinker.lm_head.weight`` (unless tied).
+        The encoders take no updates (not served yet)."""
+        stack = self.llama.state_dict(keep_vars=True).items()
+        tensors = {f"thinker.model.{k}": v for k, v in stack}
+        tensors["thinker.model.embed_tokens.weight"] = self.embed_weight
+        if not self.config.tie_word_embeddings:
+            tensors["thinker.lm_head.weight"] = self.lm_head
+        return tensors
+
+    def _weights_updated(self, names: set[str]) -> None:
+        """A tied head follows the embeddings."""
+        if self.config.tie_word_embeddings and "thinker.model.embed_tokens.weight" in names:
+            self.lm_head.copy_(self.embed_weight)
 
     def routing(self, seq_id: str) -> torch.Tensor:
         """The experts sequence ``seq_id``'s computed tokens were routed to, LongTensor
