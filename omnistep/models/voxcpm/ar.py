@@ -280,13 +280,20 @@ class VoxCPMAR(PagedARModel):
         their names in the published ``model.safetensors`` (``loader.published_names``)."""
         return {published_name(n): t for n, t in self.backbone.named_parameters()}
 
-    def _noise(self, unit: Any, num_sde: int) -> torch.Tensor:
-        """The step's LocDiT noise ``[1 + S, C, P]`` (float32, standard normal, from the
-        request's generator): the initial state, then the S SDE steps' noise (drawn only
-        when the solve is an SDE, so an ODE request's stream is upstream's)."""
+    def _noise(self, unit: Any) -> torch.Tensor:
+        """The step's initial LocDiT noise ``[C, P]`` (float32, standard normal, from the
+        request's generator)."""
         gen = unit.generator
         device = gen.device if isinstance(gen, torch.Generator) else "cpu"
-        return torch.randn(1 + num_sde, self.feat, self.patch, generator=gen, device=device)
+        return torch.randn(self.feat, self.patch, generator=gen, device=device)
+
+    def _sde_noise(self, unit: Any, num_sde: int) -> torch.Tensor:
+        """The step's SDE noise ``[S, C, P]`` (float32, standard normal), drawn from the
+        request's generator after ``_noise`` and only for an SDE solve (an ODE request's
+        stream stays upstream's)."""
+        gen = unit.generator
+        device = gen.device if isinstance(gen, torch.Generator) else "cpu"
+        return torch.randn(num_sde, self.feat, self.patch, generator=gen, device=device)
 
     def _solve_rows(self, num_steps: int, noise_level: float) -> Any:
         """The row function of one solve group: packed rows ``[lm (H) | residual (H) |
@@ -322,7 +329,12 @@ class VoxCPMAR(PagedARModel):
             for n, level in dict.fromkeys((s, a) for _, s, a in settings):
                 rows = [i for i, (_, s, a) in enumerate(settings) if (s, a) == (n, level)]
                 num_sde = sde_steps(n) if level > 0 else 0
-                noise = torch.stack([self._noise(units[i], num_sde) for i in rows])
+                noise = torch.stack(
+                    [
+                        torch.cat([self._noise(units[i])[None], self._sde_noise(units[i], num_sde)])
+                        for i in rows
+                    ]
+                )
                 noise = noise.to(hidden.device, hidden.dtype).flatten(1)
                 cfg = torch.tensor([settings[i][0] for i in rows], dtype=hidden.dtype)
                 index = torch.tensor(rows, device=hidden.device)
