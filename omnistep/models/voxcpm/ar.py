@@ -24,7 +24,15 @@ prefill that replays a preempted request lists the patches it had generated in
 LMs use their RowPlans and the row-wise parts here (quantizer/fusion, the step's LocEnc
 embedding, the stop head, the LocDiT solve with its conditioning) run in fixed 16-row chunks
 (``layers.batch_invariant.map_row_chunks``), so a request's patches do not depend on its batch.
-Not yet: ``score_logits`` (a dense forward over both stacks), kept prefixes of a voice's rows.
+RL: a prompt with ``noise_level`` a > 0 (the request's ``flow_noise_level``) solves every
+patch as Flow-GRPO's SDE (``LocDiT.solve_sde``; its noise drawn from the request's generator
+after the initial noise, ``_sde_noise``), and a recorded unit's ``hidden`` is then a
+``SolvedPatch`` (chain, means, stds, Gaussian log-probs). ``score_patches`` recomputes a
+recorded trajectory's stop and SDE log-probs teacher-forced (``DualStack.forward_dense``, then
+``LocDiT.sde_step`` from each recorded state), bit-equal under ``batch_invariant``;
+``weight_specs`` / ``update_weights`` / ``trainable_weights`` name the backbone's tensors as
+the published ``model.safetensors`` does (``loader.published_name``).
+Not yet: ``score_logits`` over the shared packed path, kept prefixes of a voice's rows.
 """
 
 from __future__ import annotations

@@ -14,6 +14,13 @@ schedule and CFG-Zero* guidance against an unconditional row whose ``mu`` is zer
 ``UnifiedCFM.forward`` / ``solve_euler``), with the shared math of
 ``omnistep.runners.flow_matching``. All rows of a batch run together: each request's
 conditional and unconditional rows are one estimator call per step.
+
+``solve_sde`` samples the same solve as Flow-GRPO's SDE (arXiv 2505.05470) for RL: every
+Euler step after CFG-Zero*'s zeroed ones (``sde_steps``) is a Gaussian transition
+(``sde_step``: the Euler step plus the shared drift correction of
+``runners.flow_matching.sde_terms`` / ``sde_mean``, in their ascending time ``1 - t``), and it
+returns the chain and the means a rollout records; ``sde_step`` recomputes one step's mean
+from a recorded state (a trainer's score).
 """
 
 from __future__ import annotations
