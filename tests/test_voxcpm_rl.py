@@ -207,17 +207,18 @@ async def test_http_rollouts_and_score(folder, tmp_path):
 
 def test_policy_gradient_raises_a_toy_reward(omni):
     """REINFORCE with a group baseline on the SDE log-probs only (the stop decisions are
-    argmax): reward = the mean latent value of the sample's patches. Two steps on the LocDiT's
-    output projection (trainer copy, ``update_weights`` after each) raise the reward's mean
-    over a fixed seed set that training never saw."""
-    names = ["feat_decoder.estimator.out_proj.weight", "feat_decoder.estimator.out_proj.bias"]
+    argmax): reward = the mean latent value of a sample's patches. Two steps on the LocDiT's
+    output bias (a trainer copy, ``update_weights`` after each) raise the reward's mean over
+    a fixed seed set training never saw. (Measured with lr 0.01: +0.016, and -0.016 with the
+    reward's sign flipped: the move is the gradient's, not drift; lr 0.05 here.)"""
+    names = ["feat_decoder.estimator.out_proj.bias"]
     start = {n: t.detach().clone() for n, t in omni.trainer().weights(names).items()}
 
     def reward(samples) -> np.ndarray:
         return np.array([s.loops["decode"].flow.patches.mean() for s in samples])
 
     def mean_reward() -> float:
-        groups = omni.rollout(["the cat"], n=4, seed=100, sampling=SDE, progress=False)
+        groups = omni.rollout(["the cat"], n=8, seed=100, sampling=SDE, progress=False)
         return float(reward(_samples(groups)).mean())
 
     base = mean_reward()
@@ -226,7 +227,7 @@ def test_policy_gradient_raises_a_toy_reward(omni):
     optimizer = torch.optim.SGD(list(weights.values()), lr=0.05)
     try:
         for step in range(2):
-            groups = omni.rollout(["the cat"], n=4, seed=10 * step, sampling=SDE, progress=False)
+            groups = omni.rollout(["the cat"], n=8, seed=10 * step, sampling=SDE, progress=False)
             samples = _samples(groups)
             r = reward(samples)
             advantage = torch.tensor((r - r.mean()) / (r.std() + 1e-8))
@@ -239,4 +240,4 @@ def test_policy_gradient_raises_a_toy_reward(omni):
         after = mean_reward()
     finally:
         omni.update_weights(start, model="voxcpm2")
-    assert after > base + 0.05, (base, after)
+    assert after > base + 0.04, (base, after)
