@@ -61,6 +61,7 @@ from omnistep.core import (
     ChatMessage,
     DenoiseStepRecord,
     ExecutionProfile,
+    FlowPatches,
     InvalidRequestError,
     Modality,
     ModelInstance,
@@ -139,6 +140,10 @@ class LoopActions:
             prompt's other rows (a group's members share their prompt's); with ``routing``
             every row of the teacher-forced forward, what ``score(..., routing_replay=True)``
             replays. None when unknown (a dense stack; rows taken from a prefix cache).
+        flow: the loop's continuous actions when each of its steps also solves a flow for
+            a patch (VoxCPM2's ``decode``: ``FlowPatches``, every step's patch and, with
+            ``flow_noise_level`` > 0, each SDE step's state, mean, std and log-prob
+            ``[T, S]``); None for the other loops.
     """
 
     tokens: np.ndarray
@@ -151,6 +156,7 @@ class LoopActions:
     mask: np.ndarray | None = None
     routing: np.ndarray | None = None
     prompt_routing: np.ndarray | None = None
+    flow: FlowPatches | None = None
 
     def replay_routing(self) -> np.ndarray | None:
         """int16 ``[prompt rows - 1 + T, MoE layers, k]``: ``prompt_routing`` then
@@ -257,11 +263,14 @@ class LoopScore:
         logprobs: ``[T, num_codebooks]`` float32, as ``score`` gives without ``entropy``.
         entropy: ``[T, num_codebooks]`` float32: the entropy (nats) of the distribution each
             id was scored under (processed or policy, as the log-probs), with a graph to the
-            weights when the log-probs have one.
+            weights when the log-probs have one; None when not asked for.
+        flow: ``[T, S]`` float64: the log-prob of each recorded SDE step of each step's
+            patch (a loop with ``LoopActions.flow``: VoxCPM2), else None.
     """
 
     logprobs: Any
     entropy: Any
+    flow: Any = None
 
 
 @dataclass(frozen=True)
@@ -940,6 +949,10 @@ def score_samples(
                 out[i][name] = loop.score_steps(model, list(sample.denoise[name].steps))
                 continue
             actions = sample.loops[name]
+            if actions.flow is not None:  # an AR loop with an inner flow solve (VoxCPM2)
+                out[i][name] = _score_flow_loop(model, name, sample, actions, mode, entropy)
+                out[i][name] = _masked(out[i][name], actions, masked)
+                continue
             key = (card_id, name, mode or actions.mode)
             pending.setdefault(key, []).append((i, sample, actions))
     for (card_id, name, loop_mode), items in pending.items():
@@ -1064,6 +1077,38 @@ def _score_loop(
     ]
 
 
+def _score_flow_loop(
+    model: ModelInstance,
+    name: str,
+    sample: RolloutSample,
+    actions: LoopActions,
+    mode: str | None,
+    entropy: bool,
+) -> LoopScore:
+    """The ``LoopScore`` (stop log-probs, SDE log-probs in ``flow``) of an AR loop that
+    recorded ``FlowPatches``, by its loop's ``score_patches``."""
+    loop = model.loops[_loop_id(model, name)]
+    scorer = getattr(loop, "score_patches", None)
+    if scorer is None:
+        raise NotImplementedError(f"loop '{name}' cannot score its patches")
+    if entropy:
+        raise NotImplementedError(f"loop '{name}' gives no entropies")
+    req = Request(
+        model.card.card_id,
+        seed=sample.seed,
+        sampling=sample.sampling,
+        profile=ExecutionProfile.ROLLOUT,
+    )
+    stop, sde = scorer(
+        model, req, actions.prompt, actions.tokens, actions.flow, mode or actions.mode
+    )
+    return LoopScore(stop, None, sde)
+
+
+def _masked(score: LoopScore, actions: LoopActions, masked: bool) -> LoopScore:
+    return replace(score, logprobs=_mask(score.logprobs, actions)) if masked else score
+
+
 def _mask(values: Any, actions: LoopActions) -> Any:
     """``values`` ``[T, num_codebooks]`` (numpy or torch) with the ids that were not sampled
     (``LoopActions.mask``) at 0; a torch tensor keeps its graph (no gradient there)."""
@@ -1152,6 +1197,7 @@ def _actions(records: list, info: dict, mode: str) -> LoopActions:
         stop_reason=info.get("stop_reason", "length"),
         seed=int(info.get("seed", 0)),
         prompt=info.get("prompt"),
+        flow=info.get("flow"),
     )
 
 

@@ -226,7 +226,7 @@ def _dtype(name: str) -> Any:
 def _to_host(value: Any) -> Any:
     """A score result with no graph, on the CPU (what crosses processes)."""
     if isinstance(value, LoopScore):
-        return LoopScore(_to_host(value.logprobs), _to_host(value.entropy))
+        return LoopScore(_to_host(value.logprobs), _to_host(value.entropy), _to_host(value.flow))
     if hasattr(value, "detach"):
         return value.detach().cpu()
     return value

@@ -245,6 +245,39 @@ class DenoiseStepRecord:
     conditioning: Any = None
 
 
+@dataclass(frozen=True, eq=False)
+class FlowPatches:
+    """The continuous actions of an AR loop whose every step also solves a flow for a patch
+    of latents (VoxCPM2: the LocDiT's solve inside each AR step), as recorded under ROLLOUT
+    (``LoopResult.info["flow"]``).
+
+    Per AR step ``t`` (the stop step's included, as ``ActionRecord``s count them) and per
+    SDE step ``s`` of its solve (Flow-GRPO: ``SamplingParams.flow_noise_level`` > 0), the
+    Gaussian transition ``states[t, s + 1] ~ N(means[t, s], stds[s]^2 I)``; its log-prob
+    ``logprobs[t, s]`` sums over the patch's elements. With no SDE (level 0) ``S`` is 0 and
+    only the patches are kept (what a teacher-forced replay of the AR steps reads).
+
+    Attributes:
+        states: float32 ``[T, S + 1, *patch]`` (numpy): the state before each SDE step, then
+            the step's patch (``states[:, -1]``, what the next AR step reads).
+        means: float32 ``[T, S, *patch]``: each SDE step's mean (noise-free).
+        stds: float64 ``[S]``: each SDE step's standard deviation (the same for every T).
+        logprobs: float64 ``[T, S]``.
+        noise_level: the SDE's noise scale a (0: the ODE).
+    """
+
+    states: np.ndarray
+    means: np.ndarray
+    stds: np.ndarray
+    logprobs: np.ndarray
+    noise_level: float = 0.0
+
+    @property
+    def patches(self) -> np.ndarray:
+        """float32 ``[T, *patch]``: every step's patch."""
+        return self.states[:, -1]
+
+
 @dataclass(slots=True)
 class LoopResult:
     """What a finished loop binds to its program slot.

@@ -15,8 +15,12 @@ with ``flow_noise_level``) as ``g{i}.s{k}.{loop}.logprobs`` (float64 ``[S]``),
 ``.weight_versions`` (int64 ``[S]``) and ``.{j}.x`` / ``.{j}.mean`` / ``.{j}.x_next`` (float32
 ``[frames, mel_dim]`` of step ``j``'s window); a MoE loop's (Qwen3-Omni) ``.routing`` (int16
 ``[T, MoE layers, k]``, ``LoopActions.routing``) and ``.prompt_routing`` (int16 ``[prompt rows
-- 1, MoE layers, k]``), JSON ``"routing"`` / ``"prompt_routing"`` (null for a dense loop);
-everything else (inputs, seeds, stop reasons,
+- 1, MoE layers, k]``), JSON ``"routing"`` / ``"prompt_routing"`` (null for a dense loop); an
+AR loop whose steps solve a flow for a patch (VoxCPM2's ``decode``, ``LoopActions.flow``) also as ``g{i}.s{k}.{loop}.flow.states``
+(float32 ``[T, S + 1, *patch]``: each step's SDE chain, its patch last), ``.flow.means``
+(float32 ``[T, S, *patch]``) and ``.flow.logprobs`` (float64 ``[T, S]``: per AR step, per
+SDE step, the Gaussian log-prob of the sampled next latent), with the noise level and the
+``stds`` in the loop's JSON ``flow``; everything else (inputs, seeds, stop reasons,
 texts, sample rates, each loop's ``prompt_ids``, the request's ``sampling``, each step's ``t``,
 ``t_next``, ``std`` and window) is the JSON string in the header's ``__metadata__["rollout"]``.
 Each loop's ``prompt_ids`` are the token ids it was conditioned on when its prompt is token ids
@@ -198,6 +202,8 @@ async def create_rollout(body: RolloutBody, http: HttpRequest) -> Response:
     groups = await _unless_client_leaves(http, rollout)
     card_id = omni.card_id(body.model)
     head = {"model": card_id, "weight_version": omni.engine.weight_versions[card_id]}
+    if voice is not None:  # what /v1/score rebuilds a prompt that is not token ids from
+        head["voice"] = voice
     if wants_safetensors(http.headers.get("accept", "")):
         return Response(_safetensors(head, body, groups), media_type=SAFETENSORS_MEDIA_TYPE)
     return JSONResponse(_json(head, body, groups))
@@ -301,6 +307,13 @@ def _sample_meta(sample) -> dict:
             for name, a in sample.loops.items()
         },
     }
+    for name, a in sample.loops.items():
+        if a.flow is not None:
+            meta["loops"][name]["flow"] = {
+                "noise_level": a.flow.noise_level,
+                "num_sde_steps": int(a.flow.logprobs.shape[1]),
+                "stds": a.flow.stds.tolist(),
+            }
     if sample.denoise:
         meta["denoise"] = {
             name: {
@@ -320,6 +333,10 @@ def _sample_meta(sample) -> dict:
 
 DENOISE_TENSORS = ("x", "mean", "x_next")
 """Per recorded SDE step, the float32 ``[frames, mel_dim]`` arrays a rollout returns."""
+FLOW_TENSORS = ("states", "means", "logprobs")
+"""An AR loop's ``FlowPatches`` arrays a rollout returns (VoxCPM2's ``decode``): float32
+``states`` ``[T, S + 1, *patch]``, ``means`` ``[T, S, *patch]``, float64 ``logprobs`` ``[T,
+S]``."""
 
 
 def _json(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
@@ -337,6 +354,10 @@ def _json(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> dict:
                     routing=_listed(actions.routing),
                     prompt_routing=_listed(actions.prompt_routing),
                 )
+                if actions.flow is not None:
+                    entry["loops"][name]["flow"].update(
+                        {k: getattr(actions.flow, k).tolist() for k in FLOW_TENSORS}
+                    )
             for name, steps in sample.denoise.items():
                 entry["denoise"][name].update(
                     logprobs=steps.logprobs.tolist(),
@@ -393,6 +414,10 @@ def _safetensors(head: dict, body: RolloutBody, groups: list[RolloutGroup]) -> b
                     value = getattr(actions, key)
                     if value is not None:
                         tensors[f"{prefix}.{name}.{key}"] = np.ascontiguousarray(value, np.int16)
+                if actions.flow is not None:
+                    for key in FLOW_TENSORS:
+                        array = np.ascontiguousarray(getattr(actions.flow, key))
+                        tensors[f"{prefix}.{name}.flow.{key}"] = array
             for name, steps in sample.denoise.items():
                 tensors[f"{prefix}.{name}.logprobs"] = steps.logprobs
                 tensors[f"{prefix}.{name}.weight_versions"] = steps.weight_versions

@@ -22,7 +22,11 @@ The answer: JSON ``{"object": "score", "model", "weight_version", "mode", "group
 "samples": [{"index", "loops": {name: {"logprobs", "entropy"?}}}]}]}``, or with ``Accept:
 application/x-safetensors`` one safetensors body of ``g{i}.s{k}.{loop}.logprobs`` (float32
 ``[T, num_codebooks]``) and ``.entropy``, the rest as JSON in ``__metadata__["score"]``.
-Denoise loops are not scored here.
+Denoise loops are not scored here. An AR loop that recorded ``flow`` (VoxCPM2's ``decode``:
+its patches' SDE chains, ``.flow.states`` in a safetensors body) has no ``prompt_ids``: its
+prompt is rebuilt from the group's text ``input`` and the envelope's ``voice`` by the card's
+program, its stop decisions scored as ``logprobs`` and its SDE steps as ``flow`` (float64
+``[T, S]``; ``g{i}.s{k}.{loop}.flow`` in a safetensors answer).
 
 Imports fastapi, numpy, safetensors, ``omnistep.core``, ``omnistep.offline`` and the rollout
 route's helpers.
@@ -41,7 +45,7 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter, ValidationError
 
-from omnistep.core import InvalidRequestError, SamplingParams
+from omnistep.core import FlowPatches, InvalidRequestError, SamplingParams
 from omnistep.offline import (
     LOGPROB_MODES,
     AsyncOmniEngine,
@@ -88,6 +92,7 @@ async def score(http: HttpRequest) -> Response:
     card_id = omni.card_id(_field(envelope, "model", str))
     samples = _samples(envelope, tensors, card_id)
     samples = await _media_prompts(http, omni, envelope, samples)
+    samples = await _input_prompts(omni, envelope, samples)
     try:
         scores = await omni.score(
             [s for group in samples for s in group],
@@ -186,8 +191,11 @@ def _sample(
         at = f"{where}loops.{name}."
         prompt = loop.get("prompt_ids") if isinstance(loop, dict) else None
         media = loop.get("media") if isinstance(loop, dict) else None
+        flow = loop.get("flow") if isinstance(loop, dict) else None
         if prompt is None and isinstance(media, list) and media:
             prompt = MediaPrompt(tuple(str(h) for h in media))  # rebuilt from the input
+        elif prompt is None and isinstance(flow, dict):
+            prompt = InputPrompt()  # VoxCPM2: rebuilt from the text input and the voice
         elif not isinstance(prompt, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -211,6 +219,12 @@ def _sample(
             key: _routing(loop, tensors, f"g{i}.s{index}.{name}.{key}", key, at)
             for key in ("routing", "prompt_routing")
         }
+        if isinstance(prompt, InputPrompt):
+            flow = _flow(flow, tensors, f"g{i}.s{index}.{name}.flow.", at + "flow.")
+        else:
+            flow = None
+        if isinstance(prompt, tuple | list):
+            prompt = tuple(prompt)
         loops[name] = LoopActions(
             **routing,
             tokens=tokens,
@@ -219,8 +233,9 @@ def _sample(
             weight_versions=np.zeros(tokens.shape[0], np.int64),
             stop_reason=str(loop.get("stop_reason", "length")),
             seed=int(loop.get("seed", seed)),
-            prompt=prompt if isinstance(prompt, MediaPrompt) else tuple(prompt),
+            prompt=prompt,
             mask=mask,
+            flow=flow,
         )
     return RolloutSample(index, seed, loops, "", None, 0, sampling, card_id)
 
@@ -247,6 +262,27 @@ def _routing(
             f"'{at}{key}' must be [rows, MoE layers, k] non-negative integers", at + key
         )
     return array.astype(np.int16)
+def _flow(flow: dict, tensors: dict | None, key: str, where: str) -> FlowPatches:
+    """A loop's recorded ``FlowPatches`` (its SDE chains; the means and log-probs are
+    recomputed, not read) from the JSON ``flow`` or the ``{key}states`` tensor."""
+    if tensors is None:
+        states = np.asarray(flow.get("states", []), dtype=np.float32)
+    else:
+        states = tensors.get(key + "states")
+    if states is None or states.ndim != 4 or states.shape[1] < 1:
+        raise InvalidRequestError(f"'{where}states' must be [T, S + 1, P, C]", where + "states")
+    level = flow.get("noise_level", 0.0)
+    if not isinstance(level, int | float) or isinstance(level, bool):
+        raise InvalidRequestError(f"'{where}noise_level' must be a number", where + "noise_level")
+    num = states.shape[1] - 1
+    empty = np.zeros((states.shape[0], num), np.float64)
+    return FlowPatches(states, states[:, :num], np.zeros(num), empty, float(level))
+
+
+@dataclass(frozen=True)
+class InputPrompt:
+    """A loop's prompt that is neither token ids nor media (VoxCPM2's prompt rows), rebuilt
+    from its group's text input and the envelope's ``voice``."""
 
 
 @dataclass(frozen=True)
@@ -303,6 +339,44 @@ async def _media_prompts(
 _CONVERSATION = TypeAdapter(list[Message])
 
 
+async def _input_prompts(
+    omni: AsyncOmniEngine, envelope: dict, samples: list[list[RolloutSample]]
+) -> list[list[RolloutSample]]:
+    """``samples`` with every ``InputPrompt`` replaced by the prompt the card's program
+    builds from the group's text input, the envelope's ``voice`` and the sample's seed and
+    sampling (``AsyncOmniEngine.prompts``).
+
+    Raises:
+        InvalidRequestError: a group input that is not a text (param ``groups[i].input``).
+    """
+    voice = envelope.get("voice")
+    if voice is not None and not isinstance(voice, str):
+        raise InvalidRequestError("'voice' must be a string", "voice")
+    out = []
+    for i, members in enumerate(samples):
+        if not any(isinstance(a.prompt, InputPrompt) for s in members for a in s.loops.values()):
+            out.append(members)
+            continue
+        where = f"groups[{i}].input"
+        text = envelope["groups"][i].get("input")
+        if not isinstance(text, str) or not text:
+            raise InvalidRequestError(f"'{where}' must be the text sent", where)
+        rebuilt = []
+        for sample in members:
+            prompts = await omni.prompts(
+                text, seed=sample.seed, model=sample.model, voice=voice, sampling=sample.sampling
+            )
+            loops = {
+                name: replace(a, prompt=prompts.get(name))
+                if isinstance(a.prompt, InputPrompt)
+                else a
+                for name, a in sample.loops.items()
+            }
+            rebuilt.append(replace(sample, loops=loops))
+        out.append(rebuilt)
+    return out
+
+
 def _values(value: Any) -> np.ndarray:
     """A score (torch tensor or numpy array) as float32 numpy."""
     if hasattr(value, "detach"):
@@ -312,7 +386,14 @@ def _values(value: Any) -> np.ndarray:
 
 def _loop_values(scored: Any) -> dict[str, np.ndarray]:
     if isinstance(scored, LoopScore):
-        return {"logprobs": _values(scored.logprobs), "entropy": _values(scored.entropy)}
+        out = {"logprobs": _values(scored.logprobs)}
+        if scored.entropy is not None:
+            out["entropy"] = _values(scored.entropy)
+        if scored.flow is not None:  # float64: the SDE steps' sums need it (1e-6 of ~1e2)
+            flow = scored.flow
+            flow = flow.detach().cpu().numpy() if hasattr(flow, "detach") else flow
+            out["flow"] = np.ascontiguousarray(flow, dtype=np.float64)
+        return out
     return {"logprobs": _values(scored)}
 
 

@@ -24,7 +24,15 @@ prefill that replays a preempted request lists the patches it had generated in
 LMs use their RowPlans and the row-wise parts here (quantizer/fusion, the step's LocEnc
 embedding, the stop head, the LocDiT solve with its conditioning) run in fixed 16-row chunks
 (``layers.batch_invariant.map_row_chunks``), so a request's patches do not depend on its batch.
-Not yet: ``score_logits`` (a dense forward over both stacks), kept prefixes of a voice's rows.
+RL: a prompt with ``noise_level`` a > 0 (the request's ``flow_noise_level``) solves every
+patch as Flow-GRPO's SDE (``LocDiT.solve_sde``; its noise drawn from the request's generator
+after the initial noise, ``_sde_noise``), and a recorded unit's ``hidden`` is then a
+``SolvedPatch`` (chain, means, stds, Gaussian log-probs). ``score_patches`` recomputes a
+recorded trajectory's stop and SDE log-probs teacher-forced (``DualStack.forward_dense``, then
+``LocDiT.sde_step`` from each recorded state), bit-equal under ``batch_invariant``;
+``weight_specs`` / ``update_weights`` / ``trainable_weights`` name the backbone's tensors as
+the published ``model.safetensors`` does (``loader.published_name``).
+Not yet: ``score_logits`` over the shared packed path, kept prefixes of a voice's rows.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ from omnistep.layers.llama import LlamaConfigLite
 from omnistep.layers.paged_attention import AttentionMetadata, PagedKVCache
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
 from omnistep.models.voxcpm.lm import Prompt, VoxCPMBackbone
+from omnistep.models.voxcpm.loader import published_name
+from omnistep.models.voxcpm.locdit import sde_steps
+from omnistep.runners.flow_matching import gaussian_logprob
 from omnistep.runners.paged_ar import PagedARModel
 from omnistep.sampling import SamplingRow
 
@@ -67,6 +78,8 @@ class VoxCPMPrompt:
         max_len: most patches the request generates (upstream ``_generate``'s
             ``min(int(text_len * 6 + 10), max_len)``; read by ``loop.VoxCPMLoop``); None: the
             loop's cap only.
+        noise_level: the SDE noise scale a of every patch's solve
+            (``SamplingParams.flow_noise_level``; 0: upstream's ODE).
     """
 
     rows: Prompt
@@ -74,6 +87,29 @@ class VoxCPMPrompt:
     timesteps: int = 10
     patches: tuple[torch.Tensor, ...] = ()
     max_len: int | None = None
+    noise_level: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class SolvedPatch:
+    """A recorded step's patch solved as an SDE (``ARStepOutput.hidden`` of a unit with
+    ``record`` and a noise level > 0; otherwise ``hidden`` is the patch alone).
+
+    Attributes:
+        patch: ``[P, C]`` float32, the step's patch (``states[-1]``).
+        states: ``[S + 1, P, C]`` float32: the state before each of the S SDE steps, then the
+            patch.
+        means: ``[S, P, C]`` float32: each SDE step's Gaussian mean.
+        stds: the S steps' standard deviations.
+        logprobs: ``[S]`` float64: ``log N(states[s + 1]; means[s], stds[s]^2 I)`` summed
+            over the patch's ``P * C`` elements.
+    """
+
+    patch: torch.Tensor
+    states: torch.Tensor
+    means: torch.Tensor
+    stds: tuple[float, ...]
+    logprobs: torch.Tensor
 
 
 class DualCache:
@@ -122,17 +158,40 @@ class DualStack(nn.Module):
             rows[:, 2 * h + 2 :],
         )
         base = b.base_lm(combined, positions, cache.base, meta)
+        lm, res_in = self._mix(base, embeds, audio, text)
+        res = b.residual_lm(res_in, positions, cache.residual, meta)
+        return torch.cat([lm, res, raw], dim=-1)
 
-        def mix(x: torch.Tensor) -> torch.Tensor:  # row-wise: quantizer, then fusion
+    def forward_dense(self, rows: torch.Tensor, prefill_len: int | None) -> torch.Tensor:
+        """``forward`` of one whole sequence's rows with no cache (``LlamaModel.forward_dense``
+        for both LMs, serving's attention calls when ``prefill_len`` is given, the same row
+        chunks under ``batch_invariant``); autograd follows the caller's grad mode."""
+        b, h = self.backbone, self.width
+        combined, embeds = rows[:, :h], rows[:, h : 2 * h]
+        audio, text, raw = (
+            rows[:, 2 * h : 2 * h + 1],
+            rows[:, 2 * h + 1 : 2 * h + 2],
+            rows[:, 2 * h + 2 :],
+        )
+        bi = self.batch_invariant
+        base = b.base_lm.forward_dense(combined, prefill_len=prefill_len, batch_invariant=bi)
+        lm, res_in = self._mix(base, embeds, audio, text)
+        res = b.residual_lm.forward_dense(res_in, prefill_len=prefill_len, batch_invariant=bi)
+        return torch.cat([lm, res, raw], dim=-1)
+
+    def _mix(self, base, embeds, audio, text) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        """Row-wise: the quantizer on audio rows, then the fusion projection; ``(lm rows,
+        residual LM inputs)``, each ``[N, H]``."""
+        b, h = self.backbone, self.width
+
+        def mix(x: torch.Tensor) -> torch.Tensor:
             base, embeds, audio, text = x[:, :h], x[:, h : 2 * h], x[:, -2:-1], x[:, -1:]
             lm = b.fsq_layer(base) * audio + base * text
             return torch.cat([lm, b.fusion_concat_proj(torch.cat([lm, embeds * audio], -1))], -1)
 
         mixed = torch.cat([base, embeds, audio, text], dim=-1)
         mixed = map_row_chunks(mix, mixed) if self.batch_invariant else mix(mixed)
-        lm, res_in = mixed[:, :h], mixed[:, h:]
-        res = b.residual_lm(res_in, positions, cache.residual, meta)
-        return torch.cat([lm, res, raw], dim=-1)
+        return mixed[:, :h], mixed[:, h:]
 
 
 class VoxCPMAR(PagedARModel):
@@ -155,7 +214,8 @@ class VoxCPMAR(PagedARModel):
         self.backbone = backbone
         config = backbone.config
         self.width, self.patch, self.feat = config.hidden_size, config.patch_size, config.feat_dim
-        self._settings: dict[str, tuple[float, int]] = {}  # seq_id -> (cfg_value, timesteps)
+        # seq_id -> (cfg_value, timesteps, noise_level)
+        self._settings: dict[str, tuple[float, int, float]] = {}
         self._batch_invariant = batch_invariant
         super().__init__(config.base_lm(), kv, device, dtype, batch_invariant)
 
@@ -173,21 +233,24 @@ class VoxCPMAR(PagedARModel):
             raise ValueError(
                 f"{len(unit.generated)} generated frames but {len(prompt.patches)} patches"
             )
-        p = prompt.rows
-        dtype = self.dtype
         with torch.no_grad():
-            combined, embeds = self.backbone.prompt_rows(_to(p, self.device, dtype))
-            rows = self._input_rows(
-                combined,
-                embeds,
-                p.audio_mask.to(self.device, dtype),
-                p.text_mask.to(self.device, dtype),
-                p.feats.to(self.device, dtype).flatten(1),
-            )
+            rows = self._prompt_inputs(prompt)
             if prompt.patches:
-                patches = torch.stack(list(prompt.patches)).to(self.device, dtype)
+                patches = torch.stack(list(prompt.patches)).to(self.device, self.dtype)
                 rows = torch.cat([rows, self._patch_rows(patches)])
         return rows
+
+    def _prompt_inputs(self, prompt: VoxCPMPrompt) -> torch.Tensor:
+        """Input rows ``[L, in_dim]`` of the prompt rows (autograd as the caller's mode)."""
+        p, dtype = prompt.rows, self.dtype
+        combined, embeds = self.backbone.prompt_rows(_to(p, self.device, dtype))
+        return self._input_rows(
+            combined,
+            embeds,
+            p.audio_mask.to(self.device, dtype),
+            p.text_mask.to(self.device, dtype),
+            p.feats.to(self.device, dtype).flatten(1),
+        )
 
     def _patch_rows(self, patches: torch.Tensor) -> torch.Tensor:
         """Input rows ``[T, in_dim]`` of generated patches ``[T, P, C]``."""
@@ -212,12 +275,18 @@ class VoxCPMAR(PagedARModel):
         return logits.unsqueeze(1)  # [B, 1, 2]
 
     def _on_admit(self, unit: ARPrefillInput) -> None:
-        self._settings[unit.seq_id] = (unit.prompt.cfg_value, unit.prompt.timesteps)
+        p = unit.prompt
+        self._settings[unit.seq_id] = (p.cfg_value, p.timesteps, float(p.noise_level))
 
     def free_sequence(self, seq_id: str) -> None:
         """Free the sequence's KV blocks and its solve settings."""
         super().free_sequence(seq_id)
         self._settings.pop(seq_id, None)
+
+    def _weight_tensors(self) -> dict[str, torch.Tensor]:
+        """The backbone's parameters (both LMs, LocEnc, LocDiT, projections, stop head) by
+        their names in the published ``model.safetensors`` (``loader.published_names``)."""
+        return {published_name(n): t for n, t in self.backbone.named_parameters()}
 
     def _noise(self, unit: Any) -> torch.Tensor:
         """The step's initial LocDiT noise ``[C, P]`` (float32, standard normal, from the
@@ -226,42 +295,205 @@ class VoxCPMAR(PagedARModel):
         device = gen.device if isinstance(gen, torch.Generator) else "cpu"
         return torch.randn(self.feat, self.patch, generator=gen, device=device)
 
+    def _sde_noise(self, unit: Any, num_sde: int) -> torch.Tensor:
+        """The step's SDE noise ``[S, C, P]`` (float32, standard normal), drawn from the
+        request's generator after ``_noise`` and only for an SDE solve (an ODE request's
+        stream stays upstream's)."""
+        gen = unit.generator
+        device = gen.device if isinstance(gen, torch.Generator) else "cpu"
+        return torch.randn(num_sde, self.feat, self.patch, generator=gen, device=device)
+
+    def _solve_rows(self, num_steps: int, noise_level: float) -> Any:
+        """The row function of one solve group: packed rows ``[lm (H) | residual (H) |
+        previous patch (P C) | noise ((1 + S) C P) | cfg (1)]`` -> ``[patch (C P) | states
+        ((S + 1) C P) | means (S C P)]`` (S = 0 for an ODE)."""
+        h, c, p = self.width, self.feat, self.patch
+        num_sde = sde_steps(num_steps) if noise_level > 0 else 0
+
+        def solve(x: torch.Tensor) -> torch.Tensor:
+            mu = self.backbone.dit_condition(x[:, :h], x[:, h : 2 * h])
+            rest = x[:, 2 * h :]
+            cond = rest[:, : p * c].reshape(-1, p, c).transpose(1, 2)
+            noise = rest[:, p * c : -1].reshape(-1, 1 + num_sde, c, p)
+            est = self.backbone.estimator
+            out, states, means = est.solve_sde(
+                mu, cond, noise[:, 0], num_steps, rest[:, -1], noise_level, noise[:, 1:]
+            )
+            if not num_sde:
+                return out.flatten(1)
+            return torch.cat([out.flatten(1), states.flatten(1), means.flatten(1)], dim=-1)
+
+        return solve
+
     def _sample(
         self, hidden: torch.Tensor, units: Sequence[Any], streams: Sequence[Any]
     ) -> list[ARStepOutput]:
-        """The stop decision (the shared sampler), then every row's patch in one solve."""
+        """The stop decision (the shared sampler), then every row's patch: one solve per
+        (steps, noise level) group of rows (normally one), an SDE where the level is > 0."""
         outs = super()._sample(hidden, units, streams)
-        h = self.width
-        lm, res, raw = hidden[:, :h], hidden[:, h : 2 * h], hidden[:, 2 * h :]
         settings = [self._settings[u.seq_id] for u in units]
-        steps = {s for _, s in settings}
-        c, p = self.feat, self.patch
+        solved: list[Any] = [None] * len(units)
         with torch.no_grad():
-            noise = torch.stack([self._noise(u) for u in units]).to(hidden.device, hidden.dtype)
-            cfg = torch.tensor([g for g, _ in settings], dtype=hidden.dtype, device=hidden.device)
-            # per row: [lm (H) | residual (H) | previous patch (C P) | noise (C P) | cfg (1)]
-            packed = torch.cat([lm, res, raw, noise.flatten(1), cfg[:, None]], dim=-1)
-            patches = torch.empty_like(noise)
-            for n in steps:  # one solve per distinct step count (normally one)
-
-                def solve(x: torch.Tensor, n: int = n) -> torch.Tensor:
-                    mu = self.backbone.dit_condition(x[:, :h], x[:, h : 2 * h])
-                    rest = x[:, 2 * h :]
-                    cond = rest[:, : p * c].reshape(-1, p, c).transpose(1, 2)
-                    z = rest[:, p * c : 2 * p * c].reshape(-1, c, p)
-                    out = self.backbone.estimator.solve(mu, cond, z, n, rest[:, -1])
-                    return out.flatten(1)
-
-                rows = [i for i, (_, s) in enumerate(settings) if s == n]
+            for n, level in dict.fromkeys((s, a) for _, s, a in settings):
+                rows = [i for i, (_, s, a) in enumerate(settings) if (s, a) == (n, level)]
+                num_sde = sde_steps(n) if level > 0 else 0
+                noise = torch.stack(
+                    [
+                        torch.cat([self._noise(units[i])[None], self._sde_noise(units[i], num_sde)])
+                        for i in rows
+                    ]
+                )
+                noise = noise.to(hidden.device, hidden.dtype).flatten(1)
+                cfg = torch.tensor([settings[i][0] for i in rows], dtype=hidden.dtype)
                 index = torch.tensor(rows, device=hidden.device)
-                patches[index] = self._row_wise(solve, packed[index]).view(-1, c, p)
-        patches = patches.transpose(1, 2).float().cpu()  # [B, P, C]
+                # per row: [lm (H) | residual (H) | previous patch | noise | cfg (1)]
+                packed = torch.cat([hidden[index], noise, cfg[:, None].to(hidden.device)], -1)
+                out = self._row_wise(self._solve_rows(n, level), packed).float().cpu()
+                est = self.backbone.estimator
+                stds = est.sde_stds(n, level, hidden.dtype, hidden.device) if num_sde else ()
+                for j, i in enumerate(rows):
+                    solved[i] = self._solved(out[j], num_sde, stds, units[i].record)
         return [
             ARStepOutput(
                 o.tokens, o.logprobs, patch, o.preempted, o.policy_logprobs, o.weight_version
             )
-            for o, patch in zip(outs, patches, strict=True)
+            for o, patch in zip(outs, solved, strict=True)
         ]
+
+    def _solved(
+        self, row: torch.Tensor, num_sde: int, stds: tuple[float, ...], record: bool
+    ) -> torch.Tensor | SolvedPatch:
+        """A solve row's patch ``[P, C]``, or its ``SolvedPatch`` for a recorded SDE step."""
+        c, p = self.feat, self.patch
+        patch = row[: c * p].view(c, p).T.contiguous()
+        if not (record and num_sde):
+            return patch
+        states = row[c * p : c * p * (num_sde + 2)].view(num_sde + 1, c, p)
+        means = row[c * p * (num_sde + 2) :].view(num_sde, c, p)
+        # [C, P] order, as ``_score_sde`` sums them
+        logprobs = torch.cat(
+            [
+                gaussian_logprob(states[s + 1 : s + 2], means[s : s + 1], stds[s])
+                for s in range(num_sde)
+            ]
+        )
+        states, means = states.transpose(1, 2), means.transpose(1, 2)
+        return SolvedPatch(patch, states.contiguous(), means.contiguous(), stds, logprobs)
+
+    # ------------------------------------------------------------ scoring (RL)
+    def score_patches(
+        self,
+        prompt: VoxCPMPrompt,
+        frames: Sequence[Sequence[int]],
+        patches: torch.Tensor,
+        sampling: SamplingRow,
+        mode: str = "processed",
+        states: torch.Tensor | None = None,
+        noise_level: float = 0.0,
+        match_serving: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log-probs of one recorded trajectory, recomputed teacher-forced: the stop
+        decisions and, for an SDE rollout, every patch's SDE steps.
+
+        Both LMs run densely over the prompt and the recorded patches but the last
+        (``DualStack.forward_dense``, serving's attention calls with ``match_serving``, the
+        same row chunks under ``batch_invariant``); each step's stop logits are scored as
+        the sampler did (``mode``: processed or policy, ``sampling`` the loop's row); each
+        recorded SDE step's mean is recomputed from its recorded state ``x_t`` by the LocDiT
+        (``LocDiT.sde_step``: conditioning from that step's LM rows, the previous patch, the
+        guided velocity, the drift correction) and scored as ``log N(x_next; mean, std^2 I)``.
+        Autograd follows the caller's grad mode on a training copy (gradients reach the LMs,
+        LocEnc and LocDiT); on the serving component never.
+
+        Args:
+            prompt: the loop's recorded prompt (``VoxCPMPrompt``).
+            frames: ``T`` stop decisions (``(0,)`` / ``(1,)``), the last one included.
+            patches: ``[T, P, C]`` every step's patch (the stop step's included).
+            sampling: the loop's sampling row (``stop_sampling``).
+            mode: ``"processed"`` or ``"policy"``.
+            states: ``[T, S + 1, P, C]`` the SDE chains (``SolvedPatch.states``); None or
+                ``S = 0``: no SDE steps.
+            noise_level: the SDE's noise scale a.
+            match_serving: serving's attention calls (see ``PagedARModel.score_logits``).
+
+        Returns:
+            ``(stop [T, 1] float32, sde [T, S] float64)`` on the component's device.
+
+        Raises:
+            ValueError: shapes that do not agree, an unknown mode.
+        """
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
+            hidden = self._score_rows(prompt, frames, patches, match_serving)
+            logits = self._head(hidden, "").float()
+            tokens = [self._frame_tensor(frames)]
+            logp = self._distribution(logits, tokens, [sampling], mode, 0)
+            [(stop, _)] = self._gather_scores(logp, tokens, False)
+            if states is None or states.shape[1] < 2:
+                return stop, hidden.new_zeros(len(frames), 0, dtype=torch.float64)
+            return stop, self._score_sde(prompt, hidden, states, noise_level)
+
+    def _score_rows(
+        self,
+        prompt: VoxCPMPrompt,
+        frames: Sequence[Sequence[int]],
+        patches: torch.Tensor,
+        match_serving: bool,
+    ) -> torch.Tensor:
+        """The DualStack's output rows ``[T, 2H + P C]`` each step's stop and patch were
+        computed from (teacher-forced)."""
+        if not isinstance(prompt, VoxCPMPrompt):
+            raise ValueError(f"VoxCPM scores a VoxCPMPrompt, got {type(prompt).__name__}")
+        steps = len(frames)
+        if steps < 1 or tuple(patches.shape) != (steps, self.patch, self.feat):
+            raise ValueError(
+                f"{steps} frames need patches [{steps}, {self.patch}, {self.feat}], got "
+                f"{tuple(patches.shape)}"
+            )
+        rows = self._prompt_inputs(prompt)
+        length = rows.shape[0]
+        if steps > 1:
+            fed = patches[:-1].to(self.device, self.dtype)
+            rows = torch.cat([rows, self._row_wise(self._patch_rows, fed)])
+        hidden = self.llama.forward_dense(rows, length if match_serving else None)
+        return hidden[length - 1 :]
+
+    def _score_sde(
+        self,
+        prompt: VoxCPMPrompt,
+        hidden: torch.Tensor,
+        states: torch.Tensor,
+        noise_level: float,
+    ) -> torch.Tensor:
+        """``[T, S]`` float64 log-probs of recorded SDE chains ``states`` ``[T, S + 1, P,
+        C]``, every step's mean recomputed from its recorded state (see ``score_patches``)."""
+        h, c, p = self.width, self.feat, self.patch
+        steps, num_sde = states.shape[0], states.shape[1] - 1
+        est = self.backbone.estimator
+        n = prompt.timesteps
+        if num_sde != sde_steps(n):
+            raise ValueError(f"{num_sde} SDE steps recorded, a {n}-step solve has {sde_steps(n)}")
+        schedule = est.schedule(n, hidden.dtype, hidden.device)
+        stds = est.sde_stds(n, noise_level, hidden.dtype, hidden.device)
+        zero_steps = n - num_sde
+        x = states.to(hidden.device, hidden.dtype).transpose(2, 3).flatten(2)  # [T, S+1, C P]
+        cfg = torch.full((steps, 1), prompt.cfg_value, dtype=hidden.dtype, device=hidden.device)
+        out = []
+        for s in range(num_sde):
+            step = zero_steps + s + 1
+
+            def mean_rows(r: torch.Tensor, step: int = step) -> torch.Tensor:
+                mu = self.backbone.dit_condition(r[:, :h], r[:, h : 2 * h])
+                rest = r[:, 2 * h :]
+                cond = rest[:, : p * c].reshape(-1, p, c).transpose(1, 2)
+                z = rest[:, p * c : -1].reshape(-1, c, p)
+                mean, _ = est.sde_step(mu, cond, z, schedule, step, rest[:, -1], noise_level)
+                return mean.flatten(1)
+
+            packed = torch.cat([hidden, x[:, s], cfg], dim=-1)
+            mean = self._row_wise(mean_rows, packed).view(steps, c, p)
+            target = x[:, s + 1].view(steps, c, p)
+            out.append(gaussian_logprob(target, mean, stds[s]))
+        return torch.stack(out, dim=1)
 
 
 def _to(prompt: Prompt, device: torch.device, dtype: torch.dtype) -> Prompt:

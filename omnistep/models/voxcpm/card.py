@@ -14,7 +14,8 @@ seed); cloned voices (``POST /v1/audio/voices`` or inline ``ref_audio`` + ``ref_
 reference clip's latent patches (upstream's reference-only mode; the transcript is not used).
 Generation settings (upstream ``generate`` defaults): ``cfg_value`` 2.0, ``inference_timesteps``
 10, ``min_len`` 2, ``max_len`` 4096 patches (``VoxCPMOptions``). The stop decision is greedy
-(upstream's argmax); the request's sampling fields do not apply; ``speed`` is ignored.
+(upstream's argmax); the request's sampling fields do not apply but ``flow_noise_level``
+(the LocDiT solve as an SDE, for RL); ``speed`` is ignored.
 
 This module declares the card only.
 """

@@ -21,6 +21,7 @@ Imports: ``omnistep.core``, this family's ``ar``, ``lm``, ``audio_vae``.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import io
 from typing import Any
@@ -221,4 +222,6 @@ class VoxCPMFrontend:
 
     def __call__(self, ctx: ProgramContext) -> None:
         req = ctx.request
-        ctx.slots["voice"] = self.prompt(req.text, req.voice)
+        prompt = self.prompt(req.text, req.voice)
+        level = float(req.sampling.or_default("flow_noise_level", 0.0))
+        ctx.slots["voice"] = dataclasses.replace(prompt, noise_level=level)

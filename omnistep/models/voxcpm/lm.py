@@ -32,9 +32,25 @@ AUDIO_START, AUDIO_END, REF_AUDIO_START, REF_AUDIO_END = 101, 102, 103, 104
 """Upstream's control token ids (hard-coded in ``VoxCPM2Model.__init__``)."""
 
 
+class _RoundStraightThrough(torch.autograd.Function):
+    """``round(x)`` forward, identity backward (a straight-through estimator): the value is
+    inference's ``torch.round`` to the bit, the gradient upstream training's
+    ``h + (round(h) - h).detach()``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return grad
+
+
 class ScalarQuantizer(nn.Module):
     """``out_proj(round(tanh(in_proj(h)) * scale) / scale)`` (upstream
-    ``ScalarQuantizationLayer`` at inference; names ``in_proj``, ``out_proj``)."""
+    ``ScalarQuantizationLayer``; names ``in_proj``, ``out_proj``). The rounding passes
+    gradients straight through, as upstream's training mode does (so a trainer's loss reaches
+    the base LM through audio rows); its value is inference's."""
 
     def __init__(self, width: int, latent: int, scale: int):
         super().__init__()
@@ -43,7 +59,7 @@ class ScalarQuantizer(nn.Module):
         self.scale = scale
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        q = torch.round(torch.tanh(self.in_proj(h)) * self.scale) / self.scale
+        q = _RoundStraightThrough.apply(torch.tanh(self.in_proj(h)) * self.scale) / self.scale
         return self.out_proj(q)
 
 

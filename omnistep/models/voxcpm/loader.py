@@ -63,6 +63,16 @@ def backbone_state(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def published_name(name: str) -> str:
+    """A ``VoxCPMBackbone`` parameter's name in the published ``model.safetensors`` (the
+    inverse of ``backbone_state``): what weight updates and trainers name tensors by."""
+    if name == "embed_tokens.weight":
+        return "base_lm.embed_tokens.weight"
+    if name.startswith("estimator."):
+        return "feat_decoder." + name
+    return name
+
+
 def vae_state(raw: dict[str, torch.Tensor], part: str) -> dict[str, torch.Tensor]:
     """The AudioVAE state dict's ``{part}.*`` tensors (``part``: ``decoder`` or ``encoder``)
     with weight norm folded, under ``AudioVAEDecoder`` / ``AudioVAEEncoder`` names."""

@@ -15,8 +15,11 @@ stop) and the patch it solved (``ARStepOutput.hidden``, ``[P, C]`` float32). ``V
   for the AudioVAE vocoder loop (``AudioDecodeLoop`` with ``stream_state``; a first chunk of
   ``P`` frames gives audio after the first patch).
 
-Under ROLLOUT the stop decisions are recorded as the loop's actions (the patches are not yet:
-the SDE log-probs of the inner solve are not built).
+Under ROLLOUT the stop decisions are recorded as the loop's actions (``ActionRecord``s, the
+stop step's included) and the patches as its continuous actions (``FlowPatches`` in
+``LoopResult.info["flow"]``, one per recorded step): with ``flow_noise_level`` > 0 each patch's
+SDE chain, means, stds and Gaussian log-probs (``ar.SolvedPatch``), else the patches alone.
+``score_patches`` recomputes both kinds of log-prob teacher-forced (``VoxCPMAR.score_patches``).
 
 Imports: ``omnistep.core``, ``omnistep.loops``, this family's ``ar``.
 """
@@ -25,18 +28,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 from omnistep.core import (
     ActionRecord,
     Done,
     ExecutionProfile,
+    FlowPatches,
+    LoopResult,
     ModelInstance,
     ProgramContext,
     Request,
     StepResult,
     WorkPlan,
+    local_method,
 )
 from omnistep.loops.ar_decode import (
     ARDecodeLoop,
@@ -45,7 +53,7 @@ from omnistep.loops.ar_decode import (
     ARStepInput,
     ARStepOutput,
 )
-from omnistep.models.voxcpm.ar import VoxCPMPrompt
+from omnistep.models.voxcpm.ar import SolvedPatch, VoxCPMPrompt
 
 
 @dataclass
@@ -55,6 +63,8 @@ class VoxCPMLoopState(ARDecodeState):
 
     patches: list[torch.Tensor] = field(default_factory=list)
     streamed: int = 0
+    solved: list[SolvedPatch | torch.Tensor] = field(default_factory=list)
+    """Under ROLLOUT: every recorded step's patch, or its ``SolvedPatch`` (an SDE solve)."""
 
 
 class VoxCPMLoop(ARDecodeLoop):
@@ -93,13 +103,16 @@ class VoxCPMLoop(ARDecodeLoop):
             return state
         state.needs_prefill = False
         state.step += 1
+        solved = out.hidden
+        patch = solved.patch if isinstance(solved, SolvedPatch) else solved
+        patch = torch.as_tensor(patch, dtype=torch.float32)
         if state.profile is ExecutionProfile.ROLLOUT:
             state.trajectory.append(
                 ActionRecord(
                     tuple(out.tokens), out.logprobs, out.policy_logprobs, out.weight_version
                 )
             )
-        patch = torch.as_tensor(out.hidden, dtype=torch.float32)
+            state.solved.append(solved)
         if state.stream is not None:
             for frame in patch:  # [P, C] -> P latent frames [C]
                 state.stream.put(frame.clone())
@@ -110,3 +123,70 @@ class VoxCPMLoop(ARDecodeLoop):
         state.frames.append(tuple(out.tokens))
         state.patches.append(patch)
         return state
+
+    def finalize(self, state: VoxCPMLoopState) -> LoopResult:  # type: ignore[override]
+        """``ARDecodeLoop.finalize``; under ROLLOUT also ``info["flow"]``, the patches'
+        ``FlowPatches``, and ``info["prompt"]`` without replay patches."""
+        result = super().finalize(state)
+        if result.info is not None:
+            result.info["prompt"] = dataclasses.replace(state.prompt, patches=())
+            result.info["flow"] = flow_patches(state.solved, state.prompt.noise_level)
+        return result
+
+    def score_patches(
+        self,
+        model: ModelInstance,
+        req: Request,
+        prompt: VoxCPMPrompt,
+        tokens: Any,
+        flow: FlowPatches,
+        mode: str = "processed",
+        match_serving: bool = True,
+    ) -> tuple[Any, Any]:
+        """Recompute a recorded sample's log-probs with the component's
+        ``VoxCPMAR.score_patches`` (autograd on a trainer's copy): ``(stop [T, 1] float32,
+        SDE steps [T, S] float64)``.
+
+        Raises:
+            NotImplementedError: the component cannot score here (another process).
+            ValueError: a flow record that does not match the frames.
+        """
+        name = self.config.component
+        scorer = local_method(model.components[name], "score_patches", name)
+        frames = [tuple(int(t) for t in frame) for frame in tokens]
+        states = torch.as_tensor(np.asarray(flow.states, dtype=np.float32))
+        if states.shape[0] != len(frames):
+            raise ValueError(f"{len(frames)} frames but {states.shape[0]} recorded patches")
+        row = self.config.make_sampling(req)
+        return scorer(
+            prompt,
+            frames,
+            states[:, -1],
+            row,
+            mode,
+            states if states.shape[1] > 1 else None,
+            float(flow.noise_level),
+            match_serving,
+        )
+
+
+def flow_patches(solved: list[SolvedPatch | torch.Tensor], noise_level: float) -> FlowPatches:
+    """The ``FlowPatches`` of a rollout's recorded steps (``SolvedPatch``es of SDE solves,
+    else plain patches ``[P, C]``)."""
+    if not solved:
+        empty = np.zeros((0, 1, 0, 0), np.float32)
+        return FlowPatches(empty, empty[:, :0], np.zeros(0), np.zeros((0, 0)), noise_level)
+    if not isinstance(solved[0], SolvedPatch):
+        states = torch.stack([torch.as_tensor(p) for p in solved])[:, None]
+        num = states.shape[0]
+        means = np.zeros((num, 0, *states.shape[2:]), np.float32)
+        return FlowPatches(
+            states.float().numpy(), means, np.zeros(0), np.zeros((num, 0)), noise_level
+        )
+    return FlowPatches(
+        torch.stack([s.states for s in solved]).float().numpy(),
+        torch.stack([s.means for s in solved]).float().numpy(),
+        np.asarray(solved[0].stds, dtype=np.float64),
+        torch.stack([s.logprobs for s in solved]).double().numpy(),
+        noise_level,
+    )
