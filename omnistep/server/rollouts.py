@@ -16,7 +16,8 @@ with ``flow_noise_level``) as ``g{i}.s{k}.{loop}.logprobs`` (float64 ``[S]``),
 ``[frames, mel_dim]`` of step ``j``'s window); a MoE loop's (Qwen3-Omni) ``.routing`` (int16
 ``[T, MoE layers, k]``, ``LoopActions.routing``) and ``.prompt_routing`` (int16 ``[prompt rows
 - 1, MoE layers, k]``), JSON ``"routing"`` / ``"prompt_routing"`` (null for a dense loop); an
-AR loop whose steps solve a flow for a patch (VoxCPM2's ``decode``, ``LoopActions.flow``) also as ``g{i}.s{k}.{loop}.flow.states``
+AR loop whose steps solve a flow for a patch (VoxCPM2's ``decode``, ``LoopActions.flow``) also
+as ``g{i}.s{k}.{loop}.flow.states``
 (float32 ``[T, S + 1, *patch]``: each step's SDE chain, its patch last), ``.flow.means``
 (float32 ``[T, S, *patch]``) and ``.flow.logprobs`` (float64 ``[T, S]``: per AR step, per
 SDE step, the Gaussian log-prob of the sampled next latent), with the noise level and the
