@@ -139,37 +139,41 @@ def test_weights_from_a_path_and_an_upload(tmp_path):
     save_file({"table": np.ascontiguousarray(table[::-1])}, str(tmp_path / "w1.safetensors"))
     save_file({"table": np.ascontiguousarray(table * 0.5)}, str(tmp_path / "w2.safetensors"))
     save_file({"tabel": table}, str(tmp_path / "bad.safetensors"))
-    with running_server("--model", "toy", "--api-key", KEY) as url:
+    # a client with a minute of patience: the server is a subprocess, slow on a loaded box
+    with (
+        running_server("--model", "toy", "--api-key", KEY) as url,
+        httpx.Client(timeout=60) as http,
+    ):
         auth = {"Authorization": f"Bearer {KEY}"}
-        assert httpx.get(url + "/v1/weights").status_code == 401
-        assert httpx.post(url + "/v1/weights", json={"path": "x"}).status_code == 401
-        versions = httpx.get(url + "/v1/weights", headers=auth).json()
+        assert http.get(url + "/v1/weights").status_code == 401
+        assert http.post(url + "/v1/weights", json={"path": "x"}).status_code == 401
+        versions = http.get(url + "/v1/weights", headers=auth).json()
         assert versions["data"] == [{"object": "weights", "model": "toy", "version": 0}]
 
-        bad = httpx.post(
+        bad = http.post(
             url + "/v1/weights", json={"path": str(tmp_path / "bad.safetensors")}, headers=auth
         )
         assert bad.status_code == 400 and "tabel" in bad.json()["error"]["message"]
-        missing = httpx.post(url + "/v1/weights", json={"path": "/nope.st"}, headers=auth)
+        missing = http.post(url + "/v1/weights", json={"path": "/nope.st"}, headers=auth)
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "path"
-        junk = httpx.post(
+        junk = http.post(
             url + "/v1/weights",
             content=b"not safetensors",
             headers={**auth, "Content-Type": "application/x-safetensors"},
         )
         assert junk.status_code == 400
 
-        done = httpx.post(
+        done = http.post(
             url + "/v1/weights", json={"path": str(tmp_path / "w1.safetensors")}, headers=auth
         )
         assert done.json() == {"object": "weights", "model": "toy", "version": 1}
-        upload = httpx.post(
+        upload = http.post(
             url + "/v1/weights?version=7&mode=drain",
             content=(tmp_path / "w2.safetensors").read_bytes(),
             headers={**auth, "Content-Type": "application/x-safetensors"},
         )
         assert upload.json()["version"] == 7, upload.text
-        roll = httpx.post(
+        roll = http.post(
             url + "/v1/rollouts",
             json={"model": "toy", "inputs": ["after"], "max_new_tokens": 4},
             headers=auth,
@@ -177,11 +181,11 @@ def test_weights_from_a_path_and_an_upload(tmp_path):
         ).json()
         assert roll["groups"][0]["samples"][0]["loops"]["decode"]["weight_versions"] == [7] * 4
         assert roll["weight_version"] == roll["groups"][0]["samples"][0]["weight_version"] == 7
-        assert httpx.get(url + "/v1/weights", headers=auth).json()["data"][0]["version"] == 7
+        assert http.get(url + "/v1/weights", headers=auth).json()["data"][0]["version"] == 7
 
         # versions only go up: a lower or equal one is a 409 naming both; nothing changes
         for version in (3, 7):
-            back = httpx.post(
+            back = http.post(
                 url + "/v1/weights",
                 json={"path": str(tmp_path / "w1.safetensors"), "version": version},
                 headers=auth,
@@ -194,12 +198,12 @@ def test_weights_from_a_path_and_an_upload(tmp_path):
         poisoned = table.copy()
         poisoned[1, 2] = np.nan
         save_file({"table": np.ascontiguousarray(poisoned)}, str(tmp_path / "nan.safetensors"))
-        nan = httpx.post(
+        nan = http.post(
             url + "/v1/weights", json={"path": str(tmp_path / "nan.safetensors")}, headers=auth
         )
         assert nan.status_code == 400 and "NaN/Inf" in nan.json()["error"]["message"], nan.text
-        assert httpx.get(url + "/v1/weights", headers=auth).json()["data"][0]["version"] == 7
-        allowed = httpx.post(
+        assert http.get(url + "/v1/weights", headers=auth).json()["data"][0]["version"] == 7
+        allowed = http.post(
             url + "/v1/weights?check_finite=false",
             content=(tmp_path / "nan.safetensors").read_bytes(),
             headers={**auth, "Content-Type": "application/x-safetensors"},
