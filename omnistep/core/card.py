@@ -415,8 +415,8 @@ class ModelInstance:
         in ``PreparedWeights.casts``).
 
         ``check_finite`` (default on) refuses floating tensors holding NaN or +-Inf: one pass
-        over every value (~1 GB/s on a CPU core); a trainer that checks its own tensors may
-        turn it off.
+        over every value (``count_nonfinite``: one ``aminmax`` read, ~7 GB/s on a CPU core);
+        a trainer that checks its own tensors may turn it off.
 
         Raises:
             WeightUpdateError: an empty update, an unknown name, a tensor whose shape differs
