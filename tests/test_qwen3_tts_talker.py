@@ -550,6 +550,51 @@ def test_score_reproduces_the_recorded_logprobs_of_all_16_codebooks(tiny_bi, tok
         assert (recorded[:, 1:] != 0).all()  # the predictor's draws are recorded too
 
 
+@pytest.mark.parametrize("mode", ["processed", "policy"])
+def test_default_mode_score_teacher_forces_the_predictor_in_one_forward(tiny, tok, mode):
+    """Without ``batch_invariant`` score runs the code predictor teacher-forced in one causal
+    forward of 16 rows per frame (``CodePredictor.teacher_forced``): its logits equal serving's
+    15 sub-steps (``run`` with the codes fed) within float32 rounding, the scored log-probs the
+    recorded ones, and the gradient reaches exactly the tables that were fed."""
+    [run] = drive(tiny, [Job(_cv(tiny, tok), seed=23, max_new_tokens=10, rollout=True)])
+    records = run["result"].trajectory
+    frames = [r.tokens for r in records]
+    sampling = Qwen3TTSSampling.from_defaults(tiny.config)
+    scored = tiny.score_logprobs(
+        run["result"].info["prompt"], frames, sampling, mode, penalty_window=0
+    )
+    recorded = np.array(
+        [r.logprobs if mode == "processed" else r.policy_logprobs for r in records],
+        dtype=np.float32,
+    )
+    delta = np.abs(scored.detach().numpy() - recorded).max()
+    print(f"\ndefault-mode score {mode}: max |d| {delta:.3g} over {recorded.size}")
+    assert delta <= 1e-5 and (recorded[:, 1:] != 0).all()
+
+    trainer = tiny.training_copy()
+    weights = trainer.trainable_weights()
+    predictor = trainer.predictor
+    gen = torch.Generator().manual_seed(5)
+    width = predictor.codec_embedding[0].shape[1]
+    hidden, first = torch.randn(7, width, generator=gen), torch.randn(7, width, generator=gen)
+    codes = torch.randint(0, predictor.config.vocab_size, (7, 15), generator=gen)
+    stepwise = predictor.run(hidden, first, lambda j, _logits: codes[:, j])
+    at_once = predictor.teacher_forced(hidden, first, codes)
+    assert at_once.shape == stepwise.shape == (7, 15, predictor.config.vocab_size)
+    gap = (at_once - stepwise).abs().max().item()
+    print(f"teacher_forced vs run: max |d| {gap:.3g} (logits up to {stepwise.abs().max():.3g})")
+    assert gap <= 1e-5 * max(1.0, stepwise.abs().max().item())
+    at_once.sum().backward()
+    prefix = "talker.code_predictor."
+    for j in (0, 13):  # codes 1 and 14 are fed; code 15 only scored
+        assert weights[f"{prefix}model.codec_embedding.{j}.weight"].grad.abs().sum() > 0
+    assert weights[f"{prefix}lm_head.14.weight"].grad.abs().sum() > 0
+    unused = weights[f"{prefix}model.codec_embedding.14.weight"].grad
+    assert unused is None or not unused.any()
+    with pytest.raises(ValueError, match="codes"):
+        predictor.teacher_forced(hidden, first, codes[:, :14])
+
+
 def test_score_backpropagates_into_talker_and_predictor_weights(folders, tokenizers):
     # voice_design (1b7): the predictor has its small_to_mtp_projection
     talker = _talker(folders["voice_design"], batch_invariant=True)

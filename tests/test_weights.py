@@ -336,3 +336,25 @@ async def test_qwen_dit_update_equals_a_fresh_engine_and_versions_its_sde_steps(
     assert {r.weight_version for r in sde.trajectories["denoise"]} == {5}
     await engine.shutdown()
     await fresh_engine.shutdown()
+
+
+def test_count_nonfinite_counts_every_nan_and_inf_past_its_one_pass_screen():
+    """``count_nonfinite`` screens a torch tensor with one ``aminmax`` pass and counts only
+    one that fails it: NaN, +Inf and -Inf anywhere (alone or mixed), in float32 and bf16,
+    are counted exactly; finite, empty and integer tensors give 0; numpy arrays too."""
+    from omnistep.core.card import count_nonfinite
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1000, 3).to(dtype)
+        assert count_nonfinite(x) == 0
+        for bad, where in ((float("nan"), [5]), (float("inf"), [999]), (-float("inf"), [0, 7])):
+            y = x.clone()
+            y.view(-1)[where] = bad
+            assert count_nonfinite(y) == len(where)
+        y = x.clone()
+        y.view(-1)[[1, 2, 3]] = torch.tensor([float("nan"), float("inf"), -float("inf")]).to(dtype)
+        assert count_nonfinite(y) == 3
+        assert count_nonfinite(y[:, 1:]) == 2  # a strided view: the NaN and +Inf of row 0
+    assert count_nonfinite(torch.empty(0)) == 0
+    assert count_nonfinite(torch.arange(5)) == 0
+    assert count_nonfinite(np.array([1.0, np.nan, np.inf])) == 2

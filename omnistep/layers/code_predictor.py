@@ -210,3 +210,54 @@ class CodePredictor:
                 self._project(embed, 1), position, attend, [1] * batch, self.batch_invariant
             )
         return torch.stack(logits, dim=1)
+
+    def teacher_forced(
+        self, talker_hidden: torch.Tensor, first_embed: torch.Tensor, codes: torch.Tensor
+    ) -> torch.Tensor:
+        """``run`` with every code known (a trainer's teacher-forced score): the ``G`` rows
+        of each frame (talker hidden state, ``codec_embedding(code 0)``, then code ``j``'s
+        embedding ``codec_embedding[j - 1]`` for ``j = 1 .. G - 2``) go through the stack in
+        one causal forward of ``G`` rows per frame, instead of ``G - 1`` sub-steps over a
+        growing per-frame cache. The same function of the weights (row ``j + 1`` of a frame
+        sees rows ``0..j + 1``, as sub-step ``j`` did); the numbers equal ``run``'s within
+        float32 rounding (GEMMs over ``G`` times the rows, one attention call per frame
+        instead of one per sub-step), not to the bit, so batch-invariant scoring keeps
+        ``run``. Autograd works.
+
+        Args:
+            talker_hidden, first_embed: ``[B, talker_hidden]`` as in ``run``.
+            codes: LongTensor ``[B, G - 1]``: codes ``1 .. G - 1`` of each frame (the last is
+                only scored, never fed).
+
+        Returns:
+            Raw logits ``[B, G - 1, vocab]`` float32, equal to ``run(..., choose)`` where
+            ``choose`` returns ``codes[:, j]``.
+
+        Raises:
+            ValueError: ``codes`` of another shape.
+        """
+        batch, groups = talker_hidden.shape[0], self.config.num_code_groups
+        if tuple(codes.shape) != (batch, groups - 1):
+            raise ValueError(f"codes {tuple(codes.shape)} for {batch} frames of {groups} codes")
+        fed = [self.codec_embedding[j][codes[:, j]] for j in range(groups - 2)]
+        rows = torch.stack([talker_hidden.to(self.dtype), first_embed, *fed], dim=1)
+        rows = rows.reshape(batch * groups, -1)  # [B * G, talker_hidden], frame by frame
+        scale = self.config.stack.head_dim**-0.5
+
+        def attend(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            q = q.view(batch, groups, *q.shape[1:]).transpose(1, 2)  # [B, H, G, D]
+            k = k.view(batch, groups, *k.shape[1:]).transpose(1, 2)  # [B, Hkv, G, D]
+            v = v.view(batch, groups, *v.shape[1:]).transpose(1, 2)
+            rep = q.shape[1] // k.shape[1]
+            k, v = repeat_kv(k, rep), repeat_kv(v, rep)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            return out.transpose(1, 2).reshape(batch * groups, *out.shape[1:2], out.shape[-1])
+
+        positions = torch.arange(groups, device=self.device).repeat(batch)
+        hidden = self.llama.forward_attend(
+            self._project(rows, groups), positions, attend, [groups] * batch, False
+        ).view(batch, groups, -1)
+        logits = [
+            self._linear(hidden[:, j + 1], self.lm_head[j]).float() for j in range(groups - 1)
+        ]
+        return torch.stack(logits, dim=1)
