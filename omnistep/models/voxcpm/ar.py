@@ -24,7 +24,16 @@ prefill that replays a preempted request lists the patches it had generated in
 LMs use their RowPlans and the row-wise parts here (quantizer/fusion, the step's LocEnc
 embedding, the stop head, the LocDiT solve with its conditioning) run in fixed 16-row chunks
 (``layers.batch_invariant.map_row_chunks``), so a request's patches do not depend on its batch.
-Not yet: ``score_logits`` (a dense forward over both stacks), kept prefixes of a voice's rows.
+
+Kept prefixes (``PagedARModel``'s "Prefixes"): a cloned voice's rows (``ref_audio_start``, the
+clip's patches, ``ref_audio_end``: the first ``VoxCPMPrompt.voice_rows`` rows, the same whatever
+the text) are ``_prompt_prefix``: every request of the voice prefills them apart from its text
+rows; they are computed once and kept, and later requests of the voice share their blocks (in
+both LMs' caches) and compute only their own rows. A kept prefix is found by the chained content
+hash of its input rows, which hold the clip's raw latent patch (the ``P * C`` float bytes) and
+its LocEnc embedding, not only ids: two clips of the same length never share. The zero-shot
+voice has no voice rows (its prompt starts with the text).
+Not yet: ``score_logits`` (a dense forward over both stacks).
 """
 
 from __future__ import annotations
@@ -67,6 +76,9 @@ class VoxCPMPrompt:
         max_len: most patches the request generates (upstream ``_generate``'s
             ``min(int(text_len * 6 + 10), max_len)``; read by ``loop.VoxCPMLoop``); None: the
             loop's cap only.
+        voice_rows: the prompt's first rows that are the voice's (a cloned voice:
+            ``ref_audio_start``, its ``R`` patches, ``ref_audio_end``, so ``R + 2``), shared with
+            every request of the voice (``VoxCPMAR._prompt_prefix``); 0: none (zero-shot).
     """
 
     rows: Prompt
@@ -74,6 +86,7 @@ class VoxCPMPrompt:
     timesteps: int = 10
     patches: tuple[torch.Tensor, ...] = ()
     max_len: int | None = None
+    voice_rows: int = 0
 
 
 class DualCache:
@@ -210,6 +223,13 @@ class VoxCPMAR(PagedARModel):
     def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
         logits = self._row_wise(self.backbone.stop_logits, hidden[:, : self.width])
         return logits.unsqueeze(1)  # [B, 1, 2]
+
+    def _prompt_prefix(self, prompt: VoxCPMPrompt) -> tuple[tuple[str, int], int] | None:
+        """A cloned voice's rows (``VoxCPMPrompt.voice_rows``), labelled ``("voice", R + 2)``;
+        the kept copy is found by the rows' content hash (the module docstring's "Kept
+        prefixes"). None for the zero-shot voice."""
+        n = getattr(prompt, "voice_rows", 0)
+        return ("voice", n) if n > 0 else None
 
     def _on_admit(self, unit: ARPrefillInput) -> None:
         self._settings[unit.seq_id] = (unit.prompt.cfg_value, unit.prompt.timesteps)

@@ -215,9 +215,13 @@ class VoxCPMFrontend:
             raise InvalidRequestError(
                 "the input text has no tokens", param="input", code="invalid_value"
             )
-        rows = build_prompt(ids, self.patch_size, self.feat_dim, self.reference(voice))
+        ref = self.reference(voice)
+        rows = build_prompt(ids, self.patch_size, self.feat_dim, ref)
         cap = min(int(len(ids) * TEXT_RATIO + TEXT_SLACK), self.max_patches)
-        return VoxCPMPrompt(rows, self.cfg_value, self.timesteps, max_len=cap)
+        voice_rows = 0 if ref is None else ref.shape[0] + 2  # ref_audio_start, patches, end
+        return VoxCPMPrompt(
+            rows, self.cfg_value, self.timesteps, max_len=cap, voice_rows=voice_rows
+        )
 
     def __call__(self, ctx: ProgramContext) -> None:
         req = ctx.request
