@@ -12,6 +12,8 @@ the request's ``VoxCPMPrompt``.
   holds a reference clip's latent patches: upstream's reference-only mode
   (``reference_wav_path``; ``ref_audio_start, patches, ref_audio_end, text, audio_start``).
   The transcript a clone is enrolled with is not used (the reference-only mode takes none).
+  A cloned voice's ``R + 2`` rows are the prompt's ``VoxCPMPrompt.voice_rows``: requests of the
+  voice share their KV blocks (``ar.VoxCPMAR._prompt_prefix``).
 - Cap: ``max_len = min(int(len(text ids) * 6 + 10), max_patches)`` (upstream ``_generate``
   with ``retry_badcase_ratio_threshold`` 6.0).
 
