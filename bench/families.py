@@ -129,7 +129,7 @@ How to run
 ----------
 ::
 
-    PYTHONPATH=. .venv/bin/python bench/families.py          # both families, 2 layers, F = 50
+    PYTHONPATH=. .venv/bin/python bench/families.py          # every family, 2 layers, F = 50
     PYTHONPATH=. .venv/bin/python bench/families.py --families chatterbox
     PYTHONPATH=. .venv/bin/python bench/families.py --layers 4 --frames 50 --rounds 1
     PYTHONPATH=. .venv/bin/python bench/families.py --quick  # tiny sizes, F = 4 (~30 s)
@@ -1079,7 +1079,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", type=parse_families, default=sorted(FAMILIES))
     ap.add_argument("--concurrency", type=parse_levels, default=[1, 4, 8], help="e.g. 1,4,8")
     ap.add_argument("--layers", type=int, help="backbone layers (default: the family's, 2)")
-    ap.add_argument("--frames", type=int, help="audio frames per request (default 50)")
+    ap.add_argument(
+        "--frames", type=int, help="audio frames per request (default 50; VoxCPM2: 12 patches)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both sides")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the paired comparisons")
     ap.add_argument("--root", type=Path, default=Path("/tmp"), help="folder of the checkpoints")
