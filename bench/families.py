@@ -8,6 +8,8 @@ make a request, and run its reference); the driver and the report are shared. Fa
   .generate`` + ``HiggsAudioV2Processor.batch_decode``.
 * ``chatterbox``: Chatterbox against upstream ``chatterbox-tts`` 0.1.7 (``T3.inference`` +
   ``S3Token2Wav.inference``'s flow, HiFT and fade), see "Chatterbox" below.
+* ``voxcpm2``: VoxCPM2 against upstream ``voxcpm`` 2.0.3 (``VoxCPM2Model.generate`` and
+  ``generate_streaming``), see "VoxCPM2" below (``bench/voxcpm.py`` runs this entry alone).
 
 What it measures (per family)
 -----------------------------
@@ -79,18 +81,54 @@ sides (random weights draw some); the flow's 10 Euler steps with guidance 0.7; H
   torchaudio). Same text ids (the card's ``punc_norm`` + ``tokenizer.json``). Work check:
   the greedy T3 tokens of ``TEXTS[0]``.
 
-Targets (issue 29, item 6)
---------------------------
+VoxCPM2
+-------
+Folder: the published layout (``config.json``, ``tokenizer.json`` / ``tokenizer_config.json``,
+``model.safetensors``, ``audiovae.pth``) at the PUBLISHED WIDTHS, each of the four MiniCPM
+stacks (base LM, residual LM, LocEnc, LocDiT) at ``--layers`` layers (default 2; published 28,
+8, 12, 12). The sizes come from ``voxcpm``'s own config classes, read in the reference
+subprocess (``tests/voxcpm_ref/bench_ref.py: published_config``: ``VoxCPMConfig``'s patch 4,
+``feat_dim`` 64, quantizer 512 / 9; ``VoxCPMEncoderConfig`` / ``VoxCPMDitConfig``'s width 1024,
+FFN 4096, 16 heads; ``AudioVAEConfigV2``'s encoder 128 and decoder 2048 channels, 16 kHz in,
+48 kHz out), and for the base LM, whose ``MiniCPM4Config`` has no defaults, the published
+``config.json``'s block (hidden 2048, MLP 6144, 16 heads, 2 KV heads of 128, no muP). The
+AudioVAE is whole (its decoder has no depth to cut). Text vocabulary: the tiny test tokenizer
+(ids only looked up). Weights: upstream's ``VoxCPM2Model`` writes them (seeded, float32), then
+the stop head is zeroed: both stop logits are 0 and argmax says "continue", so every request on
+both sides runs to its cap of ``--frames`` patches (default 12 = 1.92 s; random weights would
+stop at an arbitrary step).
+
+Work per request: one of ``TEXTS``, the zero-shot voice, ``cfg_value`` 2.0, 10 Euler steps per
+patch, ``--frames`` F patches (``max_new_tokens`` = F; upstream ``max_len`` = F).
+
+* omnistep: the ``voxcpm2`` card (``VoxCPMOptions(kv_cache_gb=0.25)``), components ``lm`` (both
+  LMs, the stop head and the LocDiT solve, one unit per patch) and ``vae`` (the AudioVAE decoder,
+  streamed: first chunk one patch) timed.
+* the reference in one ``tests.voxcpm_ref.bench_ref.Session`` subprocess (the ``.ref/voxcpm``
+  overlay on its path): ``VoxCPM2Model.from_local(optimize=False)``; the sequential throughput
+  from ``generate`` (the whole utterance, then one decode; split into ``_inference`` and the
+  decode), the first audio from ``generate_streaming``'s first chunk (upstream streams: a
+  chunk per patch), one streaming call of ``TEXTS[0]`` per round after the sequential eight.
+  Warm-ups at full length on both sides: ``generate`` and ``generate_streaming`` of
+  ``TEXTS[0]``; omnistep's ROLLOUT request of ``TEXTS[0]``.
+* Work check: the stop decisions (equal step counts), and the waveform: upstream ``generate``
+  of ``TEXTS[0]`` with its ``torch.randn`` fed the LocDiT noises omnistep drew from the same
+  seed (``VoxCPMFamily.waveform_check``) against omnistep's ROLLOUT waveform (equal lengths;
+  the largest sample difference is reported).
+
+Targets (issue 29, item 6; issue 30, item 5 for VoxCPM2)
+--------------------------------------------------------
 (a) omnistep TTFA p50 at C=1 / the reference's time to its first audio (its whole first
-call, the same text) <= 0.25; (b) omnistep audio-s/s at C=8 / the reference sequential over
-the same 8 texts >= 4; (c) omnistep TTFA p99 at C=8 / at C=4 <= 1.5. Also: RTF, CPU seconds
-per audio second, the split into LM and codec seconds on both sides.
+call, the same text; VoxCPM2: its streaming generate's first chunk) <= 0.25; (b) omnistep
+audio-s/s at C=8 / the reference sequential over the same 8 texts >= 4; (c) omnistep TTFA p99
+at C=8 / at C=4 <= 1.5. Also: RTF, CPU seconds per audio second, the split into LM and codec
+seconds on both sides.
 
 How to run
 ----------
 ::
 
-    PYTHONPATH=. .venv/bin/python bench/families.py          # both families, 2 layers, F = 50
+    PYTHONPATH=. .venv/bin/python bench/families.py          # every family, 2 layers, F = 50
     PYTHONPATH=. .venv/bin/python bench/families.py --families chatterbox
     PYTHONPATH=. .venv/bin/python bench/families.py --layers 4 --frames 50 --rounds 1
     PYTHONPATH=. .venv/bin/python bench/families.py --quick  # tiny sizes, F = 4 (~30 s)
@@ -503,7 +541,145 @@ class ChatterboxReference:
         self.session.close()
 
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (HiggsFamily(), ChatterboxFamily())}
+class VoxCPMFamily(Family):
+    """VoxCPM2 (``omnistep.models.voxcpm``) against upstream ``voxcpm`` 2.0.3's
+    ``VoxCPM2Model.generate`` / ``generate_streaming`` (see "VoxCPM2" in the module docstring)."""
+
+    name = "voxcpm2"
+    card_id = "voxcpm2"
+    sample_rate = 48000
+    default_frames = 12
+    components = ("lm", "vae")
+    warm_reference_frames = None
+    """Warm-ups at full length on both sides (the brief's rule; upstream's first call pays its
+    allocator's and the AudioVAE's first-shape costs)."""
+    patch_samples = 7680
+    """48 kHz samples per patch (4 latent frames of 1920)."""
+
+    def sizes(self, quick: bool, layers: int) -> dict[str, Any]:
+        """``quick``: the tiny test config (``omnistep.models.voxcpm.tiny``); else the
+        published widths read in the reference subprocess
+        (``tests.voxcpm_ref.bench_ref.published_config``: ``voxcpm``'s config classes and the
+        published LM block) with ``layers`` layers per MiniCPM stack."""
+        if quick:
+            return {"config": {}}
+        from omnistep.models.voxcpm.tiny import tiny_config
+        from tests.voxcpm_ref.env import call_reference
+
+        vocab = tiny_config()["lm_config"]["vocab_size"]
+        config = call_reference(
+            "tests.voxcpm_ref.bench_ref:published_config", layers=layers, vocab_size=vocab
+        )
+        return {"config": config}
+
+    def write(self, root: Path, sizes: dict[str, Any]) -> None:
+        """``config.json`` and the tiny tokenizer (``tiny.write_tiny_voxcpm``), then the
+        weights written by upstream's own ``VoxCPM2Model`` with the stop head zeroed
+        (``bench_ref.write_bench_weights``): the published files ``model.safetensors`` and
+        ``audiovae.pth``."""
+        from omnistep.models.voxcpm.tiny import write_tiny_voxcpm
+        from tests.voxcpm_ref.env import call_reference
+
+        write_tiny_voxcpm(root, **sizes["config"])
+        counts = call_reference(
+            "tests.voxcpm_ref.bench_ref:write_bench_weights", timeout=1800, root=str(root),
+            seed=SEED,
+        )  # fmt: skip
+        (root / "parameters.json").write_text(json.dumps(counts))
+
+    def parameter_counts(self, root: Path) -> dict[str, int]:
+        return json.loads((root / "parameters.json").read_text())
+
+    def load(self, root: Path) -> ModelInstance:
+        from omnistep.models.voxcpm.card import VoxCPMOptions, build_card
+
+        return ModelInstance.load(build_card(str(root), VoxCPMOptions(kv_cache_gb=0.25)))
+
+    def request(self, i: int, seed: int, frames: int, rollout: bool = False) -> Request:
+        """``TEXTS[i]``, the zero-shot voice, ``frames`` patches (the stop head never stops:
+        the cap ends it), the LocDiT noise from ``seed``."""
+        return Request(
+            self.card_id,
+            text=TEXTS[i % len(TEXTS)],
+            seed=seed,
+            sampling=SamplingParams(max_new_tokens=frames),
+            profile=ExecutionProfile.ROLLOUT if rollout else ExecutionProfile.SERVE,
+        )
+
+    def reference(self, root: Path, threads: int) -> VoxCPMReference:
+        return VoxCPMReference(self, root, threads)
+
+    def waveform_check(
+        self, ref: VoxCPMReference, ours: np.ndarray, seed: int, frames: int
+    ) -> dict[str, Any]:
+        """The work check beyond the stop step: upstream ``generate`` of ``TEXTS[0]`` given the
+        LocDiT noises omnistep drew for ``seed`` (``VoxCPMAR._noise``: per step the stop
+        sampler's uniform, then ``[C, P]`` normals) against omnistep's waveform of that
+        request."""
+        from omnistep.sampling.sampler import make_generator
+
+        config = json.loads((ref.root / "config.json").read_text())
+        feat, patch = config["feat_dim"], config["patch_size"]
+        gen = make_generator(seed, "cpu")
+        noises = []
+        for _ in range(frames):
+            torch.rand(1, generator=gen)
+            noises.append(torch.randn(feat, patch, generator=gen).numpy())
+        out = ref.session.call("bench_noise", text=TEXTS[0], max_len=frames, noises=noises)
+        theirs = out["waveform"]
+        n = min(len(theirs), len(ours))
+        diff = float(np.abs(theirs[:n] - ours[:n]).max()) if n else float("nan")
+        scale = float(np.abs(theirs).max()) if len(theirs) else float("nan")
+        return {
+            "samples": [int(len(ours)), int(len(theirs))],
+            "max_abs_diff": diff,
+            "reference_peak": scale,
+            "noises_left": out["noises_left"],
+        }
+
+
+class VoxCPMReference:
+    """Upstream VoxCPM2 in one ``tests.voxcpm_ref.bench_ref.Session`` subprocess (the
+    ``.ref/voxcpm`` overlay on its path), loaded once; the same texts (its own tokenizer
+    wrapper makes the same ids as the card's, tests/test_voxcpm_serving.py)."""
+
+    def __init__(self, family: VoxCPMFamily, root: Path, threads: int):
+        from tests.voxcpm_ref.bench_ref import Session
+
+        self.family, self.root = family, root
+        self.session = Session()
+        start = time.perf_counter()
+        self.info = self.session.call("bench_load", root=str(root), threads=threads)
+        self.info["start_and_load_s"] = round(time.perf_counter() - start, 2)
+        self.info["runtime"] = (
+            "voxcpm 2.0.3 VoxCPM2Model.generate (sequential) and generate_streaming (first "
+            "audio), float32, optimize=False"
+        )
+        print(f"reference: started and loaded in {self.info['start_and_load_s']:.1f}s", flush=True)
+
+    def one(self, i: int, frames: int) -> dict[str, Any]:
+        out = self.session.call("bench_generate", text=TEXTS[i % len(TEXTS)], max_len=frames)
+        made = out["samples"] // self.family.patch_samples
+        return {
+            "text": i % len(TEXTS),
+            "seconds": out["seconds"],
+            "frames": made,
+            "audio_s": out["samples"] / self.family.sample_rate,
+            "split_s": {"lm": out["lm_s"], "vae": out["vae_s"]},
+            "codes": np.zeros((made, 1), dtype=np.int64),  # "continue" at every step
+        }
+
+    def first_audio(self, i: int, frames: int) -> dict[str, Any]:
+        """Upstream's streaming generate of ``TEXTS[i]``: its first chunk's seconds."""
+        return self.session.call("bench_first_audio", text=TEXTS[i % len(TEXTS)], max_len=frames)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (HiggsFamily(), ChatterboxFamily(), VoxCPMFamily())
+}
 """One entry per family."""
 
 
@@ -560,8 +736,11 @@ class Ours:
     async def codes(self, i: int) -> np.ndarray:
         """Greedy codes of ``TEXTS[i]``, recorded under ROLLOUT."""
         stream = self.engine.add_request(self.family.request(i, 1, self.frames, rollout=True))
-        async for _ in stream:
-            pass
+        audio = []
+        async for chunk in stream:
+            if chunk.modality is Modality.AUDIO and chunk.audio is not None:
+                audio.append(np.asarray(chunk.audio, dtype=np.float32).ravel())
+        self.codes_audio = np.concatenate(audio) if audio else np.zeros(0, np.float32)
         return self.family.codes_of(stream)
 
     async def burst(
@@ -704,8 +883,15 @@ def run_family(family: Family, root: Path, args: argparse.Namespace) -> dict[str
     loop = asyncio.new_event_loop()
     try:
         warm_ref = ref.one(0, family.warm_reference_frames or args.frames)
+        streaming = hasattr(ref, "first_audio")  # the reference streams: time its first chunk
+        if streaming:
+            ref.first_audio(0, args.frames)  # warm its streaming path too
         ours = Ours(family, root, args.frames)
         ours_codes = loop.run_until_complete(ours.codes(0))
+        waveform = None
+        if hasattr(family, "waveform_check"):
+            waveform = family.waveform_check(ref, ours.codes_audio, 1, args.frames)
+            print(f"  waveform work check on TEXTS[0] (same noise): {waveform}", flush=True)
         warm = min(2, levels[-1])
         loop.run_until_complete(ours.burst(warm, quiet=True, frames=WARM_FRAMES))
         rounds, work = [], None
@@ -714,9 +900,16 @@ def run_family(family: Family, root: Path, args: argparse.Namespace) -> dict[str
             rnd: dict[str, Any] = {"ours": {}}
             texts = getattr(args, "reference_texts", None) or len(TEXTS)
             rnd["reference"] = reference_sequential(ref, args.frames, f"round {r}", texts)
+            if streaming:
+                first = ref.first_audio(0, args.frames)
+                rnd["reference"]["first_audio_s"] = first["first_s"]
+                rnd["reference"]["streaming_call"] = first
+                print(f"  reference streaming first chunk {first['first_s']:.3f}s", flush=True)
             codes0 = rnd["reference"].pop("codes_text0")
             if work is None:
                 work = family.work_check(ours_codes, codes0)
+                if waveform is not None:
+                    work["waveform"] = waveform
                 print(f"  greedy work check on TEXTS[0]: {work}", flush=True)
             loop.run_until_complete(ours.burst(warm, quiet=True, frames=WARM_FRAMES))
             for c in levels:
@@ -772,7 +965,7 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
         {
             "side": "reference",
             "C": f"seq {len(ref[0]['requests'])}",
-            "ttfa_p50_s": median([r["first_call_s"] for r in ref]),
+            "ttfa_p50_s": median([_ref_first_audio(r) for r in ref]),
             "ttfa_p99_s": float("nan"),
             "total_p50_s": median([q["seconds"] for r in ref for q in r["requests"]]),
             "wall_s": median([r["wall_s"] for r in ref]),
@@ -800,9 +993,11 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
             f"{row['frames']:>6} {row['audio_s_per_s']:9.3f} {row['rtf']:6.2f} "
             f"{fmt(row['cpu_s_per_audio_s'], '13.2f')}  {parts:<22} {row['load1_max']:>5}"
         )
+    streamed = "first_audio_s" in ref[0]
     print(
-        "(TTFA: omnistep = first streamed audio; reference = its whole first call, the same "
-        "text. omnistep's LM and codec run on separate threads and overlap.)"
+        "(TTFA: omnistep = first streamed audio; reference = "
+        + ("its streaming generate's first chunk" if streamed else "its whole first call")
+        + ", the same text. omnistep's LM and codec run on separate threads and overlap.)"
     )
 
     def paired(fn: Any) -> list[float]:
@@ -815,7 +1010,7 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
             table[0]["ttfa_p50_s"] / table[-1]["ttfa_p50_s"],
             "<=",
             TARGETS["ttfa_c1"],
-            paired(lambda i: ours[lo][i]["ttfa_p50_s"] / ref[i]["first_call_s"]),
+            paired(lambda i: ours[lo][i]["ttfa_p50_s"] / _ref_first_audio(ref[i])),
         ),
         target_row(
             f"{family.name} (b) audio-s/s C={hi}: omnistep / reference sequential",
@@ -861,6 +1056,12 @@ def report(family: Family, levels: list[int], res: dict[str, Any]) -> dict[str, 
     return {"table": table, "targets": targets, "figures": figures}
 
 
+def _ref_first_audio(rnd: dict[str, Any]) -> float:
+    """The reference's time to first audio in a round: its streaming call's first chunk when
+    it streams (``first_audio_s``), else its whole first sequential call."""
+    return rnd.get("first_audio_s", rnd["first_call_s"])
+
+
 def parse_families(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     unknown = [n for n in names if n not in FAMILIES]
@@ -874,7 +1075,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", type=parse_families, default=sorted(FAMILIES))
     ap.add_argument("--concurrency", type=parse_levels, default=[1, 4, 8], help="e.g. 1,4,8")
     ap.add_argument("--layers", type=int, help="backbone layers (default: the family's, 2)")
-    ap.add_argument("--frames", type=int, help="audio frames per request (default 50)")
+    ap.add_argument(
+        "--frames", type=int, help="audio frames per request (default 50; VoxCPM2: 12 patches)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads, both sides")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the paired comparisons")
     ap.add_argument("--root", type=Path, default=Path("/tmp"), help="folder of the checkpoints")

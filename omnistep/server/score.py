@@ -262,6 +262,8 @@ def _routing(
             f"'{at}{key}' must be [rows, MoE layers, k] non-negative integers", at + key
         )
     return array.astype(np.int16)
+
+
 def _flow(flow: dict, tensors: dict | None, key: str, where: str) -> FlowPatches:
     """A loop's recorded ``FlowPatches`` (its SDE chains; the means and log-probs are
     recomputed, not read) from the JSON ``flow`` or the ``{key}states`` tensor."""

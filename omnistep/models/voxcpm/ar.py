@@ -32,7 +32,16 @@ recorded trajectory's stop and SDE log-probs teacher-forced (``DualStack.forward
 ``LocDiT.sde_step`` from each recorded state), bit-equal under ``batch_invariant``;
 ``weight_specs`` / ``update_weights`` / ``trainable_weights`` name the backbone's tensors as
 the published ``model.safetensors`` does (``loader.published_name``).
-Not yet: ``score_logits`` over the shared packed path, kept prefixes of a voice's rows.
+
+Kept prefixes (``PagedARModel``'s "Prefixes"): a cloned voice's rows (``ref_audio_start``, the
+clip's patches, ``ref_audio_end``: the first ``VoxCPMPrompt.voice_rows`` rows, the same whatever
+the text) are ``_prompt_prefix``: every request of the voice prefills them apart from its text
+rows; they are computed once and kept, and later requests of the voice share their blocks (in
+both LMs' caches) and compute only their own rows. A kept prefix is found by the chained content
+hash of its input rows, which hold the clip's raw latent patch (the ``P * C`` float bytes) and
+its LocEnc embedding, not only ids: two clips of the same length never share. The zero-shot
+voice has no voice rows (its prompt starts with the text).
+Not yet: ``score_logits`` over the shared packed path.
 """
 
 from __future__ import annotations
@@ -80,6 +89,9 @@ class VoxCPMPrompt:
             loop's cap only.
         noise_level: the SDE noise scale a of every patch's solve
             (``SamplingParams.flow_noise_level``; 0: upstream's ODE).
+        voice_rows: the prompt's first rows that are the voice's (a cloned voice:
+            ``ref_audio_start``, its ``R`` patches, ``ref_audio_end``, so ``R + 2``), shared with
+            every request of the voice (``VoxCPMAR._prompt_prefix``); 0: none (zero-shot).
     """
 
     rows: Prompt
@@ -88,6 +100,7 @@ class VoxCPMPrompt:
     patches: tuple[torch.Tensor, ...] = ()
     max_len: int | None = None
     noise_level: float = 0.0
+    voice_rows: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -273,6 +286,13 @@ class VoxCPMAR(PagedARModel):
     def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
         logits = self._row_wise(self.backbone.stop_logits, hidden[:, : self.width])
         return logits.unsqueeze(1)  # [B, 1, 2]
+
+    def _prompt_prefix(self, prompt: VoxCPMPrompt) -> tuple[tuple[str, int], int] | None:
+        """A cloned voice's rows (``VoxCPMPrompt.voice_rows``), labelled ``("voice", R + 2)``;
+        the kept copy is found by the rows' content hash (the module docstring's "Kept
+        prefixes"). None for the zero-shot voice."""
+        n = getattr(prompt, "voice_rows", 0)
+        return ("voice", n) if n > 0 else None
 
     def _on_admit(self, unit: ARPrefillInput) -> None:
         p = unit.prompt

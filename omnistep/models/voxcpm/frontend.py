@@ -12,6 +12,8 @@ the request's ``VoxCPMPrompt``.
   holds a reference clip's latent patches: upstream's reference-only mode
   (``reference_wav_path``; ``ref_audio_start, patches, ref_audio_end, text, audio_start``).
   The transcript a clone is enrolled with is not used (the reference-only mode takes none).
+  A cloned voice's ``R + 2`` rows are the prompt's ``VoxCPMPrompt.voice_rows``: requests of the
+  voice share their KV blocks (``ar.VoxCPMAR._prompt_prefix``).
 - Cap: ``max_len = min(int(len(text ids) * 6 + 10), max_patches)`` (upstream ``_generate``
   with ``retry_badcase_ratio_threshold`` 6.0).
 
@@ -216,9 +218,13 @@ class VoxCPMFrontend:
             raise InvalidRequestError(
                 "the input text has no tokens", param="input", code="invalid_value"
             )
-        rows = build_prompt(ids, self.patch_size, self.feat_dim, self.reference(voice))
+        ref = self.reference(voice)
+        rows = build_prompt(ids, self.patch_size, self.feat_dim, ref)
         cap = min(int(len(ids) * TEXT_RATIO + TEXT_SLACK), self.max_patches)
-        return VoxCPMPrompt(rows, self.cfg_value, self.timesteps, max_len=cap)
+        voice_rows = 0 if ref is None else ref.shape[0] + 2  # ref_audio_start, patches, end
+        return VoxCPMPrompt(
+            rows, self.cfg_value, self.timesteps, max_len=cap, voice_rows=voice_rows
+        )
 
     def __call__(self, ctx: ProgramContext) -> None:
         req = ctx.request
