@@ -22,7 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omnistep.core import Capability, ChatMessage, InvalidRequestError, MediaItem, MediaKind
+from omnistep.core import (
+    Capability,
+    ChatMessage,
+    InvalidRequestError,
+    MediaItem,
+    MediaKind,
+    ProgramContext,
+)
 from omnistep.runners.mrope import MediaTokenIds, audio_in_video_layout, rope_index
 
 
@@ -266,3 +273,53 @@ def thinker_prompt(
         tuple(kinds),
         tuple(m.sha256 for m in media),
     )
+
+
+class MediaPromptNode:
+    """The ``media_prompt`` kernel node of an omni card: ``chat_ids`` + ``media`` + the ENCODE
+    outputs (``encoded``) -> ``thinker_prompt`` (a ``ThinkerPrompt``; the ids unchanged when
+    the request has no media); ``usage["input_tokens"]`` counts the expanded prompt.
+
+    Args:
+        ids: the placeholder ids (``MediaTokenIds.from_config``).
+        spatial_merge_size: the vision encoder's patch merge.
+    """
+
+    def __init__(self, ids: MediaTokenIds, spatial_merge_size: int):
+        self.ids = ids
+        self.spatial_merge_size = spatial_merge_size
+
+    def __call__(self, ctx: ProgramContext) -> None:
+        media, encoded = ctx.slots["media"], ctx.slots.get("encoded")
+        if not media:
+            ctx.slots["thinker_prompt"] = ctx.slots["chat_ids"]
+            return
+        prompt = thinker_prompt(
+            ctx.slots["chat_ids"], self.ids, media, encoded, self.spatial_merge_size
+        )
+        ctx.slots["thinker_prompt"] = prompt
+        ctx.usage["input_tokens"] = len(prompt.ids)
+
+
+def language_name(code: str | None) -> str:
+    """The English name of an ISO-639-1 ``code`` (``"de"`` -> ``"German"``), from the list of
+    Whisper's tokenizer (``transformers.models.whisper.tokenization_whisper.LANGUAGES``, 100
+    languages: the Qwen omni audio towers are Whisper's); None -> ``"English"``, the Qwen ASR
+    cookbooks' default.
+
+    Raises:
+        InvalidRequestError: (code ``unsupported_language``) a code not in that list.
+    """
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    if code is None:
+        return "English"
+    name = LANGUAGES.get(code.lower())
+    if name is None:
+        raise InvalidRequestError(
+            f"'language' {code!r} is not one the Whisper-style audio tower knows; use an "
+            "ISO-639-1 code such as 'en', 'zh', 'de'",
+            param="language",
+            code="unsupported_language",
+        )
+    return name.title()

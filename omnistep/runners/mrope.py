@@ -19,6 +19,10 @@ aligned with audio's 25 positions per second. Decode positions continue at ``L +
 both EOS tokens one position (the last chunk's maximum + 1); the frames and the track start at
 the same position, so a frame and the audio heard with it share their temporal position.
 
+Shared by Qwen2.5-Omni and Qwen3-Omni (whose ``get_rope_index`` gives the same positions for
+audio, images and videos; its ``use_audio_in_video`` interleaving differs, see
+``audio_in_video_layout``).
+
 Imports numpy only.
 """
 
@@ -44,15 +48,26 @@ class MediaTokenIds:
     seconds_per_chunk: float = 2.0
 
     @classmethod
-    def from_config(cls, raw: dict) -> MediaTokenIds:
+    def from_config(cls, raw: dict, audio_end: int | None = None) -> MediaTokenIds:
         """From ``config.json`` or its ``thinker_config`` (``audio_start_token_id``,
-        ``audio_end_token_id`` and ``seconds_per_chunk`` for ``use_audio_in_video``)."""
+        ``audio_end_token_id`` and ``seconds_per_chunk`` for ``use_audio_in_video``).
+        Placeholders: Qwen2.5-Omni's ``*_token_index`` keys or Qwen3-Omni's ``*_token_id``;
+        ``audio_end`` is used when the config has no ``audio_end_token_id`` (Qwen3-Omni's
+        has none: the tokenizer's ``<|audio_end|>``)."""
         raw = raw.get("thinker_config", raw)
-        start, end = raw.get("audio_start_token_id"), raw.get("audio_end_token_id")
+        start, end = raw.get("audio_start_token_id"), raw.get("audio_end_token_id", audio_end)
+
+        def token(kind: str) -> int:
+            return int(
+                raw[f"{kind}_token_index"]
+                if f"{kind}_token_index" in raw
+                else raw[f"{kind}_token_id"]
+            )
+
         return cls(
-            audio=int(raw["audio_token_index"]),
-            image=int(raw["image_token_index"]),
-            video=int(raw["video_token_index"]),
+            audio=token("audio"),
+            image=token("image"),
+            video=token("video"),
             position_id_per_seconds=float(raw.get("position_id_per_seconds", 25)),
             audio_start=None if start is None else int(start),
             audio_end=None if end is None else int(end),

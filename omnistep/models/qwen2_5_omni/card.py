@@ -81,7 +81,7 @@ from omnistep.models.qwen2_5_omni.talker_loop import TalkerLoop
 from omnistep.models.qwen2_5_omni.thinker import ENCODER_PREFIXES, load_thinker
 from omnistep.models.qwen2_5_omni.token2wav import load_token2wav_part
 from omnistep.runners.encoder import MediaEncoderRunner
-from omnistep.runners.media_prompt import thinker_prompt
+from omnistep.runners.media_prompt import MediaPromptNode, language_name
 from omnistep.runners.mrope import MediaTokenIds
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
@@ -149,29 +149,6 @@ ASR_INSTRUCTION = "Transcribe the {language} audio into text without any punctua
 """The cookbook's ASR instruction; ``{language}``: the language's English name."""
 
 
-def language_name(code: str | None) -> str:
-    """The English name of an ISO-639-1 ``code`` (``"de"`` -> ``"German"``), from the list of
-    Whisper's tokenizer (``transformers.models.whisper.tokenization_whisper.LANGUAGES``, 100
-    languages: the audio tower is Whisper's); None -> ``"English"``, the cookbook's default.
-
-    Raises:
-        InvalidRequestError: (code ``unsupported_language``) a code not in that list.
-    """
-    from transformers.models.whisper.tokenization_whisper import LANGUAGES
-
-    if code is None:
-        return "English"
-    name = LANGUAGES.get(code.lower())
-    if name is None:
-        raise InvalidRequestError(
-            f"'language' {code!r} is not one Qwen2.5-Omni's audio tower knows; use an "
-            "ISO-639-1 code such as 'en', 'zh', 'de'",
-            param="language",
-            code="unsupported_language",
-        )
-    return name.title()
-
-
 def transcription_messages(
     audio: MediaItem, language: str | None, prompt: str | None
 ) -> tuple[ChatMessage, ...]:
@@ -200,26 +177,6 @@ def media_capabilities(files: QwenOmniFiles) -> frozenset[Capability]:
     if not all(present):
         return frozenset()
     return frozenset(c for caps in MEDIA_CAPABILITIES.values() for c in caps)
-
-
-class MediaPromptNode:
-    """The ``media_prompt`` kernel node: ``chat_ids`` + the ENCODE outputs -> the thinker's
-    prompt (a ``ThinkerPrompt``; the ids unchanged when the request has no media)."""
-
-    def __init__(self, ids: MediaTokenIds, spatial_merge_size: int):
-        self.ids = ids
-        self.spatial_merge_size = spatial_merge_size
-
-    def __call__(self, ctx: ProgramContext) -> None:
-        media, encoded = ctx.slots["media"], ctx.slots.get("encoded")
-        if not media:
-            ctx.slots["thinker_prompt"] = ctx.slots["chat_ids"]
-            return
-        prompt = thinker_prompt(
-            ctx.slots["chat_ids"], self.ids, media, encoded, self.spatial_merge_size
-        )
-        ctx.slots["thinker_prompt"] = prompt
-        ctx.usage["input_tokens"] = len(prompt.ids)
 
 
 def talker_sampling(req: Request) -> SamplingRow:
