@@ -73,15 +73,16 @@ from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop, whole_utterance
 from omnistep.loops.encode import EncodeConfig, EncodeLoop
 from omnistep.models.qwen2_5_omni.dit import DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.dit_component import DIT_PREFIX, DiTComponent, token2wav_starts
-from omnistep.models.qwen2_5_omni.encoders import OmniEncoders, read_preprocessor
-from omnistep.models.qwen2_5_omni.frontend import ChatFrontend, MediaRules, load_tokenizer
+from omnistep.models.qwen2_5_omni.encoders import OmniEncoders
+from omnistep.models.qwen2_5_omni.frontend import ChatFrontend, load_tokenizer
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
 from omnistep.models.qwen2_5_omni.talker import TALKER_GENERATE_DEFAULTS, load_talker
 from omnistep.models.qwen2_5_omni.talker_loop import TalkerLoop
 from omnistep.models.qwen2_5_omni.thinker import ENCODER_PREFIXES, load_thinker
 from omnistep.models.qwen2_5_omni.token2wav import load_token2wav_part
 from omnistep.runners.encoder import MediaEncoderRunner
-from omnistep.runners.media_prompt import MediaPromptNode, language_name
+from omnistep.runners.media_features import read_preprocessor
+from omnistep.runners.media_prompt import MediaPromptNode, MediaRules, language_name
 from omnistep.runners.mrope import MediaTokenIds
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
