@@ -215,7 +215,8 @@ async def _texts(model, reqs):
 def test_card_hears_and_greedy_text_matches_transformers(qwen3_omni_folder, model, ref, encoders):
     caps = model.card.capabilities
     assert {Capability.AUDIO_INPUT, Capability.TRANSCRIPTION} <= caps
-    assert Capability.IMAGE_INPUT not in caps and model.card.media_sample_rate == 16000
+    assert {Capability.IMAGE_INPUT, Capability.VIDEO_INPUT} <= caps
+    assert model.card.media_sample_rate == 16000
     items = [_audio(2.5), _audio(1.1, seed=5)]
     texts = asyncio.run(_texts(model, [_request(i, 8) for i in items]))  # batched together
     tok = load_tokenizer(str(qwen3_omni_folder))
@@ -320,11 +321,26 @@ def test_chat_with_input_audio_and_transcriptions_over_http(client):
         },
     )
     assert spoken.status_code == 400 and spoken.json()["error"]["code"] == "unsupported_modality"
+    with_track = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + _mp4()}}
+    refused = client.post(
+        "/v1/chat/completions",
+        json={
+            **body,
+            "messages": [{"role": "user", "content": [with_track]}],
+            "use_audio_in_video": True,
+        },
+    )
+    assert refused.status_code == 400, refused.text
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _png()}}
     seen = client.post(
-        "/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": [image]}]}
+        "/v1/chat/completions",
+        json={
+            **body,
+            "messages": [{"role": "user", "content": [image, {"type": "text", "text": "?"}]}],
+        },
     )
-    assert seen.status_code == 400 and seen.json()["error"]["code"] == "unsupported_modality"
+    assert seen.status_code == 200, seen.text
+    assert seen.json()["choices"][0]["message"]["content"]
     for model in ("qwen3-omni", "Qwen3-Omni-30B-A3B-Captioner"):
         files = {"file": ("a.wav", _wav(_clip(1.2, seed=2)), "audio/wav")}
         out = client.post("/v1/audio/transcriptions", data={"model": model}, files=files)
@@ -332,11 +348,38 @@ def test_chat_with_input_audio_and_transcriptions_over_http(client):
         assert isinstance(out.json()["text"], str) and out.json()["text"]
 
 
+def _mp4() -> str:
+    """A 1 s 32 x 32 mp4 with a mono AAC track (PyAV)."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as out:
+        video = out.add_stream("libx264", rate=4)
+        video.width = video.height = 32
+        video.pix_fmt = "yuv420p"
+        audio = out.add_stream("aac", rate=16000, layout="mono")
+        for i in range(4):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), 40 * i, np.uint8), "rgb24")
+            for packet in video.encode(frame):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+        samples = (0.1 * np.sin(np.arange(16000) / 5.0)).astype(np.float32)[None]
+        aframe = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
+        aframe.sample_rate = 16000
+        for packet in audio.encode(aframe):
+            out.mux(packet)
+        for packet in audio.encode():
+            out.mux(packet)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 def _png() -> str:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, format="PNG")
+    pixels = np.random.default_rng(4).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -433,3 +476,78 @@ async def test_realtime_audio_turn_answers_as_the_chat_api_does(model, tmp_path)
         uv.should_exit = True
         await serving
         await engine.shutdown()
+
+
+# ------------------------------------------------------------------ seeing
+def _image(seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (200, 130, 3), dtype=np.uint8)
+
+
+def _frames() -> np.ndarray:
+    """5 frames at 2 fps, 40 x 60 (3 temporal patches: the last frame repeats)."""
+    return np.random.default_rng(2).integers(0, 256, (5, 40, 60, 3), dtype=np.uint8)
+
+
+def test_vision_encoder_matches_transformers(ref, encoders):
+    torch.manual_seed(0)
+    grids = [(1, 6, 8), (3, 4, 4)]
+    patches = torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 16 * 16)
+    with torch.no_grad():
+        rows, deepstack = encoders.vision(patches, grids)
+        want = ref.model.visual(patches, grid_thw=torch.tensor(grids))
+    torch.testing.assert_close(rows, want.pooler_output, atol=TOL, rtol=0)
+    assert len(deepstack) == len(want.deepstack_features) == 1
+    for got, exp in zip(deepstack, want.deepstack_features, strict=True):
+        torch.testing.assert_close(got, exp, atol=TOL, rtol=0)
+
+
+def _vision_prompt(folder, encoders, kind):
+    config = Qwen3OmniCheckpoint.open(folder).config
+    tok = load_tokenizer(str(folder))
+    ids = MediaTokenIds.from_config(config, audio_end=tok.convert_tokens_to_ids("<|audio_end|>"))
+    chat = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": "Describe it."}]}]
+    template = [
+        int(i) for i in tok.apply_chat_template(chat, add_generation_prompt=True)["input_ids"]
+    ]
+    if kind == "image":
+        item = MediaItem.of(MediaKind.IMAGE, _image())
+    else:
+        item = MediaItem.of(MediaKind.VIDEO, _frames(), fps=2.0)
+    (encoded,) = encoders.encode_items([item])
+    return thinker_prompt(template, ids, [item], [encoded], 2), item
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_thinker_logits_on_image_and_video_prompts_match_transformers(
+    qwen3_omni_folder, ref, encoders, kind
+):
+    prompt, item = _vision_prompt(qwen3_omni_folder, encoders, kind)
+    assert len(prompt.deepstack) == 1 and prompt.positions[1].max() > prompt.positions[1].min()
+    feats = encoders.features
+    generated = [5, 77, 300]
+    ids = torch.tensor([[*prompt.ids, *generated]])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if kind == "image":
+        patches, grid = feats.image_patches(item.data)
+        inputs |= {
+            "pixel_values": torch.from_numpy(patches),
+            "image_grid_thw": torch.tensor([grid]),
+        }
+    else:
+        patches, grid, seconds = feats.video_patches(item.data, 2.0)
+        inputs |= {
+            "pixel_values_videos": torch.from_numpy(patches),
+            "video_grid_thw": torch.tensor([grid]),
+            "video_second_per_grid": torch.tensor([seconds]),
+        }
+    thinker = load_thinker(Qwen3OmniCheckpoint.open(qwen3_omni_folder), KVCacheConfig(128, 8))
+    with torch.no_grad():
+        want = ref(**inputs).logits[0, len(prompt.ids) - 1 :].float()
+    for incremental in (False, True):
+        got = thinker.teacher_forced_logits(prompt, generated, incremental=incremental)[:, 0]
+        torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+    # the deepstack features matter: without them the logits move
+    bare = dataclasses.replace(
+        prompt, deepstack=tuple(torch.zeros_like(d) for d in prompt.deepstack)
+    )
+    assert (thinker.teacher_forced_logits(bare)[0, 0] - want[0]).abs().max() > 1e-3

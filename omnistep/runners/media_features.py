@@ -72,9 +72,15 @@ def read_preprocessor(
 
 
 class MediaFeatures:
-    """The reference feature extractors with one folder's settings."""
+    """The reference feature extractors with one folder's settings (``image_mean`` /
+    ``image_std`` passed on when the settings have them; ``video_pixels``: the per-frame pixel
+    bounds of a video, the processor's ``videos_kwargs`` size)."""
 
-    def __init__(self, settings: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        settings: Mapping[str, Any] | None = None,
+        video_pixels: tuple[int, int] = VIDEO_PIXELS,
+    ):
         from transformers import WhisperFeatureExtractor
 
         try:  # transformers 5.x: the PIL backend (the default one needs torchvision)
@@ -89,7 +95,9 @@ class MediaFeatures:
         self.mel = WhisperFeatureExtractor(
             **{k: s[k] for k in _AUDIO_KEYS}, padding_value=s["padding_value"], dither=s["dither"]
         )
-        self.image = Qwen2VLImageProcessorPil(**{k: s[k] for k in _IMAGE_KEYS})
+        norm = {k: s[k] for k in ("image_mean", "image_std") if s.get(k) is not None}
+        self.image = Qwen2VLImageProcessorPil(**{k: s[k] for k in _IMAGE_KEYS}, **norm)
+        self.video_pixels = video_pixels
 
     def log_mel(self, samples: np.ndarray) -> np.ndarray:
         """float32 ``[feature_size, num_frames]`` of mono samples at ``sample_rate`` (``num_frames
@@ -151,7 +159,7 @@ class MediaFeatures:
         """Flattened patches, the grid ``(t, h, w)`` and the seconds per temporal patch of RGB
         uint8 frames ``[num_frames, height, width, 3]`` sampled at ``fps``.
 
-        Each frame goes through the image processor (resize within ``VIDEO_PIXELS``, CLIP
+        Each frame goes through the image processor (resize within ``video_pixels``, CLIP
         normalisation, patches); frames ``2g`` and ``2g + 1`` then fill the two temporal slots
         of group ``g``'s patches (the last frame repeats to an even count), the layout of
         ``Qwen2VLVideoProcessor.patchify``. That processor resizes with torchvision, which
@@ -164,7 +172,7 @@ class MediaFeatures:
         tp = self.image.temporal_patch_size
         if pad := -frames.shape[0] % tp:
             frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
-        lo, hi = VIDEO_PIXELS
+        lo, hi = self.video_pixels
         size = {"shortest_edge": lo, "longest_edge": hi}
         per_frame = [self.image(images=[f], size=size, return_tensors="np") for f in frames]
         _, gh, gw = (int(v) for v in per_frame[0]["image_grid_thw"][0])

@@ -132,11 +132,15 @@ class EncodedMedia:
         rows: float32 ``[num_tokens, thinker hidden]`` on the CPU: one row per placeholder.
         grid: ``(t, h, w)`` patch grid of an image or video (None for audio).
         seconds_per_grid: a video's seconds per temporal patch (None otherwise).
+        deepstack: an image's or video's deepstack features (Qwen3-VL's vision encoder), one
+            float32 ``[num_tokens, thinker hidden]`` per thinker layer they are added after
+            (empty: none).
     """
 
     rows: torch.Tensor
     grid: tuple[int, int, int] | None = None
     seconds_per_grid: float | None = None
+    deepstack: tuple[torch.Tensor, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,6 +155,11 @@ class ThinkerPrompt:
         rope_delta: rows after the prompt sit at ``index + rope_delta``.
         placeholder_ids: the audio, image and video placeholder token ids.
         media: the items' ``MediaItem.sha256``, in prompt order (what a rollout records).
+        deepstack: per thinker layer ``k``, float32 ``[num image and video tokens, hidden]``
+            (CPU), in prompt order: added to those tokens' hidden states after decoder layer
+            ``k`` (Qwen3-Omni; empty: none).
+        visual_ids: the placeholder ids whose tokens take the ``deepstack`` rows (image and
+            video).
     """
 
     ids: tuple[int, ...]
@@ -159,6 +168,8 @@ class ThinkerPrompt:
     rope_delta: int
     placeholder_ids: tuple[int, ...]
     media: tuple[str, ...] = ()
+    deepstack: tuple[torch.Tensor, ...] = ()
+    visual_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.positions.shape != (3, len(self.ids)):
@@ -167,6 +178,9 @@ class ThinkerPrompt:
         got = sum(r.shape[0] for r in self.media_rows)
         if expected != got:
             raise ValueError(f"{expected} placeholder tokens for {got} encoder rows")
+        visual = sum(1 for t in self.ids if t in self.visual_ids)
+        if any(d.shape[0] != visual for d in self.deepstack):
+            raise ValueError(f"deepstack rows for {visual} image and video tokens do not match")
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -253,6 +267,13 @@ def thinker_prompt(
         tokens, item_rows = _expand(token, next(queue), ids, spatial_merge_size)
         expanded += tokens
         rows.append(item_rows)
+    visual = [p.encoded for p in pieces if p.item.kind is not MediaKind.AUDIO]
+    layers = {len(e.deepstack) for e in visual}
+    if len(layers) > 1:
+        raise ValueError("image and video items with different deepstack depths")
+    deepstack = tuple(
+        torch.cat([e.deepstack[k] for e in visual]) for k in range(max(layers, default=0))
+    )
     of = lambda kind: [p for p in pieces if p.item.kind is kind]  # noqa: E731
     videos = of(MediaKind.VIDEO)
     positions, delta = rope_index(
@@ -272,6 +293,8 @@ def thinker_prompt(
         delta,
         tuple(kinds),
         tuple(m.sha256 for m in media),
+        deepstack,
+        (ids.image, ids.video) if deepstack else (),
     )
 
 

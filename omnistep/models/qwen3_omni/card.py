@@ -134,6 +134,7 @@ ASR_INSTRUCTION = "Transcribe the {language} audio into text."
 """The instruction ``transcription_messages`` puts after the audio (Instruct and Thinking)."""
 
 AUDIO_PREFIX = "thinker.audio_tower."
+VISION_PREFIX = "thinker.visual."
 
 
 def variant(checkpoint: Qwen3OmniCheckpoint, tokenizer: Any) -> str:
@@ -210,9 +211,14 @@ def build_card(
     audio = checkpoint.has_talker
     ids = TalkerIds.from_config(config) if audio else None
     kind = variant(checkpoint, tokenizer)
-    hears = any(n.startswith(AUDIO_PREFIX) for n in checkpoint.tensor_names())
+    names = checkpoint.tensor_names()
+    hears = any(n.startswith(AUDIO_PREFIX) for n in names)
+    sees = any(n.startswith(VISION_PREFIX) for n in names)
     settings = read_settings(checkpoint.root)
-    media_caps = frozenset({Capability.AUDIO_INPUT} if hears else ())
+    media_caps = frozenset(
+        ({Capability.AUDIO_INPUT} if hears else set())
+        | ({Capability.IMAGE_INPUT, Capability.VIDEO_INPUT} if sees else set())
+    )
     rules = MediaRules(media_caps, int(settings["sampling_rate"]), float(settings["chunk_length"]))
     make_frontend = CaptionerFrontend if kind == "captioner" else ChatFrontend
     frontend = make_frontend(tokenizer, ids.speakers if ids else {}, rules)
@@ -306,7 +312,10 @@ def build_card(
     ]
     if media_caps:
         components.insert(
-            0, ComponentSpec("encoder", build_encoder, opts.max_batch_size, "audio tower")
+            0,
+            ComponentSpec(
+                "encoder", build_encoder, opts.max_batch_size, "audio tower + vision encoder"
+            ),
         )
         loops.insert(
             0,

@@ -10,7 +10,13 @@ so every frequency sees the same position and MRoPE is plain RoPE with ``rope_th
 (bit-identical through the 3-row table). Media prompts are ``ThinkerPrompt``s
 (``runners.media_prompt``, built from the ENCODE units' rows, shared with Qwen2.5-Omni): their
 placeholder tokens' embeddings are replaced by the encoder rows and their 3-row positions
-(``runners.mrope.rope_index``) run through the interleaved ``MRotaryEmbedding``.
+(``runners.mrope.rope_index``) run through the interleaved ``MRotaryEmbedding``. Deepstack
+(Qwen3-VL): an image's or video's features ``k`` are added to its tokens' hidden states after
+decoder layer ``k`` (transformers' ``_deepstack_process``). They ride in the input rows: with
+``deepstack_layers`` K > 0 every row carries ``K * hidden`` more columns (zeros but at a media
+prompt's image and video tokens), which ``_lm_inputs`` drops and ``_after_layer`` adds after
+layers ``0 .. K-1`` (adding zeros elsewhere changes no value, and needs no mask or host sync);
+the rows' prefix-cache digests cover them. Scoring (``score_*``) does not add them yet.
 
 Routing (for rollouts: Rollout Routing Replay later): every forward's experts per token and MoE
 layer (``PagedARModel.last_routing``) are kept per sequence, ``routing(seq_id)`` ``[T, L, k]``
@@ -154,9 +160,11 @@ class Qwen3OmniThinker(PagedARModel):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         batch_invariant: bool = False,
+        deepstack_layers: int = 0,
     ):
         super().__init__(config.llama(), kv, device, dtype, batch_invariant)
         self.config = config
+        self.deepstack_layers = deepstack_layers
         stack = self.llama.config
         self.llama.rotary_emb = MRotaryEmbedding(
             config.head_dim,
@@ -268,7 +276,33 @@ class Qwen3OmniThinker(PagedARModel):
             is_media = torch.isin(id_tensor, placeholders)
             is_media[len(ids) :] = False
             rows[is_media] = torch.cat(prompt.media_rows).to(self.device, rows.dtype)
-        return rows
+        if not self.deepstack_layers:
+            return rows
+        extra = rows.new_zeros(rows.shape[0], self.deepstack_layers * rows.shape[1])
+        if isinstance(prompt, ThinkerPrompt) and prompt.deepstack:
+            if len(prompt.deepstack) != self.deepstack_layers:
+                raise ValueError(
+                    f"{len(prompt.deepstack)} deepstack layers for a thinker of "
+                    f"{self.deepstack_layers}"
+                )
+            visual = torch.isin(id_tensor, torch.tensor(prompt.visual_ids, device=self.device))
+            visual[len(ids) :] = False
+            extra[visual] = torch.cat(prompt.deepstack, dim=1).to(self.device, rows.dtype)
+        return torch.cat([rows, extra], dim=1)
+
+    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
+        return rows[:, : self.config.hidden_size] if self.deepstack_layers else rows
+
+    def _after_layer(self, rows: torch.Tensor) -> Any:
+        if not self.deepstack_layers:
+            return None
+        width = self.config.hidden_size
+        extra = rows[:, width:].view(rows.shape[0], self.deepstack_layers, width)
+
+        def add(i: int, hidden: torch.Tensor) -> torch.Tensor:
+            return hidden + extra[:, i] if i < self.deepstack_layers else hidden
+
+        return add
 
     def _prompt_positions(self, prompt: Any) -> tuple[torch.Tensor, int] | None:
         if not isinstance(prompt, ThinkerPrompt):
@@ -277,7 +311,12 @@ class Qwen3OmniThinker(PagedARModel):
 
     def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
         ids = self._frame_ids([tuple(u.last) for u in units], self.config.vocab_size)
-        return self.embed_weight[ids]
+        rows = self.embed_weight[ids]
+        if not self.deepstack_layers:
+            return rows
+        return torch.cat(
+            [rows, rows.new_zeros(rows.shape[0], self.deepstack_layers * rows.shape[1])], 1
+        )
 
     def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
         return self._linear_rows(hidden.to(self.dtype), self.lm_head).unsqueeze(1)
@@ -300,7 +339,18 @@ def load_thinker(
             ``ThinkerTextConfig.from_dict``, ``Qwen3OmniThinker.load_weights``).
     """
     config = ThinkerTextConfig.from_dict(checkpoint.config)
-    thinker = Qwen3OmniThinker(config, kv, device, dtype, batch_invariant)
+    thinker = Qwen3OmniThinker(
+        config, kv, device, dtype, batch_invariant, deepstack_layers(checkpoint)
+    )
     state = {k.removeprefix("thinker."): v for k, v in checkpoint.tensors("thinker.").items()}
     thinker.load_weights(state)
     return thinker
+
+
+def deepstack_layers(checkpoint: Any) -> int:
+    """How many thinker layers take deepstack features: ``len(vision_config.
+    deepstack_visual_indexes)`` when the checkpoint holds the vision encoder, else 0."""
+    vision = checkpoint.config.get("thinker_config", {}).get("vision_config") or {}
+    if not any(n.startswith("thinker.visual.") for n in checkpoint.tensor_names()):
+        return 0
+    return len(vision.get("deepstack_visual_indexes", (8, 16, 24)))
