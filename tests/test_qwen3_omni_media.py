@@ -322,7 +322,7 @@ def test_chat_with_input_audio_and_transcriptions_over_http(client):
     )
     assert spoken.status_code == 400 and spoken.json()["error"]["code"] == "unsupported_modality"
     with_track = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + _mp4()}}
-    refused = client.post(
+    heard = client.post(
         "/v1/chat/completions",
         json={
             **body,
@@ -330,7 +330,8 @@ def test_chat_with_input_audio_and_transcriptions_over_http(client):
             "use_audio_in_video": True,
         },
     )
-    assert refused.status_code == 400, refused.text
+    assert heard.status_code == 200, heard.text
+    assert heard.json()["choices"][0]["message"]["content"]
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + _png()}}
     seen = client.post(
         "/v1/chat/completions",
@@ -551,3 +552,59 @@ def test_thinker_logits_on_image_and_video_prompts_match_transformers(
         prompt, deepstack=tuple(torch.zeros_like(d) for d in prompt.deepstack)
     )
     assert (thinker.teacher_forced_logits(bare)[0, 0] - want[0]).abs().max() > 1e-3
+
+
+def test_thinker_logits_on_a_video_with_its_audio_match_transformers(
+    qwen3_omni_folder, ref, encoders
+):
+    """``use_audio_in_video``: frames and track interleaved by temporal position
+    (``MediaTokenIds.interleave == "time"``), positions as transformers' ``get_rope_index``."""
+    ckpt = Qwen3OmniCheckpoint.open(qwen3_omni_folder)
+    tok = load_tokenizer(str(qwen3_omni_folder))
+    ids = dataclasses.replace(
+        MediaTokenIds.from_config(
+            ckpt.config, audio_end=tok.convert_tokens_to_ids("<|audio_end|>")
+        ),
+        interleave="time",
+    )
+    chat = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]}]
+    template = [
+        int(i) for i in tok.apply_chat_template(chat, add_generation_prompt=True)["input_ids"]
+    ]
+    track = MediaItem.of(MediaKind.AUDIO, _clip(2.6, seed=7), sample_rate=16000)
+    video = MediaItem.of(MediaKind.VIDEO, _frames(), fps=2.0, audio=track)
+    encoded = [*encoders.encode_items([video]), *encoders.encode_items([track])]
+    prompt = thinker_prompt(template, ids, [video, track], encoded, 2)
+    audio_rows = encoded[1].rows.shape[0]
+    assert prompt.ids.count(ids.audio) == audio_rows > 0 and prompt.ids.count(ids.audio_start) == 1
+    kinds = [t for t in prompt.ids if t in (ids.video, ids.audio)]
+    assert kinds.index(ids.audio) < len(kinds) - kinds[::-1].index(ids.video) - 1  # interleaved
+    patches, grid, seconds = encoders.features.video_patches(video.data, 2.0)
+    features, mask = _ref_features(track.data)
+    generated = [5, 77]
+    input_ids = torch.tensor([[*prompt.ids, *generated]])
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values_videos": torch.from_numpy(patches),
+        "video_grid_thw": torch.tensor([grid]),
+        "video_second_per_grid": torch.tensor([seconds]),
+        "input_features": features,
+        "feature_attention_mask": mask,
+        "use_audio_in_video": True,
+    }
+    with torch.no_grad():
+        positions, _ = ref.model.get_rope_index(
+            input_ids[:, : len(prompt.ids)],
+            None,
+            torch.tensor([grid]),
+            torch.ones(1, len(prompt.ids), dtype=torch.long),
+            True,
+            mask.sum(-1),
+            torch.tensor([seconds]),
+        )
+        want = ref(**inputs).logits[0, len(prompt.ids) - 1 :].float()
+    np.testing.assert_array_equal(prompt.positions, positions[:, 0].long().numpy())
+    thinker = load_thinker(ckpt, KVCacheConfig(128, 8))
+    got = thinker.teacher_forced_logits(prompt, generated)[:, 0]
+    torch.testing.assert_close(got, want, atol=TOL, rtol=0)

@@ -38,6 +38,7 @@ This module declares the card only: ``frontend``, ``thinker``, ``talker`` and ``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,7 +224,9 @@ def build_card(
     make_frontend = CaptionerFrontend if kind == "captioner" else ChatFrontend
     frontend = make_frontend(tokenizer, ids.speakers if ids else {}, rules)
     audio_end = tokenizer.convert_tokens_to_ids("<|audio_end|>")
-    token_ids = MediaTokenIds.from_config(config, audio_end=audio_end)
+    token_ids = dataclasses.replace(
+        MediaTokenIds.from_config(config, audio_end=audio_end), interleave="time"
+    )
     merge = int(config["thinker_config"].get("vision_config", {}).get("spatial_merge_size", 2))
     # Weights load only in the builders: the serving process builds the card too. The thinker
     # leaves its embedding here for the talker, which otherwise reads that tensor itself.

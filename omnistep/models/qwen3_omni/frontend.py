@@ -109,12 +109,6 @@ class ChatFrontend:
         media = req.media
         for item in media:
             self.media.check(item)
-        if any(item.audio is not None for item in media):
-            raise InvalidRequestError(
-                "Qwen3-Omni does not read a video's audio track yet (use_audio_in_video)",
-                param="use_audio_in_video",
-                code="unsupported_modality",
-            )
         if media and self.speakers and Modality.AUDIO in req.output_modalities:
             raise InvalidRequestError(
                 "Qwen3-Omni answers a chat with audio, image or video parts in text only for "
