@@ -9,8 +9,9 @@ Ethan and Aiden male ones); a name whose speaker the folder lacks falls back to 
 
 A message with media parts goes to the chat template as content parts (``{"type": "audio"}``,
 ``{"type": "text", ...}``, in the request's order: ``runners.media_prompt.template_content``);
-the template puts one placeholder per item (``<|audio_start|><|audio_pad|><|audio_end|>``),
-which the ``media_prompt`` node expands once the items are encoded. The items are checked
+the template puts one placeholder per item (``<|audio_start|><|audio_pad|><|audio_end|>``,
+``<|vision_start|><|image_pad|><|vision_end|>``, ``<|video_pad|>`` likewise), which the
+``media_prompt`` node expands once the items are encoded. The items are checked
 against the folder's encoders (``MediaRules``: a kind without its encoder is a 400
 ``unsupported_modality``). The talker does not read media prompts yet (transformers feeds it
 the thinker's ``accept_hidden_layer`` states at media positions): a request with media and
