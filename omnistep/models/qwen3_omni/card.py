@@ -310,7 +310,7 @@ def build_card(
         ComponentSpec("thinker", build_thinker, opts.max_batch_size, "MoE thinker LM"),
     ]
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
-    think_loop = ThinkingLoop if kind == "thinking" else ARDecodeLoop
+    think_loop = ThinkingLoop if thinks(tokenizer) else ARDecodeLoop
     loops = [
         LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: think_loop(think))
     ]
