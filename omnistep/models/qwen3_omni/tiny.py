@@ -24,8 +24,8 @@ of the same token. The talker's codec vocabulary is ``codebook_size`` codes foll
 control ids (``CODEC_CONTROL``, published order pad, bos, eos, ..., nothink, think_bos,
 think_eos) and the speaker ids.
 
-Not written yet: ``preprocessor_config.json`` (the audio feature extractor and image processor;
-the encoders are a later slice).
+Not written: ``preprocessor_config.json`` (the encoders then read
+``encoders.PREPROCESSOR_DEFAULTS``, the published values).
 
 Imports: the standard library, ``omnistep.text``; torch and transformers inside functions
 (writing a checkpoint needs them; reading one does not).
