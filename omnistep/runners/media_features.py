@@ -19,7 +19,7 @@ Two ways to cut a clip's log-mel, one per processor:
   processor's (``n // hop`` of them; the STFT's reflect padding at the clip's end differs from
   the zero-padded one, which is why the two ways exist).
 
-Imports numpy, transformers (inside ``MediaFeatures``).
+Imports numpy, ``omnistep.core``, transformers (inside ``MediaFeatures``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from omnistep.core import MediaItem, MediaKind
 
 PREPROCESSOR_DEFAULTS: dict[str, Any] = {
     "feature_size": 128,
@@ -98,6 +100,45 @@ class MediaFeatures:
         norm = {k: s[k] for k in ("image_mean", "image_std") if s.get(k) is not None}
         self.image = Qwen2VLImageProcessorPil(**{k: s[k] for k in _IMAGE_KEYS}, **norm)
         self.video_pixels = video_pixels
+
+    def samples(self, clip: Any) -> np.ndarray:
+        """Mono float32 samples of an audio ``MediaItem`` at ``sample_rate`` (or an array, as
+        given).
+
+        Raises:
+            ValueError: an item that is not audio at ``sample_rate`` Hz.
+        """
+        if not isinstance(clip, MediaItem):
+            return np.asarray(clip, dtype=np.float32)
+        if clip.kind is not MediaKind.AUDIO or clip.sample_rate != self.sample_rate:
+            raise ValueError(
+                f"expected audio at {self.sample_rate} Hz, got {clip.kind} at {clip.sample_rate} Hz"
+            )
+        return clip.data
+
+    @staticmethod
+    def pixels(image: Any) -> np.ndarray:
+        """RGB uint8 ``[h, w, 3]`` of an image ``MediaItem`` (or an array, as given).
+
+        Raises:
+            ValueError: an item that is not an image.
+        """
+        if isinstance(image, MediaItem):
+            if image.kind is not MediaKind.IMAGE:
+                raise ValueError(f"expected an image, got {image.kind}")
+            return image.data
+        return np.asarray(image)
+
+    @staticmethod
+    def frames(video: MediaItem) -> np.ndarray:
+        """RGB uint8 frames ``[n, h, w, 3]`` of a video ``MediaItem``.
+
+        Raises:
+            ValueError: an item that is not a video.
+        """
+        if video.kind is not MediaKind.VIDEO:
+            raise ValueError(f"expected a video, got {video.kind}")
+        return video.data
 
     def log_mel(self, samples: np.ndarray) -> np.ndarray:
         """float32 ``[feature_size, num_frames]`` of mono samples at ``sample_rate`` (``num_frames

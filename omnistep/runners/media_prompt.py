@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -122,6 +123,26 @@ def splice_replies(
     if k < len(replies):
         raise ValueError(f"{len(replies)} assistant turns, {k} found in the templated prompt")
     return out + ids[start:]
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
+    """The chat template's ids of ``messages`` with the generation prompt: media as content
+    parts (``template_content``); an assistant message with ``token_ids`` (a realtime
+    session's earlier answer, as generated) rendered empty and its ids spliced in
+    (``splice_replies``), so the prompt repeats the sequence the prefix cache holds."""
+    replies = [m.token_ids for m in messages if m.role == "assistant"]
+    rendered = [
+        {"role": m.role, "content": "" if m.token_ids is not None else template_content(m)}
+        for m in messages
+    ]
+    ids = tokenizer.apply_chat_template(
+        rendered, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    ids = [int(i) for i in ids]
+    if any(r is not None for r in replies):
+        head = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+        ids = splice_replies(ids, replies, [int(i) for i in head])
+    return ids
 
 
 @dataclass(frozen=True, eq=False)

@@ -82,7 +82,7 @@ class OmniEncoders:
         Raises:
             ValueError: an item that is not audio at ``features.sample_rate`` Hz, or empty.
         """
-        mels = [self._tensor(self.features.log_mel(self._samples(c))) for c in clips]
+        mels = [self._tensor(self.features.log_mel(self.features.samples(c))) for c in clips]
         return self.audio(mels) if mels else []
 
     @torch.inference_mode()
@@ -91,7 +91,7 @@ class OmniEncoders:
         in the processor's order; ``grids`` of the same images: ``image_grids``."""
         if not images:
             return []
-        pairs = [self.features.image_patches(self._pixels(i)) for i in images]
+        pairs = [self.features.image_patches(self.features.pixels(i)) for i in images]
         return self._vision_rows([p for p, _ in pairs], [g for _, g in pairs])
 
     @torch.inference_mode()
@@ -99,7 +99,9 @@ class OmniEncoders:
         """Rows ``[t * h * w / merge**2, thinker hidden]`` per video (all in one batch)."""
         if not videos:
             return []
-        outs = [self.features.video_patches(self._frames(v), v.fps or VIDEO_FPS) for v in videos]
+        outs = [
+            self.features.video_patches(self.features.frames(v), v.fps or VIDEO_FPS) for v in videos
+        ]
         return self._vision_rows([p for p, _, _ in outs], [g for _, g, _ in outs])
 
     def _vision_rows(
@@ -127,10 +129,12 @@ class OmniEncoders:
         if kind is MediaKind.AUDIO:
             return [EncodedMedia(self._host(r)) for r in self.encode_audio(items)]
         if kind is MediaKind.IMAGE:
-            pairs = [self.features.image_patches(self._pixels(i)) for i in items]
+            pairs = [self.features.image_patches(self.features.pixels(i)) for i in items]
             rows = self._vision_rows([p for p, _ in pairs], [g for _, g in pairs])
             return [EncodedMedia(self._host(r), g) for r, (_, g) in zip(rows, pairs, strict=True)]
-        outs = [self.features.video_patches(self._frames(v), v.fps or VIDEO_FPS) for v in items]
+        outs = [
+            self.features.video_patches(self.features.frames(v), v.fps or VIDEO_FPS) for v in items
+        ]
         rows = self._vision_rows([p for p, _, _ in outs], [g for _, g, _ in outs])
         return [EncodedMedia(self._host(r), g, s) for r, (_, g, s) in zip(rows, outs, strict=True)]
 
@@ -140,33 +144,11 @@ class OmniEncoders:
 
     def video_grids(self, videos: Sequence[MediaItem]) -> list[tuple[tuple[int, int, int], float]]:
         """``((t, h, w), seconds per temporal patch)`` of each video (for ``mrope``)."""
-        outs = [self.features.video_patches(self._frames(v), v.fps or VIDEO_FPS) for v in videos]
+        outs = [
+            self.features.video_patches(self.features.frames(v), v.fps or VIDEO_FPS) for v in videos
+        ]
         return [(g, s) for _, g, s in outs]
-
-    @staticmethod
-    def _frames(video: MediaItem) -> np.ndarray:
-        if video.kind is not MediaKind.VIDEO:
-            raise ValueError(f"expected a video, got {video.kind}")
-        return video.data
 
     def image_grids(self, images: Sequence[MediaItem | np.ndarray]) -> list[tuple[int, int, int]]:
         """The ``(t, h, w)`` patch grid of each image (for ``mrope.rope_index``)."""
-        return [self.features.image_patches(self._pixels(i))[1] for i in images]
-
-    def _samples(self, clip: MediaItem | np.ndarray) -> np.ndarray:
-        if not isinstance(clip, MediaItem):
-            return np.asarray(clip, dtype=np.float32)
-        if clip.kind is not MediaKind.AUDIO or clip.sample_rate != self.features.sample_rate:
-            raise ValueError(
-                f"expected audio at {self.features.sample_rate} Hz, got {clip.kind} "
-                f"at {clip.sample_rate} Hz"
-            )
-        return clip.data
-
-    @staticmethod
-    def _pixels(image: MediaItem | np.ndarray) -> np.ndarray:
-        if isinstance(image, MediaItem):
-            if image.kind is not MediaKind.IMAGE:
-                raise ValueError(f"expected an image, got {image.kind}")
-            return image.data
-        return np.asarray(image)
+        return [self.features.image_patches(self.features.pixels(i))[1] for i in images]

@@ -12,8 +12,9 @@ run only when audio output is asked for.
 
 Media input (``Capability.AUDIO_INPUT`` and ``TRANSCRIPTION`` when the folder holds
 ``thinker.audio_tower.*``, ``IMAGE_INPUT`` and ``VIDEO_INPUT`` when it holds
-``thinker.visual.*``; ``use_audio_in_video`` interleaves by time): the frontend also binds the request's media items; ``encode`` (an
-``EncodeLoop`` on the ``encoder``, the runner plane's ``MediaEncoderRunner`` over
+``thinker.visual.*``; ``use_audio_in_video`` interleaves by time): the frontend also binds
+the request's media items; ``encode`` (an ``EncodeLoop`` on the ``encoder``, the runner
+plane's ``MediaEncoderRunner`` over
 ``encoders.Qwen3OmniEncoders``: one ENCODE unit per item, batched with other requests' items of
 its kind, outputs reused by content hash; only for requests with media) -> ``media_prompt``
 (the shared ``runners.media_prompt.MediaPromptNode``: placeholders expanded, encoder rows and

@@ -104,7 +104,7 @@ class Qwen3OmniEncoders:
 
     def log_mel(self, clip: MediaItem | np.ndarray) -> torch.Tensor:
         """The processor's log-mel ``[128, n // hop]`` of one clip, on the encoder's device."""
-        mel = self.features.log_mel_unpadded(self._samples(clip))
+        mel = self.features.log_mel_unpadded(self.features.samples(clip))
         return torch.from_numpy(mel).to(self.device, self.dtype)
 
     @torch.inference_mode()
@@ -134,9 +134,12 @@ class Qwen3OmniEncoders:
         if kind is MediaKind.AUDIO:
             return [EncodedMedia(self._host(r)) for r in self.encode_audio(items)]
         if kind is MediaKind.IMAGE:
-            outs = [(*self.features.image_patches(self._pixels(i)), None) for i in items]
+            outs = [(*self.features.image_patches(self.features.pixels(i)), None) for i in items]
         else:
-            outs = [self.features.video_patches(self._frames(v), v.fps or VIDEO_FPS) for v in items]
+            outs = [
+                self.features.video_patches(self.features.frames(v), v.fps or VIDEO_FPS)
+                for v in items
+            ]
         return self.encode_patches(
             [p for p, _, _ in outs], [g for _, g, _ in outs], [s for _, _, s in outs]
         )
@@ -178,25 +181,3 @@ class Qwen3OmniEncoders:
     @staticmethod
     def _host(rows: torch.Tensor) -> torch.Tensor:
         return rows.detach().float().cpu()
-
-    @staticmethod
-    def _pixels(image: MediaItem) -> np.ndarray:
-        if image.kind is not MediaKind.IMAGE:
-            raise ValueError(f"expected an image, got {image.kind}")
-        return image.data
-
-    @staticmethod
-    def _frames(video: MediaItem) -> np.ndarray:
-        if video.kind is not MediaKind.VIDEO:
-            raise ValueError(f"expected a video, got {video.kind}")
-        return video.data
-
-    def _samples(self, clip: MediaItem | np.ndarray) -> np.ndarray:
-        if not isinstance(clip, MediaItem):
-            return np.asarray(clip, dtype=np.float32)
-        if clip.kind is not MediaKind.AUDIO or clip.sample_rate != self.features.sample_rate:
-            raise ValueError(
-                f"expected audio at {self.features.sample_rate} Hz, got {clip.kind} "
-                f"at {clip.sample_rate} Hz"
-            )
-        return clip.data

@@ -35,9 +35,8 @@ from omnistep.core import (
 )
 from omnistep.runners.media_prompt import (
     MediaRules,
+    chat_prompt_ids,
     encode_list,
-    splice_replies,
-    template_content,
 )
 
 DEFAULT_SPEAKER = "ethan"
@@ -117,18 +116,7 @@ class ChatFrontend:
                 param="modalities",
                 code="unsupported_modality",
             )
-        replies = [m.token_ids for m in req.messages if m.role == "assistant"]
-        messages = [
-            {"role": m.role, "content": "" if m.token_ids is not None else template_content(m)}
-            for m in req.messages
-        ]
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-        ids = [int(i) for i in ids]
-        if any(r is not None for r in replies):
-            head = self.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-            ids = splice_replies(ids, replies, [int(i) for i in head])
+        ids = chat_prompt_ids(self.tokenizer, req.messages)
         ctx.slots["chat_ids"] = tuple(ids)
         ctx.slots["media"] = encode_list(media)
         if self.speakers:
