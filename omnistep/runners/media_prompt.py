@@ -11,12 +11,12 @@ as the thinkers do, the input embedding of a placeholder token is replaced by it
 becomes one interleaved block of frame and audio tokens (``mrope.audio_in_video_layout``,
 the family's interleaving rule).
 
-Imports numpy, torch, ``omnistep.core`` and ``runners.mrope``.
+Imports numpy, torch, ``omnistep.core``, ``omnistep.loops.encode`` and ``runners.mrope``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +26,18 @@ import torch
 from omnistep.core import (
     Capability,
     ChatMessage,
+    ComponentSpec,
     InvalidRequestError,
+    KernelNode,
+    LoopKind,
+    LoopNode,
+    LoopSpec,
     MediaItem,
     MediaKind,
     ProgramContext,
+    WorkUnitKind,
 )
+from omnistep.loops.encode import EncodeConfig, EncodeLoop
 from omnistep.runners.mrope import MediaTokenIds, audio_in_video_layout, rope_index
 
 
@@ -367,3 +374,54 @@ def language_name(code: str | None) -> str:
             code="unsupported_language",
         )
     return name.title()
+
+
+@dataclass(frozen=True)
+class MediaStages:
+    """An omni card's media stages: program nodes (``encode``, a LoopNode run only for
+    requests with media, when the folder has encoders; ``media_prompt``), the ``encoder``
+    component and the ``encode`` loop (both empty without encoders).
+
+    The program's ``frontend`` binds ``chat_ids`` and ``media``; ``media_prompt`` binds
+    ``thinker_prompt``, which the thinker's loop reads."""
+
+    nodes: tuple[Any, ...]
+    components: tuple[ComponentSpec, ...]
+    loops: tuple[LoopSpec, ...]
+
+
+def media_stages(
+    media_caps: frozenset[Capability],
+    build_encoder: Callable[[str], Any],
+    max_batch_size: int,
+    description: str,
+    ids: MediaTokenIds,
+    spatial_merge_size: int,
+) -> MediaStages:
+    """The ``MediaStages`` of a card whose encoders give ``media_caps`` (empty: no encoder
+    component; requests with media are then refused by the frontend's ``MediaRules``).
+
+    Args:
+        build_encoder: ``device -> MediaEncoderRunner`` (the ``encoder`` component).
+        ids, spatial_merge_size: for ``MediaPromptNode``.
+    """
+    prompt = KernelNode(
+        "media_prompt",
+        MediaPromptNode(ids, spatial_merge_size),
+        needs=("chat_ids", "media", *(("encoded",) if media_caps else ())),
+        binds=("thinker_prompt",),
+    )
+    if not media_caps:
+        return MediaStages((prompt,), (), ())
+    encode = LoopNode(
+        "encode", "encode", needs=("media",), binds="encoded", when=lambda req: bool(req.media)
+    )
+    component = ComponentSpec("encoder", build_encoder, max_batch_size, description)
+    loop = LoopSpec(
+        "encode",
+        LoopKind.ENCODE,
+        (WorkUnitKind.ENCODE,),
+        ("encoder",),
+        lambda: EncodeLoop(EncodeConfig("encode", "encoder", "media")),
+    )
+    return MediaStages((encode, prompt), (component,), (loop,))

@@ -70,7 +70,6 @@ from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop, whole_utterance
-from omnistep.loops.encode import EncodeConfig, EncodeLoop
 from omnistep.models.qwen2_5_omni.dit import DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.dit_component import DIT_PREFIX, DiTComponent, token2wav_starts
 from omnistep.models.qwen2_5_omni.encoders import OmniEncoders
@@ -82,7 +81,7 @@ from omnistep.models.qwen2_5_omni.thinker import ENCODER_PREFIXES, load_thinker
 from omnistep.models.qwen2_5_omni.token2wav import load_token2wav_part
 from omnistep.runners.encoder import MediaEncoderRunner
 from omnistep.runners.media_features import read_preprocessor
-from omnistep.runners.media_prompt import MediaPromptNode, MediaRules, language_name
+from omnistep.runners.media_prompt import MediaRules, language_name, media_stages
 from omnistep.runners.mrope import MediaTokenIds
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
@@ -351,12 +350,13 @@ def build_card(
     frontend = ChatFrontend(tokenizer, speakers, rules)
     thinker_cfg = config["thinker_config"]
     merge = int(thinker_cfg.get("vision_config", {}).get("spatial_merge_size", 2))
-    has_media = lambda req: bool(req.media)  # noqa: E731
-    # no towers: no encode loop (the frontend refuses requests with media)
-    encode_nodes = (
-        (LoopNode("encode", "encode", needs=("media",), binds="encoded", when=has_media),)
-        if media_caps
-        else ()
+    stages = media_stages(
+        media_caps,
+        build_encoder,
+        opts.max_batch_size,
+        "audio tower + vision encoder",
+        MediaTokenIds.from_config(config),
+        merge,
     )
     program = Program(
         inputs=("request",),
@@ -367,13 +367,7 @@ def build_card(
                 needs=("request",),
                 binds=("chat_ids", "media", "speaker"),
             ),
-            *encode_nodes,
-            KernelNode(
-                "media_prompt",
-                MediaPromptNode(MediaTokenIds.from_config(config), merge),
-                needs=("chat_ids", "media", *(("encoded",) if media_caps else ())),
-                binds=("thinker_prompt",),
-            ),
+            *stages.nodes,
             LoopNode(
                 "think",
                 "think",
@@ -403,32 +397,18 @@ def build_card(
     )
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
     asr = (Capability.TRANSCRIPTION,) if Capability.AUDIO_INPUT in media_caps else ()
-    encoder_parts = ()
-    if media_caps:
-        encoder_parts = (
-            ComponentSpec(
-                "encoder", build_encoder, opts.max_batch_size, "audio tower + vision encoder"
-            ),
-            LoopSpec(
-                "encode",
-                LoopKind.ENCODE,
-                (WorkUnitKind.ENCODE,),
-                ("encoder",),
-                lambda: EncodeLoop(EncodeConfig("encode", "encoder", "media")),
-            ),
-        )
     return ModelCard(
         card_id=CARD_ID,
         family="qwen2_5_omni",
         components=(
-            *encoder_parts[:1],
+            *stages.components,
             ComponentSpec("thinker", build_thinker, opts.max_batch_size, "Qwen2.5 thinker LM"),
             ComponentSpec("talker", build_talker, opts.max_batch_size, "codec talker LM"),
             ComponentSpec("dit", build_dit, opts.max_batch_size, "token2wav DiT (flow matching)"),
             ComponentSpec("bigvgan", build_bigvgan, opts.max_batch_size, "token2wav BigVGAN"),
         ),
         loops=(
-            *encoder_parts[1:],
+            *stages.loops,
             LoopSpec(
                 "think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: ARDecodeLoop(think)
             ),

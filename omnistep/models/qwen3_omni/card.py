@@ -71,7 +71,6 @@ from omnistep.layers.codec_decoder import SAMPLE_RATE
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
-from omnistep.loops.encode import EncodeConfig, EncodeLoop
 from omnistep.models.qwen3_omni.encoders import Qwen3OmniEncoders, read_settings
 from omnistep.models.qwen3_omni.frontend import CaptionerFrontend, ChatFrontend, load_tokenizer
 from omnistep.models.qwen3_omni.loader import Qwen3OmniCheckpoint
@@ -86,7 +85,7 @@ from omnistep.models.qwen3_omni.thinker import ThinkerTextConfig, load_thinker
 from omnistep.models.qwen3_omni.thinking import THINK_END, THINK_START, ThinkingLoop
 from omnistep.runners.codec_vocoder import CodecDecoderComponent, codec_decode_config
 from omnistep.runners.encoder import MediaEncoderRunner
-from omnistep.runners.media_prompt import MediaPromptNode, MediaRules, language_name
+from omnistep.runners.media_prompt import MediaRules, language_name, media_stages
 from omnistep.runners.mrope import MediaTokenIds
 from omnistep.runners.options import ServingOptions
 from omnistep.sampling.generation import generation_eos_ids, generation_sampling
@@ -282,23 +281,19 @@ def build_card(
         stream_slot="thinker_ids",
         detokenize=lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True),
     )
-    has_media = lambda req: bool(req.media)  # noqa: E731
-    encode_nodes = (
-        [LoopNode("encode", "encode", needs=("media",), binds="encoded", when=has_media)]
-        if media_caps
-        else []
+    stages = media_stages(
+        media_caps,
+        build_encoder,
+        opts.max_batch_size,
+        "audio tower + vision encoder",
+        token_ids,
+        merge,
     )
     nodes: list[Any] = [
         KernelNode(
             "frontend", frontend, needs=("request",), binds=("chat_ids", "media", "speaker")
         ),
-        *encode_nodes,
-        KernelNode(
-            "media_prompt",
-            MediaPromptNode(token_ids, merge),
-            needs=("chat_ids", "media", *(("encoded",) if media_caps else ())),
-            binds=("thinker_prompt",),
-        ),
+        *stages.nodes,
         LoopNode(
             "think",
             "think",
@@ -308,30 +303,15 @@ def build_card(
         ),
     ]
     components = [
+        *stages.components,
         ComponentSpec("thinker", build_thinker, opts.max_batch_size, "MoE thinker LM"),
     ]
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
     think_loop = ThinkingLoop if thinks(tokenizer) else ARDecodeLoop
     loops = [
-        LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: think_loop(think))
+        *stages.loops,
+        LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: think_loop(think)),
     ]
-    if media_caps:
-        components.insert(
-            0,
-            ComponentSpec(
-                "encoder", build_encoder, opts.max_batch_size, "audio tower + vision encoder"
-            ),
-        )
-        loops.insert(
-            0,
-            LoopSpec(
-                "encode",
-                LoopKind.ENCODE,
-                (WorkUnitKind.ENCODE,),
-                ("encoder",),
-                lambda: EncodeLoop(EncodeConfig("encode", "encoder", "media")),
-            ),
-        )
     capabilities = {Capability.CHAT_TEXT, *media_caps}
     if hears:
         capabilities.add(Capability.TRANSCRIPTION)
