@@ -15,7 +15,7 @@ from omnistep.core import MediaItem, MediaKind
 from omnistep.models.qwen2_5_omni import tiny as assets
 from omnistep.models.qwen2_5_omni.audio_encoder import num_audio_tokens
 from omnistep.models.qwen2_5_omni.encoders import OmniEncoders
-from omnistep.models.qwen2_5_omni.mrope import MediaTokenIds, rope_index
+from omnistep.runners.mrope import MediaTokenIds, rope_index
 from tests.qwen_omni_ref import reference
 
 TOL = 1e-4

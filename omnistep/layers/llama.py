@@ -528,6 +528,7 @@ class LlamaModel(nn.Module):
         cache: PagedKVCache,
         meta: AttentionMetadata,
         routing: list[torch.Tensor] | None = None,
+        after_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run the new tokens of a varlen batch; write their K/V into ``cache``.
 
@@ -541,6 +542,9 @@ class LlamaModel(nn.Module):
                 else is in the batch.
             routing: when given, each MoE layer appends the experts each row was routed to,
                 LongTensor ``[N, k]``, in layer order (``config.moe``).
+            after_layer: ``after_layer(i, hidden) -> hidden`` runs on the ``[N, hidden]``
+                output of layer ``i`` before layer ``i + 1`` reads it (Qwen3-Omni's deepstack
+                visual features are added there).
 
         Returns:
             Hidden states after the final norm, ``[N, hidden]``.
@@ -549,8 +553,10 @@ class LlamaModel(nn.Module):
         plans = self.row_plans(inputs_embeds, meta.query_lens_host, meta.batch_invariant)
         cos, sin = self._cos_sin(positions, inputs_embeds.dtype)
         hidden = inputs_embeds
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             hidden = layer(hidden, cos, sin, cache, meta, plans, routing)
+            if after_layer is not None:
+                hidden = after_layer(i, hidden)
         return _rows(self.norm, hidden, plans.norm)
 
     def forward_dense(

@@ -222,8 +222,14 @@ class MRotaryEmbedding(RotaryEmbedding):
     that position's 1-D cos/sin), so three equal rows give exactly the 1-D rope of that
     position: a text-only prompt is bit-identical either way.
 
+    Interleaved (Qwen3-VL / Qwen3-Omni, ``rope_parameters.mrope_interleaved``; transformers'
+    ``Qwen3OmniMoeThinkerTextRotaryEmbedding.recomposition_frequencies``): frequency ``j`` takes
+    the height row when ``j % 3 == 1`` and ``j < 3 * mrope_section[1]``, the width row when
+    ``j % 3 == 2`` and ``j < 3 * mrope_section[2]``, else the temporal row.
+
     Args:
         mrope_section: frequencies per section, summing to ``head_dim // 2``.
+        interleaved: the interleaved layout above instead of contiguous sections.
 
     Raises:
         ValueError: sections that do not sum to ``head_dim // 2``.
@@ -236,6 +242,7 @@ class MRotaryEmbedding(RotaryEmbedding):
         max_positions: int,
         mrope_section: tuple[int, ...],
         device: torch.device | str | None = None,
+        interleaved: bool = False,
     ):
         super().__init__(head_dim, theta, max_positions, device)
         if sum(mrope_section) * 2 != head_dim:
@@ -243,9 +250,14 @@ class MRotaryEmbedding(RotaryEmbedding):
                 f"mrope_section={mrope_section} must sum to head_dim/2 = {head_dim // 2}"
             )
         self.mrope_section = tuple(int(s) for s in mrope_section)
-        rows = torch.repeat_interleave(
-            torch.arange(len(mrope_section)), torch.tensor(self.mrope_section)
-        )
+        if interleaved:
+            rows = torch.zeros(head_dim // 2, dtype=torch.long)
+            for row in (1, 2):
+                rows[row : 3 * self.mrope_section[row] : 3] = row
+        else:
+            rows = torch.repeat_interleave(
+                torch.arange(len(mrope_section)), torch.tensor(self.mrope_section)
+            )
         # column j of cos/sin takes its angle from position row ``section_rows[j]``
         self.register_buffer("section_rows", torch.cat([rows, rows]).to(device), persistent=False)
 

@@ -11,6 +11,9 @@
   per-frame and per-step noise).
 - ``encoder.MediaEncoderRunner``: the ENCODE component over a family's batched media
   encoders (Qwen2.5-Omni's audio tower and vision encoder), outputs kept by content hash.
+- ``media_prompt``, ``mrope``, ``media_features``: what the Qwen omni families (Qwen2.5-Omni,
+  Qwen3-Omni) share between a chat's media parts and their thinker (media checks, template
+  parts, the thinker prompt with its M-RoPE positions, the reference feature extraction).
 - ``options.ServingOptions``: the KV/batching fields every family's options share, and the
   one ``KVCacheConfig.from_memory`` call they feed.
 

@@ -9,6 +9,7 @@ a batch of one takes the same path. A family subclass says only what is its own:
     _prefill_inputs(unit)   input rows ``[prompt rows + len(unit.generated), in_dim]``
     _step_inputs(units)     input rows ``[B, in_dim]``: each unit's ``last`` frame
     _lm_inputs(rows, lens)  ``inputs_embeds`` ``[N, hidden]`` of the stack (default: the rows)
+    _after_layer(rows)      a hook between the stack's layers for a forward (default: none)
     _make_stack(cfg, dtype) the decoder stack (default: ``LlamaModel``)
     _head(hidden, seq_id)   logits ``[B, num_codebooks, vocab]`` of final hidden states
     _sampling_logits(l)     logits as the sampler sees them (default: unchanged)
@@ -336,6 +337,11 @@ class PagedARModel:
     def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
         """``inputs_embeds`` ``[N, hidden]`` of the stack from input rows ``[N, in_dim]``."""
         return rows
+
+    def _after_layer(self, rows: torch.Tensor) -> Any:
+        """``LlamaModel.forward``'s ``after_layer`` for a forward of input ``rows`` (default
+        None: nothing between the layers; Qwen3-Omni's thinker adds deepstack features)."""
+        return None
 
     def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | None:
         """What outputs stream, ``[n, ...]``, from input rows ``[n, in_dim]`` and their final
@@ -1484,7 +1490,9 @@ class PagedARModel:
             batch_invariant=self.batch_invariant,
         )
         routing: list[torch.Tensor] | None = [] if self.llama.config.moe is not None else None
-        hidden = self.llama(self._lm_inputs(rows, query_lens), positions, self.cache, meta, routing)
+        embeds = self._lm_inputs(rows, query_lens)
+        after = self._after_layer(rows)
+        hidden = self.llama(embeds, positions, self.cache, meta, routing, after)
         self.last_routing = torch.stack(routing, dim=1) if routing else None
         return hidden
 

@@ -70,19 +70,19 @@ from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop, whole_utterance
-from omnistep.loops.encode import EncodeConfig, EncodeLoop
 from omnistep.models.qwen2_5_omni.dit import DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.dit_component import DIT_PREFIX, DiTComponent, token2wav_starts
-from omnistep.models.qwen2_5_omni.encoders import OmniEncoders, read_preprocessor
-from omnistep.models.qwen2_5_omni.frontend import ChatFrontend, MediaRules, load_tokenizer
+from omnistep.models.qwen2_5_omni.encoders import OmniEncoders
+from omnistep.models.qwen2_5_omni.frontend import ChatFrontend, load_tokenizer
 from omnistep.models.qwen2_5_omni.loader import QwenOmniFiles
-from omnistep.models.qwen2_5_omni.media_prompt import thinker_prompt
-from omnistep.models.qwen2_5_omni.mrope import MediaTokenIds
 from omnistep.models.qwen2_5_omni.talker import TALKER_GENERATE_DEFAULTS, load_talker
 from omnistep.models.qwen2_5_omni.talker_loop import TalkerLoop
 from omnistep.models.qwen2_5_omni.thinker import ENCODER_PREFIXES, load_thinker
 from omnistep.models.qwen2_5_omni.token2wav import load_token2wav_part
 from omnistep.runners.encoder import MediaEncoderRunner
+from omnistep.runners.media_features import read_preprocessor
+from omnistep.runners.media_prompt import MediaRules, language_name, media_stages
+from omnistep.runners.mrope import MediaTokenIds
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
 from omnistep.sampling import SamplingRow
@@ -149,29 +149,6 @@ ASR_INSTRUCTION = "Transcribe the {language} audio into text without any punctua
 """The cookbook's ASR instruction; ``{language}``: the language's English name."""
 
 
-def language_name(code: str | None) -> str:
-    """The English name of an ISO-639-1 ``code`` (``"de"`` -> ``"German"``), from the list of
-    Whisper's tokenizer (``transformers.models.whisper.tokenization_whisper.LANGUAGES``, 100
-    languages: the audio tower is Whisper's); None -> ``"English"``, the cookbook's default.
-
-    Raises:
-        InvalidRequestError: (code ``unsupported_language``) a code not in that list.
-    """
-    from transformers.models.whisper.tokenization_whisper import LANGUAGES
-
-    if code is None:
-        return "English"
-    name = LANGUAGES.get(code.lower())
-    if name is None:
-        raise InvalidRequestError(
-            f"'language' {code!r} is not one Qwen2.5-Omni's audio tower knows; use an "
-            "ISO-639-1 code such as 'en', 'zh', 'de'",
-            param="language",
-            code="unsupported_language",
-        )
-    return name.title()
-
-
 def transcription_messages(
     audio: MediaItem, language: str | None, prompt: str | None
 ) -> tuple[ChatMessage, ...]:
@@ -200,26 +177,6 @@ def media_capabilities(files: QwenOmniFiles) -> frozenset[Capability]:
     if not all(present):
         return frozenset()
     return frozenset(c for caps in MEDIA_CAPABILITIES.values() for c in caps)
-
-
-class MediaPromptNode:
-    """The ``media_prompt`` kernel node: ``chat_ids`` + the ENCODE outputs -> the thinker's
-    prompt (a ``ThinkerPrompt``; the ids unchanged when the request has no media)."""
-
-    def __init__(self, ids: MediaTokenIds, spatial_merge_size: int):
-        self.ids = ids
-        self.spatial_merge_size = spatial_merge_size
-
-    def __call__(self, ctx: ProgramContext) -> None:
-        media, encoded = ctx.slots["media"], ctx.slots.get("encoded")
-        if not media:
-            ctx.slots["thinker_prompt"] = ctx.slots["chat_ids"]
-            return
-        prompt = thinker_prompt(
-            ctx.slots["chat_ids"], self.ids, media, encoded, self.spatial_merge_size
-        )
-        ctx.slots["thinker_prompt"] = prompt
-        ctx.usage["input_tokens"] = len(prompt.ids)
 
 
 def talker_sampling(req: Request) -> SamplingRow:
@@ -393,12 +350,13 @@ def build_card(
     frontend = ChatFrontend(tokenizer, speakers, rules)
     thinker_cfg = config["thinker_config"]
     merge = int(thinker_cfg.get("vision_config", {}).get("spatial_merge_size", 2))
-    has_media = lambda req: bool(req.media)  # noqa: E731
-    # no towers: no encode loop (the frontend refuses requests with media)
-    encode_nodes = (
-        (LoopNode("encode", "encode", needs=("media",), binds="encoded", when=has_media),)
-        if media_caps
-        else ()
+    stages = media_stages(
+        media_caps,
+        build_encoder,
+        opts.max_batch_size,
+        "audio tower + vision encoder",
+        MediaTokenIds.from_config(config),
+        merge,
     )
     program = Program(
         inputs=("request",),
@@ -409,13 +367,7 @@ def build_card(
                 needs=("request",),
                 binds=("chat_ids", "media", "speaker"),
             ),
-            *encode_nodes,
-            KernelNode(
-                "media_prompt",
-                MediaPromptNode(MediaTokenIds.from_config(config), merge),
-                needs=("chat_ids", "media", *(("encoded",) if media_caps else ())),
-                binds=("thinker_prompt",),
-            ),
+            *stages.nodes,
             LoopNode(
                 "think",
                 "think",
@@ -445,32 +397,18 @@ def build_card(
     )
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
     asr = (Capability.TRANSCRIPTION,) if Capability.AUDIO_INPUT in media_caps else ()
-    encoder_parts = ()
-    if media_caps:
-        encoder_parts = (
-            ComponentSpec(
-                "encoder", build_encoder, opts.max_batch_size, "audio tower + vision encoder"
-            ),
-            LoopSpec(
-                "encode",
-                LoopKind.ENCODE,
-                (WorkUnitKind.ENCODE,),
-                ("encoder",),
-                lambda: EncodeLoop(EncodeConfig("encode", "encoder", "media")),
-            ),
-        )
     return ModelCard(
         card_id=CARD_ID,
         family="qwen2_5_omni",
         components=(
-            *encoder_parts[:1],
+            *stages.components,
             ComponentSpec("thinker", build_thinker, opts.max_batch_size, "Qwen2.5 thinker LM"),
             ComponentSpec("talker", build_talker, opts.max_batch_size, "codec talker LM"),
             ComponentSpec("dit", build_dit, opts.max_batch_size, "token2wav DiT (flow matching)"),
             ComponentSpec("bigvgan", build_bigvgan, opts.max_batch_size, "token2wav BigVGAN"),
         ),
         loops=(
-            *encoder_parts[1:],
+            *stages.loops,
             LoopSpec(
                 "think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: ARDecodeLoop(think)
             ),

@@ -16,109 +16,17 @@ Imports: ``omnistep.core``; ``transformers`` inside ``load_tokenizer``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
-from omnistep.core import (
-    OPENAI_VOICES,
-    Capability,
-    ChatMessage,
-    InvalidRequestError,
-    MediaItem,
-    MediaKind,
-    ProgramContext,
+from omnistep.core import OPENAI_VOICES, InvalidRequestError, ProgramContext
+from omnistep.runners.media_prompt import (
+    MediaRules,
+    chat_prompt_ids,
+    encode_list,
+    splice_replies,
 )
 
-
-@dataclass(frozen=True)
-class MediaRules:
-    """What media the card's encoders take.
-
-    Attributes:
-        capabilities: the media input capabilities of the folder (its towers).
-        sample_rate: Hz audio items must have (the feature extractor's, 16 kHz).
-        max_audio_seconds: the longest clip the feature extractor reads (its ``chunk_length``,
-            300 s published: the processor cuts longer clips there).
-    """
-
-    capabilities: frozenset[Capability] = frozenset()
-    sample_rate: int = 16000
-    max_audio_seconds: float = 300.0
-
-    def check(self, item: MediaItem) -> None:
-        """Raises InvalidRequestError naming the item's request part (``MediaItem.source``):
-        a kind without its encoder (``unsupported_modality``), audio at another rate
-        (``invalid_audio``) or longer than ``max_audio_seconds`` (``audio_too_long``); a
-        video's audio track is checked as audio."""
-        param = item.source or "messages"
-        if item.audio is not None:
-            self.check(item.audio)
-        if item.kind.capability not in self.capabilities:
-            raise InvalidRequestError(
-                f"{param}: this checkpoint has no {item.kind} encoder",
-                param=param,
-                code="unsupported_modality",
-            )
-        if item.kind is not MediaKind.AUDIO:
-            return
-        if item.sample_rate != self.sample_rate:
-            raise InvalidRequestError(
-                f"{param}: audio must be {self.sample_rate} Hz mono, got {item.sample_rate} Hz",
-                param=param,
-                code="invalid_audio",
-            )
-        if item.data.shape[0] > self.max_audio_seconds * self.sample_rate:
-            raise InvalidRequestError(
-                f"{param} lasts {item.data.shape[0] / self.sample_rate:.1f} s, more than the "
-                f"audio encoder reads ({self.max_audio_seconds:g} s)",
-                param=param,
-                code="audio_too_long",
-            )
-
-
-def encode_list(media: tuple[MediaItem, ...]) -> tuple[MediaItem, ...]:
-    """The items the ENCODE units run, in order: each prompt item, and right after a video
-    its audio track when it carries one (``use_audio_in_video``)."""
-    return tuple(x for m in media for x in ((m,) if m.audio is None else (m, m.audio)))
-
-
-def template_content(message: ChatMessage) -> str | list[dict[str, str]]:
-    """A message's ``content`` for the chat template: its text, or its parts as content
-    parts (media as ``{"type": kind}``) when it has media."""
-    if not message.parts:
-        return message.content
-    return [
-        {"type": "text", "text": p} if isinstance(p, str) else {"type": str(p.kind)}
-        for p in message.parts
-    ]
-
-
-def splice_replies(
-    ids: list[int], replies: list[tuple[int, ...] | None], head: list[int]
-) -> list[int]:
-    """Put assistant turns' generated ids into a templated prompt whose assistant messages
-    were rendered empty: ``replies[k]`` (None: that message was rendered with its text) goes
-    right after the ``k``-th occurrence of ``head`` (the ids of ``<|im_start|>assistant\n``),
-    in order; later occurrences (the generation prompt) are left as they are.
-
-    Raises:
-        ValueError: fewer occurrences of ``head`` than replies.
-    """
-    out, start, k = [], 0, 0
-    n = len(head)
-    i = 0
-    while k < len(replies) and i <= len(ids) - n:
-        if ids[i : i + n] == head:
-            out += ids[start : i + n]
-            if replies[k] is not None:
-                out += replies[k]
-            start = i = i + n
-            k += 1
-        else:
-            i += 1
-    if k < len(replies):
-        raise ValueError(f"{len(replies)} assistant turns, {k} found in the templated prompt")
-    return out + ids[start:]
+__all__ = ["ChatFrontend", "MediaRules", "load_tokenizer", "splice_replies"]
 
 
 class ChatFrontend:
@@ -163,18 +71,7 @@ class ChatFrontend:
         media = req.media
         for item in media:
             self.media.check(item)
-        replies = [m.token_ids for m in req.messages if m.role == "assistant"]
-        messages = [
-            {"role": m.role, "content": "" if m.token_ids is not None else template_content(m)}
-            for m in req.messages
-        ]
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-        ids = [int(i) for i in ids]
-        if any(r is not None for r in replies):
-            head = self.tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-            ids = splice_replies(ids, replies, [int(i) for i in head])
+        ids = chat_prompt_ids(self.tokenizer, req.messages)
         ctx.slots["chat_ids"] = tuple(ids)
         ctx.slots["media"] = encode_list(media)
         ctx.slots["speaker"] = self.speakers[voice]

@@ -1,9 +1,8 @@
 """The thinker prompt of a Qwen2.5-Omni chat holding audio, images and video: placeholders
 expanded to one token per encoder row, the rows, and TMRoPE positions.
 
-``thinker_prompt`` is what the card's ``media_prompt`` node runs on the ENCODE units' outputs
-(a ``ThinkerPrompt`` the paged thinker prefills; a video carrying its audio track,
-``use_audio_in_video``, becomes the interleaved block of ``mrope``); ``build_media_prompt``
+``thinker_prompt`` (shared with Qwen3-Omni: ``runners.media_prompt``) is what the card's
+``media_prompt`` node runs on the ENCODE units' outputs; ``build_media_prompt``
 + ``prefill_logits`` are an offline dense path over the same pieces, checked against transformers'
 ``Qwen2_5OmniThinkerForConditionalGeneration`` (tests/test_omni_encoders.py).
 
@@ -28,9 +27,12 @@ import numpy as np
 import torch
 
 from omnistep.core import MediaItem, MediaKind
-from omnistep.models.qwen2_5_omni.encoders import EncodedMedia, OmniEncoders
-from omnistep.models.qwen2_5_omni.mrope import MediaTokenIds, audio_in_video_layout, rope_index
-from omnistep.models.qwen2_5_omni.thinker import QwenThinker, ThinkerPrompt
+from omnistep.models.qwen2_5_omni.encoders import OmniEncoders
+from omnistep.models.qwen2_5_omni.thinker import QwenThinker
+from omnistep.runners.media_prompt import thinker_prompt
+from omnistep.runners.mrope import MediaTokenIds, rope_index
+
+__all__ = ["MediaPrompt", "build_media_prompt", "mrope_cos_sin", "prefill_logits", "thinker_prompt"]
 
 
 @dataclass(frozen=True)
@@ -49,109 +51,6 @@ class MediaPrompt:
     embeds: torch.Tensor
     positions: np.ndarray
     rope_delta: int
-
-
-@dataclass(frozen=True)
-class _PromptItem:
-    """One media item of the prompt with its encoder output (and its track's, if any)."""
-
-    item: MediaItem
-    encoded: EncodedMedia
-    track: EncodedMedia | None = None
-
-
-def _pair(media: Sequence[MediaItem], encoded: Sequence[EncodedMedia]) -> list[_PromptItem]:
-    """Prompt items from the encode list (``frontend.encode_list``) and its outputs."""
-    if len(encoded) != len(media):
-        raise ValueError(f"{len(encoded)} encoder outputs for {len(media)} items")
-    out: list[_PromptItem] = []
-    i = 0
-    while i < len(media):
-        item = media[i]
-        if item.audio is not None:
-            if i + 1 >= len(media) or media[i + 1].sha256 != item.audio.sha256:
-                raise ValueError(f"the video {item.source} is not followed by its audio track")
-            out.append(_PromptItem(item, encoded[i], encoded[i + 1]))
-            i += 2
-        else:
-            out.append(_PromptItem(item, encoded[i]))
-            i += 1
-    return out
-
-
-def _expand(
-    token: int, piece: _PromptItem, ids: MediaTokenIds, merge: int
-) -> tuple[list[int], torch.Tensor]:
-    """The tokens a placeholder becomes and the rows they take, in order."""
-    rows = piece.encoded.rows
-    if piece.track is None:
-        return [token] * rows.shape[0], rows
-    if ids.audio_start is None or ids.audio_end is None:
-        raise ValueError("the config has no audio_start/end_token_id for use_audio_in_video")
-    grid, seconds = piece.encoded.grid, piece.encoded.seconds_per_grid
-    audio = piece.track.rows
-    layout = audio_in_video_layout(grid, seconds, audio.shape[0], ids, merge)
-    tokens = [ids.audio_start]
-    for kind, a, b in layout:
-        tokens += [ids.video if kind == "video" else ids.audio] * (b - a)
-    tokens.append(ids.audio_end)
-    chunks = [(rows if kind == "video" else audio)[a:b] for kind, a, b in layout]
-    return tokens, torch.cat(chunks)
-
-
-def thinker_prompt(
-    template_ids: Sequence[int],
-    ids: MediaTokenIds,
-    media: Sequence[MediaItem],
-    encoded: Sequence[EncodedMedia],
-    spatial_merge_size: int,
-) -> ThinkerPrompt:
-    """The ``ThinkerPrompt`` of a chat-templated prompt and its encoded media.
-
-    Args:
-        template_ids: the chat template's ids, one placeholder token per media item.
-        media: the encode list (``frontend.encode_list``: the items in prompt order, a video's audio
-            track right after it); ``encoded``: their ENCODE outputs, same order.
-        spatial_merge_size: the vision encoder's patch merge (``vision_config``).
-
-    Raises:
-        ValueError: placeholders and items that do not pair up (count or kind).
-    """
-    kinds = {ids.audio: MediaKind.AUDIO, ids.image: MediaKind.IMAGE, ids.video: MediaKind.VIDEO}
-    pieces = _pair(media, encoded)
-    slots = [kinds[t] for t in template_ids if t in kinds]
-    if slots != [p.item.kind for p in pieces]:
-        raise ValueError(f"placeholders {slots} do not match the media {[m.kind for m in media]}")
-    expanded: list[int] = []
-    rows: list[torch.Tensor] = []
-    queue = iter(pieces)
-    for token in template_ids:
-        if token not in kinds:
-            expanded.append(token)
-            continue
-        tokens, item_rows = _expand(token, next(queue), ids, spatial_merge_size)
-        expanded += tokens
-        rows.append(item_rows)
-    of = lambda kind: [p for p in pieces if p.item.kind is kind]  # noqa: E731
-    videos = of(MediaKind.VIDEO)
-    positions, delta = rope_index(
-        expanded,
-        ids,
-        audio_lengths=[p.encoded.rows.shape[0] for p in of(MediaKind.AUDIO)],
-        image_grids=[p.encoded.grid for p in of(MediaKind.IMAGE)],
-        video_grids=[p.encoded.grid for p in videos],
-        video_seconds_per_grid=[p.encoded.seconds_per_grid for p in videos],
-        spatial_merge_size=spatial_merge_size,
-        video_audio_lengths=[None if p.track is None else p.track.rows.shape[0] for p in videos],
-    )
-    return ThinkerPrompt(
-        tuple(expanded),
-        tuple(rows),
-        positions,
-        delta,
-        tuple(kinds),
-        tuple(m.sha256 for m in media),
-    )
 
 
 def _encode(encoders: OmniEncoders, media: Sequence[MediaItem]) -> list[torch.Tensor]:

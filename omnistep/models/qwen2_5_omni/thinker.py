@@ -54,50 +54,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.llama import LlamaConfigLite
 from omnistep.layers.rope import MRotaryEmbedding
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+from omnistep.runners.media_prompt import ThinkerPrompt
 from omnistep.runners.paged_ar import PagedARModel
 
 ENCODER_PREFIXES = ("audio_tower.", "visual.")
 """Thinker weights of the audio tower and the vision encoder, by official key prefix."""
 
-
-@dataclass(frozen=True, eq=False)
-class ThinkerPrompt:
-    """A thinker prompt holding media (audio, images, video).
-
-    Attributes:
-        ids: the chat-templated ids with each media placeholder repeated once per encoder row.
-        media_rows: per media item, float32 ``[num_rows, hidden]`` (CPU), in prompt order:
-            they replace the embeddings of the placeholder tokens (``placeholder_ids``).
-        positions: int64 ``[3, len(ids)]`` TMRoPE positions (``mrope.rope_index``).
-        rope_delta: rows after the prompt sit at ``index + rope_delta``.
-        placeholder_ids: the audio, image and video placeholder token ids.
-        media: the items' ``MediaItem.sha256``, in prompt order (what a rollout records).
-    """
-
-    ids: tuple[int, ...]
-    media_rows: tuple[torch.Tensor, ...]
-    positions: np.ndarray
-    rope_delta: int
-    placeholder_ids: tuple[int, ...]
-    media: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.positions.shape != (3, len(self.ids)):
-            raise ValueError(f"positions {self.positions.shape} for {len(self.ids)} ids")
-        expected = sum(1 for t in self.ids if t in self.placeholder_ids)
-        got = sum(r.shape[0] for r in self.media_rows)
-        if expected != got:
-            raise ValueError(f"{expected} placeholder tokens for {got} encoder rows")
-
-    def __len__(self) -> int:
-        return len(self.ids)
+__all__ = ["ENCODER_PREFIXES", "QwenThinker", "ThinkerConfig", "ThinkerPrompt", "load_thinker"]
 
 
 # ---------------------------------------------------------------- config helpers

@@ -10,11 +10,23 @@ so speech frames come while the thinker is still writing) -> ``vocode`` (an Audi
 chunks of new frames, the first chunk the talker's first frame) -> ``usage``. The audio stages
 run only when audio output is asked for.
 
+Media input (``Capability.AUDIO_INPUT`` and ``TRANSCRIPTION`` when the folder holds
+``thinker.audio_tower.*``, ``IMAGE_INPUT`` and ``VIDEO_INPUT`` when it holds
+``thinker.visual.*``; ``use_audio_in_video`` interleaves by time): the frontend also binds
+the request's media items; ``encode`` (an ``EncodeLoop`` on the ``encoder``, the runner
+plane's ``MediaEncoderRunner`` over
+``encoders.Qwen3OmniEncoders``: one ENCODE unit per item, batched with other requests' items of
+its kind, outputs reused by content hash; only for requests with media) -> ``media_prompt``
+(the shared ``runners.media_prompt.MediaPromptNode``: placeholders expanded, encoder rows and
+M-RoPE positions, a ``ThinkerPrompt``) -> ``think``.
+
 A checkpoint without a talker (``enable_audio_output`` false: the Thinking and Captioner
 variants) is served as text only (``Capability.CHAT_TEXT``, no voices). A thinking checkpoint
 (its chat template opens ``<think>`` in the assistant turn: Thinking) streams the reply's text
 before ``</think>`` as reasoning (``thinking.ThinkingLoop``: the chat API's
-``reasoning_content``, as vLLM returns it).
+``reasoning_content``, as vLLM returns it). A text-only checkpoint whose template does not
+think is the Captioner (``variant``): one audio clip in, its description out, no text prompt
+(``CaptionerFrontend``).
 
 Sampling: the thinker's from ``generation_config.json`` under the request's fields (greedy when
 the file does not sample, transformers' behaviour); the talker's transformers' ``generate``
@@ -28,6 +40,7 @@ This module declares the card only: ``frontend``, ``thinker``, ``talker`` and ``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +50,14 @@ import torch
 
 from omnistep.core import (
     Capability,
+    ChatMessage,
     ComponentSpec,
     InvalidRequestError,
     KernelNode,
     LoopKind,
     LoopNode,
     LoopSpec,
+    MediaItem,
     Modality,
     ModelCard,
     ModelInstance,
@@ -56,7 +71,8 @@ from omnistep.layers.codec_decoder import SAMPLE_RATE
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
-from omnistep.models.qwen3_omni.frontend import ChatFrontend, load_tokenizer
+from omnistep.models.qwen3_omni.encoders import Qwen3OmniEncoders, read_settings
+from omnistep.models.qwen3_omni.frontend import CaptionerFrontend, ChatFrontend, load_tokenizer
 from omnistep.models.qwen3_omni.loader import Qwen3OmniCheckpoint
 from omnistep.models.qwen3_omni.talker import (
     THINKER_EMBED,
@@ -68,6 +84,9 @@ from omnistep.models.qwen3_omni.talker_loop import TalkerLoop
 from omnistep.models.qwen3_omni.thinker import ThinkerTextConfig, load_thinker
 from omnistep.models.qwen3_omni.thinking import THINK_END, THINK_START, ThinkingLoop
 from omnistep.runners.codec_vocoder import CodecDecoderComponent, codec_decode_config
+from omnistep.runners.encoder import MediaEncoderRunner
+from omnistep.runners.media_prompt import MediaRules, language_name, media_stages
+from omnistep.runners.mrope import MediaTokenIds
 from omnistep.runners.options import ServingOptions
 from omnistep.sampling.generation import generation_eos_ids, generation_sampling
 
@@ -98,6 +117,8 @@ class Qwen3OmniOptions(ServingOptions):
             talker's first frame.
         first_audio_alone: a request's thinker and talker wait while its first audio chunk is
             made (``ModelCard.first_audio_alone``; EDF only).
+        encoder_cache_items: encoder outputs kept by content hash (``MediaEncoderRunner``),
+            so a conversation's repeated media is encoded once.
     """
 
     thinker_max_new_tokens: int = 1024
@@ -108,6 +129,48 @@ class Qwen3OmniOptions(ServingOptions):
     chunk_growth: float = 2.0
     max_chunk: int = 64
     first_audio_alone: bool = True
+    encoder_cache_items: int = 64
+
+
+ASR_INSTRUCTION = "Transcribe the {language} audio into text."
+"""The instruction ``transcription_messages`` puts after the audio (Instruct and Thinking)."""
+
+AUDIO_PREFIX = "thinker.audio_tower."
+VISION_PREFIX = "thinker.visual."
+
+
+def variant(checkpoint: Qwen3OmniCheckpoint, tokenizer: Any) -> str:
+    """``instruct`` (a talker: ``enable_audio_output`` true), ``thinking`` (no talker, the
+    template opens ``<think>``) or ``captioner`` (no talker, a template that does not think:
+    Qwen3-Omni-30B-A3B-Captioner)."""
+    if checkpoint.has_talker:
+        return "instruct"
+    return "thinking" if thinks(tokenizer) else "captioner"
+
+
+def transcription_messages(
+    audio: MediaItem, language: str | None, prompt: str | None
+) -> tuple[ChatMessage, ...]:
+    """The card's ``transcription_prompt`` (Instruct, Thinking): one user message, the audio
+    then ``ASR_INSTRUCTION`` with ``language_name(language)``; ``prompt`` is not used.
+    Answered as text only.
+
+    Raises:
+        InvalidRequestError: an unknown ``language``.
+    """
+    del prompt
+    instruction = ASR_INSTRUCTION.format(language=language_name(language))
+    return (ChatMessage("user", instruction, (audio, instruction)),)
+
+
+def caption_messages(
+    audio: MediaItem, language: str | None, prompt: str | None
+) -> tuple[ChatMessage, ...]:
+    """The Captioner's ``transcription_prompt``: one user message holding the audio alone (the
+    Captioner takes no text prompt; ``language`` and ``prompt`` are not used). Its answer is
+    the clip's description."""
+    del language, prompt
+    return (ChatMessage("user", "", (audio,)),)
 
 
 def _usage(ctx: ProgramContext) -> None:
@@ -149,7 +212,23 @@ def build_card(
     generation = checkpoint.generation_config()
     audio = checkpoint.has_talker
     ids = TalkerIds.from_config(config) if audio else None
-    frontend = ChatFrontend(tokenizer, ids.speakers if ids else {})
+    kind = variant(checkpoint, tokenizer)
+    names = checkpoint.tensor_names()
+    hears = any(n.startswith(AUDIO_PREFIX) for n in names)
+    sees = any(n.startswith(VISION_PREFIX) for n in names)
+    settings = read_settings(checkpoint.root)
+    media_caps = frozenset(
+        ({Capability.AUDIO_INPUT} if hears else set())
+        | ({Capability.IMAGE_INPUT, Capability.VIDEO_INPUT} if sees else set())
+    )
+    rules = MediaRules(media_caps, int(settings["sampling_rate"]), float(settings["chunk_length"]))
+    make_frontend = CaptionerFrontend if kind == "captioner" else ChatFrontend
+    frontend = make_frontend(tokenizer, ids.speakers if ids else {}, rules)
+    audio_end = tokenizer.convert_tokens_to_ids("<|audio_end|>")
+    token_ids = dataclasses.replace(
+        MediaTokenIds.from_config(config, audio_end=audio_end), interleave="time"
+    )
+    merge = int(config["thinker_config"].get("vision_config", {}).get("spatial_merge_size", 2))
     # Weights load only in the builders: the serving process builds the card too. The thinker
     # leaves its embedding here for the talker, which otherwise reads that tensor itself.
     shared_embed: dict[str, torch.Tensor] = {}
@@ -180,6 +259,13 @@ def build_card(
         kv = kv_for(ThinkerTextConfig.from_dict(config, "talker_config"))
         return load_talker(state, config, kv, device, opts.dtype, opts.batch_invariant)
 
+    def build_encoder(device: str) -> MediaEncoderRunner:
+        check_device(device)
+        encoders = Qwen3OmniEncoders.from_checkpoint(checkpoint, device=device, dtype=opts.dtype)
+        return MediaEncoderRunner(
+            encoders.encode_items, opts.batch_invariant, opts.encoder_cache_items
+        )
+
     def build_code2wav(device: str) -> CodecDecoderComponent:
         check_device(device)
         decoder = checkpoint.load_code2wav(device, opts.dtype)
@@ -188,26 +274,47 @@ def build_card(
     think = ARDecodeConfig(
         loop_id="think",
         component="thinker",
-        prompt_slot="chat_ids",
+        prompt_slot="thinker_prompt",
         make_sampling=generation_sampling(generation),
         max_new_tokens=opts.thinker_max_new_tokens,
         eos_token_ids=generation_eos_ids(generation, tokenizer),
         stream_slot="thinker_ids",
         detokenize=lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True),
     )
+    stages = media_stages(
+        media_caps,
+        build_encoder,
+        opts.max_batch_size,
+        "audio tower + vision encoder",
+        token_ids,
+        merge,
+    )
     nodes: list[Any] = [
-        KernelNode("frontend", frontend, needs=("request",), binds=("chat_ids", "speaker")),
-        LoopNode("think", "think", needs=("chat_ids",), binds="text_ids", streams=("thinker_ids",)),
+        KernelNode(
+            "frontend", frontend, needs=("request",), binds=("chat_ids", "media", "speaker")
+        ),
+        *stages.nodes,
+        LoopNode(
+            "think",
+            "think",
+            needs=("thinker_prompt",),
+            binds="text_ids",
+            streams=("thinker_ids",),
+        ),
     ]
     components = [
+        *stages.components,
         ComponentSpec("thinker", build_thinker, opts.max_batch_size, "MoE thinker LM"),
     ]
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
     think_loop = ThinkingLoop if thinks(tokenizer) else ARDecodeLoop
     loops = [
-        LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: think_loop(think))
+        *stages.loops,
+        LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: think_loop(think)),
     ]
-    capabilities = {Capability.CHAT_TEXT}
+    capabilities = {Capability.CHAT_TEXT, *media_caps}
+    if hears:
+        capabilities.add(Capability.TRANSCRIPTION)
     if audio:
         nodes, components, loops = _audio_stages(
             nodes, components, loops, checkpoint, opts, ids, think, build_talker, build_code2wav
@@ -230,11 +337,24 @@ def build_card(
         voice_validator=frontend.speaker_name if audio else None,
         on_weights_updated=_refresh_talker_text_rows if audio else None,
         first_audio_alone=opts.first_audio_alone,
+        media_sample_rate=int(settings["sampling_rate"]),
+        transcription_prompt=(
+            None
+            if not hears
+            else caption_messages
+            if kind == "captioner"
+            else transcription_messages
+        ),
         parity=frozenset({"C0", "C1", "C3", "reference"}),
-        description="Qwen3-Omni: MoE thinker -> MoE talker + code predictor -> code2wav, 24 kHz."
-        if audio
-        else "Qwen3-Omni (text only: no talker in this checkpoint): MoE thinker.",
+        description=DESCRIPTIONS[kind],
     )
+
+
+DESCRIPTIONS = {
+    "instruct": "Qwen3-Omni: MoE thinker -> MoE talker + code predictor -> code2wav, 24 kHz.",
+    "thinking": "Qwen3-Omni Thinking (text only: no talker in this checkpoint): MoE thinker.",
+    "captioner": "Qwen3-Omni Captioner: one audio clip in, its description out (text).",
+}
 
 
 def _audio_stages(

@@ -1,22 +1,43 @@
 """The ``frontend`` kernel node of Qwen3-Omni: chat template -> thinker prompt ids, voice ->
-the talker's speaker id (``talker_config.speaker_id``), and the folder's tokenizer.
+the talker's speaker id (``talker_config.speaker_id``), media parts -> placeholders and the
+request's media items, and the folder's tokenizer.
 
 Voices are the published talker's speakers by name (``chelsie``, ``ethan``, ``aiden``; any
 case), default ``ethan`` (transformers' ``generate(speaker="Ethan")``). OpenAI voice names map
 to them (``OPENAI_SPEAKERS``: by the speakers' published descriptions, Chelsie a female voice,
 Ethan and Aiden male ones); a name whose speaker the folder lacks falls back to the default.
 
-Media content parts are not served yet (the thinker runs text prompts): a request with media
-is a 400 (``unsupported_modality``).
+A message with media parts goes to the chat template as content parts (``{"type": "audio"}``,
+``{"type": "text", ...}``, in the request's order: ``runners.media_prompt.template_content``);
+the template puts one placeholder per item (``<|audio_start|><|audio_pad|><|audio_end|>``,
+``<|vision_start|><|image_pad|><|vision_end|>``, ``<|video_pad|>`` likewise), which the
+``media_prompt`` node expands once the items are encoded. The items are checked
+against the folder's encoders (``MediaRules``: a kind without its encoder is a 400
+``unsupported_modality``). The talker does not read media prompts yet (transformers feeds it
+the thinker's ``accept_hidden_layer`` states at media positions): a request with media and
+audio output is a 400 (``unsupported_modality``). An assistant message with ``token_ids`` (a
+realtime session's earlier answer) is rendered empty and its ids are spliced in
+(``splice_replies``), so the prompt equals the sequence the prefix cache holds.
 
-Imports: ``omnistep.core``; ``transformers`` inside ``load_tokenizer``.
+Imports: ``omnistep.core``, ``omnistep.runners``; ``transformers`` inside ``load_tokenizer``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from omnistep.core import OPENAI_VOICES, InvalidRequestError, ProgramContext
+from omnistep.core import (
+    OPENAI_VOICES,
+    InvalidRequestError,
+    MediaKind,
+    Modality,
+    ProgramContext,
+)
+from omnistep.runners.media_prompt import (
+    MediaRules,
+    chat_prompt_ids,
+    encode_list,
+)
 
 DEFAULT_SPEAKER = "ethan"
 """transformers' ``generate`` default speaker."""
@@ -38,16 +59,19 @@ OPENAI_SPEAKERS: dict[str, str] = {
 
 
 class ChatFrontend:
-    """Chat template -> prompt ids (binds ``chat_ids``, ``speaker``: the speaker's codec id).
+    """Chat template -> prompt ids (binds ``chat_ids``, ``media``: the items the ENCODE units
+    run, ``speaker``: the speaker's codec id).
 
     Args:
         tokenizer: the folder's tokenizer (its chat template).
         speakers: ``talker_config.speaker_id`` (lower-case name -> codec id); empty for a
             checkpoint without a talker.
+        media: what the folder's encoders take (default: nothing).
     """
 
-    def __init__(self, tokenizer, speakers: Mapping[str, int]):
+    def __init__(self, tokenizer, speakers: Mapping[str, int], media: MediaRules | None = None):
         self.tokenizer = tokenizer
+        self.media = media or MediaRules()
         self.speakers = dict(speakers)
         first = next(iter(self.speakers), None)
         self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else first
@@ -82,17 +106,19 @@ class ChatFrontend:
         req = ctx.request
         if not req.messages:
             raise InvalidRequestError("messages are required", param="messages")
-        if req.media:
+        media = req.media
+        for item in media:
+            self.media.check(item)
+        if media and self.speakers and Modality.AUDIO in req.output_modalities:
             raise InvalidRequestError(
-                "Qwen3-Omni serves text prompts only for now (no audio, image or video parts)",
-                param=req.media[0].source or "messages",
+                "Qwen3-Omni answers a chat with audio, image or video parts in text only for "
+                'now: ask for modalities ["text"]',
+                param="modalities",
                 code="unsupported_modality",
             )
-        messages = [{"role": m.role, "content": m.content} for m in req.messages]
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-        ctx.slots["chat_ids"] = tuple(int(i) for i in ids)
+        ids = chat_prompt_ids(self.tokenizer, req.messages)
+        ctx.slots["chat_ids"] = tuple(ids)
+        ctx.slots["media"] = encode_list(media)
         if self.speakers:
             ctx.slots["speaker"] = self.speakers[self.speaker_name(req.voice)]
         else:
@@ -105,3 +131,27 @@ def load_tokenizer(root: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(root, local_files_only=True)
+
+
+class CaptionerFrontend(ChatFrontend):
+    """The Captioner's frontend: a single-turn chat whose messages hold exactly one audio part
+    and no text (Qwen3-Omni-30B-A3B-Captioner's model card: one audio input, no text prompt,
+    text output only); then as ``ChatFrontend``.
+
+    Raises (from the node):
+        InvalidRequestError: (code ``captioner_input``) text, another media kind, more than one
+            clip, an assistant turn, or no clip.
+    """
+
+    def __call__(self, ctx: ProgramContext) -> None:
+        req = ctx.request
+        media = req.media
+        texts = [m for m in req.messages if m.content.strip() or m.role != "user"]
+        if texts or len(media) != 1 or media[0].kind is not MediaKind.AUDIO:
+            raise InvalidRequestError(
+                "the Qwen3-Omni Captioner takes one user message holding exactly one audio "
+                "part and no text",
+                param="messages",
+                code="captioner_input",
+            )
+        super().__call__(ctx)

@@ -117,6 +117,26 @@ class Qwen3OmniCheckpoint:
             )
         return [self.root / n for n in names]
 
+    def tensor_names(self) -> list[str]:
+        """Every tensor name of the checkpoint (the index's ``weight_map``, else the single
+        file's keys), sorted.
+
+        Raises:
+            Qwen3OmniCheckpointError: as ``shards``, or a file that is not safetensors.
+        """
+        index = self.root / WEIGHTS[0]
+        if index.exists():
+            self.shards()
+            return sorted(_read_json(index)["weight_map"])
+        from safetensors import SafetensorError, safe_open
+
+        shard = self.shards()[0]
+        try:
+            with safe_open(str(shard), framework="pt", device="cpu") as f:
+                return sorted(f.keys())
+        except (SafetensorError, OSError) as exc:
+            raise Qwen3OmniCheckpointError(f"{shard}: not a safetensors file ({exc})") from exc
+
     def tensors(self, prefix: str) -> dict[str, torch.Tensor]:
         """Every tensor whose name starts with ``prefix``, by its full name, on the CPU.
 

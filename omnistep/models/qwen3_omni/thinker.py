@@ -6,8 +6,17 @@ Qwen3-MoE stack (q/k RMSNorm, no biases, MoE MLPs ``layers.moe.MoEFeedForward`` 
 then the untied ``lm_head``. Its rope is interleaved MRoPE (``rope_parameters.mrope_section``,
 published (24, 20, 20) of 64 frequencies): each frequency takes the temporal, height or width
 position of its section. For text-only prompts the three positions are equal (the token index),
-so every frequency sees the same position and MRoPE is plain RoPE with ``rope_theta``: that is
-what this component runs (media prompts, which need 3-D positions, are a later slice).
+so every frequency sees the same position and MRoPE is plain RoPE with ``rope_theta``
+(bit-identical through the 3-row table). Media prompts are ``ThinkerPrompt``s
+(``runners.media_prompt``, built from the ENCODE units' rows, shared with Qwen2.5-Omni): their
+placeholder tokens' embeddings are replaced by the encoder rows and their 3-row positions
+(``runners.mrope.rope_index``) run through the interleaved ``MRotaryEmbedding``. Deepstack
+(Qwen3-VL): an image's or video's features ``k`` are added to its tokens' hidden states after
+decoder layer ``k`` (transformers' ``_deepstack_process``). They ride in the input rows: with
+``deepstack_layers`` K > 0 every row carries ``K * hidden`` more columns (zeros but at a media
+prompt's image and video tokens), which ``_lm_inputs`` drops and ``_after_layer`` adds after
+layers ``0 .. K-1`` (adding zeros elsewhere changes no value, and needs no mask or host sync);
+the rows' prefix-cache digests cover them. Scoring (``score_*``) does not add them yet.
 
 Routing: every forward's experts per token and MoE layer (``PagedARModel.last_routing``) are
 kept per sequence, ``routing(seq_id)`` ``[T, L, k]`` in the order its tokens were computed;
@@ -34,7 +43,9 @@ import torch
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.llama import LlamaConfigLite
 from omnistep.layers.moe import MoEConfig
+from omnistep.layers.rope import MRotaryEmbedding
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+from omnistep.runners.media_prompt import ThinkerPrompt
 from omnistep.runners.paged_ar import PagedARModel
 
 ENCODER_PREFIXES = ("audio_tower.", "visual.")
@@ -130,9 +141,10 @@ class ThinkerTextConfig:
 
 
 class Qwen3OmniThinker(PagedARModel):
-    """The thinker component for text prompts (module docstring).
+    """The thinker component (module docstring).
 
-    PREFILL payloads are ``ARPrefillInput`` whose ``prompt`` is token ids (the chat template's);
+    PREFILL payloads are ``ARPrefillInput`` whose ``prompt`` is token ids (the chat template's)
+    or a ``ThinkerPrompt`` (media);
     AR_TOKEN payloads are ``ARStepInput``. Frames are 1-tuples of text ids; ``hidden`` streams
     each fed token's last hidden state ``[n, hidden]`` float32 (what the talker will read).
 
@@ -144,6 +156,8 @@ class Qwen3OmniThinker(PagedARModel):
     stream_prompt_rows = True
     _expert_prefix = "thinker.model."
     SERVING_STATE = (*PagedARModel.SERVING_STATE, "_routing")
+    position_rows = 3
+    prefix_caching = True  # a realtime session's turns (``Request.cache_salt``)
 
     def __init__(
         self,
@@ -152,9 +166,20 @@ class Qwen3OmniThinker(PagedARModel):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         batch_invariant: bool = False,
+        deepstack_layers: int = 0,
     ):
         super().__init__(config.llama(), kv, device, dtype, batch_invariant)
         self.config = config
+        self.deepstack_layers = deepstack_layers
+        stack = self.llama.config
+        self.llama.rotary_emb = MRotaryEmbedding(
+            config.head_dim,
+            stack.rope_theta,
+            stack.max_position_embeddings,
+            config.mrope_section,
+            self.device,
+            interleaved=True,
+        )
         shape = (config.vocab_size, config.hidden_size)
         self.embed_weight = torch.zeros(shape, device=self.device, dtype=dtype)
         self.lm_head = torch.zeros(shape, device=self.device, dtype=dtype)
@@ -222,7 +247,10 @@ class Qwen3OmniThinker(PagedARModel):
 
     @torch.inference_mode()
     def teacher_forced_logits(
-        self, prompt_ids: Sequence[int], generated: Sequence[int] = (), incremental: bool = False
+        self,
+        prompt_ids: Sequence[int] | ThinkerPrompt,
+        generated: Sequence[int] = (),
+        incremental: bool = False,
     ) -> torch.Tensor:
         """Logits ``[len(generated) + 1, 1, vocab]`` float32: row i is the distribution token
         i was drawn from (row 0 after the prompt); ``incremental`` feeds ``generated`` one
@@ -235,7 +263,8 @@ class Qwen3OmniThinker(PagedARModel):
         frames = tuple((int(t),) for t in generated)
         seq_id = self._teacher_seq_id()
         head = () if incremental else frames
-        first = ARPrefillInput(seq_id, tuple(prompt_ids), head, (), None, None)
+        prompt = prompt_ids if isinstance(prompt_ids, ThinkerPrompt) else tuple(prompt_ids)
+        first = ARPrefillInput(seq_id, prompt, head, (), None, None)
         steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
         return self._teacher_forced(first, steps if incremental else [])
 
@@ -257,14 +286,61 @@ class Qwen3OmniThinker(PagedARModel):
         return hidden
 
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
-        if len(unit.prompt) == 0:
+        """Embeddings ``[L + len(generated), hidden]``; a ``ThinkerPrompt``'s encoder rows
+        at its placeholder tokens (transformers' ``masked_scatter``)."""
+        prompt = unit.prompt
+        ids = prompt.ids if isinstance(prompt, ThinkerPrompt) else prompt
+        if len(ids) == 0:
             raise ValueError(f"empty thinker prompt for sequence {unit.seq_id!r}")
-        frames = [(int(t),) for t in unit.prompt] + [tuple(f) for f in unit.generated]
-        return self.embed_weight[self._frame_ids(frames, self.config.vocab_size)]
+        frames = [(int(t),) for t in ids] + [tuple(f) for f in unit.generated]
+        id_tensor = self._frame_ids(frames, self.config.vocab_size)
+        rows = self.embed_weight[id_tensor]
+        if isinstance(prompt, ThinkerPrompt) and prompt.media_rows:
+            placeholders = torch.tensor(prompt.placeholder_ids, device=self.device)
+            is_media = torch.isin(id_tensor, placeholders)
+            is_media[len(ids) :] = False
+            rows[is_media] = torch.cat(prompt.media_rows).to(self.device, rows.dtype)
+        if not self.deepstack_layers:
+            return rows
+        extra = rows.new_zeros(rows.shape[0], self.deepstack_layers * rows.shape[1])
+        if isinstance(prompt, ThinkerPrompt) and prompt.deepstack:
+            if len(prompt.deepstack) != self.deepstack_layers:
+                raise ValueError(
+                    f"{len(prompt.deepstack)} deepstack layers for a thinker of "
+                    f"{self.deepstack_layers}"
+                )
+            visual = torch.isin(id_tensor, torch.tensor(prompt.visual_ids, device=self.device))
+            visual[len(ids) :] = False
+            extra[visual] = torch.cat(prompt.deepstack, dim=1).to(self.device, rows.dtype)
+        return torch.cat([rows, extra], dim=1)
+
+    def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
+        return rows[:, : self.config.hidden_size] if self.deepstack_layers else rows
+
+    def _after_layer(self, rows: torch.Tensor) -> Any:
+        if not self.deepstack_layers:
+            return None
+        width = self.config.hidden_size
+        extra = rows[:, width:].view(rows.shape[0], self.deepstack_layers, width)
+
+        def add(i: int, hidden: torch.Tensor) -> torch.Tensor:
+            return hidden + extra[:, i] if i < self.deepstack_layers else hidden
+
+        return add
+
+    def _prompt_positions(self, prompt: Any) -> tuple[torch.Tensor, int] | None:
+        if not isinstance(prompt, ThinkerPrompt):
+            return None
+        return torch.from_numpy(prompt.positions), prompt.rope_delta
 
     def _step_inputs(self, units: Sequence[ARStepInput]) -> torch.Tensor:
         ids = self._frame_ids([tuple(u.last) for u in units], self.config.vocab_size)
-        return self.embed_weight[ids]
+        rows = self.embed_weight[ids]
+        if not self.deepstack_layers:
+            return rows
+        return torch.cat(
+            [rows, rows.new_zeros(rows.shape[0], self.deepstack_layers * rows.shape[1])], 1
+        )
 
     def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
         return self._linear_rows(hidden.to(self.dtype), self.lm_head).unsqueeze(1)
@@ -287,7 +363,18 @@ def load_thinker(
             ``ThinkerTextConfig.from_dict``, ``Qwen3OmniThinker.load_weights``).
     """
     config = ThinkerTextConfig.from_dict(checkpoint.config)
-    thinker = Qwen3OmniThinker(config, kv, device, dtype, batch_invariant)
+    thinker = Qwen3OmniThinker(
+        config, kv, device, dtype, batch_invariant, deepstack_layers(checkpoint)
+    )
     state = {k.removeprefix("thinker."): v for k, v in checkpoint.tensors("thinker.").items()}
     thinker.load_weights(state)
     return thinker
+
+
+def deepstack_layers(checkpoint: Any) -> int:
+    """How many thinker layers take deepstack features: ``len(vision_config.
+    deepstack_visual_indexes)`` when the checkpoint holds the vision encoder, else 0."""
+    vision = checkpoint.config.get("thinker_config", {}).get("vision_config") or {}
+    if not any(n.startswith("thinker.visual.") for n in checkpoint.tensor_names()):
+        return 0
+    return len(vision.get("deepstack_visual_indexes", (8, 16, 24)))

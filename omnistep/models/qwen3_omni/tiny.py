@@ -24,8 +24,8 @@ of the same token. The talker's codec vocabulary is ``codebook_size`` codes foll
 control ids (``CODEC_CONTROL``, published order pad, bos, eos, ..., nothink, think_bos,
 think_eos) and the speaker ids.
 
-Not written yet: ``preprocessor_config.json`` (the audio feature extractor and image processor;
-the encoders are a later slice).
+Not written: ``preprocessor_config.json`` (the encoders then read
+``encoders.PREPROCESSOR_DEFAULTS``, the published values).
 
 Imports: the standard library, ``omnistep.text``; torch and transformers inside functions
 (writing a checkpoint needs them; reading one does not).
@@ -70,13 +70,20 @@ CHAT_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' }}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] == 'audio' %}{{ '<|audio_start|><|audio_pad|><|audio_end|>' }}"
+    "{% elif part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'video' %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{% endif %}"
     "{% endfor %}{% endif %}"
     "{{ '<|im_end|>\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-"""A ChatML template for text parts (the published one also places media and thinking)."""
+"""A ChatML template placing text, audio, image and video parts as the published one does
+(one ``<|audio_start|><|audio_pad|><|audio_end|>`` per audio part,
+``<|vision_start|><|image_pad|><|vision_end|>`` per image, ``<|video_pad|>`` per video); the
+published one also handles system defaults, tools and thinking."""
 
 THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
     "'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"
@@ -370,19 +377,34 @@ def _gain(name: str, code2wav: Any) -> float:
 
 
 def write_tiny_qwen3_omni(
-    root: str | Path, seed: int = 0, sizes: Qwen3OmniSizes = TINY_SIZES, thinking: bool = False
+    root: str | Path,
+    seed: int = 0,
+    sizes: Qwen3OmniSizes = TINY_SIZES,
+    thinking: bool = False,
+    variant: str | None = None,
 ) -> Path:
     """Write a seeded tiny Qwen3-Omni folder (module docstring) under ``root`` (created) in
     float32, sharded in pieces of about 200 kB as the published checkpoint is sharded; about
-    two seconds. ``thinking``: the Thinking layout (``enable_audio_output`` false, so no
-    talker or code2wav tensors; the chat template opens ``<think>``). Returns ``root``."""
+    two seconds. ``variant`` (``FOLDER_VARIANTS``; ``thinking=True`` is ``"thinking"``):
+    ``instruct`` (thinker, talker, code2wav), ``thinking`` (``enable_audio_output`` false, so
+    no talker or code2wav tensors; the chat template opens ``<think>``) or ``captioner``
+    (``enable_audio_output`` false, the plain template). Returns ``root``.
+
+    Raises:
+        ValueError: an unknown variant.
+    """
+    variant = variant or ("thinking" if thinking else "instruct")
+    if variant not in FOLDER_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(FOLDER_VARIANTS)}, got {variant!r}")
+    thinking = variant == "thinking"
     import torch
     from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     files, ids = tokenizer_files(THINKING_CHAT_TEMPLATE if thinking else CHAT_TEMPLATE)
-    config = Qwen3OmniMoeConfig(**config_dict(sizes, ids), enable_audio_output=not thinking)
+    audio_out = variant == "instruct"
+    config = Qwen3OmniMoeConfig(**config_dict(sizes, ids), enable_audio_output=audio_out)
     with torch.device("cpu"):
         model = Qwen3OmniMoeForConditionalGeneration(config)
     _redraw(model, seed)
@@ -392,9 +414,10 @@ def write_tiny_qwen3_omni(
     return root
 
 
-FOLDER_VARIANTS: tuple[str, ...] = ("instruct", "thinking")
+FOLDER_VARIANTS: tuple[str, ...] = ("instruct", "thinking", "captioner")
 """``omnistep weights qwen3_omni DIR [--variant]``: the Instruct layout (thinker, talker,
-code2wav) or the Thinking one (thinker only, reasoning template)."""
+code2wav), the Thinking one (thinker only, reasoning template) or the Captioner one (thinker
+only, plain template: audio in, text out)."""
 
 
 def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
@@ -406,7 +429,7 @@ def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Pat
     """
     if variant not in (None, *FOLDER_VARIANTS):
         raise ValueError(f"variant must be one of {', '.join(FOLDER_VARIANTS)}, got {variant!r}")
-    return write_tiny_qwen3_omni(folder, seed, thinking=variant == "thinking")
+    return write_tiny_qwen3_omni(folder, seed, variant=variant)
 
 
 def _dumps(obj: Any) -> str:

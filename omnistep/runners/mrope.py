@@ -19,6 +19,10 @@ aligned with audio's 25 positions per second. Decode positions continue at ``L +
 both EOS tokens one position (the last chunk's maximum + 1); the frames and the track start at
 the same position, so a frame and the audio heard with it share their temporal position.
 
+Shared by Qwen2.5-Omni and Qwen3-Omni (whose ``get_rope_index`` gives the same positions for
+audio, images and videos; its ``use_audio_in_video`` interleaving differs, see
+``audio_in_video_layout``).
+
 Imports numpy only.
 """
 
@@ -42,17 +46,38 @@ class MediaTokenIds:
     audio_start: int | None = None
     audio_end: int | None = None
     seconds_per_chunk: float = 2.0
+    interleave: str = "chunks"
+    """How ``use_audio_in_video`` interleaves a video's frames and its track: ``"chunks"``
+    (Qwen2.5-Omni: chunks of ``seconds_per_chunk``, both BOS tokens at one position) or
+    ``"time"`` (Qwen3-Omni: token by token in order of temporal position, a frame's tokens
+    before the audio tokens at the same position; the two BOS and the two EOS tokens take
+    two positions each)."""
+
+    def __post_init__(self) -> None:
+        if self.interleave not in ("chunks", "time"):
+            raise ValueError(f"interleave must be 'chunks' or 'time', got {self.interleave!r}")
 
     @classmethod
-    def from_config(cls, raw: dict) -> MediaTokenIds:
+    def from_config(cls, raw: dict, audio_end: int | None = None) -> MediaTokenIds:
         """From ``config.json`` or its ``thinker_config`` (``audio_start_token_id``,
-        ``audio_end_token_id`` and ``seconds_per_chunk`` for ``use_audio_in_video``)."""
+        ``audio_end_token_id`` and ``seconds_per_chunk`` for ``use_audio_in_video``).
+        Placeholders: Qwen2.5-Omni's ``*_token_index`` keys or Qwen3-Omni's ``*_token_id``;
+        ``audio_end`` is used when the config has no ``audio_end_token_id`` (Qwen3-Omni's
+        has none: the tokenizer's ``<|audio_end|>``)."""
         raw = raw.get("thinker_config", raw)
-        start, end = raw.get("audio_start_token_id"), raw.get("audio_end_token_id")
+        start, end = raw.get("audio_start_token_id"), raw.get("audio_end_token_id", audio_end)
+
+        def token(kind: str) -> int:
+            return int(
+                raw[f"{kind}_token_index"]
+                if f"{kind}_token_index" in raw
+                else raw[f"{kind}_token_id"]
+            )
+
         return cls(
-            audio=int(raw["audio_token_index"]),
-            image=int(raw["image_token_index"]),
-            video=int(raw["video_token_index"]),
+            audio=token("audio"),
+            image=token("image"),
+            video=token("video"),
             position_id_per_seconds=float(raw.get("position_id_per_seconds", 25)),
             audio_start=None if start is None else int(start),
             audio_end=None if end is None else int(end),
@@ -94,8 +119,13 @@ def audio_in_video_layout(
 ) -> list[tuple[str, int, int]]:
     """The interleaving of a video's tokens and its audio track's under
     ``use_audio_in_video``: ``("video" | "audio", start, end)`` slices of each, in prompt
-    order (chunk ``j`` of the frames, then chunk ``j`` of the audio)."""
+    order (``ids.interleave`` "chunks": chunk ``j`` of the frames, then chunk ``j`` of the
+    audio; "time": runs in order of temporal position, frames first at a tie, as
+    ``Qwen3OmniMoeProcessor.replace_video_with_audio_token`` and ``get_rope_index`` order
+    them)."""
     scale = ids.position_id_per_seconds * seconds_per_grid
+    if ids.interleave == "time":
+        return _time_layout(video_time_index(grid, merge, scale), num_audio)
     video = chunk_bounds(video_time_index(grid, merge, scale), ids.tokens_per_chunk)
     audio = chunk_bounds(np.arange(num_audio), ids.tokens_per_chunk)
     layout: list[tuple[str, int, int]] = []
@@ -103,6 +133,36 @@ def audio_in_video_layout(
         layout += [("video", *video[j])] if j < len(video) else []
         layout += [("audio", *audio[j])] if j < len(audio) else []
     return [(kind, a, b) for kind, a, b in layout if b > a]
+
+
+def _time_merge(video_times: np.ndarray, num_audio: int) -> tuple[list[tuple[str, int]], int]:
+    """The frames' and the audio's tokens merged by temporal position (a frame token first
+    when its position is <= the audio token's index), as ``(kind, index)``, and where the
+    tail (what is left of one kind once the other is used up) starts in that list."""
+    order: list[tuple[str, int]] = []
+    v = a = 0
+    while v < len(video_times) and a < num_audio:
+        if video_times[v] <= a:
+            order.append(("video", v))
+            v += 1
+        else:
+            order.append(("audio", a))
+            a += 1
+    tail = len(order)
+    order += [("video", k) for k in range(v, len(video_times))]
+    order += [("audio", k) for k in range(a, num_audio)]
+    return order, tail
+
+
+def _time_layout(video_times: np.ndarray, num_audio: int) -> list[tuple[str, int, int]]:
+    """Runs of ``_time_merge``'s order as ``(kind, start, end)`` slices."""
+    layout: list[tuple[str, int, int]] = []
+    for kind, index in _time_merge(video_times, num_audio)[0]:
+        if layout and layout[-1][0] == kind and layout[-1][2] == index:
+            layout[-1] = (kind, layout[-1][1], index + 1)
+        else:
+            layout.append((kind, index, index + 1))
+    return layout
 
 
 def _run(start: int, length: int) -> np.ndarray:
@@ -136,6 +196,8 @@ def _audio_in_video(
     """Append the positions of a video block with its audio track (its first frame token at
     ``ed``, both BOS tokens before it); returns the index after its two EOS tokens."""
     bos = int(parts[-1].max()) + 1 if parts else 0
+    if ids.interleave == "time":
+        return _audio_in_video_time(parts, tokens, ed, bos, grid, seconds, num_audio, ids, merge)
     parts += [_run(bos, 1), _run(bos, 1)]  # <|vision_bos|> and <|audio_bos|>: one position
     video = _vision(bos + 1, grid, merge, ids.position_id_per_seconds * seconds)
     audio = _run(bos + 1, num_audio)
@@ -148,6 +210,37 @@ def _audio_in_video(
     parts += [(video if kind == "video" else audio)[:, a:b] for kind, a, b in layout]
     eos = int(parts[-1].max()) + 1  # the last chunk's maximum, as get_rope_index
     parts += [_run(eos, 1), _run(eos, 1)]  # <|audio_eos|> and <|vision_eos|>
+    return ed + len(expected) + 2
+
+
+def _audio_in_video_time(
+    parts: list[np.ndarray],
+    tokens: list[int],
+    ed: int,
+    bos: int,
+    grid: Sequence[int],
+    seconds: float,
+    num_audio: int,
+    ids: MediaTokenIds,
+    merge: int,
+) -> int:
+    """``_audio_in_video`` of Qwen3-Omni (``ids.interleave == "time"``; its ``get_rope_index``):
+    the two BOS tokens at ``bos, bos + 1``, frames and track from ``bos + 2``, token by token
+    in ``_time_merge`` order; the two EOS tokens from one past the maximum of the last piece
+    transformers appends (the tail block, or the last merged token when there is no tail)."""
+    parts.append(_run(bos, 2))
+    video = _vision(bos + 2, grid, merge, ids.position_id_per_seconds * seconds)
+    audio = _run(bos + 2, num_audio)
+    order, tail = _time_merge(video[0] - (bos + 2), num_audio)
+    expected = [ids.video if kind == "video" else ids.audio for kind, _ in order]
+    if tokens[ed : ed + len(expected)] != expected:
+        raise ValueError("a video with its audio track does not match its interleaved tokens")
+    columns = [(video if kind == "video" else audio)[:, k] for kind, k in order]
+    block = np.stack(columns, axis=1) if columns else np.zeros((3, 0), np.int64)
+    parts.append(block)
+    last = block[:, tail:] if tail < len(order) else block[:, -1:]
+    eos = int(last.max()) + 1
+    parts.append(_run(eos, 2))
     return ed + len(expected) + 2
 
 
