@@ -25,9 +25,9 @@ from omnistep.core import (
 )
 from omnistep.engine import AsyncEngine
 from omnistep.models.qwen2_5_omni.card import QwenOmniOptions, build_card
-from omnistep.runners.mrope import MediaTokenIds, chunk_bounds
 from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 from omnistep.parity import collect
+from omnistep.runners.mrope import MediaTokenIds, chunk_bounds
 from omnistep.server.media import MediaLimits, decode_video_item
 from tests.qwen_omni_ref import reference
 from tests.test_chat_media import URL, data_url, served
