@@ -36,3 +36,46 @@ async def abort_all(engine, streams, after_s: float = 0.3) -> None:
         if not engine.stats()["running_batches"]:
             break
         await asyncio.sleep(0.05)
+
+
+def record_requests(engine) -> list:
+    """Wrap ``engine.add_request`` so every ``Request`` it is given is appended to the
+    returned list (in order), then passed on unchanged."""
+    sent: list = []
+    add_request = engine.add_request
+
+    def recording(req, *args, **kwargs):
+        sent.append(req)
+        return add_request(req, *args, **kwargs)
+
+    engine.add_request = recording
+    return sent
+
+
+@contextlib.asynccontextmanager
+async def served_in_process(engine, voices_db: str):
+    """The server app of ``engine`` under uvicorn in this event loop, on a free loopback port:
+    yields an ``openai.AsyncOpenAI`` client of it (the SDK's realtime socket needs a real
+    server, not a test transport); stops the server on exit (the engine stays the caller's)."""
+    import asyncio
+
+    import openai
+    import uvicorn
+
+    from omnistep.server import ServerConfig, build_app
+    from omnistep.server.launcher import free_port
+
+    app = build_app(engine, ServerConfig(voices_db=voices_db))
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    uv = uvicorn.Server(config)
+    serving = asyncio.ensure_future(uv.serve())
+    while not uv.started:
+        if serving.done():  # it failed to start: raise its error
+            await serving
+        await asyncio.sleep(0.02)
+    try:
+        yield openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
+    finally:
+        uv.should_exit = True
+        await serving

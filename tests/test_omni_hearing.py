@@ -35,6 +35,7 @@ from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 from omnistep.parity import collect
 from omnistep.sampling import SamplingRow
 from tests.qwen_omni_ref import reference
+from tests.serving import record_requests, served_in_process
 
 TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
@@ -579,98 +580,76 @@ async def test_realtime_audio_turn_is_spoken_and_its_transcript_equals_the_chat_
     then the session's instructions as a second system message."""
     import base64
     import io
-    import socket
 
-    import openai
     import soundfile as sf
-    import uvicorn
 
     from omnistep.models.qwen2_5_omni.card import SPEECH_SYSTEM_PROMPT
-    from omnistep.server import ServerConfig, build_app
 
     engine = AsyncEngine([asr_model])
-    sent: list[Request] = []
-    add_request = engine.add_request
-
-    def recording(req, *args, **kwargs):
-        sent.append(req)
-        return add_request(req, *args, **kwargs)
-
-    engine.add_request = recording
-    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    uv = uvicorn.Server(config)
-    serving = asyncio.ensure_future(uv.serve())
-    while not uv.started:
-        await asyncio.sleep(0.02)
-    client = openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
+    sent = record_requests(engine)
     clip = (0.3 * np.sin(np.arange(36000) / 7.0)).astype(np.float32)  # 1.5 s at 24 kHz
     pcm = base64.b64encode((clip * 32767).astype("<i2").tobytes()).decode()
     try:
-        async with client.realtime.connect(model="qwen2.5-omni") as conn:
-            await conn.session.update(
-                session={
-                    "type": "realtime",
-                    "instructions": "Be brief.",
-                    "output_modalities": ["audio"],
-                    "audio": {"input": {"turn_detection": None}, "output": {"voice": "Ethan"}},
-                }
+        async with served_in_process(engine, str(tmp_path / "voices.db")) as client:
+            async with client.realtime.connect(model="qwen2.5-omni") as conn:
+                await conn.session.update(
+                    session={
+                        "type": "realtime",
+                        "instructions": "Be brief.",
+                        "output_modalities": ["audio"],
+                        "audio": {"input": {"turn_detection": None}, "output": {"voice": "Ethan"}},
+                    }
+                )
+                await conn.input_audio_buffer.append(audio=pcm)
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+                events = []
+                async with asyncio.timeout(300):
+                    async for event in conn:
+                        events.append(event)
+                        if event.type in ("response.done", "error"):
+                            break
+            assert events[-1].type == "response.done", events[-1]
+            assert events[-1].response.status == "completed"
+            audio = b"".join(
+                base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
             )
-            await conn.input_audio_buffer.append(audio=pcm)
-            await conn.input_audio_buffer.commit()
-            await conn.response.create()
-            events = []
-            async with asyncio.timeout(300):
-                async for event in conn:
-                    events.append(event)
-                    if event.type in ("response.done", "error"):
-                        break
-        assert events[-1].type == "response.done", events[-1]
-        assert events[-1].response.status == "completed"
-        audio = b"".join(
-            base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
-        )
-        transcript = "".join(
-            e.delta for e in events if e.type == "response.output_audio_transcript.delta"
-        )
-        assert len(audio) > 0 and len(audio) % 2 == 0 and transcript
-        (req,) = sent
-        assert [(m.role, m.content) for m in req.messages[:2]] == [
-            ("system", SPEECH_SYSTEM_PROMPT),
-            ("system", "Be brief."),
-        ]
-        (heard,) = req.media  # the session's 16 kHz item, sent again through the chat API
-        wav = io.BytesIO()
-        sf.write(wav, heard.data, 16000, format="WAV", subtype="FLOAT")
-        chat = await client.chat.completions.create(
-            model="qwen2.5-omni",
-            messages=[
-                {"role": "system", "content": SPEECH_SYSTEM_PROMPT},
-                {"role": "system", "content": "Be brief."},
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "input_audio",
-                            "input_audio": {
-                                "data": base64.b64encode(wav.getvalue()).decode(),
-                                "format": "wav",
-                            },
-                        }
-                    ],
-                },
-            ],
-            modalities=["text", "audio"],
-            audio={"voice": "Ethan", "format": "wav"},
-            temperature=0,
-            seed=3,
-        )
-        assert sent[-1].media[0].sha256 == heard.sha256  # the same samples reached the card
-        assert chat.choices[0].message.audio.transcript == transcript
+            transcript = "".join(
+                e.delta for e in events if e.type == "response.output_audio_transcript.delta"
+            )
+            assert len(audio) > 0 and len(audio) % 2 == 0 and transcript
+            (req,) = sent
+            assert [(m.role, m.content) for m in req.messages[:2]] == [
+                ("system", SPEECH_SYSTEM_PROMPT),
+                ("system", "Be brief."),
+            ]
+            (heard,) = req.media  # the session's 16 kHz item, sent again through the chat API
+            wav = io.BytesIO()
+            sf.write(wav, heard.data, 16000, format="WAV", subtype="FLOAT")
+            chat = await client.chat.completions.create(
+                model="qwen2.5-omni",
+                messages=[
+                    {"role": "system", "content": SPEECH_SYSTEM_PROMPT},
+                    {"role": "system", "content": "Be brief."},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "input_audio",
+                                "input_audio": {
+                                    "data": base64.b64encode(wav.getvalue()).decode(),
+                                    "format": "wav",
+                                },
+                            }
+                        ],
+                    },
+                ],
+                modalities=["text", "audio"],
+                audio={"voice": "Ethan", "format": "wav"},
+                temperature=0,
+                seed=3,
+            )
+            assert sent[-1].media[0].sha256 == heard.sha256  # the same samples reached the card
+            assert chat.choices[0].message.audio.transcript == transcript
     finally:
-        uv.should_exit = True
-        await serving
         await engine.shutdown()

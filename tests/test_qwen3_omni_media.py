@@ -41,6 +41,7 @@ from omnistep.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 from omnistep.runners.media_prompt import EncodedMedia, thinker_prompt
 from omnistep.runners.mrope import MediaTokenIds
 from omnistep.server import ServerConfig, build_app
+from tests.serving import record_requests, served_in_process
 
 TOL = 1e-4
 OPTIONS = Qwen3OmniOptions(kv_cache_gb=0.02, talker_greedy=True)
@@ -403,79 +404,58 @@ async def test_realtime_audio_turn_answers_as_the_chat_api_does(model, tmp_path)
     """``client.realtime.connect`` on the Instruct card with a text-only session: a committed
     audio turn's ``response.output_text.delta``s equal the chat API's greedy answer to the same
     16 kHz clip."""
-    import socket
 
-    import openai
     import soundfile as sf
-    import uvicorn
 
     engine = AsyncEngine([model])
-    sent: list[Request] = []
-    add_request = engine.add_request
-
-    def recording(req, *args, **kwargs):
-        sent.append(req)
-        return add_request(req, *args, **kwargs)
-
-    engine.add_request = recording
-    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    uv = uvicorn.Server(config)
-    serving = asyncio.ensure_future(uv.serve())
-    while not uv.started:
-        await asyncio.sleep(0.02)
-    client = openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
+    sent = record_requests(engine)
     clip = (0.3 * np.sin(np.arange(36000) / 7.0)).astype(np.float32)  # 1.5 s at 24 kHz
     pcm = base64.b64encode((clip * 32767).astype("<i2").tobytes()).decode()
     try:
-        async with client.realtime.connect(model="qwen3-omni") as conn:
-            await conn.session.update(
-                session={
-                    "type": "realtime",
-                    "output_modalities": ["text"],
-                    "max_output_tokens": 6,
-                    "audio": {"input": {"turn_detection": None}},
-                }
+        async with served_in_process(engine, str(tmp_path / "voices.db")) as client:
+            async with client.realtime.connect(model="qwen3-omni") as conn:
+                await conn.session.update(
+                    session={
+                        "type": "realtime",
+                        "output_modalities": ["text"],
+                        "max_output_tokens": 6,
+                        "audio": {"input": {"turn_detection": None}},
+                    }
+                )
+                await conn.input_audio_buffer.append(audio=pcm)
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+                events = []
+                async with asyncio.timeout(300):
+                    async for event in conn:
+                        events.append(event)
+                        if event.type in ("response.done", "error"):
+                            break
+            assert events[-1].type == "response.done", events[-1]
+            # the random tiny thinker does not stop before its 6 tokens
+            assert events[-1].response.status == "incomplete"
+            assert events[-1].response.status_details.reason == "max_output_tokens"
+            text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            assert text
+            (heard,) = sent[0].media
+            wav = io.BytesIO()
+            sf.write(wav, heard.data, 16000, format="WAV", subtype="FLOAT")
+            part = {
+                "type": "input_audio",
+                "input_audio": {"data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"},
+            }
+            chat = await client.chat.completions.create(
+                model="qwen3-omni",
+                messages=[
+                    *[{"role": m.role, "content": m.content} for m in sent[0].messages[:-1]],
+                    {"role": "user", "content": [part]},
+                ],
+                temperature=0,
+                max_tokens=6,
             )
-            await conn.input_audio_buffer.append(audio=pcm)
-            await conn.input_audio_buffer.commit()
-            await conn.response.create()
-            events = []
-            async with asyncio.timeout(300):
-                async for event in conn:
-                    events.append(event)
-                    if event.type in ("response.done", "error"):
-                        break
-        assert events[-1].type == "response.done", events[-1]
-        # the random tiny thinker does not stop before its 6 tokens
-        assert events[-1].response.status == "incomplete"
-        assert events[-1].response.status_details.reason == "max_output_tokens"
-        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-        assert text
-        (heard,) = sent[0].media
-        wav = io.BytesIO()
-        sf.write(wav, heard.data, 16000, format="WAV", subtype="FLOAT")
-        part = {
-            "type": "input_audio",
-            "input_audio": {"data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"},
-        }
-        chat = await client.chat.completions.create(
-            model="qwen3-omni",
-            messages=[
-                *[{"role": m.role, "content": m.content} for m in sent[0].messages[:-1]],
-                {"role": "user", "content": [part]},
-            ],
-            temperature=0,
-            max_tokens=6,
-        )
-        assert sent[-1].media[0].sha256 == heard.sha256
-        assert chat.choices[0].message.content == text
+            assert sent[-1].media[0].sha256 == heard.sha256
+            assert chat.choices[0].message.content == text
     finally:
-        uv.should_exit = True
-        await serving
         await engine.shutdown()
 
 

@@ -12,21 +12,18 @@ import asyncio
 import base64
 import contextlib
 import json
-import socket
 
 import numpy as np
-import openai
 import pytest
-import uvicorn
 import websockets
 
 from omnistep.core import ModelInstance
 from omnistep.engine import AsyncEngine
 from omnistep.models import registry
 from omnistep.models.toy import hear
-from omnistep.server import ServerConfig, build_app
 from omnistep.server.realtime_protocol import truncate_transcript
 from omnistep.server.realtime_vad import EnergyVad, SpeechStarted, SpeechStopped, VadSettings
+from tests.serving import served_in_process
 
 RATE = 24_000
 NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
@@ -58,21 +55,10 @@ async def server(tmp_path, step_seconds: float = 0.0):
     """``(AsyncOpenAI client, engine)`` of a uvicorn server of toy_hear and toy."""
     cards = [hear.build_card(step_seconds=step_seconds), registry.build_card("toy")]
     engine = AsyncEngine([ModelInstance.load(card) for card in cards])
-    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    uv = uvicorn.Server(config)
-    serving = asyncio.ensure_future(uv.serve())
-    while not uv.started:
-        await asyncio.sleep(0.02)
-    client = openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
     try:
-        yield client, engine
+        async with served_in_process(engine, str(tmp_path / "voices.db")) as client:
+            yield client, engine
     finally:
-        uv.should_exit = True
-        await serving
         await engine.shutdown()
 
 

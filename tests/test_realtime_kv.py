@@ -31,6 +31,7 @@ from omnistep.models.qwen2_5_omni.card import SPEECH_SYSTEM_PROMPT, QwenOmniOpti
 from omnistep.models.qwen2_5_omni.frontend import splice_replies
 from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 from omnistep.sampling import SamplingRow
+from tests.serving import record_requests, served_in_process
 
 BLOCK = 16
 OPTIONS = QwenOmniOptions(
@@ -203,36 +204,16 @@ async def test_realtime_session_turn_two_reuses_turn_one_through_the_sdk(model, 
     as their salt, the second's history holds the first answer's generated ids, and the
     thinker computes only the rows turn 1 did not leave cached."""
     import base64
-    import socket
-
-    import openai
-    import uvicorn
-
-    from omnistep.server import ServerConfig, build_app
 
     thinker = model.components["thinker"]
     engine = AsyncEngine([model])
-    sent: list[Request] = []
-    add_request = engine.add_request
-
-    def recording(req, *args, **kwargs):
-        sent.append(req)
-        return add_request(req, *args, **kwargs)
-
-    engine.add_request = recording
-    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    uv = uvicorn.Server(config)
-    serving = asyncio.ensure_future(uv.serve())
-    while not uv.started:
-        await asyncio.sleep(0.02)
-    client = openai.AsyncOpenAI(api_key="x", base_url=f"http://127.0.0.1:{port}/v1")
+    sent = record_requests(engine)
     rows, cached, reported = [], [], []
     try:
-        async with client.realtime.connect(model="qwen2.5-omni") as conn:
+        async with (
+            served_in_process(engine, str(tmp_path / "voices.db")) as client,
+            client.realtime.connect(model="qwen2.5-omni") as conn,
+        ):
             session = {"type": "realtime", "output_modalities": ["text"]}
             await conn.session.update(
                 session={**session, "audio": {"input": {"turn_detection": None}}}
@@ -254,8 +235,6 @@ async def test_realtime_session_turn_two_reuses_turn_one_through_the_sdk(model, 
                 rows.append(thinker.num_prefill_rows - before[0])
                 cached.append(thinker.num_cached_rows - before[1])
     finally:
-        uv.should_exit = True
-        await serving
         await engine.shutdown()
     first, second = sent
     assert first.cache_salt == second.cache_salt and first.cache_salt.startswith("sess")
