@@ -7,17 +7,13 @@ The numbers are timings of a tiny model on a shared machine: the test asserts th
 figure is present, finite and positive, never how large a timing is.
 """
 
-import importlib.util
 import json
-import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.bench_scripts import load, positive, run
 from tests.higgs_ref.reference import Session
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,29 +21,16 @@ BENCH = REPO / "bench" / "families.py"
 FRAMES = 4
 DELAY = 8
 
-_spec = importlib.util.spec_from_file_location("bench_families", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
-
-
-def _positive(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+bench = load("families")
 
 
 def _quick_run(tmp: Path, family: str) -> dict:
     """``--quick`` for one family (one thread each side, OMP too)."""
     out = tmp / "families.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = "1"
     args = ["--quick", "--families", family, "--root", str(tmp), "--out", str(out)]
     args += ["--threads", "1"]
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *args], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert "targets" in done.stdout and "audio-s/s C=8" in done.stdout
+    stdout = run("families", *args, omp_threads=1)
+    assert "targets" in stdout and "audio-s/s C=8" in stdout
     return json.loads(out.read_text())
 
 
@@ -66,7 +49,7 @@ def _check_figures(result: dict, name: str) -> dict:
     assert result["args"]["quick"] and result["args"]["concurrency"] == [1, 4, 8]
     assert list(result["families"]) == [name]
     fam = result["families"][name]
-    assert all(_positive(n) for n in fam["checkpoint"]["parameters"].values())
+    assert all(positive(n) for n in fam["checkpoint"]["parameters"].values())
     figures = fam["figures"]
     for key in (
         "ttfa_c1_ratio",
@@ -78,14 +61,14 @@ def _check_figures(result: dict, name: str) -> dict:
         "reference_audio_s_per_s",
         "reference_rtf",
     ):
-        assert _positive(figures[key]), key
+        assert positive(figures[key]), key
     for key in ("omnistep_audio_s_per_s", "omnistep_ttfa_p99_s", "omnistep_rtf"):
         assert sorted(figures[key], key=int) == ["1", "4", "8"]
-        assert all(_positive(v) for v in figures[key].values()), key
+        assert all(positive(v) for v in figures[key].values()), key
     targets = result["targets"]
     assert [t["target"] for t in targets] == [0.25, 4.0, 1.5]
     assert [t["op"] for t in targets] == ["<=", ">=", "<="]
-    assert all(_positive(t["value"]) and isinstance(t["met"], bool) for t in targets)
+    assert all(positive(t["value"]) and isinstance(t["met"], bool) for t in targets)
     assert all(len(t["paired"]) == 1 for t in targets)
     # (a) is the C=1 TTFA over the reference's whole first call, as printed
     assert targets[0]["value"] == pytest.approx(
@@ -115,12 +98,12 @@ def test_quick_run_did_the_same_work_on_both_sides(result):
             assert 0 < req["ttfa_s"] <= req["total_s"]
         assert burst["exec"]["lm"]["ar_token"]["calls"] >= FRAMES + DELAY - 1
         assert burst["exec"]["codec"]["audio_chunk"]["units"] >= c
-        assert all(_positive(v) for v in burst["split_s"].values())
+        assert all(positive(v) for v in burst["split_s"].values())
     ref = rnd["reference"]
     assert [r["text"] for r in ref["requests"]] == list(range(8))
     assert all(r["frames"] == FRAMES for r in ref["requests"])
     assert all(r["audio_s"] == pytest.approx(FRAMES * 0.04) for r in ref["requests"])
-    assert all(_positive(v) for v in ref["split_s"].values())
+    assert all(positive(v) for v in ref["split_s"].values())
     # greedy delayed steps of TEXTS[0]: omnistep's equal transformers' generate, every one
     steps = FRAMES + DELAY
     assert raw["work_check"] == {"steps": [steps, steps], "leading_steps_equal": steps}
@@ -154,9 +137,9 @@ def test_chatterbox_quick_run_did_the_same_work_on_both_sides(chatterbox_result)
             assert 0 < req["ttfa_s"] <= req["total_s"]
         assert burst["exec"]["t3"]["ar_token"]["calls"] >= FRAMES - 1
         assert set(burst["split_s"]) == {"t3", "s3gen", "hift"}
-        assert all(_positive(v) for v in burst["split_s"].values())
+        assert all(positive(v) for v in burst["split_s"].values())
     assert set(ref["split_s"]) == {"t3", "s3gen", "hift"}
-    assert all(_positive(v) for v in ref["split_s"].values())
+    assert all(positive(v) for v in ref["split_s"].values())
     # greedy T3 tokens of TEXTS[0] (CFG 0.5): omnistep's equal upstream T3.inference's
     assert raw["work_check"] == {"steps": [FRAMES, FRAMES], "leading_steps_equal": FRAMES}
     assert raw["reference"]["torch_threads"] == 1 and raw["reference"]["dtype"] == "torch.float32"

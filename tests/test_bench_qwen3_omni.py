@@ -7,15 +7,13 @@ The numbers are timings of a tiny model on a shared machine: the test asserts th
 figure is present, finite and positive, never how large a timing is.
 """
 
-import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench_scripts import load, positive, run
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench" / "qwen3_omni.py"
@@ -23,33 +21,20 @@ FRAMES = 4
 TOKENS = 4
 REF_TEXTS = 3
 
-_spec = importlib.util.spec_from_file_location("bench_qwen3_omni", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
-
-
-def _positive(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+bench = load("qwen3_omni")
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("qwen3_omni_bench")
     out = tmp / "qwen3_omni.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = "1"
     args = ["--quick", "--root", str(tmp), "--out", str(out), "--threads", "1"]
     args += ["--moe-reps", "3", "--reference-texts", str(REF_TEXTS), "--json"]
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *args], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert "targets" in done.stdout and "(d) MoE step at 16 rows" in done.stdout
+    stdout = run("qwen3_omni", *args, omp_threads=1)
+    assert "targets" in stdout and "(d) MoE step at 16 rows" in stdout
     record = json.loads(out.read_text())
     # --json prints the same record
-    assert '"targets"' in done.stdout and f'"seconds": {record["seconds"]}' in done.stdout
+    assert '"targets"' in stdout and f'"seconds": {record["seconds"]}' in stdout
     return record
 
 
@@ -57,7 +42,7 @@ def test_quick_run_reports_every_figure(result):
     assert result["args"]["quick"] and result["args"]["concurrency"] == [1, 4, 8]
     assert result["args"]["frames"] == FRAMES and result["args"]["text_tokens"] == TOKENS
     params = result["checkpoint"]["parameters"]
-    assert all(_positive(params[k]) for k in ("thinker_text", "talker", "code2wav"))
+    assert all(positive(params[k]) for k in ("thinker_text", "talker", "code2wav"))
     figures = result["figures"]
     for key in (
         "ttfa_c1_ratio",
@@ -70,14 +55,14 @@ def test_quick_run_reports_every_figure(result):
         "moe_step_floor_ratio",
         "moe_talker_step_floor_ratio",
     ):
-        assert _positive(figures[key]), key
+        assert positive(figures[key]), key
     for key in ("omnistep_audio_s_per_s", "omnistep_ttfa_p99_s", "omnistep_rtf"):
         assert sorted(figures[key], key=int) == ["1", "4", "8"]
-        assert all(_positive(v) for v in figures[key].values()), key
+        assert all(positive(v) for v in figures[key].values()), key
     targets = result["targets"]
     assert [t["target"] for t in targets] == [0.25, 4.0, 1.5, 1.3]
     assert [t["op"] for t in targets] == ["<=", ">=", "<=", "<="]
-    assert all(_positive(t["value"]) and isinstance(t["met"], bool) for t in targets)
+    assert all(positive(t["value"]) and isinstance(t["met"], bool) for t in targets)
     # (a) is the C=1 TTFA over the reference's whole first call, as printed
     assert targets[0]["value"] == pytest.approx(
         figures["omnistep_ttfa_c1_s"] / figures["reference_first_audio_s"], rel=1e-3
@@ -103,13 +88,13 @@ def test_quick_run_did_the_same_work_on_both_sides(result):
             assert req["audio_s"] == pytest.approx((FRAMES * 1920 - 555) / 24000)
             assert 0 < req["ttfa_s"] <= req["total_s"]
         assert set(burst["split_s"]) == {"thinker", "talker", "code2wav"}
-        assert all(_positive(v) for v in burst["split_s"].values())
+        assert all(positive(v) for v in burst["split_s"].values())
     ref = rnd["reference"]
     assert [r["text"] for r in ref["requests"]] == list(range(REF_TEXTS))  # --reference-texts
     assert all(r["frames"] == FRAMES for r in ref["requests"])
     assert all(r["audio_s"] == pytest.approx((FRAMES * 1920 - 555) / 24000)
                for r in ref["requests"])  # fmt: skip
-    assert all(_positive(v) for v in ref["split_s"].values())
+    assert all(positive(v) for v in ref["split_s"].values())
     # greedy reply ids and 16-codebook frames of TEXTS[0]: equal to transformers' generate
     assert raw["work_check"] == {
         "text_tokens": [TOKENS, TOKENS],

@@ -6,45 +6,30 @@ every figure is present, finite and positive and that both sides made the frames
 never how large a timing is.
 """
 
-import importlib.util
 import json
-import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.bench_scripts import load, positive, run
 from tests.qwen3_tts_ref.env import ReferenceRunError, ReferenceSession
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench" / "qwen3_tts.py"
 FRAMES = 3
 
-_spec = importlib.util.spec_from_file_location("bench_qwen3_tts", BENCH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
-
-
-def _positive(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+bench = load("qwen3_tts")
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("qwen3_tts_bench")
     out = tmp / "qwen3_tts.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     args = ["--quick", "--root", str(tmp / "ckpt"), "--out", str(out), "--threads", "1"]
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *args], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert "targets" in done.stdout and "frames/s C=8" in done.stdout
+    stdout = run("qwen3_tts", *args, omp_threads=None)
+    assert "targets" in stdout and "frames/s C=8" in stdout
     return json.loads(out.read_text())
 
 
@@ -52,7 +37,7 @@ def test_quick_run_reports_every_figure(result):
     assert result["args"]["quick"] and result["args"]["frames"] == FRAMES
     assert result["args"]["concurrency"] == [1, 4, 8]
     assert result["checkpoint"]["layers"] == {"talker": 2, "code_predictor": 2, "codec_decoder": 2}
-    assert all(_positive(n) for n in result["checkpoint"]["parameters"].values())
+    assert all(positive(n) for n in result["checkpoint"]["parameters"].values())
     figures = result["figures"]
     for key in (
         "ttfa_c1_ratio",
@@ -65,12 +50,12 @@ def test_quick_run_reports_every_figure(result):
         "qwen_tts_frames_per_s",
         "qwen_tts_rtf",
     ):
-        assert _positive(figures[key]), key
+        assert positive(figures[key]), key
     for key in ("omnistep_frames_per_s", "omnistep_ttfa_p99_s", "omnistep_rtf"):
         assert sorted(figures[key], key=int) == ["1", "4", "8"]
-        assert all(_positive(v) for v in figures[key].values()), key
+        assert all(positive(v) for v in figures[key].values()), key
     names = [t["name"] for t in result["targets"]]
-    assert len(names) == 3 and all(_positive(t["value"]) for t in result["targets"])
+    assert len(names) == 3 and all(positive(t["value"]) for t in result["targets"])
     assert [t["target"] for t in result["targets"]] == [0.25, 4.0, 1.5]
     assert all(isinstance(t["met"], bool) and len(t["paired"]) == 1 for t in result["targets"])
 
@@ -83,13 +68,13 @@ def test_quick_run_did_the_same_work_on_both_sides(result):
         for req in burst["requests"]:  # random weights: no EOS within 3 frames
             assert req["frames"] == FRAMES and req["audio_s"] == pytest.approx(FRAMES * 0.08)
             assert 0 < req["ttfa_s"] <= req["total_s"]
-        assert all(_positive(v) for v in burst["split_s"].values())
+        assert all(positive(v) for v in burst["split_s"].values())
         assert burst["exec"]["talker"]["ar_token"]["calls"] >= FRAMES - 1
         assert burst["exec"]["codec"]["audio_chunk"]["units"] >= c
     ref = rnd["ref_sequential"]
     assert [r["text"] for r in ref["requests"]] == list(range(8))
     assert all(r["frames"] == FRAMES for r in ref["requests"])
-    assert all(_positive(v) for v in ref["split_s"].values())
+    assert all(positive(v) for v in ref["split_s"].values())
     assert result["raw"]["work_check"] == {"frames": [FRAMES, FRAMES], "leading_frames_equal": 3}
     assert result["raw"]["qwen_tts"]["torch_threads"] == 1
 

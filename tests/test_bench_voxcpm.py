@@ -8,44 +8,28 @@ The numbers are timings of a tiny model on a shared machine: the test asserts th
 figure is present, finite and positive, never how large a timing is.
 """
 
-import importlib.util
 import json
-import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench_scripts import load, positive, run
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench" / "voxcpm.py"
 FRAMES = 4  # patches
 PATCH_S = 7680 / 48000
 
-_spec = importlib.util.spec_from_file_location("bench_families", REPO / "bench" / "families.py")
-families = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(families)
-
-
-def _positive(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+families = load("families")
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("voxcpm_bench")
     out = tmp / "voxcpm.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = "1"
     args = ["--quick", "--root", str(tmp), "--out", str(out), "--threads", "1"]
-    done = subprocess.run(
-        [sys.executable, str(BENCH), *args], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert "targets" in done.stdout and "streaming generate's first chunk" in done.stdout
+    stdout = run("voxcpm", *args, omp_threads=1)
+    assert "targets" in stdout and "streaming generate's first chunk" in stdout
     return json.loads(out.read_text())
 
 
@@ -56,7 +40,7 @@ def test_quick_run_reports_every_figure(result):
     assert fam["frames"] == FRAMES
     parts = fam["checkpoint"]["parameters"]
     assert sorted(parts) == ["audio_vae_decoder", "audio_vae_encoder", "lm", "locdit"]
-    assert all(_positive(n) for n in parts.values())
+    assert all(positive(n) for n in parts.values())
     figures = fam["figures"]
     for key in (
         "ttfa_c1_ratio",
@@ -68,14 +52,14 @@ def test_quick_run_reports_every_figure(result):
         "reference_audio_s_per_s",
         "reference_rtf",
     ):
-        assert _positive(figures[key]), key
+        assert positive(figures[key]), key
     for key in ("omnistep_audio_s_per_s", "omnistep_ttfa_p99_s", "omnistep_rtf"):
         assert sorted(figures[key], key=int) == ["1", "4", "8"]
-        assert all(_positive(v) for v in figures[key].values()), key
+        assert all(positive(v) for v in figures[key].values()), key
     targets = result["targets"]
     assert [t["target"] for t in targets] == [0.25, 4.0, 1.5]
     assert [t["op"] for t in targets] == ["<=", ">=", "<="]
-    assert all(_positive(t["value"]) and isinstance(t["met"], bool) for t in targets)
+    assert all(positive(t["value"]) and isinstance(t["met"], bool) for t in targets)
     # (a) is omnistep's C=1 TTFA over the reference's streaming first chunk
     (rnd,) = fam["raw"]["rounds"]
     ref = rnd["reference"]
@@ -101,12 +85,12 @@ def test_quick_run_did_the_same_work_on_both_sides(result):
             assert req["frames"] == FRAMES and req["audio_s"] == pytest.approx(FRAMES * PATCH_S)
             assert 0 < req["ttfa_s"] <= req["total_s"]
         assert set(burst["split_s"]) == {"lm", "vae"}
-        assert all(_positive(v) for v in burst["split_s"].values())
+        assert all(positive(v) for v in burst["split_s"].values())
     ref = rnd["reference"]
     assert [r["text"] for r in ref["requests"]] == list(range(8))
     assert all(r["frames"] == FRAMES for r in ref["requests"])
     assert all(r["audio_s"] == pytest.approx(FRAMES * PATCH_S) for r in ref["requests"])
-    assert all(_positive(v) for v in ref["split_s"].values())
+    assert all(positive(v) for v in ref["split_s"].values())
     work = raw["work_check"]
     assert work["steps"] == [FRAMES, FRAMES] and work["leading_steps_equal"] == FRAMES
     wave = work["waveform"]  # the same LocDiT noise: the same waveform

@@ -1492,7 +1492,10 @@ class PagedARModel:
         routing: list[torch.Tensor] | None = [] if self.llama.config.moe is not None else None
         embeds = self._lm_inputs(rows, query_lens)
         after = self._after_layer(rows)
-        hidden = self.llama(embeds, positions, self.cache, meta, routing, after)
+        if after is None:  # stacks of their own (Higgs' DualFFN, VoxCPM's two LMs) take no hook
+            hidden = self.llama(embeds, positions, self.cache, meta, routing)
+        else:
+            hidden = self.llama(embeds, positions, self.cache, meta, routing, after_layer=after)
         self.last_routing = torch.stack(routing, dim=1) if routing else None
         return hidden
 

@@ -31,15 +31,12 @@ Functions (run inside the overlay subprocess, ``Session.call`` or ``env.call_ref
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.higgs_ref.reference import Session as _HiggsSession
-from tests.voxcpm_ref.env import REF_DIR, REPO
+from tests.ref_overlay import ReferenceSession
+from tests.voxcpm_ref.env import OVERLAY
 
 PUBLISHED_LM: dict[str, Any] = {
     "bos_token_id": 1,
@@ -222,39 +219,15 @@ def bench_noise(text: str, max_len: int, noises: list) -> dict[str, Any]:
     return {"waveform": wav[0].float().numpy(), "noises_left": len(queue.noises)}
 
 
-_SERVE = (
-    "import os, pickle, sys; from tests.voxcpm_ref.env import bypass_package_init; "
-    "bypass_package_init(); from tests.voxcpm_ref import bench_ref as r; "
-    "out = os.fdopen(os.dup(1), 'wb'); os.dup2(2, 1); sys.stdout = sys.stderr\n"
-    "while True:\n"
-    "    try: f, kw = pickle.load(sys.stdin.buffer)\n"
-    "    except EOFError: break\n"
-    "    try: reply = ('ok', getattr(r, f)(**kw))\n"
-    "    except Exception:\n"
-    "        import traceback; reply = ('error', traceback.format_exc())\n"
-    "    pickle.dump(reply, out); out.flush()\n"
-)
-
-
-class Session(_HiggsSession):
+class Session(ReferenceSession):
     """One long-lived reference subprocess running this module's functions (``call``), with
     the ``.ref/voxcpm`` overlay first on its path and ``voxcpm`` / ``voxcpm.model`` registered
-    as bare packages (``env.bypass_package_init``); tqdm's progress bars off.
+    as bare packages (``tests.ref_overlay.ReferenceSession`` of ``env.OVERLAY``; tqdm's
+    progress bars off).
 
     Raises (constructor):
         FileNotFoundError: the overlay is not installed (``make install-test``).
     """
 
     def __init__(self) -> None:
-        if not (REF_DIR / "voxcpm").is_dir():
-            raise FileNotFoundError(f"{REF_DIR} has no voxcpm: run `make install-test` first")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REF_DIR), str(REPO)])
-        env["TQDM_DISABLE"] = "1"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVE],
-            cwd=REPO,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
+        super().__init__(OVERLAY, module="tests.voxcpm_ref.bench_ref")

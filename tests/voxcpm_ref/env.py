@@ -6,7 +6,8 @@ torchaudio, torchcodec and datasets, none of which ``voxcpm.model.voxcpm2`` impo
 subprocess of the venv's python puts the overlay first on its path and registers bare
 ``voxcpm`` and ``voxcpm.model`` packages over the overlay's folders, so their ``__init__``s do
 not run (``voxcpm/__init__`` imports ``core.py``, the hub/modelscope pipeline;
-``voxcpm/model/__init__`` imports the VoxCPM1 model, which needs torchaudio). Nothing is stubbed.
+``voxcpm/model/__init__`` imports the VoxCPM1 model, which needs torchaudio). Nothing is stubbed;
+tqdm's progress bars are off.
 The round trip is ``tests/ref_overlay.py``'s.
 
 Usage::
@@ -28,6 +29,7 @@ OVERLAY = Overlay(
     package="voxcpm",
     env_module="tests.voxcpm_ref.env",
     bare_packages=("voxcpm", "voxcpm.model"),
+    env=(("TQDM_DISABLE", "1"),),
 )
 REF_DIR = OVERLAY.ref_dir
 call_reference = OVERLAY.call
