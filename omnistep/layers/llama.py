@@ -775,10 +775,11 @@ class LlamaModel(nn.Module):
                     x, cos, sin, lambda q, k, v: attend(i, q, k, v), plans
                 )
 
-            replay = None
             if expert_ids is not None and layer.sparse:
                 replay = expert_ids[:, sparse.index(i)]
-            hidden = layer._block(hidden, attention, plans, expert_ids=replay)
+                hidden = layer._block(hidden, attention, plans, expert_ids=replay)
+            else:  # a dense layer: its own _block may take no expert_ids (Higgs' DualFFN)
+                hidden = layer._block(hidden, attention, plans)
         return _rows(self.norm, hidden, plans.norm)
 
     def row_plans(
