@@ -241,3 +241,22 @@ def test_policy_gradient_raises_a_toy_reward(omni):
     finally:
         omni.update_weights(start, model="voxcpm2")
     assert after > base + 0.04, (base, after)
+
+
+def test_a_cloned_voice_scores_as_recorded_across_its_kept_prefix(omni):
+    """A cloned voice's rows are a kept prefix (prefilled apart from the text rows, shared by
+    later requests of the voice); ``score`` replays the whole prompt in one dense forward and
+    still equals the recorded stop and SDE log-probs within 1e-6 under ``batch_invariant``,
+    for the first request of the voice and for one that shared its kept blocks."""
+    clip = np.sin(np.arange(16000) * 0.05).astype(np.float32)  # 1 s at 16 kHz
+    spec = omni._call(omni.engine.clone_voice("voxcpm2", clip, 16000, "x"))
+    groups = omni.rollout(
+        ["the cat", "a hat"], n=1, seed=3, sampling=SDE, voice=spec, progress=False
+    )
+    samples = _samples(groups)
+    scored = omni.score(samples)
+    for sample, got in zip(samples, scored, strict=True):
+        rec = sample.loops["decode"]
+        assert rec.flow.logprobs.shape[1] == STEPS - 1
+        np.testing.assert_allclose(got["decode"].flow.numpy(), rec.flow.logprobs, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(got["decode"].logprobs.numpy(), rec.logprobs, rtol=0, atol=1e-6)
