@@ -46,7 +46,9 @@ def test_offline_rollout_records_flow_steps_that_score_reproduces(omni):
             assert isinstance(r, DenoiseStepRecord)
             frames = r.window[3] - r.window[0]
             assert r.x.shape == r.mean.shape == r.x_next.shape == (frames, 80)
-            assert r.x.dtype == np.float32 and r.window == (0, 0, frames, frames)
+            # the flow's frames: the voice prompt's mel, then 2 per speech token (kept)
+            tokens = int((sample.loops["decode"].tokens < 6561).sum())
+            assert r.x.dtype == np.float32 and r.window == (0, frames - 2 * tokens, frames, frames)
             assert r.std > 0 and np.isfinite(r.logprob)
         assert set(sample.loops) == {"decode"} and sample.loops["decode"].tokens.shape[0] >= 1
     a, b = (s.denoise["flow"].logprobs for s in group.samples)
