@@ -195,9 +195,12 @@ def _sample(
     index = _field(sample, "index", int, where)
     where = f"groups[{i}].samples[{index}]."
     seed = _field(sample, "seed", int, where)
+    recorded = sample.get("denoise") or {}
+    if not isinstance(recorded, dict):
+        raise InvalidRequestError(f"'{where}denoise' must be an object", where + "denoise")
     denoise = {
         name: _denoise(steps, tensors, f"g{i}.s{index}.{name}.", f"{where}denoise.{name}.")
-        for name, steps in (sample.get("denoise") or {}).items()
+        for name, steps in recorded.items()
     }
     loops = {}
     for name, loop in _field(sample, "loops", dict, where).items():
