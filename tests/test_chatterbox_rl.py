@@ -102,6 +102,10 @@ async def test_http_rollouts_and_score(folder, tmp_path):
             broken = as_json.json()
             del broken["groups"][0]["samples"][0]["denoise"]["flow"]["x"]
             bad = await http.post("/v1/score", json=broken, timeout=300)
+            short = as_json.json()  # a frame fewer than T3's tokens make: not replayable
+            steps = short["groups"][0]["samples"][1]["denoise"]["flow"]
+            steps["x"], steps["x_next"] = ([x[:-1] for x in steps[k]] for k in ("x", "x_next"))
+            cut = await http.post("/v1/score", json=short, timeout=300)
     finally:
         await engine.shutdown()
     out = as_json.json()
@@ -129,3 +133,4 @@ async def test_http_rollouts_and_score(folder, tmp_path):
         back["g0.s1.flow.logprobs"], arrays["g0.s1.flow.logprobs"], rtol=0, atol=1e-6
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"].endswith("denoise.flow.x")
+    assert cut.status_code == 400 and "x and x_next must be" in cut.json()["error"]["message"]

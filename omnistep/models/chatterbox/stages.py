@@ -201,6 +201,8 @@ class FlowDenoiser:
 
         Raises:
             TypeError: a record whose ``conditioning`` is not a ``FlowStart``.
+            ValueError: a record whose ``x`` or ``x_next`` is not ``[frames, mel_dim]`` of
+                the frames its conditioning makes.
         """
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
             return self._score_steps(records)
@@ -219,6 +221,12 @@ class FlowDenoiser:
                 start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding
             )
             x = torch.as_tensor(r.x).transpose(0, 1)[None].to(inputs.mu)  # [1, mel_dim, T]
+            if x.shape[1:] != inputs.mu.shape[-2:] or np.shape(r.x_next) != np.shape(r.x):
+                raise ValueError(
+                    f"step {r.step}'s x and x_next must be [{inputs.num_frames}, "
+                    f"{self.flow.mel_dim}] (the frames its conditioning makes), got "
+                    f"{tuple(np.shape(r.x))} and {tuple(np.shape(r.x_next))}"
+                )
             ode_next, k1 = self.flow.step([inputs], x, self.times, [r.step], self.cfg_rate)
             mean, std = self._sde_mean(x, ode_next, k1, r.step, start.noise_level)
             x_next = torch.as_tensor(r.x_next).transpose(0, 1)[None].to(mean)
