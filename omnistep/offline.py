@@ -979,6 +979,66 @@ def score_samples(
     return out
 
 
+def with_replayed_conditioning(
+    engine: AsyncEngine, sample: RolloutSample, prompts: Mapping[str, Any]
+) -> RolloutSample:
+    """``sample`` with the ``conditioning`` of every denoise loop's recorded steps rebuilt
+    (steps read back from a rollout answer carry none): ``prompts`` (``AsyncOmniEngine.prompts``
+    of the sample's input) holds each denoise loop's ``DenoiseReplay``, which rebuilds its
+    windows' starts from the sample's actions of the AR loop that streams into it (its frames
+    before an EOS frame, as that loop streamed them); the ``k``-th window of the steps (their
+    ``window`` changing) takes the ``k``-th start.
+
+    Raises:
+        InvalidRequestError: a denoise loop the input's program did not run, or steps of more
+            windows than the actions give (param ``groups``).
+    """
+    model = engine.resolve(sample.model)
+    denoise = {}
+    for name, steps in sample.denoise.items():
+        replay = prompts.get(name)
+        if not hasattr(replay, "starts"):
+            raise InvalidRequestError(
+                f"the conditioning of denoise loop '{name}' cannot be rebuilt from the input",
+                param="groups",
+            )
+        starts = replay.starts(_streamed_items(model, name, sample))
+        records, k, window = [], -1, None
+        for record in steps.steps:
+            if record.window != window:
+                k, window = k + 1, record.window
+            if k >= len(starts):
+                raise InvalidRequestError(
+                    f"denoise loop '{name}' recorded steps of more windows than its input makes",
+                    param="groups",
+                )
+            records.append(replace(record, conditioning=starts[k]))
+        denoise[name] = replace(steps, steps=tuple(records))
+    return replace(sample, denoise=denoise)
+
+
+def _streamed_items(model: ModelInstance, name: str, sample: RolloutSample) -> list[tuple]:
+    """The items denoise loop ``name`` read: the frames of the AR loop whose node streams its
+    input slot, up to its EOS frame (an EOS frame is not streamed).
+
+    Raises:
+        InvalidRequestError: the sample has no actions of that loop.
+    """
+    in_slot = model.loops[_loop_id(model, name)].config.in_slot
+    feeder = next(
+        (node.name for node in model.card.program.nodes if in_slot in getattr(node, "streams", ())),
+        None,
+    )
+    if feeder not in sample.loops:
+        raise InvalidRequestError(
+            f"denoise loop '{name}' needs the actions of the loop that feeds it ({feeder})",
+            param="groups",
+        )
+    actions = sample.loops[feeder]
+    tokens = actions.tokens[: len(actions.tokens) - (actions.stop_reason == "eos")]
+    return [tuple(int(t) for t in row) for row in tokens]
+
+
 def _scoring_model(
     engine: AsyncEngine, card_id: str, copy: ModelInstance | None, trainer: Trainer | None
 ) -> ModelInstance:
@@ -1319,4 +1379,5 @@ __all__ = [
     "RolloutSample",
     "SpeechOutput",
     "score_samples",
+    "with_replayed_conditioning",
 ]

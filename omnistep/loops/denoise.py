@@ -12,7 +12,10 @@ Channel for the next stage (a vocoder loop), and the next window starts. The def
 different requests with the same ShapeSignature (window frames) step together in one batch.
 
 Under ROLLOUT, a component that records its steps returns each step's record in
-``DenoiseOutput.record``; the loop keeps them, in order, as its trajectory.
+``DenoiseOutput.record``; the loop keeps them, in order, as its trajectory, and its result's
+``info["prompt"]`` is a ``DenoiseReplay``: what rebuilds the windows' starts (the records'
+conditioning) from the items of a complete input (``POST /v1/score`` rebuilds a rollout's
+records that way).
 
 Imports: ``omnistep.core`` only.
 """
@@ -116,6 +119,29 @@ class DenoiseConfig:
     next_window: Callable[[int, int, bool], Any] = whole_utterance
 
 
+@dataclass(frozen=True, eq=False)
+class DenoiseReplay:
+    """What rebuilds a request's window starts: its request, its program context (the slots
+    ``make_start`` reads, e.g. the voice) and the loop's config."""
+
+    request: Request
+    ctx: ProgramContext
+    config: DenoiseConfig
+
+    def starts(self, items: list[Any]) -> list[Any]:
+        """The start payload of every window the loop denoises over ``items``, a complete
+        input, in the order it runs them (the windows' first steps' conditioning)."""
+        cfg, out, emitted = self.config, [], 0
+        available = len(items) * cfg.frames_per_item
+        while (window := cfg.next_window(emitted, available, True)) is not None:
+            start = cfg.make_start(self.request, self.ctx, items, window)
+            if start is None:
+                break
+            out.append(start)
+            emitted = window.out_end
+        return out
+
+
 @dataclass
 class DenoiseState(LoopState):
     """Per-request denoise state: the window in flight and its solver state."""
@@ -198,9 +224,12 @@ class DenoiseLoop(ConfiguredLoop[DenoiseConfig]):
 
     def finalize(self, state: DenoiseState) -> LoopResult:
         metrics = {"ode_steps": float(state.step), "chunks": float(state.chunks)}
-        if state.profile is not ExecutionProfile.ROLLOUT or not state.trajectory:
-            return LoopResult(state.emitted, metrics)  # nothing recorded (an ODE: no policy)
-        return LoopResult(state.emitted, metrics, state.trajectory, {"seed": state.request.seed})
+        if state.profile is not ExecutionProfile.ROLLOUT:
+            return LoopResult(state.emitted, metrics)
+        replay = DenoiseReplay(state.request, state.ctx, self.config)
+        info = {"seed": state.request.seed, "prompt": replay}
+        # nothing recorded (an ODE: no policy) is no trajectory
+        return LoopResult(state.emitted, metrics, state.trajectory or None, info)
 
     def score_steps(self, model: ModelInstance, records: list[Any]) -> Any:
         """Recompute the log-probs of SDE steps this loop recorded (``DenoiseStepRecord``)

@@ -22,7 +22,14 @@ The answer: JSON ``{"object": "score", "model", "weight_version", "mode", "group
 "samples": [{"index", "loops": {name: {"logprobs", "entropy"?}}}]}]}``, or with ``Accept:
 application/x-safetensors`` one safetensors body of ``g{i}.s{k}.{loop}.logprobs`` (float32
 ``[T, num_codebooks]``) and ``.entropy``, the rest as JSON in ``__metadata__["score"]``.
-Denoise loops are not scored here. An AR loop that recorded ``flow`` (VoxCPM2's ``decode``:
+A sample's denoise loops (``denoise``: a cascade card's SDE steps with ``flow_noise_level``)
+are scored from their recorded ``x`` and ``x_next`` (JSON, or the ``.{j}.x`` / ``.{j}.x_next``
+tensors), step, times, std and window, their conditioning rebuilt by the card's program from
+the group's text ``input``, the envelope's ``voice`` and the actions of the AR loop that
+feeds them (``offline.with_replayed_conditioning``); the sample's AR loops whose prompt is
+not token ids are rebuilt from the same input (Chatterbox's T3). Their log-probs are float64
+``[S]`` (``g{i}.s{k}.{loop}.logprobs`` in a safetensors answer).
+An AR loop that recorded ``flow`` (VoxCPM2's ``decode``:
 its patches' SDE chains, ``.flow.states`` in a safetensors body) has no ``prompt_ids``: its
 prompt is rebuilt from the group's text ``input`` and the envelope's ``voice`` by the card's
 program, its stop decisions scored as ``logprobs`` and its SDE steps as ``flow`` (float64
@@ -45,13 +52,15 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter, ValidationError
 
-from omnistep.core import FlowPatches, InvalidRequestError, SamplingParams
+from omnistep.core import DenoiseStepRecord, FlowPatches, InvalidRequestError, SamplingParams
 from omnistep.offline import (
     LOGPROB_MODES,
     AsyncOmniEngine,
+    DenoiseSteps,
     LoopActions,
     LoopScore,
     RolloutSample,
+    with_replayed_conditioning,
 )
 from omnistep.server.chat import Message, decode_messages
 from omnistep.server.rollouts import (
@@ -186,6 +195,13 @@ def _sample(
     index = _field(sample, "index", int, where)
     where = f"groups[{i}].samples[{index}]."
     seed = _field(sample, "seed", int, where)
+    recorded = sample.get("denoise") or {}
+    if not isinstance(recorded, dict):
+        raise InvalidRequestError(f"'{where}denoise' must be an object", where + "denoise")
+    denoise = {
+        name: _denoise(steps, tensors, f"g{i}.s{index}.{name}.", f"{where}denoise.{name}.")
+        for name, steps in recorded.items()
+    }
     loops = {}
     for name, loop in _field(sample, "loops", dict, where).items():
         at = f"{where}loops.{name}."
@@ -194,8 +210,9 @@ def _sample(
         flow = loop.get("flow") if isinstance(loop, dict) else None
         if prompt is None and isinstance(media, list) and media:
             prompt = MediaPrompt(tuple(str(h) for h in media))  # rebuilt from the input
-        elif prompt is None and isinstance(flow, dict):
-            prompt = InputPrompt()  # VoxCPM2: rebuilt from the text input and the voice
+        elif prompt is None and (isinstance(flow, dict) or denoise) and not media:
+            # VoxCPM2, Chatterbox's T3 beside its flow: rebuilt from the text input and voice
+            prompt = InputPrompt()
         elif not isinstance(prompt, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -219,7 +236,7 @@ def _sample(
             key: _routing(loop, tensors, f"g{i}.s{index}.{name}.{key}", key, at)
             for key in ("routing", "prompt_routing")
         }
-        if isinstance(prompt, InputPrompt):
+        if isinstance(prompt, InputPrompt) and isinstance(flow, dict):
             flow = _flow(flow, tensors, f"g{i}.s{index}.{name}.flow.", at + "flow.")
         else:
             flow = None
@@ -237,7 +254,75 @@ def _sample(
             mask=mask,
             flow=flow,
         )
-    return RolloutSample(index, seed, loops, "", None, 0, sampling, card_id)
+    return RolloutSample(index, seed, loops, "", None, 0, sampling, card_id, denoise)
+
+
+def _denoise(entry: Any, tensors: dict | None, key: str, where: str) -> DenoiseSteps:
+    """A denoise loop's recorded steps (their means and log-probs are recomputed, not read;
+    the conditioning is rebuilt later) from the JSON entry and, in a safetensors body, the
+    ``{key}{j}.x`` / ``{key}{j}.x_next`` tensors.
+
+    Raises:
+        InvalidRequestError: a missing or malformed field (named).
+    """
+    if not isinstance(entry, dict):
+        raise InvalidRequestError(f"'{where[:-1]}' must be an object", where[:-1])
+    meta = {k: _field(entry, k, list, where) for k in ("step", "t", "t_next", "std", "window")}
+    level = entry.get("noise_level")
+    if not isinstance(level, int | float) or isinstance(level, bool) or level <= 0:
+        raise InvalidRequestError(
+            f"'{where}noise_level' must be a number > 0", where + "noise_level"
+        )
+    num = len(meta["step"])
+    if num < 1 or any(len(v) != num for v in meta.values()):
+        raise InvalidRequestError(
+            f"'{where}step', 't', 't_next', 'std' and 'window' must have one entry per step",
+            where + "step",
+        )
+    arrays = {name: _step_arrays(entry, tensors, key, where, name, num) for name in ("x", "x_next")}
+    records = []
+    for j in range(num):
+        window, std = meta["window"][j], meta["std"][j]
+        shape = arrays["x"][j].shape
+        ok = isinstance(window, list) and len(window) == 4 and all(type(w) is int for w in window)
+        if not ok or len(shape) != 2 or arrays["x_next"][j].shape != shape:
+            raise InvalidRequestError(
+                f"'{where}window' and step {j}'s x and x_next must agree ([frames, dim])",
+                where + "window",
+            )
+        if not isinstance(std, int | float) or isinstance(std, bool) or not std > 0:
+            raise InvalidRequestError(f"'{where}std' must hold numbers > 0", where + "std")
+        records.append(
+            DenoiseStepRecord(
+                step=int(meta["step"][j]),
+                t=float(meta["t"][j]),
+                t_next=float(meta["t_next"][j]),
+                x=arrays["x"][j],
+                mean=None,  # recomputed by the score
+                std=float(std),
+                x_next=arrays["x_next"][j],
+                logprob=0.0,  # not read by score
+                window=tuple(window),
+            )
+        )
+    return DenoiseSteps(tuple(records), float(level), int(entry.get("seed", 0)))
+
+
+def _step_arrays(
+    entry: dict, tensors: dict | None, key: str, where: str, name: str, num: int
+) -> list[np.ndarray]:
+    """Step ``j``'s float32 ``name`` array for every ``j`` < ``num``."""
+    try:
+        if tensors is None:
+            values = entry[name]
+            if not isinstance(values, list) or len(values) != num:
+                raise ValueError
+            return [np.asarray(v, dtype=np.float32) for v in values]
+        return [np.asarray(tensors[f"{key}{j}.{name}"], dtype=np.float32) for j in range(num)]
+    except (KeyError, ValueError, TypeError):
+        raise InvalidRequestError(
+            f"'{where}{name}' must hold each step's float [frames, dim] array", where + name
+        ) from None
 
 
 def _routing(
@@ -356,7 +441,10 @@ async def _input_prompts(
         raise InvalidRequestError("'voice' must be a string", "voice")
     out = []
     for i, members in enumerate(samples):
-        if not any(isinstance(a.prompt, InputPrompt) for s in members for a in s.loops.values()):
+        rebuilt_loops = (
+            isinstance(a.prompt, InputPrompt) for s in members for a in s.loops.values()
+        )
+        if not any(rebuilt_loops) and not any(s.denoise for s in members):
             out.append(members)
             continue
         where = f"groups[{i}].input"
@@ -368,13 +456,19 @@ async def _input_prompts(
             prompts = await omni.prompts(
                 text, seed=sample.seed, model=sample.model, voice=voice, sampling=sample.sampling
             )
-            loops = {
-                name: replace(a, prompt=prompts.get(name))
-                if isinstance(a.prompt, InputPrompt)
-                else a
-                for name, a in sample.loops.items()
-            }
-            rebuilt.append(replace(sample, loops=loops))
+            loops = {}
+            for name, a in sample.loops.items():
+                if isinstance(a.prompt, InputPrompt):
+                    if prompts.get(name) is None:
+                        raise InvalidRequestError(
+                            f"the prompt of loop '{name}' cannot be rebuilt from '{where}'", where
+                        )
+                    a = replace(a, prompt=prompts[name])
+                loops[name] = a
+            sample = replace(sample, loops=loops)
+            if sample.denoise:
+                sample = with_replayed_conditioning(omni.engine, sample, prompts)
+            rebuilt.append(sample)
         out.append(rebuilt)
     return out
 
@@ -386,7 +480,11 @@ def _values(value: Any) -> np.ndarray:
     return np.ascontiguousarray(value, dtype=np.float32)
 
 
-def _loop_values(scored: Any) -> dict[str, np.ndarray]:
+def _loop_values(scored: Any, denoise: bool = False) -> dict[str, np.ndarray]:
+    """A loop's score as named float arrays (a denoise loop's: float64, as recorded)."""
+    if denoise:
+        values = scored.detach().cpu().numpy() if hasattr(scored, "detach") else scored
+        return {"logprobs": np.ascontiguousarray(values, dtype=np.float64)}
     if isinstance(scored, LoopScore):
         out = {"logprobs": _values(scored.logprobs)}
         if scored.entropy is not None:
@@ -407,7 +505,9 @@ def _json(head: dict, groups: list, samples: list, scores: list) -> dict:
         for sample in members:
             scored = next(flat)
             loops = {
-                name: {k: v.tolist() for k, v in _loop_values(value).items()}
+                name: {
+                    k: v.tolist() for k, v in _loop_values(value, name in sample.denoise).items()
+                }
                 for name, value in scored.items()
             }
             entries.append({"index": sample.index, "loops": loops})
@@ -424,7 +524,7 @@ def _safetensors(head: dict, groups: list, samples: list, scores: list) -> bytes
     for i, (group, members) in enumerate(zip(groups, samples, strict=True)):
         for sample in members:
             for name, value in next(flat).items():
-                for key, array in _loop_values(value).items():
+                for key, array in _loop_values(value, name in sample.denoise).items():
                     tensors[f"g{i}.s{sample.index}.{name}.{key}"] = array
         meta.append({"group": group.get("group"), "samples": [s.index for s in members]})
     return save(tensors, metadata={"score": json.dumps({**head, "groups": meta})})

@@ -15,8 +15,11 @@ get upstream's ``trim_fade``.
 Rollouts: a request with ``flow_noise_level`` a > 0 samples every Euler step as Flow-GRPO's SDE
 (``runners.flow_matching``: ``sde_terms``, ``sde_mean``, ``sde_noise`` seeded
 ``derived_seed(seed, 3)``, blocks of ``SDE_BLOCK`` frames over all frames, the prompt's
-included), and a unit that asks for its record gets a ``FlowStepRecord`` (the ``FlowStep``:
-state, mean, std, sample, log-prob); ``score_steps`` recomputes the log-probs with the same code.
+included), and a unit that asks for its record gets the shared ``core.DenoiseStepRecord``
+(float32 ``[frames, 80]`` state, mean and sample over all the flow's frames, the voice prompt's
+first: window ``(0, prompt frames, frames, frames)``; std; float64 log-prob; its ``FlowStart``
+as ``conditioning``), so the offline API and ``/v1/rollouts`` carry it as any denoise loop's
+steps; ``score_steps`` recomputes the log-probs with the same code.
 Weight updates and trainer copies take the flow's tensors by their published names
 (``flow.*`` of ``s3gen.safetensors``).
 
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omnistep.core import WorkUnitKind, derived_seed
+from omnistep.core import DenoiseStepRecord, WorkUnitKind, derived_seed
 from omnistep.layers.training import require_training_copy, training_copy
 from omnistep.loops import AudioChunkInput
 from omnistep.loops.denoise import DenoiseInput, DenoiseOutput
@@ -44,7 +47,6 @@ from omnistep.models.chatterbox.frontend import Voice
 from omnistep.models.chatterbox.hift import HiFT, trim_fade
 from omnistep.models.chatterbox.s3gen import CFG_RATE, NUM_STEPS, S3GenFlow, S3GenInputs
 from omnistep.runners.flow_matching import (
-    FlowStep,
     cosine_time_points,
     gaussian_logprob,
     sde_mean,
@@ -69,15 +71,6 @@ class FlowStart:
     voice: Voice
     seed: int
     noise_level: float = 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class FlowStepRecord:
-    """One recorded SDE step: the request's ``start`` (to recompute its conditioning) and the
-    step (``FlowStep``; ``x``, ``mean``, ``x_next`` ``[1, mel_dim, T]``)."""
-
-    start: FlowStart
-    step: FlowStep
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +162,7 @@ class FlowDenoiser:
 
     def _sde(
         self, state: FlowState, ode_next: torch.Tensor, k1: torch.Tensor
-    ) -> tuple[torch.Tensor, FlowStep | None]:
+    ) -> tuple[torch.Tensor, DenoiseStepRecord | None]:
         """The SDE sample and its record from the ODE step (``[mel_dim, T]``), or the ODE
         step and None at noise level 0."""
         a, step = state.start.noise_level, state.step
@@ -180,15 +173,18 @@ class FlowDenoiser:
         seed = derived_seed(state.start.seed, SDE_SEED_KEY)
         eps = sde_noise(seed, step, 0, frames, SDE_BLOCK, mel_dim).transpose(0, 1)
         x_next = mean + std * eps.to(mean)
-        record = FlowStep(
+        record = DenoiseStepRecord(
             step=step,
             t=float(self.times[step]),
             t_next=float(self.times[step + 1]),
-            x=state.x[None].float().cpu(),
-            mean=mean[None].float().cpu(),
+            x=_rows(state.x),
+            mean=_rows(mean),
             std=std,
-            x_next=x_next[None].float().cpu(),
-            logprob=gaussian_logprob(x_next[None], mean[None], std).cpu(),
+            x_next=_rows(x_next),
+            logprob=float(gaussian_logprob(x_next[None], mean[None], std)[0]),
+            window=(0, state.inputs.prompt_frames, frames, frames),
+            weight_version=self.weight_version,
+            conditioning=state.start,
         )
         return x_next, record
 
@@ -196,25 +192,47 @@ class FlowDenoiser:
         drift, std = sde_terms(self.times, step, noise_level)
         return sde_mean(ode_next, drift, self.times[step], k1, x), std
 
-    def score_steps(self, records: Sequence[FlowStepRecord]) -> torch.Tensor:
-        """The log-probs of recorded SDE steps recomputed by serving's code (conditioning,
-        guided velocity, Euler step, drift correction), float64 ``[S]`` in the records' order.
-        Autograd follows the caller's grad mode on a training copy; on the serving component
-        never (no graph reaches serving weights)."""
+    def score_steps(self, records: Sequence[DenoiseStepRecord]) -> torch.Tensor:
+        """The log-probs of recorded SDE steps (``DenoiseStepRecord``s whose ``conditioning``
+        is their ``FlowStart``) recomputed by serving's code (conditioning, guided velocity,
+        Euler step, drift correction), float64 ``[S]`` in the records' order. Autograd
+        follows the caller's grad mode on a training copy; on the serving component never
+        (no graph reaches serving weights).
+
+        Raises:
+            TypeError: a record whose ``conditioning`` is not a ``FlowStart``.
+            ValueError: a record whose ``x`` or ``x_next`` is not ``[frames, mel_dim]`` of
+                the frames its conditioning makes.
+        """
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
             return self._score_steps(records)
 
-    def _score_steps(self, records: Sequence[FlowStepRecord]) -> torch.Tensor:
+    def _score_steps(self, records: Sequence[DenoiseStepRecord]) -> torch.Tensor:
+        device = next(self.flow.parameters()).device
         out = []
         for r in records:
-            v = r.start.voice
+            start = r.conditioning
+            if not isinstance(start, FlowStart):
+                raise TypeError(
+                    f"an S3Gen step's conditioning must be a FlowStart, got {type(start).__name__}"
+                )
+            v = start.voice
             inputs = self.flow.prepare_inputs(
-                r.start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding
+                start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding
             )
-            x = r.step.x.to(inputs.mu)
-            ode_next, k1 = self.flow.step([inputs], x, self.times, [r.step.step], self.cfg_rate)
-            mean, std = self._sde_mean(x, ode_next, k1, r.step.step, r.start.noise_level)
-            out.append(gaussian_logprob(r.step.x_next.to(mean), mean, std)[0])
+            x = torch.as_tensor(r.x).transpose(0, 1)[None].to(inputs.mu)  # [1, mel_dim, T]
+            if x.shape[1:] != inputs.mu.shape[-2:] or np.shape(r.x_next) != np.shape(r.x):
+                raise ValueError(
+                    f"step {r.step}'s x and x_next must be [{inputs.num_frames}, "
+                    f"{self.flow.mel_dim}] (the frames its conditioning makes), got "
+                    f"{tuple(np.shape(r.x))} and {tuple(np.shape(r.x_next))}"
+                )
+            ode_next, k1 = self.flow.step([inputs], x, self.times, [r.step], self.cfg_rate)
+            mean, std = self._sde_mean(x, ode_next, k1, r.step, start.noise_level)
+            x_next = torch.as_tensor(r.x_next).transpose(0, 1)[None].to(mean)
+            out.append(gaussian_logprob(x_next, mean, std)[0])
+        if not out:
+            return torch.zeros(0, dtype=torch.float64, device=device)
         return torch.stack(out)
 
     @torch.inference_mode()
@@ -234,7 +252,7 @@ class FlowDenoiser:
             key = i if self.batch_invariant else s.inputs.num_frames
             groups.setdefault(key, []).append(i)
         nxt: list[FlowState | None] = [None] * len(states)
-        records: list[FlowStep | None] = [None] * len(states)
+        records: list[DenoiseStepRecord | None] = [None] * len(states)
         for rows in groups.values():
             batch = [states[i] for i in rows]
             x, k1 = self.flow.step(
@@ -249,16 +267,21 @@ class FlowDenoiser:
                 x_next, records[i] = self._sde(s, x[j], k1[j])
                 nxt[i] = FlowState(s.inputs, x_next, s.step + 1, s.start)
         return [
-            self._output(s, FlowStepRecord(s.start, r) if p.record and r is not None else None)
+            self._output(s, r if p.record else None)
             for s, r, p in zip(nxt, records, payloads, strict=True)
         ]
 
-    def _output(self, state: FlowState, record: FlowStepRecord | None) -> DenoiseOutput:
+    def _output(self, state: FlowState, record: DenoiseStepRecord | None) -> DenoiseOutput:
         if state.step < self.num_steps:
             return DenoiseOutput(state, record=record)
         mel = state.x[:, state.inputs.prompt_frames :].transpose(0, 1).float().cpu()
         # [frames] rows of [80]
         return DenoiseOutput(state, done=True, result=list(mel), record=record)
+
+
+def _rows(x: torch.Tensor) -> np.ndarray:
+    """A flow state ``[mel_dim, T]`` as the record's float32 numpy ``[T, mel_dim]``."""
+    return np.ascontiguousarray(x.transpose(0, 1).float().cpu().numpy())
 
 
 class HiFTVocoder:
