@@ -636,7 +636,8 @@ class RolloutReplicas:
         """``score_samples`` on the replicas' serving weights (``reference=True``: their
         frozen copies of the starting weights), the samples split evenly over the live
         replicas (a replica that dies meanwhile: its part runs on another). ``options``:
-        ``mode``, ``loops``, ``match_serving``, ``entropy``, ``masked``, ``batch_size``.
+        ``mode``, ``loops``, ``match_serving``, ``entropy``, ``masked``, ``batch_size``,
+        ``routing_replay`` (MoE cards: replay the recorded routing).
 
         Returns:
             As ``score_samples``, with no graph: CPU ``torch.Tensor``s (``LoopScore``s with

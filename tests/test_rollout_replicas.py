@@ -128,6 +128,11 @@ def test_score_on_ray_equals_in_process(replicas, local):
         assert r["decode"].entropy.min() > 0
     with pytest.raises(InvalidRequestError, match="trainer"):
         replicas.score(groups, trainer=object())
+    # score options reach the replicas' score_samples: routing replay on a dense model is
+    # refused there, by name, as in process
+    with pytest.raises(InvalidRequestError) as info:
+        replicas.score(groups, routing_replay=True)
+    assert info.value.param == "routing_replay"
 
 
 def test_broadcast_reaches_every_replica_before_any_uses_it(replicas, local, trainer):
