@@ -203,3 +203,14 @@ async def test_saved_voice_equals_the_inline_clip_and_bad_clips_are_400s(client)
     assert empty.status_code == 400 and empty.json()["error"]["code"] == "empty_file"
     damaged = await client.post(SPEECH, json=_speech(voice="chatterbox-voice:@@@"))
     assert damaged.status_code == 400 and damaged.json()["error"]["param"] == "voice"
+    # /v1/rollouts takes the same voice fields: an inline clip samples what the saved voice
+    # samples (same seed), and neither what the default voice does
+    roll = {"model": "chatterbox", "inputs": [TEXT], "seed": SEED, "max_new_tokens": 4}
+
+    async def tokens(**fields) -> list:
+        r = await client.post("/v1/rollouts", json={**roll, **fields})
+        assert r.status_code == 200, r.text
+        return r.json()["groups"][0]["samples"][0]["loops"]["decode"]["tokens"]
+
+    cloned = await tokens(ref_audio=base64.b64encode(clip).decode(), ref_text="a clip")
+    assert cloned == await tokens(voice="alice") != await tokens()
