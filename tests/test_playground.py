@@ -146,7 +146,9 @@ def test_default_model_voices_waveform_and_figures(page, base, tmp_path):
           const heights = eval(inkHeights);
           window.inkedColumns = [];
           canvas.addEventListener("drawn", () =>
-            window.inkedColumns.push(heights(canvas).filter((n) => n > 0).length));
+            window.inkedColumns.push([
+              heights(canvas).filter((n) => n > 0).length, window.playground.playedSeconds,
+            ]));
         }""",
         INK_HEIGHTS_JS,
     )
@@ -168,10 +170,15 @@ def test_default_model_voices_waveform_and_figures(page, base, tmp_path):
     assert inked == pytest.approx(expected, abs=2), (inked, expected)
     assert sum(1 for n in heights if n >= 5) >= len(heights) // 10, heights
     assert max(heights) >= 20
-    # ... drawn as it streamed in: redrawn at each chunk, growing
-    grown = page.evaluate("window.inkedColumns")
-    assert len(grown) == stats["chunks"] >= 2, (grown, stats["chunks"])
-    assert grown == sorted(grown) and grown[0] < grown[-1] == inked, grown
+    # ... drawn as it streamed in: redrawn at each chunk, growing with the audio received (a
+    # redraw with under 4 s received inks that share of the canvas; past 4 s the canvas spans
+    # all the audio, so a fast server whose first read brings >= 4 s draws it whole at once)
+    drawn = page.evaluate("window.inkedColumns")
+    assert len(drawn) == stats["chunks"] >= 2, (drawn, stats["chunks"])
+    grown = [n for n, _ in drawn]
+    assert grown == sorted(grown) and grown[-1] == inked, drawn
+    for n, seconds in drawn:
+        assert n == pytest.approx(len(heights) * min(1.0, seconds / 4), abs=2), drawn
 
     # the figures: time to first audio < the whole request's time; RTF = that time / audio
     ttfa, total, rtf = stats["firstChunkMs"], stats["totalMs"], stats["rtf"]
