@@ -51,3 +51,40 @@ def run(name: str, *args: str, omp_threads: int | None = 1, timeout: float = 600
 def positive(x: object) -> bool:
     """Whether ``x`` is a finite number above 0 (no bool)."""
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+#: The speech benches' figures reported once per concurrency level (keys "1", "4", "8").
+PER_LEVEL = ("omnistep_audio_s_per_s", "omnistep_ttfa_p99_s", "omnistep_rtf")
+#: The speech benches' three targets: (a) TTFA C=1 ratio, (b) audio-s/s ratio, (c) p99 cliff.
+SPEECH_TARGETS = ((0.25, "<="), (4.0, ">="), (1.5, "<="))
+
+
+def check_figures(
+    figures: dict,
+    scalars: tuple[str, ...],
+    per_level: tuple[str, ...] = PER_LEVEL,
+    levels: tuple[str, ...] = ("1", "4", "8"),
+) -> None:
+    """Assert each of ``scalars`` is a positive figure and each of ``per_level`` holds one
+    positive figure per concurrency level in ``levels`` (no more, no fewer).
+
+    Raises:
+        AssertionError: naming the first key that fails.
+        KeyError: a key is missing from ``figures``.
+    """
+    for key in scalars:
+        assert positive(figures[key]), key
+    for key in per_level:
+        assert sorted(figures[key], key=int) == list(levels), key
+        assert all(positive(v) for v in figures[key].values()), key
+
+
+def check_targets(targets: list[dict], expected: tuple[tuple[float, str], ...]) -> None:
+    """Assert the bench's ``targets`` are ``expected``'s (target, op) pairs in order, each with a
+    positive measured ``value`` and a boolean ``met``.
+
+    Raises:
+        AssertionError: a target differs or a value is missing/non-positive.
+    """
+    assert [(t["target"], t["op"]) for t in targets] == list(expected)
+    assert all(positive(t["value"]) and isinstance(t["met"], bool) for t in targets)

@@ -121,8 +121,8 @@ class DenoiseConfig:
 
 @dataclass(frozen=True, eq=False)
 class DenoiseReplay:
-    """What rebuilds a request's window starts: its request, its program context (the slots
-    ``make_start`` reads, e.g. the voice) and the loop's config."""
+    """What rebuilds a request's window starts: its request, its program context (a copy
+    holding only the slots ``make_start`` reads, e.g. the voice) and the loop's config."""
 
     request: Request
     ctx: ProgramContext
@@ -226,7 +226,11 @@ class DenoiseLoop(ConfiguredLoop[DenoiseConfig]):
         metrics = {"ode_steps": float(state.step), "chunks": float(state.chunks)}
         if state.profile is not ExecutionProfile.ROLLOUT:
             return LoopResult(state.emitted, metrics)
-        replay = DenoiseReplay(state.request, state.ctx, self.config)
+        # the slots only: not the outbox's audio, the trajectories or rollout_info (which
+        # will hold this replay: no cycle keeping the whole run alive)
+        ctx = state.ctx
+        slots_only = ProgramContext(ctx.request, ctx.model, ctx.profile, dict(ctx.slots))
+        replay = DenoiseReplay(state.request, slots_only, self.config)
         info = {"seed": state.request.seed, "prompt": replay}
         # nothing recorded (an ODE: no policy) is no trajectory
         return LoopResult(state.emitted, metrics, state.trajectory or None, info)
