@@ -99,7 +99,15 @@ from omnistep.models.chattts.card import ChatTTSOptions, build_card, make_sampli
 from omnistep.sampling import sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import call_summary, fmt, jsonable, load_avg, median, union_seconds  # noqa: E402
+from common import (  # noqa: E402
+    call_summary,
+    fmt,
+    jsonable,
+    load_avg,
+    median,
+    timed_streams,
+    union_seconds,
+)
 from device_timing import DEVICES, device_info, now, resolve_device  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,26 +362,16 @@ class Ours:
             )
             for i in range(c)
         ]
-        start = time.perf_counter()
-        submitted, streams = [], []
-        for r in reqs:
-            submitted.append(time.perf_counter())
-            streams.append(self.engine.add_request(r))
-
-        async def consume(i: int) -> dict[str, Any]:
-            first, samples = None, 0
-            async for chunk in streams[i]:
-                if chunk.audio is not None and chunk.audio.size:
-                    first = first or time.perf_counter()
-                    samples += chunk.audio.size
-            return {
-                "ttfa_s": None if first is None else first - submitted[i],
-                "total_s": time.perf_counter() - submitted[i],
-                "frames": int(streams[i].usage.get("output_tokens", -1)),
-                "samples": samples,
+        start, timed = await timed_streams(self.engine, reqs)
+        per = [
+            {
+                "ttfa_s": t.ttfa_s,
+                "total_s": t.total_s,
+                "frames": int(t.stream.usage.get("output_tokens", -1)),
+                "samples": t.samples,
             }
-
-        per = await asyncio.gather(*(consume(i) for i in range(c)))
+            for t in timed
+        ]
         wall = time.perf_counter() - start
         frames = sum(p["frames"] for p in per)
         ttfa = [p["ttfa_s"] for p in per if p["ttfa_s"] is not None]

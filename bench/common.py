@@ -221,3 +221,58 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, float) and x != x:
         return None
     return x
+
+
+class StreamTiming:
+    """One request of a burst, timed from its submission: ``submitted``, ``first`` (its first
+    non-empty audio chunk, None without audio) and ``end`` (``time.perf_counter`` seconds),
+    ``samples`` of audio received, ``arrivals``: ``(seconds since submission, samples)`` per
+    audio chunk, and its ``stream`` (usage, trajectories)."""
+
+    def __init__(self, stream: Any, submitted: float):
+        self.stream, self.submitted = stream, submitted
+        self.first: float | None = None
+        self.end = submitted
+        self.samples = 0
+        self.arrivals: list[tuple[float, int]] = []
+
+    @property
+    def ttfa_s(self) -> float | None:
+        """Seconds from submission to the first audio chunk; None without audio."""
+        return None if self.first is None else self.first - self.submitted
+
+    @property
+    def total_s(self) -> float:
+        """Seconds from submission to the stream's end."""
+        return self.end - self.submitted
+
+
+async def timed_streams(engine: Any, requests: list[Any]) -> tuple[float, list[StreamTiming]]:
+    """Submit ``requests`` to ``engine`` (an ``AsyncEngine``: ``add_request``) one after the
+    other, read every stream to its end concurrently and time each one's audio chunks (those
+    whose ``audio`` holds samples).
+
+    Returns:
+        The burst's start (``time.perf_counter`` seconds, before the first submission) and one
+        ``StreamTiming`` per request, in order.
+    """
+    import asyncio
+
+    start = time.perf_counter()
+    timings = []
+    for request in requests:
+        submitted = time.perf_counter()
+        timings.append(StreamTiming(engine.add_request(request), submitted))
+
+    async def consume(t: StreamTiming) -> None:
+        async for chunk in t.stream:
+            audio = getattr(chunk, "audio", None)
+            if audio is not None and audio.size:
+                now = time.perf_counter()
+                t.first = t.first or now
+                t.samples += audio.size
+                t.arrivals.append((now - t.submitted, audio.size))
+        t.end = time.perf_counter()
+
+    await asyncio.gather(*(consume(t) for t in timings))
+    return start, timings

@@ -172,6 +172,7 @@ from common import (  # noqa: E402
     parse_levels,
     percentile,
     target_row,
+    timed_streams,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -754,28 +755,17 @@ class Ours:
         cpu0 = time.process_time()
         seed0, self.seed = self.seed, self.seed + c
         reqs = [self.family.request(i, seed0 + i, frames or self.frames) for i in range(c)]
-        start = time.perf_counter()
-        submitted, streams = [], []
-        for r in reqs:
-            submitted.append(time.perf_counter())
-            streams.append(self.engine.add_request(r))
-
-        async def consume(i: int) -> dict[str, Any]:
-            first, samples = None, 0
-            async for chunk in streams[i]:
-                if chunk.modality is Modality.AUDIO and chunk.audio is not None:
-                    if chunk.audio.size and first is None:
-                        first = time.perf_counter()
-                    samples += chunk.audio.size
-            return {
+        start, timed = await timed_streams(self.engine, reqs)
+        per = [
+            {
                 "text": i % len(TEXTS),
-                "ttfa_s": None if first is None else first - submitted[i],
-                "total_s": time.perf_counter() - submitted[i],
-                "frames": self.family.frames_of(streams[i], samples),
-                "audio_s": samples / self.family.sample_rate,
+                "ttfa_s": t.ttfa_s,
+                "total_s": t.total_s,
+                "frames": self.family.frames_of(t.stream, t.samples),
+                "audio_s": t.samples / self.family.sample_rate,
             }
-
-        per = list(await asyncio.gather(*(consume(i) for i in range(c))))
+            for i, t in enumerate(timed)
+        ]
         wall = time.perf_counter() - start
         cpu = time.process_time() - cpu0
         audio = sum(p["audio_s"] for p in per)

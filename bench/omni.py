@@ -109,7 +109,16 @@ from omnistep.models.qwen2_5_omni.dit import DiTChunking
 from omnistep.sampling import SamplingRow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ExecTimer, fmt, jsonable, load_avg, median, union_seconds  # noqa: E402
+from common import (  # noqa: E402
+    ExecTimer,
+    StreamTiming,
+    fmt,
+    jsonable,
+    load_avg,
+    median,
+    timed_streams,
+    union_seconds,
+)
 from dit_joins import parse_setting  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -298,50 +307,36 @@ class Ours:
             voice=VOICE,
         )
 
+    def _request_figures(self, i: int, t: StreamTiming) -> dict[str, Any]:
+        """Request ``i``'s figures: TTFA, the thinker's and talker's tokens, audio, and the
+        underruns of a player started at its first chunk."""
+        playback = simulate_playback(
+            [at for at, _ in t.arrivals], [n / SAMPLE_RATE for _, n in t.arrivals]
+        )
+        traj = t.stream.trajectories
+        talk = [int(r.tokens[0]) for r in traj.get("talk", [])]
+        return {
+            "prompt": i,
+            "ttfa_s": t.ttfa_s,
+            "total_s": t.total_s,
+            "thinker_tokens": len(traj.get("think", [])),
+            "talker_tokens": len(talk),
+            "talker_eos": any(x in self.eos for x in talk),
+            "audio_s": t.samples / SAMPLE_RATE,
+            "audio_chunks": len(t.arrivals),
+            "underruns": playback.count,
+            "underrun_s": playback.total_s,
+            "think": [int(r.tokens[0]) for r in traj.get("think", [])],
+            "talk": talk,
+        }
+
     async def burst(self, c: int, tag: str = "", quiet: bool = False) -> dict[str, Any]:
         for t in self.timers.values():
             t.log.clear()
         cpu0 = time.process_time()
         reqs = [self.request(i, seed=1000 + i) for i in range(c)]
-        start = time.perf_counter()
-        submitted, streams = [], []
-        for r in reqs:
-            submitted.append(time.perf_counter())
-            streams.append(self.engine.add_request(r))
-
-        async def consume(i: int) -> dict[str, Any]:
-            first, samples, arrivals, durations = None, 0, [], []
-            async for chunk in streams[i]:
-                if (
-                    chunk.modality is Modality.AUDIO
-                    and chunk.audio is not None
-                    and chunk.audio.size
-                ):
-                    now = time.perf_counter()
-                    first = first or now
-                    samples += chunk.audio.size
-                    arrivals.append(now - submitted[i])
-                    durations.append(chunk.audio.size / SAMPLE_RATE)
-            end = time.perf_counter()
-            playback = simulate_playback(arrivals, durations)
-            traj = streams[i].trajectories
-            talk = [int(r.tokens[0]) for r in traj.get("talk", [])]
-            return {
-                "prompt": i,
-                "ttfa_s": None if first is None else first - submitted[i],
-                "total_s": end - submitted[i],
-                "thinker_tokens": len(traj.get("think", [])),
-                "talker_tokens": len(talk),
-                "talker_eos": any(x in self.eos for x in talk),
-                "audio_s": samples / SAMPLE_RATE,
-                "audio_chunks": len(arrivals),
-                "underruns": playback.count,
-                "underrun_s": playback.total_s,
-                "think": [int(r.tokens[0]) for r in traj.get("think", [])],
-                "talk": talk,
-            }
-
-        per = await asyncio.gather(*(consume(i) for i in range(c)))
+        start, timed = await timed_streams(self.engine, reqs)
+        per = [self._request_figures(i, t) for i, t in enumerate(timed)]
         wall = time.perf_counter() - start
         res = aggregate(c, wall, per)
         res["cpu_s"] = time.process_time() - cpu0

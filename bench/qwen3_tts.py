@@ -105,7 +105,6 @@ import torch
 
 from omnistep.core import (
     ExecutionProfile,
-    Modality,
     ModelInstance,
     Request,
     SamplingParams,
@@ -123,6 +122,7 @@ from common import (  # noqa: E402
     median,
     parse_levels,
     percentile,
+    timed_streams,
     union_seconds,
 )
 
@@ -285,29 +285,17 @@ class Ours:
         cpu0 = time.process_time()
         seed0, self.seed = self.seed, self.seed + c
         reqs = [self.request(i, seed=seed0 + i) for i in range(c)]
-        start = time.perf_counter()
-        submitted, streams = [], []
-        for r in reqs:
-            submitted.append(time.perf_counter())
-            streams.append(self.engine.add_request(r))
-
-        async def consume(i: int) -> dict[str, Any]:
-            first, samples = None, 0
-            async for chunk in streams[i]:
-                if chunk.modality is Modality.AUDIO and chunk.audio is not None:
-                    if chunk.audio.size and first is None:
-                        first = time.perf_counter()
-                    samples += chunk.audio.size
-            end = time.perf_counter()
-            return {
+        start, timed = await timed_streams(self.engine, reqs)
+        per = [
+            {
                 "text": i % len(TEXTS),
-                "ttfa_s": None if first is None else first - submitted[i],
-                "total_s": end - submitted[i],
-                "frames": int(streams[i].usage.get("output_tokens", 0)),
-                "audio_s": samples / SAMPLE_RATE,
+                "ttfa_s": t.ttfa_s,
+                "total_s": t.total_s,
+                "frames": int(t.stream.usage.get("output_tokens", 0)),
+                "audio_s": t.samples / SAMPLE_RATE,
             }
-
-        per = list(await asyncio.gather(*(consume(i) for i in range(c))))
+            for i, t in enumerate(timed)
+        ]
         wall = time.perf_counter() - start
         cpu = time.process_time() - cpu0
         frames = sum(p["frames"] for p in per)
