@@ -1,114 +1,305 @@
-"""Time of one VoxCPM2 AR step with the LocDiT solve inside the AR unit, and the solve's share.
+"""VoxCPM2's LocDiT solve inside the AR unit (``inner_solve="in_step"``) vs its Euler steps as
+WorkUnits of their own (``"units"``), measured in the same run (issue 30, P4 item 2).
 
 What it measures
 ----------------
-``VoxCPMAR`` (random weights, float32, this machine's CPU, ``--threads`` torch threads) on a
-20-token zero-shot prompt, C requests batched (``--batches``, default 1 and 8): the median
-over 8 decode steps of the wall time of one ``AR_TOKEN`` batch (both LMs, the stop decision
-and every request's LocDiT solve: 10 Euler steps, each a conditional and an unconditional
-forward of the batch) and of the LocDiT solve alone on a batch of the same size. Widths:
-``--lm-width`` (base LM 4 layers, residual LM 2), ``--dit-width`` (LocDiT and LocEnc, 4 and 2
-layers), ``feat_dim`` 64, patch 4.
+One folder in the published layout at the PUBLISHED WIDTHS and REDUCED DEPTH (``--layers``
+per stack, default 2; published 28 / 8 / 12 / 12): base and residual LM hidden 2048, MLP 6144,
+16 heads, 2 KV heads of 128 (the published ``config.json``'s block, as
+``tests/voxcpm_ref/bench_ref.py: PUBLISHED_LM``); LocEnc and LocDiT 1024 wide, FFN 4096, 16
+heads of 128 (``VoxCPMEncoderConfig`` / ``VoxCPMDitConfig``); patch 4, ``feat_dim`` 64,
+quantizer 512 / 9; the AudioVAE whole at ``AudioVAEConfig``'s defaults (decoder 2048 channels,
+48 kHz). Seeded random weights written by omnistep's own modules (``tiny.write_folder`` with
+these sizes), float32, the stop head zeroed so every request runs to its cap of ``--frames``
+patches (default 12 = 1.92 s). The tiny tokenizer (text ids are only looked up).
 
-The alternative, each Euler step a WorkUnit of its own, does the same arithmetic in 10 units per
-patch instead of one, plus the scheduler's cost per unit (bench/scheduler_overhead.py: about
-10-20 us); it is not built, so it is not timed here.
+Two ``voxcpm2`` cards on that folder, each in its own in-process ``AsyncEngine`` (default
+``EngineConfig``), identical but for ``VoxCPMOptions.inner_solve``. Work per request: one of
+the bench sentences, the zero-shot voice, ``cfg_value`` 2.0, 10 Euler steps per patch (9 run:
+CFG-Zero* zeroes the first). Per round, for each form (the order alternates by round):
 
-Run: ``PYTHONPATH=. python bench/voxcpm_inner_solve.py [--threads 1] [--batches 1 8]``.
+* C=1: one request; TTFA (``add_request`` -> its first audio chunk) and the per-patch latency
+  ``(end - first audio) / (F - 1)`` (the steady AR step + solve + vocoder share per patch);
+* C=8: eight requests at once; audio-s/s (audio seconds / the burst's wall time) and TTFA p99;
+* for both: units executed per second of wall time, ``execute`` calls, and the engine's
+  overhead per call: wall time when no component's ``execute`` runs (the union of their
+  intervals taken out: the vocoder's calls may overlap the LM's) / calls.
+
+Reported: per form the median over rounds, and the ratios units / in_step of each round and
+their median. Wall-clock figures depend on other load (the load average goes with each burst).
+
+Run::
+
+    PYTHONPATH=. .venv/bin/python bench/voxcpm_inner_solve.py          # 2 layers, 12 patches
+    PYTHONPATH=. .venv/bin/python bench/voxcpm_inner_solve.py --quick  # tiny folder, 4 patches
+
+Output: a printed table and ``bench/results/voxcpm_inner_solve.json`` (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from omnistep.core import WorkUnitKind
-from omnistep.kv import KVCacheConfig
-from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
-from omnistep.models.voxcpm.ar import VoxCPMAR, VoxCPMPrompt, stop_sampling
-from omnistep.models.voxcpm.config import VoxCPMConfig
-from omnistep.models.voxcpm.lm import VoxCPMBackbone, build_prompt
-from omnistep.models.voxcpm.tiny import tiny_config
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    SENTENCES,
+    ExecTimer,
+    jsonable,
+    load_avg,
+    median,
+    percentile,
+    union_seconds,
+)
 
-FEAT, PATCH, STEPS = 64, 4, 8
+from omnistep.core import Modality, ModelInstance, Request, SamplingParams  # noqa: E402
+from omnistep.engine import AsyncEngine  # noqa: E402
+from omnistep.models.voxcpm.card import VoxCPMOptions, build_card  # noqa: E402
+from omnistep.models.voxcpm.tiny import write_folder  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "bench" / "results" / "voxcpm_inner_solve.json"
+FORMS = ("in_step", "units")
+SAMPLE_RATE = 48000
 
 
-def _backbone(lm_width: int, dit_width: int) -> VoxCPMBackbone:
-    cfg = tiny_config(head_dim=64)
-    cfg["lm_config"].update(
-        hidden_size=lm_width,
-        intermediate_size=lm_width * 11 // 4,
-        num_attention_heads=lm_width // 64,
-        num_key_value_heads=2,
-        num_hidden_layers=4,
-    )
-    cfg["residual_lm_num_layers"] = 2
-    cfg["feat_dim"] = FEAT
-    heads = dit_width // 64
-    cfg["encoder_config"] = {
-        "hidden_dim": dit_width,
-        "ffn_dim": dit_width * 3,
-        "num_heads": heads,
-        "num_layers": 2,
+def published_sizes(layers: int) -> dict[str, Any]:
+    """Top-level ``config.json`` overrides at the published widths, ``layers`` per stack."""
+    lm = {
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 16,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": 2,
+        "kv_channels": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000,
+        "rope_scaling": {
+            "type": "longrope",
+            "long_factor": [1.0] * 64,
+            "short_factor": [1.0] * 64,
+            "original_max_position_embeddings": 32768,
+        },
+        "vocab_size": 256,
+        "use_mup": False,
+        "scale_emb": 12,
+        "dim_model_base": 256,
+        "scale_depth": 1.4,
     }
-    cfg["dit_config"].update(
-        hidden_dim=dit_width, ffn_dim=dit_width * 3, num_heads=heads, num_layers=4
-    )
-    cfg["audio_vae_config"]["latent_dim"] = FEAT
-    folder = Path(tempfile.mkdtemp())
-    (folder / "config.json").write_text(json.dumps(cfg))
-    torch.manual_seed(0)
-    return VoxCPMBackbone(VoxCPMConfig.from_file(folder / "config.json")).eval()
+    local = {"hidden_dim": 1024, "ffn_dim": 4096, "num_heads": 16, "num_layers": layers}
+    local["kv_channels"] = 128
+    cfm = {"sigma_min": 1e-6, "solver": "euler", "t_scheduler": "log-norm"}
+    vae = {
+        "encoder_dim": 128,
+        "encoder_rates": [2, 5, 8, 8],
+        "latent_dim": 64,
+        "decoder_dim": 2048,
+        "decoder_rates": [8, 6, 5, 2, 2, 2],
+        "depthwise": True,
+        "sample_rate": 16000,
+        "out_sample_rate": 48000,
+        "use_noise_block": False,
+        "sr_bin_boundaries": [20000, 30000, 40000],
+        "cond_type": "scale_bias",
+        "cond_dim": 128,
+        "cond_out_layer": False,
+    }
+    return {
+        "lm_config": lm,
+        "patch_size": 4,
+        "feat_dim": 64,
+        "residual_lm_num_layers": layers,
+        "residual_lm_no_rope": True,
+        "scalar_quantization_latent_dim": 512,
+        "scalar_quantization_scale": 9,
+        "encoder_config": local,
+        "dit_config": {
+            **local,
+            "dit_mean_mode": False,
+            "cfm_config": {**cfm, "inference_cfg_rate": 2.0},
+        },
+        "audio_vae_config": vae,
+    }
 
 
-def measure(backbone: VoxCPMBackbone, batch: int) -> tuple[float, float]:
-    """Median seconds of one AR step and of the LocDiT solve alone, for ``batch`` requests."""
-    ar = VoxCPMAR(backbone, KVCacheConfig(num_blocks=256, block_size=16))
-    prompt = VoxCPMPrompt(build_prompt(list(range(110, 130)), PATCH, FEAT))
-    gens = [torch.Generator().manual_seed(i) for i in range(batch)]
-    row = stop_sampling(2)
-    units = [ARPrefillInput(f"s{i}", prompt, (), (), row, g) for i, g in enumerate(gens)]
-    outs = ar.execute(WorkUnitKind.PREFILL, units)
-    dit = backbone.estimator
-    steps, solves = [], []
-    for step in range(1, STEPS + 1):
-        units = [
-            ARStepInput(f"s{i}", o.tokens, step, (), row, gens[i], extra=o.hidden)
-            for i, o in enumerate(outs)
+def write(root: Path, quick: bool, layers: int) -> Path:
+    """The folder (``write_folder``), the stop head zeroed so requests run to their cap."""
+    from safetensors.torch import load_file, save_file
+
+    folder = write_folder(root, overrides=None if quick else published_sizes(layers))
+    path = folder / "model.safetensors"
+    state = load_file(str(path))
+    state["stop_head.weight"] = torch.zeros_like(state["stop_head.weight"])
+    save_file(state, str(path))
+    return folder
+
+
+class Form:
+    """One card (one ``inner_solve``) in its own engine, its components' ``execute`` timed."""
+
+    def __init__(self, folder: Path, form: str, frames: int):
+        options = VoxCPMOptions(kv_cache_gb=0.25, inner_solve=form, max_len=frames)
+        self.model = ModelInstance.load(build_card(str(folder), options))
+        self.timers = [ExecTimer(c) for c in self.model.components.values()]
+        self.engine = AsyncEngine([self.model])
+        self.form, self.frames, self.seed = form, frames, 1000
+
+    async def burst(self, c: int, frames: int | None = None) -> dict[str, Any]:
+        """C requests at once, streamed to their ends."""
+        frames = frames or self.frames
+        for t in self.timers:
+            t.log.clear()
+        load = load_avg()
+        seed0, self.seed = self.seed, self.seed + c
+        sampling = SamplingParams(max_new_tokens=frames)
+        reqs = [
+            Request("voxcpm2", text=SENTENCES[i % 8], seed=seed0 + i, sampling=sampling)
+            for i in range(c)
         ]
         start = time.perf_counter()
-        outs = ar.execute(WorkUnitKind.AR_TOKEN, units)
-        steps.append(time.perf_counter() - start)
-        mu = torch.randn(batch, 2 * dit.width)  # [lm_to_dit(lm), res_to_dit(res)]
-        cond, noise = torch.randn(batch, FEAT, PATCH), torch.randn(batch, FEAT, PATCH)
-        with torch.no_grad():
-            start = time.perf_counter()
-            dit.solve(mu, cond, noise, 10, torch.full((batch,), 2.0))
-            solves.append(time.perf_counter() - start)
-    return sorted(steps)[STEPS // 2], sorted(solves)[STEPS // 2]
+        submitted = []
+        streams = []
+        for r in reqs:
+            submitted.append(time.perf_counter())
+            streams.append(self.engine.add_request(r))
+
+        async def consume(i: int) -> tuple[float, float, int]:
+            first, samples = None, 0
+            async for chunk in streams[i]:
+                audio = chunk.audio if chunk.modality is Modality.AUDIO else None
+                if audio is not None and audio.size:
+                    first = first or time.perf_counter()
+                    samples += audio.size
+            return first - submitted[i], time.perf_counter() - submitted[i], samples
+
+        per = await asyncio.gather(*(consume(i) for i in range(c)))
+        wall = time.perf_counter() - start
+        calls = [entry for t in self.timers for entry in t.log]
+        in_exec = union_seconds([(s, e) for _, _, s, e in calls])
+        units = sum(n for _, n, _, _ in calls)
+        audio = sum(s for _, _, s in per) / SAMPLE_RATE
+        ttfa = [t for t, _, _ in per]
+        by_kind: dict[str, float] = {}
+        for kind, _, s, e in calls:
+            by_kind[kind] = by_kind.get(kind, 0.0) + e - s
+        return {
+            "concurrency": c,
+            "wall_s": wall,
+            "audio_s": audio,
+            "audio_s_per_s": audio / wall,
+            "ttfa_p50_s": percentile(ttfa, 50),
+            "ttfa_p99_s": percentile(ttfa, 99),
+            "per_patch_s": median([(total - t) / max(1, frames - 1) for t, total, _ in per]),
+            "units": units,
+            "calls": len(calls),
+            "units_per_s": units / wall,
+            "exec_s": in_exec,
+            "exec_s_by_kind": by_kind,
+            "overhead_per_call_s": (wall - in_exec) / max(1, len(calls)),
+            "loadavg_before": load,
+        }
+
+    async def close(self) -> None:
+        await self.engine.shutdown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--lm-width", type=int, default=1024)
-    parser.add_argument("--dit-width", type=int, default=512)
-    args = parser.parse_args()
+FIGURES = (
+    ("c1", "ttfa_p50_s", "C=1 TTFA s"),
+    ("c1", "per_patch_s", "C=1 per patch s"),
+    ("c8", "audio_s_per_s", "C=8 audio-s/s"),
+    ("c8", "ttfa_p99_s", "C=8 TTFA p99 s"),
+    ("c8", "units_per_s", "C=8 units/s"),
+    ("c8", "calls", "C=8 execute calls"),
+    ("c8", "overhead_per_call_s", "C=8 overhead/call s"),
+)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(args.root or tempfile.mkdtemp()) / "voxcpm_inner_solve"
+    folder = write(root, args.quick, args.layers)
+    forms = {f: Form(folder, f, args.frames) for f in FORMS}
+    try:
+        for form in forms.values():  # warm-ups: one short request, then a burst of 2
+            await form.burst(1, frames=2)
+            await form.burst(2, frames=2)
+        rounds = []
+        for r in range(args.rounds):
+            order = FORMS if r % 2 == 0 else FORMS[::-1]
+            rnd: dict[str, Any] = {}
+            for name in order:
+                rnd[name] = {"c1": await forms[name].burst(1), "c8": await forms[name].burst(8)}
+                c1, c8 = rnd[name]["c1"], rnd[name]["c8"]
+                print(
+                    f"round {r + 1} {name:<8} C=1 TTFA {c1['ttfa_p50_s']:.3f}s "
+                    f"patch {c1['per_patch_s']:.3f}s | C=8 {c8['audio_s_per_s']:.3f} audio-s/s "
+                    f"TTFA p99 {c8['ttfa_p99_s']:.3f}s {c8['units_per_s']:.1f} units/s "
+                    f"overhead/call {c8['overhead_per_call_s'] * 1e3:.2f} ms "
+                    f"load {c8['loadavg_before'][0]}",
+                    flush=True,
+                )
+            rounds.append(rnd)
+    finally:
+        for form in forms.values():
+            await form.close()
+    return summarize(rounds, args)
+
+
+def summarize(rounds: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Per form the median of each figure over rounds; per figure the median ratio units /
+    in_step of the rounds."""
+    figures: dict[str, Any] = {}
+    for level, key, label in FIGURES:
+        values = {f: [r[f][level][key] for r in rounds] for f in FORMS}
+        ratios = [u / i for u, i in zip(values["units"], values["in_step"], strict=True) if i]
+        figures[label] = {
+            **{f: median(v) for f, v in values.items()},
+            "ratio_units_over_in_step": median(ratios),
+            "ratios": ratios,
+        }
+    return {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "threads": torch.get_num_threads(),
+        "figures": figures,
+        "rounds": rounds,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=2, help="layers per stack (published widths)")
+    ap.add_argument("--frames", type=int, default=12, help="patches per request")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument("--quick", action="store_true", help="tiny folder, 4 patches, 1 round")
+    ap.add_argument("--root", type=str, default=None, help="folder to write the weights under")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.frames, args.rounds = 4, 1
     torch.set_num_threads(args.threads)
-    backbone = _backbone(args.lm_width, args.dit_width)
-    for batch in args.batches:
-        step, solve = measure(backbone, batch)
+    result = asyncio.run(run(args))
+    print(f"\n{'figure':<22} {'in_step':>10} {'units':>10} {'units/in_step':>14}")
+    for label, row in result["figures"].items():
         print(
-            f"C={batch}: AR step {step * 1e3:.1f} ms, LocDiT solve alone {solve * 1e3:.1f} ms "
-            f"({solve / step:.0%} of the step), {step / batch * 1e3:.1f} ms per patch"
+            f"{label:<22} {row['in_step']:>10.4g} {row['units']:>10.4g} "
+            f"{row['ratio_units_over_in_step']:>14.3f}"
         )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(jsonable(result), indent=1))
+    print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
