@@ -14,7 +14,8 @@ these sizes), float32, the stop head zeroed so every request runs to its cap of 
 patches (default 12 = 1.92 s). The tiny tokenizer (text ids are only looked up).
 
 Two ``voxcpm2`` cards on that folder, each in its own in-process ``AsyncEngine`` (default
-``EngineConfig``), identical but for ``VoxCPMOptions.inner_solve``. Work per request: one of
+``EngineConfig``), identical but for ``VoxCPMOptions.inner_solve``; warm-ups, then one
+unmeasured round. Work per request: one of
 the bench sentences, the zero-shot voice, ``cfg_value`` 2.0, 10 Euler steps per patch (9 run:
 CFG-Zero* zeroes the first). Per round, for each form (the order alternates by round):
 
@@ -24,6 +25,12 @@ CFG-Zero* zeroes the first). Per round, for each form (the order alternates by r
 * for both: units executed per second of wall time, ``execute`` calls, and the engine's
   overhead per call: wall time when no component's ``execute`` runs (the union of their
   intervals taken out: the vocoder's calls may overlap the LM's) / calls.
+
+* direct (no engine; ``--direct-steps`` S, default 6): the components called by hand on C
+  sequences (C = 1 and 8; a 20-id prompt), one patch at a time, the two forms alternating
+  patch by patch: in_step one ``lm`` AR_TOKEN call; units the ``lm`` call that stops at the
+  solve's input, then the 9 ``dit`` DENOISE_STEP calls. The median seconds per patch: the
+  split's own compute cost (packing, per-row times, 9 calls instead of one), no scheduling.
 
 Reported: per form the median over rounds, and the ratios units / in_step of each round and
 their median. Wall-clock figures depend on other load (the load average goes with each burst).
@@ -60,7 +67,13 @@ from common import (  # noqa: E402
     union_seconds,
 )
 
-from omnistep.core import Modality, ModelInstance, Request, SamplingParams  # noqa: E402
+from omnistep.core import (  # noqa: E402
+    Modality,
+    ModelInstance,
+    Request,
+    SamplingParams,
+    WorkUnitKind,
+)
 from omnistep.engine import AsyncEngine  # noqa: E402
 from omnistep.models.voxcpm.card import VoxCPMOptions, build_card  # noqa: E402
 from omnistep.models.voxcpm.tiny import write_folder  # noqa: E402
@@ -225,6 +238,55 @@ FIGURES = (
 )
 
 
+def direct(forms: dict[str, Form], batch: int, steps: int) -> dict[str, float]:
+    """Median seconds per patch of each form's components called by hand (module docstring)."""
+    from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
+    from omnistep.loops.denoise import DenoiseInput
+    from omnistep.models.voxcpm.ar import VoxCPMPrompt, stop_sampling
+    from omnistep.models.voxcpm.lm import build_prompt
+    from omnistep.models.voxcpm.solve import SolveStart
+
+    def solve(dit: Any, outs: list) -> list:
+        if not isinstance(outs[0].hidden, SolveStart):
+            return [o.hidden for o in outs]
+        pending = [DenoiseInput(start=o.hidden) for o in outs]
+        while True:
+            res = dit.execute(WorkUnitKind.DENOISE_STEP, pending)
+            if res[0].done:
+                return [r.result for r in res]
+            pending = [DenoiseInput(state=r.state) for r in res]
+
+    row = stop_sampling(2)
+    state: dict[str, Any] = {}
+    times: dict[str, list[float]] = {f: [] for f in FORMS}
+    for name, form in forms.items():
+        lm = form.model.components["lm"]
+        prompt = VoxCPMPrompt(build_prompt(list(range(110, 130)), lm.patch, lm.feat))
+        gens = [torch.Generator().manual_seed(i) for i in range(batch)]
+        units = [
+            ARPrefillInput(f"direct{batch}/{i}", prompt, (), (), row, g) for i, g in enumerate(gens)
+        ]
+        outs = lm.execute(WorkUnitKind.PREFILL, units)
+        state[name] = (gens, outs, solve(form.model.components.get("dit"), outs))
+    for step in range(1, steps + 1):
+        for name in FORMS if step % 2 else FORMS[::-1]:
+            lm, dit = (forms[name].model.components.get(n) for n in ("lm", "dit"))
+            gens, outs, patches = state[name]
+            units = [
+                ARStepInput(f"direct{batch}/{i}", o.tokens, step, (), row, gens[i], extra=p)
+                for i, (o, p) in enumerate(zip(outs, patches, strict=True))
+            ]
+            start = time.perf_counter()
+            outs = lm.execute(WorkUnitKind.AR_TOKEN, units)
+            patches = solve(dit, outs)
+            times[name].append(time.perf_counter() - start)
+            state[name] = (gens, outs, patches)
+    for form in forms.values():
+        for i in range(batch):
+            form.model.components["lm"].free_sequence(f"direct{batch}/{i}")
+    return {f: median(v) for f, v in times.items()}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.root or tempfile.mkdtemp()) / "voxcpm_inner_solve"
     folder = write(root, args.quick, args.layers)
@@ -233,6 +295,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for form in forms.values():  # warm-ups: one short request, then a burst of 2
             await form.burst(1, frames=2)
             await form.burst(2, frames=2)
+        for name in FORMS:  # and one unmeasured round (the first form's first burst after
+            # the other engine's warm-up ran up to 2x slow)
+            await forms[name].burst(1)
+            await forms[name].burst(8, frames=2)
         rounds = []
         for r in range(args.rounds):
             order = FORMS if r % 2 == 0 else FORMS[::-1]
@@ -249,10 +315,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
             rounds.append(rnd)
+        direct_s = {}
+        for c in (1, 8):
+            direct_s[c] = direct(forms, c, args.direct_steps)
+            one, split = direct_s[c]["in_step"], direct_s[c]["units"]
+            print(
+                f"direct C={c}: per patch in_step {one:.3f}s, units {split:.3f}s "
+                f"({split / one:.3f})",
+                flush=True,
+            )
     finally:
         for form in forms.values():
             await form.close()
-    return summarize(rounds, args)
+    return {**summarize(rounds, args), "direct_per_patch_s": direct_s}
 
 
 def summarize(rounds: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -280,13 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=2, help="layers per stack (published widths)")
     ap.add_argument("--frames", type=int, default=12, help="patches per request")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--direct-steps", type=int, default=6, help="patches of the direct timing")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    ap.add_argument("--quick", action="store_true", help="tiny folder, 4 patches, 1 round")
+    ap.add_argument("--quick", action="store_true", help="tiny folder, 4 patches")
     ap.add_argument("--root", type=str, default=None, help="folder to write the weights under")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     if args.quick:
-        args.frames, args.rounds = 4, 1
+        args.frames, args.direct_steps = 4, 2
     torch.set_num_threads(args.threads)
     result = asyncio.run(run(args))
     print(f"\n{'figure':<22} {'in_step':>10} {'units':>10} {'units/in_step':>14}")
