@@ -1,8 +1,6 @@
 """VoxCPM2's AR step on the shared paged-KV component: both LMs, the stop decision and the
 LocDiT solve of the step's patch, batched across requests (the inner solve runs inside the AR
-unit, as Qwen3-TTS's code predictor does; with ``solve_in_step=False`` the unit ends at the
-solve's packed input, ``solve.SolveStart``, and ``solve.LocDiTSolver`` runs its Euler steps as
-units of their own).
+unit, as Qwen3-TTS's code predictor does; its steps are not WorkUnits of their own here).
 
 ``VoxCPMAR`` is a ``PagedARModel`` whose "stack" is ``DualStack``: the base LM, the quantizer,
 the fusion projection and the residual LM run in one forward over the same rows, each LM on
@@ -63,7 +61,6 @@ from omnistep.loops.ar_decode import ARPrefillInput, ARStepOutput
 from omnistep.models.voxcpm.lm import Prompt, VoxCPMBackbone
 from omnistep.models.voxcpm.loader import published_name
 from omnistep.models.voxcpm.locdit import sde_steps
-from omnistep.models.voxcpm.solve import SolveStart
 from omnistep.runners.flow_matching import gaussian_logprob
 from omnistep.runners.paged_ar import PagedARModel
 from omnistep.sampling import SamplingRow
@@ -217,9 +214,6 @@ class VoxCPMAR(PagedARModel):
         backbone: the loaded ``VoxCPMBackbone`` (its modules are used in place).
         kv: KV pool size (each block holds rows of both LMs).
         device, dtype, batch_invariant: as ``PagedARModel``'s.
-        solve_in_step: solve each step's patch inside the unit (default); False: the step's
-            ``hidden`` is a ``solve.SolveStart`` and the loop runs the solve as units of its
-            own (``VoxCPMOptions.inner_solve``).
     """
 
     def __init__(
@@ -229,10 +223,8 @@ class VoxCPMAR(PagedARModel):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         batch_invariant: bool = False,
-        solve_in_step: bool = True,
     ):
         self.backbone = backbone
-        self.solve_in_step = solve_in_step
         config = backbone.config
         self.width, self.patch, self.feat = config.hidden_size, config.patch_size, config.feat_dim
         # seq_id -> (cfg_value, timesteps, noise_level)
@@ -376,12 +368,6 @@ class VoxCPMAR(PagedARModel):
                 index = torch.tensor(rows, device=hidden.device)
                 # per row: [lm (H) | residual (H) | previous patch | noise | cfg (1)]
                 packed = torch.cat([hidden[index], noise, cfg[:, None].to(hidden.device)], -1)
-                if not self.solve_in_step:  # the units form: the loop runs the solve
-                    if num_sde:
-                        raise ValueError("an SDE solve (flow_noise_level > 0) runs in step only")
-                    for j, i in enumerate(rows):
-                        solved[i] = SolveStart(packed[j], n)
-                    continue
                 out = self._row_wise(self._solve_rows(n, level), packed).float().cpu()
                 est = self.backbone.estimator
                 stds = est.sde_stds(n, level, hidden.dtype, hidden.device) if num_sde else ()

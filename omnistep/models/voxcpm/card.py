@@ -55,7 +55,6 @@ from omnistep.models.voxcpm.frontend import (
 )
 from omnistep.models.voxcpm.loader import load_voxcpm
 from omnistep.models.voxcpm.loop import VoxCPMLoop
-from omnistep.models.voxcpm.solve import LocDiTSolver
 from omnistep.models.voxcpm.vocoder import AudioVAEComponent
 from omnistep.runners.locate import checkpoint_folder
 from omnistep.runners.options import ServingOptions
@@ -67,7 +66,6 @@ LAYOUT = (
 )
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 VAE_FILES = ("audiovae.safetensors", "audiovae.pth")
-INNER_SOLVES = ("in_step", "units")
 
 
 @dataclass(frozen=True)
@@ -83,13 +81,6 @@ class VoxCPMOptions(ServingOptions):
         first_chunk, chunk, max_chunk: the vocoder's chunk schedule in patches (1 patch =
             4 latent frames = 160 ms at 48 kHz); the first chunk is the first patch, so audio
             starts after one AR step.
-        inner_solve: where each patch's LocDiT solve runs: ``"in_step"`` (default) inside
-            the AR unit; ``"units"``: each Euler step a DENOISE_STEP unit of its own on a
-            ``dit`` component (``solve.LocDiTSolver``), the same numbers (ODE only: a request
-            with ``flow_noise_level`` is refused). docs/models/voxcpm.md compares the two.
-
-    Raises:
-        ValueError: a bad ``ServingOptions`` field, or an unknown ``inner_solve``.
     """
 
     cfg_value: float = 2.0
@@ -99,33 +90,11 @@ class VoxCPMOptions(ServingOptions):
     first_chunk: int = 1
     chunk: int = 1
     max_chunk: int = 4
-    inner_solve: str = "in_step"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.inner_solve not in INNER_SOLVES:
-            raise ValueError(f"inner_solve must be one of {INNER_SOLVES}, got {self.inner_solve!r}")
 
 
 def _enroll(model: ModelInstance, audio: Any, sample_rate: int, transcript: str) -> str:
     """The ``voice_enroller``: the ``encoder`` component's ``enroll`` (a cloned voice's spec)."""
     return call_component(model.components["encoder"], "enroll", audio, sample_rate, transcript)
-
-
-def _ode_only(frontend: VoxCPMFrontend):
-    """The ``frontend`` node of the units form: refuses ``flow_noise_level`` > 0 (the SDE is
-    solved in step only)."""
-
-    def node(ctx: ProgramContext) -> None:
-        level = float(ctx.request.sampling.or_default("flow_noise_level", 0.0))
-        if level > 0:
-            raise InvalidRequestError(
-                "flow_noise_level needs the LocDiT solve in step (inner_solve='in_step')",
-                param="flow_noise_level",
-            )
-        frontend(ctx)
-
-    return node
 
 
 def _usage(tokenizer: VoxCPMTextTokenizer):
@@ -173,7 +142,6 @@ def build_card(
         opts.max_len,
     )
     sample_rate = int(config.audio_vae["out_sample_rate"])
-    units = opts.inner_solve == "units"
     patch = config.patch_size
     cache: dict[str, Any] = {}
 
@@ -189,12 +157,7 @@ def build_card(
         # one block holds the rows of both LMs: size the pool by their layers together
         layers = base.num_hidden_layers + res.num_hidden_layers
         kv = opts.kv_config(layers, base.num_key_value_heads, base.head_dim)
-        backbone = weights(device).backbone
-        return VoxCPMAR(backbone, kv, device, opts.dtype, opts.batch_invariant, not units)
-
-    def build_dit(device: str) -> LocDiTSolver:
-        check_device(device)
-        return LocDiTSolver(weights(device).backbone, opts.batch_invariant)
+        return VoxCPMAR(weights(device).backbone, kv, device, opts.dtype, opts.batch_invariant)
 
     def build_vae(device: str) -> AudioVAEComponent:
         check_device(device)
@@ -228,39 +191,27 @@ def build_card(
     program = Program(
         inputs=("request",),
         nodes=(
-            KernelNode(
-                "frontend",
-                _ode_only(frontend) if units else frontend,
-                needs=("request",),
-                binds=("voice",),
-            ),
+            KernelNode("frontend", frontend, needs=("request",), binds=("voice",)),
             LoopNode("decode", "decode", needs=("voice",), binds="stops", streams=("latents",)),
             LoopNode("vocode", "vocode", needs=("latents",), binds="samples"),
             KernelNode("usage", _usage(tokenizer), needs=("stops", "samples")),
         ),
     )
-    components = [
-        ComponentSpec("lm", build_lm, opts.max_batch_size, "base + residual LM + LocDiT"),
-        ComponentSpec("vae", build_vae, opts.max_batch_size, "AudioVAE decoder, 48 kHz"),
-        ComponentSpec("encoder", build_encoder, 1, "AudioVAE encoder (cloning clips)"),
-    ]
-    decode_kinds, decode_components = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN), ("lm",)
-    if units:
-        components.append(
-            ComponentSpec("dit", build_dit, opts.max_batch_size, "LocDiT solve, one Euler step")
-        )
-        decode_kinds, decode_components = (*decode_kinds, WorkUnitKind.DENOISE_STEP), ("lm", "dit")
     return ModelCard(
         card_id=CARD_ID,
         family="voxcpm",
-        components=tuple(components),
+        components=(
+            ComponentSpec("lm", build_lm, opts.max_batch_size, "base + residual LM + LocDiT"),
+            ComponentSpec("vae", build_vae, opts.max_batch_size, "AudioVAE decoder, 48 kHz"),
+            ComponentSpec("encoder", build_encoder, 1, "AudioVAE encoder (cloning clips)"),
+        ),
         loops=(
             LoopSpec(
                 "decode",
                 LoopKind.AR_DECODE,
-                decode_kinds,
-                decode_components,
-                lambda: VoxCPMLoop(decode, "dit" if units else None),
+                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
+                ("lm",),
+                lambda: VoxCPMLoop(decode),
             ),
             LoopSpec(
                 "vocode",

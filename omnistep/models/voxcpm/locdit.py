@@ -142,18 +142,16 @@ class LocDiT(nn.Module):
         time: torch.Tensor,
         cfg_value: float | torch.Tensor,
     ) -> torch.Tensor:
-        """CFG-Zero* velocity ``[B, C, P]`` of states ``x`` ``[B, C, P]`` at ``time`` (0-d:
-        every row's; ``[B]``: per row, rows at different steps of their solves): one estimator
-        call over the conditional rows (``mu`` ``[B, 2 * width]``) and the unconditional ones
-        (zero ``mu``), ``cond`` ``[B, C, P']`` the previous patch, ``cfg_value`` a float or
-        ``[B]`` (upstream ``solve_euler``'s guided step)."""
+        """CFG-Zero* velocity ``[B, C, P]`` of states ``x`` ``[B, C, P]`` at the 0-d time
+        ``time``: one estimator call over the conditional rows (``mu`` ``[B, 2 * width]``)
+        and the unconditional ones (zero ``mu``), ``cond`` ``[B, C, P']`` the previous patch,
+        ``cfg_value`` a float or ``[B]`` (upstream ``solve_euler``'s guided step)."""
         batch = x.shape[0]
         if isinstance(cfg_value, torch.Tensor):
             cfg_value = cfg_value.to(x.dtype).view(batch, 1, 1)
         mu_in = torch.cat([mu, torch.zeros_like(mu)])
         zeros = torch.zeros(2 * batch, dtype=x.dtype, device=x.device)
-        times = time.expand(2 * batch) if time.dim() == 0 else torch.cat([time, time])
-        v = self(torch.cat([x, x]), mu_in, times, torch.cat([cond, cond]), zeros)
+        v = self(torch.cat([x, x]), mu_in, time.expand(2 * batch), torch.cat([cond, cond]), zeros)
         return cfg_zero_star(v[:batch], v[batch:], cfg_value)
 
     def solve(

@@ -15,19 +15,13 @@ stop) and the patch it solved (``ARStepOutput.hidden``, ``[P, C]`` float32). ``V
   for the AudioVAE vocoder loop (``AudioDecodeLoop`` with ``stream_state``; a first chunk of
   ``P`` frames gives audio after the first patch).
 
-With a ``solve_component`` (``VoxCPMOptions.inner_solve = "units"``) an AR step's ``hidden``
-is a ``solve.SolveStart``: the loop keeps the step's output and next plans the solve's Euler
-steps as DENOISE_STEP units on that component (``solve.LocDiTSolver``; a ``DenoiseInput`` each,
-batched across requests by one ShapeSignature whatever the step), and folds the step in as
-above once the last one returns the patch; the next AR step waits for it.
-
 Under ROLLOUT the stop decisions are recorded as the loop's actions (``ActionRecord``s, the
 stop step's included) and the patches as its continuous actions (``FlowPatches`` in
 ``LoopResult.info["flow"]``, one per recorded step): with ``flow_noise_level`` > 0 each patch's
 SDE chain, means, stds and Gaussian log-probs (``ar.SolvedPatch``), else the patches alone.
 ``score_patches`` recomputes both kinds of log-prob teacher-forced (``VoxCPMAR.score_patches``).
 
-Imports: ``omnistep.core``, ``omnistep.loops``, this family's ``ar`` and ``solve``.
+Imports: ``omnistep.core``, ``omnistep.loops``, this family's ``ar``.
 """
 
 from __future__ import annotations
@@ -48,27 +42,18 @@ from omnistep.core import (
     ModelInstance,
     ProgramContext,
     Request,
-    ResourceRequest,
-    ShapeSignature,
     StepResult,
     WorkPlan,
-    WorkUnitKind,
     local_method,
 )
 from omnistep.loops.ar_decode import (
-    ARDecodeConfig,
     ARDecodeLoop,
     ARDecodeState,
     ARPrefillInput,
     ARStepInput,
     ARStepOutput,
 )
-from omnistep.loops.denoise import DenoiseInput, DenoiseOutput
 from omnistep.models.voxcpm.ar import SolvedPatch, VoxCPMPrompt
-from omnistep.models.voxcpm.solve import SolveStart, SolveState
-
-SOLVE_SHAPE = ShapeSignature(WorkUnitKind.DENOISE_STEP, tag="voxcpm.locdit")
-"""Every solve step of every request batches together (per-row times)."""
 
 
 @dataclass
@@ -80,26 +65,12 @@ class VoxCPMLoopState(ARDecodeState):
     streamed: int = 0
     solved: list[SolvedPatch | torch.Tensor] = field(default_factory=list)
     """Under ROLLOUT: every recorded step's patch, or its ``SolvedPatch`` (an SDE solve)."""
-    pending: ARStepOutput | None = None
-    """The units form: the AR step whose patch is being solved."""
-    solve: SolveStart | SolveState | None = None
-    """The units form: the solve's next unit's input."""
 
 
 class VoxCPMLoop(ARDecodeLoop):
     """The AR_DECODE loop of the VoxCPM2 card (see the module docstring). Its config's
     ``stream_slot`` receives latent frames; ``stream_hidden`` and ``stream_on_eos`` are not
-    read (every patch, the stop step's included, is streamed frame by frame).
-
-    Args:
-        config: the AR loop's settings.
-        solve_component: the component that runs the LocDiT solve's steps as DENOISE_STEP
-            units (the units form); None: the AR component solves in step.
-    """
-
-    def __init__(self, config: ARDecodeConfig, solve_component: str | None = None):
-        super().__init__(config)
-        self.solve_component = solve_component
+    read (every patch, the stop step's included, is streamed frame by frame)."""
 
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> VoxCPMLoopState:
         base = super().init(req, model, ctx)
@@ -113,18 +84,6 @@ class VoxCPMLoop(ARDecodeLoop):
         return state
 
     def next(self, state: VoxCPMLoopState) -> WorkPlan | Done:  # type: ignore[override]
-        if state.solve is not None and self.solve_component is not None:
-            start = state.solve if isinstance(state.solve, SolveStart) else None
-            unit = DenoiseInput(start=start, state=None if start else state.solve)
-            label = f"{self.loop_id}.solve{state.step}"
-            return WorkPlan(
-                WorkUnitKind.DENOISE_STEP,
-                self.solve_component,
-                SOLVE_SHAPE,
-                unit,
-                ResourceRequest(num_tokens=1),
-                label,
-            )
         plan = super().next(state)
         if isinstance(plan, Done):
             return plan
@@ -137,28 +96,14 @@ class VoxCPMLoop(ARDecodeLoop):
         return dataclasses.replace(plan, payload=unit)
 
     def advance(self, state: VoxCPMLoopState, result: StepResult) -> VoxCPMLoopState:  # type: ignore[override]
-        out = result.output
-        if isinstance(out, DenoiseOutput):  # a solve step (the units form)
-            if not out.done:
-                state.solve = out.state
-                return state
-            step, state.pending, state.solve = state.pending, None, None
-            return self._fold(state, step, out.result)
+        out: ARStepOutput = result.output
         if out.preempted:
             state.needs_prefill = True
             state.num_preemptions += 1
             return state
         state.needs_prefill = False
-        if isinstance(out.hidden, SolveStart):
-            state.pending, state.solve = out, out.hidden
-            return state
-        return self._fold(state, out, out.hidden)
-
-    def _fold(
-        self, state: VoxCPMLoopState, out: ARStepOutput, solved: torch.Tensor | SolvedPatch
-    ) -> VoxCPMLoopState:
-        """Fold an AR step's stop decision and its patch (or ``SolvedPatch``) in."""
         state.step += 1
+        solved = out.hidden
         patch = solved.patch if isinstance(solved, SolvedPatch) else solved
         patch = torch.as_tensor(patch, dtype=torch.float32)
         if state.profile is ExecutionProfile.ROLLOUT:

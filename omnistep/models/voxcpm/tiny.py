@@ -163,17 +163,13 @@ FOLDER_VARIANTS: tuple[str, ...] = ()
 """One kind of folder."""
 
 
-def write_folder(
-    folder: Path, variant: str | None = None, seed: int = 0, overrides: dict | None = None
-) -> Path:
+def write_folder(folder: Path, variant: str | None = None, seed: int = 0) -> Path:
     """``omnistep weights voxcpm DIR``: the tiny folder (``write_tiny_voxcpm``) with random
     weights from ``seed``, written by omnistep's own modules under upstream's tensor names
     (``model.safetensors``; ``audiovae.safetensors`` with ``decoder.`` / ``encoder.`` tensors,
     the convs' weights already folded as plain ``weight``: ``load_voxcpm`` reads them, upstream's
     weight-normed AudioVAE would want ``weight_g`` / ``weight_v``). For serving smoke tests and
-    ``omnistep weights``; the parity tests use upstream's own writer. ``overrides``: top-level
-    config keys replaced (``write_tiny_voxcpm``; ``bench/voxcpm_inner_solve.py`` writes the
-    published widths so).
+    ``omnistep weights``; the parity tests use upstream's own writer.
 
     Raises:
         ValueError: a ``variant`` (the family has one kind of folder).
@@ -187,7 +183,7 @@ def write_folder(
     from omnistep.models.voxcpm.config import VoxCPMConfig
     from omnistep.models.voxcpm.lm import VoxCPMBackbone
 
-    root = write_tiny_voxcpm(folder, **(overrides or {}))
+    root = write_tiny_voxcpm(folder)
     config = VoxCPMConfig.from_file(root / "config.json")
     torch.manual_seed(seed)
     backbone = VoxCPMBackbone(config)
