@@ -10,9 +10,11 @@ forward of the batch) and of the LocDiT solve alone on a batch of the same size.
 ``--lm-width`` (base LM 4 layers, residual LM 2), ``--dit-width`` (LocDiT and LocEnc, 4 and 2
 layers), ``feat_dim`` 64, patch 4.
 
-The alternative, each Euler step a WorkUnit of its own, does the same arithmetic in 10 units per
-patch instead of one, plus the scheduler's cost per unit (bench/scheduler_overhead.py: about
-10-20 us); it is not built, so it is not timed here.
+The alternative, each Euler step a WorkUnit of its own, was built and measured against this
+form in one run on branch ``voxunit`` (commit e8b2945: ``VoxCPMOptions(inner_solve="units")``,
+``models/voxcpm/solve.py``, bit-equal to this form under ``batch_invariant``, and this script's
+version there timing both); it lost (5 % less C=8 throughput, 13 % higher C=8 TTFA p99, 7x the
+units), so it was removed. The figures and why: docs/models/voxcpm.md, "The inner solve".
 
 Run: ``PYTHONPATH=. python bench/voxcpm_inner_solve.py [--threads 1] [--batches 1 8]``.
 """
