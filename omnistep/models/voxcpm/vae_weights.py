@@ -37,17 +37,16 @@ class VAEWeights:
     Args:
         module: the loaded ``AudioVAEDecoder`` or ``AudioVAEEncoder`` (updated in place).
         part: ``"decoder"`` or ``"encoder"``, the file's name prefix.
-        normed: the module's ``*.weight`` parameters the file holds as ``weight_g`` /
-            ``weight_v`` (``loader.weight_normed``).
+        normed: the ``*.weight`` parameters the file holds as ``weight_g`` / ``weight_v``
+            (``weight_normed``); names the module lacks are ignored.
     """
 
     def __init__(self, module: nn.Module, part: str, normed: frozenset[str] = frozenset()):
         self.module, self.part = module, part
         self._params = dict(module.named_parameters())
-        unknown = sorted(set(normed) - set(self._params))
-        if unknown:
-            raise ValueError(f"AudioVAE {part}: weight-normed names it lacks: {unknown[:3]}")
-        self._normed = frozenset(normed)
+        # the file may hold tensors the module does not use (upstream's encoder
+        # ``fc_logvar``): the loader skips them, and so do updates
+        self._normed = frozenset(normed) & frozenset(self._params)
 
     def specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """``published name -> (shape, dtype)`` of every tensor an update may send."""
