@@ -212,8 +212,9 @@ async def test_http_rollouts_and_score(folder, tmp_path):
 
 def test_policy_gradient_raises_a_toy_reward(omni):
     """REINFORCE with a group baseline on the SDE log-probs only (the stop decisions, sampled
-    too, are left out: with 3 patches they are masked anyway): reward = the mean latent value of a sample's patches. Two steps on the LocDiT's
-    output bias (a trainer copy, ``update_weights`` after each) raise the reward's mean over
+    too, are left out: with 3 patches they are masked anyway): reward = the mean latent value
+    of a sample's patches. Two steps on the LocDiT's output bias (a trainer copy,
+    ``update_weights`` after each) raise the reward's mean over
     a fixed seed set training never saw. (Measured with lr 0.01: +0.016, and -0.016 with the
     reward's sign flipped: the move is the gradient's, not drift; lr 0.05 here.)"""
     names = ["feat_decoder.estimator.out_proj.bias"]
