@@ -939,6 +939,7 @@ def score_samples(
     out: list[dict[str, Any]] = [{} for _ in flat]
     # (card, loop name, mode) -> (sample index, sample, actions): scored together
     pending: dict[tuple[str, str, str], list[tuple[int, RolloutSample, LoopActions]]] = {}
+    flows: dict[tuple[str, str, str], list[tuple[int, RolloutSample, LoopActions]]] = {}
     for i, sample in enumerate(flat):
         card_id = sample.model or next(iter(engine.models))
         model = _scoring_model(engine, card_id, copy, trainer)
@@ -949,12 +950,16 @@ def score_samples(
                 out[i][name] = loop.score_steps(model, list(sample.denoise[name].steps))
                 continue
             actions = sample.loops[name]
-            if actions.flow is not None:  # an AR loop with an inner flow solve (VoxCPM2)
-                out[i][name] = _score_flow_loop(model, name, sample, actions, mode, entropy)
-                out[i][name] = _masked(out[i][name], actions, masked)
-                continue
             key = (card_id, name, mode or actions.mode)
+            if actions.flow is not None:  # an AR loop with an inner flow solve (VoxCPM2)
+                flows.setdefault(key, []).append((i, sample, actions))
+                continue
             pending.setdefault(key, []).append((i, sample, actions))
+    for (card_id, name, loop_mode), items in flows.items():
+        model = _scoring_model(engine, card_id, copy, trainer)
+        scored = _score_flow_loop(model, name, items, loop_mode, match_serving, entropy, batch_size)
+        for (i, _, actions), score in zip(items, scored, strict=True):
+            out[i][name] = _masked(score, actions, masked)
     for (card_id, name, loop_mode), items in pending.items():
         model = _scoring_model(engine, card_id, copy, trainer)
         loop = model.loops[_loop_id(model, name)]
@@ -1140,29 +1145,44 @@ def _score_loop(
 def _score_flow_loop(
     model: ModelInstance,
     name: str,
-    sample: RolloutSample,
-    actions: LoopActions,
-    mode: str | None,
+    items: list[tuple[int, RolloutSample, LoopActions]],
+    mode: str,
+    match_serving: bool,
     entropy: bool,
-) -> LoopScore:
-    """The ``LoopScore`` (stop log-probs, SDE log-probs in ``flow``) of an AR loop that
-    recorded ``FlowPatches``, by its loop's ``score_patches``."""
+    batch_size: int,
+) -> list[LoopScore]:
+    """The ``LoopScore`` (stop log-probs, SDE log-probs in ``flow``) of each item's AR loop
+    that recorded ``FlowPatches``: ``batch_size`` samples per packed forward (its loop's
+    ``score_patches_batch``)."""
     loop = model.loops[_loop_id(model, name)]
-    scorer = getattr(loop, "score_patches", None)
+    scorer = getattr(loop, "score_patches_batch", None)
     if scorer is None:
         raise NotImplementedError(f"loop '{name}' cannot score its patches")
     if entropy:
         raise NotImplementedError(f"loop '{name}' gives no entropies")
-    req = Request(
-        model.card.card_id,
-        seed=sample.seed,
-        sampling=sample.sampling,
-        profile=ExecutionProfile.ROLLOUT,
-    )
-    stop, sde = scorer(
-        model, req, actions.prompt, actions.tokens, actions.flow, mode or actions.mode
-    )
-    return LoopScore(stop, None, sde)
+    out: list[LoopScore] = []
+    for start in range(0, len(items), batch_size):
+        part = items[start : start + batch_size]
+        reqs = [
+            Request(
+                model.card.card_id,
+                seed=sample.seed,
+                sampling=sample.sampling,
+                profile=ExecutionProfile.ROLLOUT,
+            )
+            for _, sample, _ in part
+        ]
+        scores = scorer(
+            model,
+            reqs,
+            [a.prompt for _, _, a in part],
+            [a.tokens for _, _, a in part],
+            [a.flow for _, _, a in part],
+            mode,
+            match_serving,
+        )
+        out += [LoopScore(stop, None, sde) for stop, sde in scores]
+    return out
 
 
 def _masked(score: LoopScore, actions: LoopActions, masked: bool) -> LoopScore:

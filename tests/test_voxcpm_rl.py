@@ -3,11 +3,14 @@
 With ``flow_noise_level`` > 0 each patch's LocDiT solve runs as Flow-GRPO's SDE and a rollout
 records, per AR step and per SDE step, the state, the noise-free mean, the std and the
 Gaussian log-prob of the sampled next latent (``LoopActions.flow``), beside the stop
-decisions' log-probs. Checked: the record's shapes and its own arithmetic, the ODE path
-untouched at level 0, ``score`` (offline and ``POST /v1/score``) equal to the recorded
-log-probs, gradients reaching both LMs, the LocEnc, the LocDiT and the stop head, weight
-updates by the published tensor names (and refusals that change nothing), ``/v1/rollouts`` as
-JSON and safetensors, and REINFORCE steps on the SDE log-probs raising a toy reward.
+decisions' log-probs (sampled from the stop head's softmax at level > 0). Checked: the
+record's shapes and its own arithmetic, the ODE path untouched at level 0, the stop drawn at
+temperature 1 under the SDE (argmax with ``temperature`` 0 or at level 0), ``score`` (offline
+and ``POST /v1/score``) equal to the recorded log-probs, packed (8 per forward) equal to one
+at a time, gradients reaching both LMs, the LocEnc, the LocDiT and the stop head, weight
+updates by the published tensor names, the AudioVAE's included (and refusals that change
+nothing), ``/v1/rollouts`` as JSON and safetensors, and REINFORCE steps on the SDE log-probs
+raising a toy reward.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import torch
 from safetensors.numpy import load
 
 from omnistep.core import SamplingParams, WeightUpdateError
+from omnistep.models.voxcpm.loader import load_voxcpm
 from omnistep.models.voxcpm.tiny import write_folder
+from omnistep.models.voxcpm.vocoder import AudioVAEComponent
 from omnistep.offline import OmniEngine
 
 STEPS = 4
@@ -206,9 +211,10 @@ async def test_http_rollouts_and_score(folder, tmp_path):
 
 
 def test_policy_gradient_raises_a_toy_reward(omni):
-    """REINFORCE with a group baseline on the SDE log-probs only (the stop decisions are
-    argmax): reward = the mean latent value of a sample's patches. Two steps on the LocDiT's
-    output bias (a trainer copy, ``update_weights`` after each) raise the reward's mean over
+    """REINFORCE with a group baseline on the SDE log-probs only (the stop decisions, sampled
+    too, are left out: with 3 patches they are masked anyway): reward = the mean latent value
+    of a sample's patches. Two steps on the LocDiT's output bias (a trainer copy,
+    ``update_weights`` after each) raise the reward's mean over
     a fixed seed set training never saw. (Measured with lr 0.01: +0.016, and -0.016 with the
     reward's sign flipped: the move is the gradient's, not drift; lr 0.05 here.)"""
     names = ["feat_decoder.estimator.out_proj.bias"]
@@ -260,3 +266,142 @@ def test_a_cloned_voice_scores_as_recorded_across_its_kept_prefix(omni):
         assert rec.flow.logprobs.shape[1] == STEPS - 1
         np.testing.assert_allclose(got["decode"].flow.numpy(), rec.flow.logprobs, rtol=0, atol=1e-6)
         np.testing.assert_allclose(got["decode"].logprobs.numpy(), rec.logprobs, rtol=0, atol=1e-6)
+
+
+HALF = math.log(0.5)
+"""A two-way decision's argmax has log-prob >= log(1/2)."""
+
+
+@pytest.fixture(scope="module")
+def long_groups(omni):
+    """Up to 8 patches: steps 3.. decide freely (min_len 2), 2 texts x 6 samples."""
+    sampling = SamplingParams(flow_noise_level=LEVEL, max_new_tokens=8)
+    return omni.rollout(["the cat", "a hat on the mat"], n=6, seed=5, sampling=sampling,
+                        progress=False)  # fmt: skip
+
+
+def _free_decisions(samples) -> np.ndarray:
+    """The recorded log-probs of the stop decisions after step ``min_len`` (the free ones)."""
+    return np.concatenate([s.loops["decode"].logprobs[3:, 0] for s in samples])
+
+
+def test_sde_rollouts_sample_the_stop_decision(omni, long_groups):
+    """Under ``flow_noise_level`` > 0 the stop is drawn from the stop head's softmax (the
+    tiny model's stop probabilities are near 1/2, so some of 12 samples take the less likely
+    decision); with ``temperature`` 0, or at level 0, it is upstream's argmax. The draws come
+    from the request's seed (the same seeds, the same decisions) and score reproduces their
+    log-probs in the processed mode and in the policy mode (temperature 1: the same
+    distribution once stopping is allowed)."""
+    samples = _samples(long_groups)
+    free = _free_decisions(samples)
+    assert free.size >= 12 and np.any(free < HALF - 1e-3), free  # a non-argmax draw
+    sampling = SamplingParams(flow_noise_level=LEVEL, max_new_tokens=8)
+    again = omni.rollout(["the cat", "a hat on the mat"], n=6, seed=5, sampling=sampling,
+                         progress=False)  # fmt: skip
+    for a, b in zip(samples, _samples(again), strict=True):
+        assert np.array_equal(a.loops["decode"].tokens, b.loops["decode"].tokens)
+        assert np.array_equal(a.loops["decode"].flow.states, b.loops["decode"].flow.states)
+    processed, policy = omni.score(samples), omni.score(samples, mode="policy")
+    for sample, got, pol in zip(samples, processed, policy, strict=True):
+        rec = sample.loops["decode"].logprobs
+        np.testing.assert_allclose(got["decode"].logprobs.numpy(), rec, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(pol["decode"].logprobs.numpy()[3:], rec[3:], rtol=0, atol=1e-6)
+    for sampling in (
+        SamplingParams(flow_noise_level=LEVEL, max_new_tokens=8, temperature=0.0),
+        SamplingParams(max_new_tokens=8),
+    ):
+        greedy = omni.rollout(["the cat"], n=12, seed=5, sampling=sampling, progress=False)
+        assert np.all(_free_decisions(_samples(greedy)) >= HALF), sampling
+
+
+def test_packed_scoring_equals_one_at_a_time(omni, long_groups):
+    """``score`` packs a batch's samples in one teacher-forced forward (``batch_size``):
+    each sample's stop and SDE log-probs equal its own scoring (to the bit under
+    ``batch_invariant``; asserted 1e-6), for samples of different lengths and texts."""
+    samples = _samples(long_groups)
+    assert len({s.loops["decode"].tokens.shape[0] for s in samples}) > 1
+    alone = omni.score(samples, batch_size=1)
+    packed = omni.score(samples, batch_size=8)
+    for a, b in zip(alone, packed, strict=True):
+        for key in ("logprobs", "flow"):
+            got, want = getattr(b["decode"], key).numpy(), getattr(a["decode"], key).numpy()
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_audiovae_weight_updates(omni):
+    """The AudioVAE decoder (and encoder) take weight updates by the audiovae file's names:
+    a decoder bias changes the audio, restoring it gives the audio back bit for bit, and a
+    bad update (unknown name, shape, NaN, or a bad tensor of another component beside a good
+    decoder one) is refused and changes nothing."""
+    card = omni.engine.models["voxcpm2"].card.card_id
+    model = omni.engine.models[card]
+    specs = model.weight_specs()
+    assert specs["decoder.model.0.weight"] == ("vae", (16, 1, 7), "float32")
+    assert specs["encoder.block.0.weight"][0] == "encoder"
+    assert specs["stop_head.weight"][0] == "lm"
+    vae = model.components["vae"].decoder
+    name = "decoder.model.1.bias"
+    before = vae.model[1].bias.detach().clone()
+
+    def speak() -> np.ndarray:
+        sampling = SamplingParams(max_new_tokens=3)
+        return omni.generate(["the cat"], seed=3, sampling=sampling, progress=False)[0].audio
+
+    audio = speak()
+    bad = [
+        {"decoder.nope": torch.zeros(3)},
+        {name: torch.zeros(before.shape[0] + 1)},
+        {name: torch.full_like(before, float("nan"))},
+        {name: before + 1, "stop_head.weight": torch.zeros(3, 3)},  # all or nothing
+    ]
+    for tensors in bad:
+        with pytest.raises(WeightUpdateError):
+            omni.update_weights(tensors, model=card)
+        assert torch.equal(vae.model[1].bias, before)
+    assert np.array_equal(speak(), audio)
+    version = omni.update_weights({name: before + 0.5}, model=card)
+    try:
+        assert version >= 1 and torch.equal(vae.model[1].bias, before + 0.5)
+        moved = speak()
+        assert moved.shape == audio.shape and float(np.abs(moved - audio).max()) > 1e-3
+    finally:
+        omni.update_weights({name: before}, model=card)
+    assert np.array_equal(speak(), audio)
+
+
+def test_weight_normed_audiovae_takes_g_and_v(tmp_path):
+    """A weight-normed audiovae file (upstream's ``weight_g`` / ``weight_v``) is updated by
+    those names: the folded weight is ``torch._weight_norm(v, g, 0)`` (torch's own weight
+    norm) of the pair sent, a half sent alone keeps the other half of the current weight."""
+    from safetensors.torch import load_file, save_file
+
+    root = write_folder(tmp_path / "wn", seed=2)
+    raw = load_file(str(root / "audiovae.safetensors"))
+    gen = torch.Generator().manual_seed(0)
+    normed = {}
+    for key, w in raw.items():
+        if key.startswith("decoder.") and key.endswith(".weight") and w.ndim == 3:
+            scale = torch.rand(w.shape[0], 1, 1, generator=gen) + 0.5
+            normed[key + "_v"] = (w * scale).contiguous()  # v: any positive row scaling of w
+            normed[key + "_g"] = w.reshape(w.shape[0], -1).norm(dim=1).view(-1, 1, 1)
+        else:
+            normed[key] = w
+    save_file(normed, str(root / "audiovae.safetensors"))
+    loaded = load_voxcpm(root)
+    component = AudioVAEComponent(loaded.vae, normed=loaded.vae_normed)
+    specs = component.weight_specs()
+    assert specs["decoder.model.0.weight_g"] == ((16, 1, 1), "torch.float32")
+    assert specs["decoder.model.0.weight_v"] == ((16, 1, 7), "torch.float32")
+    assert "decoder.model.0.weight" not in specs and "decoder.model.0.bias" in specs
+    conv = loaded.vae.model[0]
+    torch.testing.assert_close(conv.weight, raw["decoder.model.0.weight"], rtol=0, atol=1e-6)
+    old = conv.weight.detach().clone()
+    g_old = old.reshape(16, -1).norm(dim=1).view(-1, 1, 1)
+    v = torch.randn(16, 1, 7, generator=gen)
+    g = torch.rand(16, 1, 1, generator=gen) + 0.1
+    component.update_weights({"decoder.model.0.weight_v": v})
+    torch.testing.assert_close(conv.weight, torch._weight_norm(v, g_old, 0), rtol=0, atol=1e-6)
+    component.update_weights({"decoder.model.0.weight_g": g})
+    torch.testing.assert_close(conv.weight, torch._weight_norm(v, g, 0), rtol=0, atol=1e-6)
+    component.update_weights({"decoder.model.0.weight_g": g_old, "decoder.model.0.weight_v": old})
+    torch.testing.assert_close(conv.weight, old, rtol=0, atol=1e-6)

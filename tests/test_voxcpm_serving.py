@@ -245,3 +245,30 @@ async def test_preemption_replays_the_patches(folder, reference, monkeypatch):
     finally:
         await small.shutdown()
         await roomy.shutdown()
+
+
+def test_audiovae_weight_updates_take_upstreams_names(folder, reference):
+    """The AudioVAE's update targets are the tensors of upstream's own ``audiovae.pth``
+    (weight-normed convs as ``weight_g`` / ``weight_v``), same names and shapes; sending a
+    conv its own published ``g`` and ``v`` keeps the decoder's weight (as loaded), and twice
+    ``g`` doubles it."""
+    raw = torch.load(folder / "audiovae.pth", map_location="cpu", weights_only=True)
+    model = ModelInstance.load(build_card(str(folder), VoxCPMOptions(kv_cache_gb=0.01)))
+    specs = {
+        k: v for k, v in model.weight_specs().items() if k.split(".")[0] in ("decoder", "encoder")
+    }
+    assert {specs[k][0] for k in specs} == {"vae", "encoder"}
+    for name, (_, shape, _) in specs.items():
+        assert name in raw and tuple(raw[name].shape) == shape, name
+    published = {k for k in raw if k.startswith("decoder.") and "sr_bin" not in k}
+    assert published == {k for k in specs if k.startswith("decoder.")}
+    normed = sorted(k[: -len("_g")] for k in specs if k.endswith(".weight_g"))
+    assert len(normed) > 10
+    base = normed[0]
+    module = dict(model.components["vae"].decoder.named_parameters())[base[len("decoder.") :]]
+    loaded = module.detach().clone()
+    g, v = raw[f"{base}_g"], raw[f"{base}_v"]
+    model.update_weights({f"{base}_g": g, f"{base}_v": v}, 1)
+    assert torch.equal(module, loaded)  # the loader folds the same way
+    model.update_weights({f"{base}_g": 2 * g}, 2)
+    torch.testing.assert_close(module, 2 * loaded, rtol=1e-6, atol=1e-7)

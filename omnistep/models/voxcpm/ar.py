@@ -12,7 +12,9 @@ is ``[lm row (H) | residual row (H) | raw patch]``. From the last row of each se
 - the frame is the stop decision, one id of a two-way vocabulary (0 continue, 1 stop) sampled
   by the shared sampler from ``stop_head(silu(stop_proj(lm)))``; ``stop_sampling`` gives
   upstream's rule (argmax, no stop before step ``min_len + 1``: EOS 1 with
-  ``min_new_tokens = min_len + 1``);
+  ``min_new_tokens = min_len + 1``), or with a temperature (``stop_temperature``: a
+  request's ``temperature``, 1.0 by default under ``flow_noise_level`` > 0) a draw from the
+  stop head's softmax with the request's generator, before the step's noise;
 - the step's patch (``ARStepOutput.hidden``, ``[P, C]`` float32) is the LocDiT solve from
   ``mu = dit_condition(lm, residual)`` and the previous patch (the last row's raw patch), with
   the request's noise (``[C, P]`` drawn from its generator; ``VoxCPMPrompt.cfg_value`` and
@@ -28,7 +30,7 @@ RL: a prompt with ``noise_level`` a > 0 (the request's ``flow_noise_level``) sol
 patch as Flow-GRPO's SDE (``LocDiT.solve_sde``; its noise drawn from the request's generator
 after the initial noise, ``_sde_noise``), and a recorded unit's ``hidden`` is then a
 ``SolvedPatch`` (chain, means, stds, Gaussian log-probs). ``score_patches`` recomputes a
-recorded trajectory's stop and SDE log-probs teacher-forced (``DualStack.forward_dense``, then
+recorded trajectory's stop and SDE log-probs teacher-forced (``DualStack.forward_packed``, then
 ``LocDiT.sde_step`` from each recorded state), bit-equal under ``batch_invariant``;
 ``weight_specs`` / ``update_weights`` / ``trainable_weights`` name the backbone's tensors as
 the published ``model.safetensors`` does (``loader.published_name``).
@@ -41,11 +43,11 @@ both LMs' caches) and compute only their own rows. A kept prefix is found by the
 hash of its input rows, which hold the clip's raw latent patch (the ``P * C`` float bytes) and
 its LocEnc embedding, not only ids: two clips of the same length never share. The zero-shot
 voice has no voice rows (its prompt starts with the text).
-Not yet: ``score_logits`` over the shared packed path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omnistep.core import SamplingParams
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.batch_invariant import map_row_chunks
 from omnistep.layers.llama import LlamaConfigLite
@@ -62,17 +65,29 @@ from omnistep.models.voxcpm.lm import Prompt, VoxCPMBackbone
 from omnistep.models.voxcpm.loader import published_name
 from omnistep.models.voxcpm.locdit import sde_steps
 from omnistep.runners.flow_matching import gaussian_logprob
-from omnistep.runners.paged_ar import PagedARModel
+from omnistep.runners.paged_ar import SCORE_MODES, PagedARModel
 from omnistep.sampling import SamplingRow
 
 STOP = 1
 """The stop decision's id (upstream ``stop_flag == 1``)."""
 
 
-def stop_sampling(min_len: int = 2) -> SamplingRow:
-    """Upstream's stop rule as sampler settings: argmax of the stop logits, and no stop at
-    step ``i <= min_len`` (``_inference``: ``if i > min_len and stop_flag == 1``)."""
-    return SamplingRow(temperature=0.0, min_new_tokens=min_len + 1, eos_token_id=STOP)
+def stop_sampling(min_len: int = 2, temperature: float = 0.0) -> SamplingRow:
+    """The stop rule as sampler settings: no stop at step ``i <= min_len`` (upstream
+    ``_inference``: ``if i > min_len and stop_flag == 1``), and the decision the argmax of
+    the stop logits (``temperature`` 0, upstream's rule) or drawn from
+    ``softmax(logits / temperature)`` with the request's generator (``stop_temperature``)."""
+    return SamplingRow(temperature=temperature, min_new_tokens=min_len + 1, eos_token_id=STOP)
+
+
+def stop_temperature(params: SamplingParams) -> float:
+    """The stop decision's temperature for a request: its ``temperature`` when set (0: the
+    argmax); unset, 1.0 for an SDE request (``flow_noise_level`` > 0: an RL rollout samples
+    its whole policy, the stop from the stop head's softmax and the patches from the SDE, so
+    both recorded log-probs are of the actions taken) and 0 otherwise (upstream's argmax)."""
+    if params.temperature is not None:
+        return float(params.temperature)
+    return 1.0 if params.or_default("flow_noise_level", 0.0) > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -175,10 +190,26 @@ class DualStack(nn.Module):
         res = b.residual_lm(res_in, positions, cache.residual, meta)
         return torch.cat([lm, res, raw], dim=-1)
 
-    def forward_dense(self, rows: torch.Tensor, prefill_len: int | None) -> torch.Tensor:
-        """``forward`` of one whole sequence's rows with no cache (``LlamaModel.forward_dense``
-        for both LMs, serving's attention calls when ``prefill_len`` is given, the same row
-        chunks under ``batch_invariant``); autograd follows the caller's grad mode."""
+    def forward_packed(
+        self,
+        rows: torch.Tensor,
+        seq_lens: Sequence[int],
+        prefill_lens: Sequence[Any] | None = None,
+        batch_invariant: bool = False,
+        shared: Sequence[tuple[int, int] | None] | None = None,
+        positions: torch.Tensor | None = None,
+        expert_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``forward_dense`` of several whole sequences packed into one call
+        (``LlamaModel.forward_packed`` for both LMs, with the same arguments; the quantizer and
+        fusion row-wise between them): input rows ``[sum N_i, 2H + 2 + P C]`` -> ``[sum N_i,
+        2H + P C]``. What ``PagedARModel._score_hidden_batch`` calls.
+
+        Raises:
+            ValueError: ``expert_ids`` (no MoE layers), or what ``forward_packed`` raises.
+        """
+        if expert_ids is not None:
+            raise ValueError("VoxCPM's LMs have no MoE layers: no routing to replay")
         b, h = self.backbone, self.width
         combined, embeds = rows[:, :h], rows[:, h : 2 * h]
         audio, text, raw = (
@@ -186,10 +217,10 @@ class DualStack(nn.Module):
             rows[:, 2 * h + 1 : 2 * h + 2],
             rows[:, 2 * h + 2 :],
         )
-        bi = self.batch_invariant
-        base = b.base_lm.forward_dense(combined, prefill_len=prefill_len, batch_invariant=bi)
+        args = (seq_lens, prefill_lens, batch_invariant, shared, positions)
+        base = b.base_lm.forward_packed(combined, *args)
         lm, res_in = self._mix(base, embeds, audio, text)
-        res = b.residual_lm.forward_dense(res_in, prefill_len=prefill_len, batch_invariant=bi)
+        res = b.residual_lm.forward_packed(res_in, *args)
         return torch.cat([lm, res, raw], dim=-1)
 
     def _mix(self, base, embeds, audio, text) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
@@ -246,11 +277,13 @@ class VoxCPMAR(PagedARModel):
             raise ValueError(
                 f"{len(unit.generated)} generated frames but {len(prompt.patches)} patches"
             )
-        with torch.no_grad():
-            rows = self._prompt_inputs(prompt)
-            if prompt.patches:
-                patches = torch.stack(list(prompt.patches)).to(self.device, self.dtype)
-                rows = torch.cat([rows, self._patch_rows(patches)])
+        # autograd as the caller's mode: serving runs under inference mode, scoring
+        # (``_score_hidden_batch``) on a trainer's copy needs the graph to the LocEnc
+        rows = self._prompt_inputs(prompt)
+        if prompt.patches:
+            patches = torch.stack(list(prompt.patches)).to(self.device, self.dtype)
+            # the row chunks of ``_step_inputs``: a replayed row equals the step's own
+            rows = torch.cat([rows, self._row_wise(self._patch_rows, patches)])
         return rows
 
     def _prompt_inputs(self, prompt: VoxCPMPrompt) -> torch.Tensor:
@@ -413,17 +446,19 @@ class VoxCPMAR(PagedARModel):
         match_serving: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The log-probs of one recorded trajectory, recomputed teacher-forced: the stop
-        decisions and, for an SDE rollout, every patch's SDE steps.
+        decisions and, for an SDE rollout, every patch's SDE steps. ``score_patches_batch``
+        of one trajectory.
 
-        Both LMs run densely over the prompt and the recorded patches but the last
-        (``DualStack.forward_dense``, serving's attention calls with ``match_serving``, the
+        Both LMs run over the prompt and the recorded patches but the last
+        (``DualStack.forward_packed``, serving's attention calls with ``match_serving``, the
         same row chunks under ``batch_invariant``); each step's stop logits are scored as
-        the sampler did (``mode``: processed or policy, ``sampling`` the loop's row); each
-        recorded SDE step's mean is recomputed from its recorded state ``x_t`` by the LocDiT
-        (``LocDiT.sde_step``: conditioning from that step's LM rows, the previous patch, the
-        guided velocity, the drift correction) and scored as ``log N(x_next; mean, std^2 I)``.
-        Autograd follows the caller's grad mode on a training copy (gradients reach the LMs,
-        LocEnc and LocDiT); on the serving component never.
+        the sampler did (``mode``: processed or policy, ``sampling`` the loop's row, with the
+        request's stop temperature: ``stop_sampling``); each recorded SDE step's mean is
+        recomputed from its recorded state ``x_t`` by the LocDiT (``LocDiT.sde_step``:
+        conditioning from that step's LM rows, the previous patch, the guided velocity, the
+        drift correction) and scored as ``log N(x_next; mean, std^2 I)``. Autograd follows
+        the caller's grad mode on a training copy (gradients reach the LMs, LocEnc and
+        LocDiT); on the serving component never.
 
         Args:
             prompt: the loop's recorded prompt (``VoxCPMPrompt``).
@@ -442,25 +477,71 @@ class VoxCPMAR(PagedARModel):
         Raises:
             ValueError: shapes that do not agree, an unknown mode.
         """
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
-            hidden = self._score_rows(prompt, frames, patches, match_serving)
-            logits = self._head(hidden, "").float()
-            tokens = [self._frame_tensor(frames)]
-            logp = self._distribution(logits, tokens, [sampling], mode, 0)
-            [(stop, _)] = self._gather_scores(logp, tokens, False)
-            if states is None or states.shape[1] < 2:
-                return stop, hidden.new_zeros(len(frames), 0, dtype=torch.float64)
-            return stop, self._score_sde(prompt, hidden, states, noise_level)
+        [out] = self.score_patches_batch(
+            [prompt], [frames], [patches], [sampling], mode, [states], [noise_level], match_serving
+        )
+        return out
 
-    def _score_rows(
+    def score_patches_batch(
         self,
-        prompt: VoxCPMPrompt,
-        frames: Sequence[Sequence[int]],
-        patches: torch.Tensor,
-        match_serving: bool,
-    ) -> torch.Tensor:
-        """The DualStack's output rows ``[T, 2H + P C]`` each step's stop and patch were
-        computed from (teacher-forced)."""
+        prompts: Sequence[VoxCPMPrompt],
+        frames: Sequence[Sequence[Sequence[int]]],
+        patches: Sequence[torch.Tensor],
+        samplings: Sequence[SamplingRow],
+        mode: str = "processed",
+        states: Sequence[torch.Tensor | None] | None = None,
+        noise_levels: Sequence[float] | None = None,
+        match_serving: bool = True,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``score_patches`` of several trajectories packed: both LMs in one
+        ``DualStack.forward_packed`` over every trajectory's rows (the shared
+        ``PagedARModel._score_hidden_batch``: GEMMs over all rows, attention per trajectory),
+        the stop head once over all their rows, and each SDE step's LocDiT mean once over
+        the rows of every trajectory with the same solve (timesteps, noise level). Each
+        trajectory's result equals its own ``score_patches`` to the bit under
+        ``batch_invariant`` (row chunks), else within float rounding of the larger GEMMs.
+
+        Args:
+            prompts, frames, patches, samplings, mode, match_serving: per trajectory, as
+                ``score_patches``' arguments.
+            states: per trajectory ``score_patches``' ``states``; None: none has SDE steps.
+            noise_levels: per trajectory its noise scale a; None: 0 for all.
+
+        Returns:
+            Per trajectory ``(stop [T_i, 1] float32, sde [T_i, S_i] float64)``, in order.
+
+        Raises:
+            ValueError: lists of different lengths, shapes that do not agree, an unknown mode.
+        """
+        count = len(prompts)
+        states = [None] * count if states is None else list(states)
+        levels = [0.0] * count if noise_levels is None else [float(a) for a in noise_levels]
+        if not count or {len(frames), len(patches), len(samplings), len(states), len(levels)} != {
+            count
+        }:
+            raise ValueError(f"{count} prompts: frames, patches, samplings, states must match")
+        if mode not in SCORE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
+            triples = zip(prompts, frames, patches, strict=True)
+            replays = [self._replay_prompt(p, f, x) for p, f, x in triples]
+            hidden = self._score_hidden_batch(replays, frames, match_serving)
+            logits = torch.cat(self._score_heads(hidden, replays))
+            tokens = [self._frame_tensor(f) for f in frames]
+            logp = self._distribution(logits, tokens, samplings, mode, 0)
+            stops = [stop for stop, _ in self._gather_scores(logp, tokens, False)]
+            sde = self._score_sde_batch(prompts, hidden, states, levels)
+        return list(zip(stops, sde, strict=True))
+
+    def _replay_prompt(
+        self, prompt: VoxCPMPrompt, frames: Sequence[Sequence[int]], patches: torch.Tensor
+    ) -> VoxCPMPrompt:
+        """``prompt`` with the recorded patches but the last as its replayed ``patches`` (the
+        rows ``_prefill_inputs`` feeds after the prompt, as a preempted request's replay).
+
+        Raises:
+            ValueError: not a ``VoxCPMPrompt``, or patches that are not ``[T, P, C]``.
+        """
         if not isinstance(prompt, VoxCPMPrompt):
             raise ValueError(f"VoxCPM scores a VoxCPMPrompt, got {type(prompt).__name__}")
         steps = len(frames)
@@ -469,34 +550,61 @@ class VoxCPMAR(PagedARModel):
                 f"{steps} frames need patches [{steps}, {self.patch}, {self.feat}], got "
                 f"{tuple(patches.shape)}"
             )
-        rows = self._prompt_inputs(prompt)
-        length = rows.shape[0]
-        if steps > 1:
-            fed = patches[:-1].to(self.device, self.dtype)
-            rows = torch.cat([rows, self._row_wise(self._patch_rows, fed)])
-        hidden = self.llama.forward_dense(rows, length if match_serving else None)
-        return hidden[length - 1 :]
+        return dataclasses.replace(prompt, patches=tuple(patches[:-1]))
+
+    def _score_sde_batch(
+        self,
+        prompts: Sequence[VoxCPMPrompt],
+        hidden: Sequence[torch.Tensor],
+        states: Sequence[torch.Tensor | None],
+        levels: Sequence[float],
+    ) -> list[torch.Tensor]:
+        """Per trajectory the ``[T_i, S]`` float64 log-probs of its recorded SDE chain
+        (``[T_i, 0]`` without one); trajectories with the same (timesteps, noise level) are
+        scored together (``_score_sde`` over their concatenated rows)."""
+        out: list[torch.Tensor] = [h.new_zeros(h.shape[0], 0, dtype=torch.float64) for h in hidden]
+        groups: dict[tuple[int, float], list[int]] = {}
+        for i, (prompt, chain) in enumerate(zip(prompts, states, strict=True)):
+            if chain is None or chain.shape[1] < 2:
+                continue
+            if chain.shape[0] != hidden[i].shape[0]:
+                raise ValueError(f"{hidden[i].shape[0]} frames but {chain.shape[0]} SDE chains")
+            groups.setdefault((prompt.timesteps, levels[i]), []).append(i)
+        for (timesteps, level), members in groups.items():
+            rows = torch.cat([hidden[i] for i in members])
+            chains = torch.cat([states[i] for i in members])  # type: ignore[misc]
+            cfg = torch.cat(
+                [hidden[i].new_full((hidden[i].shape[0], 1), prompts[i].cfg_value) for i in members]
+            )
+            scored = self._score_sde(timesteps, rows, chains, cfg, level)
+            sizes = [hidden[i].shape[0] for i in members]
+            for i, part in zip(members, scored.split(sizes), strict=True):
+                out[i] = part
+        return out
 
     def _score_sde(
         self,
-        prompt: VoxCPMPrompt,
+        timesteps: int,
         hidden: torch.Tensor,
         states: torch.Tensor,
+        cfg: torch.Tensor,
         noise_level: float,
     ) -> torch.Tensor:
         """``[T, S]`` float64 log-probs of recorded SDE chains ``states`` ``[T, S + 1, P,
-        C]``, every step's mean recomputed from its recorded state (see ``score_patches``)."""
+        C]`` of a ``timesteps``-step solve, every step's mean recomputed from its recorded
+        state (see ``score_patches``); ``hidden`` ``[T, 2H + P C]`` the rows each patch was
+        solved from, ``cfg`` ``[T, 1]`` their guidance scales."""
         h, c, p = self.width, self.feat, self.patch
         steps, num_sde = states.shape[0], states.shape[1] - 1
         est = self.backbone.estimator
-        n = prompt.timesteps
+        n = timesteps
         if num_sde != sde_steps(n):
             raise ValueError(f"{num_sde} SDE steps recorded, a {n}-step solve has {sde_steps(n)}")
         schedule = est.schedule(n, hidden.dtype, hidden.device)
         stds = est.sde_stds(n, noise_level, hidden.dtype, hidden.device)
         zero_steps = n - num_sde
         x = states.to(hidden.device, hidden.dtype).transpose(2, 3).flatten(2)  # [T, S+1, C P]
-        cfg = torch.full((steps, 1), prompt.cfg_value, dtype=hidden.dtype, device=hidden.device)
+        cfg = cfg.to(hidden.device, hidden.dtype)
         out = []
         for s in range(num_sde):
             step = zero_steps + s + 1

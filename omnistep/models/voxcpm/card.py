@@ -14,8 +14,11 @@ seed); cloned voices (``POST /v1/audio/voices`` or inline ``ref_audio`` + ``ref_
 reference clip's latent patches (upstream's reference-only mode; the transcript is not used).
 Generation settings (upstream ``generate`` defaults): ``cfg_value`` 2.0, ``inference_timesteps``
 10, ``min_len`` 2, ``max_len`` 4096 patches (``VoxCPMOptions``). The stop decision is greedy
-(upstream's argmax); the request's sampling fields do not apply but ``flow_noise_level``
-(the LocDiT solve as an SDE, for RL); ``speed`` is ignored.
+(upstream's argmax) unless the request sets ``temperature`` (the stop head's softmax at that
+temperature, drawn with the request's seed) or ``flow_noise_level`` > 0 (the LocDiT solve as
+an SDE, for RL; the stop is then sampled at temperature 1 unless ``temperature`` says
+otherwise: ``ar.stop_temperature``); the other sampling fields do not apply; ``speed`` is
+ignored.
 
 This module declares the card only.
 """
@@ -45,7 +48,7 @@ from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig
 from omnistep.loops.audio_decode import AudioDecodeConfig
-from omnistep.models.voxcpm.ar import STOP, VoxCPMAR, stop_sampling
+from omnistep.models.voxcpm.ar import STOP, VoxCPMAR, stop_sampling, stop_temperature
 from omnistep.models.voxcpm.config import VoxCPMConfig
 from omnistep.models.voxcpm.frontend import (
     DEFAULT_VOICE,
@@ -161,17 +164,19 @@ def build_card(
 
     def build_vae(device: str) -> AudioVAEComponent:
         check_device(device)
-        return AudioVAEComponent(weights(device).vae, opts.batch_invariant)
+        loaded = weights(device)
+        return AudioVAEComponent(loaded.vae, opts.batch_invariant, loaded.vae_normed)
 
     def build_encoder(device: str) -> VoxCPMEncoder:
         check_device(device)
-        return VoxCPMEncoder(weights(device).encoder, patch)
+        loaded = weights(device)
+        return VoxCPMEncoder(loaded.encoder, patch, loaded.encoder_normed)
 
     decode = ARDecodeConfig(
         loop_id="decode",
         component="lm",
         prompt_slot="voice",
-        make_sampling=lambda req: stop_sampling(opts.min_len),
+        make_sampling=lambda req: stop_sampling(opts.min_len, stop_temperature(req.sampling)),
         max_new_tokens=opts.max_len,
         eos_token_ids=(STOP,),
         stream_slot="latents",

@@ -17,7 +17,7 @@ the request's ``VoxCPMPrompt``.
 - Cap: ``max_len = min(int(len(text ids) * 6 + 10), max_patches)`` (upstream ``_generate``
   with ``retry_badcase_ratio_threshold`` 6.0).
 
-Imports: ``omnistep.core``, this family's ``ar``, ``lm``, ``audio_vae``.
+Imports: ``omnistep.core``, this family's ``ar``, ``lm``, ``audio_vae``, ``vae_weights``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from omnistep.core import OPENAI_VOICES, InvalidRequestError, ProgramContext
 from omnistep.models.voxcpm.ar import VoxCPMPrompt
 from omnistep.models.voxcpm.audio_vae import AudioVAEEncoder
 from omnistep.models.voxcpm.lm import build_prompt, encode_reference
+from omnistep.models.voxcpm.vae_weights import VAEWeights
 
 DEFAULT_VOICE = "default"
 """The zero-shot voice (no reference clip)."""
@@ -112,8 +113,25 @@ class VoxCPMEncoder:
         patch_size: latent frames per patch.
     """
 
-    def __init__(self, encoder: AudioVAEEncoder, patch_size: int):
+    def __init__(
+        self, encoder: AudioVAEEncoder, patch_size: int, normed: frozenset[str] = frozenset()
+    ):
         self.encoder, self.patch_size = encoder, patch_size
+        self._weights = VAEWeights(encoder, "encoder", normed)
+
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The encoder's tensors under the published ``audiovae`` file's names
+        (``encoder.*``; see ``vae_weights.VAEWeights``): ``name -> (shape, dtype)``."""
+        return self._weights.specs()
+
+    def update_weights(self, tensors: dict[str, object]) -> None:
+        """Copy checked tensors into the encoder in place. Voices enrolled before keep their
+        latents (a voice is its patches, not the encoder that made them).
+
+        Raises:
+            KeyError: a name ``weight_specs`` does not list.
+        """
+        self._weights.update(tensors)
 
     def execute(self, kind: Any, payloads: Any) -> list[Any]:
         """Runs no units.

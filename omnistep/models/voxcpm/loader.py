@@ -17,6 +17,7 @@ import torch
 from omnistep.models.voxcpm.audio_vae import AudioVAEDecoder, AudioVAEEncoder, fold_weight_norm
 from omnistep.models.voxcpm.config import VoxCPMConfig
 from omnistep.models.voxcpm.lm import VoxCPMBackbone
+from omnistep.models.voxcpm.vae_weights import weight_normed
 
 
 class VoxCPMCheckpointError(ValueError):
@@ -95,12 +96,15 @@ def vae_state(raw: dict[str, torch.Tensor], part: str) -> dict[str, torch.Tensor
 @dataclass
 class VoxCPMWeights:
     """A loaded folder: its config, the backbone (LMs, LocEnc, LocDiT, heads), the AudioVAE's
-    decoder and encoder."""
+    decoder and encoder, and which of their weights the file holds weight-normed
+    (``vae_weights.weight_normed``: weight updates name those by ``weight_g`` / ``weight_v``)."""
 
     config: VoxCPMConfig
     backbone: VoxCPMBackbone
     vae: AudioVAEDecoder
     encoder: AudioVAEEncoder
+    vae_normed: frozenset[str] = frozenset()
+    encoder_normed: frozenset[str] = frozenset()
 
     def __iter__(self):  # (config, backbone, vae) unpacking
         return iter((self.config, self.backbone, self.vae))
@@ -127,5 +131,10 @@ def load_voxcpm(
     _fill(vae, vae_state(vae_raw, "decoder"), vae_file.name)
     _fill(encoder, vae_state(vae_raw, "encoder"), vae_file.name)
     return VoxCPMWeights(
-        config, backbone.to(device, dtype).eval(), vae.to(device).eval(), encoder.to(device).eval()
+        config,
+        backbone.to(device, dtype).eval(),
+        vae.to(device).eval(),
+        encoder.to(device).eval(),
+        weight_normed(vae_raw, "decoder"),
+        weight_normed(vae_raw, "encoder"),
     )

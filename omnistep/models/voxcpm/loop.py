@@ -19,7 +19,8 @@ Under ROLLOUT the stop decisions are recorded as the loop's actions (``ActionRec
 stop step's included) and the patches as its continuous actions (``FlowPatches`` in
 ``LoopResult.info["flow"]``, one per recorded step): with ``flow_noise_level`` > 0 each patch's
 SDE chain, means, stds and Gaussian log-probs (``ar.SolvedPatch``), else the patches alone.
-``score_patches`` recomputes both kinds of log-prob teacher-forced (``VoxCPMAR.score_patches``).
+``score_patches_batch`` recomputes both kinds of log-prob teacher-forced, several samples in
+one packed forward (``VoxCPMAR.score_patches_batch``).
 
 Imports: ``omnistep.core``, ``omnistep.loops``, this family's ``ar``.
 """
@@ -27,6 +28,7 @@ Imports: ``omnistep.core``, ``omnistep.loops``, this family's ``ar``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,29 +145,51 @@ class VoxCPMLoop(ARDecodeLoop):
         mode: str = "processed",
         match_serving: bool = True,
     ) -> tuple[Any, Any]:
-        """Recompute a recorded sample's log-probs with the component's
-        ``VoxCPMAR.score_patches`` (autograd on a trainer's copy): ``(stop [T, 1] float32,
-        SDE steps [T, S] float64)``.
+        """Recompute a recorded sample's log-probs: ``score_patches_batch`` of one sample,
+        ``(stop [T, 1] float32, SDE steps [T, S] float64)``."""
+        [out] = self.score_patches_batch(
+            model, [req], [prompt], [tokens], [flow], mode, match_serving
+        )
+        return out
+
+    def score_patches_batch(
+        self,
+        model: ModelInstance,
+        reqs: Sequence[Request],
+        prompts: Sequence[VoxCPMPrompt],
+        tokens: Sequence[Any],
+        flows: Sequence[FlowPatches],
+        mode: str = "processed",
+        match_serving: bool = True,
+    ) -> list[tuple[Any, Any]]:
+        """Recompute several recorded samples' log-probs in one packed teacher-forced
+        forward (``VoxCPMAR.score_patches_batch``; autograd on a trainer's copy): per sample
+        ``(stop [T, 1] float32, SDE steps [T, S] float64)``, each scored with the loop's
+        sampling row for its request (the stop temperature it was sampled at).
 
         Raises:
             NotImplementedError: the component cannot score here (another process).
             ValueError: a flow record that does not match the frames.
         """
         name = self.config.component
-        scorer = local_method(model.components[name], "score_patches", name)
-        frames = [tuple(int(t) for t in frame) for frame in tokens]
-        states = torch.as_tensor(np.asarray(flow.states, dtype=np.float32))
-        if states.shape[0] != len(frames):
-            raise ValueError(f"{len(frames)} frames but {states.shape[0]} recorded patches")
-        row = self.config.make_sampling(req)
+        scorer = local_method(model.components[name], "score_patches_batch", name)
+        frames_of, chains, levels = [], [], []
+        for frames, flow in zip(tokens, flows, strict=True):
+            frames = [tuple(int(t) for t in frame) for frame in frames]
+            states = torch.as_tensor(np.asarray(flow.states, dtype=np.float32))
+            if states.shape[0] != len(frames):
+                raise ValueError(f"{len(frames)} frames but {states.shape[0]} recorded patches")
+            frames_of.append(frames)
+            chains.append(states)
+            levels.append(float(flow.noise_level))
         return scorer(
-            prompt,
-            frames,
-            states[:, -1],
-            row,
+            prompts,
+            frames_of,
+            [states[:, -1] for states in chains],
+            [self.config.make_sampling(req) for req in reqs],
             mode,
-            states if states.shape[1] > 1 else None,
-            float(flow.noise_level),
+            [states if states.shape[1] > 1 else None for states in chains],
+            levels,
             match_serving,
         )
 

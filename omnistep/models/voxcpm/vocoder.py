@@ -15,7 +15,8 @@ of unit, both equal to the whole decode within float rounding:
 Frames are latent frames, ``[C]`` float tensors or arrays (a patch is ``patch_size`` of them).
 Stateful units of one batch are decoded together when their chunks have equal lengths (the
 tails are stacked per layer), else in groups of equal length; ``batch_invariant`` decodes every
-unit alone.
+unit alone. Weight updates reach the decoder under the published ``audiovae`` file's names
+(``weight_specs`` / ``update_weights``, ``vae_weights.VAEWeights``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 
 from omnistep.loops import AudioChunkInput
 from omnistep.models.voxcpm.audio_vae import AudioVAEDecoder, State
+from omnistep.models.voxcpm.vae_weights import VAEWeights
 from omnistep.runners.vocoder import ChunkVocoder
 
 
@@ -41,10 +43,32 @@ class AudioVAEComponent(ChunkVocoder):
     """Runs AUDIO_CHUNK units over latent frames; returns float32 ``[chunk * hop]`` samples at
     48 kHz per unit (see the module docstring for the two kinds of unit)."""
 
-    def __init__(self, decoder: AudioVAEDecoder, batch_invariant: bool = False):
+    def __init__(
+        self,
+        decoder: AudioVAEDecoder,
+        batch_invariant: bool = False,
+        normed: frozenset[str] = frozenset(),
+    ):
         super().__init__(decoder, "the VoxCPM2 AudioVAE decoder", batch_invariant)
         self._streams: dict[str, tuple[int, State]] = {}  # seq_id -> (next frame, tails)
         self._lock = threading.Lock()
+        self._weights = VAEWeights(decoder, "decoder", normed)
+
+    def weight_specs(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``name -> (shape, dtype)`` of the decoder's tensors under the published
+        ``audiovae`` file's names (``decoder.*``; ``weight_g`` / ``weight_v`` for the convs
+        the file holds weight-normed: ``vae_weights.VAEWeights``)."""
+        return self._weights.specs()
+
+    def update_weights(self, tensors: dict[str, object]) -> None:
+        """Copy checked tensors (``ModelInstance.check_weights``) into the decoder in place;
+        call only between steps. Streams keep their conv tails (computed with the old
+        weights), as a running request keeps its KV cache.
+
+        Raises:
+            KeyError: a name ``weight_specs`` does not list.
+        """
+        self._weights.update(tensors)
 
     @property
     def num_streams(self) -> int:
