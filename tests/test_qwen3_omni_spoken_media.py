@@ -415,3 +415,42 @@ def test_request_without_media_still_speaks_the_text_prompt_layout(model):
     (stream,), (wave,) = asyncio.run(_run(model, [req]))
     prompt: TalkerPrompt = stream.rollout_info["talk"]["prompt"]
     assert prompt.media_rows is None and prompt.positions is None and wave.size > 0
+
+
+def _salted(messages: tuple[ChatMessage, ...], salt: str) -> Request:
+    return dataclasses.replace(_request(_item("audio")), messages=messages, cache_salt=salt)
+
+
+async def _spoken(engine: AsyncEngine, request: Request):
+    stream = engine.add_request(request)
+    audio = [c.audio async for c in stream if c.audio is not None]
+    return stream, np.concatenate(audio)
+
+
+async def test_a_sessions_second_turn_speaks_from_cached_thinker_rows(model):
+    """A realtime session's second turn (salted: its first turn's blocks cached, their
+    streamed thinker states kept) gives the talker both turns' audio states, equal to a fresh
+    session's on the same history within 1e-4, and speaks the same answer."""
+    thinker = model.components["thinker"]
+    engine = AsyncEngine([model])
+    try:
+        first = (ChatMessage("user", "", parts=(_item("audio"),)),)
+        turn1, _ = await _spoken(engine, _salted(first, "session-a"))
+        second = MediaItem.of(MediaKind.AUDIO, _clip(1.2, seed=5), sample_rate=16000)
+        history = (
+            *first,
+            ChatMessage("assistant", "", token_ids=tuple(turn1.text_ids)),
+            ChatMessage("user", "", parts=(second,)),
+        )
+        cached = thinker.num_cached_rows
+        turn2, audio2 = await _spoken(engine, _salted(history, "session-a"))
+        assert thinker.num_cached_rows > cached  # the first turn's rows came from the cache
+        fresh, audio3 = await _spoken(engine, _salted(history, "session-b"))
+        assert turn2.text_ids == fresh.text_ids
+        got, want = (s.rollout_info["talk"]["prompt"] for s in (turn2, fresh))
+        assert len(want.media_index) > 13 and got.media_index == want.media_index  # both clips
+        torch.testing.assert_close(got.media_rows, want.media_rows, atol=1e-4, rtol=0)
+        assert audio2.shape == audio3.shape and audio2.size > 0
+        np.testing.assert_allclose(audio2, audio3, atol=1e-3)
+    finally:
+        await engine.shutdown()

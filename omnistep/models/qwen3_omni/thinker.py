@@ -157,11 +157,18 @@ class Qwen3OmniThinker(PagedARModel):
     PREFILL payloads are ``ARPrefillInput`` whose ``prompt`` is token ids (the chat template's)
     or a ``ThinkerPrompt`` (media);
     AR_TOKEN payloads are ``ARStepInput``. Frames are 1-tuples of text ids; ``hidden`` streams
-    each fed token's last hidden state ``[n, hidden]`` float32 (what the talker will read).
+    each fed token's state at ``talker_layer`` (the final one without a talker), ``[n,
+    hidden]`` float32: what the talker reads at media tokens.
 
     Attributes:
         embed_weight: ``[vocab, hidden]`` (``thinker.model.embed_tokens.weight``).
         lm_head: ``[vocab, hidden]`` (``thinker.lm_head.weight``).
+        talker_layer: ``talker_config.accept_hidden_layer`` (0: the input embeddings, ``k``:
+            decoder layer ``k - 1``'s output, the layer count: the final normed state), or
+            None (no talker).
+
+    Raises:
+        ValueError: a ``talker_layer`` outside ``[0, num_hidden_layers]``.
     """
 
     stream_prompt_rows = True
