@@ -427,7 +427,7 @@ async def _spoken(engine: AsyncEngine, request: Request):
     return stream, np.concatenate(audio)
 
 
-async def test_a_sessions_second_turn_speaks_from_cached_thinker_rows(model):
+async def test_a_sessions_second_turn_speaks_from_cached_thinker_rows(qwen3_omni_folder, model):
     """A realtime session's second turn (salted: its first turn's blocks cached, their
     streamed thinker states kept) gives the talker both turns' audio states, equal to a fresh
     session's on the same history within 1e-4, and speaks the same answer."""
@@ -448,9 +448,33 @@ async def test_a_sessions_second_turn_speaks_from_cached_thinker_rows(model):
         fresh, audio3 = await _spoken(engine, _salted(history, "session-b"))
         assert turn2.text_ids == fresh.text_ids
         got, want = (s.rollout_info["talk"]["prompt"] for s in (turn2, fresh))
-        assert len(want.media_index) > 13 and got.media_index == want.media_index  # both clips
+        clips = _encoders(qwen3_omni_folder).encode_items([first[0].parts[0], second])
+        assert len(want.media_index) == sum(c.rows.shape[0] for c in clips)  # both turns'
+        assert got.media_index == want.media_index
         torch.testing.assert_close(got.media_rows, want.media_rows, atol=1e-4, rtol=0)
         assert audio2.shape == audio3.shape and audio2.size > 0
         np.testing.assert_allclose(audio2, audio3, atol=1e-3)
     finally:
         await engine.shutdown()
+
+
+def test_a_spoken_media_rollout_is_reproduced_by_score(qwen3_omni_folder):
+    """C2 on an audio prompt: ``score`` on the rollout's recorded prompts (the talker's with
+    its media rows, positions and per-step text ids) recomputes the sampled thinker's and
+    talker's log-probs within 1e-6 (``batch_invariant``)."""
+    opts = Qwen3OmniOptions(kv_cache_gb=0.02, talker_max_new_tokens=8, batch_invariant=True)
+    model = ModelInstance.load(build_card(str(qwen3_omni_folder), opts))
+    req = dataclasses.replace(
+        _request(_item("audio"), seed=4),
+        sampling=SamplingParams(temperature=0.8, max_new_tokens=5),
+    )
+    (stream,), _ = asyncio.run(_run(model, [req]))
+    for loop in ("think", "talk"):
+        records = stream.trajectories[loop]
+        recorded = np.array([r.logprobs for r in records], dtype=np.float32)
+        assert np.any(recorded < 0)
+        prompt = stream.rollout_info[loop]["prompt"]
+        frames = [r.tokens for r in records]
+        scored = model.loops[loop].score(model, req, prompt, frames)
+        np.testing.assert_allclose(scored.detach().numpy(), recorded, atol=1e-6, rtol=0)
+    assert prompt.media_rows is not None and recorded.shape[1] == 16
