@@ -478,3 +478,31 @@ def test_a_spoken_media_rollout_is_reproduced_by_score(qwen3_omni_folder):
         scored = model.loops[loop].score(model, req, prompt, frames)
         np.testing.assert_allclose(scored.detach().numpy(), recorded, atol=1e-6, rtol=0)
     assert prompt.media_rows is not None and recorded.shape[1] == 16
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_the_thinker_streams_transformers_hidden_states_at_the_talker_layer(
+    qwen3_omni_folder, layer
+):
+    """``Qwen3OmniThinker.talker_layer`` ``k`` streams transformers' ``hidden_states[k]``
+    (embeddings, a layer's output, the final normed state) for every prompt row, and the
+    logits stay the thinker's."""
+    from omnistep.core import WorkUnitKind
+    from omnistep.kv import KVCacheConfig
+    from omnistep.loops.ar_decode import ARPrefillInput
+    from omnistep.models.qwen3_omni.thinker import load_thinker
+    from omnistep.sampling import SamplingRow
+
+    thinker = load_thinker(Qwen3OmniCheckpoint.open(qwen3_omni_folder), KVCacheConfig(64, 4))
+    assert thinker.talker_layer == 1  # the tiny config's accept_hidden_layer
+    thinker.talker_layer = layer
+    tok = load_tokenizer(str(qwen3_omni_folder))
+    ids = tok.apply_chat_template([{"role": "user", "content": "hello there"}])["input_ids"]
+    unit = ARPrefillInput("s", tuple(ids), (), (), SamplingRow(temperature=0.0), None)
+    (out,) = thinker.execute(WorkUnitKind.PREFILL, [unit])
+    with torch.no_grad():
+        ref = _hf(qwen3_omni_folder).thinker(
+            input_ids=torch.tensor([ids]), output_hidden_states=True
+        )
+    torch.testing.assert_close(out.hidden, ref.hidden_states[layer][0], atol=1e-4, rtol=0)
+    assert out.tokens[0] == int(ref.logits[0, -1].argmax())

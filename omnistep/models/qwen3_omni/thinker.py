@@ -324,6 +324,11 @@ class Qwen3OmniThinker(PagedARModel):
             kept.append(self._lm_inputs(rows, query_lens).to(hidden.dtype))
         elif self.talker_layer == self.config.num_hidden_layers:
             kept.append(hidden)
+        if len(kept) != 1:
+            raise RuntimeError(
+                f"the thinker's forward kept {len(kept)} states of layer {self.talker_layer} "
+                "for the talker (its stack must call _after_layer's hook once per layer)"
+            )
         return torch.cat([hidden, kept[0]], dim=1)
 
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
@@ -359,8 +364,11 @@ class Qwen3OmniThinker(PagedARModel):
         return rows[:, : self.config.hidden_size] if self.deepstack_layers else rows
 
     def _after_layer(self, rows: torch.Tensor) -> Any:
-        kept = self._kept.get(id(rows)) if self._kept else None  # None in a training copy
-        keep_after = -1 if self.talker_layer is None else self.talker_layer - 1
+        # None outside a serving forward (and in a training copy)
+        kept = self._kept.get(id(rows)) if self._kept else None
+        layer = self.talker_layer
+        inside = layer is not None and 0 < layer < self.config.num_hidden_layers
+        keep_after = layer - 1 if inside else -1  # type: ignore[operator]
         if not self.deepstack_layers and kept is None:
             return None
         width = self.config.hidden_size
