@@ -202,7 +202,7 @@ class TalkerIds:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class TalkerPrompt:
     """The PREFILL prompt of one talker sequence (``build_talker_prompt``).
 
@@ -245,7 +245,8 @@ class TalkerPrompt:
             raise ValueError(f"positions {self.positions.shape} for {len(self.text_ids)} rows")
 
     def key(self) -> tuple:
-        """A content key: equal keys give equal talker inputs."""
+        """A content key: equal keys give equal talker inputs (prompts compare by identity:
+        they may hold tensors)."""
         media = None if self.media_rows is None else self.media_rows.numpy().tobytes()
         pos = None if self.positions is None else self.positions.tobytes()
         return self.text_ids, self.codec_ids, self.media_index, media, pos

@@ -193,7 +193,7 @@ class TalkerLoop(ARDecodeLoop):
         base = super().init(req, model, ctx)
         fields_ = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         media = base.prompt if isinstance(base.prompt, ThinkerPrompt) else None
-        prompt = tuple(int(t) for t in (base.prompt.ids if media else base.prompt))
+        prompt = tuple(int(t) for t in (base.prompt if media is None else media.ids))
         head = prompt[assistant_start(prompt, self.ids) :]
         track = ReplyTrack(head, ctx.slots[self.reply_slot], self.thinker_cap(req), self.ids)
         return TalkerState(
