@@ -20,7 +20,11 @@ trajectory's log-probs (both stages) with autograd.
 
 A family subclasses ``CodecTalker`` and gives ``_prefill_inputs`` (its prompt layout): rows
 ``[codec part (hidden) | text embedding (text_hidden)]``; AR_TOKEN units carry their text id in
-``ARStepInput.extra``.
+``ARStepInput.extra``. A family with ``text_gate`` (Qwen3-Omni, whose media rows are
+``hidden_projection`` of thinker states with no text part) adds one more column, the gate
+``g``: the row is ``codec part + g * text_projection(text part)``; its ``_prefill_inputs`` and
+``_step_inputs`` append it (1 for ordinary rows, 0 for a row whose whole input is in its
+codec part).
 
 Imports torch, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``, ``omnistep.sampling``,
 ``omnistep.runners.paged_ar``.
@@ -238,14 +242,20 @@ class CodecTalker(PagedARModel):
         codec = self._frame_sums(self._frames([u.last for u in units]))
         return torch.cat([codec, self._text_part([u.extra for u in units])], dim=1)
 
+    text_gate = False
+    """Rows carry a last gate column multiplying the projected text part (module docstring)."""
+
     def _lm_inputs(self, rows: torch.Tensor, query_lens: list[int]) -> torch.Tensor:
-        """``codec part + text_projection(text part)``, ``[N, hidden]`` (row-chunked by the
-        sequences' query lengths in batch-invariant mode, as the stack chunks)."""
+        """``codec part + text_projection(text part)`` (times the gate column with
+        ``text_gate``), ``[N, hidden]`` (row-chunked by the sequences' query lengths in
+        batch-invariant mode, as the stack chunks)."""
         hidden = self.sizes.hidden_size
+        end = hidden + self.sizes.text_hidden_size
 
         def project(x: torch.Tensor) -> torch.Tensor:
-            inner = self._act(linear(x[:, hidden:], self.fc1_weight, self.fc1_bias))
-            return x[:, :hidden] + linear(inner, self.fc2_weight, self.fc2_bias)
+            inner = self._act(linear(x[:, hidden:end], self.fc1_weight, self.fc1_bias))
+            text = linear(inner, self.fc2_weight, self.fc2_bias)
+            return x[:, :hidden] + (text * x[:, end:] if self.text_gate else text)
 
         rows = rows.to(self.dtype)
         if not self.batch_invariant:

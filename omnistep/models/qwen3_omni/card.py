@@ -8,7 +8,10 @@ put on the ``thinker_ids`` channel) and, at the same time, ``talk`` (the ``Talke
 so speech frames come while the thinker is still writing) -> ``vocode`` (an AudioDecodeLoop on
 ``code2wav``, the runner plane's ``CodecDecoderComponent`` keeping each stream's decoder state:
 chunks of new frames, the first chunk the talker's first frame) -> ``usage``. The audio stages
-run only when audio output is asked for.
+run only when audio output is asked for. For a media prompt the thinker's loop
+(``talker_loop.ThinkLoop``) also hands the talker its ``accept_hidden_layer`` states of the
+prompt's audio, image and video tokens (``thinker_media``), which the talker's prompt reads
+through ``hidden_projection`` (``talker`` module docstring).
 
 Media input (``Capability.AUDIO_INPUT`` and ``TRANSCRIPTION`` when the folder holds
 ``thinker.audio_tower.*``, ``IMAGE_INPUT`` and ``VIDEO_INPUT`` when it holds
@@ -80,7 +83,7 @@ from omnistep.models.qwen3_omni.talker import (
     load_talker,
     talker_sampling,
 )
-from omnistep.models.qwen3_omni.talker_loop import TalkerLoop
+from omnistep.models.qwen3_omni.talker_loop import MEDIA_SLOT, TalkerLoop, ThinkLoop
 from omnistep.models.qwen3_omni.thinker import ThinkerTextConfig, load_thinker
 from omnistep.models.qwen3_omni.thinking import THINK_END, THINK_START, ThinkingLoop
 from omnistep.runners.codec_vocoder import CodecDecoderComponent, codec_decode_config
@@ -299,7 +302,7 @@ def build_card(
             "think",
             needs=("thinker_prompt",),
             binds="text_ids",
-            streams=("thinker_ids",),
+            streams=("thinker_ids", MEDIA_SLOT) if audio else ("thinker_ids",),
         ),
     ]
     components = [
@@ -307,7 +310,7 @@ def build_card(
         ComponentSpec("thinker", build_thinker, opts.max_batch_size, "MoE thinker LM"),
     ]
     lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
-    think_loop = ThinkingLoop if thinks(tokenizer) else ARDecodeLoop
+    think_loop = ThinkingLoop if thinks(tokenizer) else ThinkLoop if audio else ARDecodeLoop
     loops = [
         *stages.loops,
         LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: think_loop(think)),
@@ -370,7 +373,7 @@ def _audio_stages(
     talk = ARDecodeConfig(
         loop_id="talk",
         component="talker",
-        prompt_slot="chat_ids",
+        prompt_slot="thinker_prompt",
         make_sampling=lambda req: talker_sampling(
             ids.codec_eos, opts.talker_greedy, opts.talker_max_new_tokens
         ),
@@ -398,7 +401,7 @@ def _audio_stages(
         LoopNode(
             "talk",
             "talk",
-            needs=("chat_ids", "thinker_ids", "speaker"),
+            needs=("thinker_prompt", "thinker_ids", MEDIA_SLOT, "speaker"),
             binds="codes",
             streams=("codes_stream",),
             when=_wants_audio,

@@ -13,9 +13,8 @@ the template puts one placeholder per item (``<|audio_start|><|audio_pad|><|audi
 ``<|vision_start|><|image_pad|><|vision_end|>``, ``<|video_pad|>`` likewise), which the
 ``media_prompt`` node expands once the items are encoded. The items are checked
 against the folder's encoders (``MediaRules``: a kind without its encoder is a 400
-``unsupported_modality``). The talker does not read media prompts yet (transformers feeds it
-the thinker's ``accept_hidden_layer`` states at media positions): a request with media and
-audio output is a 400 (``unsupported_modality``). An assistant message with ``token_ids`` (a
+``unsupported_modality``); a spoken answer to them is the talker's (``talker_loop``). An
+assistant message with ``token_ids`` (a
 realtime session's earlier answer) is rendered empty and its ids are spliced in
 (``splice_replies``), so the prompt equals the sequence the prefix cache holds.
 
@@ -30,7 +29,6 @@ from omnistep.core import (
     OPENAI_VOICES,
     InvalidRequestError,
     MediaKind,
-    Modality,
     ProgramContext,
 )
 from omnistep.runners.media_prompt import (
@@ -109,13 +107,6 @@ class ChatFrontend:
         media = req.media
         for item in media:
             self.media.check(item)
-        if media and self.speakers and Modality.AUDIO in req.output_modalities:
-            raise InvalidRequestError(
-                "Qwen3-Omni answers a chat with audio, image or video parts in text only for "
-                'now: ask for modalities ["text"]',
-                param="modalities",
-                code="unsupported_modality",
-            )
         ids = chat_prompt_ids(self.tokenizer, req.messages)
         ctx.slots["chat_ids"] = tuple(ids)
         ctx.slots["media"] = encode_list(media)

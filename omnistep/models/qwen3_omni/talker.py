@@ -25,29 +25,45 @@ zero where there is none):
   or the one cut by ``max_new_tokens``, is never fed and is not spoken), then ``tts_pad`` for
   every later step (``talker_loop.ReplyTrack``).
 
-Positions are ``0, 1, 2, ...`` (text-only: the talker's MRoPE is plain rope). Sampling
-(``TalkerSampling``): transformers' ``generate`` defaults, temperature 0.9, top_k 50, top_p
-1.0, repetition penalty 1.05 over the codebook-0 history, the top 1024 ids but EOS suppressed;
-the code predictor samples with top_k 50, top_p 0.8 (greedy when the talker is).
-``talker.hidden_projection`` (media rows of the prompt) is not used yet: media prompts are not
-served.
+Media prompts (audio, image, video parts; ``generate``'s ``_get_talker_user_parts``): a user
+row whose thinker token is an audio, image or video placeholder is
+``hidden_projection(thinker state)`` alone (no codec part, no text part), the state being the
+thinker's ``accept_hidden_layer`` output at that token (``thinker.Qwen3OmniThinker``'s
+``talker_layer``). The talker's rope is the thinker's interleaved MRoPE with its own
+``mrope_section``; its positions are the thinker prompt's (``runners.mrope.rope_index``) at the
+user rows, each lowered by the number of rows left out before it (the system and earlier
+assistant turns: text, one position each), then the 9 assistant rows one apart; decode steps
+continue at ``row + rope_delta``. For a text-only or audio prompt these are ``0, 1, 2, ...``
+(plain rope), as in transformers; for an image or video they equal what its
+``get_rope_index`` gives on the talker's ids. (transformers' talker does not take
+``use_audio_in_video`` and its config has no ``audio_config``, so its ``generate`` fails on a
+prompt holding audio and an image or video, or a video with its track; here those run with
+the thinker's positions re-based the same way.)
 
-Imports torch, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``, ``omnistep.runners``,
-``omnistep.sampling``, this family's ``thinker`` (its config).
+Sampling (``TalkerSampling``): transformers' ``generate`` defaults, temperature 0.9, top_k 50,
+top_p 1.0, repetition penalty 1.05 over the codebook-0 history, the top 1024 ids but EOS
+suppressed; the code predictor samples with top_k 50, top_p 0.8 (greedy when the talker is).
+
+Imports numpy, torch, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``,
+``omnistep.runners``, ``omnistep.sampling``, this family's ``thinker`` (its config).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.code_predictor import CodePredictorConfig
+from omnistep.layers.linear import linear
 from omnistep.layers.llama import LlamaConfigLite, LlamaModel
+from omnistep.layers.rope import MRotaryEmbedding
 from omnistep.loops.ar_decode import ARPrefillInput
 from omnistep.models.qwen3_omni.thinker import ThinkerTextConfig
 from omnistep.runners.codec_talker import CodecTalker, CodecTalkerSampling, CodecTalkerSizes
@@ -186,7 +202,7 @@ class TalkerIds:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class TalkerPrompt:
     """The PREFILL prompt of one talker sequence (``build_talker_prompt``).
 
@@ -196,6 +212,13 @@ class TalkerPrompt:
         replay_text: text ids of decode steps already run (step ``k`` fed frame ``k``): a
             re-prefill after a preemption, or a scored trajectory, replays generated frame
             ``k`` with ``replay_text[k]``.
+        media_index: the rows that are ``hidden_projection`` of ``media_rows`` (a media
+            prompt's user-turn audio, image and video tokens), ascending.
+        media_rows: float32 ``[len(media_index), thinker hidden]`` (CPU): the thinker's
+            ``accept_hidden_layer`` states of those tokens; None without media.
+        positions: int64 ``[3, len(text_ids)]`` M-RoPE positions of a media prompt; None:
+            row ``i`` at ``i``.
+        rope_delta: rows after the prompt sit at ``row + rope_delta``.
 
     Raises:
         ValueError: no rows, or lengths that differ.
@@ -204,6 +227,10 @@ class TalkerPrompt:
     text_ids: tuple[int, ...]
     codec_ids: tuple[int, ...]
     replay_text: tuple[int, ...] = ()
+    media_index: tuple[int, ...] = ()
+    media_rows: torch.Tensor | None = None
+    positions: np.ndarray | None = None
+    rope_delta: int = 0
 
     def __post_init__(self) -> None:
         if not self.text_ids or len(self.text_ids) != len(self.codec_ids):
@@ -211,10 +238,18 @@ class TalkerPrompt:
                 f"a talker prompt needs as many codec ids as text ids (>= 1), got "
                 f"{len(self.text_ids)} and {len(self.codec_ids)}"
             )
+        rows = 0 if self.media_rows is None else self.media_rows.shape[0]
+        if rows != len(self.media_index):
+            raise ValueError(f"{rows} media rows for {len(self.media_index)} media positions")
+        if self.positions is not None and self.positions.shape != (3, len(self.text_ids)):
+            raise ValueError(f"positions {self.positions.shape} for {len(self.text_ids)} rows")
 
     def key(self) -> tuple:
-        """A content key: equal keys give equal talker inputs."""
-        return self.text_ids, self.codec_ids
+        """A content key: equal keys give equal talker inputs (prompts compare by identity:
+        they may hold tensors)."""
+        media = None if self.media_rows is None else self.media_rows.numpy().tobytes()
+        pos = None if self.positions is None else self.positions.tobytes()
+        return self.text_ids, self.codec_ids, self.media_index, media, pos
 
 
 ASSISTANT_HEAD = 4
@@ -222,8 +257,8 @@ ASSISTANT_HEAD = 4
 first token."""
 
 
-def user_ids(prompt_ids: Sequence[int], ids: TalkerIds) -> list[int]:
-    """The tokens of ``prompt_ids`` inside user turns: each token whose last
+def user_rows(prompt_ids: Sequence[int], ids: TalkerIds) -> list[int]:
+    """Indices of the tokens of ``prompt_ids`` inside user turns: each token whose last
     ``<|im_start|>`` at or before it is followed by ``user`` (transformers' role mask; tokens
     before any ``<|im_start|>`` take the role of the prompt's second token)."""
     out, role = [], prompt_ids[1] if len(prompt_ids) > 1 else None
@@ -231,8 +266,57 @@ def user_ids(prompt_ids: Sequence[int], ids: TalkerIds) -> list[int]:
         if token == ids.im_start:
             role = prompt_ids[i + 1] if i + 1 < len(prompt_ids) else None
         if role == ids.user:
-            out.append(int(token))
+            out.append(i)
     return out
+
+
+def user_ids(prompt_ids: Sequence[int], ids: TalkerIds) -> list[int]:
+    """The tokens of ``prompt_ids`` inside user turns (``user_rows``)."""
+    return [int(prompt_ids[i]) for i in user_rows(prompt_ids, ids)]
+
+
+@dataclass(frozen=True, eq=False)
+class TalkerMedia:
+    """What a media prompt adds to the talker's prompt.
+
+    Attributes:
+        placeholder_ids: the thinker's audio, image and video token ids.
+        rows: float32 ``[tokens, thinker hidden]``: the thinker's ``accept_hidden_layer``
+            state of every placeholder token of the prompt, in order (any turn).
+        positions: int64 ``[3, len(prompt)]``: the thinker prompt's M-RoPE positions.
+    """
+
+    placeholder_ids: tuple[int, ...]
+    rows: torch.Tensor
+    positions: np.ndarray
+
+
+def _media_part(
+    prompt_ids: Sequence[int], user: list[int], media: TalkerMedia
+) -> tuple[tuple[int, ...], torch.Tensor | None]:
+    """(talker rows of the user turns' placeholder tokens, their ``media.rows``)."""
+    marks = [i for i, t in enumerate(prompt_ids) if t in media.placeholder_ids]
+    if len(marks) != media.rows.shape[0]:
+        raise ValueError(f"{media.rows.shape[0]} thinker rows for {len(marks)} media tokens")
+    row_of = {i: j for j, i in enumerate(user)}
+    picked = [(row_of[i], k) for k, i in enumerate(marks) if i in row_of]
+    if not picked:
+        return (), None
+    return tuple(r for r, _ in picked), media.rows[[k for _, k in picked]]
+
+
+def _talker_positions(
+    user: list[int], positions: np.ndarray, num_rows: int
+) -> tuple[np.ndarray, int]:
+    """The talker prompt's ``[3, num_rows]`` positions and rope delta: the thinker's at the
+    user rows, each lowered by the rows left out before it, then one apart (module
+    docstring)."""
+    index = np.asarray(user, dtype=np.int64)
+    head = positions[:, index] - (index - np.arange(len(index)))[None]
+    start = int(head.max()) + 1 if len(index) else 0
+    tail = start + np.arange(num_rows - len(index), dtype=np.int64)
+    table = np.concatenate([head, np.broadcast_to(tail, (3, len(tail)))], axis=1)
+    return table.astype(np.int64), int(table.max()) + 1 - num_rows
 
 
 def assistant_start(prompt_ids: Sequence[int], ids: TalkerIds) -> int:
@@ -248,19 +332,24 @@ def assistant_start(prompt_ids: Sequence[int], ids: TalkerIds) -> int:
 
 
 def build_talker_prompt(
-    prompt_ids: Sequence[int], head: Sequence[int], speaker_id: int, ids: TalkerIds
+    prompt_ids: Sequence[int],
+    head: Sequence[int],
+    speaker_id: int,
+    ids: TalkerIds,
+    media: TalkerMedia | None = None,
 ) -> TalkerPrompt:
-    """The talker's prompt (module docstring) for a thinker prompt and the first
-    ``ASSISTANT_HEAD`` ids of the assistant turn (``head``: from ``<|im_start|>`` on, through
-    the reply's first token).
+    """The talker's prompt (module docstring) for a thinker prompt (placeholders expanded),
+    the first ``ASSISTANT_HEAD`` ids of the assistant turn (``head``: from ``<|im_start|>``
+    on, through the reply's first token) and, for a media prompt, its ``TalkerMedia``.
 
     Raises:
-        ValueError: ``head`` is not ``ASSISTANT_HEAD`` ids.
+        ValueError: ``head`` is not ``ASSISTANT_HEAD`` ids; media rows that do not match the
+            prompt's placeholder tokens.
     """
     if len(head) != ASSISTANT_HEAD:
         raise ValueError(f"the assistant head must be {ASSISTANT_HEAD} ids, got {len(head)}")
-    user = user_ids(prompt_ids, ids)
-    text = [*user, *head[:3], *[ids.tts_pad] * 4, ids.tts_bos, head[3]]
+    user = user_rows(prompt_ids, ids)
+    text = [*(prompt_ids[i] for i in user), *head[:3], *[ids.tts_pad] * 4, ids.tts_bos, head[3]]
     codec = [NO_CODEC] * (len(user) + 3) + [
         ids.codec_nothink,
         ids.codec_think_bos,
@@ -269,7 +358,14 @@ def build_talker_prompt(
         ids.codec_pad,
         ids.codec_bos,
     ]
-    return TalkerPrompt(tuple(int(t) for t in text), tuple(codec))
+    prompt = TalkerPrompt(tuple(int(t) for t in text), tuple(codec))
+    if media is None:
+        return prompt
+    index, rows = _media_part(prompt_ids, user, media)
+    positions, delta = _talker_positions(user, media.positions, len(text))
+    return dataclasses.replace(
+        prompt, media_index=index, media_rows=rows, positions=positions, rope_delta=delta
+    )
 
 
 # ---------------------------------------------------------------- sampling
@@ -380,24 +476,34 @@ class Qwen3OmniTalker(CodecTalker):
         text = ThinkerTextConfig.from_dict(config, "talker_config")
         self.text_config = text
         stack: LlamaConfigLite = text.llama()
-        super().__init__(
-            stack,
-            talker_sizes(config),
-            predictor_config(config),
-            kv,
-            device,
-            dtype,
-            batch_invariant,
+        sizes = talker_sizes(config)
+        super().__init__(stack, sizes, predictor_config(config), kv, device, dtype, batch_invariant)
+        self.llama.rotary_emb = MRotaryEmbedding(
+            text.head_dim,
+            self.llama.config.rope_theta,
+            self.llama.config.max_position_embeddings,
+            text.mrope_section,
+            self.device,
+            interleaved=True,
         )
+        factory = {"device": self.device, "dtype": dtype}
+        inner, th, h = sizes.projection_size, sizes.text_hidden_size, sizes.hidden_size
+        self.media_fc1_weight = torch.zeros(inner, th, **factory)
+        self.media_fc1_bias = torch.zeros(inner, **factory)
+        self.media_fc2_weight = torch.zeros(h, inner, **factory)
+        self.media_fc2_bias = torch.zeros(h, **factory)
 
     _expert_prefix = "talker.model."
+    text_gate = True  # media rows: hidden_projection in the codec part, text gated off
+    position_rows = 3  # the thinker's interleaved M-RoPE (plain rope for text prompts)
 
     def _weight_tensors(self) -> dict[str, torch.Tensor]:
         """Every live talker tensor by its official name (``talker.model.*``, its MoE
         experts fused as ``LlamaModel`` holds them: ``mlp.experts.gate_up_proj`` /
         ``down_proj``, the published per-expert names being ``_weight_aliases``;
-        ``talker.text_projection.*``, ``talker.codec_head.weight``,
-        ``talker.code_predictor.*``); the thinker's embedding is the thinker's."""
+        ``talker.text_projection.*``, ``talker.hidden_projection.*``,
+        ``talker.codec_head.weight``, ``talker.code_predictor.*``); the thinker's embedding
+        is the thinker's."""
         stack = self.llama.state_dict(keep_vars=True).items()
         tensors = {f"talker.model.{k}": v for k, v in stack}
         tensors["talker.model.codec_embedding.weight"] = self.codec_embedding
@@ -405,13 +511,16 @@ class Qwen3OmniTalker(CodecTalker):
         tensors["talker.text_projection.linear_fc1.bias"] = self.fc1_bias
         tensors["talker.text_projection.linear_fc2.weight"] = self.fc2_weight
         tensors["talker.text_projection.linear_fc2.bias"] = self.fc2_bias
+        tensors["talker.hidden_projection.linear_fc1.weight"] = self.media_fc1_weight
+        tensors["talker.hidden_projection.linear_fc1.bias"] = self.media_fc1_bias
+        tensors["talker.hidden_projection.linear_fc2.weight"] = self.media_fc2_weight
+        tensors["talker.hidden_projection.linear_fc2.bias"] = self.media_fc2_bias
         tensors["talker.codec_head.weight"] = self.codec_head
         return {**tensors, **self.predictor.weight_tensors()}
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         """Load the talker's tensors by official name (``talker.*``: the stack's MoE experts
-        by their published per-expert names; ``hidden_projection``, for media rows, is
-        skipped) and ``THINKER_EMBED`` into ``text_embedding``.
+        by their published per-expert names) and ``THINKER_EMBED`` into ``text_embedding``.
 
         Raises:
             KeyError: a missing tensor (named). ValueError: a mis-shaped or unexpected one.
@@ -421,8 +530,7 @@ class Qwen3OmniTalker(CodecTalker):
         own = "talker.model.codec_embedding.weight"
         if THINKER_EMBED not in state:
             raise KeyError(f"missing thinker tensor {THINKER_EMBED} (the talker's text rows)")
-        skipped = ("talker.hidden_projection.", stack_prefix)
-        rest = {k: v for k, v in state.items() if not k.startswith(skipped) or k == own}
+        rest = {k: v for k, v in state.items() if not k.startswith(stack_prefix) or k == own}
         targets = self._weight_tensors()
         self._copy_named(
             {k: v for k, v in targets.items() if not k.startswith(stack_prefix) or k == own},
@@ -443,11 +551,38 @@ class Qwen3OmniTalker(CodecTalker):
             self.text_embedding.copy_(embed)
 
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
-        """Prompt rows then one row per replayed frame, ``[L + n, hidden + thinker_hidden]``."""
+        """Prompt rows then one row per replayed frame, ``[L + n, hidden + thinker_hidden +
+        1]``: a media row holds ``hidden_projection`` of its thinker state in the codec part,
+        zeros in the text part and gate 0; every other row gate 1."""
         prompt = unit.prompt
         if not isinstance(prompt, TalkerPrompt):
             raise ValueError(f"talker PREFILL needs a TalkerPrompt, got {type(prompt).__name__}")
-        return self._prompt_inputs(self._codec_rows(prompt.codec_ids), prompt.text_ids, unit)
+        rows = self._prompt_inputs(self._codec_rows(prompt.codec_ids), prompt.text_ids, unit)
+        gate = rows.new_ones(rows.shape[0], 1)
+        if prompt.media_rows is None:
+            return torch.cat([rows, gate], dim=1)
+        index = torch.tensor(prompt.media_index, dtype=torch.long, device=self.device)
+        projected = self._hidden_projection(prompt.media_rows.to(self.device, self.dtype))
+        media = torch.cat(
+            [projected, projected.new_zeros(len(index), rows.shape[1] - projected.shape[1])], 1
+        )
+        rows = rows.index_copy(0, index, media.to(rows.dtype))
+        return torch.cat([rows, gate.index_fill(0, index, 0.0)], dim=1)
+
+    def _hidden_projection(self, states: torch.Tensor) -> torch.Tensor:
+        """``talker.hidden_projection`` of thinker states ``[M, thinker_hidden]`` ->
+        ``[M, hidden]`` (transformers' ``Qwen3OmniMoeTalkerResizeMLP``)."""
+        inner = self._act(linear(states, self.media_fc1_weight, self.media_fc1_bias))
+        return linear(inner, self.media_fc2_weight, self.media_fc2_bias)
+
+    def _step_inputs(self, units: Sequence[Any]) -> torch.Tensor:
+        rows = super()._step_inputs(units)
+        return torch.cat([rows, rows.new_ones(rows.shape[0], 1)], dim=1)
+
+    def _prompt_positions(self, prompt: Any) -> tuple[torch.Tensor, int] | None:
+        if not isinstance(prompt, TalkerPrompt) or prompt.positions is None:
+            return None
+        return torch.from_numpy(prompt.positions), prompt.rope_delta
 
 
 def load_talker(

@@ -10,7 +10,13 @@ docstring of ``talker``). A reply cut by the thinker's token cap ends at its las
 transformers' ``generate`` (the cut token is never fed to the thinker, so it has no embedding
 row there).
 
-Imports: ``omnistep.core``, ``omnistep.loops``, this family's ``talker``.
+A media prompt (a ``ThinkerPrompt``) also needs the thinker's ``accept_hidden_layer`` states
+of its audio, image and video tokens: the thinker's loop (``ThinkLoop``) puts them on the
+``thinker_media`` channel, ``[tokens, hidden]`` float32, from its first prefill's streamed
+rows (one per prompt row, ``Qwen3OmniThinker._stream``), when the request asks for audio;
+the talker's prefill waits for them (``talker.TalkerMedia``).
+
+Imports: ``omnistep.core``, ``omnistep.loops``, ``omnistep.runners``, this family's ``talker``.
 """
 
 from __future__ import annotations
@@ -19,25 +25,75 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from omnistep.core import (
     Channel,
     Done,
     ExecutionProfile,
     LoopResult,
+    Modality,
     ModelInstance,
     Pending,
     ProgramContext,
     Request,
+    StepResult,
     WorkPlan,
 )
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop, ARDecodeState, ARPrefillInput
 from omnistep.models.qwen3_omni.talker import (
     ASSISTANT_HEAD,
     TalkerIds,
+    TalkerMedia,
     TalkerPrompt,
     assistant_start,
     build_talker_prompt,
 )
+from omnistep.runners.media_prompt import ThinkerPrompt
+
+MEDIA_SLOT = "thinker_media"
+"""The channel of a media prompt's thinker states for the talker (``ThinkLoop``)."""
+
+
+@dataclass
+class ThinkState(ARDecodeState):
+    """The thinker's decode state plus the channel its media states go to (None: the
+    request does not speak, or its prompt has no media)."""
+
+    media: Channel | None = None
+
+
+class ThinkLoop(ARDecodeLoop):
+    """The Instruct card's thinker loop: ``ARDecodeLoop``, and for a spoken answer to a media
+    prompt, the streamed rows of the prompt's placeholder tokens (the thinker's
+    ``accept_hidden_layer`` states) put once on ``media_slot`` (module docstring).
+
+    Raises (from ``advance``):
+        RuntimeError: the first prefill streamed other than one row per prompt row.
+    """
+
+    def __init__(self, config: ARDecodeConfig, media_slot: str = MEDIA_SLOT):
+        super().__init__(config)
+        self.media_slot = media_slot
+
+    def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> ThinkState:
+        base = super().init(req, model, ctx)
+        fields_ = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        speaks = Modality.AUDIO in req.output_modalities
+        media = speaks and isinstance(base.prompt, ThinkerPrompt) and bool(base.prompt.media_rows)
+        return ThinkState(**fields_, media=ctx.slots[self.media_slot] if media else None)
+
+    def advance(self, state: ThinkState, result: StepResult) -> ThinkState:
+        out = result.output
+        if state.media is not None and not out.preempted and len(state.media) == 0:
+            prompt = state.prompt
+            rows = out.hidden
+            if not isinstance(rows, torch.Tensor) or rows.shape[0] != len(prompt.ids):
+                raise RuntimeError("the thinker's prefill did not stream one row per prompt row")
+            ids = torch.tensor(prompt.ids)
+            marks = torch.isin(ids, torch.tensor(prompt.placeholder_ids))
+            state.media.put(rows[marks])
+        return super().advance(state, result)
 
 
 class ReplyTrack:
@@ -92,24 +148,29 @@ class ReplyTrack:
 
 @dataclass
 class TalkerState(ARDecodeState):
-    """The talker's decode state plus the reply it speaks and the thinker prompt."""
+    """The talker's decode state plus the reply it speaks and the thinker prompt (its ids;
+    ``media_prompt``: the ``ThinkerPrompt`` of a media prompt, ``media``: the channel of its
+    thinker states)."""
 
     track: ReplyTrack | None = None
     thinker_prompt: tuple[int, ...] = ()
     speaker_id: int = 0
     talker_prompt: TalkerPrompt | None = None
+    media_prompt: ThinkerPrompt | None = None
+    media: Channel | None = None
 
 
 class TalkerLoop(ARDecodeLoop):
     """AR decode of Qwen3-Omni talker frames with the thinker's reply as its text track.
 
     Args:
-        config: the loop's settings; ``prompt_slot`` holds the thinker prompt ids,
-            ``eos_token_ids=(codec_eos,)``, ``eos_codebooks=(0,)``.
+        config: the loop's settings; ``prompt_slot`` holds the thinker prompt (ids, or a
+            ``ThinkerPrompt``), ``eos_token_ids=(codec_eos,)``, ``eos_codebooks=(0,)``.
         ids: the config's ids.
         reply_slot: the channel of the thinker's streamed ids.
         speaker_slot: the slot holding the request's speaker codec id.
         thinker_cap: ``thinker_cap(request)``: the thinker loop's token cap for the request.
+        media_slot: the channel of a media prompt's thinker states (``ThinkLoop``).
     """
 
     def __init__(
@@ -119,17 +180,20 @@ class TalkerLoop(ARDecodeLoop):
         thinker_cap: Callable[[Request], int],
         reply_slot: str = "thinker_ids",
         speaker_slot: str = "speaker",
+        media_slot: str = MEDIA_SLOT,
     ):
         super().__init__(config)
         self.ids = ids
         self.thinker_cap = thinker_cap
         self.reply_slot = reply_slot
         self.speaker_slot = speaker_slot
+        self.media_slot = media_slot
 
     def init(self, req: Request, model: ModelInstance, ctx: ProgramContext) -> TalkerState:
         base = super().init(req, model, ctx)
         fields_ = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-        prompt = tuple(int(t) for t in base.prompt)
+        media = base.prompt if isinstance(base.prompt, ThinkerPrompt) else None
+        prompt = tuple(int(t) for t in (base.prompt if media is None else media.ids))
         head = prompt[assistant_start(prompt, self.ids) :]
         track = ReplyTrack(head, ctx.slots[self.reply_slot], self.thinker_cap(req), self.ids)
         return TalkerState(
@@ -137,7 +201,27 @@ class TalkerLoop(ARDecodeLoop):
             track=track,
             thinker_prompt=prompt,
             speaker_id=int(ctx.slots[self.speaker_slot]),
+            media_prompt=media,
+            media=ctx.slots[self.media_slot] if media is not None else None,
         )
+
+    def _talker_media(self, state: TalkerState) -> TalkerMedia | None:
+        """The media prompt's ``TalkerMedia`` (None for a text prompt, or while its thinker
+        states have not arrived: ``state.media`` still empty).
+
+        Raises:
+            RuntimeError: the thinker ended without putting its states.
+        """
+        prompt = state.media_prompt
+        if not prompt.media_rows:  # type: ignore[union-attr]
+            rows = torch.zeros(0, 0)
+        elif len(state.media) == 0:  # type: ignore[arg-type]
+            if state.media.closed:  # type: ignore[union-attr]
+                raise RuntimeError("the thinker ended without its media states for the talker")
+            return None
+        else:
+            rows = state.media[0]  # type: ignore[index]
+        return TalkerMedia(prompt.placeholder_ids, rows, prompt.positions)  # type: ignore[union-attr]
 
     def _replay(self, state: TalkerState, steps: int) -> tuple[int, ...] | None:
         texts = []
@@ -153,8 +237,13 @@ class TalkerLoop(ARDecodeLoop):
             head = state.track.prompt_head()  # type: ignore[union-attr]
             if head is None:  # an empty reply has nothing to speak
                 return Done() if state.track.closed else Pending("waiting for the reply")  # type: ignore[union-attr]
+            media = None
+            if state.media_prompt is not None:
+                media = self._talker_media(state)
+                if media is None:
+                    return Pending("waiting for the thinker's media states")
             state.talker_prompt = build_talker_prompt(
-                state.thinker_prompt, head, state.speaker_id, self.ids
+                state.thinker_prompt, head, state.speaker_id, self.ids, media
             )
             state.prompt = state.talker_prompt
         plan = super().next(state)

@@ -28,6 +28,17 @@ them (``score_batch(..., routing=)``: Rollout Routing Replay).
 Weight updates take the official names (``_weight_tensors``), a MoE layer's experts also by
 their published per-expert names (``_weight_aliases``).
 
+What the talker reads (``talker_layer``: ``talker_config.accept_hidden_layer``, set when the
+checkpoint has a talker): transformers' ``generate`` feeds the talker, at the prompt's audio,
+image and video tokens, ``hidden_states[accept_hidden_layer]`` of the thinker: the input
+embeddings for 0, the output of decoder layer ``k - 1`` for ``k`` (taken by its output hook,
+so before that layer's deepstack features are added), the final normed state for the last.
+``ARStepOutput.hidden`` then streams that state of each fed token, ``[n, hidden]`` float32 on
+the CPU (else the final hidden state). The paged forward keeps it beside the final state:
+``_forward`` returns ``[N, 2 * hidden]`` (final | kept) and ``_head`` reads the first half.
+``_after_layer`` takes the layer's output only inside ``_forward`` (looked up by the forward's
+input rows), so a score forward run beside serving keeps nothing.
+
 Imports torch, ``omnistep.core``, ``omnistep.kv``, ``omnistep.layers``, ``omnistep.loops``,
 ``omnistep.runners``.
 """
@@ -146,16 +157,23 @@ class Qwen3OmniThinker(PagedARModel):
     PREFILL payloads are ``ARPrefillInput`` whose ``prompt`` is token ids (the chat template's)
     or a ``ThinkerPrompt`` (media);
     AR_TOKEN payloads are ``ARStepInput``. Frames are 1-tuples of text ids; ``hidden`` streams
-    each fed token's last hidden state ``[n, hidden]`` float32 (what the talker will read).
+    each fed token's state at ``talker_layer`` (the final one without a talker), ``[n,
+    hidden]`` float32: what the talker reads at media tokens.
 
     Attributes:
         embed_weight: ``[vocab, hidden]`` (``thinker.model.embed_tokens.weight``).
         lm_head: ``[vocab, hidden]`` (``thinker.lm_head.weight``).
+        talker_layer: ``talker_config.accept_hidden_layer`` (0: the input embeddings, ``k``:
+            decoder layer ``k - 1``'s output, the layer count: the final normed state), or
+            None (no talker).
+
+    Raises:
+        ValueError: a ``talker_layer`` outside ``[0, num_hidden_layers]``.
     """
 
     stream_prompt_rows = True
     _expert_prefix = "thinker.model."
-    SERVING_STATE = (*PagedARModel.SERVING_STATE, "_routing")
+    SERVING_STATE = (*PagedARModel.SERVING_STATE, "_routing", "_kept")
     position_rows = 3
     prefix_caching = True  # a realtime session's turns (``Request.cache_salt``)
 
@@ -167,10 +185,19 @@ class Qwen3OmniThinker(PagedARModel):
         dtype: torch.dtype = torch.float32,
         batch_invariant: bool = False,
         deepstack_layers: int = 0,
+        talker_layer: int | None = None,
     ):
+        if talker_layer is not None and not 0 <= talker_layer <= config.num_hidden_layers:
+            raise ValueError(
+                f"talker_config.accept_hidden_layer {talker_layer} outside [0, "
+                f"{config.num_hidden_layers}]"
+            )
         super().__init__(config.llama(), kv, device, dtype, batch_invariant)
         self.config = config
         self.deepstack_layers = deepstack_layers
+        self.talker_layer = talker_layer
+        # id(input rows) of a running serving forward -> the kept layer output [N, hidden]
+        self._kept: dict[int, list[torch.Tensor]] = {}
         stack = self.llama.config
         self.llama.rotary_emb = MRotaryEmbedding(
             config.head_dim,
@@ -278,12 +305,31 @@ class Qwen3OmniThinker(PagedARModel):
     def _forward(
         self, rows: torch.Tensor, positions: torch.Tensor, seq_ids: list[str], query_lens: list[int]
     ) -> torch.Tensor:
-        hidden = super()._forward(rows, positions, seq_ids, query_lens)
+        """Final hidden states ``[N, hidden]``; with ``talker_layer``, ``[N, 2 * hidden]``:
+        final | the talker's layer (module docstring)."""
+        kept: list[torch.Tensor] = []
+        if self.talker_layer is not None:
+            self._kept[id(rows)] = kept
+        try:
+            hidden = super()._forward(rows, positions, seq_ids, query_lens)
+        finally:
+            self._kept.pop(id(rows), None)
         if self.last_routing is not None:
             pieces = self.last_routing.split(query_lens)
             for seq_id, piece in zip(seq_ids, pieces, strict=True):
                 self._routing.setdefault(seq_id, []).append(piece)  # no host sync here
-        return hidden
+        if self.talker_layer is None:
+            return hidden
+        if self.talker_layer == 0:
+            kept.append(self._lm_inputs(rows, query_lens).to(hidden.dtype))
+        elif self.talker_layer == self.config.num_hidden_layers:
+            kept.append(hidden)
+        if len(kept) != 1:
+            raise RuntimeError(
+                f"the thinker's forward kept {len(kept)} states of layer {self.talker_layer} "
+                "for the talker (its stack must call _after_layer's hook once per layer)"
+            )
+        return torch.cat([hidden, kept[0]], dim=1)
 
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:
         """Embeddings ``[L + len(generated), hidden]``; a ``ThinkerPrompt``'s encoder rows
@@ -318,13 +364,21 @@ class Qwen3OmniThinker(PagedARModel):
         return rows[:, : self.config.hidden_size] if self.deepstack_layers else rows
 
     def _after_layer(self, rows: torch.Tensor) -> Any:
-        if not self.deepstack_layers:
+        # None outside a serving forward (and in a training copy)
+        kept = self._kept.get(id(rows)) if self._kept else None
+        layer = self.talker_layer
+        inside = layer is not None and 0 < layer < self.config.num_hidden_layers
+        keep_after = layer - 1 if inside else -1  # type: ignore[operator]
+        if not self.deepstack_layers and kept is None:
             return None
         width = self.config.hidden_size
-        extra = rows[:, width:].view(rows.shape[0], self.deepstack_layers, width)
+        deep = self.deepstack_layers
+        extra = rows[:, width:].view(rows.shape[0], deep, width) if deep else None
 
         def add(i: int, hidden: torch.Tensor) -> torch.Tensor:
-            return hidden + extra[:, i] if i < self.deepstack_layers else hidden
+            if kept is not None and i == keep_after:
+                kept.append(hidden)  # the layer's output, before its deepstack features
+            return hidden + extra[:, i] if i < deep else hidden  # type: ignore[index]
 
         return add
 
@@ -343,10 +397,15 @@ class Qwen3OmniThinker(PagedARModel):
         )
 
     def _head(self, hidden: torch.Tensor, seq_id: str) -> torch.Tensor:
-        return self._linear_rows(hidden.to(self.dtype), self.lm_head).unsqueeze(1)
+        final = hidden[:, : self.config.hidden_size]  # a serving forward's kept half dropped
+        return self._linear_rows(final.to(self.dtype), self.lm_head).unsqueeze(1)
 
     def _stream(self, rows: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden.float().cpu()
+        """The talker's layer of each fed token (the final state without a talker),
+        ``[n, hidden]`` float32 on the CPU."""
+        width = self.config.hidden_size
+        kept = hidden[:, width:] if self.talker_layer is not None else hidden
+        return kept.float().cpu()
 
 
 def load_thinker(
@@ -364,7 +423,13 @@ def load_thinker(
     """
     config = ThinkerTextConfig.from_dict(checkpoint.config)
     thinker = Qwen3OmniThinker(
-        config, kv, device, dtype, batch_invariant, deepstack_layers(checkpoint)
+        config,
+        kv,
+        device,
+        dtype,
+        batch_invariant,
+        deepstack_layers(checkpoint),
+        talker_layer(checkpoint),
     )
     state = {k.removeprefix("thinker."): v for k, v in checkpoint.tensors("thinker.").items()}
     thinker.load_weights(state)
@@ -378,3 +443,11 @@ def deepstack_layers(checkpoint: Any) -> int:
     if not any(n.startswith("thinker.visual.") for n in checkpoint.tensor_names()):
         return 0
     return len(vision.get("deepstack_visual_indexes", (8, 16, 24)))
+
+
+def talker_layer(checkpoint: Any) -> int | None:
+    """``talker_config.accept_hidden_layer`` (transformers' default 18) when the checkpoint
+    has a talker, else None."""
+    if not checkpoint.has_talker:
+        return None
+    return int(checkpoint.config["talker_config"].get("accept_hidden_layer", 18))
