@@ -445,9 +445,9 @@ class VoxCPMAR(PagedARModel):
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
             hidden = self._score_rows(prompt, frames, patches, match_serving)
             logits = self._head(hidden, "").float()
-            tokens = [self._frame_tensor(frames)]
-            logp = self._distribution(logits, tokens, [sampling], mode, 0)
-            [(stop, _)] = self._gather_scores(logp, tokens, False)
+            tokens = [self.scorer.frame_tensor(frames)]
+            logp = self.scorer.distribution(logits, tokens, [sampling], mode, 0)
+            [(stop, _)] = self.scorer.gather(logp, tokens, False)
             if states is None or states.shape[1] < 2:
                 return stop, hidden.new_zeros(len(frames), 0, dtype=torch.float64)
             return stop, self._score_sde(prompt, hidden, states, noise_level)
