@@ -81,9 +81,11 @@ freed first only when an admission needs their room. A later prefill with the sa
 ``match``es the longest cached prefix of its rows (all but its last row), starts on those
 blocks by reference and computes only the rest (positions continue). A family with
 ``stream_prompt_rows`` keeps the streamed rows of each cached block beside it, so a fresh
-prefill still streams one row per prompt row. ``num_prefill_rows`` counts the rows prefill
-forwards computed, ``num_cached_rows`` those taken from the cache. Unsalted prefills (the
-default) never look: their numbers never depend on what ran before.
+prefill still streams one row per prompt row; a MoE stack keeps each cached block's routing
+beside it too (and a kept prefix its rows'), so a prompt that starts on reused rows reports
+the routing of every row (``ARStepOutput.prompt_routing``). ``num_prefill_rows`` counts the
+rows prefill forwards computed, ``num_cached_rows`` those taken from the cache. Unsalted
+prefills (the default) never look: their numbers never depend on what ran before.
 
 Streams (``ARStepOutput.hidden``): with ``stream_prompt_rows`` (the Qwen thinker, whose every fed
 token conditions the talker) a fresh prefill streams one row per prompt row and a replay after a
