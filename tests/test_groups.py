@@ -73,7 +73,7 @@ async def test_group_prefills_once_and_each_sample_equals_its_seed_alone(root):
     for a, b in zip(grouped, alone, strict=True):
         assert a.audio.size > 0 and np.array_equal(a.audio, b.audio)
     assert len({a.audio.tobytes() for a in grouped}) == G, "samples should differ by seed"
-    assert gpt.blocks.num_used_blocks == 0 and not gpt._shared
+    assert gpt.blocks.num_used_blocks == 0 and not gpt.groups
 
 
 async def test_group_members_with_different_prompts_do_not_share(root):
@@ -126,7 +126,7 @@ async def test_aborted_groups_free_every_block(root):
             break
         await asyncio.sleep(0.05)
     assert engine.stats()["live_requests"] == 0
-    assert gpt.blocks.num_used_blocks == 0 and not gpt.lengths and not gpt._shared
+    assert gpt.blocks.num_used_blocks == 0 and not gpt.lengths and not gpt.groups
     await engine.shutdown()
 
 

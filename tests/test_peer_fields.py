@@ -308,7 +308,7 @@ async def test_a_repeated_inline_clip_reuses_the_voice_and_its_kept_rows(folders
         model = c.app.state.engine.resolve(BASE_NAME)
         enrolls = _count_calls(model.components["encoder"], "enroll")
         talker = model.components["talker"]
-        prefixes = _count_calls(talker, "_compute_prefixes")
+        prefixes = _count_calls(talker.prefixes, "compute")
         body = {**_vllm_payload(BASE_NAME, _data_url(data), seed=1), "max_new_tokens": 1}
         # two at once (the second waits for the first's enrollment), then one more
         pair = [c.post(SPEECH, json={**body, "input": t}) for t in (TEXT, "Another one here.")]

@@ -15,11 +15,22 @@ import pytest
 import torch
 from starlette.testclient import TestClient
 
-from omnistep.core import InvalidRequestError, ModelInstance, SamplingParams, WeightUpdateError
+from omnistep.core import (
+    ChatMessage,
+    ExecutionProfile,
+    InvalidRequestError,
+    Modality,
+    ModelInstance,
+    Request,
+    SamplingParams,
+    WeightUpdateError,
+)
 from omnistep.engine import AsyncEngine
+from omnistep.engine.collect import collect
 from omnistep.layers.moe import MoEFeedForward
 from omnistep.models import registry
 from omnistep.offline import OmniEngine
+from omnistep.offline import _sample as rollout_sample
 from omnistep.server import ServerConfig, build_app
 
 SAMPLING = SamplingParams(temperature=0.9, max_new_tokens=6)
@@ -174,6 +185,39 @@ def test_replay_without_recorded_routing_is_refused(omni, groups):
     )
     with pytest.raises(ValueError, match="routing of trajectory 0"):
         omni.score(short, routing_replay=True)
+
+
+def test_a_prompt_from_the_prefix_cache_carries_the_routing_of_every_row(omni):
+    """Two rollouts of one prompt under one ``cache_salt`` (no group): the second starts on
+    the first's cached blocks (rows taken from the prefix cache), and still records the
+    routing of every prompt row (kept with the cached blocks when they were computed): equal
+    to the first's, and ``score`` with routing replay equals its recorded log-probs within
+    1e-6 under batch_invariant."""
+    model = omni.engine.models[next(iter(omni.engine.models))]
+    thinker = model.components["thinker"]
+    text = " ".join([INPUT] * 4)  # a prompt longer than a KV block (16 rows)
+    samples, cached = [], []
+    for _ in range(2):
+        request = Request(
+            model.card.card_id,
+            messages=(ChatMessage("user", text),),
+            output_modalities=frozenset({Modality.TEXT}),
+            seed=5,
+            sampling=SAMPLING,
+            profile=ExecutionProfile.ROLLOUT,
+            cache_salt="rl-prefix-cache",
+        )
+        before = thinker.num_cached_rows
+        done = omni._call(collect(omni.engine, request))
+        cached.append(thinker.num_cached_rows - before)
+        samples.append(rollout_sample(0, request, done, "processed", False))
+    assert cached[0] == 0 and cached[1] > 0
+    first, second = (s.loops["think"] for s in samples)
+    assert second.prompt_routing is not None
+    assert second.prompt_routing.shape[0] == len(first.prompt_routing) > cached[1]
+    np.testing.assert_array_equal(second.prompt_routing, first.prompt_routing)
+    [scored] = omni.score(samples[1], loops="think", routing_replay=True)
+    np.testing.assert_allclose(scored["think"].detach().numpy(), second.logprobs, atol=1e-6, rtol=0)
 
 
 # ------------------------------------------------------------------ HTTP

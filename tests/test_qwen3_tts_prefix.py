@@ -75,17 +75,17 @@ class _RowCounter:
     def __init__(self, talker: Qwen3TTSTalker):
         self.prefixes: list[list[int]] = []
         self.prefills: list[list[int]] = []
-        inner_prefixes, inner_prefills = talker._compute_prefixes, talker._compute_prefills
+        inner_prefixes, inner_prefills = talker.prefixes.compute, talker._compute_prefills
 
         def prefixes(jobs):
-            self.prefixes.append([rows.shape[0] for rows, _ in jobs])
+            self.prefixes.append([rows.shape[0] for rows, _ in jobs.values()])
             return inner_prefixes(jobs)
 
         def prefills(units, inputs):
             self.prefills.append([x.shape[0] for x in inputs])
             return inner_prefills(units, inputs)
 
-        talker._compute_prefixes, talker._compute_prefills = prefixes, prefills
+        talker.prefixes.compute, talker._compute_prefills = prefixes, prefills
 
 
 def test_the_voice_rows_are_the_text_independent_prefix(ckpt, tok):
@@ -130,7 +130,7 @@ def test_a_second_request_of_the_voice_computes_only_its_text_rows(ckpt, tok):
     assert not out.preempted
     assert counter.prefixes == [[n]], "the kept prefix is not computed again"
     assert counter.prefills[-1] == [sizes[1] - n]
-    prefix_table = talker.blocks.block_table(next(iter(talker._prefixes.values())).seq_id)
+    prefix_table = talker.blocks.block_table(next(iter(talker.prefixes.kept.values())).seq_id)
     full = n // BLOCK
     assert full >= 1
     for seq in ("a", "b"):  # full blocks shared by reference, the partial one copied
@@ -328,7 +328,7 @@ def test_a_full_pool_evicts_kept_prefixes_instead_of_failing(ckpt, tok):
     talker.free_sequence("a")
     [b] = talker.execute(WorkUnitKind.PREFILL, [_unit(talker, prompts[1], "b")])
     assert not b.preempted
-    assert [kept.label[0] for kept in talker._prefixes.values()] == [voices[1].key]  # B kept
+    assert [kept.label[0] for kept in talker.prefixes.kept.values()] == [voices[1].key]  # B kept
     assert talker.blocks.num_free_blocks == 0
     # decode growth evicts B's prefix (partial block copied, so it is only the prefix's)
     step = ARStepInput(

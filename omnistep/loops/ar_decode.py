@@ -132,8 +132,9 @@ class ARStepOutput:
             from (most probable first).
         prompt_routing: a recorded PREFILL's routing of its sequence's other rows (the
             prompt's rows but the last; after a preemption also the replayed frames' rows),
-            int16 ``[rows - 1, sparse layers, k]``; None when not every row was computed by
-            this prefill (a cached prefix) or the stack is dense.
+            int16 ``[rows - 1, sparse layers, k]``; rows taken from a cached or kept prefix
+            carry the routing recorded when they were computed. None when some row's
+            routing is unknown or the stack is dense.
     """
 
     tokens: Frame = ()

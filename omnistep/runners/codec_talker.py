@@ -368,7 +368,7 @@ class CodecTalker(PagedARModel):
                 raise ValueError("score needs at least one frame")
             codes = torch.cat([self._frames(fs) for fs in frames])  # [sum T, 16]
             hidden = torch.cat(
-                self._score_hidden_batch(prompts, frames, match_serving, routing=routing)
+                self.scorer.hidden_batch(prompts, frames, match_serving, routing=routing)
             )
             talker = self._head(hidden, "").float()
             teacher = codes[:, 1:]

@@ -224,11 +224,11 @@ class ChatTTSGPT(PagedARModel):
             KVCacheFullError: the sequence does not fit the KV pool.
         """
         frames = tuple(tuple(f) for f in frames)
-        seq_id = self._teacher_seq_id()
+        seq_id = self.scorer.teacher_seq_id()
         head = () if incremental else frames
         first = ARPrefillInput(seq_id, prompt, head, (), None, None)
         steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
-        return self._teacher_forced(first, steps if incremental else [])
+        return self.scorer.teacher_forced(first, steps if incremental else [])
 
     # ---------------------------------------------------------------- PagedARModel hooks
     def free_sequence(self, seq_id: str) -> None:

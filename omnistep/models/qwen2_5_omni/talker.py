@@ -393,14 +393,14 @@ class QwenTalker(PagedARModel):
         frames = tuple((f,) if isinstance(f, int) else tuple(f) for f in generated)
         if len(prompt.replay) < len(frames):
             raise ValueError(f"{len(frames)} codes need as many replay conditions")
-        seq_id = self._teacher_seq_id()
+        seq_id = self.scorer.teacher_seq_id()
         head = () if incremental else frames
         first = ARPrefillInput(seq_id, prompt, head, (), None, None)
         steps = [
             ARStepInput(seq_id, f, i + 1, (), None, None, extra=prompt.replay[i])
             for i, f in enumerate(frames)
         ]
-        return self._teacher_forced(first, steps if incremental else [])
+        return self.scorer.teacher_forced(first, steps if incremental else [])
 
     # ------------------------------------------------------------ hooks
     def _check_prompt(self, unit: ARPrefillInput) -> None:

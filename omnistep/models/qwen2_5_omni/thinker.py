@@ -314,12 +314,12 @@ class QwenThinker(PagedARModel):
             ValueError: an id outside the vocab.
         """
         frames = tuple((f,) if isinstance(f, int) else tuple(f) for f in generated)
-        seq_id = self._teacher_seq_id()
+        seq_id = self.scorer.teacher_seq_id()
         head = () if incremental else frames
         prompt = prompt_ids if isinstance(prompt_ids, ThinkerPrompt) else tuple(prompt_ids)
         first = ARPrefillInput(seq_id, prompt, head, (), None, None)
         steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
-        return self._teacher_forced(first, steps if incremental else [])
+        return self.scorer.teacher_forced(first, steps if incremental else [])
 
     # ------------------------------------------------------------ hooks
     def _prefill_inputs(self, unit: ARPrefillInput) -> torch.Tensor:

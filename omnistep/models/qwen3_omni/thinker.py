@@ -288,12 +288,12 @@ class Qwen3OmniThinker(PagedARModel):
                 the vocab.
         """
         frames = tuple((int(t),) for t in generated)
-        seq_id = self._teacher_seq_id()
+        seq_id = self.scorer.teacher_seq_id()
         head = () if incremental else frames
         prompt = prompt_ids if isinstance(prompt_ids, ThinkerPrompt) else tuple(prompt_ids)
         first = ARPrefillInput(seq_id, prompt, head, (), None, None)
         steps = [ARStepInput(seq_id, f, i + 1, (), None, None) for i, f in enumerate(frames)]
-        return self._teacher_forced(first, steps if incremental else [])
+        return self.scorer.teacher_forced(first, steps if incremental else [])
 
     # ------------------------------------------------------------ hooks
     def _on_admit(self, unit: ARPrefillInput) -> None:

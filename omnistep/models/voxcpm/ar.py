@@ -203,7 +203,7 @@ class DualStack(nn.Module):
         """``forward_dense`` of several whole sequences packed into one call
         (``LlamaModel.forward_packed`` for both LMs, with the same arguments; the quantizer and
         fusion row-wise between them): input rows ``[sum N_i, 2H + 2 + P C]`` -> ``[sum N_i,
-        2H + P C]``. What ``PagedARModel._score_hidden_batch`` calls.
+        2H + P C]``. What ``TeacherForcedScorer.hidden_batch`` calls.
 
         Raises:
             ValueError: ``expert_ids`` (no MoE layers), or what ``forward_packed`` raises.
@@ -278,7 +278,7 @@ class VoxCPMAR(PagedARModel):
                 f"{len(unit.generated)} generated frames but {len(prompt.patches)} patches"
             )
         # autograd as the caller's mode: serving runs under inference mode, scoring
-        # (``_score_hidden_batch``) on a trainer's copy needs the graph to the LocEnc
+        # (``TeacherForcedScorer.hidden_batch``) on a trainer's copy needs the graph to the LocEnc
         rows = self._prompt_inputs(prompt)
         if prompt.patches:
             patches = torch.stack(list(prompt.patches)).to(self.device, self.dtype)
@@ -495,7 +495,7 @@ class VoxCPMAR(PagedARModel):
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``score_patches`` of several trajectories packed: both LMs in one
         ``DualStack.forward_packed`` over every trajectory's rows (the shared
-        ``PagedARModel._score_hidden_batch``: GEMMs over all rows, attention per trajectory),
+        ``TeacherForcedScorer.hidden_batch``: GEMMs over all rows, attention per trajectory),
         the stop head once over all their rows, and each SDE step's LocDiT mean once over
         the rows of every trajectory with the same solve (timesteps, noise level). Each
         trajectory's result equals its own ``score_patches`` to the bit under
@@ -525,11 +525,11 @@ class VoxCPMAR(PagedARModel):
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.serving):
             triples = zip(prompts, frames, patches, strict=True)
             replays = [self._replay_prompt(p, f, x) for p, f, x in triples]
-            hidden = self._score_hidden_batch(replays, frames, match_serving)
-            logits = torch.cat(self._score_heads(hidden, replays))
-            tokens = [self._frame_tensor(f) for f in frames]
-            logp = self._distribution(logits, tokens, samplings, mode, 0)
-            stops = [stop for stop, _ in self._gather_scores(logp, tokens, False)]
+            hidden = self.scorer.hidden_batch(replays, frames, match_serving)
+            logits = torch.cat(self.scorer.heads(hidden, replays))
+            tokens = [self.scorer.frame_tensor(f) for f in frames]
+            logp = self.scorer.distribution(logits, tokens, samplings, mode, 0)
+            stops = [stop for stop, _ in self.scorer.gather(logp, tokens, False)]
             sde = self._score_sde_batch(prompts, hidden, states, levels)
         return list(zip(stops, sde, strict=True))
 
