@@ -742,7 +742,9 @@ class PagedARModel:
             rows.append(x)
             lens.append(num_rows)
             positions.append(self._positions(prompt, 0, num_rows))
-        embeds = self._lm_inputs(torch.cat(rows) if len(rows) > 1 else rows[0], query_lens)
+        packed = torch.cat(rows) if len(rows) > 1 else rows[0]
+        embeds = self._lm_inputs(packed, query_lens)
+        after = self._after_layer(packed)  # as serving runs it (Qwen3-Omni's deepstack)
         hidden = self.llama.forward_packed(
             embeds,
             lens,
@@ -751,6 +753,7 @@ class PagedARModel:
             shared,
             torch.cat(positions, dim=-1),
             torch.cat(replay) if replay else None,
+            **({} if after is None else {"after_layer": after}),
         ).split(lens)
         out = []
         for h, p, share in zip(hidden, prompt_lens, shared, strict=True):
