@@ -630,6 +630,7 @@ class LlamaModel(nn.Module):
         shared: Sequence[tuple[int, int] | None] | None = None,
         positions: torch.Tensor | None = None,
         expert_ids: torch.Tensor | None = None,
+        after_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``forward_dense`` of several whole sequences packed into one call: the row-wise
         work (projections, MLP, norms) runs once over every sequence's rows, attention per
@@ -658,6 +659,9 @@ class LlamaModel(nn.Module):
             expert_ids: integer ``[sum(seq_lens), sparse layers, k]``: a MoE stack replays
                 these experts (Rollout Routing Replay; see ``forward_attend``); None: the
                 router chooses.
+            after_layer: as in ``forward``, on the packed ``[sum(seq_lens), hidden]`` rows
+                (Qwen3-Omni's deepstack features, so scoring a media prompt adds them as
+                serving did).
 
         Returns:
             ``[sum(seq_lens), hidden]`` after the final norm.
@@ -720,7 +724,7 @@ class LlamaModel(nn.Module):
             return outs[0] if len(outs) == 1 else torch.cat(outs)
 
         return self.forward_attend(
-            inputs_embeds, positions, attend, query_lens, batch_invariant, expert_ids
+            inputs_embeds, positions, attend, query_lens, batch_invariant, expert_ids, after_layer
         )
 
     def forward_attend(
@@ -731,6 +735,7 @@ class LlamaModel(nn.Module):
         query_lens: Sequence[int],
         batch_invariant: bool = False,
         expert_ids: torch.Tensor | None = None,
+        after_layer: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The stack with a caller's attention: the same layers, rope, norms and linear kernels
         as ``forward``, but each layer's attention is ``attend(layer_idx, q, k, v)`` on the
@@ -748,6 +753,8 @@ class LlamaModel(nn.Module):
                 choice (Rollout Routing Replay: the weights are still the router's
                 probabilities at those experts, so replaying the routing the router chose
                 gives the same rows to the bit).
+            after_layer: as in ``forward``: ``after_layer(i, hidden) -> hidden`` on layer
+                ``i``'s output before layer ``i + 1`` reads it.
 
         Returns:
             Hidden states after the final norm, ``[N, hidden]``.
@@ -780,6 +787,8 @@ class LlamaModel(nn.Module):
                 hidden = layer._block(hidden, attention, plans, expert_ids=replay)
             else:  # a dense layer: its own _block may take no expert_ids (Higgs' DualFFN)
                 hidden = layer._block(hidden, attention, plans)
+            if after_layer is not None:
+                hidden = after_layer(i, hidden)
         return _rows(self.norm, hidden, plans.norm)
 
     def row_plans(

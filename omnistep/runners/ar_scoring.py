@@ -31,7 +31,7 @@ class TeacherForcedScorer:
 
     Args:
         model: the owner; its hooks (``_prefill_inputs``, ``_unconditional_inputs``,
-            ``_lm_inputs``, ``_score_head``, ``_score_head_key``, ``_guidance``,
+            ``_lm_inputs``, ``_after_layer``, ``_score_head``, ``_score_head_key``, ``_guidance``,
             ``_sampling_logits``, ``_head``, ``_step_inputs``), ``llama``, ``positions``,
             ``moe_routing``, ``batch_invariant`` and ``serving`` are used.
     """
@@ -150,7 +150,9 @@ class TeacherForcedScorer:
             rows.append(x)
             lens.append(num_rows)
             positions.append(model.positions.rows(prompt, 0, num_rows))
-        embeds = model._lm_inputs(torch.cat(rows) if len(rows) > 1 else rows[0], query_lens)
+        packed = torch.cat(rows) if len(rows) > 1 else rows[0]
+        embeds = model._lm_inputs(packed, query_lens)
+        after = model._after_layer(packed)  # as serving runs it (Qwen3-Omni's deepstack)
         hidden = model.llama.forward_packed(
             embeds,
             lens,
@@ -159,6 +161,7 @@ class TeacherForcedScorer:
             shared,
             torch.cat(positions, dim=-1),
             torch.cat(replay) if replay else None,
+            **({} if after is None else {"after_layer": after}),
         ).split(lens)
         out = []
         for h, p, share in zip(hidden, prompt_lens, shared, strict=True):

@@ -16,7 +16,8 @@ decoder layer ``k`` (transformers' ``_deepstack_process``). They ride in the inp
 ``deepstack_layers`` K > 0 every row carries ``K * hidden`` more columns (zeros but at a media
 prompt's image and video tokens), which ``_lm_inputs`` drops and ``_after_layer`` adds after
 layers ``0 .. K-1`` (adding zeros elsewhere changes no value, and needs no mask or host sync);
-the rows' prefix-cache digests cover them. Scoring (``score_*``) does not add them yet.
+the rows' prefix-cache digests cover them. Scoring (``score_*``) adds them the same way: its
+teacher-forced forward runs ``_after_layer`` on the same rows.
 
 Routing: every forward's experts per token and MoE layer (``PagedARModel.last_routing``) are
 kept per sequence, ``routing(seq_id)`` ``[T, L, k]`` in the order its tokens were computed;
