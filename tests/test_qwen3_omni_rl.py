@@ -244,11 +244,14 @@ def test_media_rollouts_score_to_the_recorded_logprobs(omni, kind):
     """A conversation with an audio clip, an image or a video: the thinker's prompt holds the
     encoder rows at its placeholders and their M-RoPE positions (image, video: deepstack
     features too), the routing covers every prompt row, and ``score`` equals the recorded
-    log-probs within 1e-6 (measured: to the bit) with and without routing replay. Without the
-    deepstack features the scores move (what scoring before they were added gave)."""
+    log-probs within 1e-6 (measured: to the bit) with and without routing replay, the thinker's
+    and the talker's (which speaks answers to media prompts). Without the deepstack features
+    the scores move (what scoring before they were added gave)."""
     item = _media_item(kind)
     conversation = (ChatMessage("user", "What is it?", parts=(item, "What is it?")),)
-    (group,) = omni.rollout([conversation], n=2, seed=5, sampling=SAMPLING, progress=False)
+    (group,) = omni.rollout(
+        [conversation], n=2, seed=5, sampling=SAMPLING, audio=True, progress=False
+    )
     samples = group.samples
     for sample in samples:
         actions = sample.loops["think"]
@@ -258,12 +261,14 @@ def test_media_rollouts_score_to_the_recorded_logprobs(omni, kind):
         # audio tokens sit at their index; an image's or video's at (t, h, w) of their patch
         assert np.array_equal(prompt.positions[0], prompt.positions[1]) == (kind == "audio")
         assert actions.prompt_routing.shape[0] == len(prompt.ids) - 1
+    # the talker speaks the answer to a media prompt too: its codes score back as well
+    assert all(set(sample.loops) == {"think", "talk"} for sample in samples)
     for replay in (False, True):
         for sample, scored in zip(samples, omni.score(samples, routing_replay=replay), strict=True):
-            recorded = sample.loops["think"].logprobs
-            assert np.any(recorded < 0)
-            got = scored["think"].detach().numpy()
-            np.testing.assert_allclose(got, recorded, atol=1e-6, rtol=0)
+            for loop, actions in sample.loops.items():
+                assert np.any(actions.logprobs < 0), loop
+                got = scored[loop].detach().numpy()
+                np.testing.assert_allclose(got, actions.logprobs, atol=1e-6, rtol=0, err_msg=loop)
     if kind != "audio":
         actions = samples[0].loops["think"]
         zeros = tuple(torch.zeros_like(d) for d in actions.prompt.deepstack)
