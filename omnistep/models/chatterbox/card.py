@@ -5,9 +5,11 @@ requests), HiFT makes 24 kHz audio (AUDIO_DECODE).
 
 Program: ``frontend`` (``punc_norm``, ``tokenizer.json``, the voice -> ``T3Prompt`` and S3Gen
 voice prompt; checked at submission) -> ``decode`` (``ARDecodeLoop`` on ``t3``: the stop-of-speech
-id ends it; tokens go on ``tokens``) -> ``flow`` (``DenoiseLoop`` on ``s3gen``: one window over
-the whole utterance once T3 has finished, ids >= 6561 dropped as upstream) -> ``vocode``
-(``AudioDecodeLoop`` on ``hift``: one chunk, the whole mel) -> ``usage``.
+id ends it; tokens go on ``tokens``) -> ``flow`` (``DenoiseLoop`` on ``s3gen``: windows that
+grow as T3's tokens arrive, ``flow_windows``, ids >= 6561 dropped as upstream) -> ``vocode``
+(``AudioDecodeLoop`` on ``hift``: each flow chunk's mel with ``hift_context`` frames of context)
+-> ``usage``. ``flow_chunk_tokens=0`` is the reference setting: one flow window and one HiFT
+call over the whole utterance once T3 has finished, with upstream's noise layouts.
 
 Voices: the folder's ``conds.pt`` is the default voice; ``default`` and OpenAI's voice names
 speak it. A folder whose ``s3gen.safetensors`` holds S3Gen's tokenizer and speaker encoder (the
@@ -108,7 +110,7 @@ class ChatterboxOptions(ServingOptions):
     cfg_weight: float = DEFAULT_CFG_WEIGHT
     flow_steps: int = NUM_STEPS
     flow_cfg_rate: float = CFG_RATE
-    flow_chunk_tokens: int = 25
+    flow_chunk_tokens: int = 10
     hift_context: int = 16
 
     def __post_init__(self) -> None:
@@ -357,6 +359,7 @@ def _vocode_config(first_tokens: int, context: int) -> AudioDecodeConfig:
         max_chunk=WHOLE_UTTERANCE,
         left_context=WHOLE_UTTERANCE,
         lookahead=context,
+        report_frames=True,  # else a chunk waits behind T3's steps: no audio before T3 ends
     )
 
 

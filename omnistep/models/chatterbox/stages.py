@@ -7,10 +7,15 @@ step (10 per utterance, ``S3GenFlow.step``), units of requests with the same num
 stepping together in one estimator call (each row at its own step); after the last step the
 request's mel rows ``[frames, 80]`` are the result.
 
-``HiFTVocoder`` runs AUDIO_CHUNK units (``loops.audio_decode``): HiFT's source is the cumulative
-phase of the F0 over the whole utterance and its noise is drawn for the whole utterance, so the
-card decodes one chunk per request (the whole mel, once the flow has finished); the first 40 ms
+``HiFTVocoder`` runs AUDIO_CHUNK units (``loops.audio_decode``): in the reference setting
+one chunk per request (the whole mel, upstream's noise layout); streamed, each unit carries the
+mel from frame 0 and decodes its chunk with ``context`` frames each side (``HiFT.decode_window``:
+F0 over the whole prefix, the phase carried in float64, noise drawn per frame). The first 40 ms
 get upstream's ``trim_fade``.
+
+A streamed request's flow windows (``card.flow_windows``) re-solve every frame from the first
+with the tokens so far (``FlowStart.frames``: the look-ahead tokens' rows cut, upstream's
+``finalize=False``), from frame-major noise (``initial_noise(streamed=True)``).
 
 Rollouts: a request with ``flow_noise_level`` a > 0 samples every Euler step as Flow-GRPO's SDE
 (``runners.flow_matching``: ``sde_terms``, ``sde_mean``, ``sde_noise`` seeded
