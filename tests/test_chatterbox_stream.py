@@ -167,7 +167,8 @@ async def test_first_audio_arrives_while_t3_decodes(folder):
     assert len(chunks) >= 3
     streamed = np.concatenate(chunks)
     np.testing.assert_array_equal(streamed, whole.audio)  # C1, streamed == whole
-    assert whole.audio.shape == (60 * 2 * 480,)
+    # T3's ids >= 6561 (the tiny T3 samples some) are dropped: 2 frames of 480 per S3 token
+    assert whole.audio.size % 960 == 0 and whole.audio.size >= 30 * 960
     assert not np.array_equal(other.audio, whole.audio)
 
 
