@@ -110,7 +110,7 @@ class ChatterboxOptions(ServingOptions):
     cfg_weight: float = DEFAULT_CFG_WEIGHT
     flow_steps: int = NUM_STEPS
     flow_cfg_rate: float = CFG_RATE
-    flow_chunk_tokens: int = 10
+    flow_chunk_tokens: int = 0
     hift_context: int = 16
 
     def __post_init__(self) -> None:
