@@ -142,7 +142,11 @@ def test_streamed_windows_record_steps_that_score_reproduces(folder):
     ``score`` replays the same windows: every log-prob within 1e-6."""
     sampling = SamplingParams(flow_noise_level=LEVEL, max_new_tokens=24, min_new_tokens=24)
     with OmniEngine(
-        f"chatterbox={folder}", batch_invariant=True, kv_cache_gb=0.01, flow_chunk_tokens=4
+        f"chatterbox={folder}",
+        batch_invariant=True,
+        kv_cache_gb=0.01,
+        flow_chunk_tokens=4,
+        hift_context=4,
     ) as omni:
         [group] = omni.rollout([TEXT], n=1, seed=5, sampling=sampling, progress=False)
         [sample] = group.samples
