@@ -70,9 +70,9 @@ tokens (default 50 = 2 s at 25 tokens/s); ids >= 6561 are dropped before the flo
 sides (random weights draw some); the flow's 10 Euler steps with guidance 0.7; HiFT; the fade.
 
 * omnistep: the ``chatterbox`` card (``ChatterboxOptions(kv_cache_gb=0.25)``), components
-  ``t3``, ``s3gen`` and ``hift`` timed. The flow starts once T3 has finished and HiFT decodes
-  the whole mel (the card's design, docs/models/chatterbox.md), so the first audio is the
-  whole utterance on this side too.
+  ``t3``, ``s3gen`` and ``hift`` timed. The card's default is its reference setting: the flow
+  starts once T3 has finished and HiFT decodes the whole mel, so the first audio is the whole
+  utterance; ``flow_chunk_tokens=10`` streams (docs/models/chatterbox.md).
 * the reference in one ``tests.chatterbox_ref.bench_ref.Session`` subprocess (the
   ``.ref/chatterbox`` overlay on its path): upstream ``T3`` built from ``Llama_520M`` with the
   folder's depth and its ``T3.inference`` (``torch.multinomial`` replaced by argmax), then

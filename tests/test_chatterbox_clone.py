@@ -111,7 +111,8 @@ def test_tokenizer_and_campplus_equal_upstreams_on_the_same_features(case):
 
 
 def _engine(root) -> AsyncEngine:
-    card = build_card(str(root), ChatterboxOptions(kv_cache_gb=0.01))
+    # the reference setting (one flow window, one HiFT call, upstream's noise layouts)
+    card = build_card(str(root), ChatterboxOptions(kv_cache_gb=0.01, flow_chunk_tokens=0))
     return AsyncEngine([ModelInstance.load(card)])
 
 

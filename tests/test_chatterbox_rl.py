@@ -134,3 +134,27 @@ async def test_http_rollouts_and_score(folder, tmp_path):
     )
     assert bad.status_code == 400 and bad.json()["error"]["param"].endswith("denoise.flow.x")
     assert cut.status_code == 400 and "x and x_next must be" in cut.json()["error"]["message"]
+
+
+def test_streamed_windows_record_steps_that_score_reproduces(folder):
+    """A streamed request (4-token first chunk, 24 tokens) denoises several growing windows:
+    each records its 10 SDE steps (over the window's frames, the voice prompt's first), and
+    ``score`` replays the same windows: every log-prob within 1e-6."""
+    sampling = SamplingParams(flow_noise_level=LEVEL, max_new_tokens=24, min_new_tokens=24)
+    with OmniEngine(
+        f"chatterbox={folder}",
+        batch_invariant=True,
+        kv_cache_gb=0.01,
+        flow_chunk_tokens=4,
+        hift_context=4,
+    ) as omni:
+        [group] = omni.rollout([TEXT], n=1, seed=5, sampling=sampling, progress=False)
+        [sample] = group.samples
+        steps = sample.denoise["flow"].steps
+        windows = len(steps) // 10
+        assert windows >= 3 and [r.step for r in steps] == list(range(10)) * windows
+        frames = [steps[10 * w].x.shape[0] for w in range(windows)]
+        assert frames == sorted(frames) and len(set(frames)) == windows  # growing windows
+        [scored] = omni.score(group)
+    got = scored["flow"].detach().cpu().numpy()
+    np.testing.assert_allclose(got, sample.denoise["flow"].logprobs, rtol=0, atol=1e-6)

@@ -102,6 +102,9 @@ class DenoiseConfig:
             window (``items``: every input item so far), or None when there is nothing to
             denoise (the loop then ends).
         frames_per_item: output frames per input item (Qwen2.5-Omni: 2 mel frames per code).
+        keep_item: when given, only the input items it returns True for count (and reach
+            ``make_start``): a producer's items that have no frames (Chatterbox: T3's ids
+            outside S3Gen's vocabulary, which upstream drops) do not shift the windows.
         next_window: ``next_window(out_start, available, complete) -> window or None``: the
             window of the chunk that starts at output frame ``out_start`` when ``available``
             frames' items exist (``complete``: no more will come), None while it must wait or
@@ -117,6 +120,7 @@ class DenoiseConfig:
     make_start: Callable[[Request, ProgramContext, list[Any], Any], Any]
     frames_per_item: int = 1
     next_window: Callable[[int, int, bool], Any] = whole_utterance
+    keep_item: Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -132,6 +136,8 @@ class DenoiseReplay:
         """The start payload of every window the loop denoises over ``items``, a complete
         input, in the order it runs them (the windows' first steps' conditioning)."""
         cfg, out, emitted = self.config, [], 0
+        if cfg.keep_item is not None:
+            items = [item for item in items if cfg.keep_item(item)]
         available = len(items) * cfg.frames_per_item
         while (window := cfg.next_window(emitted, available, True)) is not None:
             start = cfg.make_start(self.request, self.ctx, items, window)
@@ -152,6 +158,8 @@ class DenoiseState(LoopState):
     ode: Any = None
     emitted: int = 0
     chunks: int = 0
+    kept: list[Any] = field(default_factory=list)
+    seen: int = 0
     finished: bool = False
     request: Request | None = None
     ctx: ProgramContext | None = None
@@ -178,11 +186,10 @@ class DenoiseLoop(ConfiguredLoop[DenoiseConfig]):
         record = state.profile is ExecutionProfile.ROLLOUT
         if state.ode is None:
             complete = state.source.closed
-            available = len(state.source) * self.config.frames_per_item
-            window = self.config.next_window(state.emitted, available, complete)
+            window = self.config.next_window(state.emitted, self._available(state), complete)
             if window is None:  # polled after every step of the request: no copy of the items
                 return Done() if complete else Pending()
-            items = list(state.source[:])
+            items = list(state.kept if self.config.keep_item else state.source[:])
             start = self.config.make_start(state.request, state.ctx, items, window)
             if start is None:
                 return Done()
@@ -201,13 +208,23 @@ class DenoiseLoop(ConfiguredLoop[DenoiseConfig]):
             label=f"{self.loop_id}.chunk{state.chunks}.step{state.step}",
         )
 
+    def _available(self, state: DenoiseState) -> int:
+        """Frames the input items so far make (only the kept ones, scanned once each)."""
+        keep = self.config.keep_item
+        if keep is None:
+            return len(state.source) * self.config.frames_per_item
+        if state.seen < len(state.source):
+            state.kept += [item for item in state.source[state.seen :] if keep(item)]
+            state.seen = len(state.source)
+        return len(state.kept) * self.config.frames_per_item
+
     def advance(self, state: DenoiseState, result: StepResult) -> DenoiseState:
         out: DenoiseOutput = result.output
         if state.window is None:
             # The step began the window ``next`` computed: the same one, as a window depends
             # on its output start only (items that arrived since only let it exist; the end of
             # a complete input cuts it, and once complete stays complete).
-            available = len(state.source) * self.config.frames_per_item
+            available = self._available(state)
             state.window = self.config.next_window(state.emitted, available, state.source.closed)
         state.ode = out.state
         state.step += 1

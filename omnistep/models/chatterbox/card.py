@@ -5,9 +5,11 @@ requests), HiFT makes 24 kHz audio (AUDIO_DECODE).
 
 Program: ``frontend`` (``punc_norm``, ``tokenizer.json``, the voice -> ``T3Prompt`` and S3Gen
 voice prompt; checked at submission) -> ``decode`` (``ARDecodeLoop`` on ``t3``: the stop-of-speech
-id ends it; tokens go on ``tokens``) -> ``flow`` (``DenoiseLoop`` on ``s3gen``: one window over
-the whole utterance once T3 has finished, ids >= 6561 dropped as upstream) -> ``vocode``
-(``AudioDecodeLoop`` on ``hift``: one chunk, the whole mel) -> ``usage``.
+id ends it; tokens go on ``tokens``) -> ``flow`` (``DenoiseLoop`` on ``s3gen``: windows that
+grow as T3's tokens arrive, ``flow_windows``, ids >= 6561 dropped as upstream) -> ``vocode``
+(``AudioDecodeLoop`` on ``hift``: each flow chunk's mel with ``hift_context`` frames of context)
+-> ``usage``. ``flow_chunk_tokens=0`` is the reference setting: one flow window and one HiFT
+call over the whole utterance once T3 has finished, with upstream's noise layouts.
 
 Voices: the folder's ``conds.pt`` is the default voice; ``default`` and OpenAI's voice names
 speak it. A folder whose ``s3gen.safetensors`` holds S3Gen's tokenizer and speaker encoder (the
@@ -51,7 +53,7 @@ from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.loops.audio_decode import AudioDecodeConfig
-from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop
+from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop, Window, whole_utterance
 from omnistep.models.chatterbox.clone import VoiceCloner, voice_from_spec
 from omnistep.models.chatterbox.frontend import (
     DEFAULT_CFG_WEIGHT,
@@ -79,7 +81,9 @@ from omnistep.sampling import SamplingRow
 
 CARD_ID = "chatterbox"
 WHOLE_UTTERANCE = 1 << 30
-"""HiFT's first chunk in frames: the whole mel (its source is not chunk-exact)."""
+"""HiFT's chunk in frames in the reference setting: the whole mel (upstream's one call)."""
+LOOKAHEAD_TOKENS = 3
+"""S3Gen's encoder's ``pre_lookahead_len``: tokens a streamed chunk waits for after its own."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,13 @@ class ChatterboxOptions(ServingOptions):
         cfg_weight: T3's classifier-free guidance weight (upstream 0.5; 0: no guidance).
         flow_steps: S3Gen's Euler steps (upstream 10).
         flow_cfg_rate: S3Gen's guidance rate (upstream 0.7).
+        flow_chunk_tokens: the streamed form: S3Gen solves its first chunk once T3 has this
+            many tokens (and the 3 look-ahead tokens after them), each later chunk covering
+            as many tokens as all before it (``flow_windows``), and HiFT decodes each chunk's
+            mel as it lands (``hift_context`` frames each side). 0: the reference setting:
+            one flow window and one HiFT call over the whole utterance once T3 has finished,
+            with upstream's noise layouts (what the parity tests compare).
+        hift_context: HiFT's mel frames of context on each side of a streamed chunk.
     """
 
     max_new_tokens: int = 1000
@@ -99,6 +110,21 @@ class ChatterboxOptions(ServingOptions):
     cfg_weight: float = DEFAULT_CFG_WEIGHT
     flow_steps: int = NUM_STEPS
     flow_cfg_rate: float = CFG_RATE
+    flow_chunk_tokens: int = 0
+    hift_context: int = 16
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.flow_chunk_tokens < 0 or self.hift_context < 0:
+            raise ValueError(
+                f"flow_chunk_tokens and hift_context must be >= 0, got "
+                f"{self.flow_chunk_tokens} and {self.hift_context}"
+            )
+        if self.flow_chunk_tokens and 2 * self.flow_chunk_tokens <= self.hift_context:
+            raise ValueError(
+                f"flow_chunk_tokens ({self.flow_chunk_tokens}) must give more than hift_context "
+                f"({self.hift_context}) mel frames"
+            )
 
 
 def make_sampling(eos_token_id: int):
@@ -124,15 +150,42 @@ def make_sampling(eos_token_id: int):
     return build
 
 
+def flow_windows(first_tokens: int, lookahead: int = LOOKAHEAD_TOKENS):
+    """S3Gen's streamed schedule, in mel frames (2 per token): chunk ``k`` outputs frames up
+    to ``2 first_tokens 2^k`` (each chunk as long as all before it) and waits for the
+    ``lookahead`` tokens after them; its window re-solves every frame from the first
+    (``Window(0, out_start, out_end, out_end + 2 lookahead)``: S3Gen's encoder and estimator
+    attend over the whole utterance, as upstream's ``finalize=False`` re-runs them), the
+    frames already streamed kept. Once T3 has finished, the rest is one last window without
+    look-ahead. Depends on frame positions only (``DenoiseConfig.next_window``)."""
+    ahead = 2 * lookahead
+
+    def next_window(out_start: int, available: int, complete: bool) -> Window | None:
+        out_end = max(2 * first_tokens, 2 * out_start)
+        if available >= out_end + ahead:
+            return Window(0, out_start, out_end, out_end + ahead)
+        if complete and available > out_start:
+            return Window(0, out_start, available, available)
+        return None
+
+    return next_window
+
+
+def _is_speech(item) -> bool:
+    """Whether a T3 item is an S3 token: upstream drops T3's other ids before S3Gen."""
+    return int(item[0]) < SPEECH_VOCAB
+
+
 def _flow_start(steps_seed_key: int):
     def make_start(req: Request, ctx: ProgramContext, items: list, window) -> FlowStart | None:
-        ids = [int(item[0]) for item in items]
-        tokens = [t for t in ids if t < SPEECH_VOCAB]  # upstream drops T3's special ids
+        tokens = [int(item[0]) for item in items[: window.end // 2]]  # S3 ids (_is_speech)
         if not tokens:
             return None
         seed = derived_seed(req.seed, steps_seed_key)
         level = float(req.sampling.or_default("flow_noise_level", 0.0))
-        return FlowStart(torch.tensor(tokens, dtype=torch.long), ctx.slots["voice"], seed, level)
+        frames = None if window.out_end == window.end else window.out_end
+        voice = ctx.slots["voice"]
+        return FlowStart(torch.tensor(tokens, dtype=torch.long), voice, seed, level, frames)
 
     return make_start
 
@@ -182,16 +235,21 @@ def build_card(
     def build_flow(device: str):
         check_device(device)
         flow = load_s3gen(root, device)
-        return FlowDenoiser(flow, opts.flow_steps, opts.flow_cfg_rate, opts.batch_invariant)
+        streamed = opts.flow_chunk_tokens > 0
+        return FlowDenoiser(
+            flow, opts.flow_steps, opts.flow_cfg_rate, opts.batch_invariant, streamed
+        )
 
     def build_hift(device: str):
         check_device(device)
-        return HiFTVocoder(load_hift(root, device))
+        context = opts.hift_context if opts.flow_chunk_tokens else None
+        return HiFTVocoder(load_hift(root, device), context)
 
     def build_cloner(device: str):
         check_device(device)
         return VoiceCloner(*load_clone_encoders(root, device))
 
+    first = opts.flow_chunk_tokens
     decode = ARDecodeConfig(
         loop_id="decode",
         component="t3",
@@ -209,16 +267,10 @@ def build_card(
         stream_slot="mel",
         make_start=_flow_start(FLOW_SEED_KEY),
         frames_per_item=2,
+        next_window=flow_windows(first) if first else whole_utterance,
+        keep_item=_is_speech,
     )
-    vocode = AudioDecodeConfig(
-        loop_id="vocode",
-        component="hift",
-        in_slot="mel",
-        sample_rate=SAMPLE_RATE,
-        first_chunk=WHOLE_UTTERANCE,
-        chunk=WHOLE_UTTERANCE,
-        extras_slot="hift_seed",
-    )
+    vocode = _vocode_config(first, opts.hift_context)
     program = Program(
         inputs=("request",),
         nodes=(
@@ -281,6 +333,33 @@ def build_card(
         parity=frozenset({"C0", "C1", "stream", "reference"}),
         description="Chatterbox: T3 Llama over 25 Hz speech tokens with CFG -> S3Gen flow "
         "matching -> HiFT, 24 kHz.",
+    )
+
+
+def _vocode_config(first_tokens: int, context: int) -> AudioDecodeConfig:
+    """HiFT's chunks: in the streamed form they end ``context`` frames before the flow's
+    chunks end (``flow_windows``: 2 x 2^k first_tokens frames), so each waits for its
+    look-ahead only within the flow chunk that has landed; every unit carries the mel from
+    frame 0 (the F0 whose sum is the source's phase). ``first_tokens`` 0: one chunk, the
+    whole mel."""
+    common = dict(
+        loop_id="vocode",
+        component="hift",
+        in_slot="mel",
+        sample_rate=SAMPLE_RATE,
+        extras_slot="hift_seed",
+    )
+    if not first_tokens:
+        return AudioDecodeConfig(**common, first_chunk=WHOLE_UTTERANCE, chunk=WHOLE_UTTERANCE)
+    return AudioDecodeConfig(
+        **common,
+        first_chunk=2 * first_tokens - context,
+        chunk=2 * first_tokens,
+        chunk_growth=2.0,
+        max_chunk=WHOLE_UTTERANCE,
+        left_context=WHOLE_UTTERANCE,
+        lookahead=context,
+        report_frames=True,  # else a chunk waits behind T3's steps: no audio before T3 ends
     )
 
 

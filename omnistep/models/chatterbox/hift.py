@@ -20,7 +20,10 @@ upstream's ``SineGen`` does from the global generator (``torch.rand`` of the pha
 waveform. Weight norm is folded at load. Module names follow ``mel2wav.*`` of the published
 ``s3gen.safetensors``.
 
-Imports torch only (and ``omnistep.layers``).
+The streamed form (``decode_window``) decodes a window of frames with the phase carried in
+float64 and noise drawn per frame (``stream_noise``), so chunks do not depend on the schedule.
+
+Imports torch only (and ``omnistep.layers``, ``omnistep.runners.flow_matching``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 from omnistep.layers.snake import Snake
+from omnistep.runners.flow_matching import frame_noise
 
 SAMPLE_RATE = 24000
 UPSAMPLE_RATES = (8, 5, 3)
@@ -173,11 +177,24 @@ class SineSource(nn.Module):
         self.num_harmonics = num_harmonics
         self.l_linear = nn.Linear(num_harmonics + 1, 1)
 
-    def forward(self, f0: torch.Tensor, noise: SourceNoise) -> torch.Tensor:
-        """``f0`` ``[B, L]`` Hz per sample -> source ``[B, 1, L]``."""
+    def forward(
+        self, f0: torch.Tensor, noise: SourceNoise, cycles: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``f0`` ``[B, L]`` Hz per sample -> source ``[B, 1, L]``.
+
+        ``cycles`` None: the phase is upstream's float32 ``cumsum`` from the first sample.
+        Else ``cycles`` ``[B]`` float64 is the fundamental's phase (in cycles) accumulated
+        before the first sample (a streamed chunk's window), and the sum runs in float64, so a
+        window's phase does not depend on where the window starts (to ~1e-12 cycles)."""
         harmonics = torch.arange(1, self.num_harmonics + 2, device=f0.device, dtype=f0.dtype)
-        freq = f0[:, None, :] * harmonics[None, :, None] / SAMPLE_RATE  # [B, H, L]
-        theta = 2 * math.pi * (torch.cumsum(freq, dim=-1) % 1)
+        if cycles is None:
+            freq = f0[:, None, :] * harmonics[None, :, None] / SAMPLE_RATE  # [B, H, L]
+            phase = torch.cumsum(freq, dim=-1) % 1
+        else:
+            k = harmonics.double()[None, :, None]
+            cum = torch.cumsum(f0.double()[:, None, :] * k / SAMPLE_RATE, dim=-1)
+            phase = ((cycles.double()[:, None, None] * k + cum) % 1).to(f0.dtype)
+        theta = 2 * math.pi * phase
         sine = SINE_AMP * torch.sin(theta + noise.phases.to(f0)[:, :, None])
         voiced = (f0 > VOICED_THRESHOLD).to(f0)[:, None, :]
         amp = voiced * NOISE_STD + (1 - voiced) * SINE_AMP / 3
@@ -237,6 +254,39 @@ class HiFT(nn.Module):
         f0 = self.f0_predictor(mel)
         f0 = f0.repeat_interleave(self.config.samples_per_frame, dim=-1)  # nearest upsampling
         return self.m_source(f0, noise)
+
+    def stream_noise(self, seed: int, start: int, end: int) -> SourceNoise:
+        """The streamed form's source noise of frames ``[start, end)`` of one utterance:
+        start phases ``SourceNoise.draw``'s (a generator seeded ``seed``), the Gaussian noise
+        ``frame_noise(seed + 1)`` rows of ``480 x (harmonics + 1)`` values per frame (whole
+        16-value Box-Muller groups: frame ``f``'s noise depends on ``seed`` and ``f`` only,
+        not on the chunk schedule)."""
+        sines, hop = self.config.num_harmonics + 1, self.config.samples_per_frame
+        phases = SourceNoise.draw(1, sines, 0, torch.Generator().manual_seed(int(seed))).phases
+        rows = frame_noise(int(seed) + 1, end, hop * sines)[start:]  # [frames, hop * sines]
+        noise = rows.reshape(1, -1, sines).transpose(1, 2)  # [1, sines, frames * hop]
+        return SourceNoise(phases, noise)
+
+    @torch.inference_mode()
+    def decode_window(
+        self, mel: torch.Tensor, start: int, end: int, noise: SourceNoise
+    ) -> torch.Tensor:
+        """The streamed form: the waveform ``[1, 480 (end - start)]`` of frames ``[start,
+        end)`` of an utterance whose mel up to ``end`` (at least) is ``mel`` ``[1, mel_dim,
+        T]`` (``T >= end``), with the source noise of those frames (``stream_noise``).
+
+        F0 is predicted over all of ``mel`` (a small conv stack), so the fundamental's phase at
+        ``start`` is the float64 sum of the F0 of every frame before it (upstream carries it
+        as ``cache_source``, the previous chunk's source over the overlap); the generator
+        runs on the window only. Frames near the window's edges differ from a decode of the
+        whole utterance by the generator's receptive field: the caller keeps context frames
+        on both sides (``HiFTVocoder``)."""
+        hop = self.config.samples_per_frame
+        f0 = self.f0_predictor(mel)[:, :end]  # [1, T]
+        cycles = f0[:, :start].double().sum(-1) * hop / SAMPLE_RATE  # fundamental, in cycles
+        f0 = f0[:, start:].repeat_interleave(hop, dim=-1)
+        source = self.m_source(f0, noise, cycles)
+        return self.decode(mel[..., start:end], source)
 
     def decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         """The waveform ``[B, L]`` of mel ``[B, mel_dim, T]`` and its source ``[B, 1, L]``."""

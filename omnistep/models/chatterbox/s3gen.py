@@ -120,9 +120,18 @@ class S3GenFlow(nn.Module):
         prompt_tokens: torch.Tensor,
         prompt_mel: torch.Tensor,
         embedding: torch.Tensor,
+        frames: int | None = None,
     ) -> S3GenInputs:
         """One request's ``mu``, speaker vector and prompt condition (autograd follows the
         caller's grad mode: a scorer recomputes them with it on).
+
+        ``frames`` None encodes every token and keeps all their rows (upstream
+        ``inference(finalize=True)``); an int keeps the prompt's rows and the next ``frames``
+        (a streamed chunk that is not the last: the encoder still sees every token, and the
+        rows of the look-ahead tokens, whose pre-lookahead conv lacked its right context, are
+        cut before the estimator, as upstream's ``finalize=False`` cuts ``pre_lookahead_len *
+        token_mel_ratio`` rows; with an odd prompt mel one row fewer is cut, so chunks stay on
+        the 2-frames-per-token grid).
 
         Args:
             tokens: ``[n]`` int64 speech tokens (< 6561).
@@ -131,7 +140,8 @@ class S3GenFlow(nn.Module):
             embedding: ``[speaker_dim]`` the voice's x-vector.
 
         Raises:
-            ValueError: a token outside the vocabulary, or a prompt mel shorter than
+            ValueError: ``frames`` more than the tokens make, a token outside the vocabulary,
+                or a prompt mel shorter than
                 ``upsample`` x the prompt tokens or longer by ``upsample`` or more. (Upstream's
                 ``embed_ref`` trims a clip's tokens to ``mel frames // 2``: an odd-length mel
                 keeps one frame more than ``2p``, and the output, which starts after the
@@ -154,6 +164,13 @@ class S3GenFlow(nn.Module):
         lengths = torch.tensor([ids.numel()], device=device)
         h = self.encoder(self.input_embedding(ids)[None], lengths)
         mu = self.encoder_proj(h)[0].transpose(0, 1)  # [mel_dim, T]
+        if frames is not None:
+            keep = prompt_mel.shape[0] + frames
+            if not (frames >= 0 and keep <= mu.shape[-1]):
+                raise ValueError(
+                    f"{frames} frames asked of {mu.shape[-1] - prompt_mel.shape[0]} the tokens make"
+                )
+            mu = mu[:, :keep]
         speaker = self.spk_embed_affine_layer(F.normalize(embedding.reshape(1, -1).to(mu), dim=1))[
             0
         ]

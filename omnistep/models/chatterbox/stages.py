@@ -7,10 +7,15 @@ step (10 per utterance, ``S3GenFlow.step``), units of requests with the same num
 stepping together in one estimator call (each row at its own step); after the last step the
 request's mel rows ``[frames, 80]`` are the result.
 
-``HiFTVocoder`` runs AUDIO_CHUNK units (``loops.audio_decode``): HiFT's source is the cumulative
-phase of the F0 over the whole utterance and its noise is drawn for the whole utterance, so the
-card decodes one chunk per request (the whole mel, once the flow has finished); the first 40 ms
+``HiFTVocoder`` runs AUDIO_CHUNK units (``loops.audio_decode``): in the reference setting
+one chunk per request (the whole mel, upstream's noise layout); streamed, each unit carries the
+mel from frame 0 and decodes its chunk with ``context`` frames each side (``HiFT.decode_window``:
+F0 over the whole prefix, the phase carried in float64, noise drawn per frame). The first 40 ms
 get upstream's ``trim_fade``.
+
+A streamed request's flow windows (``card.flow_windows``) re-solve every frame from the first
+with the tokens so far (``FlowStart.frames``: the look-ahead tokens' rows cut, upstream's
+``finalize=False``), from frame-major noise (``initial_noise(streamed=True)``).
 
 Rollouts: a request with ``flow_noise_level`` a > 0 samples every Euler step as Flow-GRPO's SDE
 (``runners.flow_matching``: ``sde_terms``, ``sde_mean``, ``sde_noise`` seeded
@@ -48,6 +53,7 @@ from omnistep.models.chatterbox.hift import HiFT, trim_fade
 from omnistep.models.chatterbox.s3gen import CFG_RATE, NUM_STEPS, S3GenFlow, S3GenInputs
 from omnistep.runners.flow_matching import (
     cosine_time_points,
+    frame_noise,
     gaussian_logprob,
     sde_mean,
     sde_noise,
@@ -64,13 +70,16 @@ FLOW_PREFIX = "flow."
 
 @dataclass(frozen=True, eq=False)
 class FlowStart:
-    """A request's first flow unit: ``tokens`` ``[n]`` int64 (S3 ids), its voice, its seed,
-    its SDE noise level (0: the ODE)."""
+    """A window's first flow unit: ``tokens`` ``[n]`` int64 (S3 ids: every token so far), its
+    voice, its seed, its SDE noise level (0: the ODE), and ``frames``: None for the last
+    window (all the tokens' frames), else the output frames a streamed chunk solves (the
+    look-ahead tokens' rows cut, ``S3GenFlow.prepare_inputs``)."""
 
     tokens: torch.Tensor
     voice: Voice
     seed: int
     noise_level: float = 0.0
+    frames: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,9 +93,14 @@ class FlowState:
     start: FlowStart
 
 
-def initial_noise(seed: int, frames: int, mel_dim: int = 80) -> torch.Tensor:
-    """``[mel_dim, frames]``: upstream's ``torch.randn_like(mu)`` (``[1, mel_dim, T]``) after
-    ``torch.manual_seed(seed)``, from a CPU generator of its own."""
+def initial_noise(seed: int, frames: int, mel_dim: int = 80, streamed: bool = False):
+    """``[mel_dim, frames]`` float32 on the CPU: upstream's ``torch.randn_like(mu)`` (``[1,
+    mel_dim, T]``) after ``torch.manual_seed(seed)``, from a CPU generator of its own; or,
+    ``streamed``, ``frame_noise`` (frame-major: frame ``f``'s noise depends on ``seed`` and
+    ``f`` only, so the windows of a streamed request start from the same noise on the frames
+    they share)."""
+    if streamed:
+        return frame_noise(int(seed), frames, mel_dim).transpose(0, 1)
     generator = torch.Generator().manual_seed(int(seed))
     return torch.randn((1, mel_dim, frames), generator=generator)[0]
 
@@ -99,6 +113,8 @@ class FlowDenoiser:
         num_steps: Euler steps per utterance (upstream 10).
         cfg_rate: the flow's guidance rate (upstream 0.7).
         batch_invariant: step every request alone (bit-identical whatever the batch).
+        streamed: draw the initial noise frame-major (``initial_noise``), as streamed
+            windows need; False draws upstream's layout (the reference setting).
     """
 
     serving: bool = True
@@ -110,8 +126,10 @@ class FlowDenoiser:
         num_steps: int = NUM_STEPS,
         cfg_rate: float = CFG_RATE,
         batch_invariant: bool = False,
+        streamed: bool = False,
     ):
         self.flow = flow
+        self.streamed = streamed
         self.num_steps = num_steps
         self.cfg_rate = cfg_rate
         self.batch_invariant = batch_invariant
@@ -156,8 +174,10 @@ class FlowDenoiser:
 
     def _begin(self, start: FlowStart) -> FlowState:
         v = start.voice
-        inputs = self.flow.prepare(start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding)
-        noise = initial_noise(start.seed, inputs.num_frames, self.flow.mel_dim)
+        inputs = self.flow.prepare(
+            start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding, start.frames
+        )
+        noise = initial_noise(start.seed, inputs.num_frames, self.flow.mel_dim, self.streamed)
         return FlowState(inputs, noise.to(inputs.mu), 0, start)
 
     def _sde(
@@ -170,7 +190,7 @@ class FlowDenoiser:
             return ode_next, None
         mean, std = self._sde_mean(state.x, ode_next, k1, step, a)
         frames, mel_dim = state.x.shape[-1], state.x.shape[0]
-        seed = derived_seed(state.start.seed, SDE_SEED_KEY)
+        seed = _sde_seed(state.start)
         eps = sde_noise(seed, step, 0, frames, SDE_BLOCK, mel_dim).transpose(0, 1)
         x_next = mean + std * eps.to(mean)
         record = DenoiseStepRecord(
@@ -218,7 +238,7 @@ class FlowDenoiser:
                 )
             v = start.voice
             inputs = self.flow.prepare_inputs(
-                start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding
+                start.tokens, v.gen_tokens, v.gen_mel, v.gen_embedding, start.frames
             )
             x = torch.as_tensor(r.x).transpose(0, 1)[None].to(inputs.mu)  # [1, mel_dim, T]
             if x.shape[1:] != inputs.mu.shape[-2:] or np.shape(r.x_next) != np.shape(r.x):
@@ -279,6 +299,14 @@ class FlowDenoiser:
         return DenoiseOutput(state, done=True, result=list(mel), record=record)
 
 
+def _sde_seed(start: FlowStart) -> int:
+    """The SDE noise seed of a window: ``derived_seed(seed, 3)`` for the last window, keyed
+    by its frames for a streamed chunk's (each window's transitions drawn independently)."""
+    if start.frames is None:
+        return derived_seed(start.seed, SDE_SEED_KEY)
+    return derived_seed(start.seed, SDE_SEED_KEY, start.frames)
+
+
 def _rows(x: torch.Tensor) -> np.ndarray:
     """A flow state ``[mel_dim, T]`` as the record's float32 numpy ``[T, mel_dim]``."""
     return np.ascontiguousarray(x.transpose(0, 1).float().cpu().numpy())
@@ -286,29 +314,60 @@ def _rows(x: torch.Tensor) -> np.ndarray:
 
 class HiFTVocoder:
     """AUDIO_CHUNK component over ``HiFT`` (see the module docstring): a unit's ``extras`` is
-    its request's HiFT noise seed."""
+    its request's HiFT noise seed.
 
-    def __init__(self, hift: HiFT):
+    Args:
+        hift: the loaded vocoder.
+        context: None: each unit is the whole mel (upstream's one call, its noise layout).
+            An int: the streamed form; a unit's frames are the utterance's mel from frame 0
+            to its window's end (``left`` = the chunk's first frame, up to ``context`` frames
+            of look-ahead after the chunk), and the generator runs on the chunk with
+            ``context`` frames on each side (``HiFT.decode_window``).
+    """
+
+    def __init__(self, hift: HiFT, context: int | None = None):
+        if context is not None and context < 0:
+            raise ValueError(f"context must be >= 0 or None, got {context}")
         self.hift = hift
+        self.context = context
 
     @torch.inference_mode()
     def execute(self, kind: WorkUnitKind, payloads: Sequence[AudioChunkInput]) -> list[np.ndarray]:
         """Each unit's chunk samples, float32 ``[chunk * 480]``.
 
         Raises:
-            ValueError: ``kind`` is not AUDIO_CHUNK.
+            ValueError: ``kind`` is not AUDIO_CHUNK, or (streamed) a unit whose frames do not
+                start at the utterance's first frame.
         """
         if kind is not WorkUnitKind.AUDIO_CHUNK:
             raise ValueError(f"HiFT runs AUDIO_CHUNK units, got {kind}")
-        return [self._decode(p) for p in payloads]
+        decode = self._decode if self.context is None else self._decode_streamed
+        return [decode(p) for p in payloads]
+
+    def _mel(self, unit: AudioChunkInput) -> torch.Tensor:
+        device = next(self.hift.parameters()).device
+        return torch.stack(list(unit.frames)).transpose(0, 1)[None].to(device)  # [1, 80, W]
 
     def _decode(self, unit: AudioChunkInput) -> np.ndarray:
-        device = next(self.hift.parameters()).device
-        mel = torch.stack(list(unit.frames)).transpose(0, 1)[None].to(device)  # [1, 80, W]
+        mel = self._mel(unit)
         generator = torch.Generator().manual_seed(int(unit.extras))
         wav, _ = self.hift(mel, self.hift.draw_noise(mel.shape[-1], generator))
         if unit.start == 0:
             wav = trim_fade(wav)
         hop = self.hift.config.samples_per_frame
         out = wav[0, unit.left * hop : (unit.left + unit.chunk) * hop]
+        return np.ascontiguousarray(out.float().cpu().numpy())
+
+    def _decode_streamed(self, unit: AudioChunkInput) -> np.ndarray:
+        if unit.start != 0:
+            raise ValueError(f"a streamed HiFT unit's frames start at frame 0, got {unit.start}")
+        mel = self._mel(unit)
+        first = max(0, unit.left - self.context)
+        end = min(len(unit.frames), unit.left + unit.chunk + self.context)
+        noise = self.hift.stream_noise(int(unit.extras), first, end)
+        wav = self.hift.decode_window(mel[..., :end], first, end, noise)
+        if first == 0:
+            wav = trim_fade(wav)
+        hop = self.hift.config.samples_per_frame
+        out = wav[0, (unit.left - first) * hop : (unit.left - first + unit.chunk) * hop]
         return np.ascontiguousarray(out.float().cpu().numpy())
