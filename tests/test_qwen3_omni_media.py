@@ -41,6 +41,9 @@ from omnistep.models.qwen3_omni.tiny import write_tiny_qwen3_omni
 from omnistep.runners.media_prompt import EncodedMedia, thinker_prompt
 from omnistep.runners.mrope import MediaTokenIds
 from omnistep.server import ServerConfig, build_app
+from tests.media_files import mp4_b64 as _mp4
+from tests.media_files import png_b64 as _png
+from tests.media_files import wav_bytes as _wav
 from tests.serving import record_requests, served_in_process
 
 TOL = 1e-4
@@ -269,12 +272,6 @@ def test_captioner_folder_is_detected_and_takes_one_clip_only(captioner):
 
 
 # ------------------------------------------------------------------ over HTTP
-def _wav(samples: np.ndarray, rate: int = 16000) -> bytes:
-    import soundfile as sf
-
-    buf = io.BytesIO()
-    sf.write(buf, samples, rate, format="WAV", subtype="FLOAT")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -339,41 +336,6 @@ def test_chat_with_input_audio_and_transcriptions_over_http(client):
         out = client.post("/v1/audio/transcriptions", data={"model": model}, files=files)
         assert out.status_code == 200, out.text
         assert isinstance(out.json()["text"], str) and out.json()["text"]
-
-
-def _mp4() -> str:
-    """A 1 s 32 x 32 mp4 with a mono AAC track (PyAV)."""
-    import av
-
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as out:
-        video = out.add_stream("libx264", rate=4)
-        video.width = video.height = 32
-        video.pix_fmt = "yuv420p"
-        audio = out.add_stream("aac", rate=16000, layout="mono")
-        for i in range(4):
-            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), 40 * i, np.uint8), "rgb24")
-            for packet in video.encode(frame):
-                out.mux(packet)
-        for packet in video.encode():
-            out.mux(packet)
-        samples = (0.1 * np.sin(np.arange(16000) / 5.0)).astype(np.float32)[None]
-        aframe = av.AudioFrame.from_ndarray(samples, format="flt", layout="mono")
-        aframe.sample_rate = 16000
-        for packet in audio.encode(aframe):
-            out.mux(packet)
-        for packet in audio.encode():
-            out.mux(packet)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _png() -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    pixels = np.random.default_rng(4).integers(0, 256, (64, 96, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def test_weights_writes_the_captioner_variant(tmp_path):

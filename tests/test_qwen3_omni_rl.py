@@ -39,6 +39,7 @@ from omnistep.offline import OmniEngine
 from omnistep.offline import _sample as rollout_sample
 from omnistep.runners.media_prompt import ThinkerPrompt
 from omnistep.server import ServerConfig, build_app
+from tests.media_files import png_b64 as _png
 
 SAMPLING = SamplingParams(temperature=0.9, max_new_tokens=6)
 INPUT = "say something nice"
@@ -338,15 +339,6 @@ def test_http_rollout_routing_json_safetensors_and_replayed_score(client):
     assert r.status_code == 400 and "routing" in r.json()["error"]["param"]
     header_len = struct.unpack("<Q", raw[:8])[0]
     assert b"prompt_routing" in raw[8 : 8 + header_len]
-
-
-def _png() -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    pixels = np.random.default_rng(4).integers(0, 256, (64, 96, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _wav() -> str:
