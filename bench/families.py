@@ -399,6 +399,7 @@ class ChatterboxFamily(Family):
     components = ("t3", "s3gen", "hift")
     cfg_weight = 0.5
     exaggeration = 0.5
+    flow_chunk_tokens = 0  # ChatterboxOptions.flow_chunk_tokens (--chatterbox-flow-chunk)
 
     def sizes(self, quick: bool, layers: int) -> dict[str, Any]:
         """Tiny test sizes (``quick``: ``tiny.py``'s), or the published widths: T3 upstream's
@@ -469,7 +470,8 @@ class ChatterboxFamily(Family):
     def load(self, root: Path) -> ModelInstance:
         from omnistep.models.chatterbox.card import ChatterboxOptions, build_card
 
-        return ModelInstance.load(build_card(str(root), ChatterboxOptions(kv_cache_gb=0.25)))
+        options = ChatterboxOptions(kv_cache_gb=0.25, flow_chunk_tokens=self.flow_chunk_tokens)
+        return ModelInstance.load(build_card(str(root), options))
 
     def request(self, i: int, seed: int, frames: int, rollout: bool = False) -> Request:
         return Request(
@@ -1072,8 +1074,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the paired comparisons")
     ap.add_argument("--root", type=Path, default=Path("/tmp"), help="folder of the checkpoints")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, 4 frames, 1 round")
+    ap.add_argument(
+        "--chatterbox-flow-chunk",
+        type=int,
+        default=0,
+        help="Chatterbox's ChatterboxOptions.flow_chunk_tokens (0: one flow window, the "
+        "default card; N: the streamed form, first chunk N tokens)",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
+    if args.chatterbox_flow_chunk < 0:
+        ap.error("--chatterbox-flow-chunk must be >= 0")
+    FAMILIES["chatterbox"].flow_chunk_tokens = args.chatterbox_flow_chunk
     if min(args.rounds, args.threads, args.frames or 1, args.layers or 1) < 1:
         ap.error("--frames, --layers, --rounds and --threads must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
