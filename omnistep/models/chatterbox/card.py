@@ -331,6 +331,9 @@ def build_card(
         voice_validator=frontend.check_voice,
         voice_enroller=_enroll if clones else None,
         parity=frozenset({"C0", "C1", "stream", "reference"}),
+        # streamed: T3 waits while the first flow window and HiFT chunk run (else its steps,
+        # due first under EDF, run before them to T3's end)
+        first_audio_alone=opts.flow_chunk_tokens > 0,
         description="Chatterbox: T3 Llama over 25 Hz speech tokens with CFG -> S3Gen flow "
         "matching -> HiFT, 24 kHz.",
     )
