@@ -79,3 +79,28 @@ async def served_in_process(engine, voices_db: str):
     finally:
         uv.should_exit = True
         await serving
+
+
+async def realtime_response(conn, pcm: str, timeout_s: float = 300) -> list:
+    """On a connected ``/v1/realtime`` session ``conn`` (the openai SDK's): append ``pcm``
+    (base64 pcm16 at 24 kHz) to the input buffer, commit it, ask for a response and read
+    events until ``response.done`` or ``error`` (the last one returned).
+
+    Returns:
+        Every event received after ``response.create``, in order.
+
+    Raises:
+        TimeoutError: no ``response.done`` or ``error`` within ``timeout_s`` seconds.
+    """
+    import asyncio
+
+    await conn.input_audio_buffer.append(audio=pcm)
+    await conn.input_audio_buffer.commit()
+    await conn.response.create()
+    events = []
+    async with asyncio.timeout(timeout_s):
+        async for event in conn:
+            events.append(event)
+            if event.type in ("response.done", "error"):
+                break
+    return events

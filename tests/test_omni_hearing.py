@@ -35,7 +35,7 @@ from omnistep.models.qwen2_5_omni.tiny import write_tiny_qwen_omni
 from omnistep.parity import collect
 from omnistep.sampling import SamplingRow
 from tests.qwen_omni_ref import reference
-from tests.serving import record_requests, served_in_process
+from tests.serving import realtime_response, record_requests, served_in_process
 
 TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
@@ -600,15 +600,7 @@ async def test_realtime_audio_turn_is_spoken_and_its_transcript_equals_the_chat_
                         "audio": {"input": {"turn_detection": None}, "output": {"voice": "Ethan"}},
                     }
                 )
-                await conn.input_audio_buffer.append(audio=pcm)
-                await conn.input_audio_buffer.commit()
-                await conn.response.create()
-                events = []
-                async with asyncio.timeout(300):
-                    async for event in conn:
-                        events.append(event)
-                        if event.type in ("response.done", "error"):
-                            break
+                events = await realtime_response(conn, pcm)
             assert events[-1].type == "response.done", events[-1]
             assert events[-1].response.status == "completed"
             audio = b"".join(

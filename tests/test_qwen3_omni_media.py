@@ -44,7 +44,7 @@ from omnistep.server import ServerConfig, build_app
 from tests.media_files import mp4_b64 as _mp4
 from tests.media_files import png_b64 as _png
 from tests.media_files import wav_bytes as _wav
-from tests.serving import record_requests, served_in_process
+from tests.serving import realtime_response, record_requests, served_in_process
 
 TOL = 1e-4
 OPTIONS = Qwen3OmniOptions(kv_cache_gb=0.02, talker_greedy=True)
@@ -375,15 +375,7 @@ async def test_realtime_audio_turn_answers_as_the_chat_api_does(model, tmp_path)
                         "audio": {"input": {"turn_detection": None}},
                     }
                 )
-                await conn.input_audio_buffer.append(audio=pcm)
-                await conn.input_audio_buffer.commit()
-                await conn.response.create()
-                events = []
-                async with asyncio.timeout(300):
-                    async for event in conn:
-                        events.append(event)
-                        if event.type in ("response.done", "error"):
-                            break
+                events = await realtime_response(conn, pcm)
             assert events[-1].type == "response.done", events[-1]
             # the random tiny thinker does not stop before its 6 tokens
             assert events[-1].response.status == "incomplete"

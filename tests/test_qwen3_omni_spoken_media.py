@@ -48,7 +48,7 @@ from omnistep.runners.mrope import MediaTokenIds
 from omnistep.server import ServerConfig, build_app
 from tests.media_files import mp4_b64 as _mp4
 from tests.media_files import wav_bytes as _wav
-from tests.serving import record_requests, served_in_process
+from tests.serving import realtime_response, record_requests, served_in_process
 
 THINKER_TOKENS = 8
 TALKER_TOKENS = 12  # transformers' talker_max_new_tokens: 11 frames
@@ -334,15 +334,7 @@ async def test_realtime_audio_turn_is_spoken_as_the_chat_api_speaks_it(model, tm
                         "audio": {"input": {"turn_detection": None}, "output": {"voice": "Ethan"}},
                     }
                 )
-                await conn.input_audio_buffer.append(audio=pcm)
-                await conn.input_audio_buffer.commit()
-                await conn.response.create()
-                events = []
-                async with asyncio.timeout(300):
-                    async for event in conn:
-                        events.append(event)
-                        if event.type in ("response.done", "error"):
-                            break
+                events = await realtime_response(conn, pcm)
             assert events[-1].type == "response.done", events[-1]
             audio = b"".join(
                 base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"
