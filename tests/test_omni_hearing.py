@@ -351,6 +351,25 @@ async def test_bad_media_is_refused_naming_the_part(model):
     await eng.shutdown()
 
 
+async def test_audio_too_short_for_the_tower_is_a_400_and_the_shortest_runs(model):
+    """A clip of 320 samples (2 mel frames at hop 160) gives the tower no row: refused at
+    submission as ``audio_too_short`` naming the part (it was a 500 from the encode step);
+    321 samples (3 frames, one row) run."""
+    eng = AsyncEngine([model])
+    source = "messages[0].content[0]"
+    for n in (1, 320):
+        item = MediaItem.of(MediaKind.AUDIO, _clip()[:n], sample_rate=16000, source=source)
+        with pytest.raises(InvalidRequestError) as err:
+            eng.add_request(_request("audio", item=item))
+        assert (err.value.param, err.value.code) == (source, "audio_too_short")
+    assert eng.stats() == dict.fromkeys(eng.stats(), 0)
+    shortest = MediaItem.of(MediaKind.AUDIO, _clip()[:321], sample_rate=16000, source=source)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=2)
+    stream = eng.add_request(_request("audio", item=shortest, sampling=sampling))
+    assert "".join([c.text async for c in stream if c.text])
+    await eng.shutdown()
+
+
 async def test_aborted_mixed_requests_leave_nothing(model):
     """Fifty requests with audio, images and video, half asking for speech, aborted in three
     waves (queued or encoding, in the thinker, in the talker): no KV block and no queued unit

@@ -236,6 +236,20 @@ def test_card_hears_and_greedy_text_matches_transformers(qwen3_omni_folder, mode
     assert model.components["encoder"].num_encoded == 2
 
 
+def test_audio_too_short_for_the_tower_is_a_400_and_the_shortest_runs(model):
+    """200 samples are too few for the log-mel's reflect padding (n_fft / 2), fewer than 160
+    make no frame: ``audio_too_short`` naming the part at submission (it was a 500 from the
+    encode step); 201 samples run."""
+    source = "messages[0].content[0]"
+    too_short = MediaItem.of(MediaKind.AUDIO, _clip()[:200], sample_rate=16000, source=source)
+    with pytest.raises(InvalidRequestError) as err:
+        asyncio.run(_texts(model, [_request(too_short)]))
+    assert (err.value.param, err.value.code) == (source, "audio_too_short")
+    shortest = MediaItem.of(MediaKind.AUDIO, _clip()[:201], sample_rate=16000, source=source)
+    (text,) = asyncio.run(_texts(model, [_request(shortest, 2)]))
+    assert text
+
+
 # ------------------------------------------------------------------ the Captioner
 @pytest.fixture(scope="module")
 def captioner(tmp_path_factory) -> Path:

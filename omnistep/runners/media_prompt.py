@@ -50,17 +50,23 @@ class MediaRules:
         sample_rate: Hz audio items must have (the feature extractor's, 16 kHz).
         max_audio_seconds: the longest clip the feature extractor reads (its ``chunk_length``,
             300 s published: the processor cuts longer clips there).
+        min_audio_samples: the shortest clip, in samples at ``sample_rate``, from which the
+            audio tower makes at least one row (its stride-2 convs and pooling leave none of
+            fewer mel frames; Qwen2.5-Omni: 321 samples; Qwen3-Omni: 201, what its STFT's
+            reflect padding needs).
     """
 
     capabilities: frozenset[Capability] = frozenset()
     sample_rate: int = 16000
     max_audio_seconds: float = 300.0
+    min_audio_samples: int = 1
 
     def check(self, item: MediaItem) -> None:
         """Raises InvalidRequestError naming the item's request part (``MediaItem.source``):
         a kind without its encoder (``unsupported_modality``), audio at another rate
-        (``invalid_audio``) or longer than ``max_audio_seconds`` (``audio_too_long``); a
-        video's audio track is checked as audio."""
+        (``invalid_audio``), longer than ``max_audio_seconds`` (``audio_too_long``) or shorter
+        than ``min_audio_samples`` (``audio_too_short``); a video's audio track is checked as
+        audio."""
         param = item.source or "messages"
         if item.audio is not None:
             self.check(item.audio)
@@ -84,6 +90,14 @@ class MediaRules:
                 f"audio encoder reads ({self.max_audio_seconds:g} s)",
                 param=param,
                 code="audio_too_long",
+            )
+        if item.data.shape[0] < self.min_audio_samples:
+            raise InvalidRequestError(
+                f"{param} lasts {1000 * item.data.shape[0] / self.sample_rate:.1f} ms, shorter "
+                f"than the audio encoder reads ({self.min_audio_samples} samples at "
+                f"{self.sample_rate} Hz)",
+                param=param,
+                code="audio_too_short",
             )
 
 

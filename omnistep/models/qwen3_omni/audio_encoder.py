@@ -92,6 +92,15 @@ class AudioEncoderConfig:
         )
 
 
+def min_audio_samples(hop_length: int, n_fft: int) -> int:
+    """The fewest samples that give the tower one row: the unpadded log-mel keeps ``n // hop``
+    frames (``media_features.log_mel_unpadded``) and one frame gives one row, and its STFT
+    reflect-pads ``n_fft // 2`` samples, which needs more than that many: 201 at hop 160,
+    n_fft 400 (12.6 ms at 16 kHz)."""
+    frames = next(f for f in range(1, 64) if conv_output_length(f) >= 1)
+    return max(frames * hop_length, n_fft // 2 + 1)
+
+
 def conv_output_length(frames: int) -> int:
     """Time steps after the three stride-2 convs of a chunk of ``frames`` mel frames."""
     for _ in range(3):

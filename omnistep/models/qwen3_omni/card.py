@@ -74,6 +74,7 @@ from omnistep.layers.codec_decoder import SAMPLE_RATE
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
+from omnistep.models.qwen3_omni.audio_encoder import min_audio_samples
 from omnistep.models.qwen3_omni.encoders import Qwen3OmniEncoders, read_settings
 from omnistep.models.qwen3_omni.frontend import CaptionerFrontend, ChatFrontend, load_tokenizer
 from omnistep.models.qwen3_omni.loader import Qwen3OmniCheckpoint
@@ -224,7 +225,12 @@ def build_card(
         ({Capability.AUDIO_INPUT} if hears else set())
         | ({Capability.IMAGE_INPUT, Capability.VIDEO_INPUT} if sees else set())
     )
-    rules = MediaRules(media_caps, int(settings["sampling_rate"]), float(settings["chunk_length"]))
+    rules = MediaRules(
+        media_caps,
+        int(settings["sampling_rate"]),
+        float(settings["chunk_length"]),
+        min_audio_samples(int(settings["hop_length"]), int(settings["n_fft"])),
+    )
     make_frontend = CaptionerFrontend if kind == "captioner" else ChatFrontend
     frontend = make_frontend(tokenizer, ids.speakers if ids else {}, rules)
     audio_end = tokenizer.convert_tokens_to_ids("<|audio_end|>")
