@@ -428,6 +428,38 @@ def _frames() -> np.ndarray:
     return np.random.default_rng(2).integers(0, 256, (5, 40, 60, 3), dtype=np.uint8)
 
 
+def _sdpa_calls(monkeypatch) -> list[tuple[int, bool]]:
+    """Records ``(key length, had a mask)`` of every SDPA call."""
+    calls: list[tuple[int, bool]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        calls.append((k.shape[-2], attn_mask is not None))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def test_encoders_attend_per_frame_and_window_without_a_square_mask(encoders, monkeypatch):
+    """Memory: the towers attend within each frame / audio window, never over an ``[N, N]``
+    mask of all rows of a batch. A 5900 x 5900 PNG (under --max-image-pixels) is 65,536
+    patches; its dense mask and the SDPA's float copy took 20 GiB and the server was
+    OOM-killed. Two images and a 3-frame video: no call sees more keys than one frame has."""
+    calls = _sdpa_calls(monkeypatch)
+    grids = [(1, 6, 8), (1, 4, 4), (3, 4, 4)]
+    patches = torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 16 * 16)
+    with torch.no_grad():
+        encoders.vision(patches, grids)
+    assert calls and all(not masked for _, masked in calls)
+    assert max(n for n, _ in calls) == 48
+    calls.clear()
+    with torch.no_grad():
+        encoders.audio([torch.randn(128, t) for t in (1000, 250)])  # 130 and 33 rows
+    assert calls and all(not masked for _, masked in calls)
+    assert max(n for n, _ in calls) == encoders.audio.config.window_rows
+
+
 def test_vision_encoder_matches_transformers(ref, encoders):
     torch.manual_seed(0)
     grids = [(1, 6, 8), (3, 4, 4)]
