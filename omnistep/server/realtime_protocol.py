@@ -13,10 +13,10 @@ import binascii
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, StrictInt
 
 from omnistep.core import ChatMessage, InvalidRequestError, MediaItem
 from omnistep.server.protocol import OpenAIBody
@@ -122,7 +122,9 @@ class SessionFields(_Body):
         default=None, min_length=1, max_length=1
     )
     audio: _Audio | None = None
-    max_output_tokens: int | Literal["inf"] | None = None
+    # OpenAI's range is 1..4096 or "inf"; 32768 is the chat API's cap here (0 or -1 were
+    # kept and failed every later response)
+    max_output_tokens: Annotated[StrictInt, Field(ge=1, le=32768)] | Literal["inf"] | None = None
 
 
 @dataclass
