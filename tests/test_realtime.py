@@ -359,6 +359,8 @@ async def test_bad_and_out_of_order_events_get_errors_and_the_session_goes_on(tm
             await conn.send(event)
             error = await until(conn, "error")
             assert error.error.code == code, (event, error.error)
+            if "max_output_tokens" in str(event):
+                assert error.error.param == "session.max_output_tokens", error.error
         assert error.error.param == "item.content"
         first = cases[0][0]
         await conn.send(first)

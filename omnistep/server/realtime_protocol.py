@@ -13,10 +13,10 @@ import binascii
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Literal
 
 import numpy as np
-from pydantic import ConfigDict, Field, StrictInt
+from pydantic import ConfigDict, Field, field_validator
 
 from omnistep.core import ChatMessage, InvalidRequestError, MediaItem
 from omnistep.server.protocol import OpenAIBody
@@ -122,9 +122,18 @@ class SessionFields(_Body):
         default=None, min_length=1, max_length=1
     )
     audio: _Audio | None = None
-    # OpenAI's range is 1..4096 or "inf"; 32768 is the chat API's cap here (0 or -1 were
-    # kept and failed every later response)
-    max_output_tokens: Annotated[StrictInt, Field(ge=1, le=32768)] | Literal["inf"] | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+
+    @field_validator("max_output_tokens", mode="before")
+    @classmethod
+    def _token_cap(cls, value: object) -> object:
+        """1..32768 (the chat API's cap; OpenAI's is 4096) or "inf": 0 or -1 were kept and
+        failed every later response."""
+        if value is None or value == "inf":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 32768:
+            raise ValueError("must be an integer in 1..32768 or 'inf'")
+        return value
 
 
 @dataclass
