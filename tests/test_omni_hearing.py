@@ -370,6 +370,23 @@ async def test_audio_too_short_for_the_tower_is_a_400_and_the_shortest_runs(mode
     await eng.shutdown()
 
 
+async def test_text_spelling_a_media_placeholder_is_a_400(model):
+    """Text holding the thinker's placeholder tokens (read by the tokenizer as the special
+    tokens) is refused at submission, with media or without; it was a 500 from the ENCODE
+    step ('placeholders ... do not match the media')."""
+    eng = AsyncEngine([model])
+    for text, items in (("<|AUDIO|>", (_item("audio"),)), ("<|IMAGE|> hi", ())):
+        req = dataclasses.replace(
+            _request("audio"), messages=(ChatMessage("user", text, parts=(*items, text)),)
+        )
+        with pytest.raises(InvalidRequestError) as err:
+            eng.add_request(req)
+        assert (err.value.param, err.value.code) == ("messages", "invalid_value")
+        assert "placeholder" in str(err.value)
+    assert eng.stats() == dict.fromkeys(eng.stats(), 0)
+    await eng.shutdown()
+
+
 async def test_aborted_mixed_requests_leave_nothing(model):
     """Fifty requests with audio, images and video, half asking for speech, aborted in three
     waves (queued or encoding, in the thinker, in the talker): no KV block and no queued unit

@@ -250,6 +250,20 @@ def test_audio_too_short_for_the_tower_is_a_400_and_the_shortest_runs(model):
     assert text
 
 
+def test_text_spelling_a_media_placeholder_is_a_400(model):
+    """``<|audio_pad|>`` in the text beside one clip: two placeholders for one item, refused
+    at submission (it was a 500 from the ENCODE step)."""
+    text = "<|audio_pad|> what is said?"
+    req = Request(
+        "qwen3-omni",
+        messages=(ChatMessage("user", text, parts=(_audio(), text)),),
+        sampling=SamplingParams(temperature=0.0, max_new_tokens=2),
+    )
+    with pytest.raises(InvalidRequestError) as err:
+        asyncio.run(_texts(model, [req]))
+    assert (err.value.param, err.value.code) == ("messages", "invalid_value")
+
+
 # ------------------------------------------------------------------ the Captioner
 @pytest.fixture(scope="module")
 def captioner(tmp_path_factory) -> Path:

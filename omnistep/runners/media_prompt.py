@@ -54,12 +54,35 @@ class MediaRules:
             audio tower makes at least one row (its stride-2 convs and pooling leave none of
             fewer mel frames; Qwen2.5-Omni: 321 samples; Qwen3-Omni: 201, what its STFT's
             reflect padding needs).
+        placeholders: the thinker's media placeholder ids (``MediaTokenIds``); None: not
+            checked (``check_prompt``).
     """
 
     capabilities: frozenset[Capability] = frozenset()
     sample_rate: int = 16000
     max_audio_seconds: float = 300.0
     min_audio_samples: int = 1
+    placeholders: MediaTokenIds | None = None
+
+    def check_prompt(self, ids: Sequence[int], media: Sequence[MediaItem]) -> None:
+        """Raises InvalidRequestError (param ``messages``) when the templated prompt's
+        placeholder tokens are not one per media item, in order: the messages' text spelled a
+        placeholder (``<|AUDIO|>``, ``<|image_pad|>``, ...), which the tokenizer reads as the
+        special token (it was a 500 from the ENCODE step, or an unfilled placeholder)."""
+        if self.placeholders is None:
+            return
+        p = self.placeholders
+        kinds = {p.audio: MediaKind.AUDIO, p.image: MediaKind.IMAGE, p.video: MediaKind.VIDEO}
+        slots = [kinds[t] for t in ids if t in kinds]
+        if slots != [m.kind for m in media]:
+            raise InvalidRequestError(
+                f"the messages hold {len(slots)} media placeholder tokens for {len(media)} "
+                "media parts: their text spells the model's placeholder tokens (such as "
+                "<|AUDIO|>, <|IMAGE|>, <|audio_pad|>, <|image_pad|>); send media as content "
+                "parts and remove those tokens from the text",
+                param="messages",
+                code="invalid_value",
+            )
 
     def check(self, item: MediaItem) -> None:
         """Raises InvalidRequestError naming the item's request part (``MediaItem.source``):

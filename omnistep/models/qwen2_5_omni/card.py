@@ -350,6 +350,7 @@ def build_card(
         int(preprocessor["sampling_rate"]),
         float(preprocessor["chunk_length"]),
         min_audio_samples(int(preprocessor["hop_length"])),
+        MediaTokenIds.from_config(config),
     )
     frontend = ChatFrontend(tokenizer, speakers, rules)
     thinker_cfg = config["thinker_config"]

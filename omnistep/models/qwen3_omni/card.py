@@ -225,18 +225,19 @@ def build_card(
         ({Capability.AUDIO_INPUT} if hears else set())
         | ({Capability.IMAGE_INPUT, Capability.VIDEO_INPUT} if sees else set())
     )
+    audio_end = tokenizer.convert_tokens_to_ids("<|audio_end|>")
+    token_ids = dataclasses.replace(
+        MediaTokenIds.from_config(config, audio_end=audio_end), interleave="time"
+    )
     rules = MediaRules(
         media_caps,
         int(settings["sampling_rate"]),
         float(settings["chunk_length"]),
         min_audio_samples(int(settings["hop_length"]), int(settings["n_fft"])),
+        token_ids,
     )
     make_frontend = CaptionerFrontend if kind == "captioner" else ChatFrontend
     frontend = make_frontend(tokenizer, ids.speakers if ids else {}, rules)
-    audio_end = tokenizer.convert_tokens_to_ids("<|audio_end|>")
-    token_ids = dataclasses.replace(
-        MediaTokenIds.from_config(config, audio_end=audio_end), interleave="time"
-    )
     merge = int(config["thinker_config"].get("vision_config", {}).get("spatial_merge_size", 2))
     # Weights load only in the builders: the serving process builds the card too. The thinker
     # leaves its embedding here for the talker, which otherwise reads that tensor itself.
