@@ -370,10 +370,10 @@ async def test_audio_too_short_for_the_tower_is_a_400_and_the_shortest_runs(mode
     await eng.shutdown()
 
 
-async def test_text_spelling_a_media_placeholder_is_a_400(model):
+async def test_text_spelling_a_media_placeholder_or_over_the_context_is_a_400(model):
     """Text holding the thinker's placeholder tokens (read by the tokenizer as the special
     tokens) is refused at submission, with media or without; it was a 500 from the ENCODE
-    step ('placeholders ... do not match the media')."""
+    step ('placeholders ... do not match the media'). So is a prompt over the context."""
     eng = AsyncEngine([model])
     for text, items in (("<|AUDIO|>", (_item("audio"),)), ("<|IMAGE|> hi", ())):
         req = dataclasses.replace(
@@ -383,6 +383,13 @@ async def test_text_spelling_a_media_placeholder_is_a_400(model):
             eng.add_request(req)
         assert (err.value.param, err.value.code) == ("messages", "invalid_value")
         assert "placeholder" in str(err.value)
+    # a prompt over the context: it was a 500 from the thinker's prefill
+    long = dataclasses.replace(
+        _request("audio"), messages=(ChatMessage("user", "hello world " * 20000),)
+    )
+    with pytest.raises(InvalidRequestError) as err:
+        eng.add_request(long)
+    assert (err.value.param, err.value.code) == ("messages", "context_length_exceeded")
     assert eng.stats() == dict.fromkeys(eng.stats(), 0)
     await eng.shutdown()
 

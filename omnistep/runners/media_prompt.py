@@ -56,6 +56,8 @@ class MediaRules:
             reflect padding needs).
         placeholders: the thinker's media placeholder ids (``MediaTokenIds``); None: not
             checked (``check_prompt``).
+        max_prompt_tokens: the thinker's ``max_position_embeddings``: a templated prompt of
+            as many tokens is refused (``check_prompt``); None: not checked.
     """
 
     capabilities: frozenset[Capability] = frozenset()
@@ -63,12 +65,23 @@ class MediaRules:
     max_audio_seconds: float = 300.0
     min_audio_samples: int = 1
     placeholders: MediaTokenIds | None = None
+    max_prompt_tokens: int | None = None
 
     def check_prompt(self, ids: Sequence[int], media: Sequence[MediaItem]) -> None:
         """Raises InvalidRequestError (param ``messages``) when the templated prompt's
         placeholder tokens are not one per media item, in order: the messages' text spelled a
         placeholder (``<|AUDIO|>``, ``<|image_pad|>``, ...), which the tokenizer reads as the
-        special token (it was a 500 from the ENCODE step, or an unfilled placeholder)."""
+        special token (it was a 500 from the ENCODE step, or an unfilled placeholder); or
+        when the prompt before media expansion has ``max_prompt_tokens`` tokens or more (code
+        ``context_length_exceeded``, OpenAI's; it was a 500 from the thinker's prefill)."""
+        limit = self.max_prompt_tokens
+        if limit is not None and len(ids) >= limit:
+            raise InvalidRequestError(
+                f"the messages are {len(ids)} tokens, and this model's context is {limit} "
+                "tokens (max_position_embeddings): shorten them",
+                param="messages",
+                code="context_length_exceeded",
+            )
         if self.placeholders is None:
             return
         p = self.placeholders

@@ -351,6 +351,7 @@ def build_card(
         float(preprocessor["chunk_length"]),
         min_audio_samples(int(preprocessor["hop_length"])),
         MediaTokenIds.from_config(config),
+        int(text.get("max_position_embeddings", 32768)),
     )
     frontend = ChatFrontend(tokenizer, speakers, rules)
     thinker_cfg = config["thinker_config"]

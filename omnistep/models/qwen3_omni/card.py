@@ -235,6 +235,7 @@ def build_card(
         float(settings["chunk_length"]),
         min_audio_samples(int(settings["hop_length"]), int(settings["n_fft"])),
         token_ids,
+        ThinkerTextConfig.from_dict(config).max_position_embeddings,
     )
     make_frontend = CaptionerFrontend if kind == "captioner" else ChatFrontend
     frontend = make_frontend(tokenizer, ids.speakers if ids else {}, rules)
