@@ -394,6 +394,25 @@ async def test_text_spelling_a_media_placeholder_or_over_the_context_is_a_400(mo
     await eng.shutdown()
 
 
+async def test_media_that_overflow_the_context_are_a_400_and_others_run(model, monkeypatch):
+    """The expanded prompt (placeholders -> encoder rows) is checked against the context
+    after ENCODE: ``context_length_exceeded`` (an InvalidRequestError: a 400), where the
+    prefill's ValueError was a 500; a request beside it is unaffected. The limit is lowered
+    to 60 tokens here (a 3 s clip expands to 75 rows) instead of sending 32k rows of media."""
+    node = next(n for n in model.card.program.nodes if n.name == "media_prompt")
+    monkeypatch.setattr(node.fn, "max_prompt_tokens", 60)
+    eng = AsyncEngine([model])
+    big = eng.add_request(_request("audio"))
+    text_only = eng.add_request(
+        dataclasses.replace(_request("audio"), messages=(ChatMessage("user", "Hello?"),))
+    )
+    with pytest.raises(InvalidRequestError) as err:
+        _ = [c async for c in big]
+    assert (err.value.param, err.value.code) == ("messages", "context_length_exceeded")
+    assert "".join([c.text async for c in text_only if c.text])
+    await eng.shutdown()
+
+
 async def test_aborted_mixed_requests_leave_nothing(model):
     """Fifty requests with audio, images and video, half asking for speech, aborted in three
     waves (queued or encoding, in the thinker, in the talker): no KV block and no queued unit

@@ -384,11 +384,17 @@ class MediaPromptNode:
     Args:
         ids: the placeholder ids (``MediaTokenIds.from_config``).
         spatial_merge_size: the vision encoder's patch merge.
+        max_prompt_tokens: the thinker's ``max_position_embeddings``: an expanded prompt of
+            as many tokens raises InvalidRequestError (``context_length_exceeded``; the engine
+            fails the request with it, a 400, where the prefill's ValueError was a 500).
     """
 
-    def __init__(self, ids: MediaTokenIds, spatial_merge_size: int):
+    def __init__(
+        self, ids: MediaTokenIds, spatial_merge_size: int, max_prompt_tokens: int | None = None
+    ):
         self.ids = ids
         self.spatial_merge_size = spatial_merge_size
+        self.max_prompt_tokens = max_prompt_tokens
 
     def __call__(self, ctx: ProgramContext) -> None:
         media, encoded = ctx.slots["media"], ctx.slots.get("encoded")
@@ -398,6 +404,15 @@ class MediaPromptNode:
         prompt = thinker_prompt(
             ctx.slots["chat_ids"], self.ids, media, encoded, self.spatial_merge_size
         )
+        limit = self.max_prompt_tokens
+        if limit is not None and len(prompt.ids) >= limit:
+            raise InvalidRequestError(
+                f"the messages with their media are {len(prompt.ids)} tokens, and this model's "
+                f"context is {limit} tokens (max_position_embeddings): send fewer or smaller "
+                "media parts",
+                param="messages",
+                code="context_length_exceeded",
+            )
         ctx.slots["thinker_prompt"] = prompt
         ctx.usage["input_tokens"] = len(prompt.ids)
 
@@ -447,17 +462,18 @@ def media_stages(
     description: str,
     ids: MediaTokenIds,
     spatial_merge_size: int,
+    max_prompt_tokens: int | None = None,
 ) -> MediaStages:
     """The ``MediaStages`` of a card whose encoders give ``media_caps`` (empty: no encoder
     component; requests with media are then refused by the frontend's ``MediaRules``).
 
     Args:
         build_encoder: ``device -> MediaEncoderRunner`` (the ``encoder`` component).
-        ids, spatial_merge_size: for ``MediaPromptNode``.
+        ids, spatial_merge_size, max_prompt_tokens: for ``MediaPromptNode``.
     """
     prompt = KernelNode(
         "media_prompt",
-        MediaPromptNode(ids, spatial_merge_size),
+        MediaPromptNode(ids, spatial_merge_size, max_prompt_tokens),
         needs=("chat_ids", "media", *(("encoded",) if media_caps else ())),
         binds=("thinker_prompt",),
     )

@@ -363,6 +363,7 @@ def build_card(
         "audio tower + vision encoder",
         MediaTokenIds.from_config(config),
         merge,
+        rules.max_prompt_tokens,
     )
     program = Program(
         inputs=("request",),

@@ -299,6 +299,7 @@ def build_card(
         "audio tower + vision encoder",
         token_ids,
         merge,
+        rules.max_prompt_tokens,
     )
     nodes: list[Any] = [
         KernelNode(
