@@ -683,12 +683,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allowed-local-media-path",
         metavar="DIR",
-        help="a request's ref_audio may name a file under DIR (default: no file paths)",
+        help="a request's ref_audio and chat media parts (audio_url, image_url, video_url) "
+        "may name a file under DIR (default: no file paths)",
     )
     serve.add_argument(
         "--allow-remote-media",
         action="store_true",
-        help="a request's ref_audio may be an http(s) URL the server fetches (any host it "
+        help="ref_audio and chat media parts may be http(s) URLs the server fetches (any host it "
         "reaches: trusted clients only); default: off",
     )
     for flag, kind, what in (

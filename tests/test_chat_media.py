@@ -38,9 +38,11 @@ def tone(seconds: float, rate: int, freq: float = 440.0) -> np.ndarray:
     return (16000 * np.sin(2 * np.pi * freq * t)).astype(np.int16)
 
 
-def audio_file(samples: np.ndarray, rate: int, fmt: str = "WAV") -> bytes:
+def audio_file(
+    samples: np.ndarray, rate: int, fmt: str = "WAV", subtype: str | None = None
+) -> bytes:
     buf = io.BytesIO()
-    sf.write(buf, samples, rate, format=fmt)
+    sf.write(buf, samples, rate, format=fmt, subtype=subtype)
     return buf.getvalue()
 
 
@@ -231,6 +233,11 @@ async def test_bad_media_answers_400_naming_the_part(tmp_path):
         (audio_part(b"not audio at all" * 20), "invalid_audio"),
         (audio_part(audio_file(np.zeros(0, np.int16), 16000)), "invalid_audio"),
         (audio_part(long_clip), "audio_too_long"),
+        # a float WAV of NaN: it reached the model and answered '!!!!' (NaN logits)
+        (audio_part(audio_file(np.full(1600, np.nan), 16000, subtype="FLOAT")), "invalid_audio"),
+        (audio_part(audio_file(np.full(1600, -np.inf), 16000, subtype="FLOAT")), "invalid_audio"),
+        # was read as a relative path under the allowed folder: 'file_not_found'
+        (image_part("ftp://example.com/cat.png"), "unsupported_url_scheme"),
         (image_part(big_image), "image_too_large"),
         (image_part("data:image/png;base64," + b64(b"\x89PNG broken")), "invalid_image"),
         (image_part("https://example.com/cat.png"), "remote_media_disabled"),

@@ -522,3 +522,12 @@ def test_serving_docs_synopsis_lists_every_flag():
     serve = _subparsers(build_parser())["serve"]
     flags = {s for a in serve._actions for s in a.option_strings if s.startswith("--")}
     assert flags - {"--help"} - listed == set()
+
+
+def test_python_dash_m_omnistep_runs_the_command():
+    """``python -m omnistep`` is the ``omnistep`` command (there was no ``__main__``)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "omnistep", "--version"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "omnistep" in done.stdout

@@ -616,3 +616,19 @@ def test_forward_dense_validates():
         model.forward_dense(torch.zeros(3, 64), prefill_len=4)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model.forward_dense(torch.zeros(5, 64))
+
+
+def test_segment_attention_equals_a_block_diagonal_mask():
+    """``segment_attention`` over segments of mixed lengths (a zero-length one included)
+    equals SDPA over the whole sequence with a block-diagonal mask (float64)."""
+    from omnistep.layers.segment_attention import segment_attention
+
+    torch.manual_seed(0)
+    lengths = [5, 3, 0, 5, 1, 7]
+    q, k, v = (torch.randn(2, sum(lengths), 4, dtype=torch.float64) for _ in range(3))
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    mask = ids[:, None] == ids[None, :]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(segment_attention(q, k, v, lengths), want, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="do not cover"):
+        segment_attention(q, k, v, [5, 3])

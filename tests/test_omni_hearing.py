@@ -351,6 +351,68 @@ async def test_bad_media_is_refused_naming_the_part(model):
     await eng.shutdown()
 
 
+async def test_audio_too_short_for_the_tower_is_a_400_and_the_shortest_runs(model):
+    """A clip of 320 samples (2 mel frames at hop 160) gives the tower no row: refused at
+    submission as ``audio_too_short`` naming the part (it was a 500 from the encode step);
+    321 samples (3 frames, one row) run."""
+    eng = AsyncEngine([model])
+    source = "messages[0].content[0]"
+    for n in (1, 320):
+        item = MediaItem.of(MediaKind.AUDIO, _clip()[:n], sample_rate=16000, source=source)
+        with pytest.raises(InvalidRequestError) as err:
+            eng.add_request(_request("audio", item=item))
+        assert (err.value.param, err.value.code) == (source, "audio_too_short")
+    assert eng.stats() == dict.fromkeys(eng.stats(), 0)
+    shortest = MediaItem.of(MediaKind.AUDIO, _clip()[:321], sample_rate=16000, source=source)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=2)
+    stream = eng.add_request(_request("audio", item=shortest, sampling=sampling))
+    assert "".join([c.text async for c in stream if c.text])
+    await eng.shutdown()
+
+
+async def test_text_spelling_a_media_placeholder_or_over_the_context_is_a_400(model):
+    """Text holding the thinker's placeholder tokens (read by the tokenizer as the special
+    tokens) is refused at submission, with media or without; it was a 500 from the ENCODE
+    step ('placeholders ... do not match the media'). So is a prompt over the context."""
+    eng = AsyncEngine([model])
+    for text, items in (("<|AUDIO|>", (_item("audio"),)), ("<|IMAGE|> hi", ())):
+        req = dataclasses.replace(
+            _request("audio"), messages=(ChatMessage("user", text, parts=(*items, text)),)
+        )
+        with pytest.raises(InvalidRequestError) as err:
+            eng.add_request(req)
+        assert (err.value.param, err.value.code) == ("messages", "invalid_value")
+        assert "placeholder" in str(err.value)
+    # a prompt over the context: it was a 500 from the thinker's prefill
+    long = dataclasses.replace(
+        _request("audio"), messages=(ChatMessage("user", "hello world " * 20000),)
+    )
+    with pytest.raises(InvalidRequestError) as err:
+        eng.add_request(long)
+    assert (err.value.param, err.value.code) == ("messages", "context_length_exceeded")
+    assert eng.stats() == dict.fromkeys(eng.stats(), 0)
+    await eng.shutdown()
+
+
+async def test_media_that_overflow_the_context_are_a_400_and_others_run(model, monkeypatch):
+    """The expanded prompt (placeholders -> encoder rows) is checked against the context
+    after ENCODE: ``context_length_exceeded`` (an InvalidRequestError: a 400), where the
+    prefill's ValueError was a 500; a request beside it is unaffected. The limit is lowered
+    to 60 tokens here (a 3 s clip expands to 75 rows) instead of sending 32k rows of media."""
+    node = next(n for n in model.card.program.nodes if n.name == "media_prompt")
+    monkeypatch.setattr(node.fn, "max_prompt_tokens", 60)
+    eng = AsyncEngine([model])
+    big = eng.add_request(_request("audio"))
+    text_only = eng.add_request(
+        dataclasses.replace(_request("audio"), messages=(ChatMessage("user", "Hello?"),))
+    )
+    with pytest.raises(InvalidRequestError) as err:
+        _ = [c async for c in big]
+    assert (err.value.param, err.value.code) == ("messages", "context_length_exceeded")
+    assert "".join([c.text async for c in text_only if c.text])
+    await eng.shutdown()
+
+
 async def test_aborted_mixed_requests_leave_nothing(model):
     """Fifty requests with audio, images and video, half asking for speech, aborted in three
     waves (queued or encoding, in the thinker, in the talker): no KV block and no queued unit

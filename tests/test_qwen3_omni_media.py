@@ -236,6 +236,34 @@ def test_card_hears_and_greedy_text_matches_transformers(qwen3_omni_folder, mode
     assert model.components["encoder"].num_encoded == 2
 
 
+def test_audio_too_short_for_the_tower_is_a_400_and_the_shortest_runs(model):
+    """200 samples are too few for the log-mel's reflect padding (n_fft / 2), fewer than 160
+    make no frame: ``audio_too_short`` naming the part at submission (it was a 500 from the
+    encode step); 201 samples run."""
+    source = "messages[0].content[0]"
+    too_short = MediaItem.of(MediaKind.AUDIO, _clip()[:200], sample_rate=16000, source=source)
+    with pytest.raises(InvalidRequestError) as err:
+        asyncio.run(_texts(model, [_request(too_short)]))
+    assert (err.value.param, err.value.code) == (source, "audio_too_short")
+    shortest = MediaItem.of(MediaKind.AUDIO, _clip()[:201], sample_rate=16000, source=source)
+    (text,) = asyncio.run(_texts(model, [_request(shortest, 2)]))
+    assert text
+
+
+def test_text_spelling_a_media_placeholder_is_a_400(model):
+    """``<|audio_pad|>`` in the text beside one clip: two placeholders for one item, refused
+    at submission (it was a 500 from the ENCODE step)."""
+    text = "<|audio_pad|> what is said?"
+    req = Request(
+        "qwen3-omni",
+        messages=(ChatMessage("user", text, parts=(_audio(), text)),),
+        sampling=SamplingParams(temperature=0.0, max_new_tokens=2),
+    )
+    with pytest.raises(InvalidRequestError) as err:
+        asyncio.run(_texts(model, [req]))
+    assert (err.value.param, err.value.code) == ("messages", "invalid_value")
+
+
 # ------------------------------------------------------------------ the Captioner
 @pytest.fixture(scope="module")
 def captioner(tmp_path_factory) -> Path:
@@ -412,6 +440,38 @@ def _image(seed: int = 1) -> np.ndarray:
 def _frames() -> np.ndarray:
     """5 frames at 2 fps, 40 x 60 (3 temporal patches: the last frame repeats)."""
     return np.random.default_rng(2).integers(0, 256, (5, 40, 60, 3), dtype=np.uint8)
+
+
+def _sdpa_calls(monkeypatch) -> list[tuple[int, bool]]:
+    """Records ``(key length, had a mask)`` of every SDPA call."""
+    calls: list[tuple[int, bool]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        calls.append((k.shape[-2], attn_mask is not None))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def test_encoders_attend_per_frame_and_window_without_a_square_mask(encoders, monkeypatch):
+    """Memory: the towers attend within each frame / audio window, never over an ``[N, N]``
+    mask of all rows of a batch. A 5900 x 5900 PNG (under --max-image-pixels) is 65,536
+    patches; its dense mask and the SDPA's float copy took 20 GiB and the server was
+    OOM-killed. Two images and a 3-frame video: no call sees more keys than one frame has."""
+    calls = _sdpa_calls(monkeypatch)
+    grids = [(1, 6, 8), (1, 4, 4), (3, 4, 4)]
+    patches = torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 16 * 16)
+    with torch.no_grad():
+        encoders.vision(patches, grids)
+    assert calls and all(not masked for _, masked in calls)
+    assert max(n for n, _ in calls) == 48
+    calls.clear()
+    with torch.no_grad():
+        encoders.audio([torch.randn(128, t) for t in (1000, 250)])  # 130 and 33 rows
+    assert calls and all(not masked for _, masked in calls)
+    assert max(n for n, _ in calls) == encoders.audio.config.window_rows
 
 
 def test_vision_encoder_matches_transformers(ref, encoders):

@@ -330,6 +330,23 @@ async def test_bad_and_out_of_order_events_get_errors_and_the_session_goes_on(tm
                 },
                 "unknown_voice",
             ),
+            # kept, they failed every later response ('max_new_tokens': -1)
+            ({"type": "session.update", "session": {"max_output_tokens": -1}}, "invalid_value"),
+            ({"type": "session.update", "session": {"max_output_tokens": 0}}, "invalid_value"),
+            ({"type": "session.update", "session": {"max_output_tokens": True}}, "invalid_value"),
+            # an audio item of 2 ms: the omni encoders take no such clip, so it failed every
+            # later response of the session
+            (
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_audio", "audio": pcm(tone(0.002))}],
+                    },
+                },
+                "audio_too_short",
+            ),
             (
                 {
                     "type": "conversation.item.create",
@@ -342,6 +359,8 @@ async def test_bad_and_out_of_order_events_get_errors_and_the_session_goes_on(tm
             await conn.send(event)
             error = await until(conn, "error")
             assert error.error.code == code, (event, error.error)
+            if "max_output_tokens" in str(event):
+                assert error.error.param == "session.max_output_tokens", error.error
         assert error.error.param == "item.content"
         first = cases[0][0]
         await conn.send(first)

@@ -46,7 +46,8 @@ def decode_audio(data: bytes, max_seconds: float | None = None) -> DecodedAudio:
             are cut there); None decodes everything.
 
     Raises:
-        AudioDecodeError: empty input, not audio, or no audio stream.
+        AudioDecodeError: empty input, not audio, no audio stream, no samples, or NaN or
+            infinite samples (a float WAV may hold them).
     """
     if not data:
         raise AudioDecodeError("the file is empty")
@@ -117,4 +118,6 @@ def _result(parts: list[np.ndarray], rate: int, limit: int | None) -> DecodedAud
         samples = samples[:limit]
     if not samples.size:
         raise AudioDecodeError("the file holds no audio samples")
+    if not np.isfinite(samples).all():  # float WAVs can hold them; encoders would turn to NaN
+        raise AudioDecodeError("the file holds NaN or infinite samples")
     return DecodedAudio(np.ascontiguousarray(samples, dtype=np.float32), rate, truncated)

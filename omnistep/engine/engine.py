@@ -726,6 +726,9 @@ class AsyncEngine:
 
     def _fail(self, run: RequestRun, exc: Exception, where: str) -> None:
         log.warning("request %s failed in %s: %r", run.ctx.request.request_id, where, exc)
+        if isinstance(exc, InvalidRequestError):  # input found bad late (a kernel node after
+            self._end(run, exc)  # ENCODE): the client's error, a 400, not a failure (500)
+            return
         error = RequestFailedError(f"{where}: {type(exc).__name__}: {exc}")
         error.__cause__ = exc
         self._end(run, error)

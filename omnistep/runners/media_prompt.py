@@ -50,17 +50,59 @@ class MediaRules:
         sample_rate: Hz audio items must have (the feature extractor's, 16 kHz).
         max_audio_seconds: the longest clip the feature extractor reads (its ``chunk_length``,
             300 s published: the processor cuts longer clips there).
+        min_audio_samples: the shortest clip, in samples at ``sample_rate``, from which the
+            audio tower makes at least one row (its stride-2 convs and pooling leave none of
+            fewer mel frames; Qwen2.5-Omni: 321 samples; Qwen3-Omni: 201, what its STFT's
+            reflect padding needs).
+        placeholders: the thinker's media placeholder ids (``MediaTokenIds``); None: not
+            checked (``check_prompt``).
+        max_prompt_tokens: the thinker's ``max_position_embeddings``: a templated prompt of
+            as many tokens is refused (``check_prompt``); None: not checked.
     """
 
     capabilities: frozenset[Capability] = frozenset()
     sample_rate: int = 16000
     max_audio_seconds: float = 300.0
+    min_audio_samples: int = 1
+    placeholders: MediaTokenIds | None = None
+    max_prompt_tokens: int | None = None
+
+    def check_prompt(self, ids: Sequence[int], media: Sequence[MediaItem]) -> None:
+        """Raises InvalidRequestError (param ``messages``) when the templated prompt's
+        placeholder tokens are not one per media item, in order: the messages' text spelled a
+        placeholder (``<|AUDIO|>``, ``<|image_pad|>``, ...), which the tokenizer reads as the
+        special token (it was a 500 from the ENCODE step, or an unfilled placeholder); or
+        when the prompt before media expansion has ``max_prompt_tokens`` tokens or more (code
+        ``context_length_exceeded``, OpenAI's; it was a 500 from the thinker's prefill)."""
+        limit = self.max_prompt_tokens
+        if limit is not None and len(ids) >= limit:
+            raise InvalidRequestError(
+                f"the messages are {len(ids)} tokens, and this model's context is {limit} "
+                "tokens (max_position_embeddings): shorten them",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        if self.placeholders is None:
+            return
+        p = self.placeholders
+        kinds = {p.audio: MediaKind.AUDIO, p.image: MediaKind.IMAGE, p.video: MediaKind.VIDEO}
+        slots = [kinds[t] for t in ids if t in kinds]
+        if slots != [m.kind for m in media]:
+            raise InvalidRequestError(
+                f"the messages hold {len(slots)} media placeholder tokens for {len(media)} "
+                "media parts: their text spells the model's placeholder tokens (such as "
+                "<|AUDIO|>, <|IMAGE|>, <|audio_pad|>, <|image_pad|>); send media as content "
+                "parts and remove those tokens from the text",
+                param="messages",
+                code="invalid_value",
+            )
 
     def check(self, item: MediaItem) -> None:
         """Raises InvalidRequestError naming the item's request part (``MediaItem.source``):
         a kind without its encoder (``unsupported_modality``), audio at another rate
-        (``invalid_audio``) or longer than ``max_audio_seconds`` (``audio_too_long``); a
-        video's audio track is checked as audio."""
+        (``invalid_audio``), longer than ``max_audio_seconds`` (``audio_too_long``) or shorter
+        than ``min_audio_samples`` (``audio_too_short``); a video's audio track is checked as
+        audio."""
         param = item.source or "messages"
         if item.audio is not None:
             self.check(item.audio)
@@ -84,6 +126,14 @@ class MediaRules:
                 f"audio encoder reads ({self.max_audio_seconds:g} s)",
                 param=param,
                 code="audio_too_long",
+            )
+        if item.data.shape[0] < self.min_audio_samples:
+            raise InvalidRequestError(
+                f"{param} lasts {1000 * item.data.shape[0] / self.sample_rate:.1f} ms, shorter "
+                f"than the audio encoder reads ({self.min_audio_samples} samples at "
+                f"{self.sample_rate} Hz)",
+                param=param,
+                code="audio_too_short",
             )
 
 
@@ -334,11 +384,17 @@ class MediaPromptNode:
     Args:
         ids: the placeholder ids (``MediaTokenIds.from_config``).
         spatial_merge_size: the vision encoder's patch merge.
+        max_prompt_tokens: the thinker's ``max_position_embeddings``: an expanded prompt of
+            as many tokens raises InvalidRequestError (``context_length_exceeded``; the engine
+            fails the request with it, a 400, where the prefill's ValueError was a 500).
     """
 
-    def __init__(self, ids: MediaTokenIds, spatial_merge_size: int):
+    def __init__(
+        self, ids: MediaTokenIds, spatial_merge_size: int, max_prompt_tokens: int | None = None
+    ):
         self.ids = ids
         self.spatial_merge_size = spatial_merge_size
+        self.max_prompt_tokens = max_prompt_tokens
 
     def __call__(self, ctx: ProgramContext) -> None:
         media, encoded = ctx.slots["media"], ctx.slots.get("encoded")
@@ -348,6 +404,15 @@ class MediaPromptNode:
         prompt = thinker_prompt(
             ctx.slots["chat_ids"], self.ids, media, encoded, self.spatial_merge_size
         )
+        limit = self.max_prompt_tokens
+        if limit is not None and len(prompt.ids) >= limit:
+            raise InvalidRequestError(
+                f"the messages with their media are {len(prompt.ids)} tokens, and this model's "
+                f"context is {limit} tokens (max_position_embeddings): send fewer or smaller "
+                "media parts",
+                param="messages",
+                code="context_length_exceeded",
+            )
         ctx.slots["thinker_prompt"] = prompt
         ctx.usage["input_tokens"] = len(prompt.ids)
 
@@ -397,17 +462,18 @@ def media_stages(
     description: str,
     ids: MediaTokenIds,
     spatial_merge_size: int,
+    max_prompt_tokens: int | None = None,
 ) -> MediaStages:
     """The ``MediaStages`` of a card whose encoders give ``media_caps`` (empty: no encoder
     component; requests with media are then refused by the frontend's ``MediaRules``).
 
     Args:
         build_encoder: ``device -> MediaEncoderRunner`` (the ``encoder`` component).
-        ids, spatial_merge_size: for ``MediaPromptNode``.
+        ids, spatial_merge_size, max_prompt_tokens: for ``MediaPromptNode``.
     """
     prompt = KernelNode(
         "media_prompt",
-        MediaPromptNode(ids, spatial_merge_size),
+        MediaPromptNode(ids, spatial_merge_size, max_prompt_tokens),
         needs=("chat_ids", "media", *(("encoded",) if media_caps else ())),
         binds=("thinker_prompt",),
     )

@@ -28,6 +28,7 @@ from fastapi.concurrency import run_in_threadpool
 from omnistep.core import InvalidRequestError
 
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _MIN_BASE64_CHARS = 64
 """Shorter strings are taken as paths: no media file is this small, and a path of 64 base64
 characters without a dot is unlikely."""
@@ -174,7 +175,8 @@ async def read_media(
         too_large: the error code for a file over ``policy.max_bytes``.
 
     Raises:
-        InvalidRequestError: param ``param``: bad base64 (``invalid_base64``), a path or URL
+        InvalidRequestError: param ``param``: bad base64 (``invalid_base64``), a URL of
+            another scheme (``unsupported_url_scheme``: ``ftp://``, ``s3://``), a path or URL
             the policy refuses (``local_media_disabled``, ``local_media_forbidden``,
             ``remote_media_disabled``), a missing file (``file_not_found``), too many bytes
             (``too_large``), a failed fetch (``fetch_failed``).
@@ -184,6 +186,14 @@ async def read_media(
         return _data_url(ref, param)
     if lower.startswith(("http://", "https://")):
         return await _fetch(ref, policy, param, too_large)
+    scheme = _URL_SCHEME.match(ref)
+    if scheme and scheme[1].lower() != "file":  # ftp://, s3://, ...: not a relative path
+        raise _bad(
+            f"{param} is a {scheme[1]}:// URL; media may be a data: URL, an http(s) URL or a "
+            "local file path",
+            param,
+            "unsupported_url_scheme",
+        )
     if bare_base64 and not lower.startswith("file://") and _looks_base64(ref):
         return b64decode(ref, param)
     path = local_path(ref, policy, param)

@@ -483,6 +483,14 @@ class RealtimeSession:
             samples = b64_audio(audio, f"{param}.audio")
             if len(samples) > self.max_buffer:
                 raise bad(f"'{param}.audio' is too long", f"{param}.audio", "audio_too_long")
+            if len(samples) < MIN_COMMIT_MS * SAMPLE_RATE // 1000:  # as a commit: the
+                # encoders take no clip of a few ms, and the item would fail every response
+                raise bad(
+                    f"'{param}.audio' holds {1000 * len(samples) / SAMPLE_RATE:.0f} ms; at "
+                    f"least {MIN_COMMIT_MS} ms are needed",
+                    f"{param}.audio",
+                    "audio_too_short",
+                )
             return self._media(samples, f"{item_id}.{param}")
         elif kind == "input_text":
             key = "text"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from omnistep.core import ChatMessage, InvalidRequestError, MediaItem
 from omnistep.server.protocol import OpenAIBody
@@ -123,6 +123,17 @@ class SessionFields(_Body):
     )
     audio: _Audio | None = None
     max_output_tokens: int | Literal["inf"] | None = None
+
+    @field_validator("max_output_tokens", mode="before")
+    @classmethod
+    def _token_cap(cls, value: object) -> object:
+        """1..32768 (the chat API's cap; OpenAI's is 4096) or "inf": 0 or -1 were kept and
+        failed every later response."""
+        if value is None or value == "inf":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 32768:
+            raise ValueError("must be an integer in 1..32768 or 'inf'")
+        return value
 
 
 @dataclass

@@ -63,6 +63,14 @@ def num_audio_tokens(num_frames: int) -> int:
     return ((num_frames - 1) // 2 + 1 - 2) // 2 + 1
 
 
+def min_audio_samples(hop_length: int) -> int:
+    """The fewest samples that give the tower one row: the log-mel keeps ``ceil(n / hop)``
+    frames (``media_features.log_mel``) and ``num_audio_tokens`` needs 3 of them, so
+    ``2 * hop + 1`` (321 at hop 160, 20 ms at 16 kHz)."""
+    frames = next(f for f in range(1, 64) if num_audio_tokens(f) >= 1)
+    return (frames - 1) * hop_length + 1
+
+
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
     """Whisper's position table ``[length, channels]``: sin then cos of ``t * exp(-i *
     log(max_timescale) / (channels / 2 - 1))``."""

@@ -70,6 +70,7 @@ from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop, whole_utterance
+from omnistep.models.qwen2_5_omni.audio_encoder import min_audio_samples
 from omnistep.models.qwen2_5_omni.dit import DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.dit_component import DIT_PREFIX, DiTComponent, token2wav_starts
 from omnistep.models.qwen2_5_omni.encoders import OmniEncoders
@@ -345,7 +346,12 @@ def build_card(
     )
     wants_audio = lambda req: Modality.AUDIO in req.output_modalities  # noqa: E731
     rules = MediaRules(
-        media_caps, int(preprocessor["sampling_rate"]), float(preprocessor["chunk_length"])
+        media_caps,
+        int(preprocessor["sampling_rate"]),
+        float(preprocessor["chunk_length"]),
+        min_audio_samples(int(preprocessor["hop_length"])),
+        MediaTokenIds.from_config(config),
+        int(text.get("max_position_embeddings", 32768)),
     )
     frontend = ChatFrontend(tokenizer, speakers, rules)
     thinker_cfg = config["thinker_config"]
@@ -357,6 +363,7 @@ def build_card(
         "audio tower + vision encoder",
         MediaTokenIds.from_config(config),
         merge,
+        rules.max_prompt_tokens,
     )
     program = Program(
         inputs=("request",),

@@ -16,9 +16,10 @@ and ``vision_utils.py``, 5.24). Input: the image processor's flattened patches `
 - Merger: RMSNorm, 4 neighbouring patches concatenated, Linear-GELU-Linear to the thinker width:
   one output row per ``merge ** 2`` patches.
 
-Batching: attention segments (frames, windows) of equal length run as one batched SDPA call.
+Batching: attention segments (frames, windows) of equal length run as one batched SDPA call
+(``layers.segment_attention``).
 
-Imports torch only.
+Imports torch and ``omnistep.layers``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from omnistep.layers.segment_attention import segment_attention
 
 
 @dataclass(frozen=True)
@@ -116,30 +119,6 @@ def window_index(
         lengths.extend(int(s) * merge * merge for s in sizes if s > 0)
         offset += t * gh * gw
     return torch.cat(order), lengths
-
-
-def segment_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int]
-) -> torch.Tensor:
-    """Attention within consecutive segments of ``lengths`` rows: ``q``, ``k``, ``v``
-    ``[heads, N, head_dim]`` -> ``[heads, N, head_dim]``; segments of one length run as one
-    batched call."""
-    starts = [0]
-    for n in lengths:
-        starts.append(starts[-1] + n)
-    out = torch.empty_like(q)
-    by_length: dict[int, list[int]] = {}
-    for i, n in enumerate(lengths):
-        by_length.setdefault(n, []).append(starts[i])
-    for n, firsts in by_length.items():
-        idx = (torch.tensor(firsts)[:, None] + torch.arange(n)[None, :]).flatten()
-
-        def take(x: torch.Tensor, idx: torch.Tensor = idx, n: int = n) -> torch.Tensor:
-            return x[:, idx].view(x.shape[0], -1, n, x.shape[-1]).transpose(0, 1)
-
-        res = F.scaled_dot_product_attention(take(q), take(k), take(v))  # [segs, heads, n, hd]
-        out[:, idx] = res.transpose(0, 1).reshape(q.shape[0], -1, q.shape[-1])
-    return out
 
 
 class _RMSNorm(nn.Module):

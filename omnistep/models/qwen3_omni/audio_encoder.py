@@ -12,7 +12,9 @@ modeling_qwen3_omni_moe.py; written here from its description, weights by its na
    chunk gives 13 rows (``output_lengths``).
 3. The rows of all chunks, in order, go through ``encoder_layers`` pre-LayerNorm transformer
    layers whose (bidirectional) attention is cut into windows of ``13 * n_window_infer /
-   (2 * n_window)`` rows (104 published, 8 s), each clip's windows on their own.
+   (2 * n_window)`` rows (104 published, 8 s), each clip's windows on their own (one
+   attention call per window length, ``layers.segment_attention``: no ``[rows, rows]`` mask,
+   which for a batch of long clips grew with the square of all their rows).
 4. ``ln_post``, ``proj1``, GELU, ``proj2`` -> ``[rows, output_dim]`` (the thinker's width).
 
 Padding. transformers zero-pads every chunk to the longest chunk of its batch before the
@@ -23,7 +25,7 @@ clip has a full chunk, else to the clip's own length (a clip under ``2 * n_windo
 its own chunk, unpadded). A clip's rows are then transformers' rows for that clip processed
 alone, whatever it is batched with (chunks of one padded length share a conv call).
 
-Imports numpy, torch.
+Imports numpy, torch and ``omnistep.layers``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from omnistep.layers.segment_attention import segment_attention
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,15 @@ class AudioEncoderConfig:
         )
 
 
+def min_audio_samples(hop_length: int, n_fft: int) -> int:
+    """The fewest samples that give the tower one row: the unpadded log-mel keeps ``n // hop``
+    frames (``media_features.log_mel_unpadded``) and one frame gives one row, and its STFT
+    reflect-pads ``n_fft // 2`` samples, which needs more than that many: 201 at hop 160,
+    n_fft 400 (12.6 ms at 16 kHz)."""
+    frames = next(f for f in range(1, 64) if conv_output_length(f) >= 1)
+    return max(frames * hop_length, n_fft // 2 + 1)
+
+
 def conv_output_length(frames: int) -> int:
     """Time steps after the three stride-2 convs of a chunk of ``frames`` mel frames."""
     for _ in range(3):
@@ -122,13 +135,13 @@ class _Attention(nn.Module):
         self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
         self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, windows: Sequence[int]) -> torch.Tensor:
         n, d = x.shape
         shape = (n, self.heads, d // self.heads)
         q, k, v = (
             p(x).view(shape).transpose(0, 1) for p in (self.q_proj, self.k_proj, self.v_proj)
         )
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [H, n, hd]
+        out = segment_attention(q, k, v, windows)  # [H, n, hd]
         return self.out_proj(out.transpose(0, 1).reshape(n, d))
 
 
@@ -142,8 +155,8 @@ class _Layer(nn.Module):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), mask)
+    def forward(self, x: torch.Tensor, windows: Sequence[int]) -> torch.Tensor:
+        x = x + self.self_attn(self.self_attn_layer_norm(x), windows)
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
@@ -193,9 +206,9 @@ class Qwen3AudioEncoder(nn.Module):
         kept = [conv_output_length(p.shape[1]) for mel in mels for p in mel.split(size, dim=1)]
         x = torch.cat([r[:n] for r, n in zip(rows, kept, strict=True)])  # [rows, d]
         lengths = [cfg.output_length(m.shape[1]) for m in mels]
-        mask = self._window_mask(lengths, x.device)
+        windows = self._windows(lengths)
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, windows)
         x = self.proj2(F.gelu(self.proj1(self.ln_post(x))))
         return list(x.split(lengths))
 
@@ -208,14 +221,8 @@ class Qwen3AudioEncoder(nn.Module):
         x = self.conv_out(x.permute(0, 3, 1, 2).reshape(b, t, c * f))
         return x + self.positions[:t].to(x.dtype)
 
-    def _window_mask(self, lengths: Sequence[int], device: torch.device) -> torch.Tensor:
-        """bool ``[rows, rows]``: True where two rows share a window (of one clip)."""
+    def _windows(self, lengths: Sequence[int]) -> list[int]:
+        """The attention windows' lengths in rows, in order: each clip's rows cut into
+        ``window_rows`` (its last window shorter)."""
         window = self.config.window_rows
-        ids: list[torch.Tensor] = []
-        offset = 0
-        for n in lengths:
-            index = torch.arange(n, device=device) // window + offset
-            ids.append(index)
-            offset = int(index[-1]) + 1 if n else offset
-        flat = torch.cat(ids)
-        return flat[:, None] == flat[None, :]
+        return [min(window, n - start) for n in lengths for start in range(0, n, window)]

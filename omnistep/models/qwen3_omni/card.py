@@ -74,6 +74,7 @@ from omnistep.layers.codec_decoder import SAMPLE_RATE
 from omnistep.layers.device import check_device
 from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
+from omnistep.models.qwen3_omni.audio_encoder import min_audio_samples
 from omnistep.models.qwen3_omni.encoders import Qwen3OmniEncoders, read_settings
 from omnistep.models.qwen3_omni.frontend import CaptionerFrontend, ChatFrontend, load_tokenizer
 from omnistep.models.qwen3_omni.loader import Qwen3OmniCheckpoint
@@ -224,13 +225,20 @@ def build_card(
         ({Capability.AUDIO_INPUT} if hears else set())
         | ({Capability.IMAGE_INPUT, Capability.VIDEO_INPUT} if sees else set())
     )
-    rules = MediaRules(media_caps, int(settings["sampling_rate"]), float(settings["chunk_length"]))
-    make_frontend = CaptionerFrontend if kind == "captioner" else ChatFrontend
-    frontend = make_frontend(tokenizer, ids.speakers if ids else {}, rules)
     audio_end = tokenizer.convert_tokens_to_ids("<|audio_end|>")
     token_ids = dataclasses.replace(
         MediaTokenIds.from_config(config, audio_end=audio_end), interleave="time"
     )
+    rules = MediaRules(
+        media_caps,
+        int(settings["sampling_rate"]),
+        float(settings["chunk_length"]),
+        min_audio_samples(int(settings["hop_length"]), int(settings["n_fft"])),
+        token_ids,
+        ThinkerTextConfig.from_dict(config).max_position_embeddings,
+    )
+    make_frontend = CaptionerFrontend if kind == "captioner" else ChatFrontend
+    frontend = make_frontend(tokenizer, ids.speakers if ids else {}, rules)
     merge = int(config["thinker_config"].get("vision_config", {}).get("spatial_merge_size", 2))
     # Weights load only in the builders: the serving process builds the card too. The thinker
     # leaves its embedding here for the talker, which otherwise reads that tensor itself.
@@ -291,6 +299,7 @@ def build_card(
         "audio tower + vision encoder",
         token_ids,
         merge,
+        rules.max_prompt_tokens,
     )
     nodes: list[Any] = [
         KernelNode(

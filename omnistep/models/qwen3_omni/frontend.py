@@ -108,6 +108,7 @@ class ChatFrontend:
         for item in media:
             self.media.check(item)
         ids = chat_prompt_ids(self.tokenizer, req.messages)
+        self.media.check_prompt(ids, media)
         ctx.slots["chat_ids"] = tuple(ids)
         ctx.slots["media"] = encode_list(media)
         if self.speakers:

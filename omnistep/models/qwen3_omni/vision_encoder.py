@@ -20,7 +20,11 @@ modeling_qwen3_omni_moe.py; written here from its description, weights by its na
    concatenated block) gives deepstack feature ``k``, which the thinker adds to the visual
    positions' hidden states after its decoder layer ``k``.
 
-Imports torch.
+Attention within a frame runs per frame (``layers.segment_attention``, no ``[N, N]`` mask:
+a 12.8-megapixel image is 65,536 patches, whose dense mask alone took 4 GiB and its SDPA's
+float copy 16 GiB).
+
+Imports torch and ``omnistep.layers``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from omnistep.layers.segment_attention import segment_attention
 
 
 @dataclass(frozen=True)
@@ -110,16 +116,14 @@ class _Attention(nn.Module):
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, frames: Sequence[int]
     ) -> torch.Tensor:
         n, d = x.shape
         q, k, v = self.qkv(x).view(n, 3, self.heads, -1).unbind(1)  # [n, H, hd]
         c, s = cos[:, None].float(), sin[:, None].float()
         q = (q.float() * c + _rotate_half(q.float()) * s).to(x.dtype)
         k = (k.float() * c + _rotate_half(k.float()) * s).to(x.dtype)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
-        )
+        out = segment_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), frames)
         return self.proj(out.transpose(0, 1).reshape(n, d))
 
 
@@ -142,8 +146,8 @@ class _Block(nn.Module):
         self.attn = _Attention(config)
         self.mlp = _Mlp(config)
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+    def forward(self, x, cos, sin, frames):
+        x = x + self.attn(self.norm1(x), cos, sin, frames)
         return x + self.mlp(self.norm2(x))
 
 
@@ -214,29 +218,25 @@ class Qwen3VisionEncoder(nn.Module):
         if patches.ndim != 2 or patches.shape[0] != total:
             raise ValueError(f"{tuple(patches.shape)} patches for grids {list(grids)}")
         x = self.patch_embed(patches)
-        pos, rows, cols, frames = [], [], [], []
+        pos, rows, cols = [], [], []
         side = int(cfg.num_position_embeddings**0.5)
         table = self.pos_embed.weight.view(side, side, -1).permute(2, 0, 1)[None]
-        frame = 0
         for t, h, w in grids:
             grid = F.interpolate(table.float(), size=(h, w), mode="bilinear", align_corners=True)
             r, c = merge_order(h, w, cfg.spatial_merge_size)
             pos.append(grid[0][:, r, c].T.repeat(t, 1))
             rows.append(r.repeat(t))
             cols.append(c.repeat(t))
-            frames.append(torch.arange(frame, frame + t).repeat_interleave(h * w))
-            frame += t
         x = x + torch.cat(pos).to(x.dtype)
         device = x.device
         r = torch.cat(rows).to(device)[:, None].float() * self.inv_freq
         c = torch.cat(cols).to(device)[:, None].float() * self.inv_freq
         angles = torch.cat([r, c, r, c], dim=-1)
         cos, sin = angles.cos(), angles.sin()
-        ids = torch.cat(frames).to(device)
-        mask = ids[:, None] == ids[None, :]
+        frames = [h * w for t, h, w in grids for _ in range(t)]  # attention segments
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, mask)
+            x = block(x, cos, sin, frames)
             if i in cfg.deepstack_visual_indexes:
                 deepstack.append(self.merger_list[cfg.deepstack_visual_indexes.index(i)](x))
         return self.merger(x), deepstack
