@@ -221,6 +221,27 @@ async def test_unknown_voice_and_unspeakable_input(engine):
     assert info.value.param == "input"
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+async def test_digits_of_other_forms_and_huge_numbers_are_spoken(engine, normalize):
+    """Inputs that made hibari's G2P raise (a 500): fullwidth and circled digits (``int("①")``
+    fails), and numbers past its largest scale word (IndexError), also with the text
+    front-end off. They are read as ASCII digits; a huge number digit by digit."""
+    texts = [
+        "\uff11\uff12\uff13" * 20,  # fullwidth digits: one 60-digit number
+        "x\u00b2 y\u00b3 \u2460\u2461\u2462a",
+        "1" * 46,
+        "$" + "1" * 46,
+        "1" * 44 + "th",
+        "1," + ",".join(["111"] * 14),
+    ]
+    for text in texts:
+        out = await collect(engine, Request("hibari", text=text, seed=1, normalize_text=normalize))
+        assert out.audio.size > 0, text
+    same = await collect(engine, Request("hibari", text="\uff11\uff12\uff13", seed=1))
+    ascii_ = await collect(engine, Request("hibari", text="123", seed=1))
+    assert same.audio.tobytes() == ascii_.audio.tobytes()
+
+
 async def test_speed_changes_duration(engine):
     text = SENTENCES[0]
     normal = await collect(engine, Request("hibari", text=text, seed=1))
