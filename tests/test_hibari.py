@@ -242,6 +242,20 @@ async def test_digits_of_other_forms_and_huge_numbers_are_spoken(engine, normali
     assert same.audio.tobytes() == ascii_.audio.tobytes()
 
 
+def test_g2p_gets_no_invisible_characters_and_no_long_tokens():
+    """hibari's G2P takes about cubic time in a token's length (800 characters of camelCase
+    took 58 s on the event loop; 4,000 zero-width spaces and one letter, 39 s): format
+    characters are dropped and runs over MAX_WORD_CHARS cut before it reads them."""
+    from omnistep.runners.misaki import MAX_WORD_CHARS, g2p_safe
+
+    assert g2p_safe("\u200b" * 4000 + "x") == "x"
+    assert g2p_safe("\u202eHi\u202c the\u00adre") == "Hi there"
+    runs = g2p_safe("aB" * 2000).split(" ")
+    assert "".join(runs) == "aB" * 2000 and max(map(len, runs)) == MAX_WORD_CHARS
+    text = "Hello there, how are you? pneumonoultramicroscopic is long."
+    assert g2p_safe(text) == text  # ordinary text is untouched
+
+
 async def test_speed_changes_duration(engine):
     text = SENTENCES[0]
     normal = await collect(engine, Request("hibari", text=text, seed=1))
