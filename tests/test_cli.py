@@ -128,6 +128,29 @@ def test_say_with_missing_weights_is_one_line(tmp_path):
     assert not out.exists()
 
 
+def test_python_m_omnistep_is_the_command():
+    """``python -m omnistep`` runs the CLI, as ``omnistep`` does (a venv not on PATH)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "omnistep", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: omnistep serve")
+    bad = subprocess.run(
+        [sys.executable, "-m", "omnistep", "serve", "--model", "nope"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert_one_error_line(bad, "nope")
+
+
 def test_a_model_given_twice_is_one_line():
     proc = omnistep_cmd("serve", "--model", "toy", "--model", "toy", "--port", str(free_port()))
     assert_one_error_line(proc, "both answer to the model name 'toy'", "--served-model-name")
@@ -522,12 +545,3 @@ def test_serving_docs_synopsis_lists_every_flag():
     serve = _subparsers(build_parser())["serve"]
     flags = {s for a in serve._actions for s in a.option_strings if s.startswith("--")}
     assert flags - {"--help"} - listed == set()
-
-
-def test_python_dash_m_omnistep_runs_the_command():
-    """``python -m omnistep`` is the ``omnistep`` command (there was no ``__main__``)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "omnistep", "--version"], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert "omnistep" in done.stdout

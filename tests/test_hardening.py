@@ -252,6 +252,24 @@ def test_body_messages_are_specific(base):
     assert "'messages'" in r.json()["error"]["message"]
 
 
+def test_unparsable_bodies_say_why(base):
+    """A body that cannot be parsed says what is wrong with it: the decoder's reason and where,
+    invalid UTF-8, or nesting too deep to decode (not "is it UTF-8?" for valid UTF-8)."""
+
+    def message(body: bytes) -> str:
+        r = httpx.post(base + SPEECH, content=body, headers=JSON)
+        return _check_error(r, 400, None)["message"]
+
+    assert message(b'{"model": "toy", "input": ') == (
+        "The request body is not valid JSON: Expecting value (at character 26)."
+    )
+    assert message(b'{"model": "toy", "input": "\xff\xfe"}') == (
+        "The request body could not be read as JSON text: it is not valid UTF-8."
+    )
+    deep = b'{"model": "toy", "input": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert message(deep) == "The request body is nested too deeply to be read as JSON."
+
+
 def test_cors_is_off_by_default(base):
     origin = {"origin": "http://app.example"}
     preflight = httpx.options(

@@ -221,6 +221,41 @@ async def test_unknown_voice_and_unspeakable_input(engine):
     assert info.value.param == "input"
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+async def test_digits_of_other_forms_and_huge_numbers_are_spoken(engine, normalize):
+    """Inputs that made hibari's G2P raise (a 500): fullwidth and circled digits (``int("①")``
+    fails), and numbers past its largest scale word (IndexError), also with the text
+    front-end off. They are read as ASCII digits; a huge number digit by digit."""
+    texts = [
+        "\uff11\uff12\uff13" * 20,  # fullwidth digits: one 60-digit number
+        "x\u00b2 y\u00b3 \u2460\u2461\u2462a",
+        "1" * 46,
+        "$" + "1" * 46,
+        "1" * 44 + "th",
+        "1," + ",".join(["111"] * 14),
+    ]
+    for text in texts:
+        out = await collect(engine, Request("hibari", text=text, seed=1, normalize_text=normalize))
+        assert out.audio.size > 0, text
+    same = await collect(engine, Request("hibari", text="\uff11\uff12\uff13", seed=1))
+    ascii_ = await collect(engine, Request("hibari", text="123", seed=1))
+    assert same.audio.tobytes() == ascii_.audio.tobytes()
+
+
+def test_g2p_gets_no_invisible_characters_and_no_long_tokens():
+    """hibari's G2P takes about cubic time in a token's length (800 characters of camelCase
+    took 58 s on the event loop; 4,000 zero-width spaces and one letter, 39 s): format
+    characters are dropped and runs over MAX_WORD_CHARS cut before it reads them."""
+    from omnistep.runners.misaki import MAX_WORD_CHARS, g2p_safe
+
+    assert g2p_safe("\u200b" * 4000 + "x") == "x"
+    assert g2p_safe("\u202eHi\u202c the\u00adre") == "Hi there"
+    runs = g2p_safe("aB" * 2000).split(" ")
+    assert "".join(runs) == "aB" * 2000 and max(map(len, runs)) == MAX_WORD_CHARS
+    text = "Hello there, how are you? pneumonoultramicroscopic is long."
+    assert g2p_safe(text) == text  # ordinary text is untouched
+
+
 async def test_speed_changes_duration(engine):
     text = SENTENCES[0]
     normal = await collect(engine, Request("hibari", text=text, seed=1))

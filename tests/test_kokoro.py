@@ -414,6 +414,38 @@ async def test_unknown_and_malformed_voices_answer_400(kokoro_folder, tmp_path):
         await engine.shutdown()
 
 
+async def test_a_blend_is_saved_as_a_voice_and_speaks_as_its_spec(kokoro_folder, tmp_path):
+    """A saved voice may be any voice a request may name: a blend included (the card's
+    voice_validator is the frontend's check, not membership in the listed names)."""
+    import httpx
+
+    from omnistep.core import ModelInstance
+    from omnistep.engine import AsyncEngine
+    from omnistep.server import ServerConfig, build_app
+
+    card = registry.build_card(f"kokoro={kokoro_folder}")
+    engine = AsyncEngine([ModelInstance.load(card)])
+    app = build_app(engine, ServerConfig(voices_db=str(tmp_path / "voices.db")))
+    blend = "jf_alpha(2)+jm_kumo(1)"
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test/") as client:
+            saved = {"name": "duo", "model": "kokoro", "voice": blend}
+            r = await client.post("/v1/audio/voices", json=saved)
+            assert r.status_code == 201, r.text
+            malformed = {**saved, "name": "bad", "voice": "a++b"}
+            r = await client.post("/v1/audio/voices", json=malformed)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_voice"
+            body = {"model": "kokoro", "input": "Hello.", "response_format": "pcm", "seed": 1}
+            by_name = await client.post("/v1/audio/speech", json={**body, "voice": "duo"})
+            by_spec = await client.post("/v1/audio/speech", json={**body, "voice": blend})
+            plain = await client.post("/v1/audio/speech", json={**body, "voice": "jf_alpha"})
+            assert by_name.status_code == by_spec.status_code == plain.status_code == 200
+            assert by_name.content == by_spec.content != plain.content
+    finally:
+        await engine.shutdown()
+
+
 def test_british_voices_are_read_with_the_british_g2p(bank):
     """Kokoro-FastAPI picks the G2P's language from the voice name's first letter (the first
     voice of a blend); an OpenAI name reads as the pack it maps to."""

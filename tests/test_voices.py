@@ -78,6 +78,7 @@ async def test_crud_round_trip(tmp_path):
         assert r.json() == {
             "object": "list",
             "data": [{"object": "audio.voice", "name": "default", "model": "toy", "builtin": True}],
+            "voices": [{"id": "default", "name": "default"}],  # Kokoro-FastAPI's shape
         }
         assert not db.exists()  # nothing saved yet: no file
 
@@ -94,6 +95,7 @@ async def test_crud_round_trip(tmp_path):
             assert _names(r, builtin=True) == ["default"]
             assert _names(r, builtin=False) == ["narrator"]
             assert r.json()["data"][1] == saved
+            assert [v["id"] for v in r.json()["voices"]] == ["default", "narrator"]
 
         r = await c.delete(VOICES + "/narrator?model=toy")
         assert r.status_code == 200, r.text

@@ -29,7 +29,10 @@ Imports: stdlib, hibari-tts (lazily), ``omnistep.core``, ``omnistep.text``.
 from __future__ import annotations
 
 import functools
+import logging
+import re
 import threading
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -54,6 +57,60 @@ _QUOTES = "\"'“”‘’()[]{}«»"
 """Stripped from the ends of a word's text (a token may keep its quotes: ``"Quoted"``)."""
 
 _G2P_LOCK = threading.Lock()
+
+log = logging.getLogger(__name__)
+
+MAX_NUMBER_DIGITS = 36
+"""Digits of the longest number hibari's G2P reads as a number: its largest scale word is
+"decillion" (10**33, ``hibari/g2p/numbers.py`` ``SCALES``), so a longer number raises
+IndexError in ``cardinal``."""
+
+_NUMBER_RUN = re.compile(r"[0-9][0-9,]*")
+
+MAX_WORD_CHARS = 32
+"""Longest run of non-space characters the G2P gets whole; longer runs are cut into pieces of
+this many characters. hibari's G2P takes time that grows about as the cube of a token's length
+when it splits the token into parts (camelCase, hyphens): measured on the 2-core CI machine,
+64 characters of ``aB`` 0.23 s, 800 of them 58 s, all on the server's event loop; 32
+characters take 0.01-0.15 s. English words are shorter than this but for a few."""
+
+_LONG_RUN = re.compile(rf"\S{{{MAX_WORD_CHARS + 1},}}")
+
+
+def _cut_long_run(match: re.Match[str]) -> str:
+    run = match.group()
+    return " ".join(run[i : i + MAX_WORD_CHARS] for i in range(0, len(run), MAX_WORD_CHARS))
+
+
+def _ascii_digit(char: str) -> str:
+    """A character ``str.isdigit`` takes for a digit, as its ASCII digit (``"１"``, ``"٣"``,
+    ``"²"``, ``"①"``); other characters unchanged."""
+    if char.isascii() or not char.isdigit():
+        return char
+    return str(unicodedata.digit(char))
+
+
+def _spaced_long_number(match: re.Match[str]) -> str:
+    digits = match.group().replace(",", "")
+    return " ".join(digits) if len(digits) > MAX_NUMBER_DIGITS else match.group()
+
+
+def g2p_safe(text: str) -> str:
+    """``text`` as hibari's G2P can read it: digits of other scripts and forms (fullwidth,
+    Arabic-Indic, superscript, circled) as ASCII digits, since its tokenizer takes them for
+    numbers and ``int()`` fails on some (``"①"``); and numbers of more than
+    ``MAX_NUMBER_DIGITS`` digits spaced out, read digit by digit (they raised IndexError).
+    The text front-end spells long numbers out already; this covers
+    ``normalization_options.normalize: false`` and digits it does not know.
+
+    Also drops invisible format characters (Unicode category Cf: zero-width spaces, bidi
+    controls, soft hyphens), which joined a whole input into one token, and cuts runs of
+    non-space characters longer than ``MAX_WORD_CHARS`` (the G2P's time grows with the cube of
+    a token's length: 4,000 zero-width spaces took 39 s)."""
+    if not text.isascii():
+        text = "".join(_ascii_digit(c) for c in text if unicodedata.category(c) != "Cf")
+    text = _NUMBER_RUN.sub(_spaced_long_number, text)
+    return _LONG_RUN.sub(_cut_long_run, text)
 
 
 @functools.cache
@@ -133,10 +190,10 @@ class MisakiFrontend:
 
     def phonemes(self, text: str, british: bool = False) -> str:
         """hibari's G2P (British with ``british``) of one piece of text: a misaki phoneme
-        string, e.g. ``"həlˈO."``."""
+        string, e.g. ``"həlˈO."`` (of ``g2p_safe(text)``)."""
         g2p = english_g2p(british)
         with _G2P_LOCK:  # the tagger and lexicon caches are not meant for concurrent calls
-            return g2p(text)
+            return g2p(g2p_safe(text))
 
     def read(self, text: str, british: bool = False) -> tuple[str, list[tuple[str, int, int]]]:
         """``phonemes(text, british)`` and its words: ``(phonemes, [(word, start, end)])``
@@ -144,12 +201,26 @@ class MisakiFrontend:
 
         The string is joined from the G2P's tokens as hibari's ``G2P.__call__`` joins them (a
         token's phonemes, then a space where the text had one; stripped), so it is the same.
+        The G2P reads ``g2p_safe(text)``.
+
+        Raises:
+            InvalidRequestError: (``param="input"``, ``code="unreadable_input"``) the G2P
+                raised on this text (a 400 naming the piece, not a 500).
         """
         from hibari.g2p import normalize
 
         g2p = english_g2p(british)
-        with _G2P_LOCK:  # the tagger and lexicon caches are not meant for concurrent calls
-            tokens = g2p.phonemize_tokens(g2p.tokenize(normalize(text)))
+        try:
+            with _G2P_LOCK:  # the tagger and lexicon caches are not meant for concurrent calls
+                tokens = g2p.phonemize_tokens(g2p.tokenize(normalize(g2p_safe(text))))
+        except Exception as exc:  # noqa: BLE001 - third-party code over a client's text
+            log.warning("hibari's G2P failed on %r", text[:80], exc_info=exc)
+            raise InvalidRequestError(
+                f"The input could not be read by the English G2P near {text[:40]!r} "
+                f"({type(exc).__name__}); rephrase that part.",
+                param="input",
+                code="unreadable_input",
+            ) from exc
         parts: list[str] = []
         words: list[tuple[str, int, int]] = []
         pos = 0

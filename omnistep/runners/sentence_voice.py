@@ -577,7 +577,8 @@ def sentence_card(
     """The card of a sentence voice.
 
     Program: ``frontend`` (kernel node: ``check_voice(request.voice)`` when a voice is given,
-    default ``voice_checker(card_id, voices)``; then ``frontend.sentences``) -> the
+    default ``voice_checker(card_id, voices)``, also the card's ``voice_validator``; then
+    ``frontend.sentences``) -> the
     ``sentences`` loop (``SentenceLoop``), one AUDIO_CHUNK unit per sentence on the component
     ``voice`` (``build_voice(device)``; its ``execute(kind, payloads)`` returns a
     ``SentenceAudio`` per payload), at most ``MAX_CONCURRENT_SENTENCES`` running at once.
@@ -589,12 +590,13 @@ def sentence_card(
         word_timestamps: the front-end fills ``Sentence.words``, so audio chunks carry word
             times (``Capability.WORD_TIMESTAMPS``).
     """
+    check_voice = check_voice or voice_checker(card_id, voices)
     program = Program(
         inputs=("request",),
         nodes=(
             KernelNode(
                 "frontend",
-                _frontend_node(frontend, check_voice or voice_checker(card_id, voices)),
+                _frontend_node(frontend, check_voice),
                 needs=("request",),
                 binds=("sentences",),
             ),
@@ -631,6 +633,9 @@ def sentence_card(
         aliases=aliases,
         voices=voices,
         default_voice=default_voice,
+        # the same check as the frontend's, so that a saved voice may be any voice a request
+        # may name (a Kokoro blend, not only a listed name)
+        voice_validator=check_voice,
         parity=parity,
         description=description,
         # Sentences gain nothing from batching, so a burst starts as many requests at a time

@@ -243,6 +243,27 @@ def _content_part(loc: list) -> str | None:
     return None
 
 
+def _json_invalid_message(error: dict) -> str:
+    """What is wrong with a body that is not JSON, and where: FastAPI's ``json_invalid``
+    error says only "JSON decode error"; its ``ctx.error`` holds the decoder's reason and its
+    ``loc`` the character offset."""
+    reason = (error.get("ctx") or {}).get("error") or error.get("msg") or "decode error"
+    loc = tuple(error.get("loc", ()))
+    where = f" (at character {loc[1]})" if len(loc) == 2 and isinstance(loc[1], int) else ""
+    return f"The request body is not valid JSON: {reason}{where}."
+
+
+def unreadable_body_message(cause: BaseException | None) -> str:
+    """The message for a body FastAPI could not parse (its 400 "There was an error parsing
+    the body"), by the exception it caught (``cause``): invalid UTF-8, or JSON nested deeper
+    than the decoder recurses (``RecursionError``)."""
+    if isinstance(cause, UnicodeError):
+        return "The request body could not be read as JSON text: it is not valid UTF-8."
+    if isinstance(cause, RecursionError):
+        return "The request body is nested too deeply to be read as JSON."
+    return "The request body could not be read as JSON."
+
+
 def validation_message(
     exc: RequestValidationError, content_type: str | None = None
 ) -> tuple[str, str | None]:
@@ -253,7 +274,7 @@ def validation_message(
         return "invalid request body", None
     first = errors[0]
     if first.get("type") == "json_invalid":
-        return f"The request body is not valid JSON: {first.get('msg', 'decode error')}", None
+        return _json_invalid_message(first), None
     if tuple(first.get("loc", ())) == ("body",):  # the body as a whole is wrong
         if not _is_json(content_type):
             return "The body must be JSON, sent with 'Content-Type: application/json'.", None
@@ -286,7 +307,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == UNREADABLE_BODY:  # e.g. not UTF-8
-            message = "The request body could not be read as JSON text (is it UTF-8?)."
+            message = unreadable_body_message(exc.__cause__)
             return error_response(400, message, code="invalid_value")
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return error_response(

@@ -344,7 +344,11 @@ class VoiceCreate(OpenAIBody):
 @router.get("/v1/audio/voices")
 def list_voices(http: HttpRequest, model: str | None = None) -> dict:
     """Voices of ``model`` (every served model when omitted): built-in ones, then saved ones
-    by name. Saved voices of models not served now are left out."""
+    by name. Saved voices of models not served now are left out.
+
+    ``data`` holds the voice objects; ``voices`` the same names once each, as
+    Kokoro-FastAPI's ``GET /v1/audio/voices`` answers (``[{"id", "name"}]``: Open WebUI reads
+    ``voices[i]["id"]`` and otherwise falls back to OpenAI's six names)."""
     engine = _engine(http)
     cards = [engine.resolve(model).card] if model else [m.card for m in engine.models.values()]
     store = _require_store(http)
@@ -352,7 +356,9 @@ def list_voices(http: HttpRequest, model: str | None = None) -> dict:
     for card in cards:
         data += _builtin(card)
         data += [v.to_dict() for v in store.list(card.card_id)]
-    return {"object": "list", "data": data}
+    names = dict.fromkeys(v["name"] for v in data)  # first-seen order, once each
+    voices = [{"id": name, "name": name} for name in names]
+    return {"object": "list", "data": data, "voices": voices}
 
 
 _UPLOAD_FIELDS = {
