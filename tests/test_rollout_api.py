@@ -245,7 +245,7 @@ def test_bad_weight_updates_are_400s_naming_the_field(base, kwargs, param, says)
     if kwargs.pop("upload", False):
         kwargs.setdefault("content", save({"table": np.ascontiguousarray(ToyLM().table)}))
         kwargs["headers"] = {"Content-Type": "application/x-safetensors"}
-    reply = httpx.post(base + "/v1/weights", **kwargs)
+    reply = httpx.post(base + "/v1/weights", timeout=60, **kwargs)  # a loaded CI box
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param and says in error["message"], error

@@ -104,6 +104,7 @@ TAMPERED = {  # edit of sample 0's loop -> the param the 400 names ("" : a sampl
     "float id": (lambda loop, _: loop["tokens"].__setitem__(0, [1.5]), "tokens"),
     "ragged": (lambda loop, _: loop["tokens"].__setitem__(0, [1, 2]), "tokens"),
     "no frame": (lambda loop, _: loop.update(tokens=[], logprobs=[], mask=[]), "tokens"),
+    "no codebook": (lambda loop, _: loop.update(tokens=[[] for _ in loop["tokens"]]), "tokens"),
     "2 codebooks": (
         lambda loop, _: loop.update(
             tokens=[t * 2 for t in loop["tokens"]], logprobs=None, mask=None

@@ -278,7 +278,7 @@ def _json_tokens(rows: list, param: str) -> np.ndarray:
     ok = bool(rows) and all(
         isinstance(row, list)
         and all(type(t) is int and 0 <= t < 2**63 for t in row)
-        and len(row) == len(rows[0])
+        and len(row) == len(rows[0]) >= 1
         for row in rows
     )
     if not ok:
