@@ -63,6 +63,7 @@ from omnistep.core import (
     ExecutionProfile,
     FlowPatches,
     InvalidRequestError,
+    LoopNode,
     Modality,
     ModelInstance,
     Request,
@@ -950,6 +951,7 @@ def score_samples(
                 out[i][name] = loop.score_steps(model, list(sample.denoise[name].steps))
                 continue
             actions = sample.loops[name]
+            _check_actions(model, name, actions, i)
             key = (card_id, name, mode or actions.mode)
             if actions.flow is not None:  # an AR loop with an inner flow solve (VoxCPM2)
                 flows.setdefault(key, []).append((i, sample, actions))
@@ -963,17 +965,25 @@ def score_samples(
     for (card_id, name, loop_mode), items in pending.items():
         model = _scoring_model(engine, card_id, copy, trainer)
         loop = model.loops[_loop_id(model, name)]
-        scores = _score_loop(
-            loop,
-            model,
-            items,
-            loop_mode,
-            match_serving,
-            entropy,
-            batch_size,
-            f"{card_id}/{name}",
-            routing_replay,
-        )
+        try:
+            scores = _score_loop(
+                loop,
+                model,
+                items,
+                loop_mode,
+                match_serving,
+                entropy,
+                batch_size,
+                f"{card_id}/{name}",
+                routing_replay,
+            )
+        except ValueError as exc:  # recorded actions the component refuses (ids, widths)
+            if isinstance(exc, InvalidRequestError):
+                raise
+            raise InvalidRequestError(
+                f"loop '{name}' of '{card_id}' cannot replay these actions: {exc}",
+                param="samples",
+            ) from exc
         for (i, _, actions), (logprobs, ent) in zip(items, scores, strict=True):
             if masked:
                 logprobs, ent = (
@@ -1073,7 +1083,54 @@ def _loop_names(sample: RolloutSample, loops: str | Sequence[str] | None) -> lis
 
 
 def _loop_id(model: ModelInstance, name: str) -> str:
-    return next(node.loop_id for node in model.card.program.nodes if node.name == name)
+    """The id of the loop program node ``name`` drives.
+
+    Raises:
+        InvalidRequestError: the card has no loop node of that name (a sample of another
+            model, or a renamed loop).
+    """
+    for node in model.card.program.nodes:
+        if node.name == name and isinstance(node, LoopNode):
+            return node.loop_id
+    raise InvalidRequestError(
+        f"model '{model.card.card_id}' has no loop '{name}': a sample of another model?",
+        param="samples",
+    )
+
+
+def _check_actions(model: ModelInstance, name: str, actions: LoopActions, index: int) -> None:
+    """Refuse recorded actions no rollout of ``model`` could have made, before any forward:
+    an AR loop the card does not run, ``tokens`` that are not integer ``[T >= 1, width]``
+    with non-negative ids, a ``mask`` of another shape. (Ids above a codebook's vocab and a
+    width the component does not sample are refused by the component's scorer.)
+
+    Raises:
+        InvalidRequestError: naming sample ``index`` and loop ``name`` (param ``samples``).
+    """
+    _loop_id(model, name)
+    try:
+        tokens = np.asarray(actions.tokens)
+    except (TypeError, ValueError):  # ragged
+        tokens = np.asarray(None)
+    where = f"sample {index}, loop '{name}'"
+    if (
+        tokens.dtype.kind not in "iu"
+        or tokens.ndim != 2
+        or tokens.shape[0] < 1
+        or tokens.shape[1] < 1
+    ):
+        raise InvalidRequestError(
+            f"{where}: tokens must be an integer array [T >= 1, num_codebooks], got "
+            f"{tokens.dtype} {tokens.shape}",
+            param="samples",
+        )
+    if tokens.min() < 0:
+        raise InvalidRequestError(f"{where}: tokens hold negative ids", param="samples")
+    mask = actions.mask
+    if mask is not None and np.shape(mask) != tokens.shape:
+        raise InvalidRequestError(
+            f"{where}: mask is {np.shape(mask)}, its tokens {tokens.shape}", param="samples"
+        )
 
 
 def _score_loop(

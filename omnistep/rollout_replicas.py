@@ -63,7 +63,7 @@ from omnistep.core import (
 )
 from omnistep.core.card import count_nonfinite
 from omnistep.engine.openmp import releasing
-from omnistep.engine.weights import WEIGHT_UPDATE_MODES
+from omnistep.engine.weights import WEIGHT_UPDATE_MODES, check_version_arg
 from omnistep.models.registry import DEFAULT_MODEL
 from omnistep.offline import (
     AsyncOmniEngine,
@@ -722,6 +722,7 @@ class RolloutReplicas:
                 f"mode must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {mode!r}",
                 param="mode",
             )
+        check_version_arg(version)  # before anything moves (a replica would refuse it last)
         trainer = weights if isinstance(weights, Trainer) else None
         if trainer is not None:
             model = model or trainer.card_id

@@ -61,6 +61,15 @@ def test_sampling_params_name_the_bad_field(field, value):
     assert info.value.param == field
 
 
+def test_sampling_params_refuse_a_minimum_above_the_maximum():
+    # accepted in Python (POST /v1/rollouts refused it): the EOS mask then never lifted
+    with pytest.raises(InvalidRequestError, match="must not exceed") as info:
+        SamplingParams(min_new_tokens=9, max_new_tokens=8)
+    assert info.value.param == "min_new_tokens"
+    assert SamplingParams(min_new_tokens=8, max_new_tokens=8).min_new_tokens == 8
+    assert SamplingParams(min_new_tokens=9).max_new_tokens is None
+
+
 def test_toy_card_validates_and_lists_ids():
     card = build_toy()
     assert card.validate() is card

@@ -234,6 +234,10 @@ def test_a_rollout_of_more_samples_than_the_engine_queue_runs(base):
         ({"params": {"version": str(2**70)}, "upload": True}, "version", "less than"),
         ({"params": {"version": "\u00b2"}, "upload": True}, "version", "non-negative"),
         ({"content": b"junk", "upload": True}, "weights", "the uploaded body is not"),
+        # a misspelt query parameter applied the update under the default version (200), and
+        # a JSON body ignored the query's version
+        ({"params": {"verison": "7"}, "upload": True}, "verison", "unknown query parameter"),
+        ({"params": {"version": "7"}, "json": {"path": "/x"}}, "version", "in the body"),
     ],
 )
 def test_bad_weight_updates_are_400s_naming_the_field(base, kwargs, param, says):
@@ -241,7 +245,7 @@ def test_bad_weight_updates_are_400s_naming_the_field(base, kwargs, param, says)
     if kwargs.pop("upload", False):
         kwargs.setdefault("content", save({"table": np.ascontiguousarray(ToyLM().table)}))
         kwargs["headers"] = {"Content-Type": "application/x-safetensors"}
-    reply = httpx.post(base + "/v1/weights", **kwargs)
+    reply = httpx.post(base + "/v1/weights", timeout=60, **kwargs)  # a loaded CI box
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param and says in error["message"], error

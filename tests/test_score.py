@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -167,6 +168,42 @@ def test_score_refuses_bad_arguments(chattts):
         gpt.score_logits(actions.prompt, [])
     with pytest.raises(ValueError, match="mode"):
         gpt.score_logprobs(actions.prompt, actions.tokens.tolist(), None, mode="raw")
+
+
+def test_score_refuses_tampered_actions_with_typed_errors(chattts):
+    # each was an IndexError, RuntimeError, TypeError, AttributeError or StopIteration (which
+    # AsyncOmniEngine.score cannot even raise: the worker thread's future never finished)
+    group = _chattts_group(chattts)
+    sample = group.samples[0]
+    actions = sample.loops["decode"]
+    tokens = actions.tokens
+
+    def edited(**fields):
+        return replace(sample, loops={"decode": replace(actions, **fields)})
+
+    outside = tokens.copy()
+    outside[0, 1] = 626  # a code of the first frame (embedded) outside the 626 codes
+    last = tokens.copy()
+    last[-1, 0] = 626  # the last frame: only the head's distribution sees it
+    bad = {
+        "an id outside the vocab": edited(tokens=outside),
+        "an id outside the vocab in the last frame": edited(tokens=last),
+        "a negative id": edited(tokens=tokens - 1000),
+        "3 codebooks of 4": edited(tokens=tokens[:, :3], mask=None),
+        "5 codebooks of 4": edited(tokens=np.concatenate([tokens, tokens[:, :1]], 1), mask=None),
+        "1-D tokens": edited(tokens=tokens[:, 0], mask=None),
+        "float tokens": edited(tokens=tokens + 0.5),
+        "a mask of another shape": edited(mask=np.ones((1, 4), bool)),
+        "a prompt of another model": edited(prompt=(1, 2, 3)),
+        "a loop the card does not run": replace(sample, loops={"bogus": actions}),
+    }
+    for what, tampered in bad.items():
+        with pytest.raises(InvalidRequestError) as err:
+            chattts.score(tampered)
+        assert err.value.param == "samples", what
+    # nothing changed: the recorded log-probs are still reproduced, to the bit
+    [again] = chattts.score(sample)
+    assert np.array_equal(again["decode"].numpy(), actions.logprobs)
 
 
 # ---------------------------------------------------------------- Qwen2.5-Omni

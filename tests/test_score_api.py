@@ -90,3 +90,48 @@ def test_bad_score_bodies_are_400s_naming_the_field(base):
     assert _score(base, b"\x00" * 16, content_type=ST).json()["error"]["param"] == "body"
     # the server still answers
     assert _score(base, json.dumps(rollout)).status_code == 200
+
+
+def _tampered(rollout, edit):
+    body = json.loads(json.dumps(rollout))
+    edit(body["groups"][0]["samples"][0]["loops"]["decode"], body)
+    return json.dumps(body)
+
+
+TAMPERED = {  # edit of sample 0's loop -> the param the 400 names ("" : a sample-level refusal)
+    "huge id": (lambda loop, _: loop["tokens"].__setitem__(0, [2**70]), "tokens"),
+    "string id": (lambda loop, _: loop["tokens"].__setitem__(0, ["a"]), "tokens"),
+    "float id": (lambda loop, _: loop["tokens"].__setitem__(0, [1.5]), "tokens"),
+    "ragged": (lambda loop, _: loop["tokens"].__setitem__(0, [1, 2]), "tokens"),
+    "no frame": (lambda loop, _: loop.update(tokens=[], logprobs=[], mask=[]), "tokens"),
+    "no codebook": (lambda loop, _: loop.update(tokens=[[] for _ in loop["tokens"]]), "tokens"),
+    "2 codebooks": (
+        lambda loop, _: loop.update(
+            tokens=[t * 2 for t in loop["tokens"]], logprobs=None, mask=None
+        ),
+        "samples",
+    ),
+    "short mask": (lambda loop, _: loop.update(mask=loop["mask"][:-1]), "mask"),
+    "short logprobs": (lambda loop, _: loop.update(logprobs=loop["logprobs"][:-1]), "logprobs"),
+    "short versions": (lambda loop, _: loop.update(weight_versions=[0]), "weight_versions"),
+    "empty prompt": (lambda loop, _: loop.update(prompt_ids=[]), "samples"),
+    "unknown loop": (
+        lambda loop, body: body["groups"][0]["samples"][0].update(loops={"bogus": loop}),
+        "samples",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_tampered_samples_are_400s_never_500s_or_hangs(base, case):
+    # each was a 500 (numpy/toy errors) or, for an unknown loop, a request that never
+    # answered (StopIteration raised into the worker thread's future)
+    rollout = _roll(base, n=2).json()
+    edit, param = TAMPERED[case]
+    reply = _score(base, _tampered(rollout, edit))
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"].endswith(param)
+    # the recorded log-probs are still reproduced
+    again = _score(base, json.dumps(rollout)).json()
+    recorded = rollout["groups"][1]["samples"][1]["loops"]["decode"]["logprobs"]
+    assert again["groups"][1]["samples"][1]["loops"]["decode"]["logprobs"] == recorded

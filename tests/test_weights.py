@@ -88,6 +88,22 @@ async def test_versions_only_go_up_and_a_refused_one_changes_nothing():
     await engine.shutdown()
 
 
+async def test_a_version_past_int64_is_refused_and_rollouts_go_on():
+    # version 2**64 was taken: every later rollout then failed (its int64 weight_versions
+    # overflowed) and, versions only going up, nothing could undo it
+    engine, model = _toy_engine()
+    good = model.components["lm"].table * 0.5
+    for version in (2**64, 2**63 - 1, 2**62 + 1):
+        with pytest.raises(InvalidRequestError, match="version") as err:
+            await engine.update_weights("toy", {"table": good}, version=version)
+        assert err.value.param == "version" and engine.weight_versions["toy"] == 0
+    assert await engine.update_weights("toy", {"table": good}, version=2**62) == 2**62
+    omni = AsyncOmniEngine(engine)
+    [group] = await omni.rollout(["after"], n=2, sampling=SamplingParams(max_new_tokens=3))
+    assert group.samples[0].loops["decode"].weight_versions.tolist() == [2**62] * 3
+    await engine.shutdown()
+
+
 async def test_non_finite_updates_are_refused_unless_allowed():
     engine, model = _toy_engine()
     lm = model.components["lm"]

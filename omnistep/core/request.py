@@ -50,8 +50,8 @@ class SamplingParams:
 
     Raises:
         InvalidRequestError: a value out of range or of the wrong type (a bool, a string; a
-            float for ``top_k``, ``max_new_tokens``, ``min_new_tokens``); ``param`` names the
-            field.
+            float for ``top_k``, ``max_new_tokens``, ``min_new_tokens``), ``min_new_tokens``
+            above ``max_new_tokens``; ``param`` names the field.
     """
 
     temperature: float | None = None
@@ -93,6 +93,13 @@ class SamplingParams:
                 raise InvalidRequestError(
                     f"Invalid value for '{name}': {value!r}", param=name, code="invalid_value"
                 )
+        low, high = self.min_new_tokens, self.max_new_tokens
+        if low is not None and high is not None and low > high:  # as POST /v1/rollouts says
+            raise InvalidRequestError(
+                f"min_new_tokens ({low}) must not exceed max_new_tokens ({high})",
+                param="min_new_tokens",
+                code="invalid_value",
+            )
 
     def or_default(self, name: str, default: float | int) -> float | int:
         """The field's value, or ``default`` when the request left it unset."""

@@ -334,8 +334,8 @@ class AsyncEngine:
 
         Raises:
             ModelNotFoundError: unknown model id.
-            InvalidRequestError: an unknown mode, a ``version`` that is not a non-negative
-                integer.
+            InvalidRequestError: an unknown mode, a ``version`` that is not an integer in
+                [0, 2**62] (``MAX_WEIGHT_VERSION``).
             WeightVersionError: ``version`` is not above the current one (nothing changed).
             WeightUpdateError: a tensor the model rejects (see above); nothing changed.
         """

@@ -25,6 +25,31 @@ from omnistep.engine.stream import RequestRun
 WEIGHT_UPDATE_POLL_S = 0.005
 """Seconds between checks while a weight update waits for batches or requests to finish."""
 WEIGHT_UPDATE_MODES = ("pause", "drain")
+
+MAX_WEIGHT_VERSION = 2**62
+"""The largest weight version an update may ask for (``POST /v1/weights``'s bound too):
+each step records its version in int64 (``LoopActions.weight_versions``), so a version
+past 2**63 - 1 would make every later rollout fail; versions only go up, so it could never
+be undone."""
+
+
+def check_version_arg(version: Any) -> None:
+    """An update's explicit ``version``: None, or an integer in [0, ``MAX_WEIGHT_VERSION``].
+
+    Raises:
+        InvalidRequestError: anything else (a bool, a string, a float, a negative or huge
+            integer), param ``version``.
+    """
+    if version is not None and (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or not 0 <= version <= MAX_WEIGHT_VERSION
+    ):
+        raise InvalidRequestError(
+            f"version must be an integer in [0, 2**62], got {version!r}", param="version"
+        )
+
+
 """``apply_weights`` modes: pause the model's units, or drain its running requests."""
 
 log = logging.getLogger("omnistep.engine")
@@ -134,12 +159,7 @@ class WeightUpdates:
                 f"mode must be one of {', '.join(WEIGHT_UPDATE_MODES)}, got {mode!r}",
                 param="mode",
             )
-        if version is not None and (
-            not isinstance(version, int) or isinstance(version, bool) or version < 0
-        ):
-            raise InvalidRequestError(
-                f"version must be a non-negative integer, got {version!r}", param="version"
-            )
+        check_version_arg(version)
         model = self._resolve(model_id)
         card_id = model.card.card_id
         self.check_version(card_id, version)

@@ -118,7 +118,15 @@ class TeacherForcedScorer:
                 raise ValueError("frames of different widths")
             unit = ARPrefillInput(self._seq_id(), prompt, frames[:-1], (), None, None)
             inputs = model._unconditional_inputs if unconditional else model._prefill_inputs
-            x = inputs(unit)  # [prompt_len + T - 1, in_dim]
+            try:
+                x = inputs(unit)  # [prompt_len + T - 1, in_dim]
+            except (IndexError, TypeError, AttributeError, KeyError) as exc:
+                # recorded data, not ours: a prompt of another component's kind, frames of
+                # another width, ids outside an embedding (a tampered or foreign sample)
+                raise ValueError(
+                    f"trajectory {i}: its prompt or frames do not fit {type(model).__name__} "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
             num_rows = x.shape[0]
             prompt_len = num_rows - (len(frames) - 1)
             prompt_lens.append(prompt_len)
@@ -206,8 +214,9 @@ class TeacherForcedScorer:
         if mode not in SCORE_MODES:
             raise ValueError(f"mode must be one of {', '.join(SCORE_MODES)}, got {mode!r}")
         logits = model.score_logits_batch(prompts, frames, match_serving, routing)
-        logits = model._sampling_logits(torch.cat(logits) if len(logits) > 1 else logits[0])
         tokens = [self.frame_tensor(f) for f in frames]
+        check_frames(logits, tokens)
+        logits = model._sampling_logits(torch.cat(logits) if len(logits) > 1 else logits[0])
         logp = self.distribution(logits, tokens, samplings, mode, penalty_window)
         return self.gather(logp, tokens, with_entropy)
 
@@ -289,3 +298,22 @@ class TeacherForcedScorer:
         finally:
             model.free_sequence(seq_id)
         return torch.cat(logits).float()
+
+
+def check_frames(logits: Sequence[torch.Tensor], tokens: Sequence[torch.Tensor]) -> None:
+    """Check recorded frames against the distributions that score them: trajectory ``i``'s
+    ids ``[T_i, width]`` against its logits ``[T_i, num_codebooks, V]``.
+
+    Raises:
+        ValueError: another width than the component samples, or an id outside
+            ``[0, V)`` (a tampered sample, or one of another model).
+    """
+    for i, (lg, ids) in enumerate(zip(logits, tokens, strict=True)):
+        width, vocab = lg.shape[-2], lg.shape[-1]
+        if ids.shape[-1] != width:
+            raise ValueError(
+                f"trajectory {i}: frames of {ids.shape[-1]} codebook(s), the component "
+                f"samples {width}"
+            )
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < vocab:
+            raise ValueError(f"trajectory {i}: token ids must be in [0, {vocab})")

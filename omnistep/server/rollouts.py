@@ -39,7 +39,7 @@ import tempfile
 from collections.abc import Awaitable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import APIRouter
@@ -443,7 +443,9 @@ async def update_weights(http: HttpRequest) -> dict:
     ``mode`` then come as query parameters). Returns the model and its new version. An unknown
     tensor name, a wrong shape or dtype is a 400 and nothing changes."""
     content_type = http.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type in (SAFETENSORS_MEDIA_TYPE, "application/octet-stream"):
+    upload = content_type in (SAFETENSORS_MEDIA_TYPE, "application/octet-stream")
+    _check_weights_query(http.query_params, upload)
+    if upload:
         query = http.query_params
         fields = {"path": "(upload)", "version": _int_param(query.get("version"), "version")}
         fields.update({k: query[k] for k in ("model", "mode") if k in query})
@@ -475,6 +477,30 @@ async def update_weights(http: HttpRequest) -> dict:
     if not path.is_file():
         raise InvalidRequestError(f"no weights file at {body.path}", param="path")
     return await _apply(http, body, path)
+
+
+WEIGHTS_QUERY = ("model", "version", "mode", "check_finite")
+"""The query parameters of ``POST /v1/weights`` with the file as the body."""
+
+
+def _check_weights_query(query: Any, upload: bool) -> None:
+    """Refuse query parameters ``POST /v1/weights`` would not read (a typo such as
+    ``verison=7`` would otherwise apply the update under the default version): with the file
+    as the body only ``WEIGHTS_QUERY``; with a JSON body none (its fields say everything).
+
+    Raises:
+        InvalidRequestError: naming the first such parameter.
+    """
+    unknown = sorted(set(query) - set(WEIGHTS_QUERY)) if upload else sorted(query)
+    if unknown:
+        where = (
+            f"with the file as the body it takes {', '.join(WEIGHTS_QUERY)}"
+            if upload
+            else "with a JSON body, give the fields in the body"
+        )
+        raise InvalidRequestError(
+            f"unknown query parameter(s) {', '.join(unknown)}: {where}", param=unknown[0]
+        )
 
 
 def _weights_body(fields: dict | bytes, loc: tuple[str, ...]) -> WeightsBody:

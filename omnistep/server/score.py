@@ -222,16 +222,26 @@ def _sample(
                 at + "prompt_ids",
             )
         if tensors is None:
-            tokens = np.asarray(_field(loop, "tokens", list, at), dtype=np.int64)
+            tokens = _json_tokens(_field(loop, "tokens", list, at), at + "tokens")
             mask = loop.get("mask")
         else:
             tokens = tensors.get(f"g{i}.s{index}.{name}.tokens")
             mask = tensors.get(f"g{i}.s{index}.{name}.mask")
-        if tokens is None or tokens.ndim != 2 or tokens.shape[0] < 1:
+        if (
+            tokens is None
+            or tokens.ndim != 2
+            or tokens.shape[0] < 1
+            or tokens.dtype.kind not in "iu"
+        ):
             raise InvalidRequestError(
-                f"'{at}tokens' must be [T >= 1, num_codebooks]", at + "tokens"
+                f"'{at}tokens' must be integers [T >= 1, num_codebooks]", at + "tokens"
             )
-        mask = None if mask is None else np.asarray(mask, dtype=bool).reshape(tokens.shape)
+        tokens = tokens.astype(np.int64, copy=False)
+        mask = None if mask is None else _rows_like(mask, tokens.shape, bool, at + "mask")
+        if tensors is None:  # a rollout answer's per-step fields have one row per frame
+            for key, shape in (("logprobs", tokens.shape), ("weight_versions", tokens.shape[:1])):
+                if loop.get(key) is not None:
+                    _rows_like(loop[key], shape, float, at + key)
         routing = {
             key: _routing(loop, tensors, f"g{i}.s{index}.{name}.{key}", key, at)
             for key in ("routing", "prompt_routing")
@@ -255,6 +265,47 @@ def _sample(
             flow=flow,
         )
     return RolloutSample(index, seed, loops, "", None, 0, sampling, card_id, denoise)
+
+
+def _json_tokens(rows: list, param: str) -> np.ndarray:
+    """A loop's JSON ``tokens`` as int64 ``[T, num_codebooks]``.
+
+    Raises:
+        InvalidRequestError: no frame, or frames that are not equal-length lists of
+            integers in [0, 2**63) (a bool, a float, a string, a ragged or huge id), naming
+            ``param``.
+    """
+    ok = bool(rows) and all(
+        isinstance(row, list)
+        and all(type(t) is int and 0 <= t < 2**63 for t in row)
+        and len(row) == len(rows[0]) >= 1
+        for row in rows
+    )
+    if not ok:
+        raise InvalidRequestError(
+            f"'{param}' must be [T >= 1, num_codebooks]: a list of frames, equal-length lists "
+            "of integers >= 0",
+            param,
+        )
+    return np.array(rows, dtype=np.int64).reshape(len(rows), -1)
+
+
+def _rows_like(value: Any, shape: tuple[int, ...], kind: type, param: str) -> np.ndarray:
+    """``value`` (JSON lists or an array) as a ``kind`` array of ``shape``.
+
+    Raises:
+        InvalidRequestError: another shape, or values that are not ``kind`` (param ``param``).
+    """
+    try:
+        array = np.asarray(value, dtype=kind)
+    except (TypeError, ValueError, OverflowError):
+        array = None
+    if array is None or array.shape != shape:
+        raise InvalidRequestError(
+            f"'{param}' must be {list(shape)}: one row per frame of the loop's tokens",
+            param,
+        )
+    return array
 
 
 def _denoise(entry: Any, tensors: dict | None, key: str, where: str) -> DenoiseSteps:

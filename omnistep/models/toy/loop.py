@@ -119,7 +119,15 @@ class TokenLoop:
     ) -> np.ndarray:
         """Recompute recorded log-probs (``ToyLM.score_logprobs``): ``[T, 1]`` float32 numpy,
         no autograd. Both modes give the recorded value (the toy samples its whole, untruncated
-        distribution; only the EOS mask of ``min_new_tokens`` applies, in both)."""
+        distribution; only the EOS mask of ``min_new_tokens`` applies, in both).
+
+        Raises:
+            ValueError: a prompt that is not a non-empty sequence of ids, frames that are not
+                one id wide, ids outside the vocab (``ToyLM.score_logprobs``)."""
+        if not isinstance(prompt, Sequence) or len(prompt) < 1:
+            raise ValueError("the toy's prompt is a sequence of at least one id")
+        if any(len(frame) != 1 for frame in tokens):
+            raise ValueError("the toy's frames are one id wide")
         ids = [int(frame[0]) for frame in tokens]
         sp = req.sampling
         prev = [int(prompt[-1]), *ids[:-1]]
