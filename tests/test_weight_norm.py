@@ -15,6 +15,7 @@ from omnistep.layers.weight_norm import (
     PARAMETRIZED_G,
     PARAMETRIZED_V,
     WeightNormError,
+    checkpoint_dim,
     fold_parametrized,
     fold_weight_norm,
     weight_norm_problem,
@@ -108,6 +109,19 @@ def test_fold_parametrized_replaces_each_pair_by_its_weight():
     with pytest.raises(WeightNormError, match=r"'0\.parametrizations\.weight\.original1'"):
         fold_parametrized(state)
     assert PARAMETRIZED_G == ".parametrizations.weight.original0"
+
+
+def test_the_dim_is_read_from_g_as_the_checkpoint_stores_it():
+    # HuBERT's positional conv: weight_norm(conv, dim=2), g [1, 1, K]
+    torch.manual_seed(3)
+    conv = weight_norm(nn.Conv1d(8, 8, 4, groups=2), dim=2)
+    state = {f"pos.{k}": t for k, t in conv.state_dict().items()}
+    assert state["pos" + PARAMETRIZED_G].shape == (1, 1, 4)
+    assert checkpoint_dim(state["pos" + PARAMETRIZED_G], state["pos" + PARAMETRIZED_V]) == 2
+    assert torch.equal(fold_parametrized(state)["pos.weight"], conv.weight)
+    assert checkpoint_dim(torch.ones(6, 1), torch.ones(6, 1)) == 0  # both fit: the output dim
+    with pytest.raises(WeightNormError, match=r"'x' \[4, 4, 4\]: its g \[4\] keeps no dim"):
+        checkpoint_dim(torch.ones(4), torch.ones(4, 4, 4), "x")
 
 
 def test_chatterbox_hift_folds_as_torchs_parametrization_and_refuses_a_zero_v():

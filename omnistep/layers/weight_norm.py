@@ -115,23 +115,49 @@ def fold_weight_norm(
     return torch._weight_norm(v, g.reshape(shape), axis)
 
 
+def checkpoint_dim(g: torch.Tensor, v: torch.Tensor, name: str = "weight_v") -> int:
+    """The dim a checkpoint's weight norm keeps, read from ``g``'s shape: torch stores ``g``
+    as ``||v||`` with that dim kept and every other dim 1 (``[out, 1, 1]`` for dim 0;
+    ``[1, 1, K]`` for HuBERT's positional conv, ``weight_norm(conv, dim=2)``); 0 where both
+    fit.
+
+    Raises:
+        WeightNormError: ``g``'s shape fits no dim of ``v`` (naming ``name``).
+    """
+    fits = [
+        d
+        for d in range(v.ndim)
+        if g.ndim == v.ndim
+        and all(g.shape[i] == (v.shape[d] if i == d else 1) for i in range(v.ndim))
+    ]
+    if not fits:
+        raise WeightNormError(
+            f"weight-norm tensor '{name}' {list(v.shape)}: its g {list(g.shape)} keeps no "
+            "dim of it",
+            name,
+        )
+    return fits[0]
+
+
 def fold_parametrized(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A state dict with every ``X.parametrizations.weight.original0`` / ``original1`` pair
-    (``torch.nn.utils.parametrizations.weight_norm``, dim 0) replaced by ``X.weight``
-    (``fold_weight_norm``); other tensors as they are.
+    (``torch.nn.utils.parametrizations.weight_norm``) replaced by ``X.weight``
+    (``fold_weight_norm`` along the dim ``g``'s shape shows: ``checkpoint_dim``); other
+    tensors as they are.
 
     Raises:
         KeyError: an ``original0`` without its ``original1`` (the missing name).
-        WeightNormError: see ``fold_weight_norm``.
+        WeightNormError: see ``fold_weight_norm`` and ``checkpoint_dim``.
     """
     out = {k: t for k, t in tensors.items() if not k.endswith((PARAMETRIZED_G, PARAMETRIZED_V))}
-    for key in tensors:
+    for key, g in tensors.items():
         if key.endswith(PARAMETRIZED_G):
             base = key.removesuffix(PARAMETRIZED_G)
             v_name = base + PARAMETRIZED_V
             if v_name not in tensors:
                 raise KeyError(v_name)
-            out[f"{base}.weight"] = fold_weight_norm(tensors[key], tensors[v_name], 0, v_name)
+            v = tensors[v_name]
+            out[f"{base}.weight"] = fold_weight_norm(g, v, checkpoint_dim(g, v, v_name), v_name)
     return out
 
 
