@@ -369,24 +369,35 @@ def test_audiovae_weight_updates(omni):
     assert np.array_equal(speak(), audio)
 
 
-def test_weight_normed_audiovae_takes_g_and_v(tmp_path):
-    """A weight-normed audiovae file (upstream's ``weight_g`` / ``weight_v``) is updated by
-    those names: the folded weight is ``torch._weight_norm(v, g, 0)`` (torch's own weight
-    norm) of the pair sent, a half sent alone keeps the other half of the current weight."""
+def _weight_normed_folder(root, zero: str | None = None):
+    """A tiny folder whose audiovae file holds the AudioVAE's 3-d conv weights weight-normed
+    (``weight_g`` / ``weight_v``, as upstream's), and the plain tensors it was made from;
+    ``zero``: a ``weight_v`` whose output channel 3 is written all zero."""
     from safetensors.torch import load_file, save_file
 
-    root = write_folder(tmp_path / "wn", seed=2)
+    root = write_folder(root, seed=2)
     raw = load_file(str(root / "audiovae.safetensors"))
     gen = torch.Generator().manual_seed(0)
     normed = {}
     for key, w in raw.items():
-        if key.startswith("decoder.") and key.endswith(".weight") and w.ndim == 3:
+        if key.startswith(("decoder.", "encoder.")) and key.endswith(".weight") and w.ndim == 3:
             scale = torch.rand(w.shape[0], 1, 1, generator=gen) + 0.5
             normed[key + "_v"] = (w * scale).contiguous()  # v: any positive row scaling of w
             normed[key + "_g"] = w.reshape(w.shape[0], -1).norm(dim=1).view(-1, 1, 1)
         else:
             normed[key] = w
+    if zero is not None:
+        normed[zero][3] = 0.0
     save_file(normed, str(root / "audiovae.safetensors"))
+    return root, raw
+
+
+def test_weight_normed_audiovae_takes_g_and_v(tmp_path):
+    """A weight-normed audiovae file (upstream's ``weight_g`` / ``weight_v``) is updated by
+    those names: the folded weight is ``torch._weight_norm(v, g, 0)`` (torch's own weight
+    norm) of the pair sent, a half sent alone keeps the other half of the current weight."""
+    root, raw = _weight_normed_folder(tmp_path / "wn")
+    gen = torch.Generator().manual_seed(1)
     loaded = load_voxcpm(root)
     component = AudioVAEComponent(loaded.vae, normed=loaded.vae_normed)
     specs = component.weight_specs()
@@ -405,3 +416,47 @@ def test_weight_normed_audiovae_takes_g_and_v(tmp_path):
     torch.testing.assert_close(conv.weight, torch._weight_norm(v, g, 0), rtol=0, atol=1e-6)
     component.update_weights({"decoder.model.0.weight_g": g_old, "decoder.model.0.weight_v": old})
     torch.testing.assert_close(conv.weight, old, rtol=0, atol=1e-6)
+
+
+def test_a_zero_weight_v_is_refused_and_changes_nothing(tmp_path):
+    """A ``weight_v`` with an all-zero output channel folds to NaN (``g * v / ||v||``): an
+    update sending one is refused as a whole, naming it, before any component changes (a
+    good decoder bias beside a bad encoder ``weight_v``; a ``weight_g`` sent alone onto a
+    weight whose row is zero); a file holding one is refused at load."""
+    from omnistep.layers.weight_norm import WeightNormError
+
+    root, _ = _weight_normed_folder(tmp_path / "wn")
+    with OmniEngine(f"voxcpm={root}", kv_cache_gb=0.01, inference_timesteps=STEPS) as omni:
+        card = omni.engine.models["voxcpm2"].card.card_id
+        model = omni.engine.models[card]
+        vae, encoder = model.components["vae"].decoder, model.components["encoder"].encoder
+        state = {n: t.detach().clone() for n, t in [*vae.state_dict().items(),
+                                                    *encoder.state_dict().items()]}  # fmt: skip
+        v_name = "encoder.block.0.weight_v"
+        v = torch.randn(model.weight_specs()[v_name][1])
+        v[3] = 0.0
+        bias = vae.model[1].bias.detach()
+        for tensors in (
+            {"decoder.model.1.bias": bias + 1, v_name: v},
+            {"decoder.model.0.weight_v": torch.zeros_like(vae.model[0].weight)},
+        ):
+            with pytest.raises(WeightUpdateError, match=r"weight_v' has \|\|v\|\| = 0"):
+                omni.update_weights(tensors, model=card)
+        with pytest.raises(WeightUpdateError, match=rf"'{v_name}' .*\(dim 0: 3\)"):
+            omni.update_weights({v_name: v}, model=card, check_finite=False)
+        with pytest.raises(WeightNormError, match=v_name):  # unchecked, as in a Ray actor
+            model.components["encoder"].update_weights({v_name: v})
+        after = {**vae.state_dict(), **encoder.state_dict()}
+        assert all(torch.equal(after[n], t) for n, t in state.items())
+        # g alone onto a row that g = 0 zeroed: v (the current weight) has a zero row
+        g = model.weight_specs()["decoder.model.0.weight_g"][1]
+        zero_g = torch.ones(g)
+        zero_g[5] = 0.0
+        assert omni.update_weights({"decoder.model.0.weight_g": zero_g}, model=card) == 1
+        assert torch.isfinite(vae.model[0].weight).all()
+        with pytest.raises(WeightUpdateError, match=r"decoder\.model\.0\.weight_v' .*: 5\)"):
+            omni.update_weights({"decoder.model.0.weight_g": torch.ones(g)}, model=card)
+
+    bad, _ = _weight_normed_folder(tmp_path / "bad", zero="decoder.model.1.weight_v")
+    with pytest.raises(WeightNormError, match=r"'decoder\.model\.1\.weight_v'.*\(dim 0: 3\)"):
+        load_voxcpm(bad)

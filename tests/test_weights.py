@@ -166,6 +166,45 @@ async def test_torch_components_take_numpy_arrays_as_well(tmp_path):
     await engine.shutdown()
 
 
+async def test_a_zero_weight_norm_v_is_refused_and_changes_nothing(tmp_path):
+    # g * v / ||v|| is NaN where a row of v is all zero: refused like other bad values
+    # (even with check_finite off), the whole update, before anything changes
+    from omnistep.layers.weight_norm import WeightNormError
+
+    root = write_servable_tiny_chattts(tmp_path / "chattts")
+    model = ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
+    gpt = model.components["gpt"]
+    live = gpt._weight_tensors()
+    v_name, layer = "head_code.1.parametrizations.weight.original1", "layers.0.mlp.up_proj.weight"
+    v = live[v_name].detach().clone()
+    v[3] = 0.0
+    before = {n: t.detach().clone() for n, t in live.items()}
+    head = gpt.head_code.clone()
+    engine = AsyncEngine([model])
+    update = {layer: live[layer].detach() * 1.5, v_name: v}
+    for check_finite in (True, False):
+        with pytest.raises(WeightUpdateError, match=rf"'{v_name}' has \|\|v\|\| = 0") as caught:
+            await engine.update_weights("chattts", update, check_finite=check_finite)
+        assert "nothing changed" in str(caught.value) and "(dim 0: 3)" in str(caught.value)
+    # the component refuses it too where no ModelInstance checked first (a Ray actor)
+    with pytest.raises(WeightNormError, match=v_name):
+        gpt.update_weights(update)
+    assert all(torch.equal(live[n].detach(), t) for n, t in before.items())
+    assert torch.equal(gpt.head_code, head) and gpt.weight_version == 0
+    v[3] = 1.0  # a non-zero row is taken
+    assert await engine.update_weights("chattts", {v_name: v}) == 1
+    assert torch.isfinite(gpt.head_code).all() and not torch.equal(gpt.head_code, head)
+    await engine.shutdown()
+
+    # a checkpoint holding such a v is refused at load, naming it
+    embed_file = root / "asset/Embed.safetensors"
+    embed = load_file(embed_file)
+    embed[v_name][3] = 0.0
+    save_file(embed, embed_file)
+    with pytest.raises(WeightNormError, match=rf"'{v_name}'.*\(dim 0: 3\)"):
+        ModelInstance.load(build_chattts(str(root), ChatTTSOptions(kv_cache_gb=0.02)))
+
+
 async def test_a_model_without_updatable_weights_says_so():
     model = ModelInstance.load(build_toy())
     # a component offering no updates, as a vocoder or an ONNX voice

@@ -416,12 +416,14 @@ class ModelInstance:
 
         ``check_finite`` (default on) refuses floating tensors holding NaN or +-Inf: one pass
         over every value (``count_nonfinite``: one ``aminmax`` read, ~7 GB/s on a CPU core);
-        a trainer that checks its own tensors may turn it off.
+        a trainer that checks its own tensors may turn it off. A component may refuse values
+        its own way (``weight_problems(tensors) -> list[str]``, always asked: a weight-norm
+        ``v`` with an output channel of norm 0, which would fold to NaN).
 
         Raises:
             WeightUpdateError: an empty update, an unknown name, a tensor whose shape differs
-                from the model's or whose dtype cannot be cast to it (integer <-> floating), or
-                a non-finite value (every problem is listed).
+                from the model's or whose dtype cannot be cast to it (integer <-> floating), a
+                non-finite value, or a value a component refuses (every problem is listed).
         """
         specs = self.weight_specs()
         if not specs:
@@ -455,6 +457,10 @@ class ModelInstance:
             if cast:
                 prepared.casts.append(f"{name}: {got_dtype} -> {dtype}")
             prepared.parts.setdefault(component, {})[name] = value
+        for component, part in prepared.parts.items():
+            ask = getattr(self.components[component], "weight_problems", None)
+            if callable(ask):
+                problems += ask(part)
         if problems:
             raise WeightUpdateError(self.card.card_id, problems)
         return prepared

@@ -317,7 +317,8 @@ class AsyncEngine:
 
         ``tensors`` use the checkpoint's own names (``ModelInstance.weight_specs``); all are
         checked before anything changes (``ModelInstance.check_weights``: unknown name, wrong
-        shape, a dtype that cannot be cast, NaN/Inf values unless ``check_finite`` is False);
+        shape, a dtype that cannot be cast, NaN/Inf values unless ``check_finite`` is False, a
+        weight-norm ``v`` with an output channel of norm 0);
         floating tensors of another floating dtype are cast to the model's and listed in the
         answer's ``casts``. Modes:
 

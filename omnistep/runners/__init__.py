@@ -16,6 +16,9 @@
   parts, the thinker prompt with its M-RoPE positions, the reference feature extraction).
 - ``options.ServingOptions``: the KV/batching fields every family's options share, and the
   one ``KVCacheConfig.from_memory`` call they feed.
+- ``card_parts``: what every family's ``build_card`` repeats (the "needs weights" refusal,
+  the generic loops' ``LoopSpec`` read from their configs, the component ``voice_enroller``,
+  the ``usage`` node counting one slot).
 
 Imports: torch, numpy, ``omnistep.core``, ``omnistep.kv``, ``omnistep.layers``,
 ``omnistep.loops``, ``omnistep.sampling``; never ``engine``, ``models`` or ``server``.

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -35,25 +34,18 @@ from omnistep.core import (
     OPENAI_VOICES,
     Capability,
     ComponentSpec,
-    InvalidRequestError,
     KernelNode,
-    LoopKind,
     LoopNode,
-    LoopSpec,
     ModelCard,
-    ModelInstance,
     Program,
     ProgramContext,
     Request,
-    WorkUnitKind,
-    call_component,
     derived_seed,
 )
 from omnistep.layers.device import check_device
-from omnistep.loops import AudioDecodeLoop
-from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
+from omnistep.loops.ar_decode import ARDecodeConfig
 from omnistep.loops.audio_decode import AudioDecodeConfig
-from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop, Window, whole_utterance
+from omnistep.loops.denoise import DenoiseConfig, Window, whole_utterance
 from omnistep.models.chatterbox.clone import VoiceCloner, voice_from_spec
 from omnistep.models.chatterbox.frontend import (
     DEFAULT_CFG_WEIGHT,
@@ -76,6 +68,15 @@ from omnistep.models.chatterbox.loader import (
 from omnistep.models.chatterbox.s3gen import CFG_RATE, NUM_STEPS, SPEECH_VOCAB
 from omnistep.models.chatterbox.stages import FlowDenoiser, FlowStart, HiFTVocoder
 from omnistep.models.chatterbox.t3 import T3Config
+from omnistep.runners.card_parts import (
+    ar_decode_loop,
+    audio_decode_loop,
+    component_enroller,
+    denoise_loop,
+    output_usage,
+    request_sampling,
+    require_weights,
+)
 from omnistep.runners.options import ServingOptions
 from omnistep.sampling import SamplingRow
 
@@ -132,17 +133,21 @@ def make_sampling(eos_token_id: int):
     temperature 0.8, top-p 1.0, min-p 0.05, repetition penalty 1.2 applied once per id over
     every generated token (transformers' processor, as upstream)."""
 
+    defaults = {
+        "temperature": 0.8,
+        "top_p": 1.0,
+        "top_k": 0,
+        "repetition_penalty": 1.2,
+        "min_new_tokens": 0,
+    }
+
     def build(req: Request) -> SamplingRow:
-        sp = req.sampling
-        return SamplingRow(
-            temperature=float(sp.or_default("temperature", 0.8)),
-            top_p=float(sp.or_default("top_p", 1.0)),
-            top_k=int(sp.or_default("top_k", 0)),
+        return request_sampling(
+            req,
+            defaults,
             min_p=0.05,
-            repetition_penalty=float(sp.or_default("repetition_penalty", 1.2)),
             penalty_compounds=False,
             penalty_window=4096,
-            min_new_tokens=int(sp.or_default("min_new_tokens", 0)),
             eos_token_id=eos_token_id,
             min_keep=1,
         )
@@ -190,15 +195,6 @@ def _flow_start(steps_seed_key: int):
     return make_start
 
 
-def _enroll(model: ModelInstance, audio: Any, sample_rate: int, transcript: str) -> str:
-    """The ``voice_enroller``: the ``cloner`` component's ``enroll`` (a cloned voice's spec)."""
-    return call_component(model.components["cloner"], "enroll", audio, sample_rate, transcript)
-
-
-def _usage(ctx: ProgramContext) -> None:
-    ctx.usage["output_tokens"] = len(ctx.slots["speech"])
-
-
 def build_card(
     path: str | None = None, options: ChatterboxOptions | None = None, **overrides
 ) -> ModelCard:
@@ -208,11 +204,7 @@ def build_card(
         InvalidRequestError: no path given.
         ChatterboxCheckpointError: a missing or malformed file (named).
     """
-    if path is None:
-        raise InvalidRequestError(
-            "the chatterbox family needs weights: --model chatterbox=/path/to/dir",
-            param="model",
-        )
+    path = require_weights("chatterbox", path)
     opts = options or ChatterboxOptions(**overrides)
     root = check_folder(path)
     tokenizer = TextTokenizer(root / "tokenizer.json")
@@ -282,7 +274,7 @@ def build_card(
                 "flow", "flow", needs=("tokens", "voice"), binds="mel_frames", streams=("mel",)
             ),
             LoopNode("vocode", "vocode", needs=("mel", "hift_seed"), binds="samples"),
-            KernelNode("usage", _usage, needs=("speech", "samples")),
+            KernelNode("usage", output_usage("speech"), needs=("speech", "samples")),
         ),
     )
     return ModelCard(
@@ -299,27 +291,9 @@ def build_card(
             ),
         ),
         loops=(
-            LoopSpec(
-                "decode",
-                LoopKind.AR_DECODE,
-                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
-                ("t3",),
-                lambda: ARDecodeLoop(decode),
-            ),
-            LoopSpec(
-                "flow",
-                LoopKind.DENOISE,
-                (WorkUnitKind.DENOISE_STEP,),
-                ("s3gen",),
-                lambda: DenoiseLoop(flow),
-            ),
-            LoopSpec(
-                "vocode",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("hift",),
-                lambda: AudioDecodeLoop(vocode),
-            ),
+            ar_decode_loop(decode),
+            denoise_loop(flow),
+            audio_decode_loop(vocode),
         ),
         program=program,
         capabilities=frozenset(
@@ -329,7 +303,7 @@ def build_card(
         voices=("default", *OPENAI_VOICES),
         default_voice="default",
         voice_validator=frontend.check_voice,
-        voice_enroller=_enroll if clones else None,
+        voice_enroller=component_enroller("cloner") if clones else None,
         parity=frozenset({"C0", "C1", "stream", "reference"}),
         # streamed: T3 waits while the first flow window and HiFT chunk run (else its steps,
         # due first under EDF, run before them to T3's end)

@@ -38,6 +38,7 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 from omnistep.layers.snake import Snake
+from omnistep.layers.weight_norm import PARAMETRIZED_V, fold_weight_norm
 from omnistep.runners.flow_matching import frame_noise
 
 SAMPLE_RATE = 24000
@@ -238,11 +239,29 @@ class HiFT(nn.Module):
         window = torch.hann_window(N_FFT, periodic=True, dtype=torch.float64).float()
         self.register_buffer("window", window, persistent=False)
 
-    def fold_weight_norm(self) -> None:
-        """Replace every weight-normed weight by ``g v / ||v||`` computed once (after loading)."""
-        for module in self.modules():
+    @torch.no_grad()
+    def fold_weight_norm(self, prefix: str = "mel2wav.") -> None:
+        """Replace every weight-normed weight by ``g v / ||v||`` computed once (after loading;
+        ``layers.weight_norm.fold_weight_norm``, the kernel of torch's parametrization, so the
+        values are the ones it computed). Every weight is folded before any module changes.
+
+        Raises:
+            WeightNormError: a ``v`` (``original1``, named as published under ``prefix``) with
+                an output channel of norm 0.
+        """
+        folded = {}
+        for name, module in self.named_modules():
             if parametrize.is_parametrized(module, "weight"):
-                parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+                parts = module.parametrizations.weight
+                v_name = f"{prefix}{name}{PARAMETRIZED_V}"
+                folded[name] = (
+                    module,
+                    fold_weight_norm(parts.original0, parts.original1, 0, v_name),
+                )
+        for module, weight in folded.values():
+            # torch leaves its own fold (the same kernel); the checked fold replaces it
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+            module.weight.copy_(weight)
 
     def draw_noise(self, frames: int, generator: torch.Generator | None = None) -> SourceNoise:
         """``SourceNoise.draw`` for one utterance of ``frames`` mel frames."""

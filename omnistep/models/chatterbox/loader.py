@@ -134,6 +134,7 @@ def load_hift(
 
     Raises:
         ChatterboxCheckpointError: a missing file, or a tensor the layout needs (named).
+        WeightNormError: a weight-norm ``original1`` with an output channel of norm 0 (named).
     """
     path = check_folder(root) / "s3gen.safetensors"
     state = load_file(path)

@@ -32,26 +32,28 @@ from omnistep.core import (
     OPENAI_VOICES,
     Capability,
     ComponentSpec,
-    InvalidRequestError,
     KernelNode,
-    LoopKind,
     LoopNode,
-    LoopSpec,
     ModelCard,
     Program,
-    ProgramContext,
     Request,
-    WorkUnitKind,
 )
 from omnistep.layers.device import check_device
-from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
-from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
+from omnistep.loops import AudioDecodeConfig
+from omnistep.loops.ar_decode import ARDecodeConfig
 from omnistep.models.chattts.frontend import ChatTTSFrontend, refine_frontend
 from omnistep.models.chattts.gpt import ChatTTSGPT, GPTConfig
 from omnistep.models.chattts.loader import ChatTTSFiles
 from omnistep.models.chattts.prompt import ChatTTSTokenizer
 from omnistep.models.chattts.speaker import speaker_statistics
 from omnistep.models.chattts.vocoder import load_vocoder
+from omnistep.runners.card_parts import (
+    ar_decode_loop,
+    audio_decode_loop,
+    output_usage,
+    request_sampling,
+    require_weights,
+)
 from omnistep.runners.options import ServingOptions
 from omnistep.runners.vocoder import ChunkVocoder
 from omnistep.sampling import SamplingRow
@@ -107,24 +109,20 @@ def make_refine_sampling(eos_token_id: int):
 def make_sampling(eos_token_id: int):
     """``Request -> SamplingRow`` with upstream ``infer_code`` defaults for unset fields."""
 
+    defaults = {
+        "temperature": 0.3,
+        "top_p": 0.7,
+        "top_k": 20,
+        "repetition_penalty": 1.05,
+        "min_new_tokens": 0,
+    }
+
     def build(req: Request) -> SamplingRow:
-        sp = req.sampling
-        return SamplingRow(
-            temperature=float(sp.or_default("temperature", 0.3)),
-            top_p=float(sp.or_default("top_p", 0.7)),
-            top_k=int(sp.or_default("top_k", 20)),
-            repetition_penalty=float(sp.or_default("repetition_penalty", 1.05)),
-            penalty_window=16,
-            min_new_tokens=int(sp.or_default("min_new_tokens", 0)),
-            eos_token_id=eos_token_id,
-            min_keep=3,
+        return request_sampling(
+            req, defaults, penalty_window=16, eos_token_id=eos_token_id, min_keep=3
         )
 
     return build
-
-
-def _usage(ctx: ProgramContext) -> None:
-    ctx.usage["output_tokens"] = len(ctx.slots["codes"])
 
 
 def build_card(
@@ -136,10 +134,7 @@ def build_card(
         InvalidRequestError: no path given.
         ModelFilesError: the folder or one of its files is missing (named, with the layout).
     """
-    if path is None:
-        raise InvalidRequestError(
-            "the chattts family needs weights: --model chattts=/path/to/dir", param="model"
-        )
+    path = require_weights("chattts", path)
     opts = options or ChatTTSOptions(**overrides)
     files = ChatTTSFiles.locate(path)
     # shapes only: the card is built in the serving process, weights load in build_gpt
@@ -227,7 +222,7 @@ def build_card(
                 "decode", "decode", needs=("prompt",), binds="codes", streams=("hidden_stream",)
             ),
             LoopNode("vocode", "vocode", needs=("hidden_stream",), binds="samples"),
-            KernelNode("usage", _usage, needs=("codes", "samples")),
+            KernelNode("usage", output_usage("codes"), needs=("codes", "samples")),
         ),
     )
     return ModelCard(
@@ -238,27 +233,9 @@ def build_card(
             ComponentSpec("vocoder", build_vocoder, opts.max_batch_size, "Decoder + Vocos"),
         ),
         loops=(
-            LoopSpec(
-                "decode",
-                LoopKind.AR_DECODE,
-                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
-                ("gpt",),
-                lambda: ARDecodeLoop(decode),
-            ),
-            LoopSpec(
-                "refine",
-                LoopKind.AR_DECODE,
-                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
-                ("gpt",),
-                lambda: ARDecodeLoop(refine),
-            ),
-            LoopSpec(
-                "vocode",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("vocoder",),
-                lambda: AudioDecodeLoop(vocode),
-            ),
+            ar_decode_loop(decode),
+            ar_decode_loop(refine),
+            audio_decode_loop(vocode),
         ),
         program=program,
         capabilities=frozenset({Capability.TEXT_TO_SPEECH}),

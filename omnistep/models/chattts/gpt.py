@@ -29,6 +29,11 @@ from torch import nn
 
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.llama import LlamaConfigLite
+from omnistep.layers.weight_norm import (
+    check_weight_norms,
+    fold_weight_norm,
+    weight_norm_problems,
+)
 from omnistep.loops.ar_decode import ARPrefillInput, ARStepInput
 from omnistep.runners.paged_ar import PagedARModel
 
@@ -102,12 +107,6 @@ def _weight_norm_parts(head: str) -> tuple[str, str]:
     )
 
 
-def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``g * v / ||v||`` with the norm over all dims but 0 (``torch.nn.utils.weight_norm``,
-    dim 0): ``g`` ``[out, 1]``, ``v`` ``[out, in]`` -> weight ``[out, in]``."""
-    return g * v / v.norm(dim=1, keepdim=True)
-
-
 class ChatTTSGPT(PagedARModel):
     """The GPT component (see module docstring).
 
@@ -177,10 +176,13 @@ class ChatTTSGPT(PagedARModel):
         return {**heads, "head_text": self.head_text[0]}
 
     def _folded(self, head: str) -> torch.Tensor:
-        """The head's weight folded from its weight-norm parts (``fold_weight_norm``, float32;
-        differentiable in ``head_parts``)."""
-        g, v = (self.head_parts[name] for name in _weight_norm_parts(head))
-        return fold_weight_norm(g, v)
+        """The head's weight folded from its weight-norm parts (``layers.weight_norm.
+        fold_weight_norm``, float32; differentiable in ``head_parts``).
+
+        Raises:
+            WeightNormError: a row of ``v`` with norm 0 (the head's ``original1`` named)."""
+        g_name, v_name = _weight_norm_parts(head)
+        return fold_weight_norm(self.head_parts[g_name], self.head_parts[v_name], 0, v_name)
 
     def _fold_heads(self, heads: list[str]) -> None:
         """Fold each named head's weight-norm parts into its plain weight (in float32, then
@@ -202,6 +204,26 @@ class ChatTTSGPT(PagedARModel):
 
     def _weights_updated(self, names: set[str]) -> None:
         self._fold_heads([h for h in self._heads() if names & set(_weight_norm_parts(h))])
+
+    def weight_problems(self, tensors: dict[str, object]) -> list[str]:
+        """What a weight update's values must not be beyond shape and dtype (``ModelInstance.
+        check_weights`` asks before anything changes): a head's ``v`` (``original1``) with a
+        row of norm 0 would fold to NaN (``layers.weight_norm.weight_norm_problem``)."""
+        return list(weight_norm_problems(tensors, self._head_directions()).values())
+
+    def _head_directions(self) -> dict[str, int]:
+        """Each head's ``v`` name -> the dim its norm keeps (0: the output rows)."""
+        return {_weight_norm_parts(head)[1]: 0 for head in self._heads()}
+
+    def update_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        """``PagedARModel.update_weights``, after ``weight_problems`` (also where no
+        ``ModelInstance`` checked first, as in a Ray actor).
+
+        Raises:
+            WeightNormError: a head's ``v`` with a row of norm 0 (nothing changed).
+        """
+        check_weight_norms(tensors, self._head_directions())
+        super().update_weights(tensors)
 
     @torch.inference_mode()
     def teacher_forced_logits(

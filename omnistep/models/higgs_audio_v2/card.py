@@ -35,20 +35,14 @@ from omnistep.core import (
     ComponentSpec,
     InvalidRequestError,
     KernelNode,
-    LoopKind,
     LoopNode,
-    LoopSpec,
     ModelCard,
-    ModelInstance,
     Program,
     ProgramContext,
     Request,
-    WorkUnitKind,
-    call_component,
 )
 from omnistep.layers.device import check_device
-from omnistep.loops import AudioDecodeLoop
-from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
+from omnistep.loops.ar_decode import ARDecodeConfig
 from omnistep.loops.audio_decode import AudioDecodeConfig
 from omnistep.models.higgs_audio_v2.codec import (
     HiggsCodecDecoder,
@@ -59,6 +53,13 @@ from omnistep.models.higgs_audio_v2.encoder import encoder_from_checkpoint
 from omnistep.models.higgs_audio_v2.lm import HiggsAudioV2LM
 from omnistep.models.higgs_audio_v2.loader import HiggsCheckpoint
 from omnistep.models.higgs_audio_v2.prompt import PromptBuilder, ReferenceClip
+from omnistep.runners.card_parts import (
+    ar_decode_loop,
+    audio_decode_loop,
+    component_enroller,
+    request_sampling,
+    require_weights,
+)
 from omnistep.runners.options import ServingOptions
 from omnistep.sampling import SamplingRow
 from omnistep.sampling.delay import DelayPattern
@@ -114,10 +115,9 @@ def make_sampling(pattern: DelayPattern, defaults: dict[str, float]):
                 "take none, as transformers' Higgs generation refuses one)",
                 param="repetition_penalty",
             )
-        return SamplingRow(
-            temperature=float(sp.or_default("temperature", defaults["temperature"])),
-            top_p=float(sp.or_default("top_p", defaults["top_p"])),
-            top_k=int(sp.or_default("top_k", defaults["top_k"])),
+        return request_sampling(
+            req,
+            {name: defaults[name] for name in ("temperature", "top_p", "top_k")},
             penalty_window=pattern.num_codebooks,
             min_keep=1,
             delay=pattern,
@@ -178,12 +178,6 @@ class HiggsFrontend:
         ctx.usage["input_tokens"] = len(prompt.ids)
 
 
-def _enroll(model: ModelInstance, audio, sample_rate: int, transcript: str) -> str:
-    """The card's ``voice_enroller``: the ``encoder`` component's ``enroll`` (a voice spec of
-    the clip's codes and transcript), through ``call_component``."""
-    return call_component(model.components["encoder"], "enroll", audio, sample_rate, transcript)
-
-
 def _usage(pattern: DelayPattern):
     def usage(ctx: ProgramContext) -> None:
         ctx.usage["output_tokens"] = pattern.num_ready(len(ctx.slots["frames"]))
@@ -200,11 +194,7 @@ def build_card(
         InvalidRequestError: no path given.
         HiggsCheckpointError: a missing or malformed file (named).
     """
-    if path is None:
-        raise InvalidRequestError(
-            "the higgs_audio_v2 family needs weights: --model higgs_audio_v2=/path/to/dir",
-            param="model",
-        )
+    path = require_weights("higgs_audio_v2", path)
     opts = options or HiggsOptions(**overrides)
     checkpoint = HiggsCheckpoint.open(path, opts.audio_tokenizer)
     lm_cfg, codec_cfg = checkpoint.lm, checkpoint.codec
@@ -276,20 +266,8 @@ def build_card(
             ComponentSpec("encoder", build_encoder, 1, "audio tokenizer encoder (cloning)"),
         ),
         loops=(
-            LoopSpec(
-                "decode",
-                LoopKind.AR_DECODE,
-                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
-                ("lm",),
-                lambda: ARDecodeLoop(decode),
-            ),
-            LoopSpec(
-                "vocode",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("codec",),
-                lambda: AudioDecodeLoop(vocode),
-            ),
+            ar_decode_loop(decode),
+            audio_decode_loop(vocode),
         ),
         program=program,
         capabilities=frozenset({Capability.TEXT_TO_SPEECH, Capability.VOICE_CLONING}),
@@ -297,7 +275,7 @@ def build_card(
         voices=("default", *OPENAI_VOICES),
         default_voice="default",
         voice_validator=frontend.check_voice,
-        voice_enroller=_enroll,
+        voice_enroller=component_enroller("encoder"),
         parity=frozenset({"C0", "C1", "C2", "C3", "stream", "reference"}),
         description="Higgs Audio v2: DualFFN Llama, 8 delayed codebooks at 25 frames/s -> "
         "audio tokenizer decoder, 24 kHz.",

@@ -17,7 +17,8 @@ Snake (DAC): ``x + sin(alpha x)^2 / (alpha + 1e-9)``. The decoder is not causal:
 context and look-ahead equals the whole decode up to float rounding (the receptive field is
 covered; only the kernels' batch shapes differ).
 
-Imports: torch, ``omnistep.runners.vocoder`` and this family's loader.
+Imports: torch, ``omnistep.layers.weight_norm``, ``omnistep.runners.vocoder`` and this family's
+loader.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistep.layers.weight_norm import fold_parametrized
 from omnistep.models.higgs_audio_v2.loader import (
     HiggsCheckpoint,
     HiggsCheckpointError,
@@ -143,12 +145,16 @@ class HiggsCodecDecoder(nn.Module):
     def load(self, tensors: dict[str, torch.Tensor], where: object) -> None:
         """Copy the audio tokenizer's tensors in (``quantizer.quantizers.{q}.codebook.embed``,
         ``...project_out.*``, ``fc2.*``, ``acoustic_decoder.*``; weight-normed convs'
-        ``parametrizations.weight.original0/1`` are folded).
+        ``parametrizations.weight.original0/1`` are folded: ``layers.weight_norm``).
 
         Raises:
             HiggsCheckpointError: a missing tensor or one of another shape (named).
+            WeightNormError: a weight-norm ``original1`` with an output channel of norm 0.
         """
-        tensors = _fold_weight_norm(tensors)
+        try:
+            tensors = fold_parametrized(tensors)
+        except KeyError as exc:
+            raise HiggsCheckpointError(f"{where} has no tensor {exc.args[0]}") from exc
         own = dict(self.named_parameters())
         with torch.no_grad():
             for q in range(self.num_codebooks):
@@ -189,18 +195,6 @@ class HiggsCodecDecoder(nn.Module):
         frames ``[left, left + chunk)``: ``[B, chunk * hop]``."""
         hop = self.hop_length
         return self.forward(window.long())[:, left * hop : (left + chunk) * hop]
-
-
-def _fold_weight_norm(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``name.parametrizations.weight.original0/1`` (g, v) -> ``name.weight`` = g v / |v|
-    (norm over every dim but 0), as ``torch.nn.utils.parametrizations.weight_norm``."""
-    out = dict(tensors)
-    for key in [k for k in tensors if k.endswith(".parametrizations.weight.original0")]:
-        base = key[: -len(".parametrizations.weight.original0")]
-        g, v = tensors[key], tensors[f"{base}.parametrizations.weight.original1"]
-        norm = v.norm(dim=tuple(range(1, v.dim())), keepdim=True)
-        out[f"{base}.weight"] = g * v / norm
-    return out
 
 
 def codec_from_checkpoint(

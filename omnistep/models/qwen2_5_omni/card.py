@@ -49,27 +49,22 @@ from omnistep.core import (
     Capability,
     ChatMessage,
     ComponentSpec,
-    InvalidRequestError,
     KernelNode,
-    LoopKind,
     LoopNode,
-    LoopSpec,
     MediaItem,
     Modality,
     ModelCard,
     ModelFilesError,
     ModelInstance,
     Program,
-    ProgramContext,
     Request,
-    WorkUnitKind,
     call_component,
 )
 from omnistep.kv import KVCacheConfig
 from omnistep.layers.device import check_device
-from omnistep.loops import AudioDecodeConfig, AudioDecodeLoop
-from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
-from omnistep.loops.denoise import DenoiseConfig, DenoiseLoop, whole_utterance
+from omnistep.loops import AudioDecodeConfig
+from omnistep.loops.ar_decode import ARDecodeConfig
+from omnistep.loops.denoise import DenoiseConfig, whole_utterance
 from omnistep.models.qwen2_5_omni.audio_encoder import min_audio_samples
 from omnistep.models.qwen2_5_omni.dit import DiTChunking, DiTConfig
 from omnistep.models.qwen2_5_omni.dit_component import DIT_PREFIX, DiTComponent, token2wav_starts
@@ -80,6 +75,13 @@ from omnistep.models.qwen2_5_omni.talker import TALKER_GENERATE_DEFAULTS, load_t
 from omnistep.models.qwen2_5_omni.talker_loop import TalkerLoop
 from omnistep.models.qwen2_5_omni.thinker import ENCODER_PREFIXES, load_thinker
 from omnistep.models.qwen2_5_omni.token2wav import load_token2wav_part
+from omnistep.runners.card_parts import (
+    ar_decode_loop,
+    audio_decode_loop,
+    denoise_loop,
+    output_usage,
+    require_weights,
+)
 from omnistep.runners.encoder import MediaEncoderRunner
 from omnistep.runners.media_features import read_preprocessor
 from omnistep.runners.media_prompt import MediaRules, language_name, media_stages
@@ -192,10 +194,6 @@ def talker_sampling(req: Request) -> SamplingRow:
     )
 
 
-def _usage(ctx: ProgramContext) -> None:
-    ctx.usage["output_tokens"] = len(ctx.slots["text_ids"])
-
-
 def build_card(
     path: str | None = None, options: QwenOmniOptions | None = None, **overrides: Any
 ) -> ModelCard:
@@ -205,11 +203,7 @@ def build_card(
         InvalidRequestError: no path given.
         ModelFilesError: the folder or one of its files is missing (named, with the layout).
     """
-    if path is None:
-        raise InvalidRequestError(
-            "the qwen2_5_omni family needs weights: --model qwen2_5_omni=/path/to/dir",
-            param="model",
-        )
+    path = require_weights("qwen2_5_omni", path)
     opts = options or QwenOmniOptions(**overrides)
     files = QwenOmniFiles.locate(path)
     config = files.config()
@@ -399,10 +393,9 @@ def build_card(
                 when=wants_audio,
             ),
             LoopNode("vocode", "vocode", needs=("mel_stream",), binds="samples", when=wants_audio),
-            KernelNode("usage", _usage, needs=("text_ids", "codes", "samples")),
+            KernelNode("usage", output_usage("text_ids"), needs=("text_ids", "codes", "samples")),
         ),
     )
-    lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
     asr = (Capability.TRANSCRIPTION,) if Capability.AUDIO_INPUT in media_caps else ()
     return ModelCard(
         card_id=CARD_ID,
@@ -416,24 +409,10 @@ def build_card(
         ),
         loops=(
             *stages.loops,
-            LoopSpec(
-                "think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: ARDecodeLoop(think)
-            ),
-            LoopSpec("talk", LoopKind.AR_DECODE, lm_units, ("talker",), lambda: TalkerLoop(talk)),
-            LoopSpec(
-                "denoise",
-                LoopKind.DENOISE,
-                (WorkUnitKind.DENOISE_STEP,),
-                ("dit",),
-                lambda: DenoiseLoop(denoise),
-            ),
-            LoopSpec(
-                "vocode",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("bigvgan",),
-                lambda: AudioDecodeLoop(vocode),
-            ),
+            ar_decode_loop(think),
+            ar_decode_loop(talk, TalkerLoop),
+            denoise_loop(denoise),
+            audio_decode_loop(vocode),
         ),
         program=program,
         capabilities=frozenset({Capability.CHAT_TEXT, Capability.CHAT_AUDIO, *media_caps, *asr}),

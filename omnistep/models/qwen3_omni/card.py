@@ -55,24 +55,18 @@ from omnistep.core import (
     Capability,
     ChatMessage,
     ComponentSpec,
-    InvalidRequestError,
     KernelNode,
-    LoopKind,
     LoopNode,
-    LoopSpec,
     MediaItem,
     Modality,
     ModelCard,
     ModelInstance,
     Program,
-    ProgramContext,
     Request,
-    WorkUnitKind,
     call_component,
 )
 from omnistep.layers.codec_decoder import SAMPLE_RATE
 from omnistep.layers.device import check_device
-from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig, ARDecodeLoop
 from omnistep.models.qwen3_omni.audio_encoder import min_audio_samples
 from omnistep.models.qwen3_omni.encoders import Qwen3OmniEncoders, read_settings
@@ -87,6 +81,12 @@ from omnistep.models.qwen3_omni.talker import (
 from omnistep.models.qwen3_omni.talker_loop import MEDIA_SLOT, TalkerLoop, ThinkLoop
 from omnistep.models.qwen3_omni.thinker import ThinkerTextConfig, load_thinker
 from omnistep.models.qwen3_omni.thinking import THINK_END, THINK_START, ThinkingLoop
+from omnistep.runners.card_parts import (
+    ar_decode_loop,
+    audio_decode_loop,
+    output_usage,
+    require_weights,
+)
 from omnistep.runners.codec_vocoder import CodecDecoderComponent, codec_decode_config
 from omnistep.runners.encoder import MediaEncoderRunner
 from omnistep.runners.media_prompt import MediaRules, language_name, media_stages
@@ -177,10 +177,6 @@ def caption_messages(
     return (ChatMessage("user", "", (audio,)),)
 
 
-def _usage(ctx: ProgramContext) -> None:
-    ctx.usage["output_tokens"] = len(ctx.slots["text_ids"])
-
-
 def thinks(tokenizer: Any) -> bool:
     """Whether the chat template opens the reasoning in the assistant turn (the Thinking
     checkpoint's does: ``<|im_start|>assistant\\n<think>\\n``)."""
@@ -204,11 +200,7 @@ def build_card(
         InvalidRequestError: no path given.
         ModelFilesError: the folder or one of its files is missing or wrong (named).
     """
-    if path is None:
-        raise InvalidRequestError(
-            "the qwen3_omni family needs weights: --model qwen3_omni=/path/to/dir",
-            param="model",
-        )
+    path = require_weights("qwen3_omni", path)
     opts = options or Qwen3OmniOptions(**overrides)
     checkpoint = Qwen3OmniCheckpoint.open(path)
     config = checkpoint.config
@@ -318,11 +310,10 @@ def build_card(
         *stages.components,
         ComponentSpec("thinker", build_thinker, opts.max_batch_size, "MoE thinker LM"),
     ]
-    lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
     think_loop = ThinkingLoop if thinks(tokenizer) else ThinkLoop if audio else ARDecodeLoop
     loops = [
         *stages.loops,
-        LoopSpec("think", LoopKind.AR_DECODE, lm_units, ("thinker",), lambda: think_loop(think)),
+        ar_decode_loop(think, think_loop),
     ]
     capabilities = {Capability.CHAT_TEXT, *media_caps}
     if hears:
@@ -333,7 +324,11 @@ def build_card(
         )
         capabilities.add(Capability.CHAT_AUDIO)
     nodes.append(
-        KernelNode("usage", _usage, needs=("text_ids", *(("codes", "samples") if audio else ())))
+        KernelNode(
+            "usage",
+            output_usage("text_ids"),
+            needs=("text_ids", *(("codes", "samples") if audio else ())),
+        )
     )
     return ModelCard(
         card_id=served_id(checkpoint.root),
@@ -404,7 +399,6 @@ def _audio_stages(
         chunk_growth=opts.chunk_growth,
         max_chunk=opts.max_chunk,
     )
-    lm_units = (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN)
     nodes = [
         *nodes,
         LoopNode(
@@ -424,20 +418,8 @@ def _audio_stages(
     ]
     loops = [
         *loops,
-        LoopSpec(
-            "talk",
-            LoopKind.AR_DECODE,
-            lm_units,
-            ("talker",),
-            lambda: TalkerLoop(talk, ids, thinker_cap),
-        ),
-        LoopSpec(
-            "vocode",
-            LoopKind.AUDIO_DECODE,
-            (WorkUnitKind.AUDIO_CHUNK,),
-            ("code2wav",),
-            lambda: AudioDecodeLoop(vocode),
-        ),
+        ar_decode_loop(talk, lambda c: TalkerLoop(c, ids, thinker_cap)),
+        audio_decode_loop(vocode),
     ]
     return nodes, components, loops
 

@@ -77,20 +77,16 @@ from omnistep.core import (
     ComponentSpec,
     InvalidRequestError,
     KernelNode,
-    LoopKind,
     LoopNode,
-    LoopSpec,
     ModelCard,
     ModelInstance,
     Program,
     ProgramContext,
     Request,
-    WorkUnitKind,
     call_component,
 )
 from omnistep.layers.codec_decoder import CodecDecoderConfig
 from omnistep.layers.device import check_device
-from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig
 from omnistep.models.qwen3_tts.clone import VoiceCloneComponent, VoiceCloneEncoder
 from omnistep.models.qwen3_tts.codec import (
@@ -103,6 +99,12 @@ from omnistep.models.qwen3_tts.loader import Qwen3TTSCheckpoint, Qwen3TTSConfig
 from omnistep.models.qwen3_tts.prompt import ROLE_IDS
 from omnistep.models.qwen3_tts.talker import Qwen3TTSSampling, Qwen3TTSTalker
 from omnistep.models.qwen3_tts.text_loop import TalkerTextLoop
+from omnistep.runners.card_parts import (
+    ar_decode_loop,
+    audio_decode_loop,
+    component_enroller,
+    require_weights,
+)
 from omnistep.runners.options import ServingOptions
 
 CARD_ID = "qwen3-tts"
@@ -185,12 +187,6 @@ def make_sampling(config: Qwen3TTSConfig):
     return build
 
 
-def _enroll(model: ModelInstance, audio: Any, sample_rate: int, transcript: str) -> str:
-    """The Base card's ``voice_enroller``: the ``encoder`` component's ``enroll`` (a clone
-    spec), through ``call_component`` (so also when the component is a remote actor)."""
-    return call_component(model.components["encoder"], "enroll", audio, sample_rate, transcript)
-
-
 def _forget(frontend: Qwen3TTSFrontend):
     """The Base card's ``voice_forgetter``: drop the talker's kept prompt prefixes of the
     deleted voice (``PagedARModel`` keeps a cloned voice's rows for the requests that use it;
@@ -226,11 +222,7 @@ def build_card(
         InvalidRequestError: no path given.
         Qwen3TTSCheckpointError: a missing or malformed file (named).
     """
-    if path is None:
-        raise InvalidRequestError(
-            "the qwen3_tts family needs weights: --model qwen3_tts=/path/to/Qwen3-TTS-12Hz-...",
-            param="model",
-        )
+    path = require_weights("qwen3_tts", path, "/path/to/Qwen3-TTS-12Hz-...")
     opts = options or Qwen3TTSOptions(**overrides)
     checkpoint = Qwen3TTSCheckpoint.open(path)
     config = checkpoint.config
@@ -334,22 +326,11 @@ def build_card(
         family="qwen3_tts",
         components=components,
         loops=(
-            LoopSpec(
-                "decode",
-                LoopKind.AR_DECODE,
-                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
-                ("talker",),
-                lambda: TalkerTextLoop(
-                    decode, config, tokenizer, role_ids, opts.non_streaming_text
-                ),
+            ar_decode_loop(
+                decode,
+                lambda c: TalkerTextLoop(c, config, tokenizer, role_ids, opts.non_streaming_text),
             ),
-            LoopSpec(
-                "vocode",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("codec",),
-                lambda: AudioDecodeLoop(vocode),
-            ),
+            audio_decode_loop(vocode),
         ),
         program=program,
         first_audio_alone=opts.first_audio_alone,
@@ -358,7 +339,7 @@ def build_card(
         voices=voices + tuple(v for v in OPENAI_VOICES if v in OPENAI_SPEAKERS and voices),
         default_voice=frontend.default_speaker,
         voice_validator=frontend.check_voice,
-        voice_enroller=_enroll if base else None,
+        voice_enroller=component_enroller("encoder") if base else None,
         voice_forgetter=_forget(frontend) if base else None,
         parity=frozenset({"C0", "C1", "C2", "C3", "stream", "reference"}),
         description=f"Qwen3-TTS 12Hz {config.tts_model_type} ({config.tts_model_size}): talker "

@@ -12,7 +12,7 @@ block: Snake, a causal transposed conv of kernel 2s and stride s, three causal r
 with dilations 1, 3, 9 -- Snake, k=7 conv, Snake, 1x1 conv, plus the input), Snake, a k=7 conv
 to one channel and tanh. Before each upsampling block the activations are scaled and shifted
 by embeddings of the output-rate bucket (``sr_bin_boundaries``; ``cond_type`` scale_bias).
-Weight norm is folded into plain weights at load (``fold_weight_norm``).
+Weight norm is folded into plain weights at load (``layers.weight_norm``).
 
 Every layer is causal, so the decoder streams exactly: ``decode(z, state)`` keeps each conv's
 last inputs (its left padding) and each transposed conv's last input frame in ``state``, and
@@ -31,13 +31,6 @@ from torch import nn
 
 State = dict[int, torch.Tensor]
 """Per-layer tails of a stream: ``id(layer) -> [B, channels, n]`` last inputs."""
-
-
-def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``g * v / ||v||`` with the norm over every dimension but 0 (``torch.nn.utils.
-    weight_norm``'s default ``dim=0``, the layout of upstream's ``weight_g`` / ``weight_v``)."""
-    norm = v.reshape(v.shape[0], -1).norm(dim=1).view(-1, *([1] * (v.ndim - 1)))
-    return g * (v / norm)
 
 
 class Snake(nn.Module):

@@ -32,20 +32,13 @@ from omnistep.core import (
     OPENAI_VOICES,
     Capability,
     ComponentSpec,
-    InvalidRequestError,
     KernelNode,
-    LoopKind,
     LoopNode,
-    LoopSpec,
     ModelCard,
-    ModelInstance,
     Program,
     ProgramContext,
-    WorkUnitKind,
-    call_component,
 )
 from omnistep.layers.device import check_device
-from omnistep.loops import AudioDecodeLoop
 from omnistep.loops.ar_decode import ARDecodeConfig
 from omnistep.loops.audio_decode import AudioDecodeConfig
 from omnistep.models.voxcpm.ar import STOP, VoxCPMAR, stop_sampling, stop_temperature
@@ -59,6 +52,12 @@ from omnistep.models.voxcpm.frontend import (
 from omnistep.models.voxcpm.loader import load_voxcpm
 from omnistep.models.voxcpm.loop import VoxCPMLoop
 from omnistep.models.voxcpm.vocoder import AudioVAEComponent
+from omnistep.runners.card_parts import (
+    ar_decode_loop,
+    audio_decode_loop,
+    component_enroller,
+    require_weights,
+)
 from omnistep.runners.locate import checkpoint_folder
 from omnistep.runners.options import ServingOptions
 
@@ -95,11 +94,6 @@ class VoxCPMOptions(ServingOptions):
     max_chunk: int = 4
 
 
-def _enroll(model: ModelInstance, audio: Any, sample_rate: int, transcript: str) -> str:
-    """The ``voice_enroller``: the ``encoder`` component's ``enroll`` (a cloned voice's spec)."""
-    return call_component(model.components["encoder"], "enroll", audio, sample_rate, transcript)
-
-
 def _usage(tokenizer: VoxCPMTextTokenizer):
     """The ``usage`` node: input text ids and output patches."""
 
@@ -124,10 +118,7 @@ def build_card(
         VoxCPMConfigError / VoxCPMCheckpointError: a missing or malformed file (named), when
             the card's components load.
     """
-    if path is None:
-        raise InvalidRequestError(
-            "the voxcpm family needs weights: --model voxcpm=/path/to/VoxCPM2", param="model"
-        )
+    path = require_weights("voxcpm", path, "/path/to/VoxCPM2")
     opts = options or VoxCPMOptions(**overrides)
     root = checkpoint_folder(path, "VoxCPM2", LAYOUT, ("config.json", "tokenizer_config.json"))
     for names in (WEIGHT_FILES, VAE_FILES):  # named now, not when the components load
@@ -211,20 +202,8 @@ def build_card(
             ComponentSpec("encoder", build_encoder, 1, "AudioVAE encoder (cloning clips)"),
         ),
         loops=(
-            LoopSpec(
-                "decode",
-                LoopKind.AR_DECODE,
-                (WorkUnitKind.PREFILL, WorkUnitKind.AR_TOKEN),
-                ("lm",),
-                lambda: VoxCPMLoop(decode),
-            ),
-            LoopSpec(
-                "vocode",
-                LoopKind.AUDIO_DECODE,
-                (WorkUnitKind.AUDIO_CHUNK,),
-                ("vae",),
-                lambda: AudioDecodeLoop(vocode),
-            ),
+            ar_decode_loop(decode, VoxCPMLoop),
+            audio_decode_loop(vocode),
         ),
         program=program,
         capabilities=frozenset({Capability.TEXT_TO_SPEECH, Capability.VOICE_CLONING}),
@@ -232,7 +211,7 @@ def build_card(
         voices=(DEFAULT_VOICE, *OPENAI_VOICES),
         default_voice=DEFAULT_VOICE,
         voice_validator=frontend.check_voice,
-        voice_enroller=_enroll,
+        voice_enroller=component_enroller("encoder"),
         parity=frozenset({"C0", "C1", "C3", "stream", "reference"}),
         description="VoxCPM2: MiniCPM-4 LM + residual LM over continuous AudioVAE latents, "
         "LocDiT flow-matching solve per patch, causal AudioVAE decoder, 48 kHz; zero-shot or "

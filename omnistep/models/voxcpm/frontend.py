@@ -124,12 +124,18 @@ class VoxCPMEncoder:
         (``encoder.*``; see ``vae_weights.VAEWeights``): ``name -> (shape, dtype)``."""
         return self._weights.specs()
 
+    def weight_problems(self, tensors: dict[str, object]) -> list[str]:
+        """What ``ModelInstance.check_weights`` refuses beyond names, shapes and dtypes: a
+        ``weight_v`` with an output channel of norm 0 (``vae_weights.VAEWeights.problems``)."""
+        return self._weights.problems(tensors)
+
     def update_weights(self, tensors: dict[str, object]) -> None:
         """Copy checked tensors into the encoder in place. Voices enrolled before keep their
         latents (a voice is its patches, not the encoder that made them).
 
         Raises:
             KeyError: a name ``weight_specs`` does not list.
+            WeightNormError: a ``weight_v`` with an output channel of norm 0 (nothing changed).
         """
         self._weights.update(tensors)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from omnistep.models.voxcpm.audio_vae import AudioVAEDecoder, AudioVAEEncoder, fold_weight_norm
+from omnistep.layers.weight_norm import fold_weight_norm
+from omnistep.models.voxcpm.audio_vae import AudioVAEDecoder, AudioVAEEncoder
 from omnistep.models.voxcpm.config import VoxCPMConfig
 from omnistep.models.voxcpm.lm import VoxCPMBackbone
 from omnistep.models.voxcpm.vae_weights import weight_normed
@@ -76,7 +77,13 @@ def published_name(name: str) -> str:
 
 def vae_state(raw: dict[str, torch.Tensor], part: str) -> dict[str, torch.Tensor]:
     """The AudioVAE state dict's ``{part}.*`` tensors (``part``: ``decoder`` or ``encoder``)
-    with weight norm folded, under ``AudioVAEDecoder`` / ``AudioVAEEncoder`` names."""
+    with weight norm folded (``layers.weight_norm.fold_weight_norm``, dim 0), under
+    ``AudioVAEDecoder`` / ``AudioVAEEncoder`` names.
+
+    Raises:
+        VoxCPMCheckpointError: a ``weight_v`` without its ``weight_g``.
+        WeightNormError: a ``weight_v`` with an output channel of norm 0 (named).
+    """
     out, prefix = {}, f"{part}."
     for name, value in raw.items():
         if not name.startswith(prefix) or name.endswith("sr_bin_boundaries"):
@@ -87,7 +94,7 @@ def vae_state(raw: dict[str, torch.Tensor], part: str) -> dict[str, torch.Tensor
             g = raw.get(f"{prefix}{base}_g")
             if g is None:
                 raise VoxCPMCheckpointError(f"AudioVAE: {prefix}{base}_v without its _g")
-            out[base] = fold_weight_norm(g, value)
+            out[base] = fold_weight_norm(g, value, 0, f"{prefix}{name}")
         elif not name.endswith(".weight_g"):
             out[name] = value
     return out
@@ -119,6 +126,7 @@ def load_voxcpm(
     Raises:
         VoxCPMCheckpointError: a missing file (named) or tensor, or a wrong shape.
         VoxCPMConfigError: see ``VoxCPMConfig.from_file``.
+        WeightNormError: an AudioVAE ``weight_v`` with an output channel of norm 0 (named).
     """
     root = Path(root)
     config = VoxCPMConfig.from_file(_first(root, ("config.json",)))

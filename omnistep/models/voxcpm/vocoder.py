@@ -60,6 +60,11 @@ class AudioVAEComponent(ChunkVocoder):
         the file holds weight-normed: ``vae_weights.VAEWeights``)."""
         return self._weights.specs()
 
+    def weight_problems(self, tensors: dict[str, object]) -> list[str]:
+        """What ``ModelInstance.check_weights`` refuses beyond names, shapes and dtypes: a
+        ``weight_v`` with an output channel of norm 0 (``vae_weights.VAEWeights.problems``)."""
+        return self._weights.problems(tensors)
+
     def update_weights(self, tensors: dict[str, object]) -> None:
         """Copy checked tensors (``ModelInstance.check_weights``) into the decoder in place;
         call only between steps. Streams keep their conv tails (computed with the old
@@ -67,6 +72,7 @@ class AudioVAEComponent(ChunkVocoder):
 
         Raises:
             KeyError: a name ``weight_specs`` does not list.
+            WeightNormError: a ``weight_v`` with an output channel of norm 0 (nothing changed).
         """
         self._weights.update(tensors)
 
