@@ -340,6 +340,18 @@ async def test_chattts_on_ray_equals_in_process_with_sticky_replicas(
         assert await executor.refresh_kv_blocks("chattts", "gpt") == (0, 2 * blocks)
         assert engine.stats()["kv_blocks_used"] == 0
         assert engine.occupancy().kv_blocks[("chattts", "gpt")] == (0, 2 * blocks)
+        # a weight-norm v with a zero row is refused before any component changes: the GPT's
+        # check runs in its actor (RemoteComponent.weight_problems) before any actor copies
+        specs = engine.models["chattts"].weight_specs()
+        v_name = "head_code.1.parametrizations.weight.original1"
+        v = np.ones(specs[v_name][1], np.float32)
+        v[3] = 0.0
+        other = "layers.0.mlp.up_proj.weight"
+        bad = {other: np.zeros(specs[other][1], np.float32), v_name: v}
+        with pytest.raises(WeightUpdateError, match=rf"'{v_name}' has \|\|v\|\| = 0") as caught:
+            await engine.update_weights("chattts", bad)
+        assert "nothing changed" in str(caught.value)
+        assert engine.weight_versions["chattts"] == 0
     finally:
         await engine.shutdown()
     assert len(batches) == 2 and min(batches) > 0, batches

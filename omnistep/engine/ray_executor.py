@@ -259,6 +259,11 @@ class RemoteComponent:
         """The component's ``weight_specs``, asked of one of its actors (once)."""
         return self._executor.weight_specs(self._model_id, self._name)
 
+    def weight_problems(self, tensors: Mapping[str, Any]) -> list[str]:
+        """The component's ``weight_problems`` (``ModelInstance.check_weights`` asks it before
+        any component changes), asked of one of its actors; [] when it has none."""
+        return self._executor.weight_problems(self._model_id, self._name, tensors)
+
     def update_weights(self, tensors: Mapping[str, Any]) -> None:
         """Copy ``tensors`` into the component in every replica; returns once all have them
         (the engine calls it between steps, with no batch of this model running)."""
@@ -338,6 +343,7 @@ class RayExecutor:
         self._replicas: dict[tuple[str, str], list[_Replica]] = {}  # the _Placed's lists
         self._routes: dict[tuple[str, str, str], _Replica] = {}  # (model, component, seq_id)
         self._weight_specs: dict[tuple[str, str], dict] = {}
+        self._checks_values: dict[tuple[str, str], bool] = {}  # offers weight_problems
         # sample groups (Request.group) live on one replica of a component while any of
         # their sequences does: (model, component, group) -> replica, and its member count
         self._groups: dict[tuple[str, str, str], _Replica] = {}
@@ -719,6 +725,24 @@ class RayExecutor:
                 raise self._unavailable(key, None)
             self._weight_specs[key] = self._ray.get(live[0].actor.weight_specs.remote())
         return self._weight_specs[key]
+
+    def weight_problems(self, model_id: str, name: str, tensors: Mapping[str, Any]) -> list[str]:
+        """``weight_problems(tensors)`` of component ``name`` of ``model_id``, asked of one live
+        replica (they are built alike); the tensors travel only to a component that has the
+        check (asked once).
+
+        Raises:
+            ComponentUnavailableError: no replica is live.
+        """
+        key = (model_id, name)
+        live = self._placed[key].live()
+        if not live:
+            raise self._unavailable(key, None)
+        if key not in self._checks_values:
+            self._checks_values[key] = self._ray.get(live[0].actor.offers.remote("weight_problems"))
+        if not self._checks_values[key]:
+            return []
+        return self._ray.get(live[0].actor.weight_problems.remote(dict(tensors)))
 
     def call_all(self, model_id: str, name: str, method: str, args: tuple) -> list[Any]:
         """Call ``method(*args)`` on the component in every live replica of (``model_id``,

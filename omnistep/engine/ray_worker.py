@@ -179,6 +179,16 @@ class ComponentWorker:
         report = getattr(self.component, "weight_specs", None)
         return report() if callable(report) else {}
 
+    def offers(self, method: str) -> bool:
+        """Whether the component has a callable ``method`` (e.g. ``weight_problems``)."""
+        return callable(getattr(self.component, method, None))
+
+    def weight_problems(self, tensors: dict[str, Any]) -> list[str]:
+        """The component's ``weight_problems(tensors)`` (what a weight update's values must not
+        be beyond shape and dtype; ``ModelInstance.check_weights``); [] when it has none."""
+        ask = getattr(self.component, "weight_problems", None)
+        return list(ask(tensors)) if callable(ask) else []
+
     def call(self, method: str, blob: bytes) -> Any:
         """``component.<method>(*args)`` with pickled ``args`` (a weight update, the version
         that follows it, a refresh of derived copies, a voice enrollment); runs between
