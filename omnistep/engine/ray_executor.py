@@ -729,20 +729,24 @@ class RayExecutor:
     def weight_problems(self, model_id: str, name: str, tensors: Mapping[str, Any]) -> list[str]:
         """``weight_problems(tensors)`` of component ``name`` of ``model_id``, asked of one live
         replica (they are built alike); the tensors travel only to a component that has the
-        check (asked once).
-
-        Raises:
-            ComponentUnavailableError: no replica is live.
-        """
+        check (asked once). With no live replica to ask (all being replaced), or one that dies
+        while asked, it answers []: the update is then recorded and replayed on the
+        replacements, whose own ``update_weights`` still refuses bad values."""
         key = (model_id, name)
+        if self._checks_values.get(key) is False:
+            return []
         live = self._placed[key].live()
         if not live:
-            raise self._unavailable(key, None)
-        if key not in self._checks_values:
-            self._checks_values[key] = self._ray.get(live[0].actor.offers.remote("weight_problems"))
-        if not self._checks_values[key]:
             return []
-        return self._ray.get(live[0].actor.weight_problems.remote(dict(tensors)))
+        try:
+            if key not in self._checks_values:
+                offers = live[0].actor.offers.remote("weight_problems")
+                self._checks_values[key] = self._ray.get(offers)
+            if not self._checks_values[key]:
+                return []
+            return self._ray.get(live[0].actor.weight_problems.remote(dict(tensors)))
+        except self._ray.exceptions.RayActorError:
+            return []
 
     def call_all(self, model_id: str, name: str, method: str, args: tuple) -> list[Any]:
         """Call ``method(*args)`` on the component in every live replica of (``model_id``,
